@@ -1,0 +1,97 @@
+//! The command line: parsing, logging, the runtime, and the data-dir layout.
+
+mod datastore;
+mod duration;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "ferrok", version, about = "Kubernetes in one executable", propagate_version = true)]
+pub struct Cli {
+    /// More log output (-v: debug for ferrok, -vv: trace).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the control plane and, unless disabled, the node role (not built yet).
+    Server(NotBuilt),
+    /// Run the node role and join a server (not built yet).
+    Agent(NotBuilt),
+    /// Serve the embedded datastore (or an external etcd) as an etcd v3 endpoint.
+    Datastore(datastore::DatastoreArgs),
+}
+
+#[derive(Debug, Args)]
+struct NotBuilt {}
+
+/// Where ferrok keeps its state when `--data-dir` is not given.
+pub fn default_data_dir() -> PathBuf {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    match std::env::var_os("HOME") {
+        Some(home) if !root => PathBuf::from(home).join(".ferrok"),
+        _ => PathBuf::from("/var/lib/ferrok"),
+    }
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn,ferrok=info",
+        1 => "info,ferrok=debug",
+        _ => "debug,ferrok=trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                let _ = e.print();
+                return ExitCode::from(2);
+            }
+            // One line, naming the flag or value at fault.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("error: invalid arguments");
+            eprintln!("{first}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads(32).build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Datastore(args) => datastore::run(args).await,
+            Command::Server(_) => Err(anyhow::anyhow!("`ferrok server` is not built yet")),
+            Command::Agent(_) => Err(anyhow::anyhow!("`ferrok agent` is not built yet")),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Compaction: sweeping the log below the compact revision in bounded
+//! batches, each its own short transaction, run by the writer only when no
+//! request is waiting, so that writers are never held up for long. Then the
+//! freed pages go back to the file system and the WAL is checkpointed.
+
+use super::schema::{self, first_id};
+use super::writer::Writer;
+use crate::store::Result;
+
+/// Log rows looked at per compaction transaction.
+const COMPACT_BATCH: i64 = 2000;
+/// Pages handed back per vacuum step.
+const VACUUM_PAGES: i64 = 2048;
+
+impl Writer {
+    /// Sweeps one batch: a row older than the compact revision makes the row
+    /// it superseded obsolete, and a tombstone older than it is itself
+    /// obsolete. What a read at the compact revision sees is kept.
+    pub(super) fn compact_step(&mut self) {
+        let target = first_id(self.meta.compact_rev);
+        let from = self.meta.compact_cursor;
+        match self.sweep(from, target) {
+            Ok(cursor) => {
+                self.meta.compact_cursor = cursor;
+                if cursor >= target {
+                    tracing::debug!(revision = self.meta.compact_rev, "compaction finished");
+                    self.vacuum_pending = true;
+                    self.wake_physical_waiters();
+                }
+            }
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                tracing::error!(error = %e, "compaction batch failed; retrying in 1s");
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+    }
+
+    fn sweep(&mut self, from: i64, target: i64) -> Result<i64> {
+        self.conn.execute_batch("BEGIN IMMEDIATE")?;
+        let rows: Vec<(i64, i64, i64)> = {
+            let mut stmt = self
+                .conn
+                .prepare_cached("SELECT id, prev_id, version FROM log WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT ?3")?;
+            let rows = stmt.query_map((from, target, COMPACT_BATCH), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            rows.collect::<rusqlite::Result<_>>()?
+        };
+        {
+            let mut delete = self.conn.prepare_cached("DELETE FROM log WHERE id = ?1")?;
+            for &(id, prev_id, version) in &rows {
+                if prev_id != 0 {
+                    delete.execute([prev_id])?;
+                }
+                if version == 0 {
+                    delete.execute([id])?;
+                }
+            }
+        }
+        let cursor = match rows.last() {
+            Some(&(last, _, _)) if rows.len() as i64 == COMPACT_BATCH => last + 1,
+            _ => target,
+        };
+        let mut meta = self.meta;
+        meta.compact_cursor = cursor;
+        schema::write_meta(&self.conn, &meta)?;
+        self.conn.execute_batch("COMMIT")?;
+        Ok(cursor)
+    }
+
+    /// Returns one step of free pages to the file system; when none are
+    /// left, checkpoints the WAL without waiting on readers.
+    pub(super) fn vacuum_step(&mut self) {
+        let step = || -> rusqlite::Result<i64> {
+            self.conn.execute_batch(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES});"))?;
+            self.conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))
+        };
+        match step() {
+            Ok(0) | Err(_) => {
+                self.vacuum_pending = false;
+                if let Err(e) = self.conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                    tracing::warn!(error = %e, "WAL checkpoint failed");
+                }
+            }
+            Ok(_) => {}
+        }
+    }
+
+    /// Answers `physical` compactions whose revision has been swept.
+    pub(super) fn wake_physical_waiters(&mut self) {
+        let swept = if self.compaction_pending() { 0 } else { self.meta.compact_rev };
+        let head = self.meta.rev;
+        let waiters = std::mem::take(&mut self.physical_waiters);
+        for (rev, reply) in waiters {
+            if rev <= swept {
+                let _ = reply.send(Ok(head));
+            } else {
+                self.physical_waiters.push((rev, reply));
+            }
+        }
+    }
+}

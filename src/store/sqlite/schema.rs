@@ -1,0 +1,190 @@
+//! The on-disk layout of the embedded store.
+//!
+//! `log` holds one row per change, keyed by `id = revision << 24 | sub`, so
+//! the rows of a revision are contiguous and a revision range is an id range.
+//! A tombstone is a row with `version = 0`. `prev_id` points at the row this
+//! one superseded (0 when the key did not exist), which gives watchers their
+//! `prev_kv` and tells compaction what a row made obsolete. `current` maps
+//! each live key to its newest row, so reads at the head revision never scan
+//! history.
+
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
+
+use crate::store::Result;
+
+const SCHEMA_VERSION: i64 = 1;
+const SUB_BITS: u32 = 24;
+/// The most changes one revision may carry (a delete of a huge range or a
+/// lease revoke with more attached keys fails rather than wrap).
+pub const MAX_SUB: i64 = (1 << SUB_BITS) - 1;
+
+pub fn row_id(rev: i64, sub: i64) -> i64 {
+    (rev << SUB_BITS) | sub
+}
+
+pub fn rev_of(id: i64) -> i64 {
+    id >> SUB_BITS
+}
+
+/// The first row id of a revision; `first_id(rev + 1)` bounds it above.
+pub fn first_id(rev: i64) -> i64 {
+    row_id(rev, 0)
+}
+
+/// How commits reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// fsync the WAL on every commit: an acknowledged write survives power loss.
+    Full,
+    /// fsync only at checkpoints: survives a crash of the process, a power
+    /// loss may roll back the newest commits (never corrupts).
+    Normal,
+}
+
+impl SyncMode {
+    fn pragma(self) -> &'static str {
+        match self {
+            SyncMode::Full => "FULL",
+            SyncMode::Normal => "NORMAL",
+        }
+    }
+}
+
+/// The single row of `meta`: what the store knows about itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Meta {
+    pub rev: i64,
+    pub compact_rev: i64,
+    /// Every log row with an id below this one has been through compaction.
+    pub compact_cursor: i64,
+    pub cluster_id: u64,
+    pub member_id: u64,
+}
+
+pub fn open_writer(path: &Path, sync: SyncMode) -> Result<Connection> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let conn = Connection::open(path)?;
+    // auto_vacuum must be chosen before the first table exists.
+    conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL;")?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", sync.pragma())?;
+    conn.execute_batch(
+        "PRAGMA busy_timeout = 10000;
+         PRAGMA cache_size = -4096;
+         PRAGMA journal_size_limit = 67108864;
+         PRAGMA wal_autocheckpoint = 2000;
+         PRAGMA temp_store = MEMORY;",
+    )?;
+    Ok(conn)
+}
+
+pub fn open_reader(path: &Path) -> Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+    )?;
+    conn.execute_batch("PRAGMA busy_timeout = 10000; PRAGMA cache_size = -1024; PRAGMA temp_store = MEMORY;")?;
+    Ok(conn)
+}
+
+/// Creates the tables on first start and returns the stored meta row.
+pub fn init(conn: &Connection, new_id: impl Fn() -> u64) -> Result<Meta> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(crate::store::StoreError::Internal(format!(
+            "database schema {version} is newer than this ferrok understands ({SCHEMA_VERSION})"
+        )));
+    }
+    if version == 0 {
+        conn.execute_batch(
+            "BEGIN;
+             CREATE TABLE IF NOT EXISTS log (
+                 id INTEGER PRIMARY KEY,
+                 key BLOB NOT NULL,
+                 create_rev INTEGER NOT NULL,
+                 version INTEGER NOT NULL,
+                 lease INTEGER NOT NULL,
+                 value BLOB NOT NULL,
+                 prev_id INTEGER NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS log_key ON log (key, id);
+             CREATE INDEX IF NOT EXISTS log_lease ON log (lease) WHERE lease != 0;
+             CREATE TABLE IF NOT EXISTS current (
+                 key BLOB PRIMARY KEY,
+                 id INTEGER NOT NULL
+             ) WITHOUT ROWID;
+             CREATE TABLE IF NOT EXISTS lease (
+                 id INTEGER PRIMARY KEY,
+                 ttl INTEGER NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS meta (
+                 one INTEGER PRIMARY KEY CHECK (one = 0),
+                 rev INTEGER NOT NULL,
+                 compact_rev INTEGER NOT NULL,
+                 compact_cursor INTEGER NOT NULL,
+                 cluster_id INTEGER NOT NULL,
+                 member_id INTEGER NOT NULL
+             );
+             PRAGMA user_version = 1;
+             COMMIT;",
+        )?;
+    }
+    if let Some(meta) = read_meta(conn).optional()? {
+        return Ok(meta);
+    }
+    // A fresh store is at revision 1, as a fresh etcd is.
+    let meta = Meta {
+        rev: 1,
+        compact_rev: 0,
+        compact_cursor: 0,
+        cluster_id: new_id(),
+        member_id: new_id(),
+    };
+    conn.execute(
+        "INSERT INTO meta (one, rev, compact_rev, compact_cursor, cluster_id, member_id) VALUES (0, ?1, ?2, ?3, ?4, ?5)",
+        (meta.rev, meta.compact_rev, meta.compact_cursor, meta.cluster_id as i64, meta.member_id as i64),
+    )?;
+    Ok(meta)
+}
+
+pub fn read_meta(conn: &Connection) -> rusqlite::Result<Meta> {
+    conn.prepare_cached("SELECT rev, compact_rev, compact_cursor, cluster_id, member_id FROM meta WHERE one = 0")?
+        .query_row([], |r| {
+            Ok(Meta {
+                rev: r.get(0)?,
+                compact_rev: r.get(1)?,
+                compact_cursor: r.get(2)?,
+                cluster_id: r.get::<_, i64>(3)? as u64,
+                member_id: r.get::<_, i64>(4)? as u64,
+            })
+        })
+}
+
+pub fn write_meta(conn: &Connection, meta: &Meta) -> rusqlite::Result<()> {
+    conn.prepare_cached("UPDATE meta SET rev = ?1, compact_rev = ?2, compact_cursor = ?3 WHERE one = 0")?
+        .execute((meta.rev, meta.compact_rev, meta.compact_cursor))?;
+    Ok(())
+}
+
+/// Size of the database in bytes and the part of it holding live pages.
+pub fn db_size(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
+    let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+    let free: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+    Ok((pages * page_size, (pages - free) * page_size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_order_by_revision_then_sub() {
+        assert!(row_id(5, MAX_SUB) < row_id(6, 0));
+        assert_eq!(rev_of(row_id(123_456, 77)), 123_456);
+    }
+}

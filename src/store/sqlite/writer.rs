@@ -1,0 +1,488 @@
+//! The one writer: a thread that owns the read-write connection, applies
+//! queued requests in group commits (one SQLite transaction for everything
+//! that arrived together, one revision per request that changed something),
+//! and only after the commit answers the callers and hands the events to
+//! the watchers.
+
+use std::sync::Arc;
+
+use prost::Message;
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use super::read::{self, event_of, Row};
+use super::schema::{self, row_id, Meta, MAX_SUB};
+use super::{Committed, Shared};
+use crate::store::proto::compare::{CompareResult, CompareTarget, TargetUnion};
+use crate::store::proto::{request_op::Request, response_op::Response, *};
+use crate::store::{KeyRange, Result, StoreError, MAX_LEASE_TTL};
+
+/// Requests applied in one group commit, at most.
+const MAX_BATCH: usize = 256;
+
+pub enum Command {
+    Txn { req: TxnRequest, reply: oneshot::Sender<Result<TxnResponse>> },
+    Compact { rev: i64, physical: bool, reply: oneshot::Sender<Result<i64>> },
+    LeaseGrant { id: i64, ttl: i64, reply: oneshot::Sender<Result<(i64, i64, i64)>> },
+    LeaseRevoke { id: i64, reply: Option<oneshot::Sender<Result<i64>>> },
+    Defragment { reply: oneshot::Sender<Result<i64>> },
+    /// Stop after the batch this arrives in.
+    Shutdown { reply: oneshot::Sender<()> },
+}
+
+/// What a command left to do once its transaction has committed.
+enum Done {
+    Txn(oneshot::Sender<Result<TxnResponse>>, Result<TxnResponse>),
+    Compact(oneshot::Sender<Result<i64>>, bool, Result<i64>),
+    LeaseGrant(oneshot::Sender<Result<(i64, i64, i64)>>, Result<(i64, i64, i64)>),
+    LeaseRevoke(Option<oneshot::Sender<Result<i64>>>, i64, Result<i64>),
+}
+
+impl Done {
+    fn storage_failed(&self) -> bool {
+        match self {
+            Done::Txn(_, r) => is_storage_error(r),
+            Done::Compact(_, _, r) | Done::LeaseRevoke(_, _, r) => is_storage_error(r),
+            Done::LeaseGrant(_, r) => is_storage_error(r),
+        }
+    }
+
+    fn fail(self, why: &str) {
+        let err = || StoreError::Internal(why.to_string());
+        match self {
+            Done::Txn(reply, _) => drop(reply.send(Err(err()))),
+            Done::Compact(reply, _, _) => drop(reply.send(Err(err()))),
+            Done::LeaseGrant(reply, _) => drop(reply.send(Err(err()))),
+            Done::LeaseRevoke(reply, _, _) => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(err()));
+                }
+            }
+        }
+    }
+}
+
+fn is_storage_error<T>(r: &Result<T>) -> bool {
+    matches!(r, Err(StoreError::Sqlite(_) | StoreError::Io(_)))
+}
+
+pub struct Writer {
+    pub(super) conn: Connection,
+    pub(super) meta: Meta,
+    pub(super) shared: Arc<Shared>,
+    min_lease_ttl: i64,
+    /// `physical` compactions waiting for the log to be swept up to them.
+    pub(super) physical_waiters: Vec<(i64, oneshot::Sender<Result<i64>>)>,
+    /// Free pages left by compaction still to hand back to the file system.
+    pub(super) vacuum_pending: bool,
+}
+
+impl Writer {
+    pub fn new(conn: Connection, meta: Meta, shared: Arc<Shared>, min_lease_ttl: i64) -> Self {
+        Writer { conn, meta, shared, min_lease_ttl, physical_waiters: Vec::new(), vacuum_pending: false }
+    }
+
+    /// Runs until every sender of `rx` is gone, then checkpoints the WAL.
+    pub fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        loop {
+            let first = if self.compaction_pending() || self.vacuum_pending {
+                match rx.try_recv() {
+                    Ok(cmd) => cmd,
+                    Err(mpsc::error::TryRecvError::Empty) => {
+                        if self.compaction_pending() {
+                            self.compact_step();
+                        } else {
+                            self.vacuum_step();
+                        }
+                        continue;
+                    }
+                    Err(mpsc::error::TryRecvError::Disconnected) => break,
+                }
+            } else {
+                match rx.blocking_recv() {
+                    Some(cmd) => cmd,
+                    None => break,
+                }
+            };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(cmd) => batch.push(cmd),
+                    Err(_) => break,
+                }
+            }
+            if self.apply_batch(batch) {
+                break;
+            }
+        }
+        if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
+            tracing::warn!(error = %e, "final WAL checkpoint failed");
+        }
+    }
+
+    /// Applies and commits a batch; true when it asked the writer to stop.
+    fn apply_batch(&mut self, batch: Vec<Command>) -> bool {
+        let mut defrags = Vec::new();
+        let mut shutdowns = Vec::new();
+        let mut done = Vec::with_capacity(batch.len());
+        let mut events = Vec::new();
+        let start = self.meta;
+        if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+            tracing::error!(error = %e, "cannot start a write transaction");
+            let stop = batch.iter().any(|c| matches!(c, Command::Shutdown { .. }));
+            for cmd in batch {
+                fail_command(cmd, &e.to_string());
+            }
+            return stop;
+        }
+        for cmd in batch {
+            match cmd {
+                Command::Txn { req, reply } => {
+                    let res = self.in_savepoint(&mut events, |w, ev| w.apply_txn_request(&req, ev));
+                    done.push(Done::Txn(reply, res));
+                }
+                Command::Compact { rev, physical, reply } => {
+                    let res = self.compact(rev);
+                    done.push(Done::Compact(reply, physical, res));
+                }
+                Command::LeaseGrant { id, ttl, reply } => {
+                    let res = self.in_savepoint(&mut events, |w, _| w.lease_grant(id, ttl));
+                    done.push(Done::LeaseGrant(reply, res));
+                }
+                Command::LeaseRevoke { id, reply } => {
+                    let res = self.in_savepoint(&mut events, |w, ev| w.lease_revoke(id, ev));
+                    done.push(Done::LeaseRevoke(reply, id, res));
+                }
+                Command::Defragment { reply } => defrags.push(reply),
+                Command::Shutdown { reply } => shutdowns.push(reply),
+            }
+        }
+        let committed = if done.iter().any(Done::storage_failed) {
+            Err("a storage error aborted the batch".to_string())
+        } else {
+            schema::write_meta(&self.conn, &self.meta)
+                .and_then(|_| self.conn.execute_batch("COMMIT"))
+                .map_err(|e| e.to_string())
+        };
+        match committed {
+            Ok(()) => self.publish(done, events),
+            Err(why) => {
+                tracing::error!(error = %why, "write batch rolled back");
+                let _ = self.conn.execute_batch("ROLLBACK");
+                self.meta = start;
+                for d in done {
+                    d.fail(&why);
+                }
+            }
+        }
+        for reply in defrags {
+            let res = self.conn.execute_batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);");
+            let _ = reply.send(res.map(|_| self.meta.rev).map_err(StoreError::from));
+        }
+        let stop = !shutdowns.is_empty();
+        for reply in shutdowns {
+            let _ = reply.send(());
+        }
+        stop
+    }
+
+    /// Makes a committed batch visible: revision, events, leases, replies.
+    fn publish(&mut self, done: Vec<Done>, events: Vec<Event>) {
+        self.shared.publish_head(self.meta.rev, self.meta.compact_rev);
+        if !events.is_empty() {
+            // No receiver simply means no watcher right now.
+            let _ = self.shared.events.send(Arc::new(Committed { rev: self.meta.rev, events }));
+        }
+        for d in done {
+            match d {
+                Done::Txn(reply, res) => drop(reply.send(res)),
+                Done::Compact(reply, physical, res) => match res {
+                    Ok(_) if physical => self.physical_waiters.push((self.meta.compact_rev, reply)),
+                    other => drop(reply.send(other)),
+                },
+                Done::LeaseGrant(reply, res) => {
+                    if let Ok((id, ttl, _)) = &res {
+                        self.shared.leases.insert(*id, *ttl);
+                    }
+                    let _ = reply.send(res);
+                }
+                Done::LeaseRevoke(reply, id, res) => {
+                    if res.is_ok() {
+                        self.shared.leases.remove(id);
+                    }
+                    if let Some(reply) = reply {
+                        let _ = reply.send(res);
+                    }
+                }
+            }
+        }
+        self.wake_physical_waiters();
+    }
+
+    /// Runs `f` so that an error undoes exactly what `f` wrote.
+    fn in_savepoint<T>(
+        &mut self,
+        events: &mut Vec<Event>,
+        f: impl FnOnce(&mut Self, &mut Vec<Event>) -> Result<T>,
+    ) -> Result<T> {
+        let (meta, n_events) = (self.meta, events.len());
+        self.conn.execute_batch("SAVEPOINT req")?;
+        match f(self, events) {
+            Ok(v) => {
+                self.conn.execute_batch("RELEASE req")?;
+                Ok(v)
+            }
+            Err(e) => {
+                self.conn.execute_batch("ROLLBACK TO req; RELEASE req")?;
+                self.meta = meta;
+                events.truncate(n_events);
+                Err(e)
+            }
+        }
+    }
+
+    fn want_events(&self) -> bool {
+        self.shared.events.receiver_count() > 0
+    }
+
+    fn apply_txn_request(&mut self, req: &TxnRequest, events: &mut Vec<Event>) -> Result<TxnResponse> {
+        let rev = self.meta.rev + 1;
+        let mut sub = 0;
+        let mut resp = self.apply_txn(req, rev, &mut sub, events)?;
+        if sub > 0 {
+            self.meta.rev = rev;
+        }
+        resp.header = Some(self.shared.header(self.meta.rev));
+        Ok(resp)
+    }
+
+    fn apply_txn(&mut self, req: &TxnRequest, rev: i64, sub: &mut i64, events: &mut Vec<Event>) -> Result<TxnResponse> {
+        let mut succeeded = true;
+        for c in &req.compare {
+            if !self.compare(c)? {
+                succeeded = false;
+                break;
+            }
+        }
+        let ops = if succeeded { &req.success } else { &req.failure };
+        let mut responses = Vec::with_capacity(ops.len());
+        for op in ops {
+            let response = match &op.request {
+                Some(Request::RequestRange(r)) => {
+                    let head = if *sub > 0 { rev } else { self.meta.rev };
+                    let mut resp = read::range(&self.conn, r, head, self.meta.compact_rev)?;
+                    resp.header = Some(ResponseHeader { revision: head, ..Default::default() });
+                    Response::ResponseRange(resp)
+                }
+                Some(Request::RequestPut(p)) => Response::ResponsePut(self.put(p, rev, sub, events)?),
+                Some(Request::RequestDeleteRange(d)) => {
+                    Response::ResponseDeleteRange(self.delete_range(d, rev, sub, events)?)
+                }
+                Some(Request::RequestTxn(t)) => {
+                    let mut inner = self.apply_txn(t, rev, sub, events)?;
+                    let head = if *sub > 0 { rev } else { self.meta.rev };
+                    inner.header = Some(ResponseHeader { revision: head, ..Default::default() });
+                    Response::ResponseTxn(inner)
+                }
+                None => continue,
+            };
+            responses.push(ResponseOp { response: Some(response) });
+        }
+        Ok(TxnResponse { header: None, succeeded, responses })
+    }
+
+    fn compare(&self, c: &Compare) -> Result<bool> {
+        let target = CompareTarget::try_from(c.target).unwrap_or(CompareTarget::Version);
+        let range = KeyRange::new(&c.key, &c.range_end);
+        let rows = match &range {
+            KeyRange::Single(key) => read::get_current(&self.conn, key)?.into_iter().collect(),
+            _ => read::current_in_range(&self.conn, &range, None, target != CompareTarget::Value)?,
+        };
+        if rows.is_empty() {
+            if target == CompareTarget::Value {
+                return Ok(false);
+            }
+            return Ok(compare_row(c, target, &Row { id: 0, key: Vec::new(), create_rev: 0, version: 0, lease: 0, value: Vec::new() }));
+        }
+        Ok(rows.iter().all(|row| compare_row(c, target, row)))
+    }
+
+    fn lease_exists(&self, id: i64) -> Result<bool> {
+        let mut stmt = self.conn.prepare_cached("SELECT 1 FROM lease WHERE id = ?1")?;
+        Ok(stmt.exists([id])?)
+    }
+
+    fn next_id(rev: i64, sub: &mut i64) -> Result<i64> {
+        if *sub > MAX_SUB {
+            return Err(StoreError::InvalidArgument("too many changes in one revision".into()));
+        }
+        let id = row_id(rev, *sub);
+        *sub += 1;
+        Ok(id)
+    }
+
+    fn put(&mut self, p: &PutRequest, rev: i64, sub: &mut i64, events: &mut Vec<Event>) -> Result<PutResponse> {
+        let prev = read::get_current(&self.conn, &p.key)?;
+        if (p.ignore_value || p.ignore_lease) && prev.is_none() {
+            return Err(StoreError::KeyNotFound);
+        }
+        let lease = match (&prev, p.ignore_lease) {
+            (Some(prev), true) => prev.lease,
+            _ => p.lease,
+        };
+        if lease != 0 && !self.lease_exists(lease)? {
+            return Err(StoreError::LeaseNotFound);
+        }
+        let value = match (&prev, p.ignore_value) {
+            (Some(prev), true) => prev.value.clone(),
+            _ => p.value.clone(),
+        };
+        let (create_rev, version) = prev.as_ref().map_or((rev, 1), |r| (r.create_rev, r.version + 1));
+        let id = Self::next_id(rev, sub)?;
+        let prev_id = prev.as_ref().map_or(0, |r| r.id);
+        self.conn
+            .prepare_cached(
+                "INSERT INTO log (id, key, create_rev, version, lease, value, prev_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute((id, &p.key, create_rev, version, lease, &value, prev_id))?;
+        self.conn
+            .prepare_cached("INSERT INTO current (key, id) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET id = excluded.id")?
+            .execute((&p.key, id))?;
+        let prev_kv = if p.prev_kv { prev.as_ref().map(Row::to_kv) } else { None };
+        if self.want_events() {
+            let row = Row { id, key: p.key.clone(), create_rev, version, lease, value };
+            events.push(event_of(row, prev));
+        }
+        Ok(PutResponse { header: Some(ResponseHeader { revision: rev, ..Default::default() }), prev_kv })
+    }
+
+    fn delete_range(
+        &mut self,
+        d: &DeleteRangeRequest,
+        rev: i64,
+        sub: &mut i64,
+        events: &mut Vec<Event>,
+    ) -> Result<DeleteRangeResponse> {
+        let range = KeyRange::new(&d.key, &d.range_end);
+        let want_events = self.want_events();
+        let rows = read::current_in_range(&self.conn, &range, None, !(d.prev_kv || want_events))?;
+        for row in &rows {
+            let id = Self::next_id(rev, sub)?;
+            self.conn
+                .prepare_cached(
+                    "INSERT INTO log (id, key, create_rev, version, lease, value, prev_id) VALUES (?1, ?2, 0, 0, 0, x'', ?3)",
+                )?
+                .execute((id, &row.key, row.id))?;
+            self.conn.prepare_cached("DELETE FROM current WHERE key = ?1")?.execute([&row.key])?;
+            if want_events {
+                let tomb = Row { id, key: row.key.clone(), create_rev: 0, version: 0, lease: 0, value: Vec::new() };
+                events.push(event_of(tomb, Some(row.clone())));
+            }
+        }
+        let head = if *sub > 0 { rev } else { self.meta.rev };
+        Ok(DeleteRangeResponse {
+            header: Some(ResponseHeader { revision: head, ..Default::default() }),
+            deleted: rows.len() as i64,
+            prev_kvs: if d.prev_kv { rows.into_iter().map(Row::into_kv).collect() } else { Vec::new() },
+        })
+    }
+
+    fn lease_grant(&mut self, id: i64, ttl: i64) -> Result<(i64, i64, i64)> {
+        if ttl > MAX_LEASE_TTL {
+            return Err(StoreError::LeaseTtlTooLarge);
+        }
+        let id = if id == 0 {
+            loop {
+                let candidate = (super::random_u64() >> 1) as i64;
+                if candidate != 0 && !self.lease_exists(candidate)? {
+                    break candidate;
+                }
+            }
+        } else {
+            id
+        };
+        if id < 0 || self.lease_exists(id)? {
+            return Err(StoreError::LeaseExists);
+        }
+        let ttl = ttl.max(self.min_lease_ttl);
+        self.conn.prepare_cached("INSERT INTO lease (id, ttl) VALUES (?1, ?2)")?.execute((id, ttl))?;
+        Ok((id, ttl, self.meta.rev))
+    }
+
+    fn lease_revoke(&mut self, id: i64, events: &mut Vec<Event>) -> Result<i64> {
+        if !self.lease_exists(id)? {
+            return Err(StoreError::LeaseNotFound);
+        }
+        let rev = self.meta.rev + 1;
+        let mut sub = 0;
+        for key in read::lease_keys(&self.conn, id)? {
+            let d = DeleteRangeRequest { key, range_end: Vec::new(), prev_kv: false };
+            self.delete_range(&d, rev, &mut sub, events)?;
+        }
+        self.conn.prepare_cached("DELETE FROM lease WHERE id = ?1")?.execute([id])?;
+        if sub > 0 {
+            self.meta.rev = rev;
+        }
+        Ok(self.meta.rev)
+    }
+
+    fn compact(&mut self, rev: i64) -> Result<i64> {
+        if rev <= self.meta.compact_rev {
+            return Err(StoreError::Compacted { compact_revision: self.meta.compact_rev });
+        }
+        if rev > self.meta.rev {
+            return Err(StoreError::FutureRevision);
+        }
+        self.meta.compact_rev = rev;
+        Ok(self.meta.rev)
+    }
+
+    pub(super) fn compaction_pending(&self) -> bool {
+        self.meta.compact_cursor < schema::first_id(self.meta.compact_rev)
+    }
+}
+
+fn fail_command(cmd: Command, why: &str) {
+    let err = || StoreError::Internal(why.to_string());
+    match cmd {
+        Command::Txn { reply, .. } => drop(reply.send(Err(err()))),
+        Command::Compact { reply, .. } | Command::LeaseRevoke { reply: Some(reply), .. } => drop(reply.send(Err(err()))),
+        Command::LeaseGrant { reply, .. } => drop(reply.send(Err(err()))),
+        Command::Defragment { reply } => drop(reply.send(Err(err()))),
+        Command::Shutdown { reply } => drop(reply.send(())),
+        Command::LeaseRevoke { reply: None, .. } => {}
+    }
+}
+
+fn compare_row(c: &Compare, target: CompareTarget, row: &Row) -> bool {
+    use std::cmp::Ordering;
+    let ord = match (target, &c.target_union) {
+        (CompareTarget::Value, Some(TargetUnion::Value(v))) => row.value.as_slice().cmp(v.as_slice()),
+        (CompareTarget::Value, _) => row.value.as_slice().cmp(&[][..]),
+        (CompareTarget::Version, u) => row.version.cmp(&int_of(u)),
+        (CompareTarget::Create, u) => row.create_rev.cmp(&int_of(u)),
+        (CompareTarget::Mod, u) => schema::rev_of(row.id).cmp(&int_of(u)),
+        (CompareTarget::Lease, u) => row.lease.cmp(&int_of(u)),
+    };
+    match CompareResult::try_from(c.result).unwrap_or(CompareResult::Equal) {
+        CompareResult::Equal => ord == Ordering::Equal,
+        CompareResult::Greater => ord == Ordering::Greater,
+        CompareResult::Less => ord == Ordering::Less,
+        CompareResult::NotEqual => ord != Ordering::Equal,
+    }
+}
+
+fn int_of(u: &Option<TargetUnion>) -> i64 {
+    match u {
+        Some(TargetUnion::Version(v))
+        | Some(TargetUnion::CreateRevision(v))
+        | Some(TargetUnion::ModRevision(v))
+        | Some(TargetUnion::Lease(v)) => *v,
+        _ => 0,
+    }
+}
+
+/// The encoded size etcd would check against `--max-request-bytes`.
+pub fn request_size(req: &impl Message) -> usize {
+    req.encoded_len()
+}
