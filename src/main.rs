@@ -1,8 +1,5 @@
 //! ferrok: Kubernetes in one executable.
 
-mod cli;
-mod store;
-
 fn main() -> std::process::ExitCode {
-    cli::main()
+    ferrok::cli::main()
 }

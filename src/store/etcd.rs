@@ -109,7 +109,18 @@ impl Store for EtcdStore {
     }
 
     async fn watch(&self, requests: WatchRequestStream) -> Result<WatchResponseStream> {
-        let responses = remote(self.watch.clone().watch(requests).await)?;
+        // Requests are forwarded through a channel: tonic's client wants a
+        // stream it can own outright, independent of the caller's type.
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut requests = requests;
+            while let Some(req) = requests.next().await {
+                if tx.send(req).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let responses = remote(self.watch.clone().watch(tokio_stream::wrappers::ReceiverStream::new(rx)).await)?;
         Ok(Box::pin(responses.map(|r| r.map_err(StoreError::from_status))))
     }
 

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use prost::Message;
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
@@ -480,9 +479,4 @@ fn int_of(u: &Option<TargetUnion>) -> i64 {
         | Some(TargetUnion::Lease(v)) => *v,
         _ => 0,
     }
-}
-
-/// The encoded size etcd would check against `--max-request-bytes`.
-pub fn request_size(req: &impl Message) -> usize {
-    req.encoded_len()
 }

@@ -1,0 +1,7 @@
+//! ferrok: Kubernetes in one Rust executable.
+//!
+//! The modules follow the path of a request (see `DESIGN.md`); `main.rs`
+//! only calls [`cli::main`].
+
+pub mod cli;
+pub mod store;
