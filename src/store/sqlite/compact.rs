@@ -13,11 +13,11 @@ const COMPACT_BATCH: i64 = 2000;
 const VACUUM_PAGES: i64 = 2048;
 
 impl Writer {
-    /// Sweeps one batch: a row older than the compact revision makes the row
-    /// it superseded obsolete, and a tombstone older than it is itself
-    /// obsolete. What a read at the compact revision sees is kept.
+    /// Sweeps one batch: a row at or below the compact revision makes the
+    /// row it superseded obsolete, and a tombstone at or below it is itself
+    /// obsolete, as in etcd. What a read at the compact revision sees is kept.
     pub(super) fn compact_step(&mut self) {
-        let target = first_id(self.meta.compact_rev);
+        let target = first_id(self.meta.compact_rev + 1);
         let from = self.meta.compact_cursor;
         match self.sweep(from, target) {
             Ok(cursor) => {

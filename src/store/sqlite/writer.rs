@@ -437,7 +437,7 @@ impl Writer {
     }
 
     pub(super) fn compaction_pending(&self) -> bool {
-        self.meta.compact_cursor < schema::first_id(self.meta.compact_rev)
+        self.meta.compact_cursor < schema::first_id(self.meta.compact_rev + 1)
     }
 }
 

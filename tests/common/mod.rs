@@ -1,0 +1,146 @@
+//! Shared by the integration tests: starting real etcd and the real ferrok
+//! binary on free ports with temporary data dirs, and running etcdctl.
+
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ferrok::store::proto::kv_client::KvClient;
+use ferrok::store::proto::RangeRequest;
+use tonic::transport::Channel;
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind a free port").local_addr().expect("local addr").port()
+}
+
+/// A server process killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub endpoint: String,
+    pub dir: tempfile::TempDir,
+    pub name: &'static str,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.endpoint)
+    }
+
+    pub async fn kv(&self) -> KvClient<Channel> {
+        KvClient::new(channel(&self.url()).await)
+    }
+}
+
+pub async fn channel(url: &str) -> Channel {
+    tonic::transport::Endpoint::from_shared(url.to_string()).expect("url").connect().await.expect("connect")
+}
+
+fn require(bin: &str) -> PathBuf {
+    for dir in ["/usr/bin", "/usr/local/bin", "/usr/sbin"] {
+        let p = Path::new(dir).join(bin);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("{bin} is not installed: run scripts/deps first (tests never skip a missing dependency)");
+}
+
+async fn wait_ready(proc: &mut Proc) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let url = proc.url();
+    loop {
+        if let Ok(Some(status)) = proc.child.try_wait() {
+            panic!("{} exited early with {status}", proc.name);
+        }
+        if let Ok(ep) = tonic::transport::Endpoint::from_shared(url.clone()) {
+            if let Ok(ch) = ep.connect().await {
+                let req = RangeRequest { key: b"ready-check".to_vec(), ..Default::default() };
+                if KvClient::new(ch).range(req).await.is_ok() {
+                    return;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "{} did not become ready on {url}", proc.name);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A real etcd 3.4 (Debian's etcd-server) on free ports.
+pub async fn start_etcd() -> Proc {
+    let etcd = require("etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (client, peer) = (free_port(), free_port());
+    let child = Command::new(etcd)
+        .args(["--name", "default", "--data-dir"])
+        .arg(dir.path().join("etcd"))
+        .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
+        .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .args(["--initial-cluster", &format!("default=http://127.0.0.1:{peer}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcd");
+    let mut p = Proc { child, endpoint: format!("127.0.0.1:{client}"), dir, name: "etcd" };
+    wait_ready(&mut p).await;
+    p
+}
+
+pub fn ferrok_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_ferrok")
+}
+
+/// `ferrok datastore` on a free port, in `dir` (a new temporary dir when None).
+pub async fn start_ferrok_in(dir: Option<tempfile::TempDir>, extra: &[&str]) -> Proc {
+    let dir = dir.unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
+    let port = free_port();
+    let log = std::fs::File::create(dir.path().join(format!("ferrok-{port}.log"))).expect("log file");
+    let child = Command::new(ferrok_bin())
+        .arg("datastore")
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--listen-client-urls", &format!("http://127.0.0.1:{port}")])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start ferrok");
+    let mut p = Proc { child, endpoint: format!("127.0.0.1:{port}"), dir, name: "ferrok" };
+    wait_ready(&mut p).await;
+    p
+}
+
+pub async fn start_ferrok(extra: &[&str]) -> Proc {
+    start_ferrok_in(None, extra).await
+}
+
+/// Runs etcdctl (v3 API) against `endpoint`; stdin is fed when given.
+/// Lines etcd 3.4's client logs as JSON (`{"level"...`) are dropped.
+pub fn etcdctl(endpoint: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    use std::io::Write;
+    let mut cmd = Command::new(require("etcdctl"));
+    cmd.env("ETCDCTL_API", "3").arg(format!("--endpoints={endpoint}")).args(args);
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run etcdctl");
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin");
+        pipe.write_all(input.as_bytes()).expect("write stdin");
+    }
+    let out: Output = child.wait_with_output().expect("etcdctl output");
+    let clean = |b: &[u8]| {
+        String::from_utf8_lossy(b).lines().filter(|l| !l.starts_with("{\"level\"")).collect::<Vec<_>>().join("\n")
+    };
+    (out.status.success(), clean(&out.stdout), clean(&out.stderr))
+}
