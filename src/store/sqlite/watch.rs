@@ -199,6 +199,8 @@ impl WatchStream {
     async fn send_compacted(&mut self, id: i64, compact_rev: i64) -> Result<(), Gone> {
         self.watchers.remove(&id);
         let mut resp = self.response(id);
+        // etcd sends this one with a header whose revision is 0.
+        resp.header = Some(self.shared.header(0));
         resp.canceled = true;
         resp.compact_revision = compact_rev;
         self.send(resp).await
