@@ -19,3 +19,234 @@ async fn fresh_store_is_at_revision_one() {
     assert_eq!(resp.header.unwrap().revision, 1);
     assert!(resp.kvs.is_empty());
 }
+
+fn kv_put(key: &str, value: &str) -> RequestOp {
+    RequestOp { request: Some(request_op::Request::RequestPut(put(key, value))) }
+}
+
+fn cmp(key: &str, target: compare::CompareTarget, result: compare::CompareResult, u: compare::TargetUnion) -> Compare {
+    Compare { result: result as i32, target: target as i32, key: key.into(), range_end: Vec::new(), target_union: Some(u) }
+}
+
+async fn get(s: &SqliteStore, key: &str, rev: i64) -> RangeResponse {
+    s.range(RangeRequest { key: key.into(), revision: rev, ..Default::default() }).await.expect("range")
+}
+
+#[tokio::test]
+async fn concurrent_writes_get_one_revision_each() {
+    let (_dir, s) = store().await;
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move { s.put(put(&format!("k{i}"), "v")).await.expect("put").header.unwrap().revision }));
+    }
+    let mut revs = Vec::new();
+    for t in tasks {
+        revs.push(t.await.expect("task"));
+    }
+    revs.sort_unstable();
+    assert_eq!(revs, (2..202).collect::<Vec<_>>());
+    let all = s.range(RangeRequest { key: b"k".to_vec(), range_end: b"l".to_vec(), count_only: true, ..Default::default() }).await.unwrap();
+    assert_eq!(all.count, 200);
+}
+
+#[tokio::test]
+async fn compares_follow_etcd_on_missing_keys() {
+    use compare::{CompareResult as R, CompareTarget as T, TargetUnion as U};
+    let (_dir, s) = store().await;
+    s.put(put("a", "1")).await.unwrap();
+    let run = |compare: Compare| {
+        let s = s.clone();
+        async move {
+            s.txn(TxnRequest { compare: vec![compare], success: vec![], failure: vec![] }).await.expect("txn").succeeded
+        }
+    };
+    // A missing key compares as a zero key, except on its value.
+    assert!(run(cmp("missing", T::Version, R::Equal, U::Version(0))).await);
+    assert!(run(cmp("missing", T::Create, R::Equal, U::CreateRevision(0))).await);
+    assert!(!run(cmp("missing", T::Value, R::Equal, U::Value(Vec::new()))).await);
+    assert!(run(cmp("a", T::Value, R::Greater, U::Value(b"0".to_vec()))).await);
+    assert!(run(cmp("a", T::Mod, R::Less, U::ModRevision(3))).await);
+    assert!(run(cmp("a", T::Value, R::NotEqual, U::Value(b"2".to_vec()))).await);
+    // A compare over a range holds only if it holds for every key in it.
+    s.put(put("b", "1")).await.unwrap();
+    let mut over = cmp("a", T::Value, R::Equal, U::Value(b"1".to_vec()));
+    over.range_end = b"c".to_vec();
+    assert!(run(over.clone()).await);
+    s.put(put("b", "2")).await.unwrap();
+    assert!(!run(over).await);
+}
+
+#[tokio::test]
+async fn failed_txn_writes_nothing_and_keeps_the_revision() {
+    use compare::{CompareResult as R, CompareTarget as T, TargetUnion as U};
+    let (_dir, s) = store().await;
+    let resp = s
+        .txn(TxnRequest {
+            compare: vec![cmp("x", T::Version, R::Equal, U::Version(5))],
+            success: vec![kv_put("x", "1")],
+            failure: vec![RequestOp { request: Some(request_op::Request::RequestRange(RangeRequest { key: b"x".to_vec(), ..Default::default() })) }],
+        })
+        .await
+        .unwrap();
+    assert!(!resp.succeeded);
+    assert_eq!(resp.header.unwrap().revision, 1);
+    // A txn that only reads does not bump the revision either.
+    let resp = s.txn(TxnRequest { compare: vec![], success: vec![], failure: vec![] }).await.unwrap();
+    assert_eq!(resp.header.unwrap().revision, 1);
+    // A nested txn writes at the revision of its parent.
+    let inner = TxnRequest { compare: vec![], success: vec![kv_put("n1", "1"), kv_put("n2", "2")], failure: vec![] };
+    let resp = s
+        .txn(TxnRequest {
+            compare: vec![],
+            success: vec![kv_put("outer", "o"), RequestOp { request: Some(request_op::Request::RequestTxn(inner)) }],
+            failure: vec![],
+        })
+        .await
+        .unwrap();
+    assert_eq!(resp.header.unwrap().revision, 2);
+    assert_eq!(get(&s, "n2", 0).await.kvs[0].mod_revision, 2);
+}
+
+#[tokio::test]
+async fn history_reads_and_deletes() {
+    let (_dir, s) = store().await;
+    s.put(put("h", "1")).await.unwrap(); // 2
+    s.put(put("h", "2")).await.unwrap(); // 3
+    s.delete_range(DeleteRangeRequest { key: b"h".to_vec(), ..Default::default() }).await.unwrap(); // 4
+    s.put(put("h", "3")).await.unwrap(); // 5
+    assert_eq!(get(&s, "h", 2).await.kvs[0].value, b"1");
+    assert_eq!(get(&s, "h", 3).await.kvs[0].version, 2);
+    assert!(get(&s, "h", 4).await.kvs.is_empty());
+    let now = get(&s, "h", 0).await;
+    assert_eq!((now.kvs[0].create_revision, now.kvs[0].version), (5, 1));
+    assert_eq!(get(&s, "h", 3).await.header.unwrap().revision, 5);
+}
+
+#[tokio::test]
+async fn physical_compaction_removes_superseded_rows() {
+    let (_dir, s) = store().await;
+    for i in 0..50 {
+        s.put(put(&format!("c{}", i % 5), &i.to_string())).await.unwrap();
+    }
+    s.delete_range(DeleteRangeRequest { key: b"c0".to_vec(), ..Default::default() }).await.unwrap();
+    let head = get(&s, "c1", 0).await.header.unwrap().revision;
+    s.compact(CompactionRequest { revision: head, physical: true }).await.unwrap();
+    let rows: i64 = s.read(|conn, _| Ok(conn.query_row("SELECT count(*) FROM log", [], |r| r.get(0))?)).await.unwrap();
+    // c1..c4 keep their newest row; c0's tombstone and history are gone.
+    assert_eq!(rows, 4);
+    assert_eq!(get(&s, "c4", head).await.kvs[0].value, b"49");
+    assert!(get(&s, "c0", 0).await.kvs.is_empty());
+    let err = s.range(RangeRequest { key: b"c1".to_vec(), revision: head - 1, ..Default::default() }).await.unwrap_err();
+    assert!(matches!(err, StoreError::Compacted { .. }));
+}
+
+async fn watch(s: &SqliteStore, create: WatchCreateRequest) -> (mpsc::Sender<WatchRequest>, WatchResponseStream) {
+    let (tx, rx) = mpsc::channel(4);
+    tx.send(WatchRequest { request_union: Some(watch_request::RequestUnion::CreateRequest(create)) }).await.unwrap();
+    let stream = s.watch(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))).await.unwrap();
+    (tx, stream)
+}
+
+async fn next(stream: &mut WatchResponseStream) -> WatchResponse {
+    use futures_util::StreamExt;
+    tokio::time::timeout(Duration::from_secs(5), stream.next()).await.expect("in time").expect("open").expect("ok")
+}
+
+#[tokio::test]
+async fn watch_catches_up_then_follows_commits() {
+    let (_dir, s) = store().await;
+    for i in 0..1500 {
+        s.put(put(&format!("w/{}", i % 10), &i.to_string())).await.unwrap();
+    }
+    let create = WatchCreateRequest { key: b"w/".to_vec(), range_end: b"w0".to_vec(), start_revision: 2, prev_kv: true, ..Default::default() };
+    let (_tx, mut stream) = watch(&s, create).await;
+    assert!(next(&mut stream).await.created);
+    let writer = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            for i in 1500..1600 {
+                s.put(put(&format!("w/{}", i % 10), &i.to_string())).await.unwrap();
+            }
+        })
+    };
+    let mut seen = Vec::new();
+    while seen.len() < 1600 {
+        for ev in next(&mut stream).await.events {
+            let kv = ev.kv.unwrap();
+            if kv.mod_revision > 11 {
+                assert!(ev.prev_kv.is_some(), "prev_kv missing at {}", kv.mod_revision);
+            }
+            seen.push(kv.mod_revision);
+        }
+    }
+    writer.await.unwrap();
+    assert_eq!(seen, (2..1602).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn watch_filters_and_progress() {
+    let (_dir, s) = store().await;
+    let create = WatchCreateRequest {
+        key: b"f".to_vec(),
+        filters: vec![watch_create_request::FilterType::Noput as i32],
+        ..Default::default()
+    };
+    let (tx, mut stream) = watch(&s, create).await;
+    assert!(next(&mut stream).await.created);
+    s.put(put("f", "1")).await.unwrap();
+    s.delete_range(DeleteRangeRequest { key: b"f".to_vec(), ..Default::default() }).await.unwrap();
+    let resp = next(&mut stream).await;
+    assert_eq!(resp.events.len(), 1);
+    assert_eq!(resp.events[0].r#type, EventType::Delete as i32);
+    assert_eq!(resp.events[0].kv.as_ref().unwrap().mod_revision, 3);
+    tx.send(WatchRequest { request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})) }).await.unwrap();
+    let progress = next(&mut stream).await;
+    assert_eq!((progress.watch_id, progress.header.unwrap().revision), (-1, 3));
+}
+
+#[tokio::test]
+async fn watch_fragments_large_responses() {
+    let (_dir, s) = store().await;
+    let mut opts = SqliteOptions::new(_dir.path().join("frag.db"));
+    opts.max_request_bytes = 1024;
+    let s2 = SqliteStore::open(opts).unwrap();
+    drop(s);
+    for i in 0..20 {
+        s2.put(put(&format!("g{i:02}"), &"x".repeat(200))).await.unwrap();
+    }
+    let create = WatchCreateRequest { key: b"g".to_vec(), range_end: b"h".to_vec(), start_revision: 1, fragment: true, ..Default::default() };
+    let (_tx, mut stream) = watch(&s2, create).await;
+    assert!(next(&mut stream).await.created);
+    let mut parts = 0;
+    let mut events = 0;
+    loop {
+        let r = next(&mut stream).await;
+        parts += 1;
+        events += r.events.len();
+        if !r.fragment {
+            break;
+        }
+    }
+    assert!(parts > 1, "20 events of 200 bytes came in one response");
+    assert_eq!(events, 20);
+}
+
+#[tokio::test]
+async fn expired_lease_deletes_its_keys_and_tells_watchers() {
+    let (_dir, s) = store().await;
+    let lease = s.lease_grant(LeaseGrantRequest { ttl: 1, id: 0 }).await.unwrap();
+    assert_eq!(lease.ttl, 2, "the minimum TTL applies");
+    s.put(PutRequest { key: b"e".to_vec(), value: b"v".to_vec(), lease: lease.id, ..Default::default() }).await.unwrap();
+    let (_tx, mut stream) = watch(&s, WatchCreateRequest { key: b"e".to_vec(), ..Default::default() }).await;
+    assert!(next(&mut stream).await.created);
+    let started = std::time::Instant::now();
+    let resp = next(&mut stream).await;
+    let waited = started.elapsed();
+    assert_eq!(resp.events[0].r#type, EventType::Delete as i32);
+    assert!(waited > Duration::from_millis(1500) && waited < Duration::from_millis(3500), "expired after {waited:?}");
+    let ttl = s.lease_time_to_live(LeaseTimeToLiveRequest { id: lease.id, keys: false }).await.unwrap();
+    assert_eq!(ttl.ttl, -1);
+    let err = s.lease_revoke(LeaseRevokeRequest { id: lease.id }).await.unwrap_err();
+    assert!(matches!(err, StoreError::LeaseNotFound));
+}
