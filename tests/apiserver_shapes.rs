@@ -84,12 +84,12 @@ fn kvs(kvs: &[KeyValue]) -> String {
         .join(" ")
 }
 
-fn rev<T>(h: &Option<ResponseHeader>) -> i64 {
+fn rev(h: &Option<ResponseHeader>) -> i64 {
     h.as_ref().map_or(-1, |h| h.revision)
 }
 
 fn txn_line(r: &TxnResponse) -> String {
-    let mut parts = vec![format!("succeeded={} rev={}", r.succeeded, rev::<()>(&r.header))];
+    let mut parts = vec![format!("succeeded={} rev={}", r.succeeded, rev(&r.header))];
     for op in &r.responses {
         match &op.response {
             Some(response_op::Response::ResponseRange(g)) => parts.push(format!("range[{}] count={}", kvs(&g.kvs), g.count)),
@@ -128,7 +128,7 @@ fn watch_line(w: &WatchResponse) -> String {
         w.canceled,
         w.compact_revision,
         w.cancel_reason,
-        rev::<()>(&w.header),
+        rev(&w.header),
         events.join(", ")
     )
 }
@@ -173,8 +173,8 @@ async fn apiserver_session(url: String) -> Vec<String> {
         .await
         .expect("list")
         .into_inner();
-    out.push(format!("page1 [{}] more={} count={} rev={}", kvs(&page.kvs), page.more, page.count, rev::<()>(&page.header)));
-    let list_rev = rev::<()>(&page.header);
+    out.push(format!("page1 [{}] more={} count={} rev={}", kvs(&page.kvs), page.more, page.count, rev(&page.header)));
+    let list_rev = rev(&page.header);
     // A write between pages must not show in the next page at list_rev.
     out.push(txn(&mut kv, TxnRequest { compare: vec![], success: vec![put_op("/registry/pods/ns/p2", b"changed")], failure: vec![] }).await);
     let mut next = page.kvs.last().map(|k| k.key.clone()).unwrap_or_default();
@@ -184,7 +184,7 @@ async fn apiserver_session(url: String) -> Vec<String> {
         .await
         .expect("list page 2")
         .into_inner();
-    out.push(format!("page2 [{}] more={} count={} rev={}", kvs(&page.kvs), page.more, page.count, rev::<()>(&page.header)));
+    out.push(format!("page2 [{}] more={} count={} rev={}", kvs(&page.kvs), page.more, page.count, rev(&page.header)));
     let count = kv
         .range(RangeRequest { key: prefix.into(), range_end: prefix_end(prefix), count_only: true, ..Default::default() })
         .await
@@ -237,7 +237,7 @@ async fn apiserver_session(url: String) -> Vec<String> {
     out.push(txn(&mut kv, handshake(0, 10)).await);
     out.push(txn(&mut kv, handshake(0, 10)).await);
     out.push(match kv.compact(CompactionRequest { revision: 10, physical: false }).await {
-        Ok(r) => format!("compacted rev={}", rev::<()>(&r.into_inner().header)),
+        Ok(r) => format!("compacted rev={}", rev(&r.into_inner().header)),
         Err(s) => status_line(&s),
     });
     out.push(match kv.compact(CompactionRequest { revision: 10, physical: false }).await {
@@ -282,7 +282,7 @@ async fn limits_session(url: String) -> Vec<String> {
     let big = vec![b'x'; 1_400_000];
     let put = |k: &str, v: &[u8]| PutRequest { key: k.into(), value: v.to_vec(), ..Default::default() };
     out.push(match kv.put(put("big", &big)).await {
-        Ok(r) => format!("put big rev={}", rev::<()>(&r.into_inner().header)),
+        Ok(r) => format!("put big rev={}", rev(&r.into_inner().header)),
         Err(s) => status_line(&s),
     });
     out.push(match kv.range(RangeRequest { key: b"big".to_vec(), ..Default::default() }).await {
@@ -340,7 +340,9 @@ async fn limits_session(url: String) -> Vec<String> {
     out
 }
 
-async fn compare_three(name: &str, session: fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<String>> + Send>>) {
+type Session = fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = Vec<String>> + Send>>;
+
+async fn compare_three(name: &str, session: Session) {
     let etcd = start_etcd().await;
     let etcd2 = start_etcd().await;
     let ferrok = start_ferrok(&[]).await;

@@ -11,10 +11,13 @@ use common::*;
 use ferrok::store::proto::lease_client::LeaseClient;
 use ferrok::store::proto::*;
 
+/// Key → the value and revision a write of it was acknowledged with.
+type Acked = HashMap<String, (Vec<u8>, i64)>;
+
 #[tokio::test(flavor = "multi_thread")]
 async fn acknowledged_writes_survive_kill_9() {
     let mut server = start_ferrok(&[]).await;
-    let acked: Arc<Mutex<HashMap<String, (Vec<u8>, i64)>>> = Arc::default();
+    let acked: Arc<Mutex<Acked>> = Arc::default();
     let mut writers = Vec::new();
     let stop_at = Instant::now() + Duration::from_millis(1500);
     for w in 0..16 {
@@ -24,7 +27,7 @@ async fn acknowledged_writes_survive_kill_9() {
             let mut n = 0u64;
             while Instant::now() < stop_at {
                 // Updates of a few keys and creates of new ones.
-                let key = if n % 2 == 0 { format!("/k/w{w}/hot") } else { format!("/k/w{w}/n{n}") };
+                let key = if n.is_multiple_of(2) { format!("/k/w{w}/hot") } else { format!("/k/w{w}/n{n}") };
                 let value = format!("w{w}-{n}").into_bytes();
                 let req = PutRequest { key: key.clone().into_bytes(), value: value.clone(), ..Default::default() };
                 match kv.put(req).await {

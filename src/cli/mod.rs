@@ -18,6 +18,8 @@ pub struct Cli {
     command: Command,
 }
 
+// Parsed once at start; the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the control plane and, unless disabled, the node role (not built yet).

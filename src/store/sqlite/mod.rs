@@ -431,7 +431,7 @@ async fn stream_file(path: &Path, header: ResponseHeader, tx: &mpsc::Sender<Resu
         hasher.update(&buf);
         remaining -= n as u64;
         let resp = SnapshotResponse {
-            header: first.then(|| header.clone()),
+            header: first.then_some(header),
             remaining_bytes: remaining,
             blob: buf,
         };

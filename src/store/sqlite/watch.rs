@@ -41,7 +41,7 @@ impl Watcher {
     fn wants(&self, ev: &Event) -> bool {
         let key = ev.kv.as_ref().map_or(&[][..], |kv| kv.key.as_slice());
         let is_put = ev.r#type == EventType::Put as i32;
-        self.range.contains(key) && !(is_put && self.no_put) && !(!is_put && self.no_delete)
+        self.range.contains(key) && !(is_put && self.no_put) && (is_put || !self.no_delete)
     }
 
     fn shape(&self, ev: &Event) -> Event {
