@@ -82,6 +82,8 @@ struct Opts {
     size_updates: usize,
     size_writers: usize,
     etcd_bin: PathBuf,
+    ferrok_bin: PathBuf,
+    phases: Vec<String>,
 }
 
 const HELP: &str = "\
@@ -93,6 +95,7 @@ usage: ./bench [--quick] [flags]   (or: cargo bench --bench store -- [flags])
   --clients LIST        concurrency levels (default 1,16,64)
   --shared-channel      all clients of a level share one gRPC connection
                         (default: one connection per client)
+  --phases LIST         comma list of writes,watch,size (default: all; memory is always reported)
   --watch-rate N        paced watch writer, puts per second (default 200)
   --watch-secs SECS     paced watch duration (default 3)
   --burst N             burst watch variant, puts (default 2000)
@@ -101,6 +104,7 @@ usage: ./bench [--quick] [flags]   (or: cargo bench --bench store -- [flags])
   --size-updates N      updates in the size test (default 100000)
   --size-writers N      concurrent writers in the size test (default 16)
   --etcd PATH           etcd binary (default /usr/bin/etcd, or $ETCD_BIN)
+  --ferrok PATH         ferrok binary (default: the one cargo built, or $FERROK_BIN)
 ";
 
 fn parse_opts() -> Opts {
@@ -116,6 +120,8 @@ fn parse_opts() -> Opts {
         size_keys: 1000,
         size_updates: 100_000,
         size_writers: 16,
+        phases: vec!["writes".into(), "watch".into(), "size".into()],
+        ferrok_bin: std::env::var_os("FERROK_BIN").map(PathBuf::from).unwrap_or_else(|| env!("CARGO_BIN_EXE_ferrok").into()),
         etcd_bin: std::env::var_os("ETCD_BIN").map(PathBuf::from).unwrap_or_else(|| "/usr/bin/etcd".into()),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -161,6 +167,12 @@ fn parse_opts() -> Opts {
                     .collect()
             }
             "--shared-channel" => o.shared_channel = true,
+            "--phases" => {
+                o.phases = list(&a, it.next());
+                if let Some(p) = o.phases.iter().find(|p| !["writes", "watch", "size"].contains(&p.as_str())) {
+                    die(&format!("unknown phase {p:?}\n\n{HELP}"));
+                }
+            }
             "--watch-rate" => o.watch_rate = num(&a, it.next()),
             "--watch-secs" => o.watch_secs = num(&a, it.next()),
             "--burst" => o.burst = num(&a, it.next()),
@@ -168,6 +180,7 @@ fn parse_opts() -> Opts {
             "--size-keys" => o.size_keys = num(&a, it.next()),
             "--size-updates" => o.size_updates = num(&a, it.next()),
             "--size-writers" => o.size_writers = num(&a, it.next()),
+            "--ferrok" => o.ferrok_bin = it.next().map(PathBuf::from).unwrap_or_else(|| die("--ferrok needs a path")),
             "--etcd" => o.etcd_bin = it.next().map(PathBuf::from).unwrap_or_else(|| die("--etcd needs a path")),
             other => die(&format!("unknown argument {other:?}\n\n{HELP}")),
         }
@@ -177,6 +190,13 @@ fn parse_opts() -> Opts {
     o.burst_writers = o.burst_writers.max(1);
     o.watch_rate = o.watch_rate.max(1);
     o
+}
+
+/// Progress on stderr, with seconds since the start.
+macro_rules! progress {
+    ($($arg:tt)*) => {
+        eprintln!("bench [{:6.1}s] {}", now_ns() as f64 / 1e9, format!($($arg)*))
+    };
 }
 
 fn die(msg: &str) -> ! {
@@ -252,7 +272,7 @@ fn spawn(kind: Kind, opts: &Opts) -> Result<Target, String> {
             cmd.args(["--quota-backend-bytes", "8589934592"]);
         }
         Kind::FerrokFull | Kind::FerrokNormal => {
-            cmd = Command::new(env!("CARGO_BIN_EXE_ferrok"));
+            cmd = Command::new(&opts.ferrok_bin);
             cmd.arg("datastore");
             cmd.arg("--data-dir").arg(&data);
             cmd.args(["--listen-client-urls", &url]);
@@ -569,6 +589,8 @@ struct WatchResult {
     sent: u64,
     received: u64,
     lat: Lat,
+    /// Txn round trips of the writers.
+    put_lat: Lat,
     write_secs: f64,
     problems: Problems,
 }
@@ -663,6 +685,7 @@ async fn watch(url: &str, label: &str, pace: Pace) -> Result<WatchResult, String
     let ch = connect(url).await?;
     let start = Instant::now();
     let problems = Arc::new(std::sync::Mutex::new(Problems::default()));
+    let put_lat = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     match pace {
         Pace::Paced { rate, count } => {
@@ -673,8 +696,11 @@ async fn watch(url: &str, label: &str, pace: Pace) -> Result<WatchResult, String
                 let mut kv = KvClient::new(ch.clone());
                 let key = format!("{prefix}k{n}").into_bytes();
                 let problems = problems.clone();
+                let put_lat = put_lat.clone();
                 tasks.push(tokio::spawn(async move {
+                    let t = Instant::now();
                     let out = txn(&mut kv, create_txn(&key, stamped())).await;
+                    put_lat.lock().expect("lock").push(t.elapsed().as_micros() as u64);
                     problems.lock().expect("lock").add("watch put", &out);
                 }));
             }
@@ -686,6 +712,7 @@ async fn watch(url: &str, label: &str, pace: Pace) -> Result<WatchResult, String
                 let prefix = prefix.clone();
                 let next = next.clone();
                 let problems = problems.clone();
+                let put_lat = put_lat.clone();
                 tasks.push(tokio::spawn(async move {
                     loop {
                         let n = next.fetch_add(1, Ordering::Relaxed);
@@ -693,7 +720,9 @@ async fn watch(url: &str, label: &str, pace: Pace) -> Result<WatchResult, String
                             break;
                         }
                         let key = format!("{prefix}k{n}").into_bytes();
+                        let t = Instant::now();
                         let out = txn(&mut kv, create_txn(&key, stamped())).await;
+                        put_lat.lock().expect("lock").push(t.elapsed().as_micros() as u64);
                         problems.lock().expect("lock").add("watch put", &out);
                     }
                 }));
@@ -709,7 +738,16 @@ async fn watch(url: &str, label: &str, pace: Pace) -> Result<WatchResult, String
     if let Some(n) = note {
         problems.samples.push(n);
     }
-    Ok(WatchResult { label: label.into(), sent: expected, received: lat.len() as u64, lat: Lat::sorted(lat), write_secs, problems })
+    let put_lat = Lat::sorted(std::mem::take(&mut *put_lat.lock().expect("lock")));
+    Ok(WatchResult {
+        label: label.into(),
+        sent: expected,
+        received: lat.len() as u64,
+        lat: Lat::sorted(lat),
+        put_lat,
+        write_secs,
+        problems,
+    })
 }
 
 // ---------------------------------------------------------------- 3. size
@@ -882,9 +920,11 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
     let name = t.kind.name();
     let url = t.url.clone();
 
+    let on = |p: &str| opts.phases.iter().any(|x| x == p);
     let mut first_id = 0;
-    for &clients in &opts.levels {
-        eprintln!("bench: {name}: writes, {clients} clients, {} s", opts.secs);
+    let levels: &[usize] = if on("writes") { &opts.levels } else { &[] };
+    for &clients in levels {
+        progress!("{name}: writes, {clients} clients, {} s", opts.secs);
         match writes(&url, clients, first_id, opts.secs, opts.shared_channel).await {
             Ok(r) => {
                 let _ = writeln!(
@@ -910,14 +950,19 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
 
     let paced = Pace::Paced { rate: opts.watch_rate, count: (opts.watch_rate as f64 * opts.watch_secs).round().max(1.0) as usize };
     let burst = Pace::Burst { writers: opts.burst_writers, count: opts.burst.max(1) };
-    for (label, pace) in [(format!("{}/s", opts.watch_rate), paced), (format!("burst/{}w", opts.burst_writers), burst)] {
-        eprintln!("bench: {name}: watch, {label}");
+    let modes = if on("watch") {
+        vec![(format!("{}/s", opts.watch_rate), paced), (format!("burst/{}w", opts.burst_writers), burst)]
+    } else {
+        vec![]
+    };
+    for (label, pace) in modes {
+        progress!("{name}: watch, {label}");
         let tag = label.replace('/', "-");
         match watch(&url, &tag, pace).await {
             Ok(r) => {
                 let _ = writeln!(
                     rep.watch,
-                    "{:<14} {:<12} {:>6} {:>6} {:>7.2} {:>8} {:>8} {:>8}",
+                    "{:<14} {:<12} {:>6} {:>6} {:>7.2} {:>8} {:>8} {:>8} {:>8} {:>8}",
                     name,
                     r.label.replace('-', "/"),
                     r.sent,
@@ -925,7 +970,9 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
                     r.write_secs,
                     r.lat.pct_ms(0.5),
                     r.lat.pct_ms(0.99),
-                    r.lat.max_ms()
+                    r.lat.max_ms(),
+                    r.put_lat.pct_ms(0.5),
+                    r.put_lat.pct_ms(0.99)
                 );
                 problems_line(&mut rep.problems, name, &format!("watch {label}"), &r.problems);
             }
@@ -935,9 +982,15 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
         }
     }
 
-    eprintln!("bench: {name}: size, {} updates to {} keys, {} writers", opts.size_updates, opts.size_keys, opts.size_writers);
-    match size(t, opts.size_keys, opts.size_updates, opts.size_writers).await {
-        Ok(r) => {
+    let size_result = if on("size") {
+        progress!("{name}: size, {} updates to {} keys, {} writers", opts.size_updates, opts.size_keys, opts.size_writers);
+        Some(size(t, opts.size_keys, opts.size_updates, opts.size_writers).await)
+    } else {
+        None
+    };
+    match size_result {
+        None => {}
+        Some(Ok(r)) => {
             let _ = writeln!(
                 rep.size,
                 "{name:<14} {} updates in {:.1} s: {:.0} updates/s, p50 {} ms, p99 {} ms",
@@ -964,7 +1017,7 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
             }
             problems_line(&mut rep.problems, name, "size", &r.problems);
         }
-        Err(e) => {
+        Some(Err(e)) => {
             let _ = writeln!(rep.size, "{name:<14} ERROR {e}");
         }
     }
@@ -1006,7 +1059,7 @@ fn main() {
         for mut t in targets {
             match wait_ready(&mut t).await {
                 Ok(d) => {
-                    eprintln!("bench: {} ready at {} (pid {}) after {:.2} s", t.kind.name(), t.url, t.proc.pid(), d.as_secs_f64());
+                    progress!("{} ready at {} (pid {}) after {:.2} s", t.kind.name(), t.url, t.proc.pid(), d.as_secs_f64());
                     ready.push(t);
                 }
                 Err(e) => eprintln!("bench: skipping {}: {e}", t.kind.name()),
@@ -1026,7 +1079,11 @@ fn main() {
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     println!();
     println!("ferrok store bench: {cpus} CPUs; client and servers on this host; targets run one after another.");
-    println!("ferrok-full = --sync full (fsync per commit), ferrok-normal = --sync normal; etcd {}.", opts.etcd_bin.display());
+    println!(
+        "ferrok-full = --sync full (fsync per commit), ferrok-normal = --sync normal; etcd = {}; ferrok = {}",
+        opts.etcd_bin.display(),
+        opts.ferrok_bin.display()
+    );
     println!();
     println!(
         "== 1. writes: apiserver create (mod_rev=0 ? put) then update (mod_rev=prev ? put : range) per key, 1 KiB values, {} s per level, {}",
@@ -1040,7 +1097,11 @@ fn main() {
         "== 2. watch delivery latency (receive - send, send stamped before the txn): paced {}/s for {} s; burst {} puts from {} writers",
         opts.watch_rate, opts.watch_secs, opts.burst, opts.burst_writers
     );
-    println!("{:<14} {:<12} {:>6} {:>6} {:>7} {:>8} {:>8} {:>8}", "target", "mode", "sent", "recv", "write_s", "p50_ms", "p99_ms", "max_ms");
+    println!("   put_* = the writers' txn round trips, for comparison");
+    println!(
+        "{:<14} {:<12} {:>6} {:>6} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "target", "mode", "sent", "recv", "write_s", "p50_ms", "p99_ms", "max_ms", "put_p50", "put_p99"
+    );
     print!("{}", rep.watch);
     println!();
     println!(

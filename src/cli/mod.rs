@@ -1,7 +1,9 @@
 //! The command line: parsing, logging, the runtime, and the data-dir layout.
 
+mod config;
 mod datastore;
 mod duration;
+mod server;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,7 +11,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "ferrok", version, about = "Kubernetes in one executable", propagate_version = true)]
+#[command(name = "ferrok", version, about = "Kubernetes in one executable", propagate_version = true, args_override_self = true)]
 pub struct Cli {
     /// More log output (-v: debug for ferrok, -vv: trace).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]
@@ -22,8 +24,8 @@ pub struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the control plane and, unless disabled, the node role (not built yet).
-    Server(NotBuilt),
+    /// Run the control plane (API server on the embedded store) and, unless disabled, the node role.
+    Server(server::ServerArgs),
     /// Run the node role and join a server (not built yet).
     Agent(NotBuilt),
     /// Serve the embedded datastore (or an external etcd) as an etcd v3 endpoint.
@@ -56,7 +58,14 @@ fn init_logging(verbose: u8) {
 }
 
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let argv = match config::with_config_file(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = match Cli::try_parse_from(argv) {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -86,7 +95,7 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Datastore(args) => datastore::run(args).await,
-            Command::Server(_) => Err(anyhow::anyhow!("`ferrok server` is not built yet")),
+            Command::Server(args) => server::run(args).await,
             Command::Agent(_) => Err(anyhow::anyhow!("`ferrok agent` is not built yet")),
         }
     });

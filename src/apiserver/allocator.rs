@@ -1,0 +1,200 @@
+//! ClusterIP and NodePort allocation for Services. Addresses in use are
+//! read from the stored Services, and allocation plus create happen under
+//! one lock, so two Services never get the same address.
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+
+use serde_json::Value;
+
+use super::status::{ApiError, ApiResult};
+use super::storage::{ReadAt, Storage};
+
+/// An IPv4 CIDR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub base: Ipv4Addr,
+    pub prefix: u8,
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (ip, prefix) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a CIDR like 10.43.0.0/16"))?;
+        let ip: Ipv4Addr = ip.parse().map_err(|_| format!("{s:?} is not an IPv4 CIDR"))?;
+        let prefix: u8 = prefix.parse().ok().filter(|p| (8..=30).contains(p)).ok_or_else(|| format!("{s:?}: the prefix must be between /8 and /30"))?;
+        let mask = u32::MAX << (32 - prefix);
+        Ok(Cidr { base: Ipv4Addr::from(u32::from(ip) & mask), prefix })
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.base, self.prefix)
+    }
+}
+
+impl Cidr {
+    pub fn size(&self) -> u32 {
+        1u32 << (32 - self.prefix)
+    }
+
+    /// The n-th address (0 is the network address).
+    pub fn nth(&self, n: u32) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.base) + n)
+    }
+
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        let mask = u32::MAX << (32 - self.prefix);
+        u32::from(ip) & mask == u32::from(self.base)
+    }
+}
+
+pub const NODE_PORT_RANGE: std::ops::RangeInclusive<i64> = 30000..=32767;
+
+pub struct ServiceAllocator {
+    pub cidr: Cidr,
+    lock: tokio::sync::Mutex<()>,
+}
+
+/// What Services already hold.
+struct InUse {
+    ips: HashSet<Ipv4Addr>,
+    ports: HashSet<i64>,
+}
+
+impl ServiceAllocator {
+    pub fn new(cidr: Cidr) -> Self {
+        ServiceAllocator { cidr, lock: tokio::sync::Mutex::new(()) }
+    }
+
+    /// Held while a Service is allocated and stored.
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.lock.lock().await
+    }
+
+    async fn in_use(&self, storage: &Storage, except_key: Option<&str>) -> ApiResult<InUse> {
+        let mut used = InUse { ips: HashSet::new(), ports: HashSet::new() };
+        let prefix = "/registry/services/";
+        let mut start = None;
+        loop {
+            let page = storage.list(prefix, start.take(), 1000, ReadAt::Latest).await?;
+            for s in &page.items {
+                let ns = s.object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+                let name = s.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+                if except_key == Some(&format!("{prefix}{ns}/{name}")[..]) {
+                    continue;
+                }
+                if let Some(ips) = s.object.pointer("/spec/clusterIPs").and_then(Value::as_array) {
+                    used.ips.extend(ips.iter().filter_map(|v| v.as_str()?.parse::<Ipv4Addr>().ok()));
+                }
+                if let Some(ip) = s.object.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|v| v.parse().ok()) {
+                    used.ips.insert(ip);
+                }
+                for p in s.object.pointer("/spec/ports").and_then(Value::as_array).into_iter().flatten() {
+                    if let Some(np) = p.get("nodePort").and_then(Value::as_i64) {
+                        used.ports.insert(np);
+                    }
+                }
+            }
+            match page.next_key {
+                Some(k) => start = Some(k),
+                None => break,
+            }
+        }
+        Ok(used)
+    }
+
+    /// Fills in clusterIP(s) and nodePorts of a Service about to be stored;
+    /// refuses addresses and ports already taken. Call under `lock()`.
+    pub async fn allocate(&self, storage: &Storage, svc: &mut Value, key: &str, old: Option<&Value>) -> ApiResult<()> {
+        let used = self.in_use(storage, Some(key)).await?;
+        let name = svc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+        let invalid = |field: &str, msg: String| ApiError::invalid("", "Service", &name, vec![super::status::Cause::invalid(field, msg)]);
+        let ty = svc.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP").to_string();
+        if ty == "ExternalName" {
+            return Ok(());
+        }
+        let old_ip = old.and_then(|o| o.pointer("/spec/clusterIP")).and_then(Value::as_str).map(str::to_string);
+        let requested = svc.pointer("/spec/clusterIP").and_then(Value::as_str).unwrap_or_default().to_string();
+        let ip = match (requested.as_str(), &old_ip) {
+            ("None", _) => "None".to_string(),
+            ("", Some(old)) => old.clone(),
+            ("", None) => {
+                let size = self.cidr.size();
+                // Spread allocations: start from a point derived from the name.
+                let start = name.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % (size - 2).max(1);
+                let mut found = None;
+                for i in 0..size - 2 {
+                    let n = 2 + (start + i) % (size - 2).max(1);
+                    let cand = self.cidr.nth(n);
+                    if !used.ips.contains(&cand) && n != 10 {
+                        found = Some(cand);
+                        break;
+                    }
+                }
+                found.ok_or_else(|| invalid("spec.clusterIPs", "Internal error: failed to allocate a serviceIP: range is full".into()))?.to_string()
+            }
+            (req, old) => {
+                let parsed: Ipv4Addr = req.parse().map_err(|_| invalid("spec.clusterIPs[0]", format!("Invalid value: {req:?}: must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)")))?;
+                if old.as_deref().is_some_and(|o| o != req) {
+                    return Err(invalid("spec.clusterIPs[0]", format!("Invalid value: {:?}: may not change once set", vec![req])));
+                }
+                if !self.cidr.contains(parsed) {
+                    return Err(invalid("spec.clusterIPs", format!("Invalid value: {:?}: failed to allocate IP {req}: the provided IP ({req}) is not in the valid range. The range of valid IPs is {}", vec![req], self.cidr)));
+                }
+                if old.is_none() && used.ips.contains(&parsed) {
+                    return Err(invalid("spec.clusterIPs", format!("Invalid value: {:?}: failed to allocate IP {req}: provided IP is already allocated", vec![req])));
+                }
+                req.to_string()
+            }
+        };
+        svc["spec"]["clusterIP"] = Value::String(ip.clone());
+        svc["spec"]["clusterIPs"] = serde_json::json!([ip]);
+        if ty == "NodePort" || ty == "LoadBalancer" {
+            let mut taken = used.ports.clone();
+            let old_ports: Vec<Value> = old.and_then(|o| o.pointer("/spec/ports")).and_then(Value::as_array).cloned().unwrap_or_default();
+            if let Some(Value::Array(ports)) = svc.pointer_mut("/spec/ports") {
+                for (i, p) in ports.iter_mut().enumerate() {
+                    let want = p.get("nodePort").and_then(Value::as_i64).unwrap_or(0);
+                    let kept = old_ports.iter().find(|o| o.get("port") == p.get("port")).and_then(|o| o.get("nodePort")).and_then(Value::as_i64);
+                    let np = if want > 0 {
+                        if !NODE_PORT_RANGE.contains(&want) {
+                            return Err(invalid(&format!("spec.ports[{i}].nodePort"), format!("Invalid value: {want}: provided port is not in the valid range. The range of valid ports is 30000-32767")));
+                        }
+                        if taken.contains(&want) && kept != Some(want) {
+                            return Err(invalid(&format!("spec.ports[{i}].nodePort"), format!("Invalid value: {want}: provided port is already allocated")));
+                        }
+                        want
+                    } else if let Some(k) = kept {
+                        k
+                    } else {
+                        let span = NODE_PORT_RANGE.end() - NODE_PORT_RANGE.start() + 1;
+                        let seed = (crate::store::sqlite::random_u64() % span as u64) as i64;
+                        (0..span)
+                            .map(|j| NODE_PORT_RANGE.start() + (seed + j) % span)
+                            .find(|c| !taken.contains(c))
+                            .ok_or_else(|| invalid(&format!("spec.ports[{i}].nodePort"), "Internal error: range is full".into()))?
+                    };
+                    taken.insert(np);
+                    p["nodePort"] = Value::from(np);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidrs() {
+        let c: Cidr = "10.43.0.0/16".parse().unwrap();
+        assert_eq!(c.nth(1), Ipv4Addr::new(10, 43, 0, 1));
+        assert!(c.contains(Ipv4Addr::new(10, 43, 200, 1)));
+        assert!(!c.contains(Ipv4Addr::new(10, 44, 0, 1)));
+        assert!("10.43.0.0".parse::<Cidr>().is_err());
+    }
+}

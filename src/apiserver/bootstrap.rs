@@ -1,0 +1,89 @@
+//! What a new cluster has before anyone asks: the namespaces default,
+//! kube-system, kube-public and kube-node-lease, and the `kubernetes`
+//! Service with its Endpoints and EndpointSlice pointing at this server.
+//! Run at every start; what exists is kept, what is missing is made.
+
+use serde_json::{json, Value};
+
+use super::meta;
+use super::status::ApiResult;
+use super::storage::WriteError;
+use super::Api;
+
+fn object(api_version: &str, kind: &str, namespace: Option<&str>, name: &str, labels: Value) -> Value {
+    let mut metadata = json!({
+        "name": name,
+        "uid": meta::new_uid(),
+        "creationTimestamp": meta::now_rfc3339(),
+        "labels": labels,
+    });
+    if let Some(ns) = namespace {
+        metadata["namespace"] = json!(ns);
+    }
+    json!({"apiVersion": api_version, "kind": kind, "metadata": metadata})
+}
+
+async fn ensure(api: &Api, key: &str, obj: Value) -> ApiResult<()> {
+    match api.storage.create(key, &obj).await {
+        Ok(_) | Err(WriteError::Exists) => Ok(()),
+        Err(WriteError::Changed(_)) => Ok(()),
+        Err(WriteError::Api(e)) => Err(e),
+    }
+}
+
+/// Replaces an object the server owns when its content drifted.
+async fn reconcile(api: &Api, key: &str, mut obj: Value, fields: &[&str]) -> ApiResult<()> {
+    match api.storage.get(key).await? {
+        None => ensure(api, key, obj).await,
+        Some(current) => {
+            let same = fields.iter().all(|f| current.object.get(*f) == obj.get(*f));
+            if same {
+                return Ok(());
+            }
+            obj["metadata"] = current.object["metadata"].clone();
+            match api.storage.update(key, &obj, current.rev).await {
+                Ok(_) | Err(WriteError::Changed(_)) | Err(WriteError::Exists) => Ok(()),
+                Err(WriteError::Api(e)) => Err(e),
+            }
+        }
+    }
+}
+
+pub async fn run(api: &Api) -> ApiResult<()> {
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let mut obj = object("v1", "Namespace", None, ns, json!({"kubernetes.io/metadata.name": ns}));
+        obj["spec"] = json!({"finalizers": ["kubernetes"]});
+        obj["status"] = json!({"phase": "Active"});
+        ensure(api, &format!("/registry/namespaces/{ns}"), obj).await?;
+    }
+    let cfg = &api.config;
+    let service_ip = cfg.service_cidr.nth(1).to_string();
+    let labels = json!({"component": "apiserver", "provider": "kubernetes"});
+    let mut svc = object("v1", "Service", Some("default"), "kubernetes", labels.clone());
+    svc["spec"] = json!({
+        "ports": [{"name": "https", "protocol": "TCP", "port": 443, "targetPort": cfg.https_port}],
+        "clusterIP": service_ip, "clusterIPs": [service_ip],
+        "type": "ClusterIP", "sessionAffinity": "None",
+        "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "internalTrafficPolicy": "Cluster",
+    });
+    svc["status"] = json!({"loadBalancer": {}});
+    reconcile(api, "/registry/services/default/kubernetes", svc, &["spec"]).await?;
+
+    let ip = cfg.advertise_ip.to_string();
+    let mut ep = object("v1", "Endpoints", Some("default"), "kubernetes", json!({"endpointslice.kubernetes.io/skip-mirror": "true"}));
+    ep["subsets"] = json!([{"addresses": [{"ip": ip}], "ports": [{"name": "https", "port": cfg.https_port, "protocol": "TCP"}]}]);
+    reconcile(api, "/registry/endpoints/default/kubernetes", ep, &["subsets"]).await?;
+
+    let mut slice = object(
+        "discovery.k8s.io/v1",
+        "EndpointSlice",
+        Some("default"),
+        "kubernetes",
+        json!({"kubernetes.io/service-name": "kubernetes", "endpointslice.kubernetes.io/managed-by": "ferrok.io/apiserver"}),
+    );
+    slice["addressType"] = json!("IPv4");
+    slice["endpoints"] = json!([{"addresses": [ip], "conditions": {"ready": true}}]);
+    slice["ports"] = json!([{"name": "https", "port": cfg.https_port, "protocol": "TCP"}]);
+    reconcile(api, "/registry/discovery.k8s.io/endpointslices/default/kubernetes", slice, &["endpoints", "ports"]).await?;
+    Ok(())
+}

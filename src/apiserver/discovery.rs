@@ -1,0 +1,195 @@
+//! Discovery: /api, /apis, per-group and per-version resource lists, the
+//! aggregated form (apidiscovery.k8s.io/v2) that current clients ask for
+//! first, and /version.
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::registry::{Registry, Resource};
+
+const AGGREGATED: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// The Kubernetes version ferrok serves.
+pub const KUBE_VERSION: (&str, &str, &str) = ("1", "33", "v1.33.0+ferrok");
+
+fn json_response(body: Value) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+fn wants_aggregated(accept: &str) -> bool {
+    accept.split(',').any(|p| {
+        let p = p.replace(' ', "");
+        p.contains("as=APIGroupDiscoveryList") && p.contains("v=v2") && !p.contains("v=v2beta1")
+    })
+}
+
+/// Subresources and the verbs they take.
+fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, Option<(&'static str, &'static str, &'static str)>)> {
+    let mut out = Vec::new();
+    if r.status {
+        out.push(("status".to_string(), vec!["get", "patch", "update"], None));
+    }
+    if r.scale.is_some() {
+        out.push(("scale".to_string(), vec!["get", "patch", "update"], Some(("autoscaling", "v1", "Scale"))));
+    }
+    for s in &r.subresources {
+        let (verbs, kind): (Vec<&'static str>, Option<(&str, &str, &str)>) = match s.as_str() {
+            "binding" => (vec!["create"], Some(("", "v1", "Binding"))),
+            "eviction" => (vec!["create"], Some(("policy", "v1", "Eviction"))),
+            "token" => (vec!["create"], Some(("authentication.k8s.io", "v1", "TokenRequest"))),
+            "log" => (vec!["get"], None),
+            "exec" | "attach" | "portforward" => (vec!["create", "get"], Some(("", "v1", "PodExecOptions"))),
+            "proxy" => (vec!["create", "delete", "get", "patch", "update"], None),
+            "approval" | "finalize" | "ephemeralcontainers" | "resize" => (vec!["get", "patch", "update"], None),
+            _ => (vec!["get"], None),
+        };
+        out.push((s.clone(), verbs, kind));
+    }
+    out
+}
+
+fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
+    let resources = registry.in_version(group, version);
+    if resources.is_empty() {
+        return None;
+    }
+    let mut list = Vec::new();
+    for r in &resources {
+        let mut entry = json!({
+            "name": r.plural, "singularName": r.singular, "namespaced": r.namespaced,
+            "kind": r.kind, "verbs": r.verbs,
+        });
+        if !r.short_names.is_empty() {
+            entry["shortNames"] = json!(r.short_names);
+        }
+        if !r.categories.is_empty() {
+            entry["categories"] = json!(r.categories);
+        }
+        list.push(entry);
+        for (sub, verbs, kind) in subresources(r) {
+            let mut e = json!({"name": format!("{}/{sub}", r.plural), "singularName": "", "namespaced": r.namespaced, "kind": r.kind, "verbs": verbs});
+            if let Some((g, v, k)) = kind {
+                e["kind"] = json!(k);
+                if !g.is_empty() {
+                    e["group"] = json!(g);
+                }
+                e["version"] = json!(v);
+            }
+            list.push(e);
+        }
+    }
+    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": list}))
+}
+
+fn group_object(registry: &Registry, name: &str) -> Option<Value> {
+    let g = registry.groups().into_iter().find(|g| g.name == name)?;
+    let versions: Vec<Value> = g.versions.iter().map(|v| json!({"groupVersion": format!("{}/{v}", g.name), "version": v})).collect();
+    let preferred = versions.first().cloned().unwrap_or(json!({}));
+    Some(json!({"kind": "APIGroup", "apiVersion": "v1", "name": g.name, "versions": versions, "preferredVersion": preferred}))
+}
+
+fn aggregated(registry: &Registry, core: bool) -> Response {
+    let mut items = Vec::new();
+    let groups: Vec<(String, Vec<String>)> = if core {
+        vec![(String::new(), vec!["v1".to_string()])]
+    } else {
+        registry.groups().into_iter().map(|g| (g.name, g.versions)).collect()
+    };
+    for (group, versions) in groups {
+        let mut vs = Vec::new();
+        for v in versions {
+            let resources: Vec<Value> = registry
+                .in_version(&group, &v)
+                .iter()
+                .map(|r| {
+                    let subs: Vec<Value> = subresources(r)
+                        .into_iter()
+                        .map(|(s, verbs, kind)| {
+                            let (g, ver, k) = kind.unwrap_or((r.group.as_str(), r.version.as_str(), r.kind.as_str()));
+                            let mut rk = json!({"version": ver, "kind": k});
+                            if !g.is_empty() {
+                                rk["group"] = json!(g);
+                            }
+                            json!({"subresource": s, "responseKind": rk, "verbs": verbs})
+                        })
+                        .collect();
+                    let mut rk = json!({"version": r.version, "kind": r.kind});
+                    if !r.group.is_empty() {
+                        rk["group"] = json!(r.group);
+                    }
+                    let mut e = json!({
+                        "resource": r.plural,
+                        "responseKind": rk,
+                        "scope": if r.namespaced { "Namespaced" } else { "Cluster" },
+                        "singularResource": r.singular,
+                        "verbs": r.verbs,
+                    });
+                    if !r.short_names.is_empty() {
+                        e["shortNames"] = json!(r.short_names);
+                    }
+                    if !r.categories.is_empty() {
+                        e["categories"] = json!(r.categories);
+                    }
+                    if !subs.is_empty() {
+                        e["subresources"] = json!(subs);
+                    }
+                    e
+                })
+                .collect();
+            vs.push(json!({"version": v, "resources": resources, "freshness": "Current"}));
+        }
+        let metadata = if group.is_empty() { json!({"creationTimestamp": null}) } else { json!({"name": group, "creationTimestamp": null}) };
+        items.push(json!({"metadata": metadata, "versions": vs}));
+    }
+    let body = json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items});
+    (StatusCode::OK, [(header::CONTENT_TYPE, AGGREGATED), (header::VARY, "Accept")], body.to_string()).into_response()
+}
+
+fn not_found() -> Response {
+    super::status::ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response()
+}
+
+pub fn core_versions(registry: &Registry, accept: &str, server_address: &str) -> Response {
+    if wants_aggregated(accept) {
+        return aggregated(registry, true);
+    }
+    json_response(json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server_address}],
+    }))
+}
+
+pub fn groups(registry: &Registry, accept: &str) -> Response {
+    if wants_aggregated(accept) {
+        return aggregated(registry, false);
+    }
+    let groups: Vec<Value> = registry.groups().iter().filter_map(|g| group_object(registry, &g.name)).collect();
+    json_response(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
+}
+
+pub fn group(registry: &Registry, name: &str) -> Response {
+    match group_object(registry, name) {
+        Some(g) => json_response(g),
+        None => not_found(),
+    }
+}
+
+pub fn resources(registry: &Registry, group: &str, version: &str) -> Response {
+    match resource_list(registry, group, version) {
+        Some(l) => json_response(l),
+        None => not_found(),
+    }
+}
+
+pub fn version() -> Response {
+    let (major, minor, git) = KUBE_VERSION;
+    json_response(json!({
+        "major": major, "minor": minor, "gitVersion": git,
+        "gitCommit": env!("CARGO_PKG_VERSION"), "gitTreeState": "clean",
+        "buildDate": "1970-01-01T00:00:00Z", "goVersion": "rust", "compiler": "rustc",
+        "platform": format!("linux/{}", if cfg!(target_arch = "x86_64") { "amd64" } else if cfg!(target_arch = "aarch64") { "arm64" } else { std::env::consts::ARCH }),
+    }))
+}

@@ -1,0 +1,137 @@
+//! PATCH in its four forms: JSON patch, JSON merge patch, strategic merge
+//! patch and server-side apply. A patch is applied to the stored object
+//! and the result goes through the same admission as an update; a write
+//! that loses a race with another is retried on the newer object.
+
+use axum::body::Bytes;
+use axum::http::{header, StatusCode};
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::read::{load, object_response, scale_of};
+use super::write::{admit_create, admit_update, set_replicas, store_new, store_update};
+use super::{decode_body, Call};
+use crate::apiserver::meta;
+use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::strategic::strategic_merge;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Json,
+    Merge,
+    Strategic,
+    Apply,
+}
+
+fn kind_of(call: &Call) -> ApiResult<Kind> {
+    let ct = call.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    match ct.split(';').next().unwrap_or_default().trim() {
+        "application/json-patch+json" => Ok(Kind::Json),
+        "application/merge-patch+json" => Ok(Kind::Merge),
+        "application/strategic-merge-patch+json" => Ok(Kind::Strategic),
+        "application/apply-patch+yaml" | "application/apply-patch+json" => Ok(Kind::Apply),
+        other => Err(ApiError::unsupported_media_type(other)),
+    }
+}
+
+fn apply_patch(kind: Kind, doc: &Value, patch: &Value) -> ApiResult<Value> {
+    let mut doc = doc.clone();
+    match kind {
+        Kind::Json => {
+            let ops: json_patch::Patch = serde_json::from_value(patch.clone())
+                .map_err(|e| ApiError::bad_request(format!("the server rejected our request due to an error in our request: {e}")))?;
+            json_patch::patch(&mut doc, &ops).map_err(|e| ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}")))?;
+        }
+        Kind::Merge => json_patch::merge(&mut doc, patch),
+        Kind::Strategic | Kind::Apply => {
+            if !patch.is_object() {
+                return Err(ApiError::bad_request("the body of a strategic merge patch must be an object"));
+            }
+            strategic_merge(&mut doc, patch);
+        }
+    }
+    Ok(doc)
+}
+
+/// Records the writer in managedFields, as upstream does for every write.
+fn record_manager(call: &Call, obj: &mut Value, operation: &str) {
+    let manager = call.param("fieldManager").unwrap_or(if operation == "Apply" { "" } else { "unknown" }).to_string();
+    let api_version = call.resource.api_version();
+    let sub = call.path.subresource.clone();
+    let entry = {
+        let mut e = json!({
+            "manager": manager,
+            "operation": operation,
+            "apiVersion": api_version,
+            "time": meta::now_rfc3339(),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {},
+        });
+        if let Some(s) = &sub {
+            e["subresource"] = json!(s);
+        }
+        e
+    };
+    let m = meta::metadata_mut(obj);
+    let mut fields = m.get("managedFields").and_then(Value::as_array).cloned().unwrap_or_default();
+    fields.retain(|f| {
+        !(f.get("manager").and_then(Value::as_str) == Some(manager.as_str())
+            && f.get("operation").and_then(Value::as_str) == Some(operation)
+            && f.get("subresource").and_then(Value::as_str) == sub.as_deref())
+    });
+    fields.push(entry);
+    m.insert("managedFields".into(), json!(fields));
+}
+
+pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let kind = kind_of(call)?;
+    let patch = decode_body(&call.headers, &body)?;
+    if kind == Kind::Apply && call.param("fieldManager").is_none() {
+        return Err(ApiError::bad_request("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
+    }
+    let force = call.flag("force");
+    let _ = force;
+    for _ in 0..16 {
+        let current = match load(call).await {
+            Ok(c) => c,
+            Err(e) if e.code == 404 && kind == Kind::Apply => {
+                // Apply creates what does not exist yet.
+                let mut obj = patch.clone();
+                if let Some(name) = call.path.name.clone() {
+                    meta::metadata_mut(&mut obj).insert("name".into(), json!(name));
+                }
+                let mut obj = admit_create(call, obj).await?;
+                record_manager(call, &mut obj, "Apply");
+                let (code, out) = store_new(call, obj).await?;
+                return Ok(object_response(call, code, out));
+            }
+            Err(e) => return Err(e),
+        };
+        let mut patched = apply_patch(kind, &current.object, &patch)?;
+        if let Some(rv) = meta::str_at(&patch, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
+            if rv != current.rev.to_string() {
+                let r = &call.resource;
+                return Err(ApiError::conflict(&r.group, &r.plural, call.path.name.as_deref().unwrap_or_default(), "the object has been modified; please apply your changes to the latest version and try again"));
+            }
+        }
+        record_manager(call, &mut patched, if kind == Kind::Apply { "Apply" } else { "Update" });
+        let new = admit_update(call, patched, &current.object)?;
+        match store_update(call, new, &current).await {
+            Ok((code, out)) => return Ok(object_response(call, code, out)),
+            Err(e) if e.code == 409 && e.reason == "Conflict" && meta::str_at(&patch, &["metadata", "resourceVersion"]).is_none() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::new(409, "Conflict", "the patch could not be applied after repeated conflicts"))
+}
+
+pub async fn patch_scale(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let kind = kind_of(call)?;
+    let patch = decode_body(&call.headers, &body)?;
+    let current = load(call).await?;
+    let scale = scale_of(call, &current.object);
+    let patched = apply_patch(kind, &scale, &patch)?;
+    let replicas = patched.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
+    let _ = StatusCode::OK;
+    set_replicas(call, replicas, None).await
+}

@@ -1,0 +1,319 @@
+//! get, list and watch.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use super::Call;
+use crate::apiserver::selector::{FieldSelector, LabelSelector};
+use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::storage::{decode_continue, encode_continue, Change, ReadAt, Stored};
+use crate::apiserver::table::{table, wants_table};
+
+/// The object a request names, or NotFound.
+pub async fn load(call: &Call) -> ApiResult<Stored> {
+    let name = call.path.name.as_deref().unwrap_or_default();
+    let key = call.resource.key(call.namespace(), name);
+    call.api
+        .storage
+        .get(&key)
+        .await?
+        .ok_or_else(|| ApiError::not_found(&call.resource.group, &call.resource.plural, name))
+}
+
+/// Fills in apiVersion and kind, which every answer carries.
+pub fn typed(call: &Call, mut obj: Value) -> Value {
+    if let Some(m) = obj.as_object_mut() {
+        m.insert("apiVersion".into(), json!(call.resource.api_version()));
+        m.insert("kind".into(), json!(call.resource.kind));
+    }
+    obj
+}
+
+/// An object answer, as a Table when kubectl asks for one.
+pub fn object_response(call: &Call, code: StatusCode, obj: Value) -> Response {
+    let obj = typed(call, obj);
+    if wants_table(call.accept()) {
+        let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
+        let t = table(&call.resource, std::slice::from_ref(&obj), json!({"resourceVersion": rv}), call.param("includeObject").unwrap_or("Metadata"));
+        return call.respond(code, &t);
+    }
+    call.respond(code, &obj)
+}
+
+pub async fn get(call: &Call) -> ApiResult<Response> {
+    let stored = load(call).await?;
+    Ok(object_response(call, StatusCode::OK, stored.object))
+}
+
+pub async fn get_scale(call: &Call) -> ApiResult<Response> {
+    let stored = load(call).await?;
+    Ok(call.respond(StatusCode::OK, &scale_of(call, &stored.object)))
+}
+
+/// The `autoscaling/v1` Scale view of an object.
+pub fn scale_of(call: &Call, obj: &Value) -> Value {
+    let paths = call.resource.scale.clone();
+    let get = |p: &str| obj.pointer(&p.replace('.', "/")).and_then(Value::as_i64).unwrap_or(0);
+    let (spec, status) = paths.as_ref().map(|p| (get(&p.spec_replicas), get(&p.status_replicas))).unwrap_or((0, 0));
+    let selector = obj
+        .pointer("/spec/selector")
+        .map(|s| if s.get("matchLabels").is_some() || s.get("matchExpressions").is_some() { crate::apiserver::kinds::selector_string(Some(s)) } else { crate::apiserver::kinds::map_selector_string(Some(s)) })
+        .unwrap_or_default();
+    let meta = obj.get("metadata").cloned().unwrap_or(json!({}));
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+        },
+        "spec": {"replicas": spec},
+        "status": {"replicas": status, "selector": selector},
+    })
+}
+
+struct Filters {
+    labels: LabelSelector,
+    fields: FieldSelector,
+}
+
+impl Filters {
+    fn of(call: &Call) -> ApiResult<Filters> {
+        Ok(Filters {
+            labels: LabelSelector::parse(call.param("labelSelector").unwrap_or_default())?,
+            fields: FieldSelector::parse(call.param("fieldSelector").unwrap_or_default())?,
+        })
+    }
+
+    fn matches(&self, obj: &Value) -> bool {
+        self.labels.matches_object(obj) && self.fields.matches(obj)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+}
+
+/// How far a list or watch's resourceVersion lets us go.
+fn read_at(call: &Call) -> ApiResult<ReadAt> {
+    match (call.param("resourceVersion"), call.param("resourceVersionMatch")) {
+        (Some(rv), Some("Exact")) => {
+            let rev = rv.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?;
+            Ok(ReadAt::Exact(rev))
+        }
+        (None, Some(m)) => Err(ApiError::bad_request(format!("resourceVersionMatch is forbidden unless resourceVersion is provided (got {m})"))),
+        _ => Ok(ReadAt::Latest),
+    }
+}
+
+pub async fn list(call: &Call) -> ApiResult<Response> {
+    let r = &call.resource;
+    let prefix = r.list_prefix(call.namespace());
+    let filters = Filters::of(call)?;
+    let limit = call.param("limit").and_then(|l| l.parse::<i64>().ok()).filter(|l| *l > 0);
+    let (mut at, mut start) = (read_at(call)?, None);
+    if let Some(token) = call.param("continue") {
+        let (rev, key) = decode_continue(token, &prefix)?;
+        at = ReadAt::Exact(rev);
+        start = Some(key);
+    }
+    let mut items = Vec::new();
+    let mut list_rev;
+    let mut next;
+    let mut remaining;
+    loop {
+        let want = limit.map(|l| l - items.len() as i64).unwrap_or(0);
+        // With selectors, read in larger pages: most rows may not match.
+        let page_size = if filters.is_empty() { want } else { want.max(500) };
+        let page = call.api.storage.list(&prefix, start.take(), page_size, at).await?;
+        list_rev = page.rev;
+        remaining = page.remaining;
+        next = page.next_key;
+        for stored in page.items {
+            if !filters.matches(&stored.object) {
+                continue;
+            }
+            items.push(stored.object);
+            if limit.is_some_and(|l| items.len() as i64 >= l) {
+                break;
+            }
+        }
+        let full = limit.is_some_and(|l| items.len() as i64 >= l);
+        if full || next.is_none() {
+            if full && !filters.is_empty() {
+                // The next page starts after the last item returned.
+                if let Some(last) = items.last() {
+                    let name = last.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+                    let ns = last.pointer("/metadata/namespace").and_then(Value::as_str);
+                    let mut key = r.key(ns, name).into_bytes();
+                    key.push(0);
+                    next = Some(key);
+                    remaining = None;
+                }
+            }
+            break;
+        }
+        at = ReadAt::Exact(list_rev);
+        start = next.take();
+    }
+    let mut meta = json!({"resourceVersion": list_rev.to_string()});
+    if let (Some(_), Some(key)) = (limit, &next) {
+        meta["continue"] = json!(encode_continue(list_rev, &prefix, key));
+        if let Some(n) = remaining.filter(|n| *n > 0 && filters.is_empty()) {
+            meta["remainingItemCount"] = json!(n);
+        }
+    }
+    if wants_table(call.accept()) {
+        let objs: Vec<Value> = items.into_iter().map(|o| super::read::typed(call, o)).collect();
+        let t = table(r, &objs, meta, call.param("includeObject").unwrap_or("Metadata"));
+        return Ok(call.respond(StatusCode::OK, &t));
+    }
+    let items: Vec<Value> = items.into_iter().map(|o| typed(call, o)).collect();
+    let list = json!({
+        "kind": r.list_kind,
+        "apiVersion": r.api_version(),
+        "metadata": meta,
+        "items": items,
+    });
+    Ok(call.respond(StatusCode::OK, &list))
+}
+
+fn event(call: &Call, kind: &str, obj: Value, as_table: bool) -> Value {
+    let obj = typed(call, obj);
+    if as_table {
+        let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
+        let t = table(&call.resource, std::slice::from_ref(&obj), json!({"resourceVersion": rv}), call.param("includeObject").unwrap_or("Metadata"));
+        return json!({"type": kind, "object": t});
+    }
+    json!({"type": kind, "object": obj})
+}
+
+fn bookmark(call: &Call, rev: i64, initial_end: bool) -> Value {
+    let mut meta = json!({"resourceVersion": rev.to_string()});
+    if initial_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    json!({"type": "BOOKMARK", "object": {"kind": call.resource.kind, "apiVersion": call.resource.api_version(), "metadata": meta}})
+}
+
+/// A streamed watch: JSON lines of `{"type": ..., "object": ...}`.
+pub async fn watch(call: Call) -> ApiResult<Response> {
+    let r = call.resource.clone();
+    let filters = Filters::of(&call)?;
+    let as_table = wants_table(call.accept());
+    let bookmarks = call.flag("allowWatchBookmarks");
+    let rv = call.param("resourceVersion").map(str::to_string);
+    let send_initial = call.param("sendInitialEvents").map(|v| v == "true");
+    // A single named object (kubectl get NAME -w) watches its key only.
+    let single = call.path.name.clone();
+    let (key, exact) = match &single {
+        Some(name) => (r.key(call.namespace(), name), true),
+        None => (r.list_prefix(call.namespace()), false),
+    };
+    let timeout = call
+        .param("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(30 * 60));
+
+    // Upstream: no resourceVersion, "0", or sendInitialEvents=true start
+    // with the current state as ADDED events.
+    let mut initial: Vec<Value> = Vec::new();
+    let start = match (rv.as_deref(), send_initial) {
+        (Some(v), Some(false)) | (Some(v), None) if v != "0" => {
+            v.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {v:?}")))?
+        }
+        _ => {
+            let mut at = ReadAt::Latest;
+            let mut start = None;
+            let mut rev;
+            loop {
+                let page = call.api.storage.list(&key, start.take(), 1000, at).await?;
+                rev = page.rev;
+                for s in page.items {
+                    let matches_name = single.as_deref().is_none_or(|n| s.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n));
+                    if matches_name && filters.matches(&s.object) {
+                        initial.push(event(&call, "ADDED", s.object, as_table));
+                    }
+                }
+                match page.next_key {
+                    Some(k) => {
+                        at = ReadAt::Exact(rev);
+                        start = Some(k);
+                    }
+                    None => break,
+                }
+            }
+            if send_initial == Some(true) {
+                initial.push(bookmark(&call, rev, true));
+            }
+            rev
+        }
+    };
+    let progress_every = if bookmarks { Duration::from_secs(60) } else { Duration::from_secs(3600) };
+    let changes = call.api.storage.watch(&key, exact, start, progress_every).await?;
+    let call = std::sync::Arc::new(call);
+    let lines = futures_util::stream::iter(initial.into_iter().map(Ok::<Value, ApiError>)).chain(changes.filter_map(move |change| {
+        let call = call.clone();
+        let filters_ok = |o: &Value| filters.matches(o);
+        let out = match change {
+            Err(e) => Some(Ok(json!({"type": "ERROR", "object": e.to_status()}))),
+            Ok(Change::Progress(rev)) => bookmarks.then(|| Ok(bookmark(&call, rev, false))),
+            Ok(Change::Added(s)) => filters_ok(&s.object).then(|| Ok(event(&call, "ADDED", s.object, as_table))),
+            Ok(Change::Deleted(s)) => filters_ok(&s.object).then(|| Ok(event(&call, "DELETED", s.object, as_table))),
+            Ok(Change::Modified { new, old }) => {
+                let now = filters_ok(&new.object);
+                let before = old.as_ref().is_some_and(|o| filters_ok(&o.object));
+                match (before, now) {
+                    (_, true) if !before && !filters.is_empty() => Some(Ok(event(&call, "ADDED", new.object, as_table))),
+                    (_, true) => Some(Ok(event(&call, "MODIFIED", new.object, as_table))),
+                    (true, false) => Some(Ok(event(&call, "DELETED", new.object, as_table))),
+                    (false, false) => None,
+                }
+            }
+        };
+        std::future::ready(out)
+    }));
+    // End the stream with the timeout, and after an ERROR event.
+    let deadline = tokio::time::sleep(timeout);
+    let body = async_stream_lines(lines, deadline);
+    Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-cache, private")], Body::from_stream(body)).into_response())
+}
+
+fn async_stream_lines<S>(lines: S, deadline: tokio::time::Sleep) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send
+where
+    S: futures_util::Stream<Item = Result<Value, ApiError>> + Send + 'static,
+{
+    let lines = Box::pin(lines);
+    let deadline = Box::pin(deadline);
+    futures_util::stream::unfold((lines, deadline, false), |(mut lines, mut deadline, done)| async move {
+        if done {
+            return None;
+        }
+        tokio::select! {
+            _ = &mut deadline => None,
+            item = lines.next() => match item {
+                None => None,
+                Some(Ok(v)) => {
+                    let is_error = v.get("type").and_then(Value::as_str) == Some("ERROR");
+                    let mut bytes = v.to_string().into_bytes();
+                    bytes.push(b'\n');
+                    Some((Ok(bytes), (lines, deadline, is_error)))
+                }
+                Some(Err(e)) => {
+                    let mut bytes = json!({"type": "ERROR", "object": e.to_status()}).to_string().into_bytes();
+                    bytes.push(b'\n');
+                    Some((Ok(bytes), (lines, deadline, true)))
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,496 @@
+//! create, update, delete and deletecollection, and the binding and scale
+//! subresources. Every write goes through `admit` (defaulting, metadata
+//! rules, the status/spec split, validation) before it reaches the store.
+
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::read::{load, object_response, scale_of, typed};
+use super::{decode_body, Call};
+use crate::apiserver::meta::{self, metadata_mut, name_of};
+use crate::apiserver::registry::strategy::check_name;
+use crate::apiserver::status::{ApiError, ApiResult, Cause};
+use crate::apiserver::storage::{Stored, WriteError};
+
+/// Metadata fields only the server sets.
+const SERVER_OWNED: &[&str] = &["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "selfLink"];
+
+/// Checks apiVersion and kind against the URL, filling them in when absent.
+fn check_type(call: &Call, obj: &mut Value) -> ApiResult<()> {
+    let Some(m) = obj.as_object_mut() else {
+        return Err(ApiError::bad_request("the body of the request must be an object"));
+    };
+    let want_av = call.resource.api_version();
+    match m.get("apiVersion").and_then(Value::as_str) {
+        Some(av) if av != want_av => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({av}) does not match the expected API version ({want_av})"
+            )))
+        }
+        _ => {}
+    }
+    match m.get("kind").and_then(Value::as_str) {
+        Some(k) if k != call.resource.kind => {
+            return Err(ApiError::bad_request(format!("the kind in the data ({k}) does not match the expected kind ({})", call.resource.kind)))
+        }
+        _ => {}
+    }
+    m.insert("apiVersion".into(), json!(want_av));
+    m.insert("kind".into(), json!(call.resource.kind));
+    Ok(())
+}
+
+/// Decodes through the typed strategy; unknown fields are refused, warned
+/// about or dropped as `fieldValidation` says (Strict is kubectl's default).
+fn decode(call: &mut Call, obj: &Value) -> ApiResult<Value> {
+    let r = call.resource.clone();
+    let (decoded, unknown) = r.strategy.decode(obj).map_err(|e| {
+        ApiError::bad_request(format!("{} in version \"{}\" cannot be handled as a {}: {e}", r.kind, r.version, r.kind))
+    })?;
+    if !unknown.is_empty() {
+        match call.param("fieldValidation").unwrap_or("Warn") {
+            "Strict" => {
+                let list: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{}\"", f.trim_start_matches('.'))).collect();
+                return Err(ApiError::bad_request(format!("strict decoding error: {}", list.join(", "))));
+            }
+            "Ignore" => {}
+            _ => call.warnings.extend(unknown.iter().map(|f| format!("unknown field \"{}\"", f.trim_start_matches('.')))),
+        }
+    }
+    Ok(decoded)
+}
+
+/// The namespace must exist and not be terminating (NamespaceLifecycle).
+async fn check_namespace(call: &Call, creating: bool) -> ApiResult<()> {
+    let Some(ns) = call.namespace() else { return Ok(()) };
+    if !call.resource.namespaced {
+        return Ok(());
+    }
+    let key = format!("/registry/namespaces/{ns}");
+    match call.api.storage.get(&key).await? {
+        None => Err(ApiError::not_found("", "namespaces", ns)),
+        Some(s) if creating && s.object.pointer("/metadata/deletionTimestamp").is_some() => Err(ApiError::forbidden(format!(
+            "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+            call.resource.plural,
+            call.path.name.as_deref().unwrap_or_default()
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Everything but metadata and status: what a generation counts.
+fn spec_part(obj: &Value) -> Value {
+    let mut copy = obj.clone();
+    if let Some(m) = copy.as_object_mut() {
+        for k in ["metadata", "status", "apiVersion", "kind"] {
+            m.remove(k);
+        }
+    }
+    copy
+}
+
+/// Runs the strategy's defaulting and validation, names included.
+fn validate(call: &Call, obj: &mut Value) -> ApiResult<()> {
+    let r = &call.resource;
+    r.strategy.default(obj);
+    let name = name_of(obj).to_string();
+    let mut causes = Vec::new();
+    if name.is_empty() {
+        causes.push(Cause { reason: "FieldValueRequired", message: "name or generateName is required".into(), field: "metadata.name".into() });
+    } else {
+        for problem in check_name(r.strategy.name_rule(), &name) {
+            causes.push(Cause::invalid("metadata.name", format!("Invalid value: {name:?}: {problem}")));
+        }
+    }
+    if r.namespaced && meta::namespace_of(obj).is_none() {
+        causes.push(Cause::required("metadata.namespace"));
+    }
+    causes.extend(r.strategy.validate(obj));
+    if !causes.is_empty() {
+        return Err(ApiError::invalid(&r.group, &r.kind, &name, causes));
+    }
+    Ok(())
+}
+
+/// Prepares a new object: type, namespace, name, server-owned metadata,
+/// initial status, defaults and validation.
+pub async fn admit_create(call: &mut Call, mut obj: Value) -> ApiResult<Value> {
+    check_type(call, &mut obj)?;
+    let r = call.resource.clone();
+    if r.namespaced {
+        let path_ns = call.namespace().map(str::to_string);
+        let body_ns = meta::namespace_of(&obj).map(str::to_string);
+        match (path_ns, body_ns) {
+            (Some(p), Some(b)) if p != b => {
+                return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"))
+            }
+            (Some(p), _) => {
+                metadata_mut(&mut obj).insert("namespace".into(), json!(p));
+            }
+            (None, _) => return Err(ApiError::bad_request("the namespace of the object is required on create")),
+        }
+    } else {
+        metadata_mut(&mut obj).remove("namespace");
+    }
+    let mut obj = decode(call, &obj)?;
+    {
+        let m = metadata_mut(&mut obj);
+        for k in SERVER_OWNED {
+            m.remove(*k);
+        }
+        m.remove("resourceVersion");
+        let name = m.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        if name.is_empty() {
+            if let Some(prefix) = m.get("generateName").and_then(Value::as_str).filter(|p| !p.is_empty()) {
+                let generated = meta::generate_name(prefix);
+                m.insert("name".into(), json!(generated));
+            }
+        }
+        m.insert("uid".into(), json!(meta::new_uid()));
+        m.insert("creationTimestamp".into(), json!(meta::now_rfc3339()));
+        if r.strategy.tracks_generation() {
+            m.insert("generation".into(), json!(1));
+        }
+    }
+    if r.status {
+        match r.strategy.initial_status(&obj) {
+            Some(s) => obj["status"] = s,
+            None => {
+                if let Some(m) = obj.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+    }
+    validate(call, &mut obj)?;
+    Ok(obj)
+}
+
+pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let obj = decode_body(&call.headers, &body)?;
+    check_namespace(call, true).await?;
+    let obj = admit_create(call, obj).await?;
+    let (code, out) = store_new(call, obj).await?;
+    Ok(object_response(call, code, out))
+}
+
+/// Stores a prepared new object (retrying generated names that collide).
+pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<(StatusCode, Value)> {
+    let r = &call.resource;
+    let _held = if is_service(call) {
+        let guard = call.api.allocator.lock().await;
+        let key = r.key(meta::namespace_of(&obj), name_of(&obj));
+        call.api.allocator.allocate(&call.api.storage, &mut obj, &key, None).await?;
+        Some(guard)
+    } else {
+        None
+    };
+    if call.dry_run() {
+        return Ok((StatusCode::CREATED, obj));
+    }
+    for _ in 0..8 {
+        let name = name_of(&obj).to_string();
+        let key = r.key(meta::namespace_of(&obj), &name);
+        match call.api.storage.create(&key, &obj).await {
+            Ok(stored) => return Ok((StatusCode::CREATED, stored.object)),
+            Err(WriteError::Exists) => {
+                let prefix = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(str::to_string);
+                match prefix {
+                    Some(p) if obj.pointer("/metadata/name").and_then(Value::as_str).is_some_and(|n| n.starts_with(&p)) => {
+                        metadata_mut(&mut obj).insert("name".into(), json!(meta::generate_name(&p)));
+                    }
+                    _ => return Err(ApiError::already_exists(&r.group, &r.plural, &name)),
+                }
+            }
+            Err(WriteError::Changed(_)) => return Err(ApiError::internal("unexpected precondition failure on create")),
+            Err(WriteError::Api(e)) => return Err(e),
+        }
+    }
+    Err(ApiError::new(500, "AlreadyExists", "could not find a free generated name"))
+}
+
+/// Prepares an update of `old` to `new` for the main resource or `status`.
+pub fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiResult<Value> {
+    check_type(call, &mut new)?;
+    let r = call.resource.clone();
+    let name = call.path.name.clone().unwrap_or_default();
+    match meta::str_at(&new, &["metadata", "name"]) {
+        Some(n) if n != name => {
+            return Err(ApiError::bad_request(format!("the name of the object ({n}) does not match the name on the URL ({name})")))
+        }
+        _ => {}
+    }
+    if r.namespaced {
+        match (meta::namespace_of(&new), call.namespace()) {
+            (Some(b), Some(p)) if b != p => {
+                return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"))
+            }
+            _ => {}
+        }
+    }
+    let mut new = decode(call, &new)?;
+    let status_only = call.path.subresource.as_deref() == Some("status");
+    if status_only {
+        // Only status (and, as upstream allows, labels and annotations) change.
+        let mut merged = old.clone();
+        merged["status"] = new.get("status").cloned().unwrap_or(Value::Null);
+        if let Some(m) = merged.as_object_mut() {
+            if m.get("status").is_some_and(Value::is_null) {
+                m.remove("status");
+            }
+        }
+        new = merged;
+    } else if r.status {
+        match old.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(m) = new.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+    }
+    {
+        let old_meta = old.get("metadata").cloned().unwrap_or(json!({}));
+        let m = metadata_mut(&mut new);
+        m.insert("name".into(), json!(name));
+        if let Some(ns) = old_meta.get("namespace") {
+            m.insert("namespace".into(), ns.clone());
+        }
+        for k in SERVER_OWNED {
+            match old_meta.get(*k) {
+                Some(v) => m.insert(k.to_string(), v.clone()),
+                None => m.remove(*k),
+            };
+        }
+        if old_meta.get("deletionTimestamp").is_some() {
+            // Finalizers may be removed but not added once deletion began.
+        }
+    }
+    r.strategy.default(&mut new);
+    if r.strategy.tracks_generation() && !status_only && spec_part(&new) != spec_part(old) {
+        let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0) + 1;
+        metadata_mut(&mut new).insert("generation".into(), json!(g));
+    }
+    validate(call, &mut new)?;
+    Ok(new)
+}
+
+/// Writes an admitted update; an object whose deletion waited only on
+/// finalizers that are now gone is deleted instead.
+pub async fn store_update(call: &Call, mut new: Value, old: &Stored) -> ApiResult<(StatusCode, Value)> {
+    let r = &call.resource;
+    let name = name_of(&new).to_string();
+    let key = r.key(meta::namespace_of(&new), &name);
+    let _held = if is_service(call) {
+        let guard = call.api.allocator.lock().await;
+        call.api.allocator.allocate(&call.api.storage, &mut new, &key, Some(&old.object)).await?;
+        Some(guard)
+    } else {
+        None
+    };
+    let finished = new.pointer("/metadata/deletionTimestamp").is_some()
+        && new.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty())
+        && !(r.plural == "pods" && r.group.is_empty() && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) > 0);
+    if call.dry_run() {
+        return Ok((StatusCode::OK, new));
+    }
+    if finished {
+        return match call.api.storage.delete(&key, old.rev).await {
+            Ok(_) => Ok((StatusCode::OK, new)),
+            Err(e) => Err(write_error(call, &name, e)),
+        };
+    }
+    if new == old.object {
+        return Ok((StatusCode::OK, old.object.clone()));
+    }
+    match call.api.storage.update(&key, &new, old.rev).await {
+        Ok(stored) => Ok((StatusCode::OK, stored.object)),
+        Err(e) => Err(write_error(call, &name, e)),
+    }
+}
+
+fn is_service(call: &Call) -> bool {
+    call.resource.group.is_empty() && call.resource.plural == "services"
+}
+
+pub fn write_error(call: &Call, name: &str, e: WriteError) -> ApiError {
+    let r = &call.resource;
+    match e {
+        WriteError::Changed(None) => ApiError::not_found(&r.group, &r.plural, name),
+        WriteError::Changed(Some(_)) => ApiError::conflict(&r.group, &r.plural, name, "the object has been modified; please apply your changes to the latest version and try again"),
+        WriteError::Exists => ApiError::already_exists(&r.group, &r.plural, name),
+        WriteError::Api(e) => e,
+    }
+}
+
+pub async fn update(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let new = decode_body(&call.headers, &body)?;
+    let old = load(call).await?;
+    let name = call.path.name.clone().unwrap_or_default();
+    if let Some(rv) = meta::str_at(&new, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
+        if rv != old.rev.to_string() {
+            let r = &call.resource;
+            return Err(ApiError::conflict(&r.group, &r.plural, &name, "the object has been modified; please apply your changes to the latest version and try again"));
+        }
+    }
+    let new = admit_update(call, new, &old.object)?;
+    let (code, out) = store_update(call, new, &old).await?;
+    Ok(object_response(call, code, out))
+}
+
+pub async fn update_scale(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let scale = decode_body(&call.headers, &body)?;
+    let replicas = scale.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
+    set_replicas(call, replicas, meta::str_at(&scale, &["metadata", "resourceVersion"]).map(str::to_string)).await
+}
+
+/// Sets spec.replicas through the scale subresource.
+pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) -> ApiResult<Response> {
+    let old = load(call).await?;
+    let name = call.path.name.clone().unwrap_or_default();
+    let r = call.resource.clone();
+    if rv.as_deref().is_some_and(|v| !v.is_empty() && v != old.rev.to_string()) {
+        return Err(ApiError::conflict(&r.group, &r.plural, &name, "the object has been modified; please apply your changes to the latest version and try again"));
+    }
+    if replicas < 0 {
+        return Err(ApiError::invalid("autoscaling", "Scale", &name, vec![Cause::invalid("spec.replicas", format!("Invalid value: {replicas}: must be greater than or equal to 0"))]));
+    }
+    let mut new = old.object.clone();
+    new["spec"]["replicas"] = json!(replicas);
+    call.path.subresource = None;
+    let new = admit_update(call, new, &old.object)?;
+    let (_, out) = store_update(call, new, &old).await?;
+    Ok(call.respond(StatusCode::OK, &scale_of(call, &out)))
+}
+
+/// `pods/binding`: sets spec.nodeName of a pod that has none.
+pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let binding = decode_body(&call.headers, &body)?;
+    let target = meta::str_at(&binding, &["target", "name"]).unwrap_or_default().to_string();
+    if target.is_empty() {
+        return Err(ApiError::invalid("", "Binding", call.path.name.as_deref().unwrap_or_default(), vec![Cause::required("target.name")]));
+    }
+    let old = load(call).await?;
+    let name = call.path.name.clone().unwrap_or_default();
+    if let Some(node) = meta::str_at(&old.object, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
+        return Err(ApiError::conflict("", "pods", &name, &format!("pod {name} is already assigned to node {node:?}")));
+    }
+    if old.object.pointer("/metadata/deletionTimestamp").is_some() {
+        return Err(ApiError::conflict("", "pods", &name, &format!("pod {name} is being deleted, cannot be assigned to a host")));
+    }
+    let mut new = old.object.clone();
+    new["spec"]["nodeName"] = json!(target);
+    let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now_rfc3339()});
+    let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let mut conds: Vec<Value> = conds.into_iter().filter(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled")).collect();
+    conds.push(cond);
+    new["status"]["conditions"] = json!(conds);
+    if !call.dry_run() {
+        let key = call.resource.key(call.namespace(), &name);
+        call.api.storage.update(&key, &new, old.rev).await.map_err(|e| write_error(call, &name, e))?;
+    }
+    Ok(call.respond(StatusCode::CREATED, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
+}
+
+/// The DeleteOptions of a request: body or query.
+fn delete_options(call: &Call, body: &Bytes) -> ApiResult<Value> {
+    let mut opts = if body.is_empty() { json!({}) } else { decode_body(&call.headers, body)? };
+    if let Some(g) = call.param("gracePeriodSeconds").and_then(|g| g.parse::<i64>().ok()) {
+        opts["gracePeriodSeconds"] = json!(g);
+    }
+    if let Some(p) = call.param("propagationPolicy") {
+        opts["propagationPolicy"] = json!(p);
+    }
+    Ok(opts)
+}
+
+/// Deletes one stored object, gracefully when it has finalizers or is a
+/// pod on a node; returns the answer body and code.
+pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<(StatusCode, Value)> {
+    let r = &call.resource;
+    let name = name_of(&old.object).to_string();
+    if let Some(uid) = opts.pointer("/preconditions/uid").and_then(Value::as_str) {
+        if old.object.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
+            return Err(ApiError::conflict(&r.group, &r.plural, &name, &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", old.object.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default())));
+        }
+    }
+    if let Some(rv) = opts.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
+        if rv != old.rev.to_string() {
+            return Err(ApiError::conflict(&r.group, &r.plural, &name, &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", old.rev)));
+        }
+    }
+    let is_pod = r.group.is_empty() && r.plural == "pods";
+    let is_namespace = r.group.is_empty() && r.plural == "namespaces";
+    let finalizers = old.object.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
+    let on_node = is_pod && meta::str_at(&old.object, &["spec", "nodeName"]).is_some_and(|n| !n.is_empty());
+    let grace = opts.get("gracePeriodSeconds").and_then(Value::as_i64).unwrap_or_else(|| {
+        if is_pod {
+            old.object.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(30)
+        } else {
+            0
+        }
+    });
+    let graceful = finalizers || is_namespace || (on_node && grace > 0);
+    if !graceful {
+        if !call.dry_run() {
+            let key = r.key(meta::namespace_of(&old.object), &name);
+            call.api.storage.delete(&key, old.rev).await.map_err(|e| write_error(call, &name, e))?;
+        }
+        return Ok((StatusCode::OK, typed(call, old.object)));
+    }
+    if old.object.pointer("/metadata/deletionTimestamp").is_some() {
+        return Ok((StatusCode::OK, typed(call, old.object)));
+    }
+    let mut new = old.object.clone();
+    let now = meta::unix_now();
+    let m = metadata_mut(&mut new);
+    m.insert("deletionTimestamp".into(), json!(meta::rfc3339(now + if on_node { grace } else { 0 })));
+    m.insert("deletionGracePeriodSeconds".into(), json!(if on_node { grace } else { 0 }));
+    if is_namespace {
+        new["status"]["phase"] = json!("Terminating");
+    }
+    if call.dry_run() {
+        return Ok((StatusCode::OK, typed(call, new)));
+    }
+    let key = r.key(meta::namespace_of(&old.object), &name);
+    let stored = call.api.storage.update(&key, &new, old.rev).await.map_err(|e| write_error(call, &name, e))?;
+    Ok((StatusCode::OK, typed(call, stored.object)))
+}
+
+pub async fn delete(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let opts = delete_options(call, &body)?;
+    let old = load(call).await?;
+    let (code, out) = delete_object(call, old, &opts).await?;
+    Ok(call.respond(code, &out))
+}
+
+pub async fn delete_collection(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let opts = delete_options(call, &body)?;
+    let labels = crate::apiserver::selector::LabelSelector::parse(call.param("labelSelector").unwrap_or_default())?;
+    let fields = crate::apiserver::selector::FieldSelector::parse(call.param("fieldSelector").unwrap_or_default())?;
+    let prefix = call.resource.list_prefix(call.namespace());
+    let mut start = None;
+    let mut deleted = Vec::new();
+    loop {
+        let page = call.api.storage.list(&prefix, start.take(), 500, crate::apiserver::storage::ReadAt::Latest).await?;
+        for stored in page.items {
+            if labels.matches_object(&stored.object) && fields.matches(&stored.object) {
+                match delete_object(call, stored, &opts).await {
+                    Ok((_, obj)) => deleted.push(obj),
+                    Err(e) if e.code == 404 || e.code == 409 => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        match page.next_key {
+            Some(k) => start = Some(k),
+            None => break,
+        }
+    }
+    let r = &call.resource;
+    let list = json!({"kind": r.list_kind, "apiVersion": r.api_version(), "metadata": {}, "items": deleted});
+    Ok(call.respond(StatusCode::OK, &list))
+}

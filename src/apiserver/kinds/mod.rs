@@ -1,0 +1,80 @@
+//! Kind-specific behaviour of the built-in resources: defaulting,
+//! validation, initial status and `kubectl get` columns, one file per kind
+//! (or family of kinds). Kinds without a file here use the generic rules.
+
+mod core;
+mod workloads;
+
+pub use self::core::*;
+pub use self::workloads::*;
+
+use serde_json::Value;
+
+use super::meta;
+
+/// An integer at `path`, or 0.
+pub(crate) fn int(obj: &Value, path: &[&str]) -> i64 {
+    meta::at(obj, path).and_then(Value::as_i64).unwrap_or(0)
+}
+
+/// The length of an array or object at `path`, or 0.
+pub(crate) fn len(obj: &Value, path: &[&str]) -> usize {
+    match meta::at(obj, path) {
+        Some(Value::Array(a)) => a.len(),
+        Some(Value::Object(m)) => m.len(),
+        _ => 0,
+    }
+}
+
+/// `"<none>"` for empty strings, as kubectl tables print them.
+pub(crate) fn or_none(s: &str) -> Value {
+    Value::String(if s.is_empty() { "<none>".into() } else { s.to_string() })
+}
+
+/// Sets `obj[key] = value` when missing; `obj` must be an object.
+pub(crate) fn default_field(obj: &mut Value, key: &str, value: Value) {
+    if let Some(m) = obj.as_object_mut() {
+        m.entry(key.to_string()).or_insert(value);
+    }
+}
+
+/// A label selector as `kubectl get -o wide` prints it.
+pub fn selector_string(sel: Option<&Value>) -> String {
+    let Some(sel) = sel else { return "<none>".into() };
+    let mut parts = Vec::new();
+    if let Some(Value::Object(m)) = sel.get("matchLabels") {
+        for (k, v) in m {
+            parts.push(format!("{k}={}", v.as_str().unwrap_or_default()));
+        }
+    }
+    if let Some(Value::Array(exprs)) = sel.get("matchExpressions") {
+        for e in exprs {
+            let key = e.get("key").and_then(Value::as_str).unwrap_or_default();
+            let values: Vec<&str> =
+                e.get("values").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+            match e.get("operator").and_then(Value::as_str).unwrap_or_default() {
+                "In" => parts.push(format!("{key} in ({})", values.join(","))),
+                "NotIn" => parts.push(format!("{key} notin ({})", values.join(","))),
+                "Exists" => parts.push(key.to_string()),
+                "DoesNotExist" => parts.push(format!("!{key}")),
+                _ => {}
+            }
+        }
+    }
+    if parts.is_empty() {
+        "<none>".into()
+    } else {
+        parts.join(",")
+    }
+}
+
+/// A plain map selector (Service, ReplicationController) as a string.
+pub fn map_selector_string(sel: Option<&Value>) -> String {
+    match sel {
+        Some(Value::Object(m)) if !m.is_empty() => {
+            m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect::<Vec<_>>().join(",")
+        }
+        _ => "<none>".into(),
+    }
+}
+

@@ -1,0 +1,313 @@
+//! Deployments, ReplicaSets, StatefulSets, DaemonSets, Jobs and CronJobs.
+
+use serde_json::{json, Value};
+
+use super::core::{default_pod_spec, ready_of, validate_pod_spec};
+use super::{default_field, int, selector_string};
+use crate::apiserver::meta::{age, at, str_at};
+use crate::apiserver::registry::strategy::Hooks;
+use crate::apiserver::status::Cause;
+use crate::apiserver::table::Column;
+
+fn default_template(spec: &mut Value) {
+    if let Some(pod_spec) = spec.get_mut("template").and_then(|t| t.get_mut("spec")) {
+        default_pod_spec(pod_spec);
+    }
+}
+
+/// A workload's selector must be given and match its template's labels.
+fn validate_workload(o: &Value, needs_selector: bool) -> Vec<Cause> {
+    let mut causes = validate_pod_spec(at(o, &["spec", "template", "spec"]), "spec.template.spec");
+    let selector = at(o, &["spec", "selector"]);
+    if needs_selector && selector.is_none() {
+        causes.push(Cause::required("spec.selector"));
+    }
+    if let (Some(Value::Object(want)), labels) = (selector.and_then(|s| s.get("matchLabels")), at(o, &["spec", "template", "metadata", "labels"])) {
+        let ok = want.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
+        if !ok {
+            causes.push(Cause::invalid("spec.template.metadata.labels", "Invalid value: `selector` does not match template `labels`"));
+        }
+    }
+    if int(o, &["spec", "replicas"]) < 0 {
+        causes.push(Cause::invalid("spec.replicas", "Invalid value: must be greater than or equal to 0"));
+    }
+    causes
+}
+
+fn images(o: &Value, template: &[&str]) -> (String, String) {
+    let cs = at(o, template).and_then(|t| t.get("containers")).and_then(Value::as_array).cloned().unwrap_or_default();
+    let names: Vec<&str> = cs.iter().filter_map(|c| c.get("name").and_then(Value::as_str)).collect();
+    let imgs: Vec<&str> = cs.iter().filter_map(|c| c.get("image").and_then(Value::as_str)).collect();
+    (names.join(","), imgs.join(","))
+}
+
+pub fn deployment_hooks() -> Hooks {
+    Hooks {
+        generation: true,
+        default: |o| {
+            if let Some(spec) = o.get_mut("spec") {
+                default_field(spec, "replicas", json!(1));
+                default_field(spec, "revisionHistoryLimit", json!(10));
+                default_field(spec, "progressDeadlineSeconds", json!(600));
+                default_field(spec, "strategy", json!({"type": "RollingUpdate"}));
+                if spec["strategy"]["type"] == "RollingUpdate" {
+                    let ru = &mut spec["strategy"];
+                    default_field(ru, "rollingUpdate", json!({}));
+                    default_field(&mut ru["rollingUpdate"], "maxUnavailable", json!("25%"));
+                    default_field(&mut ru["rollingUpdate"], "maxSurge", json!("25%"));
+                }
+                default_template(spec);
+            }
+        },
+        validate: |o| validate_workload(o, true),
+        columns: || {
+            vec![
+                Column::new("Ready", "string", 0),
+                Column::new("Up-to-date", "string", 0),
+                Column::new("Available", "string", 0),
+                Column::age(),
+                Column::new("Containers", "string", 1),
+                Column::new("Images", "string", 1),
+                Column::new("Selector", "string", 1),
+            ]
+        },
+        cells: |o| {
+            let (c, i) = images(o, &["spec", "template", "spec"]);
+            vec![
+                json!(ready_of(o, &["status", "readyReplicas"])),
+                json!(int(o, &["status", "updatedReplicas"])),
+                json!(int(o, &["status", "availableReplicas"])),
+                json!(age(o)),
+                json!(c),
+                json!(i),
+                json!(selector_string(at(o, &["spec", "selector"]))),
+            ]
+        },
+        ..Hooks::default()
+    }
+}
+
+pub fn replicaset_hooks() -> Hooks {
+    Hooks {
+        generation: true,
+        default: |o| {
+            if let Some(spec) = o.get_mut("spec") {
+                default_field(spec, "replicas", json!(1));
+                default_template(spec);
+            }
+        },
+        validate: |o| validate_workload(o, true),
+        columns: || {
+            vec![
+                Column::new("Desired", "integer", 0),
+                Column::new("Current", "integer", 0),
+                Column::new("Ready", "integer", 0),
+                Column::age(),
+                Column::new("Containers", "string", 1),
+                Column::new("Images", "string", 1),
+                Column::new("Selector", "string", 1),
+            ]
+        },
+        cells: |o| {
+            let (c, i) = images(o, &["spec", "template", "spec"]);
+            vec![
+                json!(int(o, &["spec", "replicas"])),
+                json!(int(o, &["status", "replicas"])),
+                json!(int(o, &["status", "readyReplicas"])),
+                json!(age(o)),
+                json!(c),
+                json!(i),
+                json!(selector_string(at(o, &["spec", "selector"]))),
+            ]
+        },
+        ..Hooks::default()
+    }
+}
+
+pub fn statefulset_hooks() -> Hooks {
+    Hooks {
+        generation: true,
+        default: |o| {
+            if let Some(spec) = o.get_mut("spec") {
+                default_field(spec, "replicas", json!(1));
+                default_field(spec, "podManagementPolicy", json!("OrderedReady"));
+                default_field(spec, "revisionHistoryLimit", json!(10));
+                default_field(spec, "updateStrategy", json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}));
+                default_field(spec, "persistentVolumeClaimRetentionPolicy", json!({"whenDeleted": "Retain", "whenScaled": "Retain"}));
+                default_template(spec);
+            }
+        },
+        validate: |o| validate_workload(o, true),
+        columns: || vec![Column::new("Ready", "string", 0), Column::age(), Column::new("Containers", "string", 1), Column::new("Images", "string", 1)],
+        cells: |o| {
+            let (c, i) = images(o, &["spec", "template", "spec"]);
+            vec![json!(ready_of(o, &["status", "readyReplicas"])), json!(age(o)), json!(c), json!(i)]
+        },
+        ..Hooks::default()
+    }
+}
+
+pub fn daemonset_hooks() -> Hooks {
+    Hooks {
+        generation: true,
+        default: |o| {
+            if let Some(spec) = o.get_mut("spec") {
+                default_field(spec, "revisionHistoryLimit", json!(10));
+                default_field(spec, "updateStrategy", json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}));
+                default_template(spec);
+            }
+        },
+        validate: |o| validate_workload(o, true),
+        columns: || {
+            vec![
+                Column::new("Desired", "integer", 0),
+                Column::new("Current", "integer", 0),
+                Column::new("Ready", "integer", 0),
+                Column::new("Up-to-date", "integer", 0),
+                Column::new("Available", "integer", 0),
+                Column::new("Node Selector", "string", 0),
+                Column::age(),
+                Column::new("Containers", "string", 1),
+                Column::new("Images", "string", 1),
+                Column::new("Selector", "string", 1),
+            ]
+        },
+        cells: |o| {
+            let (c, i) = images(o, &["spec", "template", "spec"]);
+            let ns = at(o, &["spec", "template", "spec", "nodeSelector"])
+                .and_then(Value::as_object)
+                .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect::<Vec<_>>().join(","))
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "<none>".into());
+            vec![
+                json!(int(o, &["status", "desiredNumberScheduled"])),
+                json!(int(o, &["status", "currentNumberScheduled"])),
+                json!(int(o, &["status", "numberReady"])),
+                json!(int(o, &["status", "updatedNumberScheduled"])),
+                json!(int(o, &["status", "numberAvailable"])),
+                json!(ns),
+                json!(age(o)),
+                json!(c),
+                json!(i),
+                json!(selector_string(at(o, &["spec", "selector"]))),
+            ]
+        },
+        ..Hooks::default()
+    }
+}
+
+pub fn job_hooks() -> Hooks {
+    Hooks {
+        generation: true,
+        default: |o| {
+            if let Some(spec) = o.get_mut("spec") {
+                default_field(spec, "backoffLimit", json!(6));
+                default_field(spec, "completionMode", json!("NonIndexed"));
+                default_field(spec, "suspend", json!(false));
+                default_field(spec, "podReplacementPolicy", json!("TerminatingOrFailed"));
+                if spec.get("completions").is_none() && spec.get("parallelism").is_none() {
+                    spec["completions"] = json!(1);
+                }
+                default_field(spec, "parallelism", json!(1));
+                if let Some(tspec) = spec.get_mut("template").and_then(|t| t.get_mut("spec")) {
+                    default_pod_spec(tspec);
+                }
+            }
+        },
+        validate: |o| {
+            let mut causes = validate_pod_spec(at(o, &["spec", "template", "spec"]), "spec.template.spec");
+            match str_at(o, &["spec", "template", "spec", "restartPolicy"]) {
+                Some("OnFailure") | Some("Never") => {}
+                other => causes.push(Cause {
+                    reason: "FieldValueNotSupported",
+                    message: format!("Unsupported value: {:?}: supported values: \"OnFailure\", \"Never\"", other.unwrap_or("Always")),
+                    field: "spec.template.spec.restartPolicy".into(),
+                }),
+            }
+            causes
+        },
+        columns: || {
+            vec![
+                Column::new("Status", "string", 0),
+                Column::new("Completions", "string", 0),
+                Column::new("Duration", "string", 0),
+                Column::age(),
+                Column::new("Containers", "string", 1),
+                Column::new("Images", "string", 1),
+                Column::new("Selector", "string", 1),
+            ]
+        },
+        cells: |o| {
+            let (c, i) = images(o, &["spec", "template", "spec"]);
+            let completions = match at(o, &["spec", "completions"]).and_then(Value::as_i64) {
+                Some(n) => format!("{}/{n}", int(o, &["status", "succeeded"])),
+                None => format!("{}/1 of {}", int(o, &["status", "succeeded"]), int(o, &["spec", "parallelism"])),
+            };
+            let conds = at(o, &["status", "conditions"]).and_then(Value::as_array).cloned().unwrap_or_default();
+            let has = |t: &str| conds.iter().any(|c| c.get("type").and_then(Value::as_str) == Some(t) && c.get("status").and_then(Value::as_str) == Some("True"));
+            let status = if has("Complete") {
+                "Complete"
+            } else if has("Failed") {
+                "Failed"
+            } else if at(o, &["metadata", "deletionTimestamp"]).is_some() {
+                "Terminating"
+            } else if has("Suspended") {
+                "Suspended"
+            } else {
+                "Running"
+            };
+            let start = str_at(o, &["status", "startTime"]).and_then(crate::apiserver::meta::parse_rfc3339);
+            let end = str_at(o, &["status", "completionTime"]).and_then(crate::apiserver::meta::parse_rfc3339).unwrap_or_else(crate::apiserver::meta::unix_now);
+            let duration = start.map(|s| crate::apiserver::meta::human_duration(end - s)).unwrap_or_default();
+            vec![json!(status), json!(completions), json!(duration), json!(age(o)), json!(c), json!(i), json!(selector_string(at(o, &["spec", "selector"])))]
+        },
+        ..Hooks::default()
+    }
+}
+
+pub fn cronjob_hooks() -> Hooks {
+    Hooks {
+        generation: true,
+        default: |o| {
+            if let Some(spec) = o.get_mut("spec") {
+                default_field(spec, "concurrencyPolicy", json!("Allow"));
+                default_field(spec, "suspend", json!(false));
+                default_field(spec, "successfulJobsHistoryLimit", json!(3));
+                default_field(spec, "failedJobsHistoryLimit", json!(1));
+            }
+        },
+        validate: |o| {
+            let mut causes = Vec::new();
+            if str_at(o, &["spec", "schedule"]).unwrap_or_default().is_empty() {
+                causes.push(Cause::required("spec.schedule"));
+            }
+            causes.extend(validate_pod_spec(at(o, &["spec", "jobTemplate", "spec", "template", "spec"]), "spec.jobTemplate.spec.template.spec"));
+            causes
+        },
+        columns: || {
+            vec![
+                Column::new("Schedule", "string", 0),
+                Column::new("Timezone", "string", 0),
+                Column::new("Suspend", "boolean", 0),
+                Column::new("Active", "integer", 0),
+                Column::new("Last Schedule", "string", 0),
+                Column::age(),
+            ]
+        },
+        cells: |o| {
+            let last = str_at(o, &["status", "lastScheduleTime"])
+                .and_then(crate::apiserver::meta::parse_rfc3339)
+                .map(|t| crate::apiserver::meta::human_duration(crate::apiserver::meta::unix_now() - t))
+                .unwrap_or_else(|| "<none>".into());
+            vec![
+                json!(str_at(o, &["spec", "schedule"]).unwrap_or_default()),
+                json!(str_at(o, &["spec", "timeZone"]).unwrap_or("<none>")),
+                json!(at(o, &["spec", "suspend"]).and_then(Value::as_bool).unwrap_or(false)),
+                json!(at(o, &["status", "active"]).and_then(Value::as_array).map_or(0, Vec::len)),
+                json!(last),
+                json!(age(o)),
+            ]
+        },
+        ..Hooks::default()
+    }
+}

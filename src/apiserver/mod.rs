@@ -1,0 +1,164 @@
+//! The Kubernetes API over HTTPS: TLS with client certificates, discovery,
+//! health, and the registry-driven resource handlers over the store.
+
+pub mod allocator;
+pub mod authn;
+pub mod bootstrap;
+pub mod discovery;
+pub mod handlers;
+pub mod kinds;
+pub mod meta;
+pub mod registry;
+pub mod request;
+pub mod selector;
+pub mod serve;
+pub mod status;
+pub mod storage;
+pub mod strategic;
+pub mod table;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+
+use authn::User;
+use registry::Registry;
+use request::Target;
+use status::ApiError;
+use storage::Storage;
+
+/// What the API server needs to know about the cluster.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// host:port clients reach this server on (discovery's serverAddress).
+    pub advertise: String,
+    pub advertise_ip: IpAddr,
+    pub https_port: u16,
+    pub service_cidr: allocator::Cidr,
+    pub cluster_domain: String,
+}
+
+/// The API server's shared state.
+pub struct Api {
+    pub registry: Registry,
+    pub storage: Storage,
+    pub config: ApiConfig,
+    pub allocator: allocator::ServiceAllocator,
+    ready: std::sync::atomic::AtomicBool,
+}
+
+impl Api {
+    pub fn new(store: Arc<dyn crate::store::Store>, config: ApiConfig) -> Arc<Api> {
+        let allocator = allocator::ServiceAllocator::new(config.service_cidr);
+        Arc::new(Api {
+            registry: Registry::builtin(),
+            storage: Storage::new(store),
+            config,
+            allocator,
+            ready: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    pub fn set_ready(&self) {
+        self.ready.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn is_ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Authorization: members of system:masters may do anything; RBAC for
+    /// everyone else.
+    pub fn authorize(&self, call: &handlers::Call, verb: &str) -> Result<(), ApiError> {
+        if call.user.in_group("system:masters") {
+            return Ok(());
+        }
+        let r = &call.resource;
+        let scope = match call.namespace() {
+            Some(ns) => format!(" in the namespace \"{ns}\""),
+            None => " at the cluster scope".into(),
+        };
+        let resource = match &call.path.subresource {
+            Some(s) => format!("{}/{s}", r.plural),
+            None => r.plural.clone(),
+        };
+        let name = call.path.name.as_deref().map(|n| format!("{resource} \"{n}\"")).unwrap_or_else(|| resource.clone());
+        let qualified = if r.group.is_empty() { name } else { name.replacen(&resource, &format!("{resource}.{}", r.group), 1) };
+        let mut e = ApiError::forbidden(format!(
+            "{qualified} is forbidden: User \"{}\" cannot {verb} resource \"{resource}\" in API group \"{}\"{scope}",
+            call.user.name, r.group
+        ));
+        e.kind = r.plural.clone();
+        e.group = r.group.clone();
+        e.name = call.path.name.clone().unwrap_or_default();
+        Err(e)
+    }
+}
+
+/// The router: health and version for anyone, everything else for
+/// authenticated users.
+pub fn router(api: Arc<Api>) -> Router {
+    Router::new().fallback(handle).with_state(api)
+}
+
+fn health(api: &Api, path: &str, verbose: bool) -> Response {
+    let ok = path == "/livez" || api.is_ready();
+    let checks = ["ping", "log", "etcd", "poststarthook/start-apiextensions-controllers", "poststarthook/bootstrap-controller"];
+    let body = if verbose {
+        let mut s = String::new();
+        for c in checks {
+            s.push_str(&format!("[{}]{c} {}\n", if ok { "+" } else { "-" }, if ok { "ok" } else { "failed" }));
+        }
+        s.push_str(&format!("{} check {}\n", path.trim_start_matches('/'), if ok { "passed" } else { "failed" }));
+        s
+    } else if ok {
+        "ok".into()
+    } else {
+        "[-]poststarthook/bootstrap-controller failed: not finished\n".into()
+    };
+    let code = if ok { StatusCode::OK } else { StatusCode::INTERNAL_SERVER_ERROR };
+    (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let user = parts.extensions.get::<User>().cloned().unwrap_or_else(User::anonymous);
+    let path = parts.uri.path().to_string();
+    let query = parts.uri.query().map(str::to_string);
+    let accept = parts.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    match path.as_str() {
+        "/healthz" | "/livez" | "/readyz" => {
+            let verbose = query.as_deref().is_some_and(|q| q.split('&').any(|p| p == "verbose" || p.starts_with("verbose=")));
+            return health(&api, &path, verbose);
+        }
+        "/version" | "/version/" => return discovery::version(),
+        _ => {}
+    }
+    if user.is_anonymous() {
+        return ApiError::unauthorized().into_response();
+    }
+    let bytes = match axum::body::to_bytes(body, handlers::MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(_) => return ApiError::too_large().into_response(),
+    };
+    tracing::debug!(method = %parts.method, %path, user = %user.name, "request");
+    match request::parse(&path) {
+        Target::CoreVersions => discovery::core_versions(&api.registry, &accept, &api.config.advertise),
+        Target::Groups => discovery::groups(&api.registry, &accept),
+        Target::Group(g) => discovery::group(&api.registry, &g),
+        Target::Resources { group, version } => discovery::resources(&api.registry, &group, &version),
+        Target::Resource(p) => handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await,
+        Target::Other => {
+            let mut resp = ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response();
+            if path.starts_with("/openapi") {
+                *resp.body_mut() = Body::from(ApiError::new(404, "NotFound", "the server could not find the requested resource").to_status().to_string());
+            }
+            resp
+        }
+    }
+}

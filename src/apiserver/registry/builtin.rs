@@ -1,0 +1,144 @@
+//! The built-in resources of Kubernetes v1.33 that a single-node
+//! distribution serves, each decoded through its `k8s-openapi` type.
+
+use k8s_openapi::api::{
+    admissionregistration::v1 as admission, apps::v1 as apps, autoscaling::v2 as autoscaling, batch::v1 as batch,
+    certificates::v1 as certificates, coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery,
+    events::v1 as events, flowcontrol::v1 as flowcontrol, networking::v1 as networking, node::v1 as node,
+    policy::v1 as policy, rbac::v1 as rbac, scheduling::v1 as scheduling, storage::v1 as storage,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
+use k8s_openapi::{ClusterResourceScope, ListableResource, NamespaceResourceScope};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::strategy::{Hooks, NameRule, Typed};
+use super::{Resource, ScalePaths, CRUD_VERBS};
+use crate::apiserver::kinds;
+
+/// Whether a `k8s-openapi` scope is namespaced.
+trait Scope {
+    const NAMESPACED: bool;
+}
+impl Scope for NamespaceResourceScope {
+    const NAMESPACED: bool = true;
+}
+impl Scope for ClusterResourceScope {
+    const NAMESPACED: bool = false;
+}
+
+#[derive(Default)]
+struct Spec {
+    short: &'static [&'static str],
+    categories: &'static [&'static str],
+    status: bool,
+    scale: bool,
+    sub: &'static [&'static str],
+    hooks: Hooks,
+}
+
+fn resource<K>(spec: Spec) -> Resource
+where
+    K: ListableResource + DeserializeOwned + Serialize + 'static,
+    K::Scope: Scope,
+{
+    let scale = spec.scale.then(|| ScalePaths {
+        spec_replicas: ".spec.replicas".into(),
+        status_replicas: ".status.replicas".into(),
+        label_selector: Some(".status.selector".into()),
+    });
+    Resource {
+        group: K::GROUP.into(),
+        version: K::VERSION.into(),
+        kind: K::KIND.into(),
+        list_kind: K::LIST_KIND.into(),
+        plural: K::URL_PATH_SEGMENT.into(),
+        singular: K::KIND.to_ascii_lowercase(),
+        namespaced: <K::Scope as Scope>::NAMESPACED,
+        verbs: CRUD_VERBS.iter().map(|v| v.to_string()).collect(),
+        short_names: spec.short.iter().map(|s| s.to_string()).collect(),
+        categories: spec.categories.iter().map(|s| s.to_string()).collect(),
+        status: spec.status,
+        scale,
+        subresources: spec.sub.iter().map(|s| s.to_string()).collect(),
+        strategy: std::sync::Arc::new(Typed::<K>::new(spec.hooks)),
+    }
+}
+
+fn with_generation(hooks: Hooks) -> Hooks {
+    Hooks { generation: true, ..hooks }
+}
+
+const ALL: &[&str] = &["all"];
+
+pub fn resources() -> Vec<Resource> {
+    let rbac_names = Hooks { name_rule: NameRule::PathSegment, ..Hooks::default() };
+    vec![
+        // core/v1
+        resource::<core::Pod>(Spec { short: &["po"], categories: ALL, status: true, sub: &["binding", "eviction", "log", "exec", "attach", "portforward", "ephemeralcontainers", "resize"], hooks: kinds::pod_hooks(), ..Default::default() }),
+        resource::<core::ConfigMap>(Spec { short: &["cm"], hooks: kinds::configmap_hooks(), ..Default::default() }),
+        resource::<core::Secret>(Spec { hooks: kinds::secret_hooks(), ..Default::default() }),
+        resource::<core::Namespace>(Spec { short: &["ns"], status: true, sub: &["finalize"], hooks: kinds::namespace_hooks(), ..Default::default() }),
+        resource::<core::Service>(Spec { short: &["svc"], categories: ALL, status: true, sub: &["proxy"], hooks: kinds::service_hooks(), ..Default::default() }),
+        resource::<core::ServiceAccount>(Spec { short: &["sa"], sub: &["token"], hooks: kinds::serviceaccount_hooks(), ..Default::default() }),
+        resource::<core::Endpoints>(Spec { short: &["ep"], ..Default::default() }),
+        resource::<core::Node>(Spec { short: &["no"], status: true, sub: &["proxy"], hooks: kinds::node_hooks(), ..Default::default() }),
+        resource::<core::Event>(Spec { short: &["ev"], hooks: kinds::event_hooks(), ..Default::default() }),
+        resource::<core::PersistentVolume>(Spec { short: &["pv"], status: true, ..Default::default() }),
+        resource::<core::PersistentVolumeClaim>(Spec { short: &["pvc"], status: true, ..Default::default() }),
+        resource::<core::LimitRange>(Spec { short: &["limits"], ..Default::default() }),
+        resource::<core::ResourceQuota>(Spec { short: &["quota"], status: true, ..Default::default() }),
+        resource::<core::PodTemplate>(Spec::default()),
+        resource::<core::ReplicationController>(Spec { short: &["rc"], categories: ALL, status: true, scale: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
+        // apps/v1
+        resource::<apps::Deployment>(Spec { short: &["deploy"], categories: ALL, status: true, scale: true, hooks: kinds::deployment_hooks(), ..Default::default() }),
+        resource::<apps::ReplicaSet>(Spec { short: &["rs"], categories: ALL, status: true, scale: true, hooks: kinds::replicaset_hooks(), ..Default::default() }),
+        resource::<apps::StatefulSet>(Spec { short: &["sts"], categories: ALL, status: true, scale: true, hooks: kinds::statefulset_hooks(), ..Default::default() }),
+        resource::<apps::DaemonSet>(Spec { short: &["ds"], categories: ALL, status: true, hooks: kinds::daemonset_hooks(), ..Default::default() }),
+        resource::<apps::ControllerRevision>(Spec::default()),
+        // batch/v1
+        resource::<batch::Job>(Spec { categories: ALL, status: true, hooks: kinds::job_hooks(), ..Default::default() }),
+        resource::<batch::CronJob>(Spec { short: &["cj"], categories: ALL, status: true, hooks: kinds::cronjob_hooks(), ..Default::default() }),
+        // autoscaling/v2
+        resource::<autoscaling::HorizontalPodAutoscaler>(Spec { short: &["hpa"], categories: ALL, status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
+        // policy/v1
+        resource::<policy::PodDisruptionBudget>(Spec { short: &["pdb"], status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
+        // rbac.authorization.k8s.io/v1
+        resource::<rbac::ClusterRole>(Spec { hooks: rbac_names, ..Default::default() }),
+        resource::<rbac::ClusterRoleBinding>(Spec { hooks: rbac_names, ..Default::default() }),
+        resource::<rbac::Role>(Spec { hooks: rbac_names, ..Default::default() }),
+        resource::<rbac::RoleBinding>(Spec { hooks: rbac_names, ..Default::default() }),
+        // networking.k8s.io/v1
+        resource::<networking::Ingress>(Spec { short: &["ing"], status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
+        resource::<networking::IngressClass>(Spec::default()),
+        resource::<networking::NetworkPolicy>(Spec { short: &["netpol"], hooks: with_generation(Hooks::default()), ..Default::default() }),
+        // discovery.k8s.io/v1
+        resource::<discovery::EndpointSlice>(Spec::default()),
+        // coordination.k8s.io/v1
+        resource::<coordination::Lease>(Spec::default()),
+        // events.k8s.io/v1
+        resource::<events::Event>(Spec { short: &["ev"], ..Default::default() }),
+        // storage.k8s.io/v1
+        resource::<storage::StorageClass>(Spec { short: &["sc"], ..Default::default() }),
+        resource::<storage::CSIDriver>(Spec::default()),
+        resource::<storage::CSINode>(Spec::default()),
+        resource::<storage::CSIStorageCapacity>(Spec::default()),
+        resource::<storage::VolumeAttachment>(Spec { status: true, ..Default::default() }),
+        // scheduling.k8s.io/v1
+        resource::<scheduling::PriorityClass>(Spec { short: &["pc"], ..Default::default() }),
+        // node.k8s.io/v1
+        resource::<node::RuntimeClass>(Spec::default()),
+        // certificates.k8s.io/v1
+        resource::<certificates::CertificateSigningRequest>(Spec { short: &["csr"], status: true, sub: &["approval"], ..Default::default() }),
+        // admissionregistration.k8s.io/v1
+        resource::<admission::MutatingWebhookConfiguration>(Spec { categories: &["api-extensions"], hooks: with_generation(Hooks::default()), ..Default::default() }),
+        resource::<admission::ValidatingWebhookConfiguration>(Spec { categories: &["api-extensions"], hooks: with_generation(Hooks::default()), ..Default::default() }),
+        resource::<admission::ValidatingAdmissionPolicy>(Spec { categories: &["api-extensions"], status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
+        resource::<admission::ValidatingAdmissionPolicyBinding>(Spec { categories: &["api-extensions"], hooks: with_generation(Hooks::default()), ..Default::default() }),
+        // apiextensions.k8s.io/v1
+        resource::<apiextensions::CustomResourceDefinition>(Spec { short: &["crd", "crds"], categories: &["api-extensions"], status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
+        // flowcontrol.apiserver.k8s.io/v1
+        resource::<flowcontrol::FlowSchema>(Spec { status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
+        resource::<flowcontrol::PriorityLevelConfiguration>(Spec { status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
+    ]
+}

@@ -1,0 +1,252 @@
+//! Per-resource behaviour: decoding as the typed kind (which also finds
+//! unknown fields and prunes them), defaulting, validation, and the columns
+//! `kubectl get` shows.
+
+use std::marker::PhantomData;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::apiserver::status::Cause;
+use crate::apiserver::table::Column;
+
+/// How names of a resource are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameRule {
+    /// RFC 1123 subdomain (most resources).
+    Subdomain,
+    /// RFC 1123 label (namespaces, services).
+    Label,
+    /// Anything that is a valid path segment (RBAC objects).
+    PathSegment,
+}
+
+pub trait Strategy: Send + Sync {
+    /// Decodes `obj` as the resource's type and encodes it back: the result
+    /// is the object with unknown fields dropped; those fields are listed
+    /// (as `.spec.foo` paths) in the second element.
+    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String>;
+
+    /// Fills in defaults, as upstream's defaulting functions do.
+    fn default(&self, _obj: &mut Value) {}
+
+    /// Checks an object about to be stored.
+    fn validate(&self, _obj: &Value) -> Vec<Cause> {
+        Vec::new()
+    }
+
+    fn name_rule(&self) -> NameRule {
+        NameRule::Subdomain
+    }
+
+    /// Whether `metadata.generation` tracks changes to the spec.
+    fn tracks_generation(&self) -> bool {
+        false
+    }
+
+    /// What a newly created object's status starts as (status subresource only).
+    fn initial_status(&self, _obj: &Value) -> Option<Value> {
+        None
+    }
+
+    /// The columns `kubectl get` shows, after NAME.
+    fn columns(&self) -> Vec<Column> {
+        Vec::new()
+    }
+
+    /// The cells for `columns`, after the name.
+    fn cells(&self, _obj: &Value) -> Vec<Value> {
+        Vec::new()
+    }
+}
+
+/// Kind-specific hooks of a typed strategy.
+#[derive(Clone, Copy)]
+pub struct Hooks {
+    pub default: fn(&mut Value),
+    pub validate: fn(&Value) -> Vec<Cause>,
+    pub name_rule: NameRule,
+    pub generation: bool,
+    pub initial_status: fn(&Value) -> Option<Value>,
+    pub columns: fn() -> Vec<Column>,
+    pub cells: fn(&Value) -> Vec<Value>,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Hooks {
+            default: |_| {},
+            validate: |_| Vec::new(),
+            name_rule: NameRule::Subdomain,
+            generation: false,
+            initial_status: |_| None,
+            columns: Vec::new,
+            cells: |_| Vec::new(),
+        }
+    }
+}
+
+/// A strategy for a built-in kind, decoding through its `k8s-openapi` type.
+pub struct Typed<K> {
+    hooks: Hooks,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<K> Typed<K> {
+    pub fn new(hooks: Hooks) -> Self {
+        Typed { hooks, kind: PhantomData }
+    }
+}
+
+impl<K> Strategy for Typed<K>
+where
+    K: DeserializeOwned + Serialize + 'static,
+{
+    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String> {
+        let typed: K = serde_path_to_error::deserialize(obj).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." || path.is_empty() {
+                e.inner().to_string()
+            } else {
+                format!("{}: {}", path, e.inner())
+            }
+        })?;
+        let back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+        let mut unknown = Vec::new();
+        unknown_fields(obj, &back, String::new(), &mut unknown);
+        Ok((back, unknown))
+    }
+
+    fn default(&self, obj: &mut Value) {
+        (self.hooks.default)(obj)
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        (self.hooks.validate)(obj)
+    }
+
+    fn name_rule(&self) -> NameRule {
+        self.hooks.name_rule
+    }
+
+    fn tracks_generation(&self) -> bool {
+        self.hooks.generation
+    }
+
+    fn initial_status(&self, obj: &Value) -> Option<Value> {
+        (self.hooks.initial_status)(obj)
+    }
+
+    fn columns(&self) -> Vec<Column> {
+        (self.hooks.columns)()
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        (self.hooks.cells)(obj)
+    }
+}
+
+/// Paths present (and not null) in `input` but absent from `decoded`.
+pub fn unknown_fields(input: &Value, decoded: &Value, path: String, out: &mut Vec<String>) {
+    match (input, decoded) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                let p = format!("{path}.{k}");
+                match b.get(k) {
+                    None if !v.is_null() && !is_empty_default(v) => out.push(p),
+                    None => {}
+                    Some(bv) => unknown_fields(v, bv, p, out),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (i, (x, y)) in a.iter().zip(b.iter()).enumerate() {
+                unknown_fields(x, y, format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Values a typed encoder leaves out although the field is known.
+fn is_empty_default(v: &Value) -> bool {
+    match v {
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    }
+}
+
+/// Checks a name against a rule; returns the problems, upstream-worded.
+pub fn check_name(rule: NameRule, name: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    match rule {
+        NameRule::PathSegment => {
+            if name == "." || name == ".." {
+                errs.push(format!("may not be '{name}'"));
+            }
+            for bad in ["/", "%"] {
+                if name.contains(bad) {
+                    errs.push(format!("may not contain '{bad}'"));
+                }
+            }
+        }
+        NameRule::Label => {
+            if name.len() > 63 {
+                errs.push("must be no more than 63 characters".into());
+            }
+            if !is_label(name) {
+                errs.push(format!("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"));
+            }
+        }
+        NameRule::Subdomain => {
+            if name.len() > 253 {
+                errs.push("must be no more than 253 characters".into());
+            }
+            if name.is_empty() || !name.split('.').all(is_label) {
+                errs.push("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".into());
+            }
+        }
+    }
+    errs
+}
+
+pub fn is_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    #[test]
+    fn decode_finds_unknown_fields() {
+        let s = Typed::<ConfigMap>::new(Hooks::default());
+        let obj = serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a", "labels": {}, "bogus": 1},
+            "data": {"k": "v"}, "extra": true, "nothing": null
+        });
+        let (back, unknown) = s.decode(&obj).unwrap();
+        assert_eq!(unknown, vec![".extra".to_string(), ".metadata.bogus".to_string()]);
+        assert_eq!(back["data"]["k"], "v");
+        let bad = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": 5}});
+        let err = s.decode(&bad).unwrap_err();
+        assert!(err.starts_with("data.k:"), "{err}");
+    }
+
+    #[test]
+    fn names() {
+        assert!(check_name(NameRule::Subdomain, "a.b-c").is_empty());
+        assert!(!check_name(NameRule::Subdomain, "A").is_empty());
+        assert!(!check_name(NameRule::Label, "a.b").is_empty());
+        assert!(check_name(NameRule::PathSegment, "system:admin").is_empty());
+    }
+}

@@ -1,0 +1,111 @@
+//! What a request asks for, read off its path: upstream's RequestInfo.
+
+/// A resource request: `/api/v1/namespaces/ns/pods/name/status` and kin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResourcePath {
+    pub group: String,
+    pub version: String,
+    pub namespace: Option<String>,
+    pub plural: String,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+    /// The legacy `/watch/` prefix was used.
+    pub watch_prefix: bool,
+}
+
+/// What a path names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `/api`
+    CoreVersions,
+    /// `/apis`
+    Groups,
+    /// `/apis/<group>`
+    Group(String),
+    /// `/api/v1` or `/apis/<group>/<version>`
+    Resources { group: String, version: String },
+    Resource(ResourcePath),
+    Other,
+}
+
+fn segments(path: &str) -> Vec<&str> {
+    path.split('/').filter(|s| !s.is_empty()).collect()
+}
+
+pub fn parse(path: &str) -> Target {
+    let segs = segments(path);
+    let (group, version, rest) = match segs.as_slice() {
+        ["api"] => return Target::CoreVersions,
+        ["apis"] => return Target::Groups,
+        ["apis", g] => return Target::Group(g.to_string()),
+        ["api", v, rest @ ..] => (String::new(), v.to_string(), rest),
+        ["apis", g, v, rest @ ..] => (g.to_string(), v.to_string(), rest),
+        _ => return Target::Other,
+    };
+    if rest.is_empty() {
+        return Target::Resources { group, version };
+    }
+    let (watch_prefix, rest) = match rest {
+        ["watch", tail @ ..] => (true, tail),
+        _ => (false, rest),
+    };
+    let mut p = ResourcePath { group, version, namespace: None, plural: String::new(), name: None, subresource: None, watch_prefix };
+    match rest {
+        // /namespaces/{ns}/{plural}[/{name}[/{sub}]]
+        ["namespaces", ns, plural, tail @ ..] if !is_namespace_subresource(plural, tail) => {
+            p.namespace = Some(ns.to_string());
+            p.plural = plural.to_string();
+            p.name = tail.first().map(|s| s.to_string());
+            p.subresource = tail.get(1).map(|s| s.to_string());
+            if tail.len() > 2 {
+                return Target::Other;
+            }
+        }
+        [plural, tail @ ..] => {
+            p.plural = plural.to_string();
+            p.name = tail.first().map(|s| s.to_string());
+            p.subresource = tail.get(1).map(|s| s.to_string());
+            if tail.len() > 2 {
+                return Target::Other;
+            }
+        }
+        [] => return Target::Resources { group: p.group, version: p.version },
+    }
+    Target::Resource(p)
+}
+
+/// `/api/v1/namespaces/{name}/status` and `/finalize` are subresources of
+/// the namespace, not lists in it.
+fn is_namespace_subresource(segment: &str, tail: &[&str]) -> bool {
+    tail.is_empty() && (segment == "status" || segment == "finalize")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(path: &str) -> ResourcePath {
+        match parse(path) {
+            Target::Resource(r) => r,
+            other => panic!("{path}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(parse("/api"), Target::CoreVersions);
+        assert_eq!(parse("/apis/apps"), Target::Group("apps".into()));
+        assert_eq!(parse("/apis/apps/v1"), Target::Resources { group: "apps".into(), version: "v1".into() });
+        let r = res("/api/v1/namespaces/default/pods/web/status");
+        assert_eq!((r.namespace.as_deref(), r.plural.as_str(), r.name.as_deref(), r.subresource.as_deref()), (Some("default"), "pods", Some("web"), Some("status")));
+        let r = res("/api/v1/namespaces/kube-system");
+        assert_eq!((r.namespace, r.plural.as_str(), r.name.as_deref()), (None, "namespaces", Some("kube-system")));
+        let r = res("/api/v1/namespaces/kube-system/status");
+        assert_eq!((r.plural.as_str(), r.name.as_deref(), r.subresource.as_deref()), ("namespaces", Some("kube-system"), Some("status")));
+        let r = res("/apis/apps/v1/watch/namespaces/x/deployments");
+        assert!(r.watch_prefix);
+        assert_eq!(r.plural, "deployments");
+        let r = res("/api/v1/pods");
+        assert_eq!((r.namespace, r.name), (None, None));
+    }
+}

@@ -1,0 +1,122 @@
+//! The HTTPS listener: rustls with optional client certificates (checked
+//! against the client CA), HTTP/1.1 and HTTP/2, and the authenticated user
+//! attached to every request of a connection.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+use super::authn::User;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot read {path}: {message}")]
+    Pem { path: String, message: String },
+    #[error("TLS setup: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("client CA: {0}")]
+    Verifier(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+}
+
+fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ServeError> {
+    let err = |m: String| ServeError::Pem { path: path.display().to_string(), message: m };
+    CertificateDer::pem_file_iter(path).map_err(|e| err(e.to_string()))?.collect::<Result<Vec<_>, _>>().map_err(|e| err(e.to_string()))
+}
+
+/// A TLS config serving `cert`/`key`, asking for (not requiring) client
+/// certificates signed by `client_ca`.
+pub fn tls_config(cert: &Path, key: &Path, client_ca: &Path) -> Result<Arc<rustls::ServerConfig>, ServeError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs(client_ca)? {
+        roots.add(c).map_err(|e| ServeError::Verifier(e.to_string()))?;
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| ServeError::Verifier(e.to_string()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| ServeError::Pem { path: key.display().to_string(), message: e.to_string() })?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs(cert)?, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// Serves `app` on `listener` until `shutdown` turns true.
+pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Router, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
+        };
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        let mut stop = shutdown.clone();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let user = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|c| User::from_certificate(c.as_ref()))
+                .unwrap_or_else(User::anonymous);
+            let service = tower_service(app, user);
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+            tokio::pin!(conn);
+            let stopping = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
+            tokio::select! {
+                res = conn.as_mut() => {
+                    if let Err(e) = res {
+                        tracing::debug!(%peer, error = %e, "connection ended");
+                    }
+                    return;
+                }
+                _ = stopping => {}
+            }
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), conn).await;
+        });
+    }
+}
+
+/// The router as a hyper service that tags each request with `user`.
+fn tower_service(app: Router, user: User) -> hyper_util::service::TowerToHyperService<axum::routing::RouterIntoService<hyper::body::Incoming>> {
+    let _ = &user;
+    hyper_util::service::TowerToHyperService::new(app.layer(axum::Extension(user)).into_service())
+}

@@ -1,0 +1,360 @@
+//! Objects in the store: JSON under `/registry/...` keys, whose
+//! `resourceVersion` is the key's mod revision (never stored in the value).
+//! Creates, updates and deletes are etcd transactions with the same compare
+//! shapes as upstream's apiserver, so a stale write fails as a conflict.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use futures_util::{Stream, StreamExt};
+use serde_json::Value;
+
+use super::status::{ApiError, ApiResult};
+use crate::store::proto::compare::{CompareResult, CompareTarget, TargetUnion};
+use crate::store::proto::*;
+use crate::store::{prefix_end, Store};
+
+/// An object as read from the store, its resourceVersion filled in.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub object: Value,
+    pub rev: i64,
+}
+
+/// What a write found when its precondition failed.
+#[derive(Debug)]
+pub enum WriteError {
+    /// create: the key exists.
+    Exists,
+    /// update/delete: the key changed since `expected` (None: it is gone).
+    Changed(Option<Stored>),
+    Api(ApiError),
+}
+
+impl From<ApiError> for WriteError {
+    fn from(e: ApiError) -> Self {
+        WriteError::Api(e)
+    }
+}
+
+#[derive(Clone)]
+pub struct Storage {
+    store: Arc<dyn Store>,
+}
+
+/// A page of a list.
+pub struct Page {
+    pub items: Vec<Stored>,
+    /// The revision the list was read at.
+    pub rev: i64,
+    /// Where the next page starts (a key), when there is one.
+    pub next_key: Option<Vec<u8>>,
+    /// Items after this page (before selectors), when known.
+    pub remaining: Option<i64>,
+}
+
+/// How the list's resourceVersion constrains the read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadAt {
+    /// The newest state.
+    Latest,
+    /// Exactly this revision (continue tokens, resourceVersionMatch=Exact).
+    Exact(i64),
+}
+
+/// A change to an object seen by a watch.
+#[derive(Debug, Clone)]
+pub enum Change {
+    Added(Stored),
+    Modified { new: Stored, old: Option<Stored> },
+    Deleted(Stored),
+    /// Everything up to this revision has been sent.
+    Progress(i64),
+}
+
+fn decode(kv: &KeyValue) -> ApiResult<Stored> {
+    let mut object: Value = serde_json::from_slice(&kv.value)
+        .map_err(|e| ApiError::internal(format!("object at {} is not JSON: {e}", String::from_utf8_lossy(&kv.key))))?;
+    set_resource_version(&mut object, kv.mod_revision);
+    Ok(Stored { object, rev: kv.mod_revision })
+}
+
+pub fn set_resource_version(object: &mut Value, rev: i64) {
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("resourceVersion".into(), Value::String(rev.to_string()));
+    }
+}
+
+/// The stored form: everything but the resourceVersion.
+fn encode(object: &Value) -> ApiResult<Vec<u8>> {
+    let mut copy = object.clone();
+    if let Some(meta) = copy.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+    }
+    serde_json::to_vec(&copy).map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
+}
+
+fn mod_rev_is(key: &str, rev: i64) -> Compare {
+    Compare {
+        result: CompareResult::Equal as i32,
+        target: CompareTarget::Mod as i32,
+        key: key.as_bytes().to_vec(),
+        range_end: Vec::new(),
+        target_union: Some(TargetUnion::ModRevision(rev)),
+    }
+}
+
+fn put(key: &str, value: Vec<u8>) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestPut(PutRequest {
+            key: key.as_bytes().to_vec(),
+            value,
+            ..Default::default()
+        })),
+    }
+}
+
+fn get_op(key: &str) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestRange(RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() })),
+    }
+}
+
+fn header_rev(h: &Option<ResponseHeader>) -> i64 {
+    h.as_ref().map_or(0, |h| h.revision)
+}
+
+/// The object a failed txn's `range` branch read back, if any.
+fn found(resp: &TxnResponse) -> ApiResult<Option<Stored>> {
+    for op in &resp.responses {
+        if let Some(response_op::Response::ResponseRange(r)) = &op.response {
+            return r.kvs.first().map(decode).transpose();
+        }
+    }
+    Ok(None)
+}
+
+impl Storage {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Storage { store }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub async fn get(&self, key: &str) -> ApiResult<Option<Stored>> {
+        let resp = self.store.range(RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() }).await?;
+        resp.kvs.first().map(decode).transpose()
+    }
+
+    /// The store's current revision.
+    pub async fn head(&self) -> ApiResult<i64> {
+        let resp = self
+            .store
+            .range(RangeRequest { key: b"/registry/health".to_vec(), count_only: true, ..Default::default() })
+            .await?;
+        Ok(header_rev(&resp.header))
+    }
+
+    /// Creates `key`; fails with `Exists` when it is there.
+    pub async fn create(&self, key: &str, object: &Value) -> Result<Stored, WriteError> {
+        let req = TxnRequest { compare: vec![mod_rev_is(key, 0)], success: vec![put(key, encode(object)?)], failure: vec![] };
+        let resp = self.store.txn(req).await.map_err(ApiError::from)?;
+        if !resp.succeeded {
+            return Err(WriteError::Exists);
+        }
+        let rev = header_rev(&resp.header);
+        let mut object = object.clone();
+        set_resource_version(&mut object, rev);
+        Ok(Stored { object, rev })
+    }
+
+    /// Replaces `key` if it is still at `expected`.
+    pub async fn update(&self, key: &str, object: &Value, expected: i64) -> Result<Stored, WriteError> {
+        let req = TxnRequest {
+            compare: vec![mod_rev_is(key, expected)],
+            success: vec![put(key, encode(object)?)],
+            failure: vec![get_op(key)],
+        };
+        let resp = self.store.txn(req).await.map_err(ApiError::from)?;
+        if !resp.succeeded {
+            return Err(WriteError::Changed(found(&resp)?));
+        }
+        let rev = header_rev(&resp.header);
+        let mut object = object.clone();
+        set_resource_version(&mut object, rev);
+        Ok(Stored { object, rev })
+    }
+
+    /// Deletes `key` if it is still at `expected`; returns the delete revision.
+    pub async fn delete(&self, key: &str, expected: i64) -> Result<i64, WriteError> {
+        let req = TxnRequest {
+            compare: vec![mod_rev_is(key, expected)],
+            success: vec![RequestOp {
+                request: Some(request_op::Request::RequestDeleteRange(DeleteRangeRequest {
+                    key: key.as_bytes().to_vec(),
+                    range_end: Vec::new(),
+                    prev_kv: false,
+                })),
+            }],
+            failure: vec![get_op(key)],
+        };
+        let resp = self.store.txn(req).await.map_err(ApiError::from)?;
+        if !resp.succeeded {
+            return Err(WriteError::Changed(found(&resp)?));
+        }
+        Ok(header_rev(&resp.header))
+    }
+
+    /// One page of the objects under `prefix`, starting at `start` (a key
+    /// under the prefix) and read at `at`.
+    pub async fn list(&self, prefix: &str, start: Option<Vec<u8>>, limit: i64, at: ReadAt) -> ApiResult<Page> {
+        let key = start.unwrap_or_else(|| prefix.as_bytes().to_vec());
+        let revision = match at {
+            ReadAt::Latest => 0,
+            ReadAt::Exact(rev) => rev,
+        };
+        let req = RangeRequest {
+            key,
+            range_end: prefix_end(prefix.as_bytes()),
+            limit: limit.max(0),
+            revision,
+            ..Default::default()
+        };
+        let resp = self.store.range(req).await.map_err(|e| match e {
+            crate::store::StoreError::Compacted { .. } => {
+                ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.")
+            }
+            other => ApiError::from(other),
+        })?;
+        let rev = if revision > 0 { revision } else { header_rev(&resp.header) };
+        let items = resp.kvs.iter().map(decode).collect::<ApiResult<Vec<_>>>()?;
+        let next_key = if resp.more {
+            resp.kvs.last().map(|kv| {
+                let mut k = kv.key.clone();
+                k.push(0);
+                k
+            })
+        } else {
+            None
+        };
+        let remaining = resp.more.then(|| resp.count - items.len() as i64);
+        Ok(Page { items, rev, next_key, remaining })
+    }
+
+    /// Changes under `prefix` (or to exactly `key` when `exact`) after `after`.
+    pub async fn watch(
+        &self,
+        key: &str,
+        exact: bool,
+        after: i64,
+        progress_every: std::time::Duration,
+    ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
+        let create = WatchCreateRequest {
+            key: key.as_bytes().to_vec(),
+            range_end: if exact { Vec::new() } else { prefix_end(key.as_bytes()) },
+            start_revision: after + 1,
+            prev_kv: true,
+            progress_notify: false,
+            ..Default::default()
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let create = WatchRequest { request_union: Some(watch_request::RequestUnion::CreateRequest(create)) };
+        let _ = tx.send(create).await;
+        // Progress requests ask the store to confirm how far we are, which
+        // becomes a BOOKMARK; the ticker sleeps, it does not poll data.
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(progress_every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let progress = WatchRequest {
+                    request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})),
+                };
+                if tx.send(progress).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let responses = self.store.watch(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))).await?;
+        Ok(responses.flat_map(|resp| futures_util::stream::iter(changes(resp))))
+    }
+}
+
+fn changes(resp: crate::store::Result<WatchResponse>) -> Vec<ApiResult<Change>> {
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => return vec![Err(e.into())],
+    };
+    if resp.canceled {
+        if resp.compact_revision > 0 {
+            return vec![Err(ApiError::gone(format!(
+                "too old resource version: {} ({})",
+                resp.compact_revision - 1,
+                resp.compact_revision
+            )))];
+        }
+        return vec![Err(ApiError::internal(format!("watch canceled: {}", resp.cancel_reason)))];
+    }
+    if resp.created {
+        return Vec::new();
+    }
+    if resp.events.is_empty() {
+        return vec![Ok(Change::Progress(header_rev(&resp.header)))];
+    }
+    resp.events
+        .iter()
+        .map(|ev| {
+            let kv = ev.kv.as_ref().ok_or_else(|| ApiError::internal("watch event without kv"))?;
+            if ev.r#type == EventType::Delete as i32 {
+                let prev = ev.prev_kv.as_ref().ok_or_else(|| ApiError::internal("delete event without prev_kv"))?;
+                let mut gone = decode(prev)?;
+                set_resource_version(&mut gone.object, kv.mod_revision);
+                gone.rev = kv.mod_revision;
+                Ok(Change::Deleted(gone))
+            } else if kv.create_revision == kv.mod_revision {
+                Ok(Change::Added(decode(kv)?))
+            } else {
+                Ok(Change::Modified { new: decode(kv)?, old: ev.prev_kv.as_ref().map(decode).transpose()? })
+            }
+        })
+        .collect()
+}
+
+/// Continue tokens, in upstream's shape: base64 of
+/// `{"v":"meta.k8s.io/v1","rv":N,"start":"<key after the prefix>"}`.
+pub fn encode_continue(rev: i64, prefix: &str, next_key: &[u8]) -> String {
+    let start = String::from_utf8_lossy(next_key.strip_prefix(prefix.as_bytes()).unwrap_or(next_key)).into_owned();
+    let token = serde_json::json!({"v": "meta.k8s.io/v1", "rv": rev, "start": start});
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token.to_string())
+}
+
+pub fn decode_continue(token: &str, prefix: &str) -> ApiResult<(i64, Vec<u8>)> {
+    let bad = || ApiError::bad_request(format!("continue key is not valid: {token:?}"));
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token.trim_end_matches('='))
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let rev = v.get("rv").and_then(Value::as_i64).filter(|r| *r > 0).ok_or_else(bad)?;
+    let start = v.get("start").and_then(Value::as_str).ok_or_else(bad)?;
+    if start.contains("..") || start.starts_with('/') {
+        return Err(bad());
+    }
+    let mut key = prefix.as_bytes().to_vec();
+    key.extend_from_slice(start.as_bytes());
+    Ok((rev, key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continue_tokens_round_trip() {
+        let t = encode_continue(42, "/registry/pods/", b"/registry/pods/ns/b\0");
+        let (rev, key) = decode_continue(&t, "/registry/pods/").unwrap();
+        assert_eq!((rev, key), (42, b"/registry/pods/ns/b\0".to_vec()));
+        assert!(decode_continue("garbage", "/registry/pods/").is_err());
+    }
+}

@@ -1,0 +1,203 @@
+//! `ferrok server`: the control plane. Opens the store (embedded SQLite or
+//! an external etcd), ensures the PKI, bootstraps the cluster's built-in
+//! objects, writes the admin kubeconfig and serves the Kubernetes API.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::apiserver::{self, allocator::Cidr, Api, ApiConfig};
+use crate::pki::{write_kubeconfig, Pki, PkiOptions};
+use crate::store::etcd::{EtcdOptions, EtcdStore};
+use crate::store::sqlite::{SqliteOptions, SqliteStore};
+use crate::store::{grpc, Store};
+
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// Folder for ferrok's state.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Port of the Kubernetes API (HTTPS).
+    #[arg(long, default_value_t = 6443)]
+    pub https_listen_port: u16,
+    /// Address the API listens on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: IpAddr,
+    /// Address other nodes and the `kubernetes` Service reach this server on
+    /// (default: the host's first non-loopback IPv4 address).
+    #[arg(long)]
+    pub advertise_address: Option<IpAddr>,
+    /// More names or addresses for the serving certificate (repeatable, comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub tls_san: Vec<String>,
+    /// Where to write the admin kubeconfig.
+    #[arg(long, value_name = "FILE")]
+    pub write_kubeconfig: Option<PathBuf>,
+    /// File mode of the kubeconfig, in octal (e.g. 644).
+    #[arg(long, value_parser = parse_mode)]
+    pub write_kubeconfig_mode: Option<u32>,
+    /// Pod network.
+    #[arg(long, default_value = "10.42.0.0/16")]
+    pub cluster_cidr: Cidr,
+    /// Service network; its first address is the `kubernetes` Service.
+    #[arg(long, default_value = "10.43.0.0/16")]
+    pub service_cidr: Cidr,
+    /// Address of the cluster DNS service.
+    #[arg(long, default_value = "10.43.0.10")]
+    pub cluster_dns: IpAddr,
+    /// The cluster's DNS domain.
+    #[arg(long, default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Shared secret nodes join with (generated when not given).
+    #[arg(long, env = "FERROK_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Run the control plane only, without the node role on this host.
+    #[arg(long)]
+    pub disable_agent: bool,
+    /// This host's node name (default: the hostname).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// Use this external etcd (comma-separated URLs) instead of the embedded store.
+    #[arg(long, value_name = "URLS")]
+    pub datastore_endpoint: Option<String>,
+    #[arg(long, value_name = "FILE")]
+    pub datastore_cafile: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub datastore_certfile: Option<PathBuf>,
+    #[arg(long, value_name = "FILE")]
+    pub datastore_keyfile: Option<PathBuf>,
+    /// Also serve the store as an etcd v3 endpoint at this URL (http://host:port).
+    #[arg(long, value_name = "URL")]
+    pub datastore_listen: Option<String>,
+    /// Config file (YAML; keys are the long flag names).
+    #[arg(long, value_name = "FILE", default_value = "/etc/ferrok/config.yaml")]
+    pub config: PathBuf,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal file mode like 600 or 644"))
+}
+
+/// The host's first non-loopback IPv4 address, from the routing table's
+/// choice of source address (no packet is sent).
+fn host_ip() -> IpAddr {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| {
+        s.connect("10.255.255.255:1")?;
+        s.local_addr()
+    });
+    match probe {
+        Ok(addr) if !addr.ip().is_unspecified() => addr.ip(),
+        _ => IpAddr::from([127, 0, 0, 1]),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}
+
+pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let data_dir = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    std::fs::create_dir_all(&data_dir).with_context(|| format!("--data-dir: cannot create {}", data_dir.display()))?;
+    let advertise_ip = args.advertise_address.unwrap_or_else(host_ip);
+    let node_name = args.node_name.clone().unwrap_or_else(hostname);
+
+    let mut sqlite = None;
+    let store: Arc<dyn Store> = match &args.datastore_endpoint {
+        Some(endpoints) => EtcdStore::connect(&EtcdOptions {
+            endpoints: endpoints.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
+            ca_file: args.datastore_cafile.clone(),
+            cert_file: args.datastore_certfile.clone(),
+            key_file: args.datastore_keyfile.clone(),
+        })
+        .context("--datastore-endpoint")?,
+        None => {
+            let opts = SqliteOptions::new(data_dir.join("server").join("db").join("state.db"));
+            let s = SqliteStore::open(opts).with_context(|| format!("cannot open the datastore in {}", data_dir.display()))?;
+            sqlite = Some(s.clone());
+            s
+        }
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    if let Some(url) = &args.datastore_listen {
+        let listeners = grpc::bind(std::slice::from_ref(url)).await.context("--datastore-listen")?;
+        let store = store.clone();
+        let stop = stop_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(e) = grpc::serve(store, listeners, grpc::TlsFiles::default(), crate::store::DEFAULT_MAX_REQUEST_BYTES, stop).await {
+                tracing::error!(error = %e, "the etcd face stopped");
+            }
+        }));
+    }
+
+    let mut sans = args.tls_san.clone();
+    sans.push(hostname());
+    sans.push(advertise_ip.to_string());
+    let pki = Pki::ensure(&PkiOptions {
+        dir: data_dir.join("server").join("tls"),
+        token_file: data_dir.join("server").join("token"),
+        sans,
+        cluster_domain: args.cluster_domain.clone(),
+        service_ip: Some(IpAddr::V4(args.service_cidr.nth(1))),
+        token: args.token.clone(),
+    })
+    .context("cannot prepare the certificates")?;
+
+    let config = ApiConfig {
+        advertise: format!("{advertise_ip}:{}", args.https_listen_port),
+        advertise_ip,
+        https_port: args.https_listen_port,
+        service_cidr: args.service_cidr,
+        cluster_domain: args.cluster_domain.clone(),
+    };
+    let api = Api::new(store.clone(), config);
+    let addr = SocketAddr::new(args.bind_address, args.https_listen_port);
+    let listener = apiserver::serve::bind(addr).await.context("--https-listen-port")?;
+    let tls = apiserver::serve::tls_config(&pki.serving_cert, &pki.serving_key, &pki.client_ca_cert).context("TLS")?;
+    tasks.push(tokio::spawn(apiserver::serve::serve(listener, tls, apiserver::router(api.clone()), stop_rx.clone())));
+    apiserver::bootstrap::run(&api).await.map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
+    api.set_ready();
+
+    let root = unsafe { libc::geteuid() } == 0;
+    let kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {
+        if root && args.data_dir.is_none() {
+            PathBuf::from("/etc/ferrok/ferrok.yaml")
+        } else {
+            data_dir.join("kubeconfig.yaml")
+        }
+    });
+    let read = |p: &PathBuf| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()));
+    write_kubeconfig(
+        &kubeconfig,
+        args.write_kubeconfig_mode.unwrap_or(0o600),
+        &format!("https://127.0.0.1:{}", args.https_listen_port),
+        &read(&pki.server_ca_cert)?,
+        &read(&pki.admin_cert)?,
+        &read(&pki.admin_key)?,
+    )
+    .context("--write-kubeconfig")?;
+    tracing::info!(
+        addr = %addr, kubeconfig = %kubeconfig.display(), node = %node_name,
+        ready_ms = started.elapsed().as_millis() as u64, "ferrok server is ready"
+    );
+    if !args.disable_agent {
+        tracing::warn!("the node role is not built yet; this server runs the control plane only");
+    }
+
+    super::datastore::shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    for t in tasks {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
+    }
+    if let Some(s) = sqlite {
+        s.close().await;
+    }
+    Ok(())
+}

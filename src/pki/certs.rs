@@ -1,0 +1,163 @@
+//! Certificates with rcgen: CAs (ten years), leaves (one year), and the
+//! checks that decide whether a leaf on disk can be kept.
+
+use std::net::IpAddr;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+use sha2::{Digest, Sha256};
+use time::{Duration, OffsetDateTime};
+
+const CA_VALIDITY: Duration = Duration::days(3650);
+const LEAF_VALIDITY: Duration = Duration::days(365);
+/// A leaf this close to expiry is issued anew at start.
+const RENEW_BEFORE: Duration = Duration::days(90);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("{0}")]
+    Rcgen(#[from] rcgen::Error),
+    #[error("not a PEM certificate")]
+    NotPem,
+    #[error("cannot parse the certificate: {0}")]
+    Parse(String),
+}
+
+pub struct Ca {
+    pub cert_pem: String,
+    pub key_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+pub struct Issued {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+/// What a leaf certificate says about its holder.
+pub struct LeafSpec {
+    pub common_name: String,
+    pub organizations: Vec<String>,
+    pub dns: Vec<String>,
+    pub ips: Vec<IpAddr>,
+    pub server: bool,
+}
+
+impl LeafSpec {
+    pub fn server(cn: &str, dns: Vec<String>, ips: Vec<IpAddr>) -> Self {
+        LeafSpec { common_name: cn.into(), organizations: Vec::new(), dns, ips, server: true }
+    }
+
+    pub fn client(cn: &str, orgs: &[&str]) -> Self {
+        LeafSpec {
+            common_name: cn.into(),
+            organizations: orgs.iter().map(|s| s.to_string()).collect(),
+            dns: Vec::new(),
+            ips: Vec::new(),
+            server: false,
+        }
+    }
+}
+
+/// A new ECDSA P-256 key, PKCS#8 PEM.
+pub fn new_key() -> Result<String, CertError> {
+    Ok(KeyPair::generate()?.serialize_pem())
+}
+
+/// The SHA-256 of a CA certificate's DER, hex, as join tokens carry it.
+pub fn ca_hash(cert_pem: &str) -> String {
+    let der = pem_der(cert_pem).unwrap_or_default();
+    Sha256::digest(der).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn pem_der(pem: &str) -> Result<Vec<u8>, CertError> {
+    let (_, parsed) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).map_err(|_| CertError::NotPem)?;
+    Ok(parsed.contents)
+}
+
+fn now() -> OffsetDateTime {
+    OffsetDateTime::now_utc()
+}
+
+impl Ca {
+    pub fn generate(cn: &str) -> Result<Ca, CertError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        let mut name = DistinguishedName::new();
+        name.push(DnType::CommonName, format!("{cn}@{}", now().unix_timestamp()));
+        params.distinguished_name = name;
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.not_before = now() - Duration::hours(1);
+        params.not_after = now() + CA_VALIDITY;
+        let cert = params.self_signed(&key)?;
+        let key_pem = key.serialize_pem();
+        Ok(Ca { cert_pem: cert.pem(), key_pem, issuer: Issuer::new(params, key) })
+    }
+
+    pub fn load(cert_pem: String, key_pem: String) -> Result<Ca, CertError> {
+        let key = KeyPair::from_pem(&key_pem)?;
+        let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)?;
+        Ok(Ca { cert_pem, key_pem, issuer })
+    }
+
+    pub fn issue(&self, spec: &LeafSpec) -> Result<Issued, CertError> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        let mut name = DistinguishedName::new();
+        for org in &spec.organizations {
+            name.push(DnType::OrganizationName, org.clone());
+        }
+        name.push(DnType::CommonName, spec.common_name.clone());
+        params.distinguished_name = name;
+        for dns in &spec.dns {
+            params.subject_alt_names.push(SanType::DnsName(dns.clone().try_into()?));
+        }
+        for ip in &spec.ips {
+            params.subject_alt_names.push(SanType::IpAddress(*ip));
+        }
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages =
+            vec![if spec.server { ExtendedKeyUsagePurpose::ServerAuth } else { ExtendedKeyUsagePurpose::ClientAuth }];
+        params.not_before = now() - Duration::hours(1);
+        params.not_after = now() + LEAF_VALIDITY;
+        params.use_authority_key_identifier_extension = true;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(Issued { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    }
+}
+
+/// Whether a leaf on disk is far enough from expiry and names what `spec` wants.
+pub fn still_good(cert_pem: &str, spec: &LeafSpec) -> Result<bool, CertError> {
+    use x509_parser::extensions::GeneralName;
+    let der = pem_der(cert_pem)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| CertError::Parse(e.to_string()))?;
+    let not_after = cert.validity().not_after.timestamp();
+    if not_after - now().unix_timestamp() < RENEW_BEFORE.whole_seconds() {
+        return Ok(false);
+    }
+    let mut dns = Vec::new();
+    let mut ips = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(d) => dns.push(d.to_string()),
+                GeneralName::IPAddress(b) if b.len() == 4 => ips.push(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap_or_default())),
+                GeneralName::IPAddress(b) if b.len() == 16 => ips.push(IpAddr::from(<[u8; 16]>::try_from(*b).unwrap_or_default())),
+                _ => {}
+            }
+        }
+    }
+    Ok(spec.dns.iter().all(|d| dns.contains(d)) && spec.ips.iter().all(|i| ips.contains(i)))
+}
+
+/// The user and groups a client certificate names: CN and O, as upstream reads them.
+pub fn subject_of(der: &[u8]) -> Option<(String, Vec<String>)> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let subject = cert.subject();
+    let cn = subject.iter_common_name().next()?.as_str().ok()?.to_string();
+    let orgs = subject.iter_organization().filter_map(|o| o.as_str().ok().map(str::to_string)).collect();
+    Some((cn, orgs))
+}

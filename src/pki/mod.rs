@@ -1,0 +1,209 @@
+//! The cluster's PKI, generated on first start and reused afterwards: a
+//! server CA (serving certificates), a client CA (client certificates), the
+//! API server's serving certificate, the admin client certificate, the
+//! service-account signing key and the node join token. A leaf certificate
+//! within 90 days of expiry, or a serving certificate missing a wanted name,
+//! is issued anew at start.
+
+mod certs;
+mod kubeconfig;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+pub use certs::{subject_of, CertError, Issued};
+pub use kubeconfig::write_kubeconfig;
+
+/// What the serving certificate must cover besides the built-in names.
+#[derive(Debug, Clone, Default)]
+pub struct PkiOptions {
+    /// `<data-dir>/server/tls`.
+    pub dir: PathBuf,
+    /// `<data-dir>/server/token`.
+    pub token_file: PathBuf,
+    /// Extra names and addresses (`--tls-san`, node IPs, hostname).
+    pub sans: Vec<String>,
+    pub cluster_domain: String,
+    /// The first address of the service CIDR (the `kubernetes` Service).
+    pub service_ip: Option<IpAddr>,
+    /// A token given with `--token`; generated when absent.
+    pub token: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("cannot {action} {path}: {source}")]
+    Io { action: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("{path}: {source}")]
+    Cert { path: PathBuf, source: CertError },
+}
+
+/// Paths and contents of what the API server and its clients need.
+#[derive(Debug, Clone)]
+pub struct Pki {
+    pub server_ca_cert: PathBuf,
+    pub client_ca_cert: PathBuf,
+    pub client_ca_key: PathBuf,
+    pub serving_cert: PathBuf,
+    pub serving_key: PathBuf,
+    pub admin_cert: PathBuf,
+    pub admin_key: PathBuf,
+    pub service_account_key: PathBuf,
+    pub token: String,
+}
+
+fn read(path: &Path) -> Result<Option<String>, PkiError> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(PkiError::Io { action: "read", path: path.to_path_buf(), source }),
+    }
+}
+
+/// Writes a file atomically; keys are readable by the owner only.
+pub(crate) fn write(path: &Path, contents: &str, mode: u32) -> Result<(), PkiError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |action, source| PkiError::Io { action, path: path.to_path_buf(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| io("create the folder of", e))?;
+    }
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(|e| io("create", e))?;
+    f.write_all(contents.as_bytes()).map_err(|e| io("write", e))?;
+    f.sync_all().map_err(|e| io("sync", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io("rename", e))?;
+    Ok(())
+}
+
+impl Pki {
+    /// Loads the PKI from `opts.dir`, generating or renewing what is needed.
+    pub fn ensure(opts: &PkiOptions) -> Result<Pki, PkiError> {
+        let dir = &opts.dir;
+        let p = |name: &str| dir.join(name);
+        let cert_err = |path: PathBuf| move |source| PkiError::Cert { path, source };
+
+        let server_ca = ensure_ca(&p("server-ca.crt"), &p("server-ca.key"), "ferrok-server-ca")?;
+        let client_ca = ensure_ca(&p("client-ca.crt"), &p("client-ca.key"), "ferrok-client-ca")?;
+
+        let mut dns = vec![
+            "localhost".to_string(),
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+            format!("kubernetes.default.svc.{}", opts.cluster_domain),
+        ];
+        let mut ips: Vec<IpAddr> = vec![IpAddr::from([127, 0, 0, 1]), IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1])];
+        if let Some(ip) = opts.service_ip {
+            ips.push(ip);
+        }
+        for san in &opts.sans {
+            match san.parse::<IpAddr>() {
+                Ok(ip) if !ips.contains(&ip) => ips.push(ip),
+                Ok(_) => {}
+                Err(_) if !dns.contains(san) => dns.push(san.clone()),
+                Err(_) => {}
+            }
+        }
+        let serving = certs::LeafSpec::server("kube-apiserver", dns, ips);
+        ensure_leaf(&p("serving-kube-apiserver.crt"), &p("serving-kube-apiserver.key"), &serving, &server_ca)?;
+        let admin = certs::LeafSpec::client("system:admin", &["system:masters"]);
+        ensure_leaf(&p("client-admin.crt"), &p("client-admin.key"), &admin, &client_ca)?;
+
+        let sa_key = p("service.key");
+        if read(&sa_key)?.is_none() {
+            let key = certs::new_key().map_err(cert_err(sa_key.clone()))?;
+            write(&sa_key, &key, 0o600)?;
+        }
+
+        let token = match (&opts.token, read(&opts.token_file)?) {
+            (Some(t), _) => t.clone(),
+            (None, Some(existing)) => existing.trim().to_string(),
+            (None, None) => format!("K10{}::server:{:032x}", certs::ca_hash(&server_ca.cert_pem), random_u128()),
+        };
+        if read(&opts.token_file)?.as_deref().map(str::trim) != Some(token.as_str()) {
+            write(&opts.token_file, &format!("{token}\n"), 0o600)?;
+        }
+
+        Ok(Pki {
+            server_ca_cert: p("server-ca.crt"),
+            client_ca_cert: p("client-ca.crt"),
+            client_ca_key: p("client-ca.key"),
+            serving_cert: p("serving-kube-apiserver.crt"),
+            serving_key: p("serving-kube-apiserver.key"),
+            admin_cert: p("client-admin.crt"),
+            admin_key: p("client-admin.key"),
+            service_account_key: sa_key,
+            token,
+        })
+    }
+}
+
+fn random_u128() -> u128 {
+    let mut buf = [0u8; 16];
+    // ring is already linked for TLS; its SystemRandom reads the OS source.
+    let rng = ring::rand::SystemRandom::new();
+    if ring::rand::SecureRandom::fill(&rng, &mut buf).is_err() {
+        // getrandom(2) cannot fail on Linux once the pool is ready.
+        buf = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos().to_le_bytes();
+    }
+    u128::from_le_bytes(buf)
+}
+
+fn ensure_ca(cert: &Path, key: &Path, cn: &str) -> Result<certs::Ca, PkiError> {
+    let cert_err = |source| PkiError::Cert { path: cert.to_path_buf(), source };
+    if let (Some(c), Some(k)) = (read(cert)?, read(key)?) {
+        return certs::Ca::load(c, k).map_err(cert_err);
+    }
+    let ca = certs::Ca::generate(cn).map_err(cert_err)?;
+    write(key, &ca.key_pem, 0o600)?;
+    write(cert, &ca.cert_pem, 0o644)?;
+    tracing::info!(path = %cert.display(), "generated a certificate authority");
+    Ok(ca)
+}
+
+fn ensure_leaf(cert: &Path, key: &Path, spec: &certs::LeafSpec, ca: &certs::Ca) -> Result<(), PkiError> {
+    let cert_err = |source| PkiError::Cert { path: cert.to_path_buf(), source };
+    if let Some(c) = read(cert)? {
+        if read(key)?.is_some() && certs::still_good(&c, spec).map_err(cert_err)? {
+            return Ok(());
+        }
+        tracing::info!(path = %cert.display(), "renewing a certificate that is near expiry or lacks a wanted name");
+    }
+    let issued = ca.issue(spec).map_err(cert_err)?;
+    write(key, &issued.key_pem, 0o600)?;
+    write(cert, &issued.cert_pem, 0o644)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generates_once_and_reuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = PkiOptions {
+            dir: dir.path().join("tls"),
+            token_file: dir.path().join("token"),
+            sans: vec!["edge.example".into(), "10.1.2.3".into()],
+            cluster_domain: "cluster.local".into(),
+            service_ip: Some("10.43.0.1".parse().unwrap()),
+            token: None,
+        };
+        let a = Pki::ensure(&opts).unwrap();
+        assert!(a.token.starts_with("K10") && a.token.contains("::server:"));
+        let first = std::fs::read(&a.serving_cert).unwrap();
+        let b = Pki::ensure(&opts).unwrap();
+        assert_eq!(first, std::fs::read(&b.serving_cert).unwrap());
+        assert_eq!(a.token, b.token);
+        // A new --tls-san gets a new serving certificate from the same CA.
+        let mut more = opts.clone();
+        more.sans.push("other.example".into());
+        let c = Pki::ensure(&more).unwrap();
+        assert_ne!(first, std::fs::read(&c.serving_cert).unwrap());
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&c.admin_key).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o600);
+    }
+}
