@@ -8,6 +8,7 @@ pub mod discovery;
 pub mod handlers;
 pub mod kinds;
 pub mod meta;
+pub mod openapi;
 pub mod registry;
 pub mod request;
 pub mod selector;
@@ -20,7 +21,6 @@ pub mod table;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -153,12 +153,9 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         Target::Group(g) => discovery::group(&api.registry, &g),
         Target::Resources { group, version } => discovery::resources(&api.registry, &group, &version),
         Target::Resource(p) => handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await,
-        Target::Other => {
-            let mut resp = ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response();
-            if path.starts_with("/openapi") {
-                *resp.body_mut() = Body::from(ApiError::new(404, "NotFound", "the server could not find the requested resource").to_status().to_string());
-            }
-            resp
-        }
+        Target::Other => match openapi::serve(&api.registry, &path) {
+            Some(resp) => resp,
+            None => ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response(),
+        },
     }
 }

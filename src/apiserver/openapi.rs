@@ -1,0 +1,140 @@
+//! OpenAPI v3 documents: `/openapi/v3` lists one document per
+//! group/version, and each document describes the resources' paths and
+//! operations with their `x-kubernetes-group-version-kind` and query
+//! parameters. kubectl reads the PATCH operations to learn that the server
+//! validates fields itself (`fieldValidation`), so it sends manifests
+//! without validating them client-side.
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::registry::{Registry, Resource};
+
+fn gv_path(group: &str, version: &str) -> String {
+    if group.is_empty() {
+        format!("api/{version}")
+    } else {
+        format!("apis/{group}/{version}")
+    }
+}
+
+fn all_versions(registry: &Registry) -> Vec<(String, String)> {
+    let mut out = vec![(String::new(), "v1".to_string())];
+    for g in registry.groups() {
+        for v in g.versions {
+            out.push((g.name.clone(), v));
+        }
+    }
+    out
+}
+
+fn query_param(name: &str, description: &str) -> Value {
+    json!({"name": name, "in": "query", "description": description, "schema": {"type": "string", "uniqueItems": true}})
+}
+
+fn write_params() -> Vec<Value> {
+    vec![
+        query_param("dryRun", "When present, indicates that modifications should not be persisted."),
+        query_param("fieldManager", "fieldManager is a name associated with the actor or entity that is making these changes."),
+        query_param("fieldValidation", "fieldValidation instructs the server on how to handle objects in the request containing unknown or duplicate fields: Ignore, Warn or Strict."),
+    ]
+}
+
+fn operation(r: &Resource, action: &str, id: &str, params: Vec<Value>) -> Value {
+    let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+    let reference = format!("#/components/schemas/{}", schema_name(r));
+    json!({
+        "operationId": id,
+        "parameters": params,
+        "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"$ref": reference}}}}},
+        "x-kubernetes-action": action,
+        "x-kubernetes-group-version-kind": gvk,
+    })
+}
+
+/// `io.k8s.api.core.v1.Pod`-style names for components.
+fn schema_name(r: &Resource) -> String {
+    let group = if r.group.is_empty() { "core".to_string() } else { r.group.trim_end_matches(".k8s.io").replace('.', "_") };
+    format!("ferrok.{group}.{}.{}", r.version, r.kind)
+}
+
+fn document(registry: &Registry, group: &str, version: &str) -> Option<Value> {
+    let resources = registry.in_version(group, version);
+    if resources.is_empty() {
+        return None;
+    }
+    let base = format!("/{}", gv_path(group, version));
+    let mut paths = serde_json::Map::new();
+    let mut schemas = serde_json::Map::new();
+    for r in &resources {
+        let collection = if r.namespaced { format!("{base}/namespaces/{{namespace}}/{}", r.plural) } else { format!("{base}/{}", r.plural) };
+        let item = format!("{collection}/{{name}}");
+        let op = |action: &str, params: Vec<Value>| operation(r, action, &format!("{action}{}", r.kind), params);
+        paths.insert(
+            collection,
+            json!({
+                "get": op("list", vec![query_param("labelSelector", ""), query_param("fieldSelector", ""), query_param("limit", ""), query_param("continue", "")]),
+                "post": op("post", write_params()),
+                "delete": op("deletecollection", vec![query_param("labelSelector", "")]),
+            }),
+        );
+        let mut patch_params = write_params();
+        patch_params.push(query_param("force", "Force is going to \"force\" Apply requests."));
+        paths.insert(
+            item,
+            json!({
+                "get": op("get", vec![]),
+                "put": op("put", write_params()),
+                "patch": op("patch", patch_params),
+                "delete": op("delete", vec![query_param("dryRun", ""), query_param("gracePeriodSeconds", ""), query_param("propagationPolicy", "")]),
+            }),
+        );
+        schemas.insert(
+            schema_name(r),
+            json!({
+                "type": "object",
+                "description": format!("{} of {}.", r.kind, if group.is_empty() { version.to_string() } else { format!("{group}/{version}") }),
+                "x-kubernetes-group-version-kind": [{"group": r.group, "version": r.version, "kind": r.kind}],
+            }),
+        );
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": super::discovery::KUBE_VERSION.2},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }))
+}
+
+fn hash(v: &Value) -> String {
+    let digest = Sha256::digest(v.to_string().as_bytes());
+    digest.iter().take(16).map(|b| format!("{b:02X}")).collect()
+}
+
+fn json_response(v: &Value) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+/// Serves `/openapi/v3` and `/openapi/v3/<gv path>`.
+pub fn serve(registry: &Registry, path: &str) -> Option<Response> {
+    let rest = path.strip_prefix("/openapi/v3")?;
+    let rest = rest.trim_start_matches('/');
+    if rest.is_empty() {
+        let mut paths = serde_json::Map::new();
+        for (g, v) in all_versions(registry) {
+            if let Some(doc) = document(registry, &g, &v) {
+                let p = gv_path(&g, &v);
+                paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", hash(&doc))}));
+            }
+        }
+        return Some(json_response(&json!({"paths": paths})));
+    }
+    let (group, version) = match rest.split('/').collect::<Vec<_>>().as_slice() {
+        ["api", v] => (String::new(), v.to_string()),
+        ["apis", g, v] => (g.to_string(), v.to_string()),
+        _ => return None,
+    };
+    document(registry, &group, &version).map(|d| json_response(&d))
+}
