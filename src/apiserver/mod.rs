@@ -4,6 +4,7 @@
 pub mod allocator;
 pub mod authn;
 pub mod bootstrap;
+pub mod crd;
 pub mod discovery;
 pub mod handlers;
 pub mod kinds;

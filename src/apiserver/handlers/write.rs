@@ -53,7 +53,13 @@ fn decode(call: &mut Call, obj: &Value) -> ApiResult<Value> {
         match call.param("fieldValidation").unwrap_or("Warn") {
             "Strict" => {
                 let list: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{}\"", f.trim_start_matches('.'))).collect();
-                return Err(ApiError::bad_request(format!("strict decoding error: {}", list.join(", "))));
+                return Err(ApiError::bad_request(format!(
+                    "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
+                    r.kind,
+                    r.version,
+                    r.kind,
+                    list.join(", ")
+                )));
             }
             "Ignore" => {}
             _ => call.warnings.extend(unknown.iter().map(|f| format!("unknown field \"{}\"", f.trim_start_matches('.')))),

@@ -136,7 +136,7 @@ pub fn resources() -> Vec<Resource> {
         resource::<admission::ValidatingAdmissionPolicy>(Spec { categories: &["api-extensions"], status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
         resource::<admission::ValidatingAdmissionPolicyBinding>(Spec { categories: &["api-extensions"], hooks: with_generation(Hooks::default()), ..Default::default() }),
         // apiextensions.k8s.io/v1
-        resource::<apiextensions::CustomResourceDefinition>(Spec { short: &["crd", "crds"], categories: &["api-extensions"], status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
+        resource::<apiextensions::CustomResourceDefinition>(Spec { short: &["crd", "crds"], categories: &["api-extensions"], status: true, hooks: crate::apiserver::crd::crd_hooks(), ..Default::default() }),
         // flowcontrol.apiserver.k8s.io/v1
         resource::<flowcontrol::FlowSchema>(Spec { status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
         resource::<flowcontrol::PriorityLevelConfiguration>(Spec { status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),

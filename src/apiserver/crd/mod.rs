@@ -1,0 +1,365 @@
+//! CustomResourceDefinitions: each served version of an established CRD
+//! becomes a resource in the registry, with a strategy built from its
+//! structural schema, printer columns and subresources. A task follows the
+//! CRDs in the store, registers and unregisters their resources, and sets
+//! their `NamesAccepted` and `Established` conditions.
+
+pub mod schema;
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+use super::meta;
+use super::registry::strategy::Strategy;
+use super::registry::{Resource, ScalePaths, CRUD_VERBS};
+use super::status::Cause;
+use super::storage::{Change, ReadAt};
+use super::table::Column;
+use super::Api;
+
+const PREFIX: &str = "/registry/apiextensions.k8s.io/customresourcedefinitions/";
+
+/// One printer column of a CRD version.
+struct PrinterColumn {
+    name: &'static str,
+    kind: &'static str,
+    priority: i32,
+    json_path: String,
+}
+
+/// The strategy of one version of a custom resource.
+pub struct CustomStrategy {
+    schema: Value,
+    columns: Vec<PrinterColumn>,
+    has_status: bool,
+}
+
+/// Strings in columns are leaked once per CRD version, which is bounded by
+/// the number of CRDs ever served by this process.
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+impl Strategy for CustomStrategy {
+    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String> {
+        if !obj.is_object() {
+            return Err("the object must be a JSON object".into());
+        }
+        if obj.get("metadata").is_some_and(|m| !m.is_object()) {
+            return Err("metadata: expected an object".into());
+        }
+        let mut pruned = obj.clone();
+        let mut dropped = Vec::new();
+        schema::prune(&mut pruned, &self.schema, "", true, &mut dropped);
+        Ok((pruned, dropped))
+    }
+
+    fn default(&self, obj: &mut Value) {
+        schema::apply_defaults(obj, &self.schema);
+    }
+
+    fn validate(&self, obj: &Value) -> Vec<Cause> {
+        let mut causes = Vec::new();
+        schema::validate(obj, &self.schema, "", &mut causes);
+        causes
+    }
+
+    fn tracks_generation(&self) -> bool {
+        self.has_status
+    }
+
+    fn columns(&self) -> Vec<Column> {
+        if self.columns.is_empty() {
+            return Vec::new();
+        }
+        let mut cols: Vec<Column> = self.columns.iter().map(|c| Column::new(c.name, c.kind, c.priority)).collect();
+        if !self.columns.iter().any(|c| c.json_path == ".metadata.creationTimestamp") {
+            cols.push(Column::age());
+        }
+        cols
+    }
+
+    fn cells(&self, obj: &Value) -> Vec<Value> {
+        let mut cells: Vec<Value> = self
+            .columns
+            .iter()
+            .map(|c| {
+                let v = schema::json_path(obj, &c.json_path).cloned().unwrap_or(Value::Null);
+                if c.json_path == ".metadata.creationTimestamp" {
+                    return json!(meta::age(obj));
+                }
+                match (c.kind, v) {
+                    ("date", Value::String(s)) => json!(meta::parse_rfc3339(&s).map(|t| meta::human_duration(meta::unix_now() - t)).unwrap_or(s)),
+                    (_, Value::Null) => json!("<none>"),
+                    (_, other) => other,
+                }
+            })
+            .collect();
+        if !self.columns.is_empty() && !self.columns.iter().any(|c| c.json_path == ".metadata.creationTimestamp") {
+            cells.push(json!(meta::age(obj)));
+        }
+        cells
+    }
+}
+
+fn strs(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect()).unwrap_or_default()
+}
+
+/// The resources a CRD serves, one per served version.
+pub fn resources_of(crd: &Value) -> Vec<Resource> {
+    let spec = &crd["spec"];
+    let group = spec["group"].as_str().unwrap_or_default().to_string();
+    let names = &spec["names"];
+    let plural = names["plural"].as_str().unwrap_or_default().to_string();
+    let kind = names["kind"].as_str().unwrap_or_default().to_string();
+    if group.is_empty() || plural.is_empty() || kind.is_empty() {
+        return Vec::new();
+    }
+    let singular = names["singular"].as_str().map(str::to_string).unwrap_or_else(|| kind.to_ascii_lowercase());
+    let list_kind = names["listKind"].as_str().map(str::to_string).unwrap_or_else(|| format!("{kind}List"));
+    let namespaced = spec["scope"].as_str() != Some("Cluster");
+    let mut out = Vec::new();
+    for v in spec["versions"].as_array().into_iter().flatten() {
+        if v["served"].as_bool() != Some(true) {
+            continue;
+        }
+        let version = v["name"].as_str().unwrap_or_default().to_string();
+        let schema = v.pointer("/schema/openAPIV3Schema").cloned().unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+        let columns = v["additionalPrinterColumns"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| PrinterColumn {
+                name: leak(c["name"].as_str().unwrap_or_default()),
+                kind: leak(c["type"].as_str().unwrap_or("string")),
+                priority: c["priority"].as_i64().unwrap_or(0) as i32,
+                json_path: c["jsonPath"].as_str().unwrap_or_default().to_string(),
+            })
+            .collect();
+        let has_status = v.pointer("/subresources/status").is_some();
+        let scale = v.pointer("/subresources/scale").map(|s| ScalePaths {
+            spec_replicas: s["specReplicasPath"].as_str().unwrap_or(".spec.replicas").to_string(),
+            status_replicas: s["statusReplicasPath"].as_str().unwrap_or(".status.replicas").to_string(),
+            label_selector: s["labelSelectorPath"].as_str().map(str::to_string),
+        });
+        out.push(Resource {
+            group: group.clone(),
+            version,
+            kind: kind.clone(),
+            list_kind: list_kind.clone(),
+            plural: plural.clone(),
+            singular: singular.clone(),
+            namespaced,
+            verbs: CRUD_VERBS.iter().map(|s| s.to_string()).collect(),
+            short_names: strs(names.get("shortNames")),
+            categories: strs(names.get("categories")),
+            status: has_status,
+            scale,
+            subresources: Vec::new(),
+            strategy: Arc::new(CustomStrategy { schema, columns, has_status }),
+        });
+    }
+    // The storage version's peers come first in discovery's version order.
+    out
+}
+
+/// Registers a CRD's resources (replacing older ones) and marks it established.
+async fn register(api: &Api, crd: &Value, rev: i64) {
+    let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default().to_string();
+    let plural = crd.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default().to_string();
+    api.registry.remove(&group, &plural);
+    if crd.pointer("/metadata/deletionTimestamp").is_some() {
+        return;
+    }
+    for r in resources_of(crd) {
+        api.registry.add(r);
+    }
+    establish(api, crd, rev).await;
+}
+
+/// Sets acceptedNames and the NamesAccepted/Established conditions.
+async fn establish(api: &Api, crd: &Value, rev: i64) {
+    let established = crd
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Established" && c["status"] == "True"))
+        && crd.pointer("/status/acceptedNames") == crd.pointer("/spec/names");
+    if established {
+        return;
+    }
+    let now = meta::now_rfc3339();
+    let mut updated = crd.clone();
+    updated["status"] = json!({
+        "acceptedNames": crd["spec"]["names"],
+        "conditions": [
+            {"type": "NamesAccepted", "status": "True", "lastTransitionTime": now, "reason": "NoConflicts", "message": "no conflicts found"},
+            {"type": "Established", "status": "True", "lastTransitionTime": now, "reason": "InitialNamesAccepted", "message": "the initial names have been accepted"},
+        ],
+        "storedVersions": crd["spec"]["versions"].as_array().into_iter().flatten().filter(|v| v["storage"] == true).map(|v| v["name"].clone()).collect::<Vec<_>>(),
+    });
+    let name = meta::name_of(crd).to_string();
+    if let Err(e) = api.storage.update(&format!("{PREFIX}{name}"), &updated, rev).await {
+        tracing::debug!(crd = %name, error = ?e, "CRD status update lost a race; the next event retries");
+    }
+}
+
+/// Deletes a CRD whose deletion began: its objects first, then the CRD.
+async fn finish_deletion(api: &Api, crd: &Value, rev: i64) {
+    let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
+    let plural = crd.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default();
+    let prefix = format!("/registry/{group}/{plural}/");
+    loop {
+        let page = match api.storage.list(&prefix, None, 500, ReadAt::Latest).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list custom resources to delete");
+                return;
+            }
+        };
+        if page.items.is_empty() {
+            break;
+        }
+        for item in page.items {
+            let ns = meta::namespace_of(&item.object).map(|n| format!("{n}/")).unwrap_or_default();
+            let key = format!("{prefix}{ns}{}", meta::name_of(&item.object));
+            let _ = api.storage.delete(&key, item.rev).await;
+        }
+    }
+    let name = meta::name_of(crd);
+    let _ = api.storage.delete(&format!("{PREFIX}{name}"), rev).await;
+}
+
+async fn handle(api: &Api, crd: &Value, rev: i64) {
+    if crd.pointer("/metadata/deletionTimestamp").is_some() {
+        let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
+        let plural = crd.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default();
+        api.registry.remove(group, plural);
+        let only_ours = crd
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(|f| f.iter().all(|x| x == "customresourcecleanup.apiextensions.k8s.io"));
+        if only_ours {
+            finish_deletion(api, crd, rev).await;
+        }
+        return;
+    }
+    register(api, crd, rev).await;
+}
+
+/// Reads every stored CRD and registers it; returns the revision read at.
+async fn load(api: &Api) -> Result<i64, super::status::ApiError> {
+    let page = api.storage.list(PREFIX, None, 0, ReadAt::Latest).await?;
+    for crd in &page.items {
+        handle(api, &crd.object, crd.rev).await;
+    }
+    Ok(page.rev)
+}
+
+/// Loads the stored CRDs (so their resources are served before the server
+/// reports ready), then follows changes in a task.
+pub async fn start(api: Arc<Api>) -> Result<tokio::task::JoinHandle<()>, super::status::ApiError> {
+    let rev = load(&api).await?;
+    Ok(tokio::spawn(follow(api, rev)))
+}
+
+async fn follow(api: Arc<Api>, mut from: i64) {
+    loop {
+        let mut changes = match api.storage.watch(PREFIX, false, from, std::time::Duration::from_secs(3600)).await {
+            Ok(c) => Box::pin(c),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch CustomResourceDefinitions");
+                return;
+            }
+        };
+        while let Some(change) = changes.next().await {
+            match change {
+                Ok(Change::Added(s)) | Ok(Change::Modified { new: s, .. }) => {
+                    from = s.rev;
+                    handle(&api, &s.object, s.rev).await
+                }
+                Ok(Change::Deleted(s)) => {
+                    from = s.rev;
+                    let group = s.object.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
+                    let plural = s.object.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default();
+                    api.registry.remove(group, plural);
+                }
+                Ok(Change::Progress(_)) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "CRD watch ended; reloading");
+                    break;
+                }
+            }
+        }
+        // The stream ended: pause briefly, then start again from a fresh read.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        match load(&api).await {
+            Ok(rev) => from = rev,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot reload CustomResourceDefinitions");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// Defaulting and validation of CustomResourceDefinition objects.
+pub fn crd_hooks() -> super::registry::strategy::Hooks {
+    use super::registry::strategy::Hooks;
+    Hooks {
+        generation: true,
+        default: |o| {
+            let fins = meta::metadata_mut(o).entry("finalizers").or_insert_with(|| json!([]));
+            if let Some(list) = fins.as_array_mut() {
+                if !list.iter().any(|f| f == "customresourcecleanup.apiextensions.k8s.io") {
+                    list.push(json!("customresourcecleanup.apiextensions.k8s.io"));
+                }
+            }
+            if let Some(names) = o.pointer_mut("/spec/names") {
+                if names.get("singular").is_none() {
+                    let kind = names["kind"].as_str().unwrap_or_default().to_ascii_lowercase();
+                    names["singular"] = json!(kind);
+                }
+                if names.get("listKind").is_none() {
+                    let kind = names["kind"].as_str().unwrap_or_default();
+                    names["listKind"] = json!(format!("{kind}List"));
+                }
+            }
+        },
+        validate: |o| {
+            let mut causes = Vec::new();
+            let group = o.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
+            let plural = o.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default();
+            if group.is_empty() {
+                causes.push(Cause::required("spec.group"));
+            }
+            if plural.is_empty() {
+                causes.push(Cause::required("spec.names.plural"));
+            }
+            if o.pointer("/spec/names/kind").and_then(Value::as_str).unwrap_or_default().is_empty() {
+                causes.push(Cause::required("spec.names.kind"));
+            }
+            let want = format!("{plural}.{group}");
+            if meta::name_of(o) != want {
+                causes.push(Cause::invalid("metadata.name", format!("Invalid value: {:?}: must be spec.names.plural+\".\"+spec.group", meta::name_of(o))));
+            }
+            let versions = o.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
+            if versions.is_empty() {
+                causes.push(Cause::required("spec.versions"));
+            }
+            if versions.iter().filter(|v| v["storage"] == true).count() != 1 && !versions.is_empty() {
+                causes.push(Cause::invalid("spec.versions", "Invalid value: must have exactly one version marked as storage version"));
+            }
+            match o.pointer("/spec/scope").and_then(Value::as_str) {
+                Some("Namespaced") | Some("Cluster") => {}
+                other => causes.push(Cause { reason: "FieldValueNotSupported", message: format!("Unsupported value: {:?}: supported values: \"Cluster\", \"Namespaced\"", other.unwrap_or("")), field: "spec.scope".into() }),
+            }
+            causes
+        },
+        columns: || vec![Column { name: "Created At", kind: "date", format: "", description: "", priority: 0 }],
+        cells: |o| vec![json!(meta::str_at(o, &["metadata", "creationTimestamp"]).unwrap_or_default())],
+        ..Hooks::default()
+    }
+}
