@@ -2,7 +2,7 @@
 //! health, and the registry-driven resource handlers over the store.
 
 pub mod allocator;
-pub mod authn;
+pub mod auth;
 pub mod bootstrap;
 pub mod crd;
 pub mod discovery;
@@ -27,7 +27,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 
-use authn::User;
+use auth::User;
 use registry::Registry;
 use request::Target;
 use status::ApiError;
@@ -50,18 +50,50 @@ pub struct Api {
     pub storage: Storage,
     pub config: ApiConfig,
     pub allocator: allocator::ServiceAllocator,
+    pub rbac: Arc<auth::rbac::RbacCache>,
+    /// Signs and checks service-account tokens.
+    pub tokens: Option<auth::token::TokenSigner>,
     ready: std::sync::atomic::AtomicBool,
 }
 
 impl Api {
-    pub fn new(store: Arc<dyn crate::store::Store>, config: ApiConfig) -> Arc<Api> {
+    pub fn new(store: Arc<dyn crate::store::Store>, config: ApiConfig, tokens: Option<auth::token::TokenSigner>) -> Arc<Api> {
         let allocator = allocator::ServiceAllocator::new(config.service_cidr);
         Arc::new(Api {
             registry: Registry::builtin(),
             storage: Storage::new(store),
             config,
             allocator,
+            rbac: Arc::default(),
+            tokens,
             ready: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Whether `user` may do what `attrs` describe: system:masters may do
+    /// anything; everyone else as RBAC allows.
+    pub fn allowed(&self, user: &User, attrs: &auth::rbac::Attributes) -> bool {
+        user.in_group("system:masters") || self.rbac.allows(user, attrs)
+    }
+
+    /// The user a bearer token names: a service-account token whose
+    /// account still exists with the same uid.
+    pub async fn authenticate_token(&self, token: &str) -> Option<User> {
+        let signer = self.tokens.as_ref()?;
+        let claims = signer.verify(token, meta::unix_now()).ok()?;
+        let key = format!("/registry/serviceaccounts/{}/{}", claims.namespace, claims.name);
+        let sa = self.storage.get(&key).await.ok()??;
+        let uid = sa.object.pointer("/metadata/uid").and_then(serde_json::Value::as_str).unwrap_or_default();
+        if !claims.uid.is_empty() && uid != claims.uid {
+            return None;
+        }
+        Some(User {
+            name: format!("system:serviceaccount:{}:{}", claims.namespace, claims.name),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                format!("system:serviceaccounts:{}", claims.namespace),
+                "system:authenticated".into(),
+            ],
         })
     }
 
@@ -76,10 +108,19 @@ impl Api {
     /// Authorization: members of system:masters may do anything; RBAC for
     /// everyone else.
     pub fn authorize(&self, call: &handlers::Call, verb: &str) -> Result<(), ApiError> {
-        if call.user.in_group("system:masters") {
+        let r = &call.resource;
+        let attrs = auth::rbac::Attributes {
+            verb: verb.to_string(),
+            group: r.group.clone(),
+            resource: r.plural.clone(),
+            subresource: call.path.subresource.clone().unwrap_or_default(),
+            namespace: call.namespace().unwrap_or_default().to_string(),
+            name: call.path.name.clone().unwrap_or_default(),
+            path: None,
+        };
+        if self.allowed(&call.user, &attrs) {
             return Ok(());
         }
-        let r = &call.resource;
         let scope = match call.namespace() {
             Some(ns) => format!(" in the namespace \"{ns}\""),
             None => " at the cluster scope".into(),
@@ -128,7 +169,13 @@ fn health(api: &Api, path: &str, verbose: bool) -> Response {
 
 async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let user = parts.extensions.get::<User>().cloned().unwrap_or_else(User::anonymous);
+    let mut user = parts.extensions.get::<User>().cloned().unwrap_or_else(User::anonymous);
+    if let Some(token) = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")) {
+        match api.authenticate_token(token.trim()).await {
+            Some(u) => user = u,
+            None => return ApiError::unauthorized().into_response(),
+        }
+    }
     let path = parts.uri.path().to_string();
     let query = parts.uri.query().map(str::to_string);
     let accept = parts.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();

@@ -14,7 +14,7 @@ use rustls::server::WebPkiClientVerifier;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use super::authn::User;
+use super::auth::User;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {

@@ -157,12 +157,16 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         service_cidr: args.service_cidr,
         cluster_domain: args.cluster_domain.clone(),
     };
-    let api = Api::new(store.clone(), config);
+    let issuer = format!("https://kubernetes.default.svc.{}", args.cluster_domain);
+    let tokens = apiserver::auth::token::TokenSigner::load(&pki.service_account_key, issuer).context("service-account key")?;
+    let api = Api::new(store.clone(), config, Some(tokens));
     let addr = SocketAddr::new(args.bind_address, args.https_listen_port);
     let listener = apiserver::serve::bind(addr).await.context("--https-listen-port")?;
     let tls = apiserver::serve::tls_config(&pki.serving_cert, &pki.serving_key, &pki.client_ca_cert).context("TLS")?;
     tasks.push(tokio::spawn(apiserver::serve::serve(listener, tls, apiserver::router(api.clone()), stop_rx.clone())));
     apiserver::bootstrap::run(&api).await.map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
+    apiserver::auth::bootstrap::run(&api.storage).await.map_err(|e| anyhow::anyhow!("default RBAC roles: {e}"))?;
+    tasks.push(api.rbac.start(api.storage.clone()).await.map_err(|e| anyhow::anyhow!("loading RBAC: {e}"))?);
     tasks.push(apiserver::crd::start(api.clone()).await.map_err(|e| anyhow::anyhow!("loading CustomResourceDefinitions: {e}"))?);
     api.set_ready();
 

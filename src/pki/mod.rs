@@ -14,6 +14,11 @@ use std::path::{Path, PathBuf};
 pub use certs::{subject_of, CertError, Issued};
 pub use kubeconfig::write_kubeconfig;
 
+/// A new ECDSA P-256 private key, PKCS#8 PEM.
+pub fn new_key_pem() -> Result<String, CertError> {
+    certs::new_key()
+}
+
 /// What the serving certificate must cover besides the built-in names.
 #[derive(Debug, Clone, Default)]
 pub struct PkiOptions {

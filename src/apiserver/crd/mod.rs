@@ -159,6 +159,7 @@ pub fn resources_of(crd: &Value) -> Vec<Resource> {
             status: has_status,
             scale,
             subresources: Vec::new(),
+            ephemeral: false,
             strategy: Arc::new(CustomStrategy { schema, columns, has_status }),
         });
     }

@@ -15,7 +15,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use super::authn::User;
+use super::auth::User;
 use super::registry::Resource;
 use super::request::ResourcePath;
 use super::status::{ApiError, ApiResult};
@@ -142,6 +142,12 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
         _ => return Err(ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource"))),
     };
     call.api.authorize(&call, verb)?;
+    if r.ephemeral {
+        return match verb {
+            "create" => crate::apiserver::auth::reviews::create(&mut call, body).await,
+            _ => Err(ApiError::method_not_allowed(format!("{verb} is not supported on {}", r.plural))),
+        };
+    }
     match (verb, sub.as_deref()) {
         ("get", None | Some("status")) => read::get(&call).await,
         ("get", Some("scale")) => read::get_scale(&call).await,
@@ -149,6 +155,7 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
         ("watch", None) => read::watch(call).await,
         ("create", None) => write::create(&mut call, body).await,
         ("create", Some("binding")) => write::bind(&mut call, body).await,
+        ("create", Some("token")) => crate::apiserver::auth::reviews::token_request(&mut call, body).await,
         ("update", None | Some("status")) => write::update(&mut call, body).await,
         ("update", Some("scale")) => write::update_scale(&mut call, body).await,
         ("patch", None | Some("status")) => patch::patch(&mut call, body).await,
@@ -161,6 +168,11 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
             sub.map(|s| format!("/{s}")).unwrap_or_default()
         ))),
     }
+}
+
+/// The object a request's path names, or NotFound.
+pub async fn load_object(call: &Call) -> ApiResult<crate::apiserver::storage::Stored> {
+    read::load(call).await
 }
 
 /// The body of an empty answer: `Body::empty()` for HEAD-like cases.

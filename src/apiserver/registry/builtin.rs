@@ -61,12 +61,37 @@ where
         status: spec.status,
         scale,
         subresources: spec.sub.iter().map(|s| s.to_string()).collect(),
+        ephemeral: false,
         strategy: std::sync::Arc::new(Typed::<K>::new(spec.hooks)),
     }
 }
 
 fn with_generation(hooks: Hooks) -> Hooks {
     Hooks { generation: true, ..hooks }
+}
+
+/// A create-only review resource that is answered, never stored.
+fn review<K>(namespaced: bool) -> Resource
+where
+    K: k8s_openapi::Resource + DeserializeOwned + Serialize + 'static,
+{
+    Resource {
+        group: K::GROUP.into(),
+        version: K::VERSION.into(),
+        kind: K::KIND.into(),
+        list_kind: String::new(),
+        plural: K::URL_PATH_SEGMENT.into(),
+        singular: String::new(),
+        namespaced,
+        verbs: vec!["create".into()],
+        short_names: Vec::new(),
+        categories: Vec::new(),
+        status: false,
+        scale: None,
+        subresources: Vec::new(),
+        ephemeral: true,
+        strategy: std::sync::Arc::new(Typed::<K>::new(Hooks::default())),
+    }
 }
 
 const ALL: &[&str] = &["all"];
@@ -137,6 +162,13 @@ pub fn resources() -> Vec<Resource> {
         resource::<admission::ValidatingAdmissionPolicyBinding>(Spec { categories: &["api-extensions"], hooks: with_generation(Hooks::default()), ..Default::default() }),
         // apiextensions.k8s.io/v1
         resource::<apiextensions::CustomResourceDefinition>(Spec { short: &["crd", "crds"], categories: &["api-extensions"], status: true, hooks: crate::apiserver::crd::crd_hooks(), ..Default::default() }),
+        // authorization.k8s.io/v1 and authentication.k8s.io/v1: reviews
+        review::<k8s_openapi::api::authorization::v1::SelfSubjectAccessReview>(false),
+        review::<k8s_openapi::api::authorization::v1::SelfSubjectRulesReview>(false),
+        review::<k8s_openapi::api::authorization::v1::SubjectAccessReview>(false),
+        review::<k8s_openapi::api::authorization::v1::LocalSubjectAccessReview>(true),
+        review::<k8s_openapi::api::authentication::v1::SelfSubjectReview>(false),
+        review::<k8s_openapi::api::authentication::v1::TokenReview>(false),
         // flowcontrol.apiserver.k8s.io/v1
         resource::<flowcontrol::FlowSchema>(Spec { status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
         resource::<flowcontrol::PriorityLevelConfiguration>(Spec { status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),

@@ -32,6 +32,8 @@ pub struct Resource {
     pub scale: Option<ScalePaths>,
     /// Other subresources served (`binding`, `eviction`, `token`, ...).
     pub subresources: Vec<String>,
+    /// Create-only and never stored (the review APIs).
+    pub ephemeral: bool,
     pub strategy: Arc<dyn Strategy>,
 }
 

@@ -1,0 +1,150 @@
+//! The default ClusterRoles and ClusterRoleBindings every cluster starts
+//! with: cluster-admin (bound to system:masters), admin, edit, view, and the
+//! system roles for discovery, basic user information and public info.
+//! They carry `rbac.authorization.kubernetes.io/autoupdate: "true"` and are
+//! reconciled at every start.
+
+use serde_json::{json, Value};
+
+use crate::apiserver::meta;
+use crate::apiserver::status::ApiResult;
+use crate::apiserver::storage::{Storage, WriteError};
+
+const READ: &[&str] = &["get", "list", "watch"];
+const WRITE: &[&str] = &["create", "delete", "deletecollection", "patch", "update"];
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
+    json!({"apiGroups": groups, "resources": resources, "verbs": verbs})
+}
+
+/// Resources a namespace user reads (view) and, with edit, writes.
+fn workload_resources() -> Vec<(&'static [&'static str], &'static [&'static str])> {
+    vec![
+        (&[""], &["pods", "pods/log", "pods/status", "configmaps", "endpoints", "persistentvolumeclaims", "persistentvolumeclaims/status", "replicationcontrollers", "replicationcontrollers/scale", "replicationcontrollers/status", "services", "services/status", "serviceaccounts", "events", "limitranges", "resourcequotas", "resourcequotas/status", "bindings", "podtemplates"]),
+        (&["apps"], &["deployments", "deployments/scale", "deployments/status", "replicasets", "replicasets/scale", "replicasets/status", "statefulsets", "statefulsets/scale", "statefulsets/status", "daemonsets", "daemonsets/status", "controllerrevisions"]),
+        (&["batch"], &["jobs", "jobs/status", "cronjobs", "cronjobs/status"]),
+        (&["autoscaling"], &["horizontalpodautoscalers", "horizontalpodautoscalers/status"]),
+        (&["policy"], &["poddisruptionbudgets", "poddisruptionbudgets/status"]),
+        (&["networking.k8s.io"], &["ingresses", "ingresses/status", "networkpolicies"]),
+        (&["discovery.k8s.io"], &["endpointslices"]),
+        (&["events.k8s.io"], &["events"]),
+    ]
+}
+
+fn view_rules() -> Vec<Value> {
+    let mut rules: Vec<Value> = workload_resources().into_iter().map(|(g, r)| rule(g, r, READ)).collect();
+    rules.push(rule(&[""], &["namespaces", "namespaces/status"], READ));
+    rules
+}
+
+fn edit_rules() -> Vec<Value> {
+    let mut rules = view_rules();
+    for (g, r) in workload_resources() {
+        let writable: Vec<&str> = r.iter().copied().filter(|x| !x.ends_with("/status") && *x != "pods/log" && *x != "bindings").collect();
+        rules.push(rule(g, &writable, WRITE));
+    }
+    rules.push(rule(&[""], &["secrets"], &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]));
+    rules.push(rule(&[""], &["pods/attach", "pods/exec", "pods/portforward", "pods/proxy", "services/proxy"], &["create", "get"]));
+    rules.push(rule(&[""], &["pods/eviction", "serviceaccounts/token"], &["create"]));
+    rules.push(rule(&["coordination.k8s.io"], &["leases"], &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]));
+    rules
+}
+
+fn admin_rules() -> Vec<Value> {
+    let mut rules = edit_rules();
+    rules.push(rule(&["rbac.authorization.k8s.io"], &["roles", "rolebindings"], &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]));
+    rules.push(rule(&["authorization.k8s.io"], &["localsubjectaccessreviews"], &["create"]));
+    rules
+}
+
+fn cluster_role(name: &str, rules: Vec<Value>, bootstrap: bool) -> Value {
+    let mut labels = json!({});
+    if bootstrap {
+        labels["kubernetes.io/bootstrapping"] = json!("rbac-defaults");
+    }
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {
+            "name": name, "uid": meta::new_uid(), "creationTimestamp": meta::now_rfc3339(),
+            "labels": labels,
+            "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"},
+        },
+        "rules": rules,
+    })
+}
+
+fn binding(name: &str, role: &str, groups: &[&str]) -> Value {
+    let subjects: Vec<Value> = groups.iter().map(|g| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": g})).collect();
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {
+            "name": name, "uid": meta::new_uid(), "creationTimestamp": meta::now_rfc3339(),
+            "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
+            "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"},
+        },
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": subjects,
+    })
+}
+
+/// Creates what is missing; refreshes rules of roles still marked autoupdate.
+async fn reconcile(storage: &Storage, key: &str, obj: Value, field: &str) -> ApiResult<()> {
+    match storage.get(key).await? {
+        None => match storage.create(key, &obj).await {
+            Ok(_) | Err(WriteError::Exists) | Err(WriteError::Changed(_)) => Ok(()),
+            Err(WriteError::Api(e)) => Err(e),
+        },
+        Some(current) => {
+            let auto = current.object.pointer("/metadata/annotations/rbac.authorization.kubernetes.io~1autoupdate").and_then(Value::as_str) != Some("false");
+            if !auto || current.object.get(field) == obj.get(field) {
+                return Ok(());
+            }
+            let mut updated = current.object.clone();
+            updated[field] = obj[field].clone();
+            match storage.update(key, &updated, current.rev).await {
+                Ok(_) | Err(WriteError::Exists) | Err(WriteError::Changed(_)) => Ok(()),
+                Err(WriteError::Api(e)) => Err(e),
+            }
+        }
+    }
+}
+
+pub async fn run(storage: &Storage) -> ApiResult<()> {
+    let all = vec![
+        json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}),
+        json!({"nonResourceURLs": ["*"], "verbs": ["*"]}),
+    ];
+    let roles = vec![
+        cluster_role("cluster-admin", all, true),
+        cluster_role("admin", admin_rules(), false),
+        cluster_role("edit", edit_rules(), false),
+        cluster_role("view", view_rules(), false),
+        cluster_role("system:discovery", vec![json!({"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/version", "/version/"], "verbs": ["get"]})], true),
+        cluster_role("system:public-info-viewer", vec![json!({"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]})], true),
+        cluster_role(
+            "system:basic-user",
+            vec![
+                rule(&["authorization.k8s.io"], &["selfsubjectaccessreviews", "selfsubjectrulesreviews"], &["create"]),
+                rule(&["authentication.k8s.io"], &["selfsubjectreviews"], &["create"]),
+            ],
+            true,
+        ),
+    ];
+    for r in roles {
+        let key = format!("/registry/rbac.authorization.k8s.io/clusterroles/{}", meta::name_of(&r));
+        reconcile(storage, &key, r, "rules").await?;
+    }
+    let bindings = vec![
+        binding("cluster-admin", "cluster-admin", &["system:masters"]),
+        binding("system:discovery", "system:discovery", &["system:authenticated"]),
+        binding("system:basic-user", "system:basic-user", &["system:authenticated"]),
+        binding("system:public-info-viewer", "system:public-info-viewer", &["system:authenticated", "system:unauthenticated"]),
+    ];
+    for b in bindings {
+        let key = format!("/registry/rbac.authorization.k8s.io/clusterrolebindings/{}", meta::name_of(&b));
+        reconcile(storage, &key, b, "subjects").await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,12 @@
+//! Authentication and authorization: users from client certificates and
+//! service-account tokens, RBAC over the stored roles and bindings, the
+//! default cluster roles, and the review APIs (`kubectl auth can-i`,
+//! `kubectl auth whoami`, `kubectl create token`).
+
+pub mod bootstrap;
+pub mod rbac;
+pub mod reviews;
+pub mod token;
+pub mod user;
+
+pub use user::User;
