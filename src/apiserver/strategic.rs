@@ -7,7 +7,7 @@
 use serde_json::{Map, Value};
 
 /// How a list field merges.
-enum ListMerge {
+pub enum ListMerge {
     /// Objects merged by this key.
     ByKey(&'static str),
     /// A primitive list merged as a set (finalizers).
@@ -17,7 +17,7 @@ enum ListMerge {
 }
 
 /// The merge strategy of a list field, from the field's name and its items.
-fn list_merge(field: &str, items: &[Value]) -> ListMerge {
+pub fn list_merge(field: &str, items: &[Value]) -> ListMerge {
     match field {
         "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes" | "imagePullSecrets"
         | "resourceClaims" | "schedulingGates" | "resizePolicy" => ListMerge::ByKey("name"),

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::read::{load, object_response, scale_of};
 use super::write::{admit_create, admit_update, set_replicas, store_new, store_update};
 use super::{decode_body, Call};
-use crate::apiserver::meta;
+use crate::apiserver::{managed_fields, meta};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::strategic::strategic_merge;
 
@@ -53,36 +53,6 @@ fn apply_patch(kind: Kind, doc: &Value, patch: &Value) -> ApiResult<Value> {
     Ok(doc)
 }
 
-/// Records the writer in managedFields, as upstream does for every write.
-fn record_manager(call: &Call, obj: &mut Value, operation: &str) {
-    let manager = call.param("fieldManager").unwrap_or(if operation == "Apply" { "" } else { "unknown" }).to_string();
-    let api_version = call.resource.api_version();
-    let sub = call.path.subresource.clone();
-    let entry = {
-        let mut e = json!({
-            "manager": manager,
-            "operation": operation,
-            "apiVersion": api_version,
-            "time": meta::now_rfc3339(),
-            "fieldsType": "FieldsV1",
-            "fieldsV1": {},
-        });
-        if let Some(s) = &sub {
-            e["subresource"] = json!(s);
-        }
-        e
-    };
-    let m = meta::metadata_mut(obj);
-    let mut fields = m.get("managedFields").and_then(Value::as_array).cloned().unwrap_or_default();
-    fields.retain(|f| {
-        !(f.get("manager").and_then(Value::as_str) == Some(manager.as_str())
-            && f.get("operation").and_then(Value::as_str) == Some(operation)
-            && f.get("subresource").and_then(Value::as_str) == sub.as_deref())
-    });
-    fields.push(entry);
-    m.insert("managedFields".into(), json!(fields));
-}
-
 pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let kind = kind_of(call)?;
     let patch = decode_body(&call.headers, &body)?;
@@ -90,7 +60,8 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         return Err(ApiError::bad_request("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
     }
     let force = call.flag("force");
-    let _ = force;
+    let manager = call.manager();
+    let api_version = call.resource.api_version();
     for _ in 0..16 {
         let current = match load(call).await {
             Ok(c) => c,
@@ -100,22 +71,34 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
                 if let Some(name) = call.path.name.clone() {
                     meta::metadata_mut(&mut obj).insert("name".into(), json!(name));
                 }
-                let mut obj = admit_create(call, obj).await?;
-                record_manager(call, &mut obj, "Apply");
+                let obj = managed_fields::apply(None, &obj, &manager, &api_version, force)?;
+                let obj = admit_create(call, obj).await?;
                 let (code, out) = store_new(call, obj).await?;
                 return Ok(object_response(call, code, out));
             }
             Err(e) => return Err(e),
         };
-        let mut patched = apply_patch(kind, &current.object, &patch)?;
+        let patched = if kind == Kind::Apply {
+            managed_fields::apply(Some(&current.object), &patch, &manager, &api_version, force)?
+        } else {
+            apply_patch(kind, &current.object, &patch)?
+        };
         if let Some(rv) = meta::str_at(&patch, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
             if rv != current.rev.to_string() {
                 let r = &call.resource;
                 return Err(ApiError::conflict(&r.group, &r.plural, call.path.name.as_deref().unwrap_or_default(), "the object has been modified; please apply your changes to the latest version and try again"));
             }
         }
-        record_manager(call, &mut patched, if kind == Kind::Apply { "Apply" } else { "Update" });
-        let new = admit_update(call, patched, &current.object)?;
+        let managed = patched.pointer("/metadata/managedFields").cloned();
+        let mut new = admit_update(call, patched, &current.object)?;
+        if kind == Kind::Apply {
+            if let Some(m) = managed {
+                meta::metadata_mut(&mut new).insert("managedFields".into(), m);
+            }
+        } else {
+            let sub = call.path.subresource.clone();
+            managed_fields::record_update(Some(&current.object), &mut new, &manager, &api_version, sub.as_deref());
+        }
         match store_update(call, new, &current).await {
             Ok((code, out)) => return Ok(object_response(call, code, out)),
             Err(e) if e.code == 409 && e.reason == "Conflict" && meta::str_at(&patch, &["metadata", "resourceVersion"]).is_none() => continue,

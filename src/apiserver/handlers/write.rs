@@ -177,7 +177,11 @@ pub async fn admit_create(call: &mut Call, mut obj: Value) -> ApiResult<Value> {
 pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let obj = decode_body(&call.headers, &body)?;
     check_namespace(call, true).await?;
-    let obj = admit_create(call, obj).await?;
+    let mut obj = admit_create(call, obj).await?;
+    if let Some(m) = obj.pointer_mut("/metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+    }
+    crate::apiserver::managed_fields::record_update(None, &mut obj, &call.manager(), &call.resource.api_version(), None);
     let (code, out) = store_new(call, obj).await?;
     Ok(object_response(call, code, out))
 }
@@ -265,7 +269,7 @@ pub fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiResult<V
         if let Some(ns) = old_meta.get("namespace") {
             m.insert("namespace".into(), ns.clone());
         }
-        for k in SERVER_OWNED {
+        for k in SERVER_OWNED.iter().chain(&["managedFields"]) {
             match old_meta.get(*k) {
                 Some(v) => m.insert(k.to_string(), v.clone()),
                 None => m.remove(*k),
@@ -342,7 +346,9 @@ pub async fn update(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             return Err(ApiError::conflict(&r.group, &r.plural, &name, "the object has been modified; please apply your changes to the latest version and try again"));
         }
     }
-    let new = admit_update(call, new, &old.object)?;
+    let mut new = admit_update(call, new, &old.object)?;
+    let sub = call.path.subresource.clone();
+    crate::apiserver::managed_fields::record_update(Some(&old.object), &mut new, &call.manager(), &call.resource.api_version(), sub.as_deref());
     let (code, out) = store_update(call, new, &old).await?;
     Ok(object_response(call, code, out))
 }
@@ -367,7 +373,8 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
     let mut new = old.object.clone();
     new["spec"]["replicas"] = json!(replicas);
     call.path.subresource = None;
-    let new = admit_update(call, new, &old.object)?;
+    let mut new = admit_update(call, new, &old.object)?;
+    crate::apiserver::managed_fields::record_update(Some(&old.object), &mut new, &call.manager(), &r.api_version(), Some("scale"));
     let (_, out) = store_update(call, new, &old).await?;
     Ok(call.respond(StatusCode::OK, &scale_of(call, &out)))
 }
