@@ -49,6 +49,15 @@ impl Call {
         self.param("dryRun") == Some("All")
     }
 
+    /// Who is writing: `fieldManager`, else the client's program name.
+    pub fn manager(&self) -> String {
+        if let Some(m) = self.param("fieldManager") {
+            return m.to_string();
+        }
+        let agent = self.headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("unknown");
+        agent.split('/').next().unwrap_or("unknown").to_string()
+    }
+
     pub fn namespace(&self) -> Option<&str> {
         self.path.namespace.as_deref()
     }
@@ -86,7 +95,7 @@ pub fn parse_query(raw: Option<&str>) -> HashMap<String, String> {
         .unwrap_or_default()
 }
 
-/// Decodes a request body as JSON or YAML, by its content type.
+/// Decodes a request body as JSON, YAML or Kubernetes protobuf, by its content type.
 pub fn decode_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
     if body.len() > MAX_BODY_BYTES {
         return Err(ApiError::too_large());
@@ -100,6 +109,8 @@ pub fn decode_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
         "application/yaml" | "application/apply-patch+yaml" | "text/yaml" | "application/x-yaml" => {
             serde_yaml_ng::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as YAML: {e}")))?
         }
+        "application/vnd.kubernetes.protobuf" => super::protobuf::decode(body)
+            .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as protobuf: {e}")))?,
         other => return Err(ApiError::unsupported_media_type(other)),
     };
     Ok(value)

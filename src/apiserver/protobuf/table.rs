@@ -8,9 +8,12 @@ pub enum Ty {
     Bool,
     I32,
     I64,
+    #[allow(dead_code)] // no built-in type has one today
     U32,
+    #[allow(dead_code)]
     U64,
     F64,
+    #[allow(dead_code)]
     F32,
     /// A message: `Field::msg` indexes `MESSAGES`.
     Msg,
@@ -25,6 +28,7 @@ pub enum Special {
     /// metav1.MicroTime {1 seconds, 2 nanos} -> "2006-01-02T15:04:05.000000Z".
     MicroTime,
     /// metav1.Duration {1 nanoseconds} -> Go duration string ("1h0m0s").
+    #[allow(dead_code)] // no built-in kind reaches one today
     Duration,
     /// metav1.FieldsV1 {1 raw JSON}.
     FieldsV1,
