@@ -118,7 +118,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         })
         .context("--datastore-endpoint")?,
         None => {
-            let opts = SqliteOptions::new(data_dir.join("server").join("db").join("state.db"));
+            let mut opts = SqliteOptions::new(data_dir.join("server").join("db").join("state.db"));
+            opts.sync = crate::store::sqlite::SyncMode::Full;
             let s = SqliteStore::open(opts).with_context(|| format!("cannot open the datastore in {}", data_dir.display()))?;
             sqlite = Some(s.clone());
             s

@@ -1,0 +1,190 @@
+//! API server benchmark: creates, gets, lists and updates of ConfigMaps
+//! over HTTPS with 1 and 16 concurrent clients (the `kube` crate, one
+//! connection per client), and the server's resident memory holding 10k
+//! ConfigMaps. Prints figures; it is not a pass/fail test.
+//!
+//! `cargo bench --bench apiserver [-- --quick]`
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ListParams, PostParams};
+
+struct Server {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+async fn start() -> (Server, kube::Client, u16) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_ferrok"))
+        .args(["server", "--disable-agent", "--bind-address", "127.0.0.1", "--data-dir"])
+        .arg(dir.path())
+        .args(["--https-listen-port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ferrok server");
+    let server = Server { child, dir };
+    let kubeconfig = server.dir.path().join("kubeconfig.yaml");
+    let started = Instant::now();
+    loop {
+        if kubeconfig.exists() {
+            if let Ok(client) = client(&kubeconfig).await {
+                if client.apiserver_version().await.is_ok() {
+                    println!("ready after {:?} (kubeconfig written and /version answered)", started.elapsed());
+                    return (server, client, port);
+                }
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "server did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn client(kubeconfig: &std::path::Path) -> Result<kube::Client, kube::Error> {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig).map_err(kube::Error::InferKubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default()).await.map_err(kube::Error::InferKubeconfig)?;
+    kube::Client::try_from(config)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+fn cm(name: &str) -> ConfigMap {
+    let mut c = ConfigMap::default();
+    c.metadata.name = Some(name.to_string());
+    c.data = Some([("key".to_string(), "v".repeat(100))].into_iter().collect());
+    c
+}
+
+/// Runs `per_client` operations on each of `clients` connections.
+async fn phase<F, Fut>(label: &str, kubeconfig: &std::path::Path, clients: usize, per_client: usize, op: F)
+where
+    F: Fn(Api<ConfigMap>, usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), kube::Error>> + Send,
+{
+    let op = Arc::new(op);
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for c in 0..clients {
+        let api: Api<ConfigMap> = Api::namespaced(client(kubeconfig).await.expect("client"), "default");
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per_client);
+            for i in 0..per_client {
+                let t = Instant::now();
+                if let Err(e) = op(api.clone(), c, i).await {
+                    eprintln!("error: {e}");
+                }
+                lat.push(t.elapsed());
+            }
+            lat
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    let elapsed = started.elapsed();
+    all.sort();
+    println!(
+        "{label:<8} clients={clients:<3} ops={:<6} {:>8.0} ops/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
+        all.len(),
+        all.len() as f64 / elapsed.as_secs_f64(),
+        percentile(&all, 0.5),
+        percentile(&all, 0.99)
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let n = if quick { 200 } else { 1000 };
+    let (server, _client, _port) = start().await;
+    let pid = server.child.id();
+    let kubeconfig = server.dir.path().join("kubeconfig.yaml");
+    let (rss, _) = rss_kib(pid);
+    println!("server RSS at rest: {:.1} MiB", rss as f64 / 1024.0);
+    for clients in [1usize, 16] {
+        let per = if clients == 1 { n } else { n / 4 };
+        let tag = format!("c{clients}");
+        let t = tag.clone();
+        phase("create", &kubeconfig, clients, per, move |api, c, i| {
+            let t = t.clone();
+            async move { api.create(&PostParams::default(), &cm(&format!("{t}-{c}-{i}"))).await.map(|_| ()) }
+        })
+        .await;
+        let t = tag.clone();
+        phase("get", &kubeconfig, clients, per, move |api, c, i| {
+            let t = t.clone();
+            async move { api.get(&format!("{t}-{c}-{i}")).await.map(|_| ()) }
+        })
+        .await;
+        let t = tag.clone();
+        phase("update", &kubeconfig, clients, per, move |api, c, i| {
+            let t = t.clone();
+            async move {
+                let mut obj = api.get(&format!("{t}-{c}-{i}")).await?;
+                obj.data.get_or_insert_with(Default::default).insert("n".into(), i.to_string());
+                api.replace(&format!("{t}-{c}-{i}"), &PostParams::default(), &obj).await.map(|_| ())
+            }
+        })
+        .await;
+        phase("list500", &kubeconfig, clients, if quick { 5 } else { 20 }, |api, _, _| async move {
+            api.list(&ListParams::default().limit(500)).await.map(|_| ())
+        })
+        .await;
+    }
+    // Fill to 10k ConfigMaps and measure memory.
+    let existing = Api::<ConfigMap>::namespaced(client(&kubeconfig).await.expect("client"), "default").list(&ListParams::default()).await.map(|l| l.items.len()).unwrap_or(0);
+    let missing = 10_000usize.saturating_sub(existing);
+    if !quick && missing > 0 {
+        phase("fill", &kubeconfig, 16, missing / 16 + 1, |api, c, i| async move {
+            api.create(&PostParams::default(), &cm(&format!("fill-{c}-{i}"))).await.map(|_| ())
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (rss, hwm) = rss_kib(pid);
+    let db = std::fs::metadata(server.dir.path().join("server/db/state.db")).map(|m| m.len()).unwrap_or(0);
+    println!("server RSS holding {} ConfigMaps: {:.1} MiB (peak {:.1} MiB), database {:.1} MiB", if quick { existing } else { existing + missing }, rss as f64 / 1024.0, hwm as f64 / 1024.0, db as f64 / 1048576.0);
+    // Idle CPU over 10 s.
+    let ticks = |pid: u32| -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+        fields.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0) + fields.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+    };
+    let before = ticks(pid);
+    let secs = if quick { 3 } else { 10 };
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let used = ticks(pid) - before;
+    println!("idle CPU over {secs} s: {:.2} % of one core", used as f64 / (secs as f64 * 100.0) * 100.0);
+}
