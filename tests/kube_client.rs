@@ -1,0 +1,149 @@
+//! `ferrok server` driven by the `kube` crate: typed CRUD, server-side
+//! apply with conflicts, watch from a resourceVersion, and status errors.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+
+struct Server {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start() -> (Server, kube::Client) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = common::free_port();
+    let child = Command::new(common::ferrok_bin())
+        .args(["server", "--disable-agent", "--bind-address", "127.0.0.1", "--data-dir"])
+        .arg(dir.path())
+        .args(["--https-listen-port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ferrok server");
+    let server = Server { child, dir };
+    let path = server.dir.path().join("kubeconfig.yaml");
+    let started = Instant::now();
+    loop {
+        if path.exists() {
+            let kc = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
+            let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
+            let client = kube::Client::try_from(config).expect("client");
+            if client.apiserver_version().await.is_ok() {
+                return (server, client);
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "server did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn cm(name: &str, value: &str) -> ConfigMap {
+    let mut c = ConfigMap::default();
+    c.metadata.name = Some(name.into());
+    c.data = Some([("k".to_string(), value.to_string())].into_iter().collect());
+    c
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn typed_crud_watch_and_errors() {
+    let (_server, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let created = cms.create(&PostParams::default(), &cm("a", "1")).await.expect("create");
+    let rv = created.metadata.resource_version.clone().expect("resourceVersion");
+    assert!(created.metadata.uid.is_some() && created.metadata.creation_timestamp.is_some());
+
+    let err = cms.create(&PostParams::default(), &cm("a", "1")).await.expect_err("duplicate");
+    match err {
+        kube::Error::Api(s) => assert_eq!((s.code, s.reason.as_str()), (409, "AlreadyExists")),
+        other => panic!("{other:?}"),
+    }
+    match cms.get("nope").await.expect_err("missing") {
+        kube::Error::Api(s) => assert_eq!((s.code, s.reason.as_str(), s.message.as_str()), (404, "NotFound", "configmaps \"nope\" not found")),
+        other => panic!("{other:?}"),
+    }
+
+    // Watch from the create's resourceVersion sees what comes after it.
+    let stream = cms.watch(&WatchParams::default(), &rv).await.expect("watch");
+    let mut stream = stream.boxed();
+    let mut updated = created.clone();
+    updated.data = Some([("k".to_string(), "2".to_string())].into_iter().collect());
+    let replaced = cms.replace("a", &PostParams::default(), &updated).await.expect("replace");
+    assert!(replaced.metadata.resource_version.as_deref() != Some(rv.as_str()));
+    // The old resourceVersion now conflicts.
+    match cms.replace("a", &PostParams::default(), &updated).await.expect_err("stale") {
+        kube::Error::Api(s) => assert_eq!((s.code, s.reason.as_str()), (409, "Conflict")),
+        other => panic!("{other:?}"),
+    }
+    cms.delete("a", &DeleteParams::default()).await.expect("delete");
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let ev = tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await.expect("event in time").expect("event").expect("open");
+        match ev {
+            WatchEvent::Modified(o) => seen.push(format!("MODIFIED {}", o.data.unwrap_or_default()["k"])),
+            WatchEvent::Deleted(o) => seen.push(format!("DELETED {}", o.metadata.name.unwrap_or_default())),
+            WatchEvent::Added(o) => seen.push(format!("ADDED {}", o.metadata.name.unwrap_or_default())),
+            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(seen, vec!["MODIFIED 2".to_string(), "DELETED a".to_string()]);
+
+    for i in 0..5 {
+        cms.create(&PostParams::default(), &cm(&format!("p{i}"), "x")).await.expect("create");
+    }
+    let page = cms.list(&ListParams::default().limit(2)).await.expect("list");
+    assert_eq!(page.items.len(), 2);
+    let rest = cms.list(&ListParams::default().limit(10).continue_token(page.metadata.continue_.as_deref().expect("continue"))).await.expect("list");
+    assert_eq!(rest.items.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_side_apply_and_conflicts() {
+    let (_server, client) = start().await;
+    let deploys: Api<Deployment> = Api::namespaced(client, "default");
+    let manifest = |replicas: i32| {
+        serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web"},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web", "image": "busybox:1.36"}]}}
+            }
+        })
+    };
+    let applied = deploys.patch("web", &PatchParams::apply("alice"), &Patch::Apply(manifest(2))).await.expect("apply");
+    assert_eq!(applied.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    let fields = applied.metadata.managed_fields.clone().unwrap_or_default();
+    assert!(fields.iter().any(|f| f.manager.as_deref() == Some("alice") && f.operation.as_deref() == Some("Apply")));
+    let err = deploys.patch("web", &PatchParams::apply("bob"), &Patch::Apply(manifest(3))).await.expect_err("conflict");
+    match err {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 409);
+            assert!(s.message.contains("conflict with \"alice\"") && s.message.contains(".spec.replicas"), "{}", s.message);
+        }
+        other => panic!("{other:?}"),
+    }
+    let forced = deploys.patch("web", &PatchParams::apply("bob").force(), &Patch::Apply(manifest(3))).await.expect("forced apply");
+    assert_eq!(forced.spec.as_ref().and_then(|s| s.replicas), Some(3));
+    let merged = deploys
+        .patch("web", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"labels": {"team": "x"}}})))
+        .await
+        .expect("merge patch");
+    assert_eq!(merged.metadata.labels.unwrap_or_default().get("team").map(String::as_str), Some("x"));
+    assert_eq!(merged.metadata.generation, Some(2));
+}
