@@ -182,6 +182,7 @@ fn fields_of(msg: &Message) -> &'static [Field] {
 }
 
 fn field_by_tag(msg: &Message, tag: u32) -> Option<&'static Field> {
+    let tag = u16::try_from(tag).ok()?;
     let fields = fields_of(msg);
     fields.binary_search_by_key(&tag, |f| f.tag).ok().map(|i| &fields[i])
 }
@@ -366,7 +367,7 @@ fn map_entry(owner: &Message, f: &Field, data: &[u8], depth: u32) -> Result<(Str
     while let Some((tag, wt)) = r.key()? {
         match tag {
             1 => {
-                let k = Field { tag: 1, name: "key", ty: f.key, key: f.key, msg: 0, flags: 0 };
+                let k = Field { name: "key", tag: 1, ty: f.key, key: f.key, msg: 0, flags: 0 };
                 key = Some(match scalar(owner, &k, wt, &mut r)? {
                     Value::String(s) => s,
                     other => other.to_string(),

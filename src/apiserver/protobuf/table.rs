@@ -61,8 +61,9 @@ pub const INLINE: u8 = 8;
 
 #[derive(Debug)]
 pub struct Field {
-    pub tag: u32,
     pub name: &'static str,
+    /// The field number (every built-in type's are small).
+    pub tag: u16,
     pub ty: Ty,
     /// The key type of a map field.
     pub key: Ty,
@@ -81,7 +82,7 @@ pub struct Message {
     pub len: u16,
 }
 
-pub const fn f(tag: u32, name: &'static str, ty: Ty, key: Ty, msg: u16, flags: u8) -> Field {
+pub const fn f(tag: u16, name: &'static str, ty: Ty, key: Ty, msg: u16, flags: u8) -> Field {
     Field { tag, name, ty, key, msg, flags }
 }
 

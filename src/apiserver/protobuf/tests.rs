@@ -219,6 +219,60 @@ fn raw_extension_and_packed() {
 }
 
 #[test]
+fn crd_schema_and_nested_inline() {
+    let f64_field = |tag: u32, x: f64| {
+        let mut out = Vec::new();
+        varint(u64::from(tag) << 3 | 1, &mut out);
+        out.extend_from_slice(&x.to_bits().to_le_bytes());
+        out
+    };
+    let string_schema = [s(5, "string"), v(10, 0)];
+    let schema = msg(
+        1,
+        &[
+            s(5, "object"),
+            v(10, 0), // exclusiveMaximum: omitempty, dropped
+            msg(29, &[s(1, "spec"), msg(2, &[s(5, "object"), msg(29, &[s(1, "size"), msg(2, &[s(5, "integer"), f64_field(11, 1.0), f64_field(9, 2.5)])])])]),
+            msg(29, &[s(1, "tags"), msg(2, &[s(5, "array"), msg(24, &[msg(1, &string_schema)])])]),
+            msg(29, &[s(1, "extra"), msg(2, &[s(5, "object"), msg(30, &[v(1, 1)]), msg(8, &[s(1, r#"{"a":1}"#)])])]),
+            v(38, 1),
+            s(99, "an unknown field is skipped"),
+        ],
+    );
+    let version = msg(7, &[s(1, "v1"), v(2, 1), v(3, 1), msg(4, &[schema])]);
+    let spec = msg(2, &[s(1, "example.com"), msg(3, &[s(1, "widgets"), s(2, ""), s(4, "Widget"), s(5, "")]), s(4, "Namespaced"), version, v(10, 0)]);
+    let body = envelope("apiextensions.k8s.io/v1", "CustomResourceDefinition", &[meta("widgets.example.com", &[]), spec]);
+    assert_eq!(
+        decode(&body).unwrap(),
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.example.com"},
+            "spec": {
+                "group": "example.com",
+                "names": {"plural": "widgets", "kind": "Widget"},
+                "scope": "Namespaced",
+                "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "spec": {"type": "object", "properties": {"size": {"type": "integer", "minimum": 1, "maximum": 2.5}}},
+                        "tags": {"type": "array", "items": {"type": "string"}},
+                        "extra": {"type": "object", "additionalProperties": true, "default": {"a": 1}},
+                    },
+                    "x-kubernetes-preserve-unknown-fields": true,
+                }}}],
+            },
+        })
+    );
+    // ValidatingWebhook rules: RuleWithOperations embeds Rule (json:",inline").
+    let webhook = msg(2, &[s(1, "w.example.com"), msg(3, &[s(1, "CREATE"), msg(2, &[s(1, ""), s(2, "v1"), s(3, "pods"), s(4, "*")])]), s(6, "None")]);
+    let body = envelope("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", &[meta("w", &[]), webhook]);
+    assert_eq!(
+        decode(&body).unwrap()["webhooks"],
+        json!([{"name": "w.example.com", "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "*"}], "sideEffects": "None"}])
+    );
+}
+
+#[test]
 fn errors() {
     assert_eq!(decode(b"{\"kind\":\"Pod\"}"), Err(ProtobufError::MissingMagic));
     assert_eq!(
