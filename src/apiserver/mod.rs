@@ -1,6 +1,7 @@
 //! The Kubernetes API over HTTPS: TLS with client certificates, discovery,
 //! health, and the registry-driven resource handlers over the store.
 
+pub mod admission;
 pub mod allocator;
 pub mod auth;
 pub mod bootstrap;
@@ -169,6 +170,39 @@ fn health(api: &Api, path: &str, verbose: bool) -> Response {
     (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
 }
 
+/// `Impersonate-User` and `Impersonate-Group` (kubectl --as, --as-group):
+/// allowed when the caller may `impersonate` those users and groups.
+fn impersonate(api: &Api, user: &User, headers: &axum::http::HeaderMap) -> Result<Option<User>, ApiError> {
+    let Some(name) = headers.get("Impersonate-User").and_then(|v| v.to_str().ok()) else {
+        return Ok(None);
+    };
+    let groups: Vec<String> = headers.get_all("Impersonate-Group").iter().filter_map(|v| v.to_str().ok()).map(str::to_string).collect();
+    let check = |resource: &str, target: &str| {
+        let attrs = auth::rbac::Attributes { verb: "impersonate".into(), resource: resource.into(), name: target.into(), ..Default::default() };
+        if api.allowed(user, &attrs) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!("{resource} \"{target}\" is forbidden: User \"{}\" cannot impersonate resource \"{resource}\" in API group \"\" at the cluster scope", user.name)))
+        }
+    };
+    let (resource, target) = match name.strip_prefix("system:serviceaccount:") {
+        Some(_) => ("serviceaccounts", name),
+        None => ("users", name),
+    };
+    check(resource, target)?;
+    for g in &groups {
+        check("groups", g)?;
+    }
+    let mut all = groups;
+    if let Some(rest) = name.strip_prefix("system:serviceaccount:") {
+        let ns = rest.split(':').next().unwrap_or_default();
+        all.push("system:serviceaccounts".into());
+        all.push(format!("system:serviceaccounts:{ns}"));
+    }
+    all.push("system:authenticated".into());
+    Ok(Some(User { name: name.to_string(), groups: all }))
+}
+
 async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let mut user = parts.extensions.get::<User>().cloned().unwrap_or_else(User::anonymous);
@@ -191,6 +225,11 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     }
     if user.is_anonymous() {
         return ApiError::unauthorized().into_response();
+    }
+    match impersonate(&api, &user, &parts.headers) {
+        Ok(Some(as_user)) => user = as_user,
+        Ok(None) => {}
+        Err(e) => return e.into_response(),
     }
     let bytes = match axum::body::to_bytes(body, handlers::MAX_BODY_BYTES).await {
         Ok(b) => b,

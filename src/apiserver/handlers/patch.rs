@@ -90,7 +90,7 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             }
         }
         let managed = patched.pointer("/metadata/managedFields").cloned();
-        let mut new = admit_update(call, patched, &current.object)?;
+        let mut new = admit_update(call, patched, &current.object).await?;
         if kind == Kind::Apply {
             if let Some(m) = managed {
                 meta::metadata_mut(&mut new).insert("managedFields".into(), m);

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use super::read::{load, object_response, scale_of, typed};
 use super::{decode_body, Call};
+use crate::apiserver::admission::{self, Operation};
 use crate::apiserver::meta::{self, metadata_mut, name_of};
 use crate::apiserver::registry::strategy::check_name;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
@@ -97,10 +98,9 @@ fn spec_part(obj: &Value) -> Value {
     copy
 }
 
-/// Runs the strategy's defaulting and validation, names included.
+/// Runs the strategy's validation, names included.
 fn validate(call: &Call, obj: &mut Value) -> ApiResult<()> {
     let r = &call.resource;
-    r.strategy.default(obj);
     let name = name_of(obj).to_string();
     let mut causes = Vec::new();
     if name.is_empty() {
@@ -170,7 +170,11 @@ pub async fn admit_create(call: &mut Call, mut obj: Value) -> ApiResult<Value> {
             }
         }
     }
+    r.strategy.default(&mut obj);
+    admission::mutate(call, &mut obj, None, Operation::Create).await?;
+    r.strategy.default(&mut obj);
     validate(call, &mut obj)?;
+    admission::validate(call, &obj, None, Operation::Create).await?;
     Ok(obj)
 }
 
@@ -222,7 +226,7 @@ pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<(StatusCode, Va
 }
 
 /// Prepares an update of `old` to `new` for the main resource or `status`.
-pub fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiResult<Value> {
+pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiResult<Value> {
     check_type(call, &mut new)?;
     let r = call.resource.clone();
     let name = call.path.name.clone().unwrap_or_default();
@@ -284,7 +288,10 @@ pub fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiResult<V
         let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0) + 1;
         metadata_mut(&mut new).insert("generation".into(), json!(g));
     }
+    admission::mutate(call, &mut new, Some(old), Operation::Update).await?;
+    r.strategy.default(&mut new);
     validate(call, &mut new)?;
+    admission::validate(call, &new, Some(old), Operation::Update).await?;
     Ok(new)
 }
 
@@ -346,7 +353,7 @@ pub async fn update(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             return Err(ApiError::conflict(&r.group, &r.plural, &name, "the object has been modified; please apply your changes to the latest version and try again"));
         }
     }
-    let mut new = admit_update(call, new, &old.object)?;
+    let mut new = admit_update(call, new, &old.object).await?;
     let sub = call.path.subresource.clone();
     crate::apiserver::managed_fields::record_update(Some(&old.object), &mut new, &call.manager(), &call.resource.api_version(), sub.as_deref());
     let (code, out) = store_update(call, new, &old).await?;
@@ -373,7 +380,7 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
     let mut new = old.object.clone();
     new["spec"]["replicas"] = json!(replicas);
     call.path.subresource = None;
-    let mut new = admit_update(call, new, &old.object)?;
+    let mut new = admit_update(call, new, &old.object).await?;
     crate::apiserver::managed_fields::record_update(Some(&old.object), &mut new, &call.manager(), &r.api_version(), Some("scale"));
     let (_, out) = store_update(call, new, &old).await?;
     Ok(call.respond(StatusCode::OK, &scale_of(call, &out)))
@@ -435,6 +442,7 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
             return Err(ApiError::conflict(&r.group, &r.plural, &name, &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", old.rev)));
         }
     }
+    admission::validate(call, &old.object, Some(&old.object), Operation::Delete).await?;
     let is_pod = r.group.is_empty() && r.plural == "pods";
     let is_namespace = r.group.is_empty() && r.plural == "namespaces";
     let finalizers = old.object.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());

@@ -1,0 +1,237 @@
+//! The built-in admission plugins a user expects: ServiceAccount (pods
+//! run as `default` unless told otherwise), Priority (priorityClassName
+//! becomes priority), DefaultStorageClass (claims without a class get the
+//! default one), LimitRanger (container defaults from LimitRanges) and
+//! ResourceQuota (object counts and requests within the namespace's quota).
+
+use serde_json::{json, Value};
+
+use super::Operation;
+use crate::apiserver::handlers::Call;
+use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::storage::ReadAt;
+
+fn is(call: &Call, group: &str, plural: &str) -> bool {
+    call.resource.group == group && call.resource.plural == plural && call.path.subresource.is_none()
+}
+
+async fn list(call: &Call, prefix: &str) -> ApiResult<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut start = None;
+    loop {
+        let page = call.api.storage.list(prefix, start.take(), 500, ReadAt::Latest).await?;
+        out.extend(page.items.into_iter().map(|s| s.object));
+        match page.next_key {
+            Some(k) => start = Some(k),
+            None => return Ok(out),
+        }
+    }
+}
+
+pub async fn mutate(call: &Call, obj: &mut Value, op: Operation) -> ApiResult<()> {
+    if op != Operation::Create {
+        return Ok(());
+    }
+    if is(call, "", "pods") {
+        service_account(obj);
+        priority(call, obj).await?;
+        limit_ranger(call, obj).await?;
+    }
+    if is(call, "", "persistentvolumeclaims") {
+        default_storage_class(call, obj).await?;
+    }
+    Ok(())
+}
+
+fn service_account(pod: &mut Value) {
+    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    let name = spec
+        .get("serviceAccountName")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .or_else(|| spec.get("serviceAccount").and_then(Value::as_str).filter(|s| !s.is_empty()))
+        .unwrap_or("default")
+        .to_string();
+    spec.insert("serviceAccountName".into(), json!(name));
+    spec.insert("serviceAccount".into(), json!(name));
+}
+
+async fn priority(call: &Call, pod: &mut Value) -> ApiResult<()> {
+    let class = pod.pointer("/spec/priorityClassName").and_then(Value::as_str).unwrap_or_default().to_string();
+    let classes = list(call, "/registry/scheduling.k8s.io/priorityclasses/").await?;
+    let chosen = if class.is_empty() {
+        classes.iter().find(|c| c.get("globalDefault").and_then(Value::as_bool) == Some(true)).cloned()
+    } else {
+        match classes.iter().find(|c| c.pointer("/metadata/name").and_then(Value::as_str) == Some(class.as_str())) {
+            Some(c) => Some(c.clone()),
+            None if class == "system-node-critical" => Some(json!({"metadata": {"name": class}, "value": 2000001000})),
+            None if class == "system-cluster-critical" => Some(json!({"metadata": {"name": class}, "value": 2000000000})),
+            None => return Err(ApiError::forbidden(format!("pods \"{}\" is forbidden: no PriorityClass with name {class} was found", crate::apiserver::meta::name_of(pod)))),
+        }
+    };
+    if let Some(spec) = pod.get_mut("spec") {
+        let value = chosen.as_ref().and_then(|c| c.get("value")).and_then(Value::as_i64).unwrap_or(0);
+        spec["priority"] = json!(value);
+        if let Some(c) = &chosen {
+            spec["priorityClassName"] = c["metadata"]["name"].clone();
+            if let Some(p) = c.get("preemptionPolicy") {
+                spec["preemptionPolicy"] = p.clone();
+            }
+        }
+        if spec.get("preemptionPolicy").is_none() {
+            spec["preemptionPolicy"] = json!("PreemptLowerPriority");
+        }
+    }
+    Ok(())
+}
+
+async fn limit_ranger(call: &Call, pod: &mut Value) -> ApiResult<()> {
+    let Some(ns) = call.namespace() else { return Ok(()) };
+    let ranges = list(call, &format!("/registry/limitranges/{ns}/")).await?;
+    for range in ranges {
+        for limit in range.pointer("/spec/limits").and_then(Value::as_array).into_iter().flatten() {
+            if limit.get("type").and_then(Value::as_str) != Some("Container") {
+                continue;
+            }
+            for key in ["containers", "initContainers"] {
+                if let Some(Value::Array(cs)) = pod.pointer_mut(&format!("/spec/{key}")) {
+                    for c in cs {
+                        for (field, source) in [("limits", "default"), ("requests", "defaultRequest")] {
+                            if let Some(Value::Object(defaults)) = limit.get(source) {
+                                let res = c.as_object_mut().map(|m| m.entry("resources").or_insert_with(|| json!({})));
+                                if let Some(res) = res {
+                                    if !res.get(field).is_some_and(Value::is_object) {
+                                        res[field] = json!({});
+                                    }
+                                    for (r, q) in defaults {
+                                        if res[field].get(r).is_none() {
+                                            res[field][r] = q.clone();
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            let annotations = crate::apiserver::meta::metadata_mut(pod).entry("annotations").or_insert_with(|| json!({}));
+            annotations["kubernetes.io/limit-ranger"] = json!("LimitRanger plugin set: defaults for containers");
+        }
+    }
+    Ok(())
+}
+
+async fn default_storage_class(call: &Call, pvc: &mut Value) -> ApiResult<()> {
+    if pvc.pointer("/spec/storageClassName").is_some() {
+        return Ok(());
+    }
+    let classes = list(call, "/registry/storage.k8s.io/storageclasses/").await?;
+    let default = classes.iter().find(|c| {
+        c.pointer("/metadata/annotations/storageclass.kubernetes.io~1is-default-class").and_then(Value::as_str) == Some("true")
+    });
+    if let (Some(c), Some(spec)) = (default, pvc.get_mut("spec")) {
+        spec["storageClassName"] = c["metadata"]["name"].clone();
+    }
+    Ok(())
+}
+
+/// Parses a quantity to a number in its base unit (cores, bytes).
+pub fn quantity(q: &Value) -> f64 {
+    let s = match q {
+        Value::String(s) => s.as_str(),
+        Value::Number(n) => return n.as_f64().unwrap_or(0.0),
+        _ => return 0.0,
+    };
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+' || c == 'e' || c == 'E')).unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let n: f64 = num.parse().unwrap_or(0.0);
+    let mult = match suffix {
+        "" => 1.0,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024f64.powi(4),
+        _ => 1.0,
+    };
+    n * mult
+}
+
+/// ResourceQuota: counts of objects and the sum of pod requests/limits.
+pub async fn validate(call: &Call, obj: &Value, op: Operation) -> ApiResult<()> {
+    if op != Operation::Create || !call.resource.namespaced || call.path.subresource.is_some() {
+        return Ok(());
+    }
+    let Some(ns) = call.namespace() else { return Ok(()) };
+    let quotas = list(call, &format!("/registry/resourcequotas/{ns}/")).await?;
+    if quotas.is_empty() {
+        return Ok(());
+    }
+    let r = &call.resource;
+    let count_key = if r.group.is_empty() { format!("count/{}", r.plural) } else { format!("count/{}.{}", r.plural, r.group) };
+    let short_key = match (r.group.as_str(), r.plural.as_str()) {
+        ("", "pods") => Some("pods"),
+        ("", "services") => Some("services"),
+        ("", "configmaps") => Some("configmaps"),
+        ("", "secrets") => Some("secrets"),
+        ("", "persistentvolumeclaims") => Some("persistentvolumeclaims"),
+        ("", "replicationcontrollers") => Some("replicationcontrollers"),
+        _ => None,
+    };
+    let existing = list(call, &r.list_prefix(Some(ns))).await?;
+    for quota in &quotas {
+        let hard = quota.pointer("/spec/hard").and_then(Value::as_object).cloned().unwrap_or_default();
+        let qname = quota.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+        for key in [Some(count_key.as_str()), short_key].into_iter().flatten() {
+            if let Some(limit) = hard.get(key) {
+                let used = existing.len() as f64;
+                let max = quantity(limit);
+                if used + 1.0 > max {
+                    return Err(ApiError::forbidden(format!(
+                        "{} \"{}\" is forbidden: exceeded quota: {qname}, requested: {key}=1, used: {key}={used}, limited: {key}={}",
+                        r.plural,
+                        crate::apiserver::meta::name_of(obj),
+                        limit.as_str().map(str::to_string).unwrap_or_else(|| limit.to_string())
+                    )));
+                }
+            }
+        }
+        if r.group.is_empty() && r.plural == "pods" {
+            for (res, hard_key) in [("cpu", "requests.cpu"), ("memory", "requests.memory"), ("cpu", "limits.cpu"), ("memory", "limits.memory")] {
+                let alt = if hard_key.starts_with("requests.") { res } else { "" };
+                let Some(limit) = hard.get(hard_key).or(if alt.is_empty() { None } else { hard.get(alt) }) else { continue };
+                let field = if hard_key.starts_with("requests") { "requests" } else { "limits" };
+                let sum = |pod: &Value| -> f64 {
+                    pod.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten().map(|c| c.pointer(&format!("/resources/{field}/{res}")).map(quantity).unwrap_or(0.0)).sum()
+                };
+                let used: f64 = existing.iter().filter(|p| !matches!(p.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded") | Some("Failed"))).map(sum).sum();
+                let want = sum(obj);
+                if used + want > quantity(limit) + 1e-9 {
+                    return Err(ApiError::forbidden(format!(
+                        "pods \"{}\" is forbidden: exceeded quota: {qname}, requested: {hard_key}={want}, used: {hard_key}={used}, limited: {hard_key}={}",
+                        crate::apiserver::meta::name_of(obj),
+                        limit.as_str().unwrap_or_default()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities() {
+        assert_eq!(quantity(&json!("500m")), 0.5);
+        assert_eq!(quantity(&json!("2Gi")), 2.0 * 1024.0 * 1024.0 * 1024.0);
+        assert_eq!(quantity(&json!("3")), 3.0);
+        assert_eq!(quantity(&json!(4)), 4.0);
+    }
+}

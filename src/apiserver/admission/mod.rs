@@ -1,0 +1,44 @@
+//! Admission: after an object is decoded and defaulted, the mutating
+//! plugins run (the built-ins ServiceAccount, Priority, DefaultStorageClass
+//! and LimitRanger, then MutatingAdmissionWebhook), the object is
+//! validated, and the validating plugins run (ResourceQuota, then
+//! ValidatingAdmissionWebhook). Nothing is stored unless all agree.
+
+mod builtin;
+pub mod webhook;
+
+use serde_json::Value;
+
+use super::handlers::Call;
+use super::status::ApiResult;
+
+/// What kind of write is being admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+        }
+    }
+}
+
+/// The mutating plugins, in upstream's order.
+pub async fn mutate(call: &Call, obj: &mut Value, old: Option<&Value>, op: Operation) -> ApiResult<()> {
+    builtin::mutate(call, obj, op).await?;
+    webhook::call_all(call, obj, old, op, true).await
+}
+
+/// The validating plugins.
+pub async fn validate(call: &Call, obj: &Value, old: Option<&Value>, op: Operation) -> ApiResult<()> {
+    builtin::validate(call, obj, op).await?;
+    let mut copy = obj.clone();
+    webhook::call_all(call, &mut copy, old, op, false).await
+}
