@@ -242,7 +242,7 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         Target::Group(g) => discovery::group(&api.registry, &g),
         Target::Resources { group, version } => discovery::resources(&api.registry, &group, &version),
         Target::Resource(p) => handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await,
-        Target::Other => match openapi::serve(&api.registry, &path) {
+        Target::Other => match openapi::serve(&api.registry, &path, &accept) {
             Some(resp) => resp,
             None => ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response(),
         },

@@ -117,8 +117,32 @@ fn json_response(v: &Value) -> Response {
     (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
 }
 
-/// Serves `/openapi/v3` and `/openapi/v3/<gv path>`.
-pub fn serve(registry: &Registry, path: &str) -> Option<Response> {
+/// `/openapi/v2`: a Swagger 2.0 document without definitions, as protobuf
+/// (gnostic's Document: swagger = 1, info = 2 with title = 1, version = 2)
+/// when asked so, else JSON. kubectl falls back to it to validate `List`s;
+/// kinds it has no schema for are left to the server's own validation.
+fn swagger(accept: &str) -> Response {
+    let version = super::discovery::KUBE_VERSION.2;
+    if accept.contains("protobuf") {
+        let field = |tag: u8, data: &[u8]| {
+            let mut out = vec![tag, data.len() as u8];
+            out.extend_from_slice(data);
+            out
+        };
+        let mut info = field(0x0a, b"Kubernetes");
+        info.extend(field(0x12, version.as_bytes()));
+        let mut doc = field(0x0a, b"2.0");
+        doc.extend(field(0x12, &info));
+        return (StatusCode::OK, [(header::CONTENT_TYPE, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")], doc).into_response();
+    }
+    json_response(&json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": version}, "paths": {}, "definitions": {}}))
+}
+
+/// Serves `/openapi/v2`, `/openapi/v3` and `/openapi/v3/<gv path>`.
+pub fn serve(registry: &Registry, path: &str, accept: &str) -> Option<Response> {
+    if path == "/openapi/v2" {
+        return Some(swagger(accept));
+    }
     let rest = path.strip_prefix("/openapi/v3")?;
     let rest = rest.trim_start_matches('/');
     if rest.is_empty() {
