@@ -245,7 +245,13 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
         }
     }
     let mut new = decode(call, &new)?;
-    let status_only = call.path.subresource.as_deref() == Some("status");
+    // approval (CSRs) and finalize (namespaces) write status-like parts only.
+    let status_only = matches!(call.path.subresource.as_deref(), Some("status") | Some("approval"));
+    if call.path.subresource.as_deref() == Some("finalize") {
+        let mut merged = old.clone();
+        merged["spec"]["finalizers"] = new.pointer("/spec/finalizers").cloned().unwrap_or(json!([]));
+        new = merged;
+    }
     if status_only {
         // Only status (and, as upstream allows, labels and annotations) change.
         let mut merged = old.clone();
@@ -479,6 +485,45 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
     let key = r.key(meta::namespace_of(&old.object), &name);
     let stored = call.api.storage.update(&key, &new, old.rev).await.map_err(|e| write_error(call, &name, e))?;
     Ok((StatusCode::OK, typed(call, stored.object)))
+}
+
+/// `pods/eviction`: deletes the pod unless a PodDisruptionBudget that
+/// selects it allows no more disruptions.
+pub async fn evict(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let eviction = decode_body(&call.headers, &body)?;
+    let pod = load(call).await?;
+    let ns = call.namespace().unwrap_or_default().to_string();
+    let labels = pod.object.pointer("/metadata/labels").cloned();
+    let pdbs = call.api.storage.list(&format!("/registry/policy/poddisruptionbudgets/{ns}/"), None, 0, crate::apiserver::storage::ReadAt::Latest).await?;
+    let terminal = matches!(pod.object.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded") | Some("Failed"));
+    for pdb in pdbs.items {
+        let selector = pdb.object.pointer("/spec/selector").cloned().unwrap_or(json!({}));
+        if terminal || !crate::apiserver::selector::LabelSelector::from_object(&selector).matches(labels.as_ref()) {
+            continue;
+        }
+        let allowed = pdb.object.pointer("/status/disruptionsAllowed").and_then(Value::as_i64).unwrap_or(0);
+        if allowed < 1 {
+            let mut e = ApiError::new(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.");
+            e.causes = vec![Cause {
+                reason: "DisruptionBudget",
+                message: format!("The disruption budget {} needs {} healthy pods and has {} currently", meta::name_of(&pdb.object),
+                    pdb.object.pointer("/status/desiredHealthy").and_then(Value::as_i64).unwrap_or(0),
+                    pdb.object.pointer("/status/currentHealthy").and_then(Value::as_i64).unwrap_or(0)),
+                field: String::new(),
+            }];
+            e.retry_after = Some(10);
+            return Err(e);
+        }
+        // Count this disruption against the budget before deleting.
+        let mut updated = pdb.object.clone();
+        updated["status"]["disruptionsAllowed"] = json!(allowed - 1);
+        let key = format!("/registry/policy/poddisruptionbudgets/{ns}/{}", meta::name_of(&pdb.object));
+        call.api.storage.update(&key, &updated, pdb.rev).await.map_err(|_| ApiError::conflict("policy", "poddisruptionbudgets", meta::name_of(&pdb.object), "the disruption budget changed; retry the eviction"))?;
+    }
+    let opts = eviction.get("deleteOptions").cloned().unwrap_or(json!({}));
+    call.path.subresource = None;
+    delete_object(call, pod, &opts).await?;
+    Ok(call.respond(StatusCode::CREATED, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
 }
 
 pub async fn delete(call: &mut Call, body: Bytes) -> ApiResult<Response> {
