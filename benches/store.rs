@@ -8,7 +8,8 @@
 //! ./bench --help           # all flags
 //! ```
 //!
-//! Workloads, run against each target in turn (the others sit idle):
+//! Workloads, run against each target in turn (the others sit idle); the
+//! size test runs first, on the fresh database:
 //! 1. writes: the kube-apiserver's create and update txns, 1 KiB values, at
 //!    several client counts; ops/s and latency.
 //! 2. watch: delivery latency (receive time minus the send time carried in
@@ -482,7 +483,7 @@ struct Problems {
 impl Problems {
     fn add(&mut self, what: &str, outcome: &TxnOutcome) {
         match outcome {
-            TxnOutcome::Ok(_) => return,
+            TxnOutcome::Ok(_) => {}
             TxnOutcome::Failed(m) => {
                 self.failed += 1;
                 if self.samples.len() < 3 {
@@ -921,6 +922,47 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
     let url = t.url.clone();
 
     let on = |p: &str| opts.phases.iter().any(|x| x == p);
+    // First, on a fresh database, so that the size figures hold only this workload.
+    let size_result = if on("size") {
+        progress!("{name}: size, {} updates to {} keys, {} writers", opts.size_updates, opts.size_keys, opts.size_writers);
+        Some(size(t, opts.size_keys, opts.size_updates, opts.size_writers).await)
+    } else {
+        None
+    };
+    match size_result {
+        None => {}
+        Some(Ok(r)) => {
+            let _ = writeln!(
+                rep.size,
+                "{name:<14} {} updates in {:.1} s: {:.0} updates/s, p50 {} ms, p99 {} ms",
+                r.updates,
+                r.secs,
+                r.updates as f64 / r.secs,
+                r.lat.pct_ms(0.5),
+                r.lat.pct_ms(0.99)
+            );
+            for row in &r.rows {
+                let _ = writeln!(
+                    rep.size,
+                    "{:<14} {:<22} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}",
+                    "",
+                    row.phase,
+                    mib(row.status_db as u64),
+                    mib(row.status_in_use as u64),
+                    mib(row.db_file.0),
+                    mib(row.db_file.1),
+                    mib(row.wal.0),
+                    mib(row.wal.1),
+                    row.took.map(|d| format!("{:.2}", d.as_secs_f64())).unwrap_or_else(|| "".into())
+                );
+            }
+            problems_line(&mut rep.problems, name, "size", &r.problems);
+        }
+        Some(Err(e)) => {
+            let _ = writeln!(rep.size, "{name:<14} ERROR {e}");
+        }
+    }
+
     let mut first_id = 0;
     let levels: &[usize] = if on("writes") { &opts.levels } else { &[] };
     for &clients in levels {
@@ -979,46 +1021,6 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
             Err(e) => {
                 let _ = writeln!(rep.watch, "{name:<14} {label:<12} ERROR {e}");
             }
-        }
-    }
-
-    let size_result = if on("size") {
-        progress!("{name}: size, {} updates to {} keys, {} writers", opts.size_updates, opts.size_keys, opts.size_writers);
-        Some(size(t, opts.size_keys, opts.size_updates, opts.size_writers).await)
-    } else {
-        None
-    };
-    match size_result {
-        None => {}
-        Some(Ok(r)) => {
-            let _ = writeln!(
-                rep.size,
-                "{name:<14} {} updates in {:.1} s: {:.0} updates/s, p50 {} ms, p99 {} ms",
-                r.updates,
-                r.secs,
-                r.updates as f64 / r.secs,
-                r.lat.pct_ms(0.5),
-                r.lat.pct_ms(0.99)
-            );
-            for row in &r.rows {
-                let _ = writeln!(
-                    rep.size,
-                    "{:<14} {:<22} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8}",
-                    "",
-                    row.phase,
-                    mib(row.status_db as u64),
-                    mib(row.status_in_use as u64),
-                    mib(row.db_file.0),
-                    mib(row.db_file.1),
-                    mib(row.wal.0),
-                    mib(row.wal.1),
-                    row.took.map(|d| format!("{:.2}", d.as_secs_f64())).unwrap_or_else(|| "".into())
-                );
-            }
-            problems_line(&mut rep.problems, name, "size", &r.problems);
-        }
-        Some(Err(e)) => {
-            let _ = writeln!(rep.size, "{name:<14} ERROR {e}");
         }
     }
 
@@ -1105,7 +1107,7 @@ fn main() {
     print!("{}", rep.watch);
     println!();
     println!(
-        "== 3. database size (MiB): {} updates to {} keys from {} writers; Compact(head, physical) then Defragment; took_s = time of that step",
+        "== 3. database size (MiB), run first on the fresh database: {} updates to {} keys from {} writers; Compact(head, physical) then Defragment; took_s = time of that step",
         opts.size_updates, opts.size_keys, opts.size_writers
     );
     println!("   etcd files: member/snap/db and member/wal/ (preallocated segments); ferrok: server/db/state.db and state.db-wal");

@@ -129,15 +129,30 @@ async fn bad_flags_fail_with_one_line() {
         (vec!["datastore", "--listen-client-urls", "tcp://x"], "tcp://x"),
         (vec!["datastore", "--watch-progress-notify-interval", "soon"], "--watch-progress-notify-interval"),
         (vec!["datastore", "--cert-file", "/nonexistent.pem", "--key-file", "/nonexistent.key"], "--cert-file"),
-        (vec!["server"], "not built yet"),
+        (vec!["server", "--https-listen-port", "many"], "--https-listen-port"),
+        (vec!["server", "--service-cidr", "10.43.0.0"], "--service-cidr"),
+        (vec!["server", "--write-kubeconfig-mode", "999"], "--write-kubeconfig-mode"),
+        (vec!["server", "--config", "/nonexistent/config.yaml"], "--config"),
         (vec!["agent"], "not built yet"),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let out = std::process::Command::new(ferrok_bin())
+        let mut child = std::process::Command::new(ferrok_bin())
             .args(&args)
-            .args(if args[0] == "datastore" { vec!["--data-dir".to_string(), dir.path().display().to_string()] } else { vec![] })
-            .output()
+            .args(vec!["--data-dir".to_string(), dir.path().display().to_string()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .expect("run ferrok");
+        // A command that starts serving instead of failing is killed, and fails the test.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while child.try_wait().expect("wait").is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{args:?} did not fail");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("output");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} succeeded");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?} printed more than one line: {stderr}");

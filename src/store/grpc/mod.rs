@@ -8,7 +8,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 pub use services::EtcdFacade;
@@ -118,7 +117,9 @@ pub async fn serve(
             .add_service(cluster_server::ClusterServer::new(facade.clone()));
         let mut stop = shutdown.clone();
         tracing::info!(url = %l.url, addr = %l.addr, "serving the etcd v3 API");
-        tasks.push(tokio::spawn(router.serve_with_incoming_shutdown(TcpListenerStream::new(l.listener), async move {
+        // Small answers must not wait for Nagle's algorithm and delayed ACKs.
+        let incoming = tonic::transport::server::TcpIncoming::from(l.listener).with_nodelay(Some(true));
+        tasks.push(tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
             let _ = stop.wait_for(|s| *s).await;
         })));
     }

@@ -68,18 +68,38 @@ impl Writer {
     }
 
     /// Returns one step of free pages to the file system; when none are
-    /// left, checkpoints the WAL without waiting on readers.
+    /// left, checkpoints the WAL and truncates it, so the space freed by
+    /// compaction does not reappear as a grown WAL.
     pub(super) fn vacuum_step(&mut self) {
         let step = || -> rusqlite::Result<i64> {
-            self.conn.execute_batch(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES});"))?;
+            // incremental_vacuum frees one page per step of its statement:
+            // run it to completion, in one transaction.
+            self.conn.execute_batch("BEGIN IMMEDIATE")?;
+            let freed = (|| {
+                let mut stmt = self.conn.prepare(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"))?;
+                let mut rows = stmt.query([])?;
+                while rows.next()?.is_some() {}
+                Ok::<_, rusqlite::Error>(())
+            })();
+            match freed {
+                Ok(()) => self.conn.execute_batch("COMMIT")?,
+                Err(e) => {
+                    let _ = self.conn.execute_batch("ROLLBACK");
+                    return Err(e);
+                }
+            }
             self.conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))
         };
         match step() {
             Ok(0) | Err(_) => {
                 self.vacuum_pending = false;
-                if let Err(e) = self.conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                    tracing::warn!(error = %e, "WAL checkpoint failed");
+                // TRUNCATE waits for readers to leave the WAL: allow it 100 ms
+                // so writers are not held up; the next compaction tries again.
+                let _ = self.conn.busy_timeout(std::time::Duration::from_millis(100));
+                if let Err(e) = self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+                    tracing::debug!(error = %e, "WAL checkpoint did not complete");
                 }
+                let _ = self.conn.busy_timeout(std::time::Duration::from_secs(10));
             }
             Ok(_) => {}
         }
