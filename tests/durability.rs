@@ -138,7 +138,7 @@ async fn bad_flags_fail_with_one_line() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut child = std::process::Command::new(ferrok_bin())
             .args(&args)
-            .args(vec!["--data-dir".to_string(), dir.path().display().to_string()])
+            .args(if args[0] == "agent" { vec![] } else { vec!["--data-dir".to_string(), dir.path().display().to_string()] })
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -34,6 +34,18 @@ fn validate_workload(o: &Value, needs_selector: bool) -> Vec<Cause> {
     causes
 }
 
+/// The `-o wide` columns every pod-template workload shows last.
+fn with_template_columns(mut cols: Vec<Column>) -> Vec<Column> {
+    cols.extend([Column::new("Containers", "string", 1), Column::new("Images", "string", 1), Column::new("Selector", "string", 1)]);
+    cols
+}
+
+fn with_template_cells(o: &Value, mut cells: Vec<Value>) -> Vec<Value> {
+    let (c, i) = images(o, &["spec", "template", "spec"]);
+    cells.extend([json!(c), json!(i), json!(selector_string(at(o, &["spec", "selector"])))]);
+    cells
+}
+
 fn images(o: &Value, template: &[&str]) -> (String, String) {
     let cs = at(o, template).and_then(|t| t.get("containers")).and_then(Value::as_array).cloned().unwrap_or_default();
     let names: Vec<&str> = cs.iter().filter_map(|c| c.get("name").and_then(Value::as_str)).collect();
@@ -61,27 +73,20 @@ pub fn deployment_hooks() -> Hooks {
         },
         validate: |o| validate_workload(o, true),
         columns: || {
-            vec![
+            with_template_columns(vec![
                 Column::new("Ready", "string", 0),
                 Column::new("Up-to-date", "string", 0),
                 Column::new("Available", "string", 0),
                 Column::age(),
-                Column::new("Containers", "string", 1),
-                Column::new("Images", "string", 1),
-                Column::new("Selector", "string", 1),
-            ]
+            ])
         },
         cells: |o| {
-            let (c, i) = images(o, &["spec", "template", "spec"]);
-            vec![
+            with_template_cells(o, vec![
                 json!(ready_of(o, &["status", "readyReplicas"])),
                 json!(int(o, &["status", "updatedReplicas"])),
                 json!(int(o, &["status", "availableReplicas"])),
                 json!(age(o)),
-                json!(c),
-                json!(i),
-                json!(selector_string(at(o, &["spec", "selector"]))),
-            ]
+            ])
         },
         ..Hooks::default()
     }
@@ -98,27 +103,20 @@ pub fn replicaset_hooks() -> Hooks {
         },
         validate: |o| validate_workload(o, true),
         columns: || {
-            vec![
+            with_template_columns(vec![
                 Column::new("Desired", "integer", 0),
                 Column::new("Current", "integer", 0),
                 Column::new("Ready", "integer", 0),
                 Column::age(),
-                Column::new("Containers", "string", 1),
-                Column::new("Images", "string", 1),
-                Column::new("Selector", "string", 1),
-            ]
+            ])
         },
         cells: |o| {
-            let (c, i) = images(o, &["spec", "template", "spec"]);
-            vec![
+            with_template_cells(o, vec![
                 json!(int(o, &["spec", "replicas"])),
                 json!(int(o, &["status", "replicas"])),
                 json!(int(o, &["status", "readyReplicas"])),
                 json!(age(o)),
-                json!(c),
-                json!(i),
-                json!(selector_string(at(o, &["spec", "selector"]))),
-            ]
+            ])
         },
         ..Hooks::default()
     }
@@ -159,7 +157,7 @@ pub fn daemonset_hooks() -> Hooks {
         },
         validate: |o| validate_workload(o, true),
         columns: || {
-            vec![
+            with_template_columns(vec![
                 Column::new("Desired", "integer", 0),
                 Column::new("Current", "integer", 0),
                 Column::new("Ready", "integer", 0),
@@ -167,19 +165,15 @@ pub fn daemonset_hooks() -> Hooks {
                 Column::new("Available", "integer", 0),
                 Column::new("Node Selector", "string", 0),
                 Column::age(),
-                Column::new("Containers", "string", 1),
-                Column::new("Images", "string", 1),
-                Column::new("Selector", "string", 1),
-            ]
+            ])
         },
         cells: |o| {
-            let (c, i) = images(o, &["spec", "template", "spec"]);
             let ns = at(o, &["spec", "template", "spec", "nodeSelector"])
                 .and_then(Value::as_object)
                 .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect::<Vec<_>>().join(","))
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "<none>".into());
-            vec![
+            with_template_cells(o, vec![
                 json!(int(o, &["status", "desiredNumberScheduled"])),
                 json!(int(o, &["status", "currentNumberScheduled"])),
                 json!(int(o, &["status", "numberReady"])),
@@ -187,10 +181,7 @@ pub fn daemonset_hooks() -> Hooks {
                 json!(int(o, &["status", "numberAvailable"])),
                 json!(ns),
                 json!(age(o)),
-                json!(c),
-                json!(i),
-                json!(selector_string(at(o, &["spec", "selector"]))),
-            ]
+            ])
         },
         ..Hooks::default()
     }
@@ -227,18 +218,14 @@ pub fn job_hooks() -> Hooks {
             causes
         },
         columns: || {
-            vec![
+            with_template_columns(vec![
                 Column::new("Status", "string", 0),
                 Column::new("Completions", "string", 0),
                 Column::new("Duration", "string", 0),
                 Column::age(),
-                Column::new("Containers", "string", 1),
-                Column::new("Images", "string", 1),
-                Column::new("Selector", "string", 1),
-            ]
+            ])
         },
         cells: |o| {
-            let (c, i) = images(o, &["spec", "template", "spec"]);
             let completions = match at(o, &["spec", "completions"]).and_then(Value::as_i64) {
                 Some(n) => format!("{}/{n}", int(o, &["status", "succeeded"])),
                 None => format!("{}/1 of {}", int(o, &["status", "succeeded"]), int(o, &["spec", "parallelism"])),
@@ -259,7 +246,7 @@ pub fn job_hooks() -> Hooks {
             let start = str_at(o, &["status", "startTime"]).and_then(crate::apiserver::meta::parse_rfc3339);
             let end = str_at(o, &["status", "completionTime"]).and_then(crate::apiserver::meta::parse_rfc3339).unwrap_or_else(crate::apiserver::meta::unix_now);
             let duration = start.map(|s| crate::apiserver::meta::human_duration(end - s)).unwrap_or_default();
-            vec![json!(status), json!(completions), json!(duration), json!(age(o)), json!(c), json!(i), json!(selector_string(at(o, &["spec", "selector"])))]
+            with_template_cells(o, vec![json!(status), json!(completions), json!(duration), json!(age(o))])
         },
         ..Hooks::default()
     }
