@@ -5,6 +5,7 @@ pub mod admission;
 pub mod allocator;
 pub mod auth;
 pub mod bootstrap;
+pub mod cache;
 pub mod crd;
 pub mod discovery;
 pub mod handlers;
@@ -53,7 +54,8 @@ pub struct Api {
     pub storage: Storage,
     pub config: ApiConfig,
     pub allocator: allocator::ServiceAllocator,
-    pub rbac: Arc<auth::rbac::RbacCache>,
+    pub caches: cache::Caches,
+    pub rbac: auth::rbac::RbacCache,
     /// Signs and checks service-account tokens.
     pub tokens: Option<auth::token::TokenSigner>,
     ready: std::sync::atomic::AtomicBool,
@@ -62,12 +64,15 @@ pub struct Api {
 impl Api {
     pub fn new(store: Arc<dyn crate::store::Store>, config: ApiConfig, tokens: Option<auth::token::TokenSigner>) -> Arc<Api> {
         let allocator = allocator::ServiceAllocator::new(config.service_cidr);
+        let caches = cache::Caches::default();
+        let rbac = auth::rbac::RbacCache::new(caches.rbac.clone());
         Arc::new(Api {
+            caches,
+            rbac,
             registry: Registry::builtin(),
             storage: Storage::new(store),
             config,
             allocator,
-            rbac: Arc::default(),
             tokens,
             ready: std::sync::atomic::AtomicBool::new(false),
         })

@@ -167,7 +167,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     tasks.push(tokio::spawn(apiserver::serve::serve(listener, tls, apiserver::router(api.clone()), stop_rx.clone())));
     apiserver::bootstrap::run(&api).await.map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
     apiserver::auth::bootstrap::run(&api.storage).await.map_err(|e| anyhow::anyhow!("default RBAC roles: {e}"))?;
-    tasks.push(api.rbac.start(api.storage.clone()).await.map_err(|e| anyhow::anyhow!("loading RBAC: {e}"))?);
+    tasks.extend(api.caches.start(&api.storage).await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?);
     tasks.push(apiserver::crd::start(api.clone()).await.map_err(|e| anyhow::anyhow!("loading CustomResourceDefinitions: {e}"))?);
     api.set_ready();
 

@@ -58,7 +58,7 @@ fn service_account(pod: &mut Value) {
 
 async fn priority(call: &Call, pod: &mut Value) -> ApiResult<()> {
     let class = pod.pointer("/spec/priorityClassName").and_then(Value::as_str).unwrap_or_default().to_string();
-    let classes = list(call, "/registry/scheduling.k8s.io/priorityclasses/").await?;
+    let classes = call.api.caches.priority_classes.all();
     let chosen = if class.is_empty() {
         classes.iter().find(|c| c.get("globalDefault").and_then(Value::as_bool) == Some(true)).cloned()
     } else {
@@ -87,7 +87,7 @@ async fn priority(call: &Call, pod: &mut Value) -> ApiResult<()> {
 
 async fn limit_ranger(call: &Call, pod: &mut Value) -> ApiResult<()> {
     let Some(ns) = call.namespace() else { return Ok(()) };
-    let ranges = list(call, &format!("/registry/limitranges/{ns}/")).await?;
+    let ranges = call.api.caches.limit_ranges.in_namespace(ns);
     for range in ranges {
         for limit in range.pointer("/spec/limits").and_then(Value::as_array).into_iter().flatten() {
             if limit.get("type").and_then(Value::as_str) != Some("Container") {
@@ -125,7 +125,7 @@ async fn default_storage_class(call: &Call, pvc: &mut Value) -> ApiResult<()> {
     if pvc.pointer("/spec/storageClassName").is_some() {
         return Ok(());
     }
-    let classes = list(call, "/registry/storage.k8s.io/storageclasses/").await?;
+    let classes = call.api.caches.storage_classes.all();
     let default = classes.iter().find(|c| {
         c.pointer("/metadata/annotations/storageclass.kubernetes.io~1is-default-class").and_then(Value::as_str) == Some("true")
     });
@@ -167,7 +167,7 @@ pub async fn validate(call: &Call, obj: &Value, op: Operation) -> ApiResult<()> 
         return Ok(());
     }
     let Some(ns) = call.namespace() else { return Ok(()) };
-    let quotas = list(call, &format!("/registry/resourcequotas/{ns}/")).await?;
+    let quotas = call.api.caches.resource_quotas.in_namespace(ns);
     if quotas.is_empty() {
         return Ok(());
     }

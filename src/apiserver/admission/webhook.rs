@@ -56,8 +56,11 @@ fn rule_matches(rule: &Value, call: &Call, op: Operation) -> bool {
 
 async fn namespace_labels(call: &Call) -> Option<Value> {
     let ns = call.namespace()?;
-    let s = call.api.storage.get(&format!("/registry/namespaces/{ns}")).await.ok()??;
-    s.object.pointer("/metadata/labels").cloned()
+    let obj = match call.api.caches.namespaces.get(&format!("Namespace/{ns}")) {
+        Some(o) => o,
+        None => call.api.storage.get(&format!("/registry/namespaces/{ns}")).await.ok()??.object,
+    };
+    obj.pointer("/metadata/labels").cloned()
 }
 
 async fn target(call: &Call, client_config: &Value) -> Result<Target, String> {
@@ -188,14 +191,13 @@ pub async fn call_all(call: &Call, obj: &mut Value, old: Option<&Value>, op: Ope
     if call.resource.group == "admissionregistration.k8s.io" || call.resource.ephemeral {
         return Ok(());
     }
-    let plural = if mutating { "mutatingwebhookconfigurations" } else { "validatingwebhookconfigurations" };
-    let configs = call.api.storage.list(&format!("/registry/admissionregistration.k8s.io/{plural}/"), None, 0, ReadAt::Latest).await?;
-    if configs.items.is_empty() {
+    let configs = if mutating { call.api.caches.mutating_webhooks.all() } else { call.api.caches.validating_webhooks.all() };
+    if configs.is_empty() {
         return Ok(());
     }
     let ns_labels = namespace_labels(call).await;
-    for config in configs.items {
-        for hook in config.object["webhooks"].as_array().cloned().unwrap_or_default() {
+    for config in configs {
+        for hook in config["webhooks"].as_array().cloned().unwrap_or_default() {
             let name = hook["name"].as_str().unwrap_or_default().to_string();
             if !hook["rules"].as_array().is_some_and(|rs| rs.iter().any(|r| rule_matches(r, call, op))) {
                 continue;

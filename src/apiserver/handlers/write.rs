@@ -75,10 +75,14 @@ async fn check_namespace(call: &Call, creating: bool) -> ApiResult<()> {
     if !call.resource.namespaced {
         return Ok(());
     }
-    let key = format!("/registry/namespaces/{ns}");
-    match call.api.storage.get(&key).await? {
+    // The cache first; a namespace created a moment ago may not be in it yet.
+    let namespace = match call.api.caches.namespaces.get(&format!("Namespace/{ns}")) {
+        Some(o) => Some(o),
+        None => call.api.storage.get(&format!("/registry/namespaces/{ns}")).await?.map(|s| s.object),
+    };
+    match namespace {
         None => Err(ApiError::not_found("", "namespaces", ns)),
-        Some(s) if creating && s.object.pointer("/metadata/deletionTimestamp").is_some() => Err(ApiError::forbidden(format!(
+        Some(o) if creating && o.pointer("/metadata/deletionTimestamp").is_some() => Err(ApiError::forbidden(format!(
             "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
             call.resource.plural,
             call.path.name.as_deref().unwrap_or_default()

@@ -1,0 +1,159 @@
+//! Watch-fed caches of small, often-read sets of objects (RBAC objects,
+//! namespaces, webhook configurations, quotas, limit ranges, priority and
+//! storage classes): loaded once, then kept current from the store's watch,
+//! so that authorization and admission read memory instead of the store on
+//! every request.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use futures_util::StreamExt;
+use serde_json::Value;
+
+use super::status::ApiError;
+use super::storage::{Change, ReadAt, Storage};
+
+/// Every object under one key prefix, by `Kind/namespace/name` (or `Kind/name`).
+pub struct PrefixCache {
+    prefix: String,
+    objects: RwLock<HashMap<String, Value>>,
+}
+
+pub fn id_of(obj: &Value) -> String {
+    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    match obj.pointer("/metadata/namespace").and_then(Value::as_str) {
+        Some(ns) => format!("{kind}/{ns}/{name}"),
+        None => format!("{kind}/{name}"),
+    }
+}
+
+impl PrefixCache {
+    pub fn new(prefix: &str) -> Arc<Self> {
+        Arc::new(PrefixCache { prefix: prefix.to_string(), objects: RwLock::default() })
+    }
+
+    /// Every cached object, in no particular order.
+    pub fn all(&self) -> Vec<Value> {
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// The objects of one namespace.
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Value> {
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        objects.values().filter(|o| o.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace)).cloned().collect()
+    }
+
+    pub fn get(&self, id: &str) -> Option<Value> {
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+    }
+
+    fn apply(&self, change: &Change) {
+        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        match change {
+            Change::Added(s) | Change::Modified { new: s, .. } => {
+                objects.insert(id_of(&s.object), s.object.clone());
+            }
+            Change::Deleted(s) => {
+                objects.remove(&id_of(&s.object));
+            }
+            Change::Progress(_) => {}
+        }
+    }
+
+    async fn load(&self, storage: &Storage) -> Result<i64, ApiError> {
+        let mut all = HashMap::new();
+        let mut start = None;
+        let mut at = ReadAt::Latest;
+        let rev = loop {
+            let page = storage.list(&self.prefix, start.take(), 1000, at).await?;
+            for s in page.items {
+                all.insert(id_of(&s.object), s.object);
+            }
+            match page.next_key {
+                Some(k) => {
+                    start = Some(k);
+                    at = ReadAt::Exact(page.rev);
+                }
+                None => break page.rev,
+            }
+        };
+        *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
+        Ok(rev)
+    }
+
+    /// Loads the objects, then follows changes in a task.
+    pub async fn start(self: &Arc<Self>, storage: Storage) -> Result<tokio::task::JoinHandle<()>, ApiError> {
+        let rev = self.load(&storage).await?;
+        let this = self.clone();
+        Ok(tokio::spawn(async move { this.follow(storage, rev).await }))
+    }
+
+    async fn follow(&self, storage: Storage, mut from: i64) {
+        loop {
+            match storage.watch(&self.prefix, false, from, std::time::Duration::from_secs(3600)).await {
+                Ok(changes) => {
+                    let mut changes = Box::pin(changes);
+                    while let Some(change) = changes.next().await {
+                        match change {
+                            Ok(c) => {
+                                if let Change::Added(s) | Change::Deleted(s) | Change::Modified { new: s, .. } = &c {
+                                    from = s.rev;
+                                }
+                                self.apply(&c);
+                            }
+                            Err(e) => {
+                                tracing::warn!(prefix = %self.prefix, error = %e, "cache watch ended; reloading");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(prefix = %self.prefix, error = %e, "cannot watch"),
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            match self.load(&storage).await {
+                Ok(rev) => from = rev,
+                Err(e) => tracing::error!(prefix = %self.prefix, error = %e, "cannot reload"),
+            }
+        }
+    }
+}
+
+/// The caches the API server keeps.
+pub struct Caches {
+    pub rbac: Arc<PrefixCache>,
+    pub namespaces: Arc<PrefixCache>,
+    pub mutating_webhooks: Arc<PrefixCache>,
+    pub validating_webhooks: Arc<PrefixCache>,
+    pub resource_quotas: Arc<PrefixCache>,
+    pub limit_ranges: Arc<PrefixCache>,
+    pub priority_classes: Arc<PrefixCache>,
+    pub storage_classes: Arc<PrefixCache>,
+}
+
+impl Default for Caches {
+    fn default() -> Self {
+        Caches {
+            rbac: PrefixCache::new("/registry/rbac.authorization.k8s.io/"),
+            namespaces: PrefixCache::new("/registry/namespaces/"),
+            mutating_webhooks: PrefixCache::new("/registry/admissionregistration.k8s.io/mutatingwebhookconfigurations/"),
+            validating_webhooks: PrefixCache::new("/registry/admissionregistration.k8s.io/validatingwebhookconfigurations/"),
+            resource_quotas: PrefixCache::new("/registry/resourcequotas/"),
+            limit_ranges: PrefixCache::new("/registry/limitranges/"),
+            priority_classes: PrefixCache::new("/registry/scheduling.k8s.io/priorityclasses/"),
+            storage_classes: PrefixCache::new("/registry/storage.k8s.io/storageclasses/"),
+        }
+    }
+}
+
+impl Caches {
+    /// Loads every cache and starts following them.
+    pub async fn start(&self, storage: &Storage) -> Result<Vec<tokio::task::JoinHandle<()>>, ApiError> {
+        let mut tasks = Vec::new();
+        for c in [&self.rbac, &self.namespaces, &self.mutating_webhooks, &self.validating_webhooks, &self.resource_quotas, &self.limit_ranges, &self.priority_classes, &self.storage_classes] {
+            tasks.push(c.start(storage.clone()).await?);
+        }
+        Ok(tasks)
+    }
+}
