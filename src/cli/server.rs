@@ -167,8 +167,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     tasks.push(tokio::spawn(apiserver::serve::serve(listener, tls, apiserver::router(api.clone()), stop_rx.clone())));
     apiserver::bootstrap::run(&api).await.map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
     apiserver::auth::bootstrap::run(&api.storage).await.map_err(|e| anyhow::anyhow!("default RBAC roles: {e}"))?;
-    tasks.extend(api.caches.start(&api.storage).await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?);
-    tasks.push(apiserver::crd::start(api.clone()).await.map_err(|e| anyhow::anyhow!("loading CustomResourceDefinitions: {e}"))?);
+    // Followers of the store run until the process stops; they are aborted.
+    let mut followers = api.caches.start(&api.storage).await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?;
+    followers.push(apiserver::crd::start(api.clone()).await.map_err(|e| anyhow::anyhow!("loading CustomResourceDefinitions: {e}"))?);
     api.set_ready();
 
     let root = unsafe { libc::geteuid() } == 0;
@@ -199,6 +200,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 
     super::datastore::shutdown_signal().await;
     let _ = stop_tx.send(true);
+    for f in followers {
+        f.abort();
+    }
     for t in tasks {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
     }
