@@ -24,8 +24,11 @@ fn wants_aggregated(accept: &str) -> bool {
     })
 }
 
+/// A subresource's group, version and kind when it differs from its parent's.
+type SubKind = Option<(&'static str, &'static str, &'static str)>;
+
 /// Subresources and the verbs they take.
-fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, Option<(&'static str, &'static str, &'static str)>)> {
+fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, SubKind)> {
     let mut out = Vec::new();
     if r.status {
         out.push(("status".to_string(), vec!["get", "patch", "update"], None));

@@ -100,7 +100,7 @@ pub fn strategic_merge(doc: &mut Value, patch: &Value) {
                         }
                         out
                     }
-                    _ => items.iter().filter(|i| i.get("$patch").is_none()).cloned().map(|v| clean(v)).collect(),
+                    _ => items.iter().filter(|i| i.get("$patch").is_none()).cloned().map(clean).collect(),
                 };
                 d.insert(key.clone(), Value::Array(merged));
             }

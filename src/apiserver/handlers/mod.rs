@@ -150,7 +150,7 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
         (&Method::PATCH, true, _) => "patch",
         (&Method::DELETE, true, _) => "delete",
         (&Method::DELETE, false, _) => "deletecollection",
-        _ => return Err(ApiError::method_not_allowed(format!("the server does not allow this method on the requested resource"))),
+        _ => return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource")),
     };
     call.api.authorize(&call, verb)?;
     if r.ephemeral {

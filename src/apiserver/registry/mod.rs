@@ -155,7 +155,7 @@ impl Registry {
                 Some(g) => {
                     if !g.versions.contains(&r.version) {
                         g.versions.push(r.version.clone());
-                        g.versions.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+                        g.versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
                     }
                 }
                 None => groups.push(GroupInfo { name: r.group.clone(), versions: vec![r.version.clone()] }),

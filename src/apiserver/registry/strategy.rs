@@ -197,7 +197,7 @@ pub fn check_name(rule: NameRule, name: &str) -> Vec<String> {
                 errs.push("must be no more than 63 characters".into());
             }
             if !is_label(name) {
-                errs.push(format!("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"));
+                errs.push("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')".into());
             }
         }
         NameRule::Subdomain => {
