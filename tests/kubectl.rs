@@ -157,6 +157,8 @@ fn a_new_cluster_has_its_builtin_objects() {
     assert_eq!(svc, "10.43.0.1 443");
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(s.kubeconfig()).expect("kubeconfig").permissions());
     assert_eq!(mode & 0o777, 0o600);
+    let explained = ok(k, &s, &["explain", "pods.spec.restartPolicy"]);
+    assert!(explained.contains("FIELD: restartPolicy <string>") && explained.contains("Restart policy for all containers"), "{explained}");
     let version = ok(k, &s, &["version", "-o", "json"]);
     assert!(version.contains("\"gitVersion\": \"v1.33"), "{version}");
     // Anonymous requests reach the health endpoints only.

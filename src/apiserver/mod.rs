@@ -59,6 +59,7 @@ pub struct Api {
     pub config: ApiConfig,
     pub allocator: allocator::ServiceAllocator,
     pub caches: cache::Caches,
+    pub openapi: openapi::DocumentCache,
     pub rbac: auth::rbac::RbacCache,
     /// Signs and checks service-account tokens.
     pub tokens: Option<auth::token::TokenSigner>,
@@ -71,6 +72,7 @@ impl Api {
         let caches = cache::Caches::default();
         let rbac = auth::rbac::RbacCache::new(caches.rbac.clone());
         Arc::new(Api {
+            openapi: openapi::DocumentCache::default(),
             caches,
             rbac,
             registry: Registry::builtin(),
@@ -251,7 +253,7 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         Target::Group(g) => discovery::group(&api.registry, &g),
         Target::Resources { group, version } => discovery::resources(&api.registry, &group, &version),
         Target::Resource(p) => handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await,
-        Target::Other => match openapi::serve(&api.registry, &path, &accept) {
+        Target::Other => match openapi::serve(&api.registry, &api.openapi, &path, &accept) {
             Some(resp) => resp,
             None => ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response(),
         },

@@ -44,7 +44,7 @@ fn write_params() -> Vec<Value> {
 
 fn operation(r: &Resource, action: &str, id: &str, params: Vec<Value>) -> Value {
     let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
-    let reference = format!("#/components/schemas/{}", schema_name(r));
+    let reference = format!("#/components/schemas/{}", component_name(r));
     json!({
         "operationId": id,
         "parameters": params,
@@ -54,10 +54,9 @@ fn operation(r: &Resource, action: &str, id: &str, params: Vec<Value>) -> Value 
     })
 }
 
-/// `io.k8s.api.core.v1.Pod`-style names for components.
-fn schema_name(r: &Resource) -> String {
-    let group = if r.group.is_empty() { "core".to_string() } else { r.group.trim_end_matches(".k8s.io").replace('.', "_") };
-    format!("ferrok.{group}.{}.{}", r.version, r.kind)
+/// The component that describes a resource's type (`io.k8s.api.core.v1.Pod`).
+fn component_name(r: &Resource) -> String {
+    r.strategy.openapi_name().unwrap_or_else(|| format!("{}.{}", r.version, r.kind))
 }
 
 fn document(registry: &Registry, group: &str, version: &str) -> Option<Value> {
@@ -91,14 +90,14 @@ fn document(registry: &Registry, group: &str, version: &str) -> Option<Value> {
                 "delete": op("delete", vec![query_param("dryRun", ""), query_param("gracePeriodSeconds", ""), query_param("propagationPolicy", "")]),
             }),
         );
-        schemas.insert(
-            schema_name(r),
-            json!({
-                "type": "object",
-                "description": format!("{} of {}.", r.kind, if group.is_empty() { version.to_string() } else { format!("{group}/{version}") }),
-                "x-kubernetes-group-version-kind": [{"group": r.group, "version": r.version, "kind": r.kind}],
-            }),
-        );
+        if let Some((name, components)) = r.strategy.openapi_schemas() {
+            for (k, v) in components {
+                schemas.entry(k).or_insert(v);
+            }
+            if let Some(Value::Object(root)) = schemas.get_mut(&name) {
+                root.insert("x-kubernetes-group-version-kind".into(), json!([{"group": r.group, "version": r.version, "kind": r.kind}]));
+            }
+        }
     }
     Some(json!({
         "openapi": "3.0.0",
@@ -108,13 +107,40 @@ fn document(registry: &Registry, group: &str, version: &str) -> Option<Value> {
     }))
 }
 
-fn hash(v: &Value) -> String {
-    let digest = Sha256::digest(v.to_string().as_bytes());
+/// When this process started, in nanoseconds, for document hashes.
+static STARTED: std::sync::LazyLock<u128> =
+    std::sync::LazyLock::new(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+
+fn hash(doc: &str) -> String {
+    let digest = Sha256::digest(doc.as_bytes());
     digest.iter().take(16).map(|b| format!("{b:02X}")).collect()
 }
 
 fn json_response(v: &Value) -> Response {
     (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], v.to_string()).into_response()
+}
+
+/// Serialized per-version documents, kept while the registry is unchanged.
+/// Only versions someone asked for are built; a document is a few hundred
+/// KiB of text, far less than the JSON values it is made from.
+#[derive(Default)]
+pub struct DocumentCache {
+    docs: std::sync::Mutex<std::collections::HashMap<(String, String), (u64, std::sync::Arc<String>)>>,
+}
+
+impl DocumentCache {
+    fn get(&self, registry: &Registry, group: &str, version: &str) -> Option<std::sync::Arc<String>> {
+        let generation = registry.generation();
+        let key = (group.to_string(), version.to_string());
+        if let Some((g, doc)) = self.docs.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            if *g == generation {
+                return Some(doc.clone());
+            }
+        }
+        let doc = std::sync::Arc::new(document(registry, group, version)?.to_string());
+        self.docs.lock().unwrap_or_else(|e| e.into_inner()).insert(key, (generation, doc.clone()));
+        Some(doc)
+    }
 }
 
 /// `/openapi/v2`: a Swagger 2.0 document without definitions, as protobuf
@@ -139,7 +165,7 @@ fn swagger(accept: &str) -> Response {
 }
 
 /// Serves `/openapi/v2`, `/openapi/v3` and `/openapi/v3/<gv path>`.
-pub fn serve(registry: &Registry, path: &str, accept: &str) -> Option<Response> {
+pub fn serve(registry: &Registry, cache: &DocumentCache, path: &str, accept: &str) -> Option<Response> {
     if path == "/openapi/v2" {
         return Some(swagger(accept));
     }
@@ -147,11 +173,20 @@ pub fn serve(registry: &Registry, path: &str, accept: &str) -> Option<Response> 
     let rest = rest.trim_start_matches('/');
     if rest.is_empty() {
         let mut paths = serde_json::Map::new();
+        // The hash only has to change when a document may: it covers the
+        // version's resources, the registry's generation and this process's
+        // start, so the index is answered without building any document.
         for (g, v) in all_versions(registry) {
-            if let Some(doc) = document(registry, &g, &v) {
-                let p = gv_path(&g, &v);
-                paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", hash(&doc))}));
+            let resources = registry.in_version(&g, &v);
+            if resources.is_empty() {
+                continue;
             }
+            let mut key = format!("{g}/{v}@{}:{}", registry.generation(), *STARTED);
+            for r in &resources {
+                key.push_str(&format!(";{}={}", r.plural, r.kind));
+            }
+            let p = gv_path(&g, &v);
+            paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}?hash={}", hash(&key))}));
         }
         return Some(json_response(&json!({"paths": paths})));
     }
@@ -160,5 +195,5 @@ pub fn serve(registry: &Registry, path: &str, accept: &str) -> Option<Response> 
         ["apis", g, v] => (g.to_string(), v.to_string()),
         _ => return None,
     };
-    document(registry, &group, &version).map(|d| json_response(&d))
+    cache.get(registry, &group, &version).map(|d| (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], d.as_str().to_string()).into_response())
 }

@@ -32,6 +32,8 @@ struct PrinterColumn {
 /// The strategy of one version of a custom resource.
 pub struct CustomStrategy {
     schema: Value,
+    /// Component name in OpenAPI documents (`com.example.v1.Widget`).
+    schema_name: String,
     columns: Vec<PrinterColumn>,
     has_status: bool,
 }
@@ -68,6 +70,16 @@ impl Strategy for CustomStrategy {
 
     fn tracks_generation(&self) -> bool {
         self.has_status
+    }
+
+    fn openapi_schemas(&self) -> Option<(String, serde_json::Map<String, Value>)> {
+        let mut schemas = serde_json::Map::new();
+        schemas.insert(self.schema_name.clone(), self.schema.clone());
+        Some((self.schema_name.clone(), schemas))
+    }
+
+    fn openapi_name(&self) -> Option<String> {
+        Some(self.schema_name.clone())
     }
 
     fn columns(&self) -> Vec<Column> {
@@ -147,7 +159,7 @@ pub fn resources_of(crd: &Value) -> Vec<Resource> {
         });
         out.push(Resource {
             group: group.clone(),
-            version,
+            version: version.clone(),
             kind: kind.clone(),
             list_kind: list_kind.clone(),
             plural: plural.clone(),
@@ -160,7 +172,12 @@ pub fn resources_of(crd: &Value) -> Vec<Resource> {
             scale,
             subresources: Vec::new(),
             ephemeral: false,
-            strategy: Arc::new(CustomStrategy { schema, columns, has_status }),
+            strategy: Arc::new(CustomStrategy {
+                schema_name: format!("{}.{}.{}", group.split('.').rev().collect::<Vec<_>>().join("."), version, kind),
+                schema,
+                columns,
+                has_status,
+            }),
         });
     }
     // The storage version's peers come first in discovery's version order.

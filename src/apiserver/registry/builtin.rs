@@ -39,7 +39,7 @@ struct Spec {
 
 fn resource<K>(spec: Spec) -> Resource
 where
-    K: ListableResource + DeserializeOwned + Serialize + 'static,
+    K: ListableResource + DeserializeOwned + Serialize + schemars::JsonSchema + 'static,
     K::Scope: Scope,
 {
     let scale = spec.scale.then(|| ScalePaths {
@@ -73,7 +73,7 @@ fn with_generation(hooks: Hooks) -> Hooks {
 /// A create-only review resource that is answered, never stored.
 fn review<K>(namespaced: bool) -> Resource
 where
-    K: k8s_openapi::Resource + DeserializeOwned + Serialize + 'static,
+    K: k8s_openapi::Resource + DeserializeOwned + Serialize + schemars::JsonSchema + 'static,
 {
     Resource {
         group: K::GROUP.into(),

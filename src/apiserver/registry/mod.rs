@@ -94,6 +94,8 @@ pub struct GroupInfo {
 #[derive(Default)]
 pub struct Registry {
     inner: RwLock<Inner>,
+    /// Bumped at every change, so derived documents know when to rebuild.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Default)]
@@ -113,7 +115,16 @@ impl Registry {
         registry
     }
 
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn changed(&self) {
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
     pub fn add(&self, r: Resource) {
+        self.changed();
         let r = Arc::new(r);
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let key = (r.group.clone(), r.version.clone(), r.plural.clone());
@@ -123,6 +134,7 @@ impl Registry {
     }
 
     pub fn remove(&self, group: &str, plural: &str) {
+        self.changed();
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         inner.order.retain(|o| !(o.group == group && o.plural == plural));
         inner.by_path.retain(|(g, _, p), _| !(g == group && p == plural));

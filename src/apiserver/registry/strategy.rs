@@ -59,6 +59,17 @@ pub trait Strategy: Send + Sync {
     fn cells(&self, _obj: &Value) -> Vec<Value> {
         Vec::new()
     }
+
+    /// The OpenAPI v3 schema of the resource's type: its component name and
+    /// every component it needs (itself included), for `kubectl explain`.
+    fn openapi_schemas(&self) -> Option<(String, serde_json::Map<String, Value>)> {
+        None
+    }
+
+    /// The component name alone (cheap; no schema is generated).
+    fn openapi_name(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Kind-specific hooks of a typed strategy.
@@ -101,8 +112,18 @@ impl<K> Typed<K> {
 
 impl<K> Strategy for Typed<K>
 where
-    K: DeserializeOwned + Serialize + 'static,
+    K: DeserializeOwned + Serialize + schemars::JsonSchema + 'static,
 {
+    fn openapi_schemas(&self) -> Option<(String, serde_json::Map<String, Value>)> {
+        let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
+        let _ = generator.subschema_for::<K>();
+        Some((K::schema_name().into_owned(), generator.take_definitions(true)))
+    }
+
+    fn openapi_name(&self) -> Option<String> {
+        Some(K::schema_name().into_owned())
+    }
+
     fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String> {
         let typed: K = serde_path_to_error::deserialize(obj).map_err(|e| {
             let path = e.path().to_string();
