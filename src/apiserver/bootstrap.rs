@@ -69,6 +69,12 @@ pub async fn run(api: &Api) -> ApiResult<()> {
     svc["status"] = json!({"loadBalancer": {}});
     reconcile(api, "/registry/services/default/kubernetes", svc, &["spec"]).await?;
 
+    // The default ServiceCIDR, as upstream 1.33 records it.
+    let mut cidr = object("networking.k8s.io/v1", "ServiceCIDR", None, "kubernetes", json!({}));
+    cidr["spec"] = json!({"cidrs": [cfg.service_cidr.to_string()]});
+    cidr["status"] = json!({"conditions": [{"type": "Ready", "status": "True", "reason": "", "message": "Kubernetes Service CIDR is ready", "lastTransitionTime": meta::now_rfc3339()}]});
+    ensure(api, "/registry/networking.k8s.io/servicecidrs/kubernetes", cidr).await?;
+
     let ip = cfg.advertise_ip.to_string();
     let mut ep = object("v1", "Endpoints", Some("default"), "kubernetes", json!({"endpointslice.kubernetes.io/skip-mirror": "true"}));
     ep["subsets"] = json!([{"addresses": [{"ip": ip}], "ports": [{"name": "https", "port": cfg.https_port, "protocol": "TCP"}]}]);

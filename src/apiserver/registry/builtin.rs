@@ -137,6 +137,8 @@ pub fn resources() -> Vec<Resource> {
         resource::<networking::Ingress>(Spec { short: &["ing"], status: true, hooks: with_generation(Hooks::default()), ..Default::default() }),
         resource::<networking::IngressClass>(Spec::default()),
         resource::<networking::NetworkPolicy>(Spec { short: &["netpol"], hooks: with_generation(Hooks::default()), ..Default::default() }),
+        resource::<networking::IPAddress>(Spec { short: &["ip"], ..Default::default() }),
+        resource::<networking::ServiceCIDR>(Spec { status: true, ..Default::default() }),
         // discovery.k8s.io/v1
         resource::<discovery::EndpointSlice>(Spec::default()),
         // coordination.k8s.io/v1
