@@ -318,8 +318,12 @@ pub async fn store_update(call: &Call, mut new: Value, old: &Stored) -> ApiResul
     } else {
         None
     };
+    let no_finalizers = |path: &str| new.pointer(path).and_then(Value::as_array).is_none_or(|f| f.is_empty());
+    // A namespace also waits for its spec.finalizers (emptied through /finalize).
+    let namespace_waits = r.group.is_empty() && r.plural == "namespaces" && !no_finalizers("/spec/finalizers");
     let finished = new.pointer("/metadata/deletionTimestamp").is_some()
-        && new.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty())
+        && no_finalizers("/metadata/finalizers")
+        && !namespace_waits
         && !(r.plural == "pods" && r.group.is_empty() && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) > 0);
     if call.dry_run() {
         return Ok((StatusCode::OK, new));
