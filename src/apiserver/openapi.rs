@@ -125,8 +125,12 @@ fn json_response(v: &Value) -> Response {
 /// KiB of text, far less than the JSON values it is made from.
 #[derive(Default)]
 pub struct DocumentCache {
-    docs: std::sync::Mutex<std::collections::HashMap<(String, String), (u64, std::sync::Arc<String>)>>,
+    docs: std::sync::Mutex<std::collections::HashMap<GroupVersion, CachedDocument>>,
 }
+
+type GroupVersion = (String, String);
+/// The registry generation a document was built at, and its text.
+type CachedDocument = (u64, std::sync::Arc<String>);
 
 impl DocumentCache {
     fn get(&self, registry: &Registry, group: &str, version: &str) -> Option<std::sync::Arc<String>> {

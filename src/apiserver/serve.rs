@@ -117,6 +117,5 @@ pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: R
 
 /// The router as a hyper service that tags each request with `user`.
 fn tower_service(app: Router, user: User) -> hyper_util::service::TowerToHyperService<axum::routing::RouterIntoService<hyper::body::Incoming>> {
-    let _ = &user;
     hyper_util::service::TowerToHyperService::new(app.layer(axum::Extension(user)).into_service())
 }

@@ -10,7 +10,7 @@ mod write;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
@@ -185,9 +185,4 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
 /// The object a request's path names, or NotFound.
 pub async fn load_object(call: &Call) -> ApiResult<crate::apiserver::storage::Stored> {
     read::load(call).await
-}
-
-/// The body of an empty answer: `Body::empty()` for HEAD-like cases.
-pub fn empty() -> Response {
-    Response::new(Body::empty())
 }

@@ -4,7 +4,7 @@
 //! that loses a race with another is retried on the newer object.
 
 use axum::body::Bytes;
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::Response;
 use serde_json::{json, Value};
 
@@ -115,6 +115,5 @@ pub async fn patch_scale(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let scale = scale_of(call, &current.object);
     let patched = apply_patch(kind, &scale, &patch)?;
     let replicas = patched.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
-    let _ = StatusCode::OK;
     set_replicas(call, replicas, None).await
 }

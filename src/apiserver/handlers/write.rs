@@ -289,9 +289,6 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
                 None => m.remove(*k),
             };
         }
-        if old_meta.get("deletionTimestamp").is_some() {
-            // Finalizers may be removed but not added once deletion began.
-        }
     }
     r.strategy.default(&mut new);
     if r.strategy.tracks_generation() && !status_only && spec_part(&new) != spec_part(old) {
