@@ -6,7 +6,6 @@ mod common;
 use std::io::BufRead;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use base64::Engine;
 
@@ -69,22 +68,9 @@ fn webhooks_and_builtin_plugins() {
     std::io::BufReader::new(hook.stdout.take().expect("stdout")).read_line(&mut line).expect("webhook ready line");
     assert_eq!(line.trim(), "ready");
 
-    let port = common::free_port();
-    let server = Command::new(common::ferrok_bin())
-        .args(["server", "--disable-agent", "--bind-address", "127.0.0.1", "--data-dir"])
-        .arg(d.join("data"))
-        .args(["--https-listen-port", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("ferrok server");
-    let _procs = Procs(vec![hook, server]);
-    let kc = d.join("data/kubeconfig.yaml");
-    let started = Instant::now();
-    while !(kc.exists() && kubectl(&kc, &["get", "ns", "default"], None).0) {
-        assert!(started.elapsed() < Duration::from_secs(20), "server did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let server = common::ApiServer::start();
+    let _procs = Procs(vec![hook]);
+    let kc = server.kubeconfig();
 
     let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(d.join("ca.crt")).expect("ca"));
     let hooks = format!(

@@ -3,52 +3,20 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn start() -> (Server, kube::Client) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = common::free_port();
-    let child = Command::new(common::ferrok_bin())
-        .args(["server", "--disable-agent", "--bind-address", "127.0.0.1", "--data-dir"])
-        .arg(dir.path())
-        .args(["--https-listen-port", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start ferrok server");
-    let server = Server { child, dir };
-    let path = server.dir.path().join("kubeconfig.yaml");
-    let started = Instant::now();
-    loop {
-        if path.exists() {
-            let kc = kube::config::Kubeconfig::read_from(&path).expect("kubeconfig");
-            let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
-            let client = kube::Client::try_from(config).expect("client");
-            if client.apiserver_version().await.is_ok() {
-                return (server, client);
-            }
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "server did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// A server and a `kube` client for it.
+async fn start() -> (common::ApiServer, kube::Client) {
+    let server = tokio::task::spawn_blocking(common::ApiServer::start).await.expect("start");
+    let kc = kube::config::Kubeconfig::read_from(server.kubeconfig()).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
+    let client = kube::Client::try_from(config).expect("client");
+    (server, client)
 }
 
 fn cm(name: &str, value: &str) -> ConfigMap {

@@ -4,75 +4,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ferrok_bin, free_port};
 
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start_in(dir: tempfile::TempDir, port: u16) -> Server {
-        let log = std::fs::File::create(dir.path().join(format!("server-{}.log", Instant::now().elapsed().as_nanos()))).expect("log");
-        let child = Command::new(ferrok_bin())
-            .args(["server", "--disable-agent", "--data-dir"])
-            .arg(dir.path())
-            .args(["--https-listen-port", &port.to_string(), "--bind-address", "127.0.0.1"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start ferrok server");
-        let mut s = Server { child, dir, port };
-        s.wait_ready();
-        s
-    }
-
-    fn start() -> Server {
-        Server::start_in(tempfile::tempdir().expect("tempdir"), free_port())
-    }
-
-    fn kubeconfig(&self) -> PathBuf {
-        self.dir.path().join("kubeconfig.yaml")
-    }
-
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("ferrok server exited early: {status}");
-            }
-            if self.kubeconfig().exists() {
-                let out = Command::new("curl").args(["-sk", &format!("https://127.0.0.1:{}/readyz", self.port)]).output();
-                if out.is_ok_and(|o| o.stdout == b"ok") {
-                    return;
-                }
-            }
-            assert!(Instant::now() < deadline, "ferrok server did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Stops with SIGTERM and hands back the data dir.
-    fn stop(mut self) -> (tempfile::TempDir, u16) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let status = self.child.wait().expect("wait");
-        assert!(status.success(), "server exited with {status} on SIGTERM");
-        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
-        (dir, self.port)
-    }
-}
+use common::ApiServer as Server;
 
 fn kubectl_binaries() -> Vec<PathBuf> {
     let k = which("kubectl");
