@@ -5,5 +5,7 @@
 
 pub mod apiserver;
 pub mod cli;
+pub mod client;
+pub mod controllers;
 pub mod pki;
 pub mod store;

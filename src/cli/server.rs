@@ -171,6 +171,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let mut followers = api.caches.start(&api.storage).await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?;
     followers.push(apiserver::crd::start(api.clone()).await.map_err(|e| anyhow::anyhow!("loading CustomResourceDefinitions: {e}"))?);
     api.set_ready();
+    let server_ca = std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?;
+    followers.extend(crate::controllers::start(crate::client::in_process(api.clone(), crate::client::controller_manager()), server_ca));
 
     let root = unsafe { libc::geteuid() } == 0;
     let kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {

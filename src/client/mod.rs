@@ -1,0 +1,23 @@
+//! How components other than the API server reach the API: a `kube::Client`
+//! whose transport is the API server's own router, in process (no TCP, no
+//! TLS), so every request goes through the same authentication,
+//! authorization, admission and validation as kubectl's.
+
+use std::sync::Arc;
+
+use crate::apiserver::auth::User;
+use crate::apiserver::{router, Api};
+
+/// A client that acts as `user` against the in-process API server.
+pub fn in_process(api: Arc<Api>, user: User) -> kube::Client {
+    let service = router(api).layer(axum::Extension(user)).into_service::<kube::client::Body>();
+    kube::Client::new(service, "default")
+}
+
+/// The identity ferrok's controllers use in process.
+pub fn controller_manager() -> User {
+    User {
+        name: "system:kube-controller-manager".into(),
+        groups: vec!["system:masters".into(), "system:authenticated".into()],
+    }
+}

@@ -1,0 +1,45 @@
+//! The in-process controllers of `ferrok server`: every namespace gets a
+//! `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap, and
+//! deleting a namespace deletes what is in it, then the namespace.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn kubectl(s: &common::ApiServer, args: &[&str]) -> (bool, String) {
+    let out = Command::new("kubectl").env("KUBECONFIG", s.kubeconfig()).env("HOME", s.dir.path()).args(args).output().expect("kubectl");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn namespaces_get_defaults_and_delete_their_contents() {
+    let s = common::ApiServer::start();
+    assert!(kubectl(&s, &["create", "namespace", "team"]).0);
+    eventually("the default ServiceAccount", || kubectl(&s, &["get", "sa", "default", "-n", "team"]).0);
+    eventually("kube-root-ca.crt", || {
+        let (ok, out) = kubectl(&s, &["get", "cm", "kube-root-ca.crt", "-n", "team", "-o", "jsonpath={.data.ca\\.crt}"]);
+        ok && out.starts_with("-----BEGIN CERTIFICATE-----")
+    });
+    // Both come back when deleted.
+    assert!(kubectl(&s, &["delete", "sa", "default", "-n", "team"]).0);
+    eventually("the default ServiceAccount again", || kubectl(&s, &["get", "sa", "default", "-n", "team"]).0);
+    assert!(kubectl(&s, &["create", "configmap", "data", "-n", "team", "--from-literal=a=b"]).0);
+    assert!(kubectl(&s, &["create", "deployment", "web", "-n", "team", "--image=busybox:1.36"]).0);
+    let (ok, out) = kubectl(&s, &["delete", "namespace", "team", "--wait=false"]);
+    assert!(ok, "{out}");
+    eventually("the namespace to be gone", || {
+        let (_, out) = kubectl(&s, &["get", "namespace", "team"]);
+        out.contains("NotFound")
+    });
+    let (_, out) = kubectl(&s, &["get", "--raw", "/api/v1/namespaces/team/configmaps"]);
+    assert!(out.contains("\"items\":[]"), "{out}");
+}
