@@ -176,15 +176,19 @@ fn watch_and_paging() {
     }
     let all = ok(&k, &s, &["get", "cm", "--chunk-size=2", "-o", "name"]);
     assert_eq!(all.lines().filter(|l| l.starts_with("configmap/cm")).count(), 7, "{all}");
+    // kube-root-ca.crt is there too: count what the namespace holds.
+    let whole = ok(&k, &s, &["get", "--raw", "/api/v1/namespaces/default/configmaps"]);
+    let total = serde_json::from_str::<serde_json::Value>(&whole).expect("list JSON")["items"].as_array().map_or(0, Vec::len);
+    assert!(total >= 7, "{whole}");
     let page = ok(&k, &s, &["get", "--raw", "/api/v1/namespaces/default/configmaps?limit=2"]);
     let page: serde_json::Value = serde_json::from_str(&page).expect("list JSON");
     assert_eq!(page["items"].as_array().map(Vec::len), Some(2));
     assert!(page["metadata"]["continue"].is_string());
-    assert_eq!(page["metadata"]["remainingItemCount"], 5);
+    assert_eq!(page["metadata"]["remainingItemCount"], total - 2);
     let token = page["metadata"]["continue"].as_str().unwrap_or_default();
     let next = ok(&k, &s, &["get", "--raw", &format!("/api/v1/namespaces/default/configmaps?limit=10&continue={token}")]);
     let next: serde_json::Value = serde_json::from_str(&next).expect("list JSON");
-    assert_eq!(next["items"].as_array().map(Vec::len), Some(5));
+    assert_eq!(next["items"].as_array().map(Vec::len), Some(total - 2));
     let labelled = ok(&k, &s, &["get", "ns", "-l", "kubernetes.io/metadata.name=default", "-o", "name"]);
     assert_eq!(labelled.trim(), "namespace/default");
 
@@ -283,4 +287,65 @@ fn restart_keeps_objects_and_resource_versions_grow() {
     ok(k, &s, &["label", "cm", "keep", "x=y"]);
     let rv2: i64 = ok(k, &s, &["get", "cm", "keep", "-o", "jsonpath={.metadata.resourceVersion}"]).parse().expect("rv");
     assert!(rv2 > rv1, "resourceVersion went from {rv1} to {rv2}");
+}
+
+#[test]
+fn rbac_with_service_account_tokens_and_the_join_token() {
+    let s = Server::start();
+    let k = &kubectl_binaries()[1];
+    ok(k, &s, &["create", "serviceaccount", "bot"]);
+    let token = ok(k, &s, &["create", "token", "bot"]);
+    let token = token.trim();
+    assert!(token.starts_with("eyJ"), "{token}");
+    let as_bot = |args: &[&str]| {
+        let mut full = vec!["--token", token];
+        full.extend_from_slice(args);
+        run(k, &s, &full, None)
+    };
+    // No role yet: forbidden, with upstream's wording.
+    let (success, _, err) = as_bot(&["get", "pods"]);
+    assert!(!success && err.contains("User \"system:serviceaccount:default:bot\" cannot list resource \"pods\""), "{err}");
+    ok(k, &s, &["create", "rolebinding", "bot-view", "--clusterrole=view", "--serviceaccount=default:bot"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !as_bot(&["get", "pods"]).0 {
+        assert!(Instant::now() < deadline, "the RoleBinding did not take effect");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(as_bot(&["auth", "can-i", "list", "pods"]).1.trim(), "yes");
+    assert_eq!(as_bot(&["auth", "can-i", "delete", "pods"]).1.trim(), "no");
+    assert_eq!(run(k, &s, &["auth", "can-i", "get", "secrets", "--as=system:serviceaccount:default:bot"], None).1.trim(), "no");
+    let (success, _, err) = as_bot(&["get", "secrets"]);
+    assert!(!success && err.contains("Forbidden"), "{err}");
+    let whoami = as_bot(&["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]).1;
+    assert_eq!(whoami, "system:serviceaccount:default:bot");
+    // A token that is not ours is refused.
+    let (success, _, err) = run(k, &s, &["--token", "not-a-token", "get", "pods"], None);
+    assert!(!success && err.contains("Unauthorized"), "{err}");
+    // The node join token authenticates as a bootstrapper, which may create CSRs only.
+    let join = std::fs::read_to_string(s.dir.path().join("server/token")).expect("token file");
+    let (_, whoami, _) = run(k, &s, &["--token", join.trim(), "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"], None);
+    assert_eq!(whoami, "system:ferrok:node-bootstrap");
+    let (_, can, _) = run(k, &s, &["--token", join.trim(), "auth", "can-i", "create", "certificatesigningrequests"], None);
+    assert_eq!(can.trim(), "yes");
+}
+
+#[test]
+fn delete_propagation_policies() {
+    let s = Server::start();
+    let k = &kubectl_binaries()[0];
+    for name in ["fg", "orphan", "bg"] {
+        ok_stdin(k, &s, &["apply", "-f", "-"], &format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}"}}}}"#));
+    }
+    ok(k, &s, &["delete", "cm", "bg", "--cascade=background"]);
+    assert!(run(k, &s, &["get", "cm", "bg"], None).2.contains("NotFound"));
+    // Foreground and orphan deletions wait for the garbage collector's finalizers.
+    ok(k, &s, &["delete", "cm", "fg", "--cascade=foreground", "--wait=false"]);
+    let fg = ok(k, &s, &["get", "cm", "fg", "-o", "jsonpath={.metadata.finalizers} {.metadata.deletionTimestamp}"]);
+    assert!(fg.starts_with("[\"foregroundDeletion\"] 20"), "{fg}");
+    ok(k, &s, &["delete", "cm", "orphan", "--cascade=orphan", "--wait=false"]);
+    let orphan = ok(k, &s, &["get", "cm", "orphan", "-o", "jsonpath={.metadata.finalizers}"]);
+    assert_eq!(orphan, "[\"orphan\"]");
+    // Removing the finalizer (as the collector will) completes the deletion.
+    ok(k, &s, &["patch", "cm", "orphan", "--type=json", "-p", r#"[{"op":"remove","path":"/metadata/finalizers"}]"#]);
+    assert!(run(k, &s, &["get", "cm", "orphan"], None).2.contains("NotFound"));
 }

@@ -157,6 +157,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         https_port: args.https_listen_port,
         service_cidr: args.service_cidr,
         cluster_domain: args.cluster_domain.clone(),
+        join_token: Some(pki.token.clone()),
     };
     let issuer = format!("https://kubernetes.default.svc.{}", args.cluster_domain);
     let tokens = apiserver::auth::token::TokenSigner::load(&pki.service_account_key, issuer).context("service-account key")?;

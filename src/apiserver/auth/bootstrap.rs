@@ -124,6 +124,11 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         cluster_role("system:discovery", vec![json!({"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/version", "/version/"], "verbs": ["get"]})], true),
         cluster_role("system:public-info-viewer", vec![json!({"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]})], true),
         cluster_role(
+            "system:node-bootstrapper",
+            vec![rule(&["certificates.k8s.io"], &["certificatesigningrequests"], &["create", "get", "list", "watch"])],
+            true,
+        ),
+        cluster_role(
             "system:basic-user",
             vec![
                 rule(&["authorization.k8s.io"], &["selfsubjectaccessreviews", "selfsubjectrulesreviews"], &["create"]),
@@ -140,6 +145,7 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         binding("cluster-admin", "cluster-admin", &["system:masters"]),
         binding("system:discovery", "system:discovery", &["system:authenticated"]),
         binding("system:basic-user", "system:basic-user", &["system:authenticated"]),
+        binding("system:node-bootstrapper", "system:node-bootstrapper", &["system:bootstrappers"]),
         binding("system:public-info-viewer", "system:public-info-viewer", &["system:authenticated", "system:unauthenticated"]),
     ];
     for b in bindings {

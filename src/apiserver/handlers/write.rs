@@ -465,7 +465,24 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
             0
         }
     });
-    let graceful = finalizers || is_namespace || (on_node && grace > 0);
+    // Foreground and Orphan propagation hand the object to the garbage
+    // collector through a finalizer, as upstream does; Background (the
+    // default) deletes now and leaves the dependents to the collector.
+    let propagation_finalizer = match opts.get("propagationPolicy").and_then(Value::as_str).or_else(|| {
+        opts.get("orphanDependents").and_then(Value::as_bool).and_then(|o| o.then_some("Orphan"))
+    }) {
+        Some("Foreground") => Some("foregroundDeletion"),
+        Some("Orphan") => Some("orphan"),
+        Some("Background") | None => None,
+        Some(other) => {
+            return Err(ApiError::invalid(&r.group, "DeleteOptions", &name, vec![Cause {
+                reason: "FieldValueNotSupported",
+                message: format!("Unsupported value: {other:?}: supported values: \"Background\", \"Foreground\", \"Orphan\""),
+                field: "propagationPolicy".into(),
+            }]))
+        }
+    };
+    let graceful = finalizers || is_namespace || (on_node && grace > 0) || propagation_finalizer.is_some();
     if !graceful {
         if !call.dry_run() {
             let key = r.key(meta::namespace_of(&old.object), &name);
@@ -481,6 +498,14 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
     let m = metadata_mut(&mut new);
     m.insert("deletionTimestamp".into(), json!(meta::rfc3339(now + if on_node { grace } else { 0 })));
     m.insert("deletionGracePeriodSeconds".into(), json!(if on_node { grace } else { 0 }));
+    if let Some(f) = propagation_finalizer {
+        let list = m.entry("finalizers").or_insert_with(|| json!([]));
+        if let Some(a) = list.as_array_mut() {
+            if !a.iter().any(|x| x == f) {
+                a.push(json!(f));
+            }
+        }
+    }
     if is_namespace {
         new["status"]["phase"] = json!("Terminating");
     }
