@@ -1,5 +1,5 @@
-//! Pods, ConfigMaps, Secrets, Namespaces, Services, ServiceAccounts, Nodes
-//! and Events.
+//! Pods, ConfigMaps, Secrets, Namespaces, Services, ServiceAccounts and
+//! Nodes.
 
 use serde_json::{json, Value};
 
@@ -413,37 +413,6 @@ pub fn node_hooks() -> Hooks {
                 json!(info("osImage")),
                 json!(info("kernelVersion")),
                 json!(info("containerRuntimeVersion")),
-            ]
-        },
-        ..Hooks::default()
-    }
-}
-
-pub fn event_hooks() -> Hooks {
-    Hooks {
-        columns: || {
-            vec![
-                Column::new("Last Seen", "string", 0),
-                Column::new("Type", "string", 0),
-                Column::new("Reason", "string", 0),
-                Column::new("Object", "string", 0),
-                Column::new("Message", "string", 0),
-            ]
-        },
-        cells: |o| {
-            let last = str_at(o, &["lastTimestamp"])
-                .or(str_at(o, &["eventTime"]))
-                .and_then(meta::parse_rfc3339)
-                .map(|t| meta::human_duration(meta::unix_now() - t))
-                .unwrap_or_else(|| "<unknown>".into());
-            let kind = str_at(o, &["involvedObject", "kind"]).unwrap_or_default().to_ascii_lowercase();
-            let name = str_at(o, &["involvedObject", "name"]).unwrap_or_default();
-            vec![
-                json!(last),
-                json!(str_at(o, &["type"]).unwrap_or_default()),
-                json!(str_at(o, &["reason"]).unwrap_or_default()),
-                json!(format!("{kind}/{name}")),
-                json!(str_at(o, &["message"]).unwrap_or_default()),
             ]
         },
         ..Hooks::default()

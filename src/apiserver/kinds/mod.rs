@@ -2,15 +2,33 @@
 //! validation, initial status and `kubectl get` columns, one file per kind
 //! (or family of kinds). Kinds without a file here use the generic rules.
 
+mod admission;
+mod autoscaling;
+mod cluster;
 mod core;
+mod events;
+mod networking;
+mod policy;
+mod rbac;
+mod storage;
 mod workloads;
 
+pub use self::admission::*;
+pub use self::autoscaling::*;
+pub use self::cluster::*;
 pub use self::core::*;
+pub use self::events::*;
+pub use self::networking::*;
+pub use self::policy::*;
+pub use self::rbac::*;
+pub use self::storage::*;
 pub use self::workloads::*;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::meta;
+use super::registry::strategy::Hooks;
+use super::table::Column;
 
 /// An integer at `path`, or 0.
 pub(crate) fn int(obj: &Value, path: &[&str]) -> i64 {
@@ -23,6 +41,29 @@ pub(crate) fn len(obj: &Value, path: &[&str]) -> usize {
         Some(Value::Array(a)) => a.len(),
         Some(Value::Object(m)) => m.len(),
         _ => 0,
+    }
+}
+
+/// The strings of an array at `path` (other elements skipped).
+pub(crate) fn str_list<'a>(obj: &'a Value, path: &[&str]) -> Vec<&'a str> {
+    meta::at(obj, path).and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+}
+
+/// How long ago the timestamp at `path` was, as kubectl prints ages.
+pub(crate) fn since(obj: &Value, path: &[&str]) -> Option<String> {
+    meta::str_at(obj, path).and_then(meta::parse_rfc3339).map(|t| meta::human_duration(meta::unix_now() - t))
+}
+
+/// The columns of kinds upstream has no printer for: its default table
+/// convertor shows NAME and CREATED AT (the creation time, RFC 3339 in UTC).
+pub(crate) fn created_at_hooks() -> Hooks {
+    Hooks {
+        columns: || vec![Column { name: "Created At", kind: "date", ..Column::age() }],
+        cells: |o| {
+            let t = meta::str_at(o, &["metadata", "creationTimestamp"]).and_then(meta::parse_rfc3339);
+            vec![json!(t.map(meta::rfc3339).unwrap_or_else(|| "0001-01-01T00:00:00Z".into()))]
+        },
+        ..Hooks::default()
     }
 }
 

@@ -1,9 +1,10 @@
-//! Deployments, ReplicaSets, StatefulSets, DaemonSets, Jobs and CronJobs.
+//! Deployments, ReplicaSets, StatefulSets, DaemonSets, Jobs, CronJobs,
+//! ReplicationControllers, PodTemplates and ControllerRevisions.
 
 use serde_json::{json, Value};
 
 use super::core::{default_pod_spec, ready_of, validate_pod_spec};
-use super::{default_field, int, selector_string};
+use super::{default_field, int, map_selector_string, selector_string};
 use crate::apiserver::meta::{age, at, str_at};
 use crate::apiserver::registry::strategy::Hooks;
 use crate::apiserver::status::Cause;
@@ -296,5 +297,96 @@ pub fn cronjob_hooks() -> Hooks {
             ]
         },
         ..Hooks::default()
+    }
+}
+
+pub fn replicationcontroller_hooks() -> Hooks {
+    Hooks {
+        columns: || {
+            with_template_columns(vec![
+                Column::new("Desired", "integer", 0),
+                Column::new("Current", "integer", 0),
+                Column::new("Ready", "integer", 0),
+                Column::age(),
+            ])
+        },
+        cells: |o| {
+            let (c, i) = images(o, &["spec", "template", "spec"]);
+            vec![
+                // Upstream defaults an unset replica count to 1.
+                json!(at(o, &["spec", "replicas"]).and_then(Value::as_i64).unwrap_or(1)),
+                json!(int(o, &["status", "replicas"])),
+                json!(int(o, &["status", "readyReplicas"])),
+                json!(age(o)),
+                json!(c),
+                json!(i),
+                json!(map_selector_string(at(o, &["spec", "selector"]))),
+            ]
+        },
+        ..Hooks::default()
+    }
+}
+
+/// Upstream shows no age for pod templates.
+pub fn podtemplate_hooks() -> Hooks {
+    Hooks {
+        columns: || vec![Column::new("Containers", "string", 0), Column::new("Images", "string", 0), Column::new("Pod Labels", "string", 0)],
+        cells: |o| {
+            let (c, i) = images(o, &["template", "spec"]);
+            vec![json!(c), json!(i), json!(map_selector_string(at(o, &["template", "metadata", "labels"])))]
+        },
+        ..Hooks::default()
+    }
+}
+
+pub fn controllerrevision_hooks() -> Hooks {
+    Hooks {
+        columns: || vec![Column::new("Controller", "string", 0), Column::new("Revision", "string", 0), Column::age()],
+        cells: |o| vec![json!(controller_of(o)), json!(int(o, &["revision"])), json!(age(o))],
+        ..Hooks::default()
+    }
+}
+
+/// The controlling owner as `kind.group/name` (lowercase kind and group).
+fn controller_of(o: &Value) -> String {
+    let owner = at(o, &["metadata", "ownerReferences"])
+        .and_then(Value::as_array)
+        .and_then(|refs| refs.iter().find(|r| r.get("controller").and_then(Value::as_bool) == Some(true)));
+    let Some(owner) = owner else { return "<none>".into() };
+    let name = str_at(owner, &["name"]).unwrap_or_default();
+    let kind = str_at(owner, &["kind"]).unwrap_or_default();
+    let group = str_at(owner, &["apiVersion"]).and_then(|v| v.split_once('/')).map_or("", |(g, _)| g);
+    match (kind, group) {
+        ("", "") => name.to_string(),
+        (kind, "") => format!("{}/{name}", kind.to_lowercase()),
+        (kind, group) => format!("{}.{}/{name}", kind.to_lowercase(), group.to_lowercase()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controller_revision_and_pod_template_cells() {
+        let cr = json!({"revision": 3, "metadata": {"ownerReferences": [
+            {"apiVersion": "v1", "kind": "Pod", "name": "x"},
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "controller": true}
+        ]}});
+        assert_eq!((controllerrevision_hooks().cells)(&cr)[..2], [json!("statefulset.apps/web"), json!(3)]);
+        assert_eq!(controller_of(&json!({})), "<none>");
+
+        let pt = json!({"template": {"metadata": {"labels": {"tier": "web", "app": "a"}},
+                                     "spec": {"containers": [{"name": "c1", "image": "nginx"}, {"name": "c2", "image": "busybox"}]}}});
+        assert_eq!((podtemplate_hooks().cells)(&pt), vec![json!("c1,c2"), json!("nginx,busybox"), json!("app=a,tier=web")]);
+    }
+
+    #[test]
+    fn replication_controller_cells() {
+        let rc = json!({"spec": {"selector": {"app": "web"}, "template": {"spec": {"containers": [{"name": "c", "image": "nginx"}]}}},
+                        "status": {"replicas": 1}});
+        let cells = (replicationcontroller_hooks().cells)(&rc);
+        assert_eq!(cells.len(), (replicationcontroller_hooks().columns)().len());
+        assert_eq!((&cells[..3], &cells[4..]), (&[json!(1), json!(1), json!(0)][..], &[json!("c"), json!("nginx"), json!("app=web")][..]));
     }
 }
