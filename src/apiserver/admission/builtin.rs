@@ -40,6 +40,13 @@ pub async fn mutate(call: &Call, obj: &mut Value, op: Operation) -> ApiResult<()
     if is(call, "", "persistentvolumeclaims") {
         default_storage_class(call, obj).await?;
     }
+    if is(call, "certificates.k8s.io", "certificatesigningrequests") {
+        // The requester is whoever creates the CSR, never what the body claims.
+        if let Some(spec) = obj.get_mut("spec") {
+            spec["username"] = json!(call.user.name);
+            spec["groups"] = json!(call.user.groups);
+        }
+    }
     Ok(())
 }
 

@@ -51,6 +51,13 @@ fn flag(o: &Value, path: &[&str], default: bool) -> Value {
 
 pub fn persistentvolume_hooks() -> Hooks {
     Hooks {
+        initial_status: |_| Some(json!({"phase": "Pending"})),
+        default: |o| {
+            if let Some(spec) = o.get_mut("spec") {
+                crate::apiserver::kinds::default_field(spec, "persistentVolumeReclaimPolicy", json!("Retain"));
+                crate::apiserver::kinds::default_field(spec, "volumeMode", json!("Filesystem"));
+            }
+        },
         columns: || {
             vec![
                 Column::new("Capacity", "string", 0),
@@ -89,6 +96,12 @@ pub fn persistentvolume_hooks() -> Hooks {
 
 pub fn persistentvolumeclaim_hooks() -> Hooks {
     Hooks {
+        initial_status: |_| Some(json!({"phase": "Pending"})),
+        default: |o| {
+            if let Some(spec) = o.get_mut("spec") {
+                crate::apiserver::kinds::default_field(spec, "volumeMode", json!("Filesystem"));
+            }
+        },
         columns: || {
             vec![
                 Column::new("Status", "string", 0),
