@@ -264,7 +264,7 @@ impl Storage {
         let _ = tx.send(create).await;
         // Progress requests ask the store to confirm how far we are, which
         // becomes a BOOKMARK; the ticker sleeps, it does not poll data.
-        tokio::spawn(async move {
+        let ticker = tokio::spawn(async move {
             let mut tick = tokio::time::interval(progress_every);
             tick.tick().await;
             loop {
@@ -278,7 +278,22 @@ impl Storage {
             }
         });
         let responses = self.store.watch(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))).await?;
-        Ok(responses.flat_map(|resp| futures_util::stream::iter(changes(resp))))
+        // When the caller drops the stream, the ticker stops; its sender goes
+        // with it, which ends the store's watch at once.
+        let guard = AbortOnDrop(ticker.abort_handle());
+        Ok(responses.flat_map(move |resp| {
+            let _held = &guard;
+            futures_util::stream::iter(changes(resp))
+        }))
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
