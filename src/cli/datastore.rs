@@ -136,7 +136,7 @@ pub async fn run(args: DatastoreArgs) -> anyhow::Result<()> {
     let mut server = tokio::spawn(grpc::serve(store, listeners, tls, args.max_request_bytes, stop_rx));
     let outcome = tokio::select! {
         res = &mut server => Some(res),
-        _ = shutdown_signal() => None,
+        _ = super::shutdown_signal() => None,
     };
     let _ = stop_tx.send(true);
     let served = match outcome {
@@ -148,18 +148,4 @@ pub async fn run(args: DatastoreArgs) -> anyhow::Result<()> {
     }
     served.context("the gRPC server task failed")??;
     Ok(())
-}
-
-/// SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
 }

@@ -35,14 +35,32 @@ enum Command {
 #[derive(Debug, Args)]
 struct NotBuilt {}
 
+/// Whether ferrok runs as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Where ferrok keeps its state when `--data-dir` is not given.
 pub fn default_data_dir() -> PathBuf {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
     match std::env::var_os("HOME") {
-        Some(home) if !root => PathBuf::from(home).join(".ferrok"),
+        Some(home) if !is_root() => PathBuf::from(home).join(".ferrok"),
         _ => PathBuf::from("/var/lib/ferrok"),
     }
+}
+
+/// SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
 }
 
 fn init_logging(verbose: u8) {

@@ -175,9 +175,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let server_ca = std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?;
     followers.extend(crate::controllers::start(crate::client::in_process(api.clone(), crate::client::controller_manager()), server_ca));
 
-    let root = unsafe { libc::geteuid() } == 0;
     let kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {
-        if root && args.data_dir.is_none() {
+        if super::is_root() && args.data_dir.is_none() {
             PathBuf::from("/etc/ferrok/ferrok.yaml")
         } else {
             data_dir.join("kubeconfig.yaml")
@@ -201,7 +200,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         tracing::warn!("the node role is not built yet; this server runs the control plane only");
     }
 
-    super::datastore::shutdown_signal().await;
+    super::shutdown_signal().await;
     let _ = stop_tx.send(true);
     for f in followers {
         f.abort();
