@@ -34,9 +34,27 @@ pub fn typed(call: &Call, mut obj: Value) -> Value {
     obj
 }
 
-/// An object answer, as a Table when kubectl asks for one.
+/// Whether the client asked for metadata only (client-go's metadata
+/// informers, `kube`'s metadata watchers).
+fn wants_metadata(accept: &str) -> bool {
+    accept.split(',').next().is_some_and(|first| first.replace(' ', "").contains("as=PartialObjectMetadata"))
+}
+
+/// An object reduced to its metadata.
+fn partial(obj: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
+/// An object answer, as a Table or metadata only when asked so.
 pub fn object_response(call: &Call, code: StatusCode, obj: Value) -> Response {
     let obj = typed(call, obj);
+    if wants_metadata(call.accept()) {
+        return call.respond(code, &partial(&obj));
+    }
     if wants_table(call.accept()) {
         let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
         let t = table(&call.resource, std::slice::from_ref(&obj), json!({"resourceVersion": rv}), call.param("includeObject").unwrap_or("Metadata"));
@@ -176,6 +194,11 @@ pub async fn list(call: &Call) -> ApiResult<Response> {
         let t = table(r, &objs, meta, call.param("includeObject").unwrap_or("Metadata"));
         return Ok(call.respond(StatusCode::OK, &t));
     }
+    if wants_metadata(call.accept()) {
+        let items: Vec<Value> = items.iter().map(partial).collect();
+        let list = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items});
+        return Ok(call.respond(StatusCode::OK, &list));
+    }
     let items: Vec<Value> = items.into_iter().map(|o| typed(call, o)).collect();
     let list = json!({
         "kind": r.list_kind,
@@ -188,6 +211,9 @@ pub async fn list(call: &Call) -> ApiResult<Response> {
 
 fn event(call: &Call, kind: &str, obj: Value, as_table: bool) -> Value {
     let obj = typed(call, obj);
+    if wants_metadata(call.accept()) {
+        return json!({"type": kind, "object": partial(&obj)});
+    }
     if as_table {
         let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
         let t = table(&call.resource, std::slice::from_ref(&obj), json!({"resourceVersion": rv}), call.param("includeObject").unwrap_or("Metadata"));
