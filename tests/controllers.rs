@@ -43,3 +43,51 @@ fn namespaces_get_defaults_and_delete_their_contents() {
     let (_, out) = kubectl(&s, &["get", "--raw", "/api/v1/namespaces/team/configmaps"]);
     assert!(out.contains("\"items\":[]"), "{out}");
 }
+
+/// A ConfigMap owned by another, as controllers create them.
+fn owned(name: &str, owner: &str, uid: &str) -> String {
+    format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","ownerReferences":[{{"apiVersion":"v1","kind":"ConfigMap","name":"{owner}","uid":"{uid}","blockOwnerDeletion":true}}]}}}}"#
+    )
+}
+
+fn create(s: &common::ApiServer, body: &str) {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .env("KUBECONFIG", s.kubeconfig())
+        .env("HOME", s.dir.path())
+        .args(["create", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("kubectl");
+    child.stdin.take().expect("stdin").write_all(body.as_bytes()).expect("write");
+    assert!(child.wait().expect("wait").success(), "create failed: {body}");
+}
+
+#[test]
+fn garbage_collector_in_all_three_modes() {
+    let s = common::ApiServer::start();
+    let gone = |name: &str| kubectl(&s, &["get", "cm", name]).1.contains("NotFound");
+    for mode in ["background", "foreground", "orphan"] {
+        let owner = format!("owner-{mode}");
+        assert!(kubectl(&s, &["create", "configmap", &owner]).0);
+        let (_, uid) = kubectl(&s, &["get", "cm", &owner, "-o", "jsonpath={.metadata.uid}"]);
+        let dependent = format!("dep-{mode}");
+        create(&s, &owned(&dependent, &owner, uid.trim()));
+        let (ok, out) = kubectl(&s, &["delete", "cm", &owner, &format!("--cascade={mode}"), "--wait=false"]);
+        assert!(ok, "{out}");
+        eventually(&format!("the owner to go ({mode})"), || gone(&owner));
+        match mode {
+            "orphan" => {
+                std::thread::sleep(Duration::from_millis(500));
+                let (ok, refs) = kubectl(&s, &["get", "cm", &dependent, "-o", "jsonpath={.metadata.ownerReferences}"]);
+                assert!(ok && refs.trim().is_empty(), "orphaned dependent kept its owner reference: {refs}");
+            }
+            _ => eventually(&format!("the dependent to go ({mode})"), || gone(&dependent)),
+        }
+    }
+    // A dependent created for an owner that does not exist is collected too.
+    create(&s, &owned("stray", "nobody", "00000000-0000-4000-8000-000000000000"));
+    eventually("the stray dependent to go", || gone("stray"));
+}

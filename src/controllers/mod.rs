@@ -2,6 +2,7 @@
 //! API only through an in-process `kube::Client` and driven by kube-runtime
 //! (watch-fed caches, a deduplicating work queue, retries with back-off).
 
+pub mod garbage_collector;
 pub mod namespace;
 pub mod root_ca;
 pub mod serviceaccount;
@@ -21,6 +22,7 @@ pub enum ControllerError {
 pub fn start(client: kube::Client, server_ca_pem: String) -> Vec<tokio::task::JoinHandle<()>> {
     vec![
         tokio::spawn(namespace::run(client.clone())),
+        tokio::spawn(garbage_collector::run(client.clone())),
         tokio::spawn(serviceaccount::run(client.clone())),
         tokio::spawn(root_ca::run(client, Arc::new(server_ca_pem))),
     ]
