@@ -119,6 +119,9 @@ struct Collector {
     client: kube::Client,
     discovery: Discovery,
     graph: Mutex<Graph>,
+    /// Bounds the collection steps in flight (a start with many owned
+    /// objects checks every owner).
+    workers: tokio::sync::Semaphore,
 }
 
 impl Collector {
@@ -220,7 +223,7 @@ async fn follow(client: kube::Client) -> Result<(), ControllerError> {
             streams.push(watcher(api, watcher::Config::default()).map(move |e| (tag.clone(), e)).boxed());
         }
     }
-    let collector = Arc::new(Collector { client: client.clone(), discovery, graph: Mutex::new(Graph::default()) });
+    let collector = Arc::new(Collector { client: client.clone(), discovery, graph: Mutex::new(Graph::default()), workers: tokio::sync::Semaphore::new(8) });
     let mut events = select_all(streams);
     while let Some((resource, event)) = events.next().await {
         let event = match event {
@@ -271,6 +274,7 @@ async fn follow(client: kube::Client) -> Result<(), ControllerError> {
         for uid in todo {
             let c = collector.clone();
             tokio::spawn(async move {
+                let Ok(_permit) = c.workers.acquire().await else { return };
                 for attempt in 0..5u32 {
                     match c.attend(&uid).await {
                         Ok(()) => return,
