@@ -124,10 +124,6 @@ impl ApiError {
         Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/apply-patch+yaml, application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json; got {content_type:?}"))
     }
 
-    pub fn not_acceptable() -> Self {
-        Self::new(406, "NotAcceptable", "only the following media types are accepted: application/json, application/yaml")
-    }
-
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", format!("Internal error occurred: {}", message.into()))
     }

@@ -139,22 +139,9 @@ impl Storage {
         Storage { store }
     }
 
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-
     pub async fn get(&self, key: &str) -> ApiResult<Option<Stored>> {
         let resp = self.store.range(RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() }).await?;
         resp.kvs.first().map(decode).transpose()
-    }
-
-    /// The store's current revision.
-    pub async fn head(&self) -> ApiResult<i64> {
-        let resp = self
-            .store
-            .range(RangeRequest { key: b"/registry/health".to_vec(), count_only: true, ..Default::default() })
-            .await?;
-        Ok(header_rev(&resp.header))
     }
 
     /// Creates `key`; fails with `Exists` when it is there.

@@ -157,11 +157,13 @@ impl<'a> Reader<'a> {
     }
 
     fn fixed64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        let b: [u8; 8] = self.take(8)?.try_into().map_err(|_| ProtobufError::Truncated)?;
+        Ok(u64::from_le_bytes(b))
     }
 
     fn fixed32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        let b: [u8; 4] = self.take(4)?.try_into().map_err(|_| ProtobufError::Truncated)?;
+        Ok(u32::from_le_bytes(b))
     }
 
     fn skip(&mut self, wt: u8) -> Result<()> {

@@ -77,11 +77,8 @@ impl Resource {
             _ => self.key_prefix(),
         }
     }
-
-    pub fn has_verb(&self, verb: &str) -> bool {
-        self.verbs.iter().any(|v| v == verb)
-    }
 }
+
 
 /// A group's versions, newest preferred first.
 #[derive(Debug, Clone)]

@@ -187,10 +187,6 @@ impl SqliteStore {
         Ok(store)
     }
 
-    pub fn path(&self) -> &Path {
-        &self.opts.path
-    }
-
     /// Finishes queued writes, checkpoints the WAL and stops the writer.
     /// Requests made afterwards fail with `Closed`.
     pub async fn close(&self) {
