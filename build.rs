@@ -4,9 +4,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
-        .compile_protos(
-            &["proto/etcdserverpb/rpc.proto", "proto/mvccpb/kv.proto"],
-            &["proto"],
-        )?;
+        .compile_protos(&["proto/etcdserverpb/rpc.proto", "proto/mvccpb/kv.proto"], &["proto"])?;
     Ok(())
 }

@@ -31,7 +31,12 @@ fn free_port() -> u16 {
 fn rss_kib(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
-        status.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
     };
     (field("VmRSS:"), field("VmHWM:"))
 }
@@ -66,7 +71,9 @@ async fn start() -> (Server, kube::Client, u16) {
 
 async fn client(kubeconfig: &std::path::Path) -> Result<kube::Client, kube::Error> {
     let config = kube::config::Kubeconfig::read_from(kubeconfig).map_err(kube::Error::InferKubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(config, &Default::default()).await.map_err(kube::Error::InferKubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+        .await
+        .map_err(kube::Error::InferKubeconfig)?;
     kube::Client::try_from(config)
 }
 
@@ -164,7 +171,11 @@ async fn main() {
         .await;
     }
     // Fill to 10k ConfigMaps and measure memory.
-    let existing = Api::<ConfigMap>::namespaced(client(&kubeconfig).await.expect("client"), "default").list(&ListParams::default()).await.map(|l| l.items.len()).unwrap_or(0);
+    let existing = Api::<ConfigMap>::namespaced(client(&kubeconfig).await.expect("client"), "default")
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items.len())
+        .unwrap_or(0);
     let missing = 10_000usize.saturating_sub(existing);
     if !quick && missing > 0 {
         phase("fill", &kubeconfig, 16, missing / 16 + 1, |api, c, i| async move {
@@ -175,12 +186,19 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (rss, hwm) = rss_kib(pid);
     let db = std::fs::metadata(server.dir.path().join("server/db/state.db")).map(|m| m.len()).unwrap_or(0);
-    println!("server RSS holding {} ConfigMaps: {:.1} MiB (peak {:.1} MiB), database {:.1} MiB", if quick { existing } else { existing + missing }, rss as f64 / 1024.0, hwm as f64 / 1024.0, db as f64 / 1048576.0);
+    println!(
+        "server RSS holding {} ConfigMaps: {:.1} MiB (peak {:.1} MiB), database {:.1} MiB",
+        if quick { existing } else { existing + missing },
+        rss as f64 / 1024.0,
+        hwm as f64 / 1024.0,
+        db as f64 / 1048576.0
+    );
     // Idle CPU over 10 s.
     let ticks = |pid: u32| -> u64 {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
-        fields.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0) + fields.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+        fields.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+            + fields.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
     };
     let before = ticks(pid);
     let secs = if quick { 3 } else { 10 };

@@ -122,7 +122,9 @@ fn parse_opts() -> Opts {
         size_updates: 100_000,
         size_writers: 16,
         phases: vec!["writes".into(), "watch".into(), "size".into()],
-        ferrok_bin: std::env::var_os("FERROK_BIN").map(PathBuf::from).unwrap_or_else(|| env!("CARGO_BIN_EXE_ferrok").into()),
+        ferrok_bin: std::env::var_os("FERROK_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_ferrok").into()),
         etcd_bin: std::env::var_os("ETCD_BIN").map(PathBuf::from).unwrap_or_else(|| "/usr/bin/etcd".into()),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -229,7 +231,8 @@ impl Proc {
     }
 
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(cannot read {}: {e})", self.log.display()));
+        let text =
+            std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(cannot read {}: {e})", self.log.display()));
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
@@ -417,7 +420,9 @@ fn create_txn(key: &[u8], value: Vec<u8>) -> TxnRequest {
             range_end: vec![],
             target_union: Some(TargetUnion::ModRevision(0)),
         }],
-        success: vec![RequestOp { request: Some(Op::RequestPut(PutRequest { key: key.to_vec(), value, ..Default::default() })) }],
+        success: vec![RequestOp {
+            request: Some(Op::RequestPut(PutRequest { key: key.to_vec(), value, ..Default::default() })),
+        }],
         failure: vec![],
     }
 }
@@ -432,8 +437,12 @@ fn update_txn(key: &[u8], rev: i64, value: Vec<u8>) -> TxnRequest {
             range_end: vec![],
             target_union: Some(TargetUnion::ModRevision(rev)),
         }],
-        success: vec![RequestOp { request: Some(Op::RequestPut(PutRequest { key: key.to_vec(), value, ..Default::default() })) }],
-        failure: vec![RequestOp { request: Some(Op::RequestRange(RangeRequest { key: key.to_vec(), ..Default::default() })) }],
+        success: vec![RequestOp {
+            request: Some(Op::RequestPut(PutRequest { key: key.to_vec(), value, ..Default::default() })),
+        }],
+        failure: vec![RequestOp {
+            request: Some(Op::RequestRange(RangeRequest { key: key.to_vec(), ..Default::default() })),
+        }],
     }
 }
 
@@ -653,7 +662,10 @@ async fn watch(url: &str, label: &str, pace: Pace) -> Result<WatchResult, String
                 Ok(Ok(Some(r))) => {
                     let now = now_ns();
                     if r.canceled {
-                        note = Some(format!("watch canceled: {:?} (compact_revision {})", r.cancel_reason, r.compact_revision));
+                        note = Some(format!(
+                            "watch canceled: {:?} (compact_revision {})",
+                            r.cancel_reason, r.compact_revision
+                        ));
                         break;
                     }
                     for ev in r.events {
@@ -881,10 +893,13 @@ async fn size(t: &Target, keys: usize, updates: usize, writers: usize) -> Result
         .map(|h| h.revision)
         .unwrap_or(0);
     let c0 = Instant::now();
-    tokio::time::timeout(Duration::from_secs(300), KvClient::new(ch.clone()).compact(CompactionRequest { revision: head, physical: true }))
-        .await
-        .map_err(|_| format!("Compact(revision {head}, physical): no answer within 300 s"))?
-        .map_err(|e| format!("Compact(revision {head}, physical): {e}"))?;
+    tokio::time::timeout(
+        Duration::from_secs(300),
+        KvClient::new(ch.clone()).compact(CompactionRequest { revision: head, physical: true }),
+    )
+    .await
+    .map_err(|_| format!("Compact(revision {head}, physical): no answer within 300 s"))?
+    .map_err(|e| format!("Compact(revision {head}, physical): {e}"))?;
     rows.push(size_row(t, &format!("compacted to {head}"), Some(c0.elapsed())).await?);
     let waited = settle(t, Duration::from_secs(30)).await;
     rows.push(size_row(t, "  + settled", Some(waited)).await?);
@@ -924,7 +939,12 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
     let on = |p: &str| opts.phases.iter().any(|x| x == p);
     // First, on a fresh database, so that the size figures hold only this workload.
     let size_result = if on("size") {
-        progress!("{name}: size, {} updates to {} keys, {} writers", opts.size_updates, opts.size_keys, opts.size_writers);
+        progress!(
+            "{name}: size, {} updates to {} keys, {} writers",
+            opts.size_updates,
+            opts.size_keys,
+            opts.size_writers
+        );
         Some(size(t, opts.size_keys, opts.size_updates, opts.size_writers).await)
     } else {
         None
@@ -990,7 +1010,10 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
         first_id += clients;
     }
 
-    let paced = Pace::Paced { rate: opts.watch_rate, count: (opts.watch_rate as f64 * opts.watch_secs).round().max(1.0) as usize };
+    let paced = Pace::Paced {
+        rate: opts.watch_rate,
+        count: (opts.watch_rate as f64 * opts.watch_secs).round().max(1.0) as usize,
+    };
     let burst = Pace::Burst { writers: opts.burst_writers, count: opts.burst.max(1) };
     let modes = if on("watch") {
         vec![(format!("{}/s", opts.watch_rate), paced), (format!("burst/{}w", opts.burst_writers), burst)]
@@ -1035,7 +1058,11 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
         mib(end.hwm_kib * 1024)
     );
     if let Ok(Some(status)) = t.proc.child.try_wait() {
-        let _ = writeln!(rep.problems, "{name}: process exited during the run ({status}); log tail:\n{}", t.proc.log_tail());
+        let _ = writeln!(
+            rep.problems,
+            "{name}: process exited during the run ({status}); log tail:\n{}",
+            t.proc.log_tail()
+        );
     }
 }
 
@@ -1055,13 +1082,22 @@ fn main() {
         die("no target could be started");
     }
 
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap_or_else(|e| die(&format!("tokio runtime: {e}")));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| die(&format!("tokio runtime: {e}")));
     let report = rt.block_on(async {
         let mut ready = Vec::new();
         for mut t in targets {
             match wait_ready(&mut t).await {
                 Ok(d) => {
-                    progress!("{} ready at {} (pid {}) after {:.2} s", t.kind.name(), t.url, t.proc.pid(), d.as_secs_f64());
+                    progress!(
+                        "{} ready at {} (pid {}) after {:.2} s",
+                        t.kind.name(),
+                        t.url,
+                        t.proc.pid(),
+                        d.as_secs_f64()
+                    );
                     ready.push(t);
                 }
                 Err(e) => eprintln!("bench: skipping {}: {e}", t.kind.name()),
@@ -1092,7 +1128,10 @@ fn main() {
         opts.secs,
         if opts.shared_channel { "all clients share one connection" } else { "one connection per client" }
     );
-    println!("{:<14} {:>7} {:>8} {:>9} {:>8} {:>8} {:>8} {:>7}", "target", "clients", "ops", "ops/s", "p50_ms", "p99_ms", "max_ms", "failed");
+    println!(
+        "{:<14} {:>7} {:>8} {:>9} {:>8} {:>8} {:>8} {:>7}",
+        "target", "clients", "ops", "ops/s", "p50_ms", "p99_ms", "max_ms", "failed"
+    );
     print!("{}", rep.writes);
     println!();
     println!(

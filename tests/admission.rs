@@ -21,7 +21,8 @@ impl Drop for Procs {
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl is installed (scripts/deps)");
+    let out =
+        Command::new("openssl").current_dir(dir).args(args).output().expect("openssl is installed (scripts/deps)");
     assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
@@ -41,17 +42,75 @@ fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> (bool, Stri
     }
     drop(child.stdin.take());
     let out = child.wait_with_output().expect("kubectl output");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
 fn webhooks_and_builtin_plugins() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    openssl(d, &["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=hook-ca"]);
+    openssl(
+        d,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=hook-ca",
+        ],
+    );
     std::fs::write(d.join("ext"), "subjectAltName=IP:127.0.0.1\n").expect("ext");
-    openssl(d, &["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "hook.key", "-out", "hook.csr", "-subj", "/CN=hook"]);
-    openssl(d, &["x509", "-req", "-in", "hook.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "hook.crt", "-days", "2", "-extfile", "ext"]);
+    openssl(
+        d,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "hook.key",
+            "-out",
+            "hook.csr",
+            "-subj",
+            "/CN=hook",
+        ],
+    );
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "hook.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "hook.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+        ],
+    );
 
     let hook_port = common::free_port();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/webhook.py");
@@ -89,14 +148,23 @@ fn webhooks_and_builtin_plugins() {
     let (ok, _, err) = kubectl(&kc, &["apply", "-f", "-"], Some(&hooks));
     assert!(ok, "{err}");
 
-    let (ok, _, err) = kubectl(&kc, &["create", "-f", "-"], Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#));
+    let (ok, _, err) =
+        kubectl(&kc, &["create", "-f", "-"], Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#));
     assert!(ok, "{err}");
     let (_, labels, _) = kubectl(&kc, &["get", "cm", "a", "-o", "jsonpath={.metadata.labels.mutated}"], None);
     assert_eq!(labels, "yes");
-    let (ok, _, err) = kubectl(&kc, &["create", "-f", "-"], Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"b","labels":{"deny":"yes"}}}"#));
+    let (ok, _, err) = kubectl(
+        &kc,
+        &["create", "-f", "-"],
+        Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"b","labels":{"deny":"yes"}}}"#),
+    );
     assert!(!ok);
     assert!(err.contains("admission webhook \"deny.example.com\" denied the request: labelled deny=yes"), "{err}");
-    let (ok, _, _) = kubectl(&kc, &["create", "-f", "-"], Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","labels":{"skip":"1"}}}"#));
+    let (ok, _, _) = kubectl(
+        &kc,
+        &["create", "-f", "-"],
+        Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","labels":{"skip":"1"}}}"#),
+    );
     assert!(ok);
     let (_, labels, _) = kubectl(&kc, &["get", "cm", "c", "-o", "jsonpath={.metadata.labels}"], None);
     assert!(!labels.contains("mutated"), "{labels}");

@@ -26,7 +26,9 @@ fn put_op(key: &str, value: &[u8]) -> RequestOp {
 }
 
 fn range_op(key: &str) -> RequestOp {
-    RequestOp { request: Some(request_op::Request::RequestRange(RangeRequest { key: key.into(), ..Default::default() })) }
+    RequestOp {
+        request: Some(request_op::Request::RequestRange(RangeRequest { key: key.into(), ..Default::default() })),
+    }
 }
 
 fn delete_op(key: &str) -> RequestOp {
@@ -74,7 +76,11 @@ fn kvs(kvs: &[KeyValue]) -> String {
             format!(
                 "{}={}@c{}m{}v{}",
                 String::from_utf8_lossy(&kv.key),
-                if kv.value.len() > 64 { format!("<{} bytes>", kv.value.len()) } else { String::from_utf8_lossy(&kv.value).into_owned() },
+                if kv.value.len() > 64 {
+                    format!("<{} bytes>", kv.value.len())
+                } else {
+                    String::from_utf8_lossy(&kv.value).into_owned()
+                },
                 kv.create_revision,
                 kv.mod_revision,
                 kv.version
@@ -92,11 +98,16 @@ fn txn_line(r: &TxnResponse) -> String {
     let mut parts = vec![format!("succeeded={} rev={}", r.succeeded, rev(&r.header))];
     for op in &r.responses {
         match &op.response {
-            Some(response_op::Response::ResponseRange(g)) => parts.push(format!("range[{}] count={}", kvs(&g.kvs), g.count)),
-            Some(response_op::Response::ResponsePut(p)) => {
-                parts.push(format!("put prev={}", p.prev_kv.as_ref().map(|k| kvs(std::slice::from_ref(k))).unwrap_or_default()))
+            Some(response_op::Response::ResponseRange(g)) => {
+                parts.push(format!("range[{}] count={}", kvs(&g.kvs), g.count))
             }
-            Some(response_op::Response::ResponseDeleteRange(d)) => parts.push(format!("delete {} prev[{}]", d.deleted, kvs(&d.prev_kvs))),
+            Some(response_op::Response::ResponsePut(p)) => parts.push(format!(
+                "put prev={}",
+                p.prev_kv.as_ref().map(|k| kvs(std::slice::from_ref(k))).unwrap_or_default()
+            )),
+            Some(response_op::Response::ResponseDeleteRange(d)) => {
+                parts.push(format!("delete {} prev[{}]", d.deleted, kvs(&d.prev_kvs)))
+            }
             Some(response_op::Response::ResponseTxn(_)) => parts.push("txn".into()),
             None => parts.push("none".into()),
         }
@@ -152,11 +163,19 @@ async fn apiserver_session(url: String) -> Vec<String> {
     out.push(txn(&mut kv, create.clone()).await);
     out.push(txn(&mut kv, create).await);
     // update: compare mod_revision = rv, put, else range.
-    let update = |rv: i64, v: &[u8]| TxnRequest { compare: vec![mod_rev_is(key, rv)], success: vec![put_op(key, v)], failure: vec![range_op(key)] };
+    let update = |rv: i64, v: &[u8]| TxnRequest {
+        compare: vec![mod_rev_is(key, rv)],
+        success: vec![put_op(key, v)],
+        failure: vec![range_op(key)],
+    };
     out.push(txn(&mut kv, update(2, b"v2")).await);
     out.push(txn(&mut kv, update(2, b"stale")).await);
     // delete: compare mod_revision = rv, delete, else range.
-    let delete = |rv: i64| TxnRequest { compare: vec![mod_rev_is(key, rv)], success: vec![delete_op(key)], failure: vec![range_op(key)] };
+    let delete = |rv: i64| TxnRequest {
+        compare: vec![mod_rev_is(key, rv)],
+        success: vec![delete_op(key)],
+        failure: vec![range_op(key)],
+    };
     out.push(txn(&mut kv, delete(2)).await);
     out.push(txn(&mut kv, delete(3)).await);
     out.push(txn(&mut kv, delete(3)).await);
@@ -164,7 +183,8 @@ async fn apiserver_session(url: String) -> Vec<String> {
     // list with paging: limit, count and more, then continue at a fixed revision.
     for i in 0..5 {
         let k = format!("/registry/pods/ns/p{i}");
-        let create = TxnRequest { compare: vec![mod_rev_is(&k, 0)], success: vec![put_op(&k, b"pod")], failure: vec![] };
+        let create =
+            TxnRequest { compare: vec![mod_rev_is(&k, 0)], success: vec![put_op(&k, b"pod")], failure: vec![] };
         out.push(txn(&mut kv, create).await);
     }
     let prefix = "/registry/pods/ns/";
@@ -176,23 +196,46 @@ async fn apiserver_session(url: String) -> Vec<String> {
     out.push(format!("page1 [{}] more={} count={} rev={}", kvs(&page.kvs), page.more, page.count, rev(&page.header)));
     let list_rev = rev(&page.header);
     // A write between pages must not show in the next page at list_rev.
-    out.push(txn(&mut kv, TxnRequest { compare: vec![], success: vec![put_op("/registry/pods/ns/p2", b"changed")], failure: vec![] }).await);
+    out.push(
+        txn(
+            &mut kv,
+            TxnRequest { compare: vec![], success: vec![put_op("/registry/pods/ns/p2", b"changed")], failure: vec![] },
+        )
+        .await,
+    );
     let mut next = page.kvs.last().map(|k| k.key.clone()).unwrap_or_default();
     next.push(0);
     let page = kv
-        .range(RangeRequest { key: next, range_end: prefix_end(prefix), limit: 2, revision: list_rev, ..Default::default() })
+        .range(RangeRequest {
+            key: next,
+            range_end: prefix_end(prefix),
+            limit: 2,
+            revision: list_rev,
+            ..Default::default()
+        })
         .await
         .expect("list page 2")
         .into_inner();
     out.push(format!("page2 [{}] more={} count={} rev={}", kvs(&page.kvs), page.more, page.count, rev(&page.header)));
     let count = kv
-        .range(RangeRequest { key: prefix.into(), range_end: prefix_end(prefix), count_only: true, ..Default::default() })
+        .range(RangeRequest {
+            key: prefix.into(),
+            range_end: prefix_end(prefix),
+            count_only: true,
+            ..Default::default()
+        })
         .await
         .expect("count")
         .into_inner();
     out.push(format!("count={} kvs={}", count.count, count.kvs.len()));
     let keys = kv
-        .range(RangeRequest { key: prefix.into(), range_end: prefix_end(prefix), keys_only: true, limit: 3, ..Default::default() })
+        .range(RangeRequest {
+            key: prefix.into(),
+            range_end: prefix_end(prefix),
+            keys_only: true,
+            limit: 3,
+            ..Default::default()
+        })
         .await
         .expect("keys")
         .into_inner();
@@ -218,12 +261,17 @@ async fn apiserver_session(url: String) -> Vec<String> {
     out.push(watch_line(&created));
     let first = events.next().await.expect("catch-up").expect("catch-up ok");
     out.push(watch_line(&first));
-    out.push(txn(&mut kv, TxnRequest { compare: vec![], success: vec![delete_op("/registry/pods/ns/p0")], failure: vec![] }).await);
+    out.push(
+        txn(&mut kv, TxnRequest { compare: vec![], success: vec![delete_op("/registry/pods/ns/p0")], failure: vec![] })
+            .await,
+    );
     let live = events.next().await.expect("live").expect("live ok");
     out.push(watch_line(&live));
-    tx.send(WatchRequest { request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})) })
-        .await
-        .expect("progress");
+    tx.send(WatchRequest {
+        request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})),
+    })
+    .await
+    .expect("progress");
     let progress = tokio::time::timeout(Duration::from_secs(5), events.next()).await.expect("progress in time");
     out.push(watch_line(&progress.expect("progress").expect("progress ok")));
 
@@ -265,7 +313,9 @@ async fn apiserver_session(url: String) -> Vec<String> {
     }
     // Cancelling the live watcher.
     tx.send(WatchRequest {
-        request_union: Some(watch_request::RequestUnion::CancelRequest(WatchCancelRequest { watch_id: created.watch_id })),
+        request_union: Some(watch_request::RequestUnion::CancelRequest(WatchCancelRequest {
+            watch_id: created.watch_id,
+        })),
     })
     .await
     .expect("cancel");
@@ -302,12 +352,31 @@ async fn limits_session(url: String) -> Vec<String> {
         Ok(_) => "empty range accepted".into(),
         Err(s) => status_line(&s),
     });
-    out.push(txn(&mut kv, TxnRequest { compare: vec![], success: vec![put_op("d", b"1"), put_op("d", b"2")], failure: vec![] }).await);
-    out.push(txn(&mut kv, TxnRequest { compare: vec![], success: (0..129).map(|i| put_op(&format!("k{i}"), b"v")).collect(), failure: vec![] }).await);
-    out.push(match kv.put(PutRequest { key: b"l".to_vec(), value: b"v".to_vec(), lease: 12345, ..Default::default() }).await {
-        Ok(_) => "unknown lease accepted".into(),
-        Err(s) => status_line(&s),
-    });
+    out.push(
+        txn(
+            &mut kv,
+            TxnRequest { compare: vec![], success: vec![put_op("d", b"1"), put_op("d", b"2")], failure: vec![] },
+        )
+        .await,
+    );
+    out.push(
+        txn(
+            &mut kv,
+            TxnRequest {
+                compare: vec![],
+                success: (0..129).map(|i| put_op(&format!("k{i}"), b"v")).collect(),
+                failure: vec![],
+            },
+        )
+        .await,
+    );
+    out.push(
+        match kv.put(PutRequest { key: b"l".to_vec(), value: b"v".to_vec(), lease: 12345, ..Default::default() }).await
+        {
+            Ok(_) => "unknown lease accepted".into(),
+            Err(s) => status_line(&s),
+        },
+    );
     out.push(match kv.put(PutRequest { key: b"nokey".to_vec(), ignore_value: true, ..Default::default() }).await {
         Ok(_) => "ignore_value on a missing key accepted".into(),
         Err(s) => status_line(&s),

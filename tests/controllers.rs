@@ -8,7 +8,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn kubectl(s: &common::ApiServer, args: &[&str]) -> (bool, String) {
-    let out = Command::new("kubectl").env("KUBECONFIG", s.kubeconfig()).env("HOME", s.dir.path()).args(args).output().expect("kubectl");
+    let out = Command::new("kubectl")
+        .env("KUBECONFIG", s.kubeconfig())
+        .env("HOME", s.dir.path())
+        .args(args)
+        .output()
+        .expect("kubectl");
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
 }
 
@@ -26,7 +31,8 @@ fn namespaces_get_defaults_and_delete_their_contents() {
     assert!(kubectl(&s, &["create", "namespace", "team"]).0);
     eventually("the default ServiceAccount", || kubectl(&s, &["get", "sa", "default", "-n", "team"]).0);
     eventually("kube-root-ca.crt", || {
-        let (ok, out) = kubectl(&s, &["get", "cm", "kube-root-ca.crt", "-n", "team", "-o", "jsonpath={.data.ca\\.crt}"]);
+        let (ok, out) =
+            kubectl(&s, &["get", "cm", "kube-root-ca.crt", "-n", "team", "-o", "jsonpath={.data.ca\\.crt}"]);
         ok && out.starts_with("-----BEGIN CERTIFICATE-----")
     });
     // Both come back when deleted.

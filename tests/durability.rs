@@ -63,7 +63,8 @@ async fn acknowledged_writes_survive_kill_9() {
         .into_inner();
     let head = all.header.map_or(0, |h| h.revision);
     assert!(head >= max_acked, "revision went back: {head} < {max_acked}");
-    let found: HashMap<Vec<u8>, (Vec<u8>, i64)> = all.kvs.into_iter().map(|kv| (kv.key, (kv.value, kv.mod_revision))).collect();
+    let found: HashMap<Vec<u8>, (Vec<u8>, i64)> =
+        all.kvs.into_iter().map(|kv| (kv.key, (kv.value, kv.mod_revision))).collect();
     let mut lost = Vec::new();
     for (key, (value, rev)) in &acked {
         match found.get(key.as_bytes()) {
@@ -74,7 +75,8 @@ async fn acknowledged_writes_survive_kill_9() {
     }
     assert!(lost.is_empty(), "{} acknowledged writes lost, e.g. {:?}", lost.len(), &lost[..lost.len().min(5)]);
     // New writes continue from the recovered revision.
-    let put = kv.put(PutRequest { key: b"after".to_vec(), value: b"1".to_vec(), ..Default::default() }).await.expect("put");
+    let put =
+        kv.put(PutRequest { key: b"after".to_vec(), value: b"1".to_vec(), ..Default::default() }).await.expect("put");
     assert_eq!(put.into_inner().header.map_or(0, |h| h.revision), head + 1);
 }
 
@@ -84,7 +86,9 @@ async fn restart_keeps_revisions_compaction_and_leases() {
     let mut kv = server.kv().await;
     let mut lease = LeaseClient::new(channel(&server.url()).await);
     for i in 0..10 {
-        kv.put(PutRequest { key: b"r".to_vec(), value: format!("{i}").into_bytes(), ..Default::default() }).await.expect("put");
+        kv.put(PutRequest { key: b"r".to_vec(), value: format!("{i}").into_bytes(), ..Default::default() })
+            .await
+            .expect("put");
     }
     kv.compact(CompactionRequest { revision: 6, physical: true }).await.expect("compact");
     let granted = lease.lease_grant(LeaseGrantRequest { ttl: 600, id: 0 }).await.expect("grant").into_inner();
@@ -109,7 +113,11 @@ async fn restart_keeps_revisions_compaction_and_leases() {
     assert_eq!(r.kvs[0].version, 10);
     let old = kv.range(RangeRequest { key: b"r".to_vec(), revision: 5, ..Default::default() }).await;
     assert_eq!(old.expect_err("compacted").message(), "etcdserver: mvcc: required revision has been compacted");
-    let at6 = kv.range(RangeRequest { key: b"r".to_vec(), revision: 6, ..Default::default() }).await.expect("at 6").into_inner();
+    let at6 = kv
+        .range(RangeRequest { key: b"r".to_vec(), revision: 6, ..Default::default() })
+        .await
+        .expect("at 6")
+        .into_inner();
     assert_eq!(at6.kvs[0].value, b"4");
     let ttl = lease
         .lease_time_to_live(LeaseTimeToLiveRequest { id: granted.id, keys: true })
@@ -138,7 +146,11 @@ async fn bad_flags_fail_with_one_line() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut child = std::process::Command::new(ferrok_bin())
             .args(&args)
-            .args(if args[0] == "agent" { vec![] } else { vec!["--data-dir".to_string(), dir.path().display().to_string()] })
+            .args(if args[0] == "agent" {
+                vec![]
+            } else {
+                vec!["--data-dir".to_string(), dir.path().display().to_string()]
+            })
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -116,7 +116,22 @@ fn normalize_line(line: &str) -> String {
 fn scrub(v: &mut serde_json::Value) {
     match v {
         serde_json::Value::Object(map) => {
-            for key in ["cluster_id", "member_id", "raft_term", "ID", "id", "leader", "version", "dbSize", "dbSizeInUse", "raftIndex", "raftAppliedIndex", "raftTerm", "TTL", "grantedTTL"] {
+            for key in [
+                "cluster_id",
+                "member_id",
+                "raft_term",
+                "ID",
+                "id",
+                "leader",
+                "version",
+                "dbSize",
+                "dbSizeInUse",
+                "raftIndex",
+                "raftAppliedIndex",
+                "raftTerm",
+                "TTL",
+                "grantedTTL",
+            ] {
                 if map.contains_key(key) {
                     map.insert(key.to_string(), serde_json::Value::String("*".into()));
                 }

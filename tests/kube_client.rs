@@ -40,7 +40,10 @@ async fn typed_crud_watch_and_errors() {
         other => panic!("{other:?}"),
     }
     match cms.get("nope").await.expect_err("missing") {
-        kube::Error::Api(s) => assert_eq!((s.code, s.reason.as_str(), s.message.as_str()), (404, "NotFound", "configmaps \"nope\" not found")),
+        kube::Error::Api(s) => assert_eq!(
+            (s.code, s.reason.as_str(), s.message.as_str()),
+            (404, "NotFound", "configmaps \"nope\" not found")
+        ),
         other => panic!("{other:?}"),
     }
 
@@ -59,7 +62,11 @@ async fn typed_crud_watch_and_errors() {
     cms.delete("a", &DeleteParams::default()).await.expect("delete");
     let mut seen = Vec::new();
     while seen.len() < 2 {
-        let ev = tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await.expect("event in time").expect("event").expect("open");
+        let ev = tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+            .await
+            .expect("event in time")
+            .expect("event")
+            .expect("open");
         match ev {
             WatchEvent::Modified(o) => seen.push(format!("MODIFIED {}", o.data.unwrap_or_default()["k"])),
             WatchEvent::Deleted(o) => seen.push(format!("DELETED {}", o.metadata.name.unwrap_or_default())),
@@ -79,7 +86,8 @@ async fn typed_crud_watch_and_errors() {
     let page = cms.list(&ListParams::default().labels("paged=yes").limit(2)).await.expect("list");
     assert_eq!(page.items.len(), 2);
     let token = page.metadata.continue_.as_deref().expect("continue");
-    let rest = cms.list(&ListParams::default().labels("paged=yes").limit(10).continue_token(token)).await.expect("list");
+    let rest =
+        cms.list(&ListParams::default().labels("paged=yes").limit(10).continue_token(token)).await.expect("list");
     assert_eq!(rest.items.len(), 3);
 }
 
@@ -106,14 +114,25 @@ async fn server_side_apply_and_conflicts() {
     match err {
         kube::Error::Api(s) => {
             assert_eq!(s.code, 409);
-            assert!(s.message.contains("conflict with \"alice\"") && s.message.contains(".spec.replicas"), "{}", s.message);
+            assert!(
+                s.message.contains("conflict with \"alice\"") && s.message.contains(".spec.replicas"),
+                "{}",
+                s.message
+            );
         }
         other => panic!("{other:?}"),
     }
-    let forced = deploys.patch("web", &PatchParams::apply("bob").force(), &Patch::Apply(manifest(3))).await.expect("forced apply");
+    let forced = deploys
+        .patch("web", &PatchParams::apply("bob").force(), &Patch::Apply(manifest(3)))
+        .await
+        .expect("forced apply");
     assert_eq!(forced.spec.as_ref().and_then(|s| s.replicas), Some(3));
     let merged = deploys
-        .patch("web", &PatchParams::default(), &Patch::Merge(serde_json::json!({"metadata": {"labels": {"team": "x"}}})))
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"team": "x"}}})),
+        )
         .await
         .expect("merge patch");
     assert_eq!(merged.metadata.labels.unwrap_or_default().get("team").map(String::as_str), Some("x"));

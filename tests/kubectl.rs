@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-
 use common::ApiServer as Server;
 
 fn kubectl_binaries() -> Vec<PathBuf> {
@@ -20,7 +19,10 @@ fn kubectl_binaries() -> Vec<PathBuf> {
 
 fn which(name: &str) -> PathBuf {
     let path = std::env::var_os("PATH").expect("PATH");
-    std::env::split_paths(&path).map(|p| p.join(name)).find(|p| p.is_file()).unwrap_or_else(|| panic!("{name} is not installed"))
+    std::env::split_paths(&path)
+        .map(|p| p.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} is not installed"))
 }
 
 /// Runs kubectl; returns (success, stdout, stderr).
@@ -28,13 +30,19 @@ fn run(kubectl: &Path, s: &Server, args: &[&str], stdin: Option<&str>) -> (bool,
     use std::io::Write;
     let mut cmd = Command::new(kubectl);
     cmd.env("KUBECONFIG", s.kubeconfig()).env("HOME", s.dir.path()).args(args);
-    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().expect("run kubectl");
     if let Some(input) = stdin {
         child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
     }
     let out = child.wait_with_output().expect("kubectl output");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn ok(kubectl: &Path, s: &Server, args: &[&str]) -> String {
@@ -91,10 +99,14 @@ fn a_new_cluster_has_its_builtin_objects() {
     }
     let svc = ok(k, &s, &["get", "svc", "kubernetes", "-o", "jsonpath={.spec.clusterIP} {.spec.ports[0].port}"]);
     assert_eq!(svc, "10.43.0.1 443");
-    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(s.kubeconfig()).expect("kubeconfig").permissions());
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(s.kubeconfig()).expect("kubeconfig").permissions());
     assert_eq!(mode & 0o777, 0o600);
     let explained = ok(k, &s, &["explain", "pods.spec.restartPolicy"]);
-    assert!(explained.contains("FIELD: restartPolicy <string>") && explained.contains("Restart policy for all containers"), "{explained}");
+    assert!(
+        explained.contains("FIELD: restartPolicy <string>") && explained.contains("Restart policy for all containers"),
+        "{explained}"
+    );
     let version = ok(k, &s, &["version", "-o", "json"]);
     assert!(version.contains("\"gitVersion\": \"v1.33"), "{version}");
     // Anonymous requests reach the health endpoints only.
@@ -121,10 +133,30 @@ fn apply_get_patch_scale_delete_with_both_kubectls() {
         assert!(svc.starts_with("10.43."), "{svc}");
         ok(k, &s, &["label", "cm", "cfg", "-n", &ns, "tier=x"]);
         ok(k, &s, &["annotate", "cm", "cfg", "-n", &ns, "note=y"]);
-        ok(k, &s, &["patch", "cm", "cfg", "-n", &ns, "--type=json", "-p", r#"[{"op":"add","path":"/data/b","value":"2"}]"#]);
+        ok(
+            k,
+            &s,
+            &["patch", "cm", "cfg", "-n", &ns, "--type=json", "-p", r#"[{"op":"add","path":"/data/b","value":"2"}]"#],
+        );
         ok(k, &s, &["patch", "cm", "cfg", "-n", &ns, "--type=merge", "-p", r#"{"data":{"c":"3"}}"#]);
-        ok(k, &s, &["patch", "deploy", "web", "-n", &ns, "-p", r#"{"spec":{"template":{"spec":{"containers":[{"name":"web","image":"busybox:1.37"}]}}}}"#]);
-        let data = ok(k, &s, &["get", "cm", "cfg", "-n", &ns, "-o", "jsonpath={.data.a}{.data.b}{.data.c} {.metadata.labels.tier}"]);
+        ok(
+            k,
+            &s,
+            &[
+                "patch",
+                "deploy",
+                "web",
+                "-n",
+                &ns,
+                "-p",
+                r#"{"spec":{"template":{"spec":{"containers":[{"name":"web","image":"busybox:1.37"}]}}}}"#,
+            ],
+        );
+        let data = ok(
+            k,
+            &s,
+            &["get", "cm", "cfg", "-n", &ns, "-o", "jsonpath={.data.a}{.data.b}{.data.c} {.metadata.labels.tier}"],
+        );
         assert_eq!(data, "123 x");
         let dep = ok(k, &s, &["get", "deploy", "web", "-n", &ns, "-o", "jsonpath={.spec.template.spec.containers[0].image} {.spec.template.spec.containers[0].ports[0].containerPort} {.metadata.generation}"]);
         assert_eq!(dep, "busybox:1.37 80 2");
@@ -146,21 +178,50 @@ fn errors_read_like_upstream() {
     let k = &kubectl_binaries()[0];
     let err = fails(k, &s, &["get", "cm", "missing"], None);
     assert!(err.contains("Error from server (NotFound): configmaps \"missing\" not found"), "{err}");
-    let err = fails(k, &s, &["apply", "-f", "-"], Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#));
+    let err = fails(
+        k,
+        &s,
+        &["apply", "-f", "-"],
+        Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Bad_Name"}}"#),
+    );
     assert!(err.contains("is invalid: metadata.name: Invalid value: \"Bad_Name\""), "{err}");
-    let err = fails(k, &s, &["apply", "-f", "-"], Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"},"bogus":1}"#));
+    let err = fails(
+        k,
+        &s,
+        &["apply", "-f", "-"],
+        Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"},"bogus":1}"#),
+    );
     assert!(err.contains("strict decoding error: unknown field \"bogus\""), "{err}");
-    let err = fails(k, &s, &["apply", "-f", "-"], Some(r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{}}"#));
+    let err = fails(
+        k,
+        &s,
+        &["apply", "-f", "-"],
+        Some(r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{}}"#),
+    );
     assert!(err.contains("The Pod \"p\" is invalid: spec.containers: Required value"), "{err}");
-    let err = fails(k, &s, &["apply", "-n", "nowhere", "-f", "-"], Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#));
+    let err = fails(
+        k,
+        &s,
+        &["apply", "-n", "nowhere", "-f", "-"],
+        Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#),
+    );
     assert!(err.contains("namespaces \"nowhere\" not found"), "{err}");
     // A stale resourceVersion is a conflict.
-    ok_stdin(k, &s, &["apply", "-f", "-"], r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c"},"data":{"v":"1"}}"#);
-    let stale = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","resourceVersion":"1"},"data":{"v":"2"}}"#;
+    ok_stdin(
+        k,
+        &s,
+        &["apply", "-f", "-"],
+        r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c"},"data":{"v":"1"}}"#,
+    );
+    let stale =
+        r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","resourceVersion":"1"},"data":{"v":"2"}}"#;
     let err = fails(k, &s, &["replace", "-f", "-"], Some(stale));
     assert!(err.contains("Operation cannot be fulfilled on configmaps \"c\": the object has been modified"), "{err}");
     // A body over 3 MiB is refused with 413.
-    let big = format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"big"}},"data":{{"x":"{}"}}}}"#, "y".repeat(3_200_000));
+    let big = format!(
+        r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"big"}},"data":{{"x":"{}"}}}}"#,
+        "y".repeat(3_200_000)
+    );
     let err = fails(k, &s, &["create", "-f", "-"], Some(&big));
     assert!(err.contains("Request entity too large"), "{err}");
     let err = fails(k, &s, &["get", "nonsense"], None);
@@ -172,13 +233,19 @@ fn watch_and_paging() {
     let s = Server::start();
     let k = kubectl_binaries()[1].clone();
     for i in 0..7 {
-        ok_stdin(&k, &s, &["apply", "-f", "-"], &format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"cm{i}"}}}}"#));
+        ok_stdin(
+            &k,
+            &s,
+            &["apply", "-f", "-"],
+            &format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"cm{i}"}}}}"#),
+        );
     }
     let all = ok(&k, &s, &["get", "cm", "--chunk-size=2", "-o", "name"]);
     assert_eq!(all.lines().filter(|l| l.starts_with("configmap/cm")).count(), 7, "{all}");
     // kube-root-ca.crt is there too: count what the namespace holds.
     let whole = ok(&k, &s, &["get", "--raw", "/api/v1/namespaces/default/configmaps"]);
-    let total = serde_json::from_str::<serde_json::Value>(&whole).expect("list JSON")["items"].as_array().map_or(0, Vec::len);
+    let total =
+        serde_json::from_str::<serde_json::Value>(&whole).expect("list JSON")["items"].as_array().map_or(0, Vec::len);
     assert!(total >= 7, "{whole}");
     let page = ok(&k, &s, &["get", "--raw", "/api/v1/namespaces/default/configmaps?limit=2"]);
     let page: serde_json::Value = serde_json::from_str(&page).expect("list JSON");
@@ -186,7 +253,8 @@ fn watch_and_paging() {
     assert!(page["metadata"]["continue"].is_string());
     assert_eq!(page["metadata"]["remainingItemCount"], total - 2);
     let token = page["metadata"]["continue"].as_str().unwrap_or_default();
-    let next = ok(&k, &s, &["get", "--raw", &format!("/api/v1/namespaces/default/configmaps?limit=10&continue={token}")]);
+    let next =
+        ok(&k, &s, &["get", "--raw", &format!("/api/v1/namespaces/default/configmaps?limit=10&continue={token}")]);
     let next: serde_json::Value = serde_json::from_str(&next).expect("list JSON");
     assert_eq!(next["items"].as_array().map(Vec::len), Some(total - 2));
     let labelled = ok(&k, &s, &["get", "ns", "-l", "kubernetes.io/metadata.name=default", "-o", "name"]);
@@ -250,19 +318,33 @@ fn custom_resources() {
     let k = &kubectl_binaries()[0];
     ok_stdin(k, &s, &["apply", "-f", "-"], CRD);
     ok(k, &s, &["wait", "--for", "condition=established", "crd/widgets.example.com", "--timeout=10s"]);
-    ok_stdin(k, &s, &["apply", "-f", "-"], "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1}\nspec: {size: 3, replicas: 1}\n");
+    ok_stdin(
+        k,
+        &s,
+        &["apply", "-f", "-"],
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1}\nspec: {size: 3, replicas: 1}\n",
+    );
     let table = ok(k, &s, &["get", "wd"]);
     assert!(table.starts_with("NAME   SIZE   AGE") && table.contains("w1     3"), "{table}");
     assert_eq!(ok(k, &s, &["get", "widget", "w1", "-o", "jsonpath={.spec.color}"]), "blue");
     ok(k, &s, &["scale", "widget", "w1", "--replicas=4"]);
     assert_eq!(ok(k, &s, &["get", "widget", "w1", "-o", "jsonpath={.spec.replicas}"]), "4");
-    let err = fails(k, &s, &["apply", "-f", "-"], Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w2}\nspec: {size: 0}\n"));
+    let err = fails(
+        k,
+        &s,
+        &["apply", "-f", "-"],
+        Some("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w2}\nspec: {size: 0}\n"),
+    );
     assert!(err.contains("spec.size"), "{err}");
     ok(k, &s, &["delete", "crd", "widgets.example.com"]);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let (_, _, err) = run(k, &s, &["get", "widgets"], None);
-        if err.contains("the server doesn't have a resource type") || err.contains("Unable to list \"example.com/v1, Resource=widgets\": the server could not find the requested resource") {
+        if err.contains("the server doesn't have a resource type")
+            || err.contains(
+                "Unable to list \"example.com/v1, Resource=widgets\": the server could not find the requested resource",
+            )
+        {
             break;
         }
         assert!(Instant::now() < deadline, "widgets still served after the CRD was deleted: {err}");
@@ -274,10 +356,20 @@ fn custom_resources() {
 fn restart_keeps_objects_and_resource_versions_grow() {
     let s = Server::start();
     let k = &kubectl_binaries()[0];
-    ok_stdin(k, &s, &["apply", "-f", "-"], r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"keep"},"data":{"a":"1"}}"#);
+    ok_stdin(
+        k,
+        &s,
+        &["apply", "-f", "-"],
+        r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"keep"},"data":{"a":"1"}}"#,
+    );
     ok_stdin(k, &s, &["apply", "-f", "-"], CRD);
     ok(k, &s, &["wait", "--for", "condition=established", "crd/widgets.example.com", "--timeout=10s"]);
-    ok_stdin(k, &s, &["apply", "-f", "-"], "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1}\nspec: {size: 3}\n");
+    ok_stdin(
+        k,
+        &s,
+        &["apply", "-f", "-"],
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w1}\nspec: {size: 3}\n",
+    );
     let rv1: i64 = ok(k, &s, &["get", "cm", "keep", "-o", "jsonpath={.metadata.resourceVersion}"]).parse().expect("rv");
     let uid = ok(k, &s, &["get", "cm", "keep", "-o", "jsonpath={.metadata.uid}"]);
     let (dir, port) = s.stop();
@@ -304,7 +396,10 @@ fn rbac_with_service_account_tokens_and_the_join_token() {
     };
     // No role yet: forbidden, with upstream's wording.
     let (success, _, err) = as_bot(&["get", "pods"]);
-    assert!(!success && err.contains("User \"system:serviceaccount:default:bot\" cannot list resource \"pods\""), "{err}");
+    assert!(
+        !success && err.contains("User \"system:serviceaccount:default:bot\" cannot list resource \"pods\""),
+        "{err}"
+    );
     ok(k, &s, &["create", "rolebinding", "bot-view", "--clusterrole=view", "--serviceaccount=default:bot"]);
     let deadline = Instant::now() + Duration::from_secs(5);
     while !as_bot(&["get", "pods"]).0 {
@@ -313,7 +408,10 @@ fn rbac_with_service_account_tokens_and_the_join_token() {
     }
     assert_eq!(as_bot(&["auth", "can-i", "list", "pods"]).1.trim(), "yes");
     assert_eq!(as_bot(&["auth", "can-i", "delete", "pods"]).1.trim(), "no");
-    assert_eq!(run(k, &s, &["auth", "can-i", "get", "secrets", "--as=system:serviceaccount:default:bot"], None).1.trim(), "no");
+    assert_eq!(
+        run(k, &s, &["auth", "can-i", "get", "secrets", "--as=system:serviceaccount:default:bot"], None).1.trim(),
+        "no"
+    );
     let (success, _, err) = as_bot(&["get", "secrets"]);
     assert!(!success && err.contains("Forbidden"), "{err}");
     let whoami = as_bot(&["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"]).1;
@@ -323,9 +421,11 @@ fn rbac_with_service_account_tokens_and_the_join_token() {
     assert!(!success && err.contains("Unauthorized"), "{err}");
     // The node join token authenticates as a bootstrapper, which may create CSRs only.
     let join = std::fs::read_to_string(s.dir.path().join("server/token")).expect("token file");
-    let (_, whoami, _) = run(k, &s, &["--token", join.trim(), "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"], None);
+    let (_, whoami, _) =
+        run(k, &s, &["--token", join.trim(), "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"], None);
     assert_eq!(whoami, "system:ferrok:node-bootstrap");
-    let (_, can, _) = run(k, &s, &["--token", join.trim(), "auth", "can-i", "create", "certificatesigningrequests"], None);
+    let (_, can, _) =
+        run(k, &s, &["--token", join.trim(), "auth", "can-i", "create", "certificatesigningrequests"], None);
     assert_eq!(can.trim(), "yes");
 }
 
@@ -334,7 +434,12 @@ fn delete_propagation_policies() {
     let s = Server::start();
     let k = &kubectl_binaries()[0];
     for name in ["fg", "orphan", "bg"] {
-        ok_stdin(k, &s, &["apply", "-f", "-"], &format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}"}}}}"#));
+        ok_stdin(
+            k,
+            &s,
+            &["apply", "-f", "-"],
+            &format!(r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}"}}}}"#),
+        );
     }
     // Background deletes at once; Foreground and Orphan go through the
     // garbage collector's finalizers (tests/controllers.rs looks closer).

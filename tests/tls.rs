@@ -9,18 +9,77 @@ use std::process::{Command, Stdio};
 use common::*;
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl is installed (scripts/deps)");
+    let out =
+        Command::new("openssl").current_dir(dir).args(args).output().expect("openssl is installed (scripts/deps)");
     assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// A CA, a serving certificate for 127.0.0.1 and a client certificate.
 fn make_pki(dir: &Path) {
-    openssl(dir, &["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=test-ca"]);
-    std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n").expect("ext");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test-ca",
+        ],
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .expect("ext");
     std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").expect("ext");
     for (name, ext) in [("server", "server.ext"), ("client", "client.ext")] {
-        openssl(dir, &["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", &format!("{name}.key"), "-out", &format!("{name}.csr"), "-subj", &format!("/CN={name}")]);
-        openssl(dir, &["x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", &format!("{name}.crt"), "-days", "2", "-extfile", ext]);
+        openssl(
+            dir,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={name}"),
+            ],
+        );
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.crt"),
+                "-days",
+                "2",
+                "-extfile",
+                ext,
+            ],
+        );
     }
 }
 
@@ -87,9 +146,12 @@ async fn datastore_endpoint_over_tls() {
         .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
         .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
         .args(["--initial-cluster", &format!("default=http://127.0.0.1:{peer}")])
-        .arg("--cert-file").arg(p.join("server.crt"))
-        .arg("--key-file").arg(p.join("server.key"))
-        .arg("--trusted-ca-file").arg(p.join("ca.crt"))
+        .arg("--cert-file")
+        .arg(p.join("server.crt"))
+        .arg("--key-file")
+        .arg(p.join("server.key"))
+        .arg("--trusted-ca-file")
+        .arg(p.join("ca.crt"))
         .arg("--client-cert-auth")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

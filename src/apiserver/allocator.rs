@@ -22,7 +22,11 @@ impl std::str::FromStr for Cidr {
     fn from_str(s: &str) -> Result<Self, String> {
         let (ip, prefix) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a CIDR like 10.43.0.0/16"))?;
         let ip: Ipv4Addr = ip.parse().map_err(|_| format!("{s:?} is not an IPv4 CIDR"))?;
-        let prefix: u8 = prefix.parse().ok().filter(|p| (8..=30).contains(p)).ok_or_else(|| format!("{s:?}: the prefix must be between /8 and /30"))?;
+        let prefix: u8 = prefix
+            .parse()
+            .ok()
+            .filter(|p| (8..=30).contains(p))
+            .ok_or_else(|| format!("{s:?}: the prefix must be between /8 and /30"))?;
         let mask = u32::MAX << (32 - prefix);
         Ok(Cidr { base: Ipv4Addr::from(u32::from(ip) & mask), prefix })
     }
@@ -88,7 +92,9 @@ impl ServiceAllocator {
                 if let Some(ips) = s.object.pointer("/spec/clusterIPs").and_then(Value::as_array) {
                     used.ips.extend(ips.iter().filter_map(|v| v.as_str()?.parse::<Ipv4Addr>().ok()));
                 }
-                if let Some(ip) = s.object.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|v| v.parse().ok()) {
+                if let Some(ip) =
+                    s.object.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|v| v.parse().ok())
+                {
                     used.ips.insert(ip);
                 }
                 for p in s.object.pointer("/spec/ports").and_then(Value::as_array).into_iter().flatten() {
@@ -110,7 +116,9 @@ impl ServiceAllocator {
     pub async fn allocate(&self, storage: &Storage, svc: &mut Value, key: &str, old: Option<&Value>) -> ApiResult<()> {
         let used = self.in_use(storage, Some(key)).await?;
         let name = svc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
-        let invalid = |field: &str, msg: String| ApiError::invalid("", "Service", &name, vec![super::status::Cause::invalid(field, msg)]);
+        let invalid = |field: &str, msg: String| {
+            ApiError::invalid("", "Service", &name, vec![super::status::Cause::invalid(field, msg)])
+        };
         let ty = svc.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP").to_string();
         if ty == "ExternalName" {
             return Ok(());
@@ -123,7 +131,8 @@ impl ServiceAllocator {
             ("", None) => {
                 let size = self.cidr.size();
                 // Spread allocations: start from a point derived from the name.
-                let start = name.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % (size - 2).max(1);
+                let start =
+                    name.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % (size - 2).max(1);
                 let mut found = None;
                 for i in 0..size - 2 {
                     let n = 2 + (start + i) % (size - 2).max(1);
@@ -133,18 +142,41 @@ impl ServiceAllocator {
                         break;
                     }
                 }
-                found.ok_or_else(|| invalid("spec.clusterIPs", "Internal error: failed to allocate a serviceIP: range is full".into()))?.to_string()
+                found
+                    .ok_or_else(|| {
+                        invalid(
+                            "spec.clusterIPs",
+                            "Internal error: failed to allocate a serviceIP: range is full".into(),
+                        )
+                    })?
+                    .to_string()
             }
             (req, old) => {
-                let parsed: Ipv4Addr = req.parse().map_err(|_| invalid("spec.clusterIPs[0]", format!("Invalid value: {req:?}: must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)")))?;
+                let parsed: Ipv4Addr = req.parse().map_err(|_| {
+                    invalid(
+                        "spec.clusterIPs[0]",
+                        format!(
+                            "Invalid value: {req:?}: must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)"
+                        ),
+                    )
+                })?;
                 if old.as_deref().is_some_and(|o| o != req) {
-                    return Err(invalid("spec.clusterIPs[0]", format!("Invalid value: {:?}: may not change once set", vec![req])));
+                    return Err(invalid(
+                        "spec.clusterIPs[0]",
+                        format!("Invalid value: {:?}: may not change once set", vec![req]),
+                    ));
                 }
                 if !self.cidr.contains(parsed) {
                     return Err(invalid("spec.clusterIPs", format!("Invalid value: {:?}: failed to allocate IP {req}: the provided IP ({req}) is not in the valid range. The range of valid IPs is {}", vec![req], self.cidr)));
                 }
                 if old.is_none() && used.ips.contains(&parsed) {
-                    return Err(invalid("spec.clusterIPs", format!("Invalid value: {:?}: failed to allocate IP {req}: provided IP is already allocated", vec![req])));
+                    return Err(invalid(
+                        "spec.clusterIPs",
+                        format!(
+                            "Invalid value: {:?}: failed to allocate IP {req}: provided IP is already allocated",
+                            vec![req]
+                        ),
+                    ));
                 }
                 req.to_string()
             }
@@ -153,17 +185,25 @@ impl ServiceAllocator {
         svc["spec"]["clusterIPs"] = serde_json::json!([ip]);
         if ty == "NodePort" || ty == "LoadBalancer" {
             let mut taken = used.ports.clone();
-            let old_ports: Vec<Value> = old.and_then(|o| o.pointer("/spec/ports")).and_then(Value::as_array).cloned().unwrap_or_default();
+            let old_ports: Vec<Value> =
+                old.and_then(|o| o.pointer("/spec/ports")).and_then(Value::as_array).cloned().unwrap_or_default();
             if let Some(Value::Array(ports)) = svc.pointer_mut("/spec/ports") {
                 for (i, p) in ports.iter_mut().enumerate() {
                     let want = p.get("nodePort").and_then(Value::as_i64).unwrap_or(0);
-                    let kept = old_ports.iter().find(|o| o.get("port") == p.get("port")).and_then(|o| o.get("nodePort")).and_then(Value::as_i64);
+                    let kept = old_ports
+                        .iter()
+                        .find(|o| o.get("port") == p.get("port"))
+                        .and_then(|o| o.get("nodePort"))
+                        .and_then(Value::as_i64);
                     let np = if want > 0 {
                         if !NODE_PORT_RANGE.contains(&want) {
                             return Err(invalid(&format!("spec.ports[{i}].nodePort"), format!("Invalid value: {want}: provided port is not in the valid range. The range of valid ports is 30000-32767")));
                         }
                         if taken.contains(&want) && kept != Some(want) {
-                            return Err(invalid(&format!("spec.ports[{i}].nodePort"), format!("Invalid value: {want}: provided port is already allocated")));
+                            return Err(invalid(
+                                &format!("spec.ports[{i}].nodePort"),
+                                format!("Invalid value: {want}: provided port is already allocated"),
+                            ));
                         }
                         want
                     } else if let Some(k) = kept {
@@ -174,7 +214,9 @@ impl ServiceAllocator {
                         (0..span)
                             .map(|j| NODE_PORT_RANGE.start() + (seed + j) % span)
                             .find(|c| !taken.contains(c))
-                            .ok_or_else(|| invalid(&format!("spec.ports[{i}].nodePort"), "Internal error: range is full".into()))?
+                            .ok_or_else(|| {
+                                invalid(&format!("spec.ports[{i}].nodePort"), "Internal error: range is full".into())
+                            })?
                     };
                     taken.insert(np);
                     p["nodePort"] = Value::from(np);

@@ -76,8 +76,15 @@ pub async fn run(api: &Api) -> ApiResult<()> {
     ensure(api, "/registry/networking.k8s.io/servicecidrs/kubernetes", cidr).await?;
 
     let ip = cfg.advertise_ip.to_string();
-    let mut ep = object("v1", "Endpoints", Some("default"), "kubernetes", json!({"endpointslice.kubernetes.io/skip-mirror": "true"}));
-    ep["subsets"] = json!([{"addresses": [{"ip": ip}], "ports": [{"name": "https", "port": cfg.https_port, "protocol": "TCP"}]}]);
+    let mut ep = object(
+        "v1",
+        "Endpoints",
+        Some("default"),
+        "kubernetes",
+        json!({"endpointslice.kubernetes.io/skip-mirror": "true"}),
+    );
+    ep["subsets"] =
+        json!([{"addresses": [{"ip": ip}], "ports": [{"name": "https", "port": cfg.https_port, "protocol": "TCP"}]}]);
     reconcile(api, "/registry/endpoints/default/kubernetes", ep, &["subsets"]).await?;
 
     let mut slice = object(
@@ -90,6 +97,7 @@ pub async fn run(api: &Api) -> ApiResult<()> {
     slice["addressType"] = json!("IPv4");
     slice["endpoints"] = json!([{"addresses": [ip], "conditions": {"ready": true}}]);
     slice["ports"] = json!([{"name": "https", "port": cfg.https_port, "protocol": "TCP"}]);
-    reconcile(api, "/registry/discovery.k8s.io/endpointslices/default/kubernetes", slice, &["endpoints", "ports"]).await?;
+    reconcile(api, "/registry/discovery.k8s.io/endpointslices/default/kubernetes", slice, &["endpoints", "ports"])
+        .await?;
     Ok(())
 }

@@ -41,7 +41,11 @@ impl PrefixCache {
     /// The objects of one namespace.
     pub fn in_namespace(&self, namespace: &str) -> Vec<Value> {
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
-        objects.values().filter(|o| o.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace)).cloned().collect()
+        objects
+            .values()
+            .filter(|o| o.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace))
+            .cloned()
+            .collect()
     }
 
     pub fn get(&self, id: &str) -> Option<Value> {
@@ -137,8 +141,12 @@ impl Default for Caches {
         Caches {
             rbac: PrefixCache::new("/registry/rbac.authorization.k8s.io/"),
             namespaces: PrefixCache::new("/registry/namespaces/"),
-            mutating_webhooks: PrefixCache::new("/registry/admissionregistration.k8s.io/mutatingwebhookconfigurations/"),
-            validating_webhooks: PrefixCache::new("/registry/admissionregistration.k8s.io/validatingwebhookconfigurations/"),
+            mutating_webhooks: PrefixCache::new(
+                "/registry/admissionregistration.k8s.io/mutatingwebhookconfigurations/",
+            ),
+            validating_webhooks: PrefixCache::new(
+                "/registry/admissionregistration.k8s.io/validatingwebhookconfigurations/",
+            ),
             resource_quotas: PrefixCache::new("/registry/resourcequotas/"),
             limit_ranges: PrefixCache::new("/registry/limitranges/"),
             priority_classes: PrefixCache::new("/registry/scheduling.k8s.io/priorityclasses/"),
@@ -151,7 +159,16 @@ impl Caches {
     /// Loads every cache and starts following them.
     pub async fn start(&self, storage: &Storage) -> Result<Vec<tokio::task::JoinHandle<()>>, ApiError> {
         let mut tasks = Vec::new();
-        for c in [&self.rbac, &self.namespaces, &self.mutating_webhooks, &self.validating_webhooks, &self.resource_quotas, &self.limit_ranges, &self.priority_classes, &self.storage_classes] {
+        for c in [
+            &self.rbac,
+            &self.namespaces,
+            &self.mutating_webhooks,
+            &self.validating_webhooks,
+            &self.resource_quotas,
+            &self.limit_ranges,
+            &self.priority_classes,
+            &self.storage_classes,
+        ] {
             tasks.push(c.start(storage.clone()).await?);
         }
         Ok(tasks)

@@ -88,9 +88,12 @@ fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Valu
 
 fn group_object(registry: &Registry, name: &str) -> Option<Value> {
     let g = registry.groups().into_iter().find(|g| g.name == name)?;
-    let versions: Vec<Value> = g.versions.iter().map(|v| json!({"groupVersion": format!("{}/{v}", g.name), "version": v})).collect();
+    let versions: Vec<Value> =
+        g.versions.iter().map(|v| json!({"groupVersion": format!("{}/{v}", g.name), "version": v})).collect();
     let preferred = versions.first().cloned().unwrap_or(json!({}));
-    Some(json!({"kind": "APIGroup", "apiVersion": "v1", "name": g.name, "versions": versions, "preferredVersion": preferred}))
+    Some(
+        json!({"kind": "APIGroup", "apiVersion": "v1", "name": g.name, "versions": versions, "preferredVersion": preferred}),
+    )
 }
 
 fn aggregated(registry: &Registry, core: bool) -> Response {
@@ -143,7 +146,11 @@ fn aggregated(registry: &Registry, core: bool) -> Response {
                 .collect();
             vs.push(json!({"version": v, "resources": resources, "freshness": "Current"}));
         }
-        let metadata = if group.is_empty() { json!({"creationTimestamp": null}) } else { json!({"name": group, "creationTimestamp": null}) };
+        let metadata = if group.is_empty() {
+            json!({"creationTimestamp": null})
+        } else {
+            json!({"name": group, "creationTimestamp": null})
+        };
         items.push(json!({"metadata": metadata, "versions": vs}));
     }
     let body = json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items});

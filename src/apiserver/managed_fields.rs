@@ -18,7 +18,19 @@ type Path = Vec<String>;
 type FieldSet = BTreeSet<Path>;
 
 /// Metadata fields nobody owns.
-const UNOWNED_META: &[&str] = &["name", "namespace", "uid", "resourceVersion", "creationTimestamp", "managedFields", "generation", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink", "generateName"];
+const UNOWNED_META: &[&str] = &[
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "managedFields",
+    "generation",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "selfLink",
+    "generateName",
+];
 
 fn key_element(key: &str, item: &Value) -> Option<String> {
     let id = item.get(key)?;
@@ -161,7 +173,8 @@ fn remove_at(obj: &mut Value, path: &[String]) {
                 Ok(w) => w,
                 Err(_) => return,
             };
-            v.as_array_mut().and_then(|a| a.iter_mut().find(|item| want.iter().all(|(wk, wv)| item.get(wk) == Some(wv))))
+            v.as_array_mut()
+                .and_then(|a| a.iter_mut().find(|item| want.iter().all(|(wk, wv)| item.get(wk) == Some(wv))))
         } else {
             None
         };
@@ -257,13 +270,18 @@ fn store_entries(obj: &mut Value, list: Vec<Entry>) {
 }
 
 /// Records a non-apply write: the fields `manager` changed become its own.
-pub fn record_update(old: Option<&Value>, new: &mut Value, manager: &str, api_version: &str, subresource: Option<&str>) {
+pub fn record_update(
+    old: Option<&Value>,
+    new: &mut Value,
+    manager: &str,
+    api_version: &str,
+    subresource: Option<&str>,
+) {
     let mut list = entries(old.unwrap_or(&Value::Null));
-    let changed: FieldSet = field_set(new)
-        .into_iter()
-        .filter(|p| old.is_none_or(|o| value_at(o, p) != value_at(new, p)))
-        .collect();
-    let gone: FieldSet = old.map(field_set).unwrap_or_default().into_iter().filter(|p| value_at(new, p).is_none()).collect();
+    let changed: FieldSet =
+        field_set(new).into_iter().filter(|p| old.is_none_or(|o| value_at(o, p) != value_at(new, p))).collect();
+    let gone: FieldSet =
+        old.map(field_set).unwrap_or_default().into_iter().filter(|p| value_at(new, p).is_none()).collect();
     for e in list.iter_mut() {
         e.set.retain(|p| !changed.contains(p) && !gone.contains(p));
     }
@@ -292,7 +310,13 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, manager: &str, api_ve
 }
 
 /// Server-side apply of `config` by `manager` onto `live` (None: create).
-pub fn apply(live: Option<&Value>, config: &Value, manager: &str, api_version: &str, force: bool) -> Result<Value, ApiError> {
+pub fn apply(
+    live: Option<&Value>,
+    config: &Value,
+    manager: &str,
+    api_version: &str,
+    force: bool,
+) -> Result<Value, ApiError> {
     let applied = field_set(config);
     let mut list = entries(live.unwrap_or(&Value::Null));
     let mut conflicts = Vec::new();
@@ -314,9 +338,16 @@ pub fn apply(live: Option<&Value>, config: &Value, manager: &str, api_version: &
     if !conflicts.is_empty() && !force {
         let causes: Vec<Cause> = conflicts
             .iter()
-            .map(|(m, av, p)| Cause { reason: "FieldManagerConflict", message: format!("conflict with \"{m}\" using {av}"), field: path_string(p) })
+            .map(|(m, av, p)| Cause {
+                reason: "FieldManagerConflict",
+                message: format!("conflict with \"{m}\" using {av}"),
+                field: path_string(p),
+            })
             .collect();
-        let lines: Vec<String> = conflicts.iter().map(|(m, av, p)| format!("conflict with \"{m}\" using {av}: {}", path_string(p))).collect();
+        let lines: Vec<String> = conflicts
+            .iter()
+            .map(|(m, av, p)| format!("conflict with \"{m}\" using {av}: {}", path_string(p)))
+            .collect();
         let message = if lines.len() == 1 {
             format!("Apply failed with 1 conflict: {}", lines[0])
         } else {
@@ -327,7 +358,8 @@ pub fn apply(live: Option<&Value>, config: &Value, manager: &str, api_version: &
         return Err(err);
     }
     let mut merged = live.cloned().unwrap_or_else(|| json!({}));
-    let previous: FieldSet = list.iter().filter(|e| e.manager == manager && e.operation == "Apply").flat_map(|e| e.set.clone()).collect();
+    let previous: FieldSet =
+        list.iter().filter(|e| e.manager == manager && e.operation == "Apply").flat_map(|e| e.set.clone()).collect();
     let mut config_clean = config.clone();
     if let Some(m) = config_clean.pointer_mut("/metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
@@ -347,7 +379,8 @@ pub fn apply(live: Option<&Value>, config: &Value, manager: &str, api_version: &
             continue;
         }
         // Forced or equal-valued fields: taken over (forced) or shared (equal).
-        let taken: Vec<Path> = e.set.intersection(&applied).filter(|p| conflicts.iter().any(|(_, _, c)| c == *p)).cloned().collect();
+        let taken: Vec<Path> =
+            e.set.intersection(&applied).filter(|p| conflicts.iter().any(|(_, _, c)| c == *p)).cloned().collect();
         for p in taken {
             e.set.remove(&p);
         }

@@ -90,20 +90,36 @@ pub fn human_duration(secs: i64) -> String {
     if s < 120 {
         format!("{s}s")
     } else if m < 10 {
-        if s % 60 == 0 { format!("{m}m") } else { format!("{m}m{}s", s % 60) }
+        if s % 60 == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{}s", s % 60)
+        }
     } else if m < 180 {
         format!("{m}m")
     } else if h < 8 {
-        if m % 60 == 0 { format!("{h}h") } else { format!("{h}h{}m", m % 60) }
+        if m % 60 == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{}m", m % 60)
+        }
     } else if h < 48 {
         format!("{h}h")
     } else if h < 24 * 8 {
-        if h % 24 == 0 { format!("{}d", h / 24) } else { format!("{}d{}h", h / 24, h % 24) }
+        if h % 24 == 0 {
+            format!("{}d", h / 24)
+        } else {
+            format!("{}d{}h", h / 24, h % 24)
+        }
     } else if h < 24 * 365 * 2 {
         format!("{}d", h / 24)
     } else if h < 24 * 365 * 8 {
         let d = h / 24 % 365;
-        if d == 0 { format!("{}y", h / 24 / 365) } else { format!("{}y{}d", h / 24 / 365, d) }
+        if d == 0 {
+            format!("{}y", h / 24 / 365)
+        } else {
+            format!("{}y{}d", h / 24 / 365, d)
+        }
     } else {
         format!("{}y", h / 24 / 365)
     }

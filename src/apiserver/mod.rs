@@ -69,7 +69,11 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(store: Arc<dyn crate::store::Store>, config: ApiConfig, tokens: Option<auth::token::TokenSigner>) -> Arc<Api> {
+    pub fn new(
+        store: Arc<dyn crate::store::Store>,
+        config: ApiConfig,
+        tokens: Option<auth::token::TokenSigner>,
+    ) -> Arc<Api> {
         let allocator = allocator::ServiceAllocator::new(config.service_cidr);
         let caches = cache::Caches::default();
         let rbac = auth::rbac::RbacCache::new(caches.rbac.clone());
@@ -101,7 +105,11 @@ impl Api {
             if !secret.is_empty() && (token == join || token == secret) {
                 return Some(User {
                     name: "system:ferrok:node-bootstrap".into(),
-                    groups: vec!["system:bootstrappers".into(), "system:bootstrappers:ferrok".into(), "system:authenticated".into()],
+                    groups: vec![
+                        "system:bootstrappers".into(),
+                        "system:bootstrappers:ferrok".into(),
+                        "system:authenticated".into(),
+                    ],
                 });
             }
         }
@@ -156,7 +164,8 @@ impl Api {
             None => r.plural.clone(),
         };
         let name = call.path.name.as_deref().map(|n| format!("{resource} \"{n}\"")).unwrap_or_else(|| resource.clone());
-        let qualified = if r.group.is_empty() { name } else { name.replacen(&resource, &format!("{resource}.{}", r.group), 1) };
+        let qualified =
+            if r.group.is_empty() { name } else { name.replacen(&resource, &format!("{resource}.{}", r.group), 1) };
         let mut e = ApiError::forbidden(format!(
             "{qualified} is forbidden: User \"{}\" cannot {verb} resource \"{resource}\" in API group \"{}\"{scope}",
             call.user.name, r.group
@@ -176,7 +185,8 @@ pub fn router(api: Arc<Api>) -> Router {
 
 fn health(api: &Api, path: &str, verbose: bool) -> Response {
     let ok = path == "/livez" || api.is_ready();
-    let checks = ["ping", "log", "etcd", "poststarthook/start-apiextensions-controllers", "poststarthook/bootstrap-controller"];
+    let checks =
+        ["ping", "log", "etcd", "poststarthook/start-apiextensions-controllers", "poststarthook/bootstrap-controller"];
     let body = if verbose {
         let mut s = String::new();
         for c in checks {
@@ -199,9 +209,15 @@ fn impersonate(api: &Api, user: &User, headers: &axum::http::HeaderMap) -> Resul
     let Some(name) = headers.get("Impersonate-User").and_then(|v| v.to_str().ok()) else {
         return Ok(None);
     };
-    let groups: Vec<String> = headers.get_all("Impersonate-Group").iter().filter_map(|v| v.to_str().ok()).map(str::to_string).collect();
+    let groups: Vec<String> =
+        headers.get_all("Impersonate-Group").iter().filter_map(|v| v.to_str().ok()).map(str::to_string).collect();
     let check = |resource: &str, target: &str| {
-        let attrs = auth::rbac::Attributes { verb: "impersonate".into(), resource: resource.into(), name: target.into(), ..Default::default() };
+        let attrs = auth::rbac::Attributes {
+            verb: "impersonate".into(),
+            resource: resource.into(),
+            name: target.into(),
+            ..Default::default()
+        };
         if api.allowed(user, &attrs) {
             Ok(())
         } else {
@@ -229,7 +245,9 @@ fn impersonate(api: &Api, user: &User, headers: &axum::http::HeaderMap) -> Resul
 async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let mut user = parts.extensions.get::<User>().cloned().unwrap_or_else(User::anonymous);
-    if let Some(token) = parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")) {
+    if let Some(token) =
+        parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "))
+    {
         match api.authenticate_token(token.trim()).await {
             Some(u) => user = u,
             None => return ApiError::unauthorized().into_response(),
@@ -240,7 +258,8 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     let accept = parts.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     match path.as_str() {
         "/healthz" | "/livez" | "/readyz" => {
-            let verbose = query.as_deref().is_some_and(|q| q.split('&').any(|p| p == "verbose" || p.starts_with("verbose=")));
+            let verbose =
+                query.as_deref().is_some_and(|q| q.split('&').any(|p| p == "verbose" || p.starts_with("verbose=")));
             return health(&api, &path, verbose);
         }
         "/version" | "/version/" => return discovery::version(),
@@ -264,7 +283,9 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         Target::Groups => discovery::groups(&api.registry, &accept),
         Target::Group(g) => discovery::group(&api.registry, &g),
         Target::Resources { group, version } => discovery::resources(&api.registry, &group, &version),
-        Target::Resource(p) => handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await,
+        Target::Resource(p) => {
+            handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await
+        }
         Target::Other => match openapi::serve(&api.registry, &api.openapi, &path, &accept) {
             Some(resp) => resp,
             None => ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response(),

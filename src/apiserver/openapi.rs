@@ -68,7 +68,11 @@ fn document(registry: &Registry, group: &str, version: &str) -> Option<Value> {
     let mut paths = serde_json::Map::new();
     let mut schemas = serde_json::Map::new();
     for r in &resources {
-        let collection = if r.namespaced { format!("{base}/namespaces/{{namespace}}/{}", r.plural) } else { format!("{base}/{}", r.plural) };
+        let collection = if r.namespaced {
+            format!("{base}/namespaces/{{namespace}}/{}", r.plural)
+        } else {
+            format!("{base}/{}", r.plural)
+        };
         let item = format!("{collection}/{{name}}");
         let op = |action: &str, params: Vec<Value>| operation(r, action, &format!("{action}{}", r.kind), params);
         paths.insert(
@@ -95,7 +99,10 @@ fn document(registry: &Registry, group: &str, version: &str) -> Option<Value> {
                 schemas.entry(k).or_insert(v);
             }
             if let Some(Value::Object(root)) = schemas.get_mut(&name) {
-                root.insert("x-kubernetes-group-version-kind".into(), json!([{"group": r.group, "version": r.version, "kind": r.kind}]));
+                root.insert(
+                    "x-kubernetes-group-version-kind".into(),
+                    json!([{"group": r.group, "version": r.version, "kind": r.kind}]),
+                );
             }
         }
     }
@@ -108,8 +115,9 @@ fn document(registry: &Registry, group: &str, version: &str) -> Option<Value> {
 }
 
 /// When this process started, in nanoseconds, for document hashes.
-static STARTED: std::sync::LazyLock<u128> =
-    std::sync::LazyLock::new(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+static STARTED: std::sync::LazyLock<u128> = std::sync::LazyLock::new(|| {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+});
 
 fn hash(doc: &str) -> String {
     let digest = Sha256::digest(doc.as_bytes());
@@ -163,9 +171,16 @@ fn swagger(accept: &str) -> Response {
         info.extend(field(0x12, version.as_bytes()));
         let mut doc = field(0x0a, b"2.0");
         doc.extend(field(0x12, &info));
-        return (StatusCode::OK, [(header::CONTENT_TYPE, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")], doc).into_response();
+        return (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")],
+            doc,
+        )
+            .into_response();
     }
-    json_response(&json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": version}, "paths": {}, "definitions": {}}))
+    json_response(
+        &json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": version}, "paths": {}, "definitions": {}}),
+    )
 }
 
 /// Serves `/openapi/v2`, `/openapi/v3` and `/openapi/v3/<gv path>`.
@@ -199,5 +214,7 @@ pub fn serve(registry: &Registry, cache: &DocumentCache, path: &str, accept: &st
         ["apis", g, v] => (g.to_string(), v.to_string()),
         _ => return None,
     };
-    cache.get(registry, &group, &version).map(|d| (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], d.as_str().to_string()).into_response())
+    cache
+        .get(registry, &group, &version)
+        .map(|d| (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], d.as_str().to_string()).into_response())
 }

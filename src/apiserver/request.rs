@@ -23,7 +23,10 @@ pub enum Target {
     /// `/apis/<group>`
     Group(String),
     /// `/api/v1` or `/apis/<group>/<version>`
-    Resources { group: String, version: String },
+    Resources {
+        group: String,
+        version: String,
+    },
     Resource(ResourcePath),
     Other,
 }
@@ -49,7 +52,15 @@ pub fn parse(path: &str) -> Target {
         ["watch", tail @ ..] => (true, tail),
         _ => (false, rest),
     };
-    let mut p = ResourcePath { group, version, namespace: None, plural: String::new(), name: None, subresource: None, watch_prefix };
+    let mut p = ResourcePath {
+        group,
+        version,
+        namespace: None,
+        plural: String::new(),
+        name: None,
+        subresource: None,
+        watch_prefix,
+    };
     match rest {
         // /namespaces/{ns}/{plural}[/{name}[/{sub}]]
         ["namespaces", ns, plural, tail @ ..] if !is_namespace_subresource(plural, tail) => {
@@ -97,11 +108,17 @@ mod tests {
         assert_eq!(parse("/apis/apps"), Target::Group("apps".into()));
         assert_eq!(parse("/apis/apps/v1"), Target::Resources { group: "apps".into(), version: "v1".into() });
         let r = res("/api/v1/namespaces/default/pods/web/status");
-        assert_eq!((r.namespace.as_deref(), r.plural.as_str(), r.name.as_deref(), r.subresource.as_deref()), (Some("default"), "pods", Some("web"), Some("status")));
+        assert_eq!(
+            (r.namespace.as_deref(), r.plural.as_str(), r.name.as_deref(), r.subresource.as_deref()),
+            (Some("default"), "pods", Some("web"), Some("status"))
+        );
         let r = res("/api/v1/namespaces/kube-system");
         assert_eq!((r.namespace, r.plural.as_str(), r.name.as_deref()), (None, "namespaces", Some("kube-system")));
         let r = res("/api/v1/namespaces/kube-system/status");
-        assert_eq!((r.plural.as_str(), r.name.as_deref(), r.subresource.as_deref()), ("namespaces", Some("kube-system"), Some("status")));
+        assert_eq!(
+            (r.plural.as_str(), r.name.as_deref(), r.subresource.as_deref()),
+            ("namespaces", Some("kube-system"), Some("status"))
+        );
         let r = res("/apis/apps/v1/watch/namespaces/x/deployments");
         assert!(r.watch_prefix);
         assert_eq!(r.plural, "deployments");

@@ -30,7 +30,10 @@ pub enum ServeError {
 
 fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ServeError> {
     let err = |m: String| ServeError::Pem { path: path.display().to_string(), message: m };
-    CertificateDer::pem_file_iter(path).map_err(|e| err(e.to_string()))?.collect::<Result<Vec<_>, _>>().map_err(|e| err(e.to_string()))
+    CertificateDer::pem_file_iter(path)
+        .map_err(|e| err(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| err(e.to_string()))
 }
 
 /// A TLS config serving `cert`/`key`, asking for (not requiring) client
@@ -45,7 +48,8 @@ pub fn tls_config(cert: &Path, key: &Path, client_ca: &Path) -> Result<Arc<rustl
         .allow_unauthenticated()
         .build()
         .map_err(|e| ServeError::Verifier(e.to_string()))?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| ServeError::Pem { path: key.display().to_string(), message: e.to_string() })?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| ServeError::Pem { path: key.display().to_string(), message: e.to_string() })?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)
@@ -59,7 +63,12 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 }
 
 /// Serves `app` on `listener` until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: Router, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    app: Router,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
     let acceptor = TlsAcceptor::from(tls);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -116,6 +125,9 @@ pub async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, app: R
 }
 
 /// The router as a hyper service that tags each request with `user`.
-fn tower_service(app: Router, user: User) -> hyper_util::service::TowerToHyperService<axum::routing::RouterIntoService<hyper::body::Incoming>> {
+fn tower_service(
+    app: Router,
+    user: User,
+) -> hyper_util::service::TowerToHyperService<axum::routing::RouterIntoService<hyper::body::Incoming>> {
     hyper_util::service::TowerToHyperService::new(app.layer(axum::Extension(user)).into_service())
 }

@@ -73,7 +73,8 @@ impl ApiError {
 
     pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
         let qualified = qualified(group, plural);
-        Self::new(409, "AlreadyExists", format!("{qualified} \"{name}\" already exists")).with_details(group, plural, name)
+        Self::new(409, "AlreadyExists", format!("{qualified} \"{name}\" already exists"))
+            .with_details(group, plural, name)
     }
 
     /// An update against a stale resourceVersion.
@@ -90,8 +91,9 @@ impl ApiError {
             .map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) })
             .collect();
         let summary = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
-        let mut e = Self::new(422, "Invalid", format!("{kind}{} \"{name}\" is invalid: {summary}", group_suffix(group)))
-            .with_details(group, kind, name);
+        let mut e =
+            Self::new(422, "Invalid", format!("{kind}{} \"{name}\" is invalid: {summary}", group_suffix(group)))
+                .with_details(group, kind, name);
         e.causes = causes;
         e
     }
@@ -158,8 +160,11 @@ impl ApiError {
             details.insert("kind".into(), json!(self.kind));
         }
         if !self.causes.is_empty() {
-            let causes: Vec<Value> =
-                self.causes.iter().map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field})).collect();
+            let causes: Vec<Value> = self
+                .causes
+                .iter()
+                .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+                .collect();
             details.insert("causes".into(), Value::Array(causes));
         }
         if let Some(secs) = self.retry_after {

@@ -66,7 +66,10 @@ pub enum ReadAt {
 #[derive(Debug, Clone)]
 pub enum Change {
     Added(Stored),
-    Modified { new: Stored, old: Option<Stored> },
+    Modified {
+        new: Stored,
+        old: Option<Stored>,
+    },
     Deleted(Stored),
     /// Everything up to this revision has been sent.
     Progress(i64),
@@ -116,7 +119,10 @@ fn put(key: &str, value: Vec<u8>) -> RequestOp {
 
 fn get_op(key: &str) -> RequestOp {
     RequestOp {
-        request: Some(request_op::Request::RequestRange(RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() })),
+        request: Some(request_op::Request::RequestRange(RangeRequest {
+            key: key.as_bytes().to_vec(),
+            ..Default::default()
+        })),
     }
 }
 
@@ -146,7 +152,8 @@ impl Storage {
 
     /// Creates `key`; fails with `Exists` when it is there.
     pub async fn create(&self, key: &str, object: &Value) -> Result<Stored, WriteError> {
-        let req = TxnRequest { compare: vec![mod_rev_is(key, 0)], success: vec![put(key, encode(object)?)], failure: vec![] };
+        let req =
+            TxnRequest { compare: vec![mod_rev_is(key, 0)], success: vec![put(key, encode(object)?)], failure: vec![] };
         let resp = self.store.txn(req).await.map_err(ApiError::from)?;
         if !resp.succeeded {
             return Err(WriteError::Exists);
@@ -334,9 +341,8 @@ pub fn encode_continue(rev: i64, prefix: &str, next_key: &[u8]) -> String {
 
 pub fn decode_continue(token: &str, prefix: &str) -> ApiResult<(i64, Vec<u8>)> {
     let bad = || ApiError::bad_request(format!("continue key is not valid: {token:?}"));
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(token.trim_end_matches('='))
-        .map_err(|_| bad())?;
+    let raw =
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token.trim_end_matches('=')).map_err(|_| bad())?;
     let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
     let rev = v.get("rv").and_then(Value::as_i64).filter(|r| *r > 0).ok_or_else(bad)?;
     let start = v.get("start").and_then(Value::as_str).ok_or_else(bad)?;

@@ -19,8 +19,15 @@ pub enum ListMerge {
 /// The merge strategy of a list field, from the field's name and its items.
 pub fn list_merge(field: &str, items: &[Value]) -> ListMerge {
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes" | "imagePullSecrets"
-        | "resourceClaims" | "schedulingGates" | "resizePolicy" => ListMerge::ByKey("name"),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "env"
+        | "volumes"
+        | "imagePullSecrets"
+        | "resourceClaims"
+        | "schedulingGates"
+        | "resizePolicy" => ListMerge::ByKey("name"),
         "volumeMounts" => ListMerge::ByKey("mountPath"),
         "volumeDevices" => ListMerge::ByKey("devicePath"),
         "hostAliases" => ListMerge::ByKey("ip"),

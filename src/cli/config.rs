@@ -46,7 +46,8 @@ pub fn with_config_file(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(args),
         Err(e) => return Err(format!("--config: cannot read {}: {e}", path.display())),
     };
-    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(|e| format!("--config: {}: {e}", path.display()))?;
+    let doc: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&text).map_err(|e| format!("--config: {}: {e}", path.display()))?;
     let map = match doc {
         serde_yaml_ng::Value::Mapping(m) => m,
         serde_yaml_ng::Value::Null => return Ok(args),
@@ -62,14 +63,16 @@ pub fn with_config_file(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
         match &v {
             serde_yaml_ng::Value::Sequence(items) => {
                 for item in items {
-                    let s = scalar(item).ok_or_else(|| format!("--config: {}: {key}: list items must be scalars", path.display()))?;
+                    let s = scalar(item)
+                        .ok_or_else(|| format!("--config: {}: {key}: list items must be scalars", path.display()))?;
                     extra.push(OsString::from(format!("{flag}={s}")));
                 }
             }
             serde_yaml_ng::Value::Bool(true) => extra.push(OsString::from(flag)),
             serde_yaml_ng::Value::Bool(false) => {}
             other => {
-                let s = scalar(other).ok_or_else(|| format!("--config: {}: {key}: expected a scalar or a list", path.display()))?;
+                let s = scalar(other)
+                    .ok_or_else(|| format!("--config: {}: {key}: expected a scalar or a list", path.display()))?;
                 extra.push(OsString::from(format!("{flag}={s}")));
             }
         }

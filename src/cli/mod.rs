@@ -11,7 +11,13 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "ferrok", version, about = "Kubernetes in one executable", propagate_version = true, args_override_self = true)]
+#[command(
+    name = "ferrok",
+    version,
+    about = "Kubernetes in one executable",
+    propagate_version = true,
+    args_override_self = true
+)]
 pub struct Cli {
     /// More log output (-v: debug for ferrok, -vv: trace).
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, global = true)]

@@ -98,7 +98,9 @@ fn host_ip() -> IpAddr {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
 }
 
 pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
@@ -120,7 +122,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         None => {
             let mut opts = SqliteOptions::new(data_dir.join("server").join("db").join("state.db"));
             opts.sync = crate::store::sqlite::SyncMode::Full;
-            let s = SqliteStore::open(opts).with_context(|| format!("cannot open the datastore in {}", data_dir.display()))?;
+            let s = SqliteStore::open(opts)
+                .with_context(|| format!("cannot open the datastore in {}", data_dir.display()))?;
             sqlite = Some(s.clone());
             s
         }
@@ -132,7 +135,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         let store = store.clone();
         let stop = stop_rx.clone();
         tasks.push(tokio::spawn(async move {
-            if let Err(e) = grpc::serve(store, listeners, grpc::TlsFiles::default(), crate::store::DEFAULT_MAX_REQUEST_BYTES, stop).await {
+            if let Err(e) =
+                grpc::serve(store, listeners, grpc::TlsFiles::default(), crate::store::DEFAULT_MAX_REQUEST_BYTES, stop)
+                    .await
+            {
                 tracing::error!(error = %e, "the etcd face stopped");
             }
         }));
@@ -160,7 +166,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         join_token: Some(pki.token.clone()),
     };
     let issuer = format!("https://kubernetes.default.svc.{}", args.cluster_domain);
-    let tokens = apiserver::auth::token::TokenSigner::load(&pki.service_account_key, issuer).context("service-account key")?;
+    let tokens =
+        apiserver::auth::token::TokenSigner::load(&pki.service_account_key, issuer).context("service-account key")?;
     let api = Api::new(store.clone(), config, Some(tokens));
     let addr = SocketAddr::new(args.bind_address, args.https_listen_port);
     let listener = apiserver::serve::bind(addr).await.context("--https-listen-port")?;
@@ -169,11 +176,19 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     apiserver::bootstrap::run(&api).await.map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
     apiserver::auth::bootstrap::run(&api.storage).await.map_err(|e| anyhow::anyhow!("default RBAC roles: {e}"))?;
     // Followers of the store run until the process stops; they are aborted.
-    let mut followers = api.caches.start(&api.storage).await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?;
-    followers.push(apiserver::crd::start(api.clone()).await.map_err(|e| anyhow::anyhow!("loading CustomResourceDefinitions: {e}"))?);
+    let mut followers =
+        api.caches.start(&api.storage).await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?;
+    followers.push(
+        apiserver::crd::start(api.clone())
+            .await
+            .map_err(|e| anyhow::anyhow!("loading CustomResourceDefinitions: {e}"))?,
+    );
     api.set_ready();
     let server_ca = std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?;
-    followers.extend(crate::controllers::start(crate::client::in_process(api.clone(), crate::client::controller_manager()), server_ca));
+    followers.extend(crate::controllers::start(
+        crate::client::in_process(api.clone(), crate::client::controller_manager()),
+        server_ca,
+    ));
 
     let kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {
         if super::is_root() && args.data_dir.is_none() {

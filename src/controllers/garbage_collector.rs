@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures_util::stream::{select_all, BoxStream};
 use futures_util::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PartialObjectMeta};
+use kube::api::{Api, DeleteParams, DynamicObject, PartialObjectMeta, Patch, PatchParams};
 use kube::core::ApiResource;
 use kube::discovery::{verbs, Discovery, Scope};
 use kube::runtime::watcher::{self, watcher, Event};
@@ -80,14 +80,21 @@ fn api_for(client: &kube::Client, node: &Node) -> Api<DynamicObject> {
 
 /// Whether an owner still exists, asked of the API (the graph may not
 /// follow the owner's kind, or may lag).
-async fn owner_exists(client: &kube::Client, discovery: &Discovery, namespace: Option<&str>, owner: &OwnerReference) -> Result<bool, ControllerError> {
+async fn owner_exists(
+    client: &kube::Client,
+    discovery: &Discovery,
+    namespace: Option<&str>,
+    owner: &OwnerReference,
+) -> Result<bool, ControllerError> {
     let (group, version) = match owner.api_version.split_once('/') {
         Some((g, v)) => (g, v),
         None => ("", owner.api_version.as_str()),
     };
-    let Some((ar, caps)) = discovery.groups().find(|g| g.name() == group).and_then(|g| {
-        g.versioned_resources(version).into_iter().find(|(ar, _)| ar.kind == owner.kind)
-    }) else {
+    let Some((ar, caps)) = discovery
+        .groups()
+        .find(|g| g.name() == group)
+        .and_then(|g| g.versioned_resources(version).into_iter().find(|(ar, _)| ar.kind == owner.kind))
+    else {
         // An owner of a kind the server does not serve is gone.
         return Ok(false);
     };
@@ -138,7 +145,8 @@ impl Collector {
                 // An empty list goes away entirely, as upstream leaves it.
                 let refs = if owners.is_empty() { serde_json::Value::Null } else { serde_json::json!(owners) };
                 let patch = serde_json::json!({"metadata": {"ownerReferences": refs}});
-                match api_for(&self.client, dep).patch(&dep.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                match api_for(&self.client, dep).patch(&dep.name, &PatchParams::default(), &Patch::Merge(&patch)).await
+                {
                     Ok(_) => {}
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => return Err(e.into()),
@@ -208,7 +216,8 @@ pub async fn run(client: kube::Client) {
 
 /// Runs until the set of served resources changes (a CRD comes or goes).
 async fn follow(client: kube::Client) -> Result<(), ControllerError> {
-    let discovery = Discovery::new(client.clone()).run().await.map_err(|e| ControllerError::Discovery(e.to_string()))?;
+    let discovery =
+        Discovery::new(client.clone()).run().await.map_err(|e| ControllerError::Discovery(e.to_string()))?;
     let mut streams: Vec<BoxStream<'static, Tagged>> = Vec::new();
     let mut served = HashSet::new();
     for group in discovery.groups() {
@@ -223,7 +232,12 @@ async fn follow(client: kube::Client) -> Result<(), ControllerError> {
             streams.push(watcher(api, watcher::Config::default()).map(move |e| (tag.clone(), e)).boxed());
         }
     }
-    let collector = Arc::new(Collector { client: client.clone(), discovery, graph: Mutex::new(Graph::default()), workers: tokio::sync::Semaphore::new(8) });
+    let collector = Arc::new(Collector {
+        client: client.clone(),
+        discovery,
+        graph: Mutex::new(Graph::default()),
+        workers: tokio::sync::Semaphore::new(8),
+    });
     let mut events = select_all(streams);
     while let Some((resource, event)) = events.next().await {
         let event = match event {
@@ -242,7 +256,9 @@ async fn follow(client: kube::Client) -> Result<(), ControllerError> {
                     if resource.group == "apiextensions.k8s.io" && resource.kind == "CustomResourceDefinition" {
                         if let Some(name) = &meta.metadata.name {
                             let (plural, group) = name.split_once('.').unwrap_or((name, ""));
-                            if !served.contains(&format!("{group}/{plural}")) && meta.metadata.deletion_timestamp.is_none() {
+                            if !served.contains(&format!("{group}/{plural}"))
+                                && meta.metadata.deletion_timestamp.is_none()
+                            {
                                 tokio::time::sleep(Duration::from_millis(500)).await;
                                 return Ok(());
                             }

@@ -21,11 +21,15 @@ struct Context {
 
 /// Deletes one round of what is left in `ns`; returns how many objects remain.
 async fn delete_contents(client: &kube::Client, ns: &str) -> Result<usize, ControllerError> {
-    let discovery = Discovery::new(client.clone()).run().await.map_err(|e| ControllerError::Discovery(e.to_string()))?;
+    let discovery =
+        Discovery::new(client.clone()).run().await.map_err(|e| ControllerError::Discovery(e.to_string()))?;
     let mut remaining = 0;
     for group in discovery.groups() {
         for (ar, caps) in group.recommended_resources() {
-            if caps.scope != Scope::Namespaced || !caps.supports_operation(verbs::LIST) || !caps.supports_operation(verbs::DELETE) {
+            if caps.scope != Scope::Namespaced
+                || !caps.supports_operation(verbs::LIST)
+                || !caps.supports_operation(verbs::DELETE)
+            {
                 continue;
             }
             let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
@@ -63,7 +67,8 @@ async fn reconcile(ns: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Cont
     }
     let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
     let mut current = namespaces.get(&name).await?;
-    let has_finalizer = current.spec.as_ref().and_then(|s| s.finalizers.as_ref()).is_some_and(|f| f.iter().any(|x| x == "kubernetes"));
+    let has_finalizer =
+        current.spec.as_ref().and_then(|s| s.finalizers.as_ref()).is_some_and(|f| f.iter().any(|x| x == "kubernetes"));
     if has_finalizer {
         if let Some(spec) = current.spec.as_mut() {
             if let Some(f) = spec.finalizers.as_mut() {

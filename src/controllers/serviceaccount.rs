@@ -20,8 +20,14 @@ async fn reconcile(ns: Arc<Namespace>, client: Arc<kube::Client>) -> Result<Acti
     let name = ns.metadata.name.clone().unwrap_or_default();
     let accounts: Api<ServiceAccount> = Api::namespaced((*client).clone(), &name);
     if accounts.get_opt("default").await?.is_none() {
-        let sa = ServiceAccount { metadata: ObjectMeta { name: Some("default".into()), ..Default::default() }, ..Default::default() };
-        match accounts.create(&PostParams { field_manager: Some("service-account-controller".into()), ..Default::default() }, &sa).await {
+        let sa = ServiceAccount {
+            metadata: ObjectMeta { name: Some("default".into()), ..Default::default() },
+            ..Default::default()
+        };
+        match accounts
+            .create(&PostParams { field_manager: Some("service-account-controller".into()), ..Default::default() }, &sa)
+            .await
+        {
             Ok(_) => tracing::debug!(namespace = %name, "created the default ServiceAccount"),
             Err(kube::Error::Api(s)) if s.code == 409 || s.code == 403 || s.code == 404 => {}
             Err(e) => return Err(e.into()),

@@ -89,7 +89,8 @@ impl Ca {
         name.push(DnType::CommonName, format!("{cn}@{}", now().unix_timestamp()));
         params.distinguished_name = name;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         params.not_before = now() - Duration::hours(1);
         params.not_after = now() + CA_VALIDITY;
         let cert = params.self_signed(&key)?;
@@ -144,8 +145,12 @@ pub fn still_good(cert_pem: &str, spec: &LeafSpec) -> Result<bool, CertError> {
         for name in &san.value.general_names {
             match name {
                 GeneralName::DNSName(d) => dns.push(d.to_string()),
-                GeneralName::IPAddress(b) if b.len() == 4 => ips.push(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap_or_default())),
-                GeneralName::IPAddress(b) if b.len() == 16 => ips.push(IpAddr::from(<[u8; 16]>::try_from(*b).unwrap_or_default())),
+                GeneralName::IPAddress(b) if b.len() == 4 => {
+                    ips.push(IpAddr::from(<[u8; 4]>::try_from(*b).unwrap_or_default()))
+                }
+                GeneralName::IPAddress(b) if b.len() == 16 => {
+                    ips.push(IpAddr::from(<[u8; 16]>::try_from(*b).unwrap_or_default()))
+                }
                 _ => {}
             }
         }

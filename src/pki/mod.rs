@@ -75,7 +75,8 @@ pub(crate) fn write(path: &Path, contents: &str, mode: u32) -> Result<(), PkiErr
     }
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(|e| io("create", e))?;
+    let mut f =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(|e| io("create", e))?;
     f.write_all(contents.as_bytes()).map_err(|e| io("write", e))?;
     f.sync_all().map_err(|e| io("sync", e))?;
     std::fs::rename(&tmp, path).map_err(|e| io("rename", e))?;
@@ -151,7 +152,11 @@ fn random_u128() -> u128 {
     let rng = ring::rand::SystemRandom::new();
     if ring::rand::SecureRandom::fill(&rng, &mut buf).is_err() {
         // getrandom(2) cannot fail on Linux once the pool is ready.
-        buf = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos().to_le_bytes();
+        buf = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+            .to_le_bytes();
     }
     u128::from_le_bytes(buf)
 }

@@ -21,9 +21,7 @@ impl KeyRange {
     pub fn contains(&self, key: &[u8]) -> bool {
         match self {
             KeyRange::Single(k) => k.as_slice() == key,
-            KeyRange::Span { start, end } => {
-                key >= start.as_slice() && end.as_ref().is_none_or(|e| key < e.as_slice())
-            }
+            KeyRange::Span { start, end } => key >= start.as_slice() && end.as_ref().is_none_or(|e| key < e.as_slice()),
         }
     }
 

@@ -161,7 +161,8 @@ impl Drop for ApiServer {
 
 impl ApiServer {
     pub fn start_in(dir: tempfile::TempDir, port: u16) -> ApiServer {
-        let log = std::fs::File::create(dir.path().join(format!("server-{}.log", Instant::now().elapsed().as_nanos()))).expect("log");
+        let log = std::fs::File::create(dir.path().join(format!("server-{}.log", Instant::now().elapsed().as_nanos())))
+            .expect("log");
         let child = Command::new(ferrok_bin())
             .args(["server", "--disable-agent", "--data-dir"])
             .arg(dir.path())
@@ -190,7 +191,8 @@ impl ApiServer {
                 panic!("ferrok server exited early: {status}");
             }
             if self.kubeconfig().exists() {
-                let out = Command::new("curl").args(["-sk", &format!("https://127.0.0.1:{}/readyz", self.port)]).output();
+                let out =
+                    Command::new("curl").args(["-sk", &format!("https://127.0.0.1:{}/readyz", self.port)]).output();
                 if out.is_ok_and(|o| o.stdout == b"ok") {
                     return;
                 }
@@ -210,4 +212,3 @@ impl ApiServer {
         (dir, self.port)
     }
 }
-

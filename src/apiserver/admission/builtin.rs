@@ -72,8 +72,15 @@ async fn priority(call: &Call, pod: &mut Value) -> ApiResult<()> {
         match classes.iter().find(|c| c.pointer("/metadata/name").and_then(Value::as_str) == Some(class.as_str())) {
             Some(c) => Some(c.clone()),
             None if class == "system-node-critical" => Some(json!({"metadata": {"name": class}, "value": 2000001000})),
-            None if class == "system-cluster-critical" => Some(json!({"metadata": {"name": class}, "value": 2000000000})),
-            None => return Err(ApiError::forbidden(format!("pods \"{}\" is forbidden: no PriorityClass with name {class} was found", crate::apiserver::meta::name_of(pod)))),
+            None if class == "system-cluster-critical" => {
+                Some(json!({"metadata": {"name": class}, "value": 2000000000}))
+            }
+            None => {
+                return Err(ApiError::forbidden(format!(
+                    "pods \"{}\" is forbidden: no PriorityClass with name {class} was found",
+                    crate::apiserver::meta::name_of(pod)
+                )))
+            }
         }
     };
     if let Some(spec) = pod.get_mut("spec") {
@@ -121,7 +128,8 @@ async fn limit_ranger(call: &Call, pod: &mut Value) -> ApiResult<()> {
                     }
                 }
             }
-            let annotations = crate::apiserver::meta::metadata_mut(pod).entry("annotations").or_insert_with(|| json!({}));
+            let annotations =
+                crate::apiserver::meta::metadata_mut(pod).entry("annotations").or_insert_with(|| json!({}));
             annotations["kubernetes.io/limit-ranger"] = json!("LimitRanger plugin set: defaults for containers");
         }
     }
@@ -134,7 +142,8 @@ async fn default_storage_class(call: &Call, pvc: &mut Value) -> ApiResult<()> {
     }
     let classes = call.api.caches.storage_classes.all();
     let default = classes.iter().find(|c| {
-        c.pointer("/metadata/annotations/storageclass.kubernetes.io~1is-default-class").and_then(Value::as_str) == Some("true")
+        c.pointer("/metadata/annotations/storageclass.kubernetes.io~1is-default-class").and_then(Value::as_str)
+            == Some("true")
     });
     if let (Some(c), Some(spec)) = (default, pvc.get_mut("spec")) {
         spec["storageClassName"] = c["metadata"]["name"].clone();
@@ -149,7 +158,9 @@ pub fn quantity(q: &Value) -> f64 {
         Value::Number(n) => return n.as_f64().unwrap_or(0.0),
         _ => return 0.0,
     };
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+' || c == 'e' || c == 'E')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+' || c == 'e' || c == 'E'))
+        .unwrap_or(s.len());
     let (num, suffix) = s.split_at(split);
     let n: f64 = num.parse().unwrap_or(0.0);
     let mult = match suffix {
@@ -179,7 +190,8 @@ pub async fn validate(call: &Call, obj: &Value, op: Operation) -> ApiResult<()> 
         return Ok(());
     }
     let r = &call.resource;
-    let count_key = if r.group.is_empty() { format!("count/{}", r.plural) } else { format!("count/{}.{}", r.plural, r.group) };
+    let count_key =
+        if r.group.is_empty() { format!("count/{}", r.plural) } else { format!("count/{}.{}", r.plural, r.group) };
     let short_key = match (r.group.as_str(), r.plural.as_str()) {
         ("", "pods") => Some("pods"),
         ("", "services") => Some("services"),
@@ -208,14 +220,35 @@ pub async fn validate(call: &Call, obj: &Value, op: Operation) -> ApiResult<()> 
             }
         }
         if r.group.is_empty() && r.plural == "pods" {
-            for (res, hard_key) in [("cpu", "requests.cpu"), ("memory", "requests.memory"), ("cpu", "limits.cpu"), ("memory", "limits.memory")] {
+            for (res, hard_key) in [
+                ("cpu", "requests.cpu"),
+                ("memory", "requests.memory"),
+                ("cpu", "limits.cpu"),
+                ("memory", "limits.memory"),
+            ] {
                 let alt = if hard_key.starts_with("requests.") { res } else { "" };
-                let Some(limit) = hard.get(hard_key).or(if alt.is_empty() { None } else { hard.get(alt) }) else { continue };
+                let Some(limit) = hard.get(hard_key).or(if alt.is_empty() { None } else { hard.get(alt) }) else {
+                    continue;
+                };
                 let field = if hard_key.starts_with("requests") { "requests" } else { "limits" };
                 let sum = |pod: &Value| -> f64 {
-                    pod.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten().map(|c| c.pointer(&format!("/resources/{field}/{res}")).map(quantity).unwrap_or(0.0)).sum()
+                    pod.pointer("/spec/containers")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .map(|c| c.pointer(&format!("/resources/{field}/{res}")).map(quantity).unwrap_or(0.0))
+                        .sum()
                 };
-                let used: f64 = existing.iter().filter(|p| !matches!(p.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded") | Some("Failed"))).map(sum).sum();
+                let used: f64 = existing
+                    .iter()
+                    .filter(|p| {
+                        !matches!(
+                            p.pointer("/status/phase").and_then(Value::as_str),
+                            Some("Succeeded") | Some("Failed")
+                        )
+                    })
+                    .map(sum)
+                    .sum();
                 let want = sum(obj);
                 if used + want > quantity(limit) + 1e-9 {
                     return Err(ApiError::forbidden(format!(

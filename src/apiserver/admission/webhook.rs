@@ -42,7 +42,10 @@ fn rule_matches(rule: &Value, call: &Call, op: Operation) -> bool {
     let versions_ok = matches_list(&rule["apiVersions"], &r.version);
     let resources_ok = rule["resources"].as_array().is_some_and(|a| {
         a.iter().filter_map(Value::as_str).any(|x| {
-            x == "*" || x == resource || (call.path.subresource.is_some() && (x == "*/*" || x == format!("*/{}", call.path.subresource.as_deref().unwrap_or_default())))
+            x == "*"
+                || x == resource
+                || (call.path.subresource.is_some()
+                    && (x == "*/*" || x == format!("*/{}", call.path.subresource.as_deref().unwrap_or_default())))
                 || (x == format!("{}/*", r.plural) && call.path.subresource.is_some())
         })
     });
@@ -70,8 +73,13 @@ async fn target(call: &Call, client_config: &Value) -> Result<Target, String> {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
-        let host = hostport.rsplit_once(':').map(|(h, _)| h).unwrap_or(hostport).trim_start_matches('[').trim_end_matches(']');
-        let addr = if hostport.contains(':') && !hostport.ends_with(']') { hostport.to_string() } else { format!("{hostport}:443") };
+        let host =
+            hostport.rsplit_once(':').map(|(h, _)| h).unwrap_or(hostport).trim_start_matches('[').trim_end_matches(']');
+        let addr = if hostport.contains(':') && !hostport.ends_with(']') {
+            hostport.to_string()
+        } else {
+            format!("{hostport}:443")
+        };
         return Ok(Target { addr, server_name: host.to_string(), path: path.to_string() });
     }
     let svc = client_config.get("service").ok_or("webhook has neither url nor service")?;
@@ -86,7 +94,11 @@ async fn target(call: &Call, client_config: &Value) -> Result<Target, String> {
         .await
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("service \"{name}\" not found"))?;
-    let sport = service.object.pointer("/spec/ports").and_then(Value::as_array).and_then(|ps| ps.iter().find(|p| p["port"].as_i64() == Some(port)).cloned());
+    let sport = service
+        .object
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .and_then(|ps| ps.iter().find(|p| p["port"].as_i64() == Some(port)).cloned());
     let port_name = sport.as_ref().and_then(|p| p["name"].as_str()).unwrap_or_default().to_string();
     let target_port = sport.as_ref().map(|p| p["targetPort"].clone()).unwrap_or(json!(port));
     let slices = call
@@ -141,7 +153,9 @@ async fn send(target: &Target, ca_bundle: Option<&str>, review: &Value, timeout:
         let tcp = tokio::net::TcpStream::connect(&target.addr).await.map_err(|e| e.to_string())?;
         let name = ServerName::try_from(target.server_name.clone()).map_err(|e| e.to_string())?;
         let tls = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls)).await.map_err(|e| e.to_string())?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
         tokio::spawn(conn);
         let body = review.to_string();
         let req = hyper::Request::post(format!("{}?timeout={}s", target.path, timeout.as_secs()))
@@ -186,12 +200,19 @@ fn review(call: &Call, obj: &Value, old: Option<&Value>, op: Operation) -> Value
 }
 
 /// Calls every matching webhook of one kind (mutating or validating).
-pub async fn call_all(call: &Call, obj: &mut Value, old: Option<&Value>, op: Operation, mutating: bool) -> ApiResult<()> {
+pub async fn call_all(
+    call: &Call,
+    obj: &mut Value,
+    old: Option<&Value>,
+    op: Operation,
+    mutating: bool,
+) -> ApiResult<()> {
     // Webhooks never gate their own configuration, so they cannot lock the cluster.
     if call.resource.group == "admissionregistration.k8s.io" || call.resource.ephemeral {
         return Ok(());
     }
-    let configs = if mutating { call.api.caches.mutating_webhooks.all() } else { call.api.caches.validating_webhooks.all() };
+    let configs =
+        if mutating { call.api.caches.mutating_webhooks.all() } else { call.api.caches.validating_webhooks.all() };
     if configs.is_empty() {
         return Ok(());
     }
@@ -244,12 +265,15 @@ pub async fn call_all(call: &Call, obj: &mut Value, old: Option<&Value>, op: Ope
             }
             if mutating {
                 if let Some(patch) = response["patch"].as_str() {
-                    let raw = base64::engine::general_purpose::STANDARD
-                        .decode(patch)
-                        .map_err(|e| ApiError::internal(format!("webhook \"{name}\" sent a patch that is not base64: {e}")))?;
-                    let ops: json_patch::Patch = serde_json::from_slice(&raw)
-                        .map_err(|e| ApiError::internal(format!("webhook \"{name}\" sent an invalid JSON patch: {e}")))?;
-                    json_patch::patch(obj, &ops).map_err(|e| ApiError::internal(format!("webhook \"{name}\" sent a patch that does not apply: {e}")))?;
+                    let raw = base64::engine::general_purpose::STANDARD.decode(patch).map_err(|e| {
+                        ApiError::internal(format!("webhook \"{name}\" sent a patch that is not base64: {e}"))
+                    })?;
+                    let ops: json_patch::Patch = serde_json::from_slice(&raw).map_err(|e| {
+                        ApiError::internal(format!("webhook \"{name}\" sent an invalid JSON patch: {e}"))
+                    })?;
+                    json_patch::patch(obj, &ops).map_err(|e| {
+                        ApiError::internal(format!("webhook \"{name}\" sent a patch that does not apply: {e}"))
+                    })?;
                 }
             }
         }

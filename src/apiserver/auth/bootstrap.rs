@@ -20,8 +20,47 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
 /// Resources a namespace user reads (view) and, with edit, writes.
 fn workload_resources() -> Vec<(&'static [&'static str], &'static [&'static str])> {
     vec![
-        (&[""], &["pods", "pods/log", "pods/status", "configmaps", "endpoints", "persistentvolumeclaims", "persistentvolumeclaims/status", "replicationcontrollers", "replicationcontrollers/scale", "replicationcontrollers/status", "services", "services/status", "serviceaccounts", "events", "limitranges", "resourcequotas", "resourcequotas/status", "bindings", "podtemplates"]),
-        (&["apps"], &["deployments", "deployments/scale", "deployments/status", "replicasets", "replicasets/scale", "replicasets/status", "statefulsets", "statefulsets/scale", "statefulsets/status", "daemonsets", "daemonsets/status", "controllerrevisions"]),
+        (
+            &[""],
+            &[
+                "pods",
+                "pods/log",
+                "pods/status",
+                "configmaps",
+                "endpoints",
+                "persistentvolumeclaims",
+                "persistentvolumeclaims/status",
+                "replicationcontrollers",
+                "replicationcontrollers/scale",
+                "replicationcontrollers/status",
+                "services",
+                "services/status",
+                "serviceaccounts",
+                "events",
+                "limitranges",
+                "resourcequotas",
+                "resourcequotas/status",
+                "bindings",
+                "podtemplates",
+            ],
+        ),
+        (
+            &["apps"],
+            &[
+                "deployments",
+                "deployments/scale",
+                "deployments/status",
+                "replicasets",
+                "replicasets/scale",
+                "replicasets/status",
+                "statefulsets",
+                "statefulsets/scale",
+                "statefulsets/status",
+                "daemonsets",
+                "daemonsets/status",
+                "controllerrevisions",
+            ],
+        ),
         (&["batch"], &["jobs", "jobs/status", "cronjobs", "cronjobs/status"]),
         (&["autoscaling"], &["horizontalpodautoscalers", "horizontalpodautoscalers/status"]),
         (&["policy"], &["poddisruptionbudgets", "poddisruptionbudgets/status"]),
@@ -40,19 +79,36 @@ fn view_rules() -> Vec<Value> {
 fn edit_rules() -> Vec<Value> {
     let mut rules = view_rules();
     for (g, r) in workload_resources() {
-        let writable: Vec<&str> = r.iter().copied().filter(|x| !x.ends_with("/status") && *x != "pods/log" && *x != "bindings").collect();
+        let writable: Vec<&str> =
+            r.iter().copied().filter(|x| !x.ends_with("/status") && *x != "pods/log" && *x != "bindings").collect();
         rules.push(rule(g, &writable, WRITE));
     }
-    rules.push(rule(&[""], &["secrets"], &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]));
-    rules.push(rule(&[""], &["pods/attach", "pods/exec", "pods/portforward", "pods/proxy", "services/proxy"], &["create", "get"]));
+    rules.push(rule(
+        &[""],
+        &["secrets"],
+        &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"],
+    ));
+    rules.push(rule(
+        &[""],
+        &["pods/attach", "pods/exec", "pods/portforward", "pods/proxy", "services/proxy"],
+        &["create", "get"],
+    ));
     rules.push(rule(&[""], &["pods/eviction", "serviceaccounts/token"], &["create"]));
-    rules.push(rule(&["coordination.k8s.io"], &["leases"], &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]));
+    rules.push(rule(
+        &["coordination.k8s.io"],
+        &["leases"],
+        &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"],
+    ));
     rules
 }
 
 fn admin_rules() -> Vec<Value> {
     let mut rules = edit_rules();
-    rules.push(rule(&["rbac.authorization.k8s.io"], &["roles", "rolebindings"], &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]));
+    rules.push(rule(
+        &["rbac.authorization.k8s.io"],
+        &["roles", "rolebindings"],
+        &["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"],
+    ));
     rules.push(rule(&["authorization.k8s.io"], &["localsubjectaccessreviews"], &["create"]));
     rules
 }
@@ -75,7 +131,8 @@ fn cluster_role(name: &str, rules: Vec<Value>, bootstrap: bool) -> Value {
 }
 
 fn binding(name: &str, role: &str, groups: &[&str]) -> Value {
-    let subjects: Vec<Value> = groups.iter().map(|g| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": g})).collect();
+    let subjects: Vec<Value> =
+        groups.iter().map(|g| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": g})).collect();
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
@@ -97,7 +154,11 @@ async fn reconcile(storage: &Storage, key: &str, obj: Value, field: &str) -> Api
             Err(WriteError::Api(e)) => Err(e),
         },
         Some(current) => {
-            let auto = current.object.pointer("/metadata/annotations/rbac.authorization.kubernetes.io~1autoupdate").and_then(Value::as_str) != Some("false");
+            let auto = current
+                .object
+                .pointer("/metadata/annotations/rbac.authorization.kubernetes.io~1autoupdate")
+                .and_then(Value::as_str)
+                != Some("false");
             if !auto || current.object.get(field) == obj.get(field) {
                 return Ok(());
             }
@@ -121,8 +182,20 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         cluster_role("admin", admin_rules(), false),
         cluster_role("edit", edit_rules(), false),
         cluster_role("view", view_rules(), false),
-        cluster_role("system:discovery", vec![json!({"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/version", "/version/"], "verbs": ["get"]})], true),
-        cluster_role("system:public-info-viewer", vec![json!({"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]})], true),
+        cluster_role(
+            "system:discovery",
+            vec![
+                json!({"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz", "/version", "/version/"], "verbs": ["get"]}),
+            ],
+            true,
+        ),
+        cluster_role(
+            "system:public-info-viewer",
+            vec![
+                json!({"nonResourceURLs": ["/healthz", "/livez", "/readyz", "/version", "/version/"], "verbs": ["get"]}),
+            ],
+            true,
+        ),
         cluster_role(
             "system:node-bootstrapper",
             vec![rule(&["certificates.k8s.io"], &["certificatesigningrequests"], &["create", "get", "list", "watch"])],
@@ -146,7 +219,11 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         binding("system:discovery", "system:discovery", &["system:authenticated"]),
         binding("system:basic-user", "system:basic-user", &["system:authenticated"]),
         binding("system:node-bootstrapper", "system:node-bootstrapper", &["system:bootstrappers"]),
-        binding("system:public-info-viewer", "system:public-info-viewer", &["system:authenticated", "system:unauthenticated"]),
+        binding(
+            "system:public-info-viewer",
+            "system:public-info-viewer",
+            &["system:authenticated", "system:unauthenticated"],
+        ),
     ];
     for b in bindings {
         let key = format!("/registry/rbac.authorization.k8s.io/clusterrolebindings/{}", meta::name_of(&b));

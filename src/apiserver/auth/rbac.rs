@@ -46,23 +46,28 @@ pub fn rule_allows(rule: &Value, a: &Attributes) -> bool {
     }
     if let Some(path) = &a.path {
         return rule["nonResourceURLs"].as_array().is_some_and(|urls| {
-            urls.iter().filter_map(Value::as_str).any(|u| u == "*" || u == path || (u.ends_with('*') && path.starts_with(u.trim_end_matches('*'))))
+            urls.iter()
+                .filter_map(Value::as_str)
+                .any(|u| u == "*" || u == path || (u.ends_with('*') && path.starts_with(u.trim_end_matches('*'))))
         });
     }
     if !has(&rule["apiGroups"], &a.group) {
         return false;
     }
-    let combined = if a.subresource.is_empty() { a.resource.clone() } else { format!("{}/{}", a.resource, a.subresource) };
+    let combined =
+        if a.subresource.is_empty() { a.resource.clone() } else { format!("{}/{}", a.resource, a.subresource) };
     let resource_ok = rule["resources"].as_array().is_some_and(|rs| {
-        rs.iter().filter_map(Value::as_str).any(|r| {
-            r == "*" || r == combined || (!a.subresource.is_empty() && r == format!("*/{}", a.subresource))
-        })
+        rs.iter()
+            .filter_map(Value::as_str)
+            .any(|r| r == "*" || r == combined || (!a.subresource.is_empty() && r == format!("*/{}", a.subresource)))
     });
     if !resource_ok {
         return false;
     }
     match rule["resourceNames"].as_array() {
-        Some(names) if !names.is_empty() => !a.name.is_empty() && names.iter().any(|n| n.as_str() == Some(a.name.as_str())),
+        Some(names) if !names.is_empty() => {
+            !a.name.is_empty() && names.iter().any(|n| n.as_str() == Some(a.name.as_str()))
+        }
         _ => true,
     }
 }
@@ -120,7 +125,12 @@ mod tests {
     #[test]
     fn rules() {
         let rule = json!({"verbs": ["get", "list"], "apiGroups": [""], "resources": ["pods", "pods/log"], "resourceNames": []});
-        let a = |verb: &str, res: &str, sub: &str| Attributes { verb: verb.into(), resource: res.into(), subresource: sub.into(), ..Default::default() };
+        let a = |verb: &str, res: &str, sub: &str| Attributes {
+            verb: verb.into(),
+            resource: res.into(),
+            subresource: sub.into(),
+            ..Default::default()
+        };
         assert!(rule_allows(&rule, &a("get", "pods", "")));
         assert!(rule_allows(&rule, &a("get", "pods", "log")));
         assert!(!rule_allows(&rule, &a("delete", "pods", "")));

@@ -56,7 +56,11 @@ fn answer(call: &Call, mut body: Value, status: Value) -> Response {
 }
 
 fn user_from_spec(spec: &Value) -> User {
-    let groups = spec.get("groups").and_then(Value::as_array).map(|g| g.iter().filter_map(Value::as_str).map(str::to_string).collect()).unwrap_or_default();
+    let groups = spec
+        .get("groups")
+        .and_then(Value::as_array)
+        .map(|g| g.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .unwrap_or_default();
     User { name: spec.get("user").and_then(Value::as_str).unwrap_or_default().to_string(), groups }
 }
 
@@ -69,7 +73,15 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         "SelfSubjectAccessReview" | "SubjectAccessReview" | "LocalSubjectAccessReview" => {
             let ns = if kind == "LocalSubjectAccessReview" { call.namespace().map(str::to_string) } else { None };
             let attrs = attributes(&spec, ns.as_deref()).ok_or_else(|| {
-                ApiError::invalid(&call.resource.group, &kind, "", vec![Cause::invalid("spec.resourceAttributes", "Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified")])
+                ApiError::invalid(
+                    &call.resource.group,
+                    &kind,
+                    "",
+                    vec![Cause::invalid(
+                        "spec.resourceAttributes",
+                        "Invalid value: exactly one of nonResourceAttributes or resourceAttributes must be specified",
+                    )],
+                )
             })?;
             let user = if kind == "SelfSubjectAccessReview" { call.user.clone() } else { user_from_spec(&spec) };
             let status = decision(call, &user, &attrs);
@@ -81,8 +93,10 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
                 json!({"resourceRules": [{"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}], "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}], "incomplete": false})
             } else {
                 let rules = call.api.rbac.rules_for(&call.user, ns);
-                let resource_rules: Vec<Value> = rules.iter().filter(|r| r.get("resources").is_some()).cloned().collect();
-                let non_resource: Vec<Value> = rules.iter().filter(|r| r.get("nonResourceURLs").is_some()).cloned().collect();
+                let resource_rules: Vec<Value> =
+                    rules.iter().filter(|r| r.get("resources").is_some()).cloned().collect();
+                let non_resource: Vec<Value> =
+                    rules.iter().filter(|r| r.get("nonResourceURLs").is_some()).cloned().collect();
                 json!({"resourceRules": resource_rules, "nonResourceRules": non_resource, "incomplete": false})
             };
             Ok(answer(call, obj, status))
@@ -94,7 +108,9 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         "TokenReview" => {
             let token = spec.get("token").and_then(Value::as_str).unwrap_or_default();
             let status = match call.api.authenticate_token(token).await {
-                Some(u) => json!({"authenticated": true, "user": {"username": u.name, "groups": u.groups}, "audiences": spec.get("audiences").cloned().unwrap_or(json!([]))}),
+                Some(u) => {
+                    json!({"authenticated": true, "user": {"username": u.name, "groups": u.groups}, "audiences": spec.get("audiences").cloned().unwrap_or(json!([]))})
+                }
                 None => json!({"authenticated": false, "error": "invalid bearer token"}),
             };
             Ok(answer(call, obj, status))
@@ -109,10 +125,19 @@ pub async fn token_request(call: &mut Call, body: Bytes) -> ApiResult<Response> 
     let sa = crate::apiserver::handlers::load_object(call).await?;
     let ns = call.namespace().unwrap_or_default().to_string();
     let name = call.path.name.clone().unwrap_or_default();
-    let signer = call.api.tokens.as_ref().ok_or_else(|| ApiError::internal("service-account tokens are not configured"))?;
+    let signer =
+        call.api.tokens.as_ref().ok_or_else(|| ApiError::internal("service-account tokens are not configured"))?;
     let seconds = req.pointer("/spec/expirationSeconds").and_then(Value::as_i64).unwrap_or(3600);
     if seconds < 600 {
-        return Err(ApiError::invalid("authentication.k8s.io", "TokenRequest", &name, vec![Cause::invalid("spec.expirationSeconds", format!("Invalid value: {seconds}: may not specify a duration less than 10 minutes"))]));
+        return Err(ApiError::invalid(
+            "authentication.k8s.io",
+            "TokenRequest",
+            &name,
+            vec![Cause::invalid(
+                "spec.expirationSeconds",
+                format!("Invalid value: {seconds}: may not specify a duration less than 10 minutes"),
+            )],
+        ));
     }
     let seconds = seconds.min(2 * 365 * 24 * 3600);
     let audiences: Vec<String> = req
@@ -129,7 +154,9 @@ pub async fn token_request(call: &mut Call, body: Bytes) -> ApiResult<Response> 
         audiences: audiences.clone(),
         expires: now + seconds,
     };
-    let token = signer.issue(&claims, now, req.pointer("/spec/boundObjectRef").cloned()).map_err(|e| ApiError::internal(e.to_string()))?;
+    let token = signer
+        .issue(&claims, now, req.pointer("/spec/boundObjectRef").cloned())
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     let out = json!({
         "kind": "TokenRequest",
         "apiVersion": "authentication.k8s.io/v1",

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use base64::Engine;
 use ring::rand::SystemRandom;
-use ring::signature::{EcdsaKeyPair, KeyPair, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED, ECDSA_P256_SHA256_FIXED_SIGNING};
+use ring::signature::{
+    EcdsaKeyPair, KeyPair, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED, ECDSA_P256_SHA256_FIXED_SIGNING,
+};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -97,7 +99,8 @@ impl TokenSigner {
         let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
             return Err(TokenError::Invalid);
         };
-        let decode = |x: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(x).map_err(|_| TokenError::Invalid);
+        let decode =
+            |x: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(x).map_err(|_| TokenError::Invalid);
         let sig = decode(s)?;
         let input = format!("{h}.{p}");
         UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &self.public)
@@ -137,7 +140,13 @@ mod tests {
         let path = dir.path().join("sa.key");
         std::fs::write(&path, crate::pki::new_key_pem().unwrap()).unwrap();
         let signer = TokenSigner::load(&path, "https://kubernetes.default.svc.cluster.local".into()).unwrap();
-        let claims = Claims { namespace: "ns".into(), name: "sa".into(), uid: "u".into(), audiences: vec!["api".into()], expires: 2000 };
+        let claims = Claims {
+            namespace: "ns".into(),
+            name: "sa".into(),
+            uid: "u".into(),
+            audiences: vec!["api".into()],
+            expires: 2000,
+        };
         let token = signer.issue(&claims, 1000, None).unwrap();
         assert_eq!(signer.verify(&token, 1500).unwrap(), claims);
         assert!(matches!(signer.verify(&token, 2500), Err(TokenError::Expired)));

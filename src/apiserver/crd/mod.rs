@@ -103,7 +103,9 @@ impl Strategy for CustomStrategy {
                     return json!(meta::age(obj));
                 }
                 match (c.kind, v) {
-                    ("date", Value::String(s)) => json!(meta::parse_rfc3339(&s).map(|t| meta::human_duration(meta::unix_now() - t)).unwrap_or(s)),
+                    ("date", Value::String(s)) => {
+                        json!(meta::parse_rfc3339(&s).map(|t| meta::human_duration(meta::unix_now() - t)).unwrap_or(s))
+                    }
                     (_, Value::Null) => json!("<none>"),
                     (_, other) => other,
                 }
@@ -117,7 +119,9 @@ impl Strategy for CustomStrategy {
 }
 
 fn strs(v: Option<&Value>) -> Vec<String> {
-    v.and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect()).unwrap_or_default()
+    v.and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .unwrap_or_default()
 }
 
 /// The resources a CRD serves, one per served version.
@@ -139,7 +143,10 @@ pub fn resources_of(crd: &Value) -> Vec<Resource> {
             continue;
         }
         let version = v["name"].as_str().unwrap_or_default().to_string();
-        let schema = v.pointer("/schema/openAPIV3Schema").cloned().unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+        let schema = v
+            .pointer("/schema/openAPIV3Schema")
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
         let columns = v["additionalPrinterColumns"]
             .as_array()
             .into_iter()
@@ -361,18 +368,31 @@ pub fn crd_hooks() -> super::registry::strategy::Hooks {
             }
             let want = format!("{plural}.{group}");
             if meta::name_of(o) != want {
-                causes.push(Cause::invalid("metadata.name", format!("Invalid value: {:?}: must be spec.names.plural+\".\"+spec.group", meta::name_of(o))));
+                causes.push(Cause::invalid(
+                    "metadata.name",
+                    format!("Invalid value: {:?}: must be spec.names.plural+\".\"+spec.group", meta::name_of(o)),
+                ));
             }
             let versions = o.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
             if versions.is_empty() {
                 causes.push(Cause::required("spec.versions"));
             }
             if versions.iter().filter(|v| v["storage"] == true).count() != 1 && !versions.is_empty() {
-                causes.push(Cause::invalid("spec.versions", "Invalid value: must have exactly one version marked as storage version"));
+                causes.push(Cause::invalid(
+                    "spec.versions",
+                    "Invalid value: must have exactly one version marked as storage version",
+                ));
             }
             match o.pointer("/spec/scope").and_then(Value::as_str) {
                 Some("Namespaced") | Some("Cluster") => {}
-                other => causes.push(Cause { reason: "FieldValueNotSupported", message: format!("Unsupported value: {:?}: supported values: \"Cluster\", \"Namespaced\"", other.unwrap_or("")), field: "spec.scope".into() }),
+                other => causes.push(Cause {
+                    reason: "FieldValueNotSupported",
+                    message: format!(
+                        "Unsupported value: {:?}: supported values: \"Cluster\", \"Namespaced\"",
+                        other.unwrap_or("")
+                    ),
+                    field: "spec.scope".into(),
+                }),
             }
             causes
         },

@@ -111,14 +111,23 @@ pub fn validate(value: &Value, schema: &Value, path: &str, out: &mut Vec<Cause>)
     let field = path.trim_start_matches('.');
     if value.is_null() {
         if schema.get("nullable").and_then(Value::as_bool) != Some(true) && schema.get("type").is_some() {
-            out.push(Cause { reason: "FieldValueTypeInvalid", message: format!("Invalid value: \"null\": {field} in body must be of type {}: \"null\"", schema["type"].as_str().unwrap_or("object")), field: field.to_string() });
+            out.push(Cause {
+                reason: "FieldValueTypeInvalid",
+                message: format!(
+                    "Invalid value: \"null\": {field} in body must be of type {}: \"null\"",
+                    schema["type"].as_str().unwrap_or("object")
+                ),
+                field: field.to_string(),
+            });
         }
         return;
     }
     let int_or_string = schema.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
     if let Some(want) = schema.get("type").and_then(Value::as_str) {
         let got = type_of(value);
-        let ok = got == want || (want == "number" && got == "integer") || (int_or_string && (got == "integer" || got == "string"));
+        let ok = got == want
+            || (want == "number" && got == "integer")
+            || (int_or_string && (got == "integer" || got == "string"));
         if !ok {
             out.push(Cause {
                 reason: "FieldValueTypeInvalid",
@@ -143,12 +152,18 @@ pub fn validate(value: &Value, schema: &Value, path: &str, out: &mut Vec<Cause>)
             let x = n.as_f64().unwrap_or(0.0);
             if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
                 if x < min {
-                    out.push(Cause::invalid(field, format!("Invalid value: {n}: {field} in body should be greater than or equal to {min}")));
+                    out.push(Cause::invalid(
+                        field,
+                        format!("Invalid value: {n}: {field} in body should be greater than or equal to {min}"),
+                    ));
                 }
             }
             if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
                 if x > max {
-                    out.push(Cause::invalid(field, format!("Invalid value: {n}: {field} in body should be less than or equal to {max}")));
+                    out.push(Cause::invalid(
+                        field,
+                        format!("Invalid value: {n}: {field} in body should be less than or equal to {max}"),
+                    ));
                 }
             }
         }
@@ -156,24 +171,38 @@ pub fn validate(value: &Value, schema: &Value, path: &str, out: &mut Vec<Cause>)
             let len = s.chars().count() as u64;
             if let Some(min) = schema.get("minLength").and_then(Value::as_u64) {
                 if len < min {
-                    out.push(Cause::invalid(field, format!("Invalid value: {s:?}: {field} in body should be at least {min} chars long")));
+                    out.push(Cause::invalid(
+                        field,
+                        format!("Invalid value: {s:?}: {field} in body should be at least {min} chars long"),
+                    ));
                 }
             }
             if let Some(max) = schema.get("maxLength").and_then(Value::as_u64) {
                 if len > max {
-                    out.push(Cause { reason: "FieldValueTooLong", message: format!("Too long: may not be more than {max} bytes"), field: field.to_string() });
+                    out.push(Cause {
+                        reason: "FieldValueTooLong",
+                        message: format!("Too long: may not be more than {max} bytes"),
+                        field: field.to_string(),
+                    });
                 }
             }
         }
         Value::Array(items) => {
             if let Some(min) = schema.get("minItems").and_then(Value::as_u64) {
                 if (items.len() as u64) < min {
-                    out.push(Cause::invalid(field, format!("Invalid value: {}: {field} in body should have at least {min} items", items.len())));
+                    out.push(Cause::invalid(
+                        field,
+                        format!("Invalid value: {}: {field} in body should have at least {min} items", items.len()),
+                    ));
                 }
             }
             if let Some(max) = schema.get("maxItems").and_then(Value::as_u64) {
                 if (items.len() as u64) > max {
-                    out.push(Cause { reason: "FieldValueTooMany", message: format!("Too many: {}: must have at most {max} items", items.len()), field: field.to_string() });
+                    out.push(Cause {
+                        reason: "FieldValueTooMany",
+                        message: format!("Too many: {}: must have at most {max} items", items.len()),
+                        field: field.to_string(),
+                    });
                 }
             }
             if let Some(is) = schema.get("items") {

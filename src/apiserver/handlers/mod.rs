@@ -103,21 +103,36 @@ pub fn decode_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
     let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json");
     let media = ct.split(';').next().unwrap_or_default().trim();
     let value: Value = match media {
-        "application/json" | "" | "*/*" | "application/json-patch+json" | "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
-            serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}")))?
-        }
+        "application/json"
+        | ""
+        | "*/*"
+        | "application/json-patch+json"
+        | "application/merge-patch+json"
+        | "application/strategic-merge-patch+json" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}")))?,
         "application/yaml" | "application/apply-patch+yaml" | "text/yaml" | "application/x-yaml" => {
-            serde_yaml_ng::from_slice(body).map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as YAML: {e}")))?
+            serde_yaml_ng::from_slice(body).map_err(|e| {
+                ApiError::bad_request(format!("the body of the request could not be decoded as YAML: {e}"))
+            })?
         }
-        "application/vnd.kubernetes.protobuf" => super::protobuf::decode(body)
-            .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as protobuf: {e}")))?,
+        "application/vnd.kubernetes.protobuf" => super::protobuf::decode(body).map_err(|e| {
+            ApiError::bad_request(format!("the body of the request could not be decoded as protobuf: {e}"))
+        })?,
         other => return Err(ApiError::unsupported_media_type(other)),
     };
     Ok(value)
 }
 
 /// Serves one resource request.
-pub async fn serve(api: Arc<Api>, user: User, path: ResourcePath, method: Method, headers: HeaderMap, query: Option<&str>, body: Bytes) -> Response {
+pub async fn serve(
+    api: Arc<Api>,
+    user: User,
+    path: ResourcePath,
+    method: Method,
+    headers: HeaderMap,
+    query: Option<&str>,
+    body: Bytes,
+) -> Response {
     let Some(resource) = api.registry.get(&path.group, &path.version, &path.plural) else {
         return ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response();
     };
@@ -136,7 +151,9 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
     let watching = call.path.watch_prefix || call.flag("watch");
     let sub = call.path.subresource.clone();
     if let Some(sub) = &sub {
-        let known = (sub == "status" && r.status) || (sub == "scale" && r.scale.is_some()) || r.subresources.iter().any(|s| s == sub);
+        let known = (sub == "status" && r.status)
+            || (sub == "scale" && r.scale.is_some())
+            || r.subresources.iter().any(|s| s == sub);
         if !known {
             return Err(ApiError::new(404, "NotFound", "the server could not find the requested resource"));
         }
@@ -150,7 +167,9 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
         (&Method::PATCH, true, _) => "patch",
         (&Method::DELETE, true, _) => "delete",
         (&Method::DELETE, false, _) => "deletecollection",
-        _ => return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource")),
+        _ => {
+            return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"))
+        }
     };
     call.api.authorize(&call, verb)?;
     if r.ephemeral {

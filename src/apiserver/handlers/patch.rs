@@ -11,9 +11,9 @@ use serde_json::{json, Value};
 use super::read::{load, object_response, scale_of};
 use super::write::{admit_create, admit_update, set_replicas, store_new, store_update};
 use super::{decode_body, Call};
-use crate::apiserver::{managed_fields, meta};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::strategic::strategic_merge;
+use crate::apiserver::{managed_fields, meta};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -38,9 +38,16 @@ fn apply_patch(kind: Kind, doc: &Value, patch: &Value) -> ApiResult<Value> {
     let mut doc = doc.clone();
     match kind {
         Kind::Json => {
-            let ops: json_patch::Patch = serde_json::from_value(patch.clone())
-                .map_err(|e| ApiError::bad_request(format!("the server rejected our request due to an error in our request: {e}")))?;
-            json_patch::patch(&mut doc, &ops).map_err(|e| ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}")))?;
+            let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
+                ApiError::bad_request(format!("the server rejected our request due to an error in our request: {e}"))
+            })?;
+            json_patch::patch(&mut doc, &ops).map_err(|e| {
+                ApiError::new(
+                    422,
+                    "Invalid",
+                    format!("the server rejected our request due to an error in our request: {e}"),
+                )
+            })?;
         }
         Kind::Merge => json_patch::merge(&mut doc, patch),
         Kind::Strategic | Kind::Apply => {
@@ -57,7 +64,9 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let kind = kind_of(call)?;
     let patch = decode_body(&call.headers, &body)?;
     if kind == Kind::Apply && call.param("fieldManager").is_none() {
-        return Err(ApiError::bad_request("PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
+        return Err(ApiError::bad_request(
+            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+        ));
     }
     let force = call.flag("force");
     let manager = call.manager();
@@ -86,7 +95,12 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         if let Some(rv) = meta::str_at(&patch, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
             if rv != current.rev.to_string() {
                 let r = &call.resource;
-                return Err(ApiError::conflict(&r.group, &r.plural, call.path.name.as_deref().unwrap_or_default(), "the object has been modified; please apply your changes to the latest version and try again"));
+                return Err(ApiError::conflict(
+                    &r.group,
+                    &r.plural,
+                    call.path.name.as_deref().unwrap_or_default(),
+                    "the object has been modified; please apply your changes to the latest version and try again",
+                ));
             }
         }
         let managed = patched.pointer("/metadata/managedFields").cloned();
@@ -101,7 +115,13 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         }
         match store_update(call, new, &current).await {
             Ok((code, out)) => return Ok(object_response(call, code, out)),
-            Err(e) if e.code == 409 && e.reason == "Conflict" && meta::str_at(&patch, &["metadata", "resourceVersion"]).is_none() => continue,
+            Err(e)
+                if e.code == 409
+                    && e.reason == "Conflict"
+                    && meta::str_at(&patch, &["metadata", "resourceVersion"]).is_none() =>
+            {
+                continue
+            }
             Err(e) => return Err(e),
         }
     }

@@ -57,7 +57,12 @@ pub fn object_response(call: &Call, code: StatusCode, obj: Value) -> Response {
     }
     if wants_table(call.accept()) {
         let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
-        let t = table(&call.resource, std::slice::from_ref(&obj), json!({"resourceVersion": rv}), call.param("includeObject").unwrap_or("Metadata"));
+        let t = table(
+            &call.resource,
+            std::slice::from_ref(&obj),
+            json!({"resourceVersion": rv}),
+            call.param("includeObject").unwrap_or("Metadata"),
+        );
         return call.respond(code, &t);
     }
     call.respond(code, &obj)
@@ -80,7 +85,13 @@ pub fn scale_of(call: &Call, obj: &Value) -> Value {
     let (spec, status) = paths.as_ref().map(|p| (get(&p.spec_replicas), get(&p.status_replicas))).unwrap_or((0, 0));
     let selector = obj
         .pointer("/spec/selector")
-        .map(|s| if s.get("matchLabels").is_some() || s.get("matchExpressions").is_some() { crate::apiserver::kinds::selector_string(Some(s)) } else { crate::apiserver::kinds::map_selector_string(Some(s)) })
+        .map(|s| {
+            if s.get("matchLabels").is_some() || s.get("matchExpressions").is_some() {
+                crate::apiserver::kinds::selector_string(Some(s))
+            } else {
+                crate::apiserver::kinds::map_selector_string(Some(s))
+            }
+        })
         .unwrap_or_default();
     let meta = obj.get("metadata").cloned().unwrap_or(json!({}));
     json!({
@@ -124,10 +135,13 @@ impl Filters {
 fn read_at(call: &Call) -> ApiResult<ReadAt> {
     match (call.param("resourceVersion"), call.param("resourceVersionMatch")) {
         (Some(rv), Some("Exact")) => {
-            let rev = rv.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?;
+            let rev =
+                rv.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?;
             Ok(ReadAt::Exact(rev))
         }
-        (None, Some(m)) => Err(ApiError::bad_request(format!("resourceVersionMatch is forbidden unless resourceVersion is provided (got {m})"))),
+        (None, Some(m)) => Err(ApiError::bad_request(format!(
+            "resourceVersionMatch is forbidden unless resourceVersion is provided (got {m})"
+        ))),
         _ => Ok(ReadAt::Latest),
     }
 }
@@ -216,7 +230,12 @@ fn event(call: &Call, kind: &str, obj: Value, as_table: bool) -> Value {
     }
     if as_table {
         let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
-        let t = table(&call.resource, std::slice::from_ref(&obj), json!({"resourceVersion": rv}), call.param("includeObject").unwrap_or("Metadata"));
+        let t = table(
+            &call.resource,
+            std::slice::from_ref(&obj),
+            json!({"resourceVersion": rv}),
+            call.param("includeObject").unwrap_or("Metadata"),
+        );
         return json!({"type": kind, "object": t});
     }
     json!({"type": kind, "object": obj})
@@ -265,7 +284,9 @@ pub async fn watch(call: Call) -> ApiResult<Response> {
                 let page = call.api.storage.list(&key, start.take(), 1000, at).await?;
                 rev = page.rev;
                 for s in page.items {
-                    let matches_name = single.as_deref().is_none_or(|n| s.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n));
+                    let matches_name = single
+                        .as_deref()
+                        .is_none_or(|n| s.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n));
                     if matches_name && filters.matches(&s.object) {
                         initial.push(event(&call, "ADDED", s.object, as_table));
                     }
@@ -287,34 +308,48 @@ pub async fn watch(call: Call) -> ApiResult<Response> {
     let progress_every = if bookmarks { Duration::from_secs(60) } else { Duration::from_secs(3600) };
     let changes = call.api.storage.watch(&key, exact, start, progress_every).await?;
     let call = std::sync::Arc::new(call);
-    let lines = futures_util::stream::iter(initial.into_iter().map(Ok::<Value, ApiError>)).chain(changes.filter_map(move |change| {
-        let call = call.clone();
-        let filters_ok = |o: &Value| filters.matches(o);
-        let out = match change {
-            Err(e) => Some(Ok(json!({"type": "ERROR", "object": e.to_status()}))),
-            Ok(Change::Progress(rev)) => bookmarks.then(|| Ok(bookmark(&call, rev, false))),
-            Ok(Change::Added(s)) => filters_ok(&s.object).then(|| Ok(event(&call, "ADDED", s.object, as_table))),
-            Ok(Change::Deleted(s)) => filters_ok(&s.object).then(|| Ok(event(&call, "DELETED", s.object, as_table))),
-            Ok(Change::Modified { new, old }) => {
-                let now = filters_ok(&new.object);
-                let before = old.as_ref().is_some_and(|o| filters_ok(&o.object));
-                match (before, now) {
-                    (_, true) if !before && !filters.is_empty() => Some(Ok(event(&call, "ADDED", new.object, as_table))),
-                    (_, true) => Some(Ok(event(&call, "MODIFIED", new.object, as_table))),
-                    (true, false) => Some(Ok(event(&call, "DELETED", new.object, as_table))),
-                    (false, false) => None,
+    let lines = futures_util::stream::iter(initial.into_iter().map(Ok::<Value, ApiError>)).chain(changes.filter_map(
+        move |change| {
+            let call = call.clone();
+            let filters_ok = |o: &Value| filters.matches(o);
+            let out = match change {
+                Err(e) => Some(Ok(json!({"type": "ERROR", "object": e.to_status()}))),
+                Ok(Change::Progress(rev)) => bookmarks.then(|| Ok(bookmark(&call, rev, false))),
+                Ok(Change::Added(s)) => filters_ok(&s.object).then(|| Ok(event(&call, "ADDED", s.object, as_table))),
+                Ok(Change::Deleted(s)) => {
+                    filters_ok(&s.object).then(|| Ok(event(&call, "DELETED", s.object, as_table)))
                 }
-            }
-        };
-        std::future::ready(out)
-    }));
+                Ok(Change::Modified { new, old }) => {
+                    let now = filters_ok(&new.object);
+                    let before = old.as_ref().is_some_and(|o| filters_ok(&o.object));
+                    match (before, now) {
+                        (_, true) if !before && !filters.is_empty() => {
+                            Some(Ok(event(&call, "ADDED", new.object, as_table)))
+                        }
+                        (_, true) => Some(Ok(event(&call, "MODIFIED", new.object, as_table))),
+                        (true, false) => Some(Ok(event(&call, "DELETED", new.object, as_table))),
+                        (false, false) => None,
+                    }
+                }
+            };
+            std::future::ready(out)
+        },
+    ));
     // End the stream with the timeout, and after an ERROR event.
     let deadline = tokio::time::sleep(timeout);
     let body = async_stream_lines(lines, deadline);
-    Ok((StatusCode::OK, [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-cache, private")], Body::from_stream(body)).into_response())
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-cache, private")],
+        Body::from_stream(body),
+    )
+        .into_response())
 }
 
-fn async_stream_lines<S>(lines: S, deadline: tokio::time::Sleep) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send
+fn async_stream_lines<S>(
+    lines: S,
+    deadline: tokio::time::Sleep,
+) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send
 where
     S: futures_util::Stream<Item = Result<Value, ApiError>> + Send + 'static,
 {

@@ -16,7 +16,8 @@ use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::storage::{Stored, WriteError};
 
 /// Metadata fields only the server sets.
-const SERVER_OWNED: &[&str] = &["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "selfLink"];
+const SERVER_OWNED: &[&str] =
+    &["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "selfLink"];
 
 /// Checks apiVersion and kind against the URL, filling them in when absent.
 fn check_type(call: &Call, obj: &mut Value) -> ApiResult<()> {
@@ -34,7 +35,10 @@ fn check_type(call: &Call, obj: &mut Value) -> ApiResult<()> {
     }
     match m.get("kind").and_then(Value::as_str) {
         Some(k) if k != call.resource.kind => {
-            return Err(ApiError::bad_request(format!("the kind in the data ({k}) does not match the expected kind ({})", call.resource.kind)))
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                call.resource.kind
+            )))
         }
         _ => {}
     }
@@ -53,7 +57,8 @@ fn decode(call: &mut Call, obj: &Value) -> ApiResult<Value> {
     if !unknown.is_empty() {
         match call.param("fieldValidation").unwrap_or("Warn") {
             "Strict" => {
-                let list: Vec<String> = unknown.iter().map(|f| format!("unknown field \"{}\"", f.trim_start_matches('.'))).collect();
+                let list: Vec<String> =
+                    unknown.iter().map(|f| format!("unknown field \"{}\"", f.trim_start_matches('.'))).collect();
                 return Err(ApiError::bad_request(format!(
                     "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
                     r.kind,
@@ -63,7 +68,9 @@ fn decode(call: &mut Call, obj: &Value) -> ApiResult<Value> {
                 )));
             }
             "Ignore" => {}
-            _ => call.warnings.extend(unknown.iter().map(|f| format!("unknown field \"{}\"", f.trim_start_matches('.')))),
+            _ => {
+                call.warnings.extend(unknown.iter().map(|f| format!("unknown field \"{}\"", f.trim_start_matches('.'))))
+            }
         }
     }
     Ok(decoded)
@@ -108,7 +115,11 @@ fn validate(call: &Call, obj: &mut Value) -> ApiResult<()> {
     let name = name_of(obj).to_string();
     let mut causes = Vec::new();
     if name.is_empty() {
-        causes.push(Cause { reason: "FieldValueRequired", message: "name or generateName is required".into(), field: "metadata.name".into() });
+        causes.push(Cause {
+            reason: "FieldValueRequired",
+            message: "name or generateName is required".into(),
+            field: "metadata.name".into(),
+        });
     } else {
         for problem in check_name(r.strategy.name_rule(), &name) {
             causes.push(Cause::invalid("metadata.name", format!("Invalid value: {name:?}: {problem}")));
@@ -134,7 +145,9 @@ pub async fn admit_create(call: &mut Call, mut obj: Value) -> ApiResult<Value> {
         let body_ns = meta::namespace_of(&obj).map(str::to_string);
         match (path_ns, body_ns) {
             (Some(p), Some(b)) if p != b => {
-                return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"))
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ))
             }
             (Some(p), _) => {
                 metadata_mut(&mut obj).insert("namespace".into(), json!(p));
@@ -189,7 +202,13 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     if let Some(m) = obj.pointer_mut("/metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
     }
-    crate::apiserver::managed_fields::record_update(None, &mut obj, &call.manager(), &call.resource.api_version(), None);
+    crate::apiserver::managed_fields::record_update(
+        None,
+        &mut obj,
+        &call.manager(),
+        &call.resource.api_version(),
+        None,
+    );
     let (code, out) = store_new(call, obj).await?;
     Ok(object_response(call, code, out))
 }
@@ -216,7 +235,9 @@ pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<(StatusCode, Va
             Err(WriteError::Exists) => {
                 let prefix = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(str::to_string);
                 match prefix {
-                    Some(p) if obj.pointer("/metadata/name").and_then(Value::as_str).is_some_and(|n| n.starts_with(&p)) => {
+                    Some(p)
+                        if obj.pointer("/metadata/name").and_then(Value::as_str).is_some_and(|n| n.starts_with(&p)) =>
+                    {
                         metadata_mut(&mut obj).insert("name".into(), json!(meta::generate_name(&p)));
                     }
                     _ => return Err(ApiError::already_exists(&r.group, &r.plural, &name)),
@@ -236,14 +257,18 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
     let name = call.path.name.clone().unwrap_or_default();
     match meta::str_at(&new, &["metadata", "name"]) {
         Some(n) if n != name => {
-            return Err(ApiError::bad_request(format!("the name of the object ({n}) does not match the name on the URL ({name})")))
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({name})"
+            )))
         }
         _ => {}
     }
     if r.namespaced {
         match (meta::namespace_of(&new), call.namespace()) {
             (Some(b), Some(p)) if b != p => {
-                return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"))
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ))
             }
             _ => {}
         }
@@ -321,7 +346,9 @@ pub async fn store_update(call: &Call, mut new: Value, old: &Stored) -> ApiResul
     let finished = new.pointer("/metadata/deletionTimestamp").is_some()
         && no_finalizers("/metadata/finalizers")
         && !namespace_waits
-        && !(r.plural == "pods" && r.group.is_empty() && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) > 0);
+        && !(r.plural == "pods"
+            && r.group.is_empty()
+            && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) > 0);
     if call.dry_run() {
         return Ok((StatusCode::OK, new));
     }
@@ -348,7 +375,12 @@ pub fn write_error(call: &Call, name: &str, e: WriteError) -> ApiError {
     let r = &call.resource;
     match e {
         WriteError::Changed(None) => ApiError::not_found(&r.group, &r.plural, name),
-        WriteError::Changed(Some(_)) => ApiError::conflict(&r.group, &r.plural, name, "the object has been modified; please apply your changes to the latest version and try again"),
+        WriteError::Changed(Some(_)) => ApiError::conflict(
+            &r.group,
+            &r.plural,
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        ),
         WriteError::Exists => ApiError::already_exists(&r.group, &r.plural, name),
         WriteError::Api(e) => e,
     }
@@ -361,12 +393,23 @@ pub async fn update(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     if let Some(rv) = meta::str_at(&new, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
         if rv != old.rev.to_string() {
             let r = &call.resource;
-            return Err(ApiError::conflict(&r.group, &r.plural, &name, "the object has been modified; please apply your changes to the latest version and try again"));
+            return Err(ApiError::conflict(
+                &r.group,
+                &r.plural,
+                &name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
         }
     }
     let mut new = admit_update(call, new, &old.object).await?;
     let sub = call.path.subresource.clone();
-    crate::apiserver::managed_fields::record_update(Some(&old.object), &mut new, &call.manager(), &call.resource.api_version(), sub.as_deref());
+    crate::apiserver::managed_fields::record_update(
+        Some(&old.object),
+        &mut new,
+        &call.manager(),
+        &call.resource.api_version(),
+        sub.as_deref(),
+    );
     let (code, out) = store_update(call, new, &old).await?;
     Ok(object_response(call, code, out))
 }
@@ -383,16 +426,35 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
     let name = call.path.name.clone().unwrap_or_default();
     let r = call.resource.clone();
     if rv.as_deref().is_some_and(|v| !v.is_empty() && v != old.rev.to_string()) {
-        return Err(ApiError::conflict(&r.group, &r.plural, &name, "the object has been modified; please apply your changes to the latest version and try again"));
+        return Err(ApiError::conflict(
+            &r.group,
+            &r.plural,
+            &name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        ));
     }
     if replicas < 0 {
-        return Err(ApiError::invalid("autoscaling", "Scale", &name, vec![Cause::invalid("spec.replicas", format!("Invalid value: {replicas}: must be greater than or equal to 0"))]));
+        return Err(ApiError::invalid(
+            "autoscaling",
+            "Scale",
+            &name,
+            vec![Cause::invalid(
+                "spec.replicas",
+                format!("Invalid value: {replicas}: must be greater than or equal to 0"),
+            )],
+        ));
     }
     let mut new = old.object.clone();
     new["spec"]["replicas"] = json!(replicas);
     call.path.subresource = None;
     let mut new = admit_update(call, new, &old.object).await?;
-    crate::apiserver::managed_fields::record_update(Some(&old.object), &mut new, &call.manager(), &r.api_version(), Some("scale"));
+    crate::apiserver::managed_fields::record_update(
+        Some(&old.object),
+        &mut new,
+        &call.manager(),
+        &r.api_version(),
+        Some("scale"),
+    );
     let (_, out) = store_update(call, new, &old).await?;
     Ok(call.respond(StatusCode::OK, &scale_of(call, &out)))
 }
@@ -402,7 +464,12 @@ pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let binding = decode_body(&call.headers, &body)?;
     let target = meta::str_at(&binding, &["target", "name"]).unwrap_or_default().to_string();
     if target.is_empty() {
-        return Err(ApiError::invalid("", "Binding", call.path.name.as_deref().unwrap_or_default(), vec![Cause::required("target.name")]));
+        return Err(ApiError::invalid(
+            "",
+            "Binding",
+            call.path.name.as_deref().unwrap_or_default(),
+            vec![Cause::required("target.name")],
+        ));
     }
     let old = load(call).await?;
     let name = call.path.name.clone().unwrap_or_default();
@@ -410,20 +477,29 @@ pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         return Err(ApiError::conflict("", "pods", &name, &format!("pod {name} is already assigned to node {node:?}")));
     }
     if old.object.pointer("/metadata/deletionTimestamp").is_some() {
-        return Err(ApiError::conflict("", "pods", &name, &format!("pod {name} is being deleted, cannot be assigned to a host")));
+        return Err(ApiError::conflict(
+            "",
+            "pods",
+            &name,
+            &format!("pod {name} is being deleted, cannot be assigned to a host"),
+        ));
     }
     let mut new = old.object.clone();
     new["spec"]["nodeName"] = json!(target);
     let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now_rfc3339()});
     let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
-    let mut conds: Vec<Value> = conds.into_iter().filter(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled")).collect();
+    let mut conds: Vec<Value> =
+        conds.into_iter().filter(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled")).collect();
     conds.push(cond);
     new["status"]["conditions"] = json!(conds);
     if !call.dry_run() {
         let key = call.resource.key(call.namespace(), &name);
         call.api.storage.update(&key, &new, old.rev).await.map_err(|e| write_error(call, &name, e))?;
     }
-    Ok(call.respond(StatusCode::CREATED, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
+    Ok(call.respond(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
 }
 
 /// The DeleteOptions of a request: body or query.
@@ -445,18 +521,35 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
     let name = name_of(&old.object).to_string();
     if let Some(uid) = opts.pointer("/preconditions/uid").and_then(Value::as_str) {
         if old.object.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
-            return Err(ApiError::conflict(&r.group, &r.plural, &name, &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", old.object.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default())));
+            return Err(ApiError::conflict(
+                &r.group,
+                &r.plural,
+                &name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    old.object.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default()
+                ),
+            ));
         }
     }
     if let Some(rv) = opts.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
         if rv != old.rev.to_string() {
-            return Err(ApiError::conflict(&r.group, &r.plural, &name, &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}", old.rev)));
+            return Err(ApiError::conflict(
+                &r.group,
+                &r.plural,
+                &name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    old.rev
+                ),
+            ));
         }
     }
     admission::validate(call, &old.object, Some(&old.object), Operation::Delete).await?;
     let is_pod = r.group.is_empty() && r.plural == "pods";
     let is_namespace = r.group.is_empty() && r.plural == "namespaces";
-    let finalizers = old.object.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
+    let finalizers =
+        old.object.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
     let on_node = is_pod && meta::str_at(&old.object, &["spec", "nodeName"]).is_some_and(|n| !n.is_empty());
     let grace = opts.get("gracePeriodSeconds").and_then(Value::as_i64).unwrap_or_else(|| {
         if is_pod {
@@ -468,18 +561,17 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
     // Foreground and Orphan propagation hand the object to the garbage
     // collector through a finalizer, as upstream does; Background (the
     // default) deletes now and leaves the dependents to the collector.
-    let propagation_finalizer = match opts.get("propagationPolicy").and_then(Value::as_str).or_else(|| {
-        opts.get("orphanDependents").and_then(Value::as_bool).and_then(|o| o.then_some("Orphan"))
-    }) {
+    let orphan_dependents = opts.get("orphanDependents").and_then(Value::as_bool).and_then(|o| o.then_some("Orphan"));
+    let policy = opts.get("propagationPolicy").and_then(Value::as_str).or(orphan_dependents);
+    let propagation_finalizer = match policy {
         Some("Foreground") => Some("foregroundDeletion"),
         Some("Orphan") => Some("orphan"),
         Some("Background") | None => None,
         Some(other) => {
-            return Err(ApiError::invalid(&r.group, "DeleteOptions", &name, vec![Cause {
-                reason: "FieldValueNotSupported",
-                message: format!("Unsupported value: {other:?}: supported values: \"Background\", \"Foreground\", \"Orphan\""),
-                field: "propagationPolicy".into(),
-            }]))
+            let message =
+                format!("Unsupported value: {other:?}: supported values: \"Background\", \"Foreground\", \"Orphan\"");
+            let cause = Cause { reason: "FieldValueNotSupported", message, field: "propagationPolicy".into() };
+            return Err(ApiError::invalid(&r.group, "DeleteOptions", &name, vec![cause]));
         }
     };
     let graceful = finalizers || is_namespace || (on_node && grace > 0) || propagation_finalizer.is_some();
@@ -524,8 +616,18 @@ pub async fn evict(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let pod = load(call).await?;
     let ns = call.namespace().unwrap_or_default().to_string();
     let labels = pod.object.pointer("/metadata/labels").cloned();
-    let pdbs = call.api.storage.list(&format!("/registry/policy/poddisruptionbudgets/{ns}/"), None, 0, crate::apiserver::storage::ReadAt::Latest).await?;
-    let terminal = matches!(pod.object.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded") | Some("Failed"));
+    let pdbs = call
+        .api
+        .storage
+        .list(
+            &format!("/registry/policy/poddisruptionbudgets/{ns}/"),
+            None,
+            0,
+            crate::apiserver::storage::ReadAt::Latest,
+        )
+        .await?;
+    let terminal =
+        matches!(pod.object.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded") | Some("Failed"));
     for pdb in pdbs.items {
         let selector = pdb.object.pointer("/spec/selector").cloned().unwrap_or(json!({}));
         if terminal || !crate::apiserver::selector::LabelSelector::from_object(&selector).matches(labels.as_ref()) {
@@ -533,12 +635,19 @@ pub async fn evict(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         }
         let allowed = pdb.object.pointer("/status/disruptionsAllowed").and_then(Value::as_i64).unwrap_or(0);
         if allowed < 1 {
-            let mut e = ApiError::new(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.");
+            let mut e = ApiError::new(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            );
             e.causes = vec![Cause {
                 reason: "DisruptionBudget",
-                message: format!("The disruption budget {} needs {} healthy pods and has {} currently", meta::name_of(&pdb.object),
+                message: format!(
+                    "The disruption budget {} needs {} healthy pods and has {} currently",
+                    meta::name_of(&pdb.object),
                     pdb.object.pointer("/status/desiredHealthy").and_then(Value::as_i64).unwrap_or(0),
-                    pdb.object.pointer("/status/currentHealthy").and_then(Value::as_i64).unwrap_or(0)),
+                    pdb.object.pointer("/status/currentHealthy").and_then(Value::as_i64).unwrap_or(0)
+                ),
                 field: String::new(),
             }];
             e.retry_after = Some(10);
@@ -548,12 +657,22 @@ pub async fn evict(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         let mut updated = pdb.object.clone();
         updated["status"]["disruptionsAllowed"] = json!(allowed - 1);
         let key = format!("/registry/policy/poddisruptionbudgets/{ns}/{}", meta::name_of(&pdb.object));
-        call.api.storage.update(&key, &updated, pdb.rev).await.map_err(|_| ApiError::conflict("policy", "poddisruptionbudgets", meta::name_of(&pdb.object), "the disruption budget changed; retry the eviction"))?;
+        call.api.storage.update(&key, &updated, pdb.rev).await.map_err(|_| {
+            ApiError::conflict(
+                "policy",
+                "poddisruptionbudgets",
+                meta::name_of(&pdb.object),
+                "the disruption budget changed; retry the eviction",
+            )
+        })?;
     }
     let opts = eviction.get("deleteOptions").cloned().unwrap_or(json!({}));
     call.path.subresource = None;
     delete_object(call, pod, &opts).await?;
-    Ok(call.respond(StatusCode::CREATED, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})))
+    Ok(call.respond(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
 }
 
 pub async fn delete(call: &mut Call, body: Bytes) -> ApiResult<Response> {

@@ -20,10 +20,16 @@ pub fn webhook_configuration_hooks() -> Hooks {
 
 pub fn validatingadmissionpolicy_hooks() -> Hooks {
     Hooks {
-        columns: || vec![Column::new("Validations", "integer", 0), Column::new("ParamKind", "string", 0), Column::age()],
+        columns: || {
+            vec![Column::new("Validations", "integer", 0), Column::new("ParamKind", "string", 0), Column::age()]
+        },
         cells: |o| {
             let param_kind = match at(o, &["spec", "paramKind"]) {
-                Some(k) => format!("{}/{}", str_at(k, &["apiVersion"]).unwrap_or_default(), str_at(k, &["kind"]).unwrap_or_default()),
+                Some(k) => format!(
+                    "{}/{}",
+                    str_at(k, &["apiVersion"]).unwrap_or_default(),
+                    str_at(k, &["kind"]).unwrap_or_default()
+                ),
                 None => "<unset>".into(),
             };
             vec![json!(len(o, &["spec", "validations"])), json!(param_kind), json!(age(o))]
@@ -35,7 +41,9 @@ pub fn validatingadmissionpolicy_hooks() -> Hooks {
 pub fn validatingadmissionpolicybinding_hooks() -> Hooks {
     Hooks {
         columns: || vec![Column::new("PolicyName", "string", 0), Column::new("ParamRef", "string", 0), Column::age()],
-        cells: |o| vec![json!(str_at(o, &["spec", "policyName"]).unwrap_or_default()), json!(param_ref(o)), json!(age(o))],
+        cells: |o| {
+            vec![json!(str_at(o, &["spec", "policyName"]).unwrap_or_default()), json!(param_ref(o)), json!(age(o))]
+        },
         ..Hooks::default()
     }
 }

@@ -26,7 +26,9 @@ pub fn horizontalpodautoscaler_hooks() -> Hooks {
                 str_at(o, &["spec", "scaleTargetRef", "kind"]).unwrap_or_default(),
                 str_at(o, &["spec", "scaleTargetRef", "name"]).unwrap_or_default()
             );
-            let min = at(o, &["spec", "minReplicas"]).and_then(Value::as_i64).map_or_else(|| "<unset>".to_string(), |n| n.to_string());
+            let min = at(o, &["spec", "minReplicas"])
+                .and_then(Value::as_i64)
+                .map_or_else(|| "<unset>".to_string(), |n| n.to_string());
             vec![
                 json!(reference),
                 json!(format_metrics(o)),
@@ -49,8 +51,10 @@ fn format_metrics(o: &Value) -> String {
     if specs.is_empty() {
         return "<none>".into();
     }
-    let statuses = at(o, &["status", "currentMetrics"]).and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
-    let list: Vec<String> = specs.iter().enumerate().take(MAX_LISTED).map(|(i, spec)| format_metric(spec, statuses.get(i))).collect();
+    let statuses =
+        at(o, &["status", "currentMetrics"]).and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    let list: Vec<String> =
+        specs.iter().enumerate().take(MAX_LISTED).map(|(i, spec)| format_metric(spec, statuses.get(i))).collect();
     let shown = list.join(", ");
     if specs.len() > MAX_LISTED {
         format!("{shown} + {} more...", specs.len() - MAX_LISTED)
@@ -135,7 +139,13 @@ mod tests {
         let cells = (horizontalpodautoscaler_hooks().cells)(&hpa);
         assert_eq!(
             &cells[..5],
-            &[json!("Deployment/web"), json!("cpu: 42%/80%, <unknown>/10 + 1 more..."), json!("<unset>"), json!(5), json!(2)]
+            &[
+                json!("Deployment/web"),
+                json!("cpu: 42%/80%, <unknown>/10 + 1 more..."),
+                json!("<unset>"),
+                json!(5),
+                json!(2)
+            ]
         );
         let memory = json!({"type": "Resource", "resource": {"name": "memory", "target": {"type": "AverageValue", "averageValue": "100Mi"}}});
         assert_eq!(format_metric(&memory, None), "memory: <unknown>/100Mi");

@@ -81,7 +81,9 @@ pub fn certificatesigningrequest_hooks() -> Hooks {
             ]
         },
         cells: |o| {
-            let duration = at(o, &["spec", "expirationSeconds"]).and_then(Value::as_i64).map_or_else(|| "<none>".to_string(), human_duration);
+            let duration = at(o, &["spec", "expirationSeconds"])
+                .and_then(Value::as_i64)
+                .map_or_else(|| "<none>".to_string(), human_duration);
             vec![
                 json!(age(o)),
                 json!(str_at(o, &["spec", "signerName"]).filter(|s| !s.is_empty()).unwrap_or("<none>")),
@@ -143,7 +145,11 @@ pub fn prioritylevelconfiguration_hooks() -> Hooks {
             if let Some(limited) = at(o, &["spec", "limited"]).filter(|l| l.is_object()) {
                 shares = json!(int(limited, &["nominalConcurrencyShares"]));
                 if let Some(q) = at(limited, &["limitResponse", "queuing"]).filter(|q| q.is_object()) {
-                    (queues, hand, limit) = (json!(int(q, &["queues"])), json!(int(q, &["handSize"])), json!(int(q, &["queueLengthLimit"])));
+                    (queues, hand, limit) = (
+                        json!(int(q, &["queues"])),
+                        json!(int(q, &["handSize"])),
+                        json!(int(q, &["queueLengthLimit"])),
+                    );
                 }
             }
             vec![json!(str_at(o, &["spec", "type"]).unwrap_or_default()), shares, queues, hand, limit, json!(age(o))]
@@ -161,7 +167,10 @@ mod tests {
         let csr = json!({"spec": {"signerName": "kubernetes.io/kube-apiserver-client", "username": "alice", "expirationSeconds": 86400},
                          "status": {"conditions": [{"type": "Approved", "status": "True"}], "certificate": "LS0t"}});
         let cells = (certificatesigningrequest_hooks().cells)(&csr);
-        assert_eq!(&cells[1..], &[json!("kubernetes.io/kube-apiserver-client"), json!("alice"), json!("24h"), json!("Approved,Issued")]);
+        assert_eq!(
+            &cells[1..],
+            &[json!("kubernetes.io/kube-apiserver-client"), json!("alice"), json!("24h"), json!("Approved,Issued")]
+        );
         let cells = (certificatesigningrequest_hooks().cells)(&json!({"spec": {}}));
         assert_eq!(&cells[1..], &[json!("<none>"), json!(""), json!("<none>"), json!("Pending")]);
     }

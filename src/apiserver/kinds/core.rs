@@ -83,7 +83,11 @@ pub fn validate_pod_spec(spec: Option<&Value>, path: &str) -> Vec<Cause> {
                 } else if !check_name(NameRule::Label, name).is_empty() {
                     causes.push(Cause::invalid(format!("{path}.containers[{i}].name"), format!("Invalid value: {name:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-'")));
                 } else if !names.insert(name.to_string()) {
-                    causes.push(Cause { reason: "FieldValueDuplicate", message: format!("Duplicate value: {name:?}"), field: format!("{path}.containers[{i}].name") });
+                    causes.push(Cause {
+                        reason: "FieldValueDuplicate",
+                        message: format!("Duplicate value: {name:?}"),
+                        field: format!("{path}.containers[{i}].name"),
+                    });
                 }
                 if c.get("image").and_then(Value::as_str).unwrap_or_default().is_empty() {
                     causes.push(Cause::required(format!("{path}.containers[{i}].image")));
@@ -95,7 +99,9 @@ pub fn validate_pod_spec(spec: Option<&Value>, path: &str) -> Vec<Cause> {
         if !["Always", "OnFailure", "Never"].contains(&policy) {
             causes.push(Cause {
                 reason: "FieldValueNotSupported",
-                message: format!("Unsupported value: {policy:?}: supported values: \"Always\", \"OnFailure\", \"Never\""),
+                message: format!(
+                    "Unsupported value: {policy:?}: supported values: \"Always\", \"OnFailure\", \"Never\""
+                ),
                 field: format!("{path}.restartPolicy"),
             });
         }
@@ -142,7 +148,8 @@ pub fn qos_class(pod: &Value) -> &'static str {
 /// The STATUS column: the pod's reason, a waiting or terminated container's
 /// reason, or its phase, worded as kubectl shows it.
 pub fn pod_status_word(pod: &Value) -> String {
-    let mut reason = str_at(pod, &["status", "reason"]).or(str_at(pod, &["status", "phase"])).unwrap_or("Pending").to_string();
+    let mut reason =
+        str_at(pod, &["status", "reason"]).or(str_at(pod, &["status", "phase"])).unwrap_or("Pending").to_string();
     let statuses = at(pod, &["status", "containerStatuses"]).and_then(Value::as_array);
     if let Some(statuses) = statuses {
         for cs in statuses.iter().rev() {
@@ -160,7 +167,11 @@ pub fn pod_status_word(pod: &Value) -> String {
         }
     }
     if at(pod, &["metadata", "deletionTimestamp"]).is_some() {
-        reason = if str_at(pod, &["status", "reason"]) == Some("NodeLost") { "Unknown".into() } else { "Terminating".into() };
+        reason = if str_at(pod, &["status", "reason"]) == Some("NodeLost") {
+            "Unknown".into()
+        } else {
+            "Terminating".into()
+        };
     }
     reason
 }
@@ -197,7 +208,11 @@ fn validate_data_keys(obj: &Value, fields: &[&str]) -> Vec<Cause> {
     for f in fields {
         if let Some(Value::Object(m)) = obj.get(*f) {
             for k in m.keys() {
-                let ok = !k.is_empty() && k.len() <= 253 && k.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)) && k != "." && k != "..";
+                let ok = !k.is_empty()
+                    && k.len() <= 253
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c))
+                    && k != "."
+                    && k != "..";
                 if !ok {
                     causes.push(Cause::invalid(format!("{f}[{k}]"), format!("Invalid value: {k:?}: a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')")));
                 }
@@ -266,14 +281,20 @@ pub fn service_hooks() -> Hooks {
         validate: |o| {
             let mut causes = Vec::new();
             let ty = str_at(o, &["spec", "type"]).unwrap_or("ClusterIP");
-            if ty != "ExternalName" && len(o, &["spec", "ports"]) == 0 && str_at(o, &["spec", "clusterIP"]) != Some("None") {
+            if ty != "ExternalName"
+                && len(o, &["spec", "ports"]) == 0
+                && str_at(o, &["spec", "clusterIP"]) != Some("None")
+            {
                 causes.push(Cause::required("spec.ports"));
             }
             if let Some(Value::Array(ports)) = at(o, &["spec", "ports"]) {
                 for (i, p) in ports.iter().enumerate() {
                     let port = p.get("port").and_then(Value::as_i64).unwrap_or(0);
                     if !(1..=65535).contains(&port) {
-                        causes.push(Cause::invalid(format!("spec.ports[{i}].port"), format!("Invalid value: {port}: must be between 1 and 65535, inclusive")));
+                        causes.push(Cause::invalid(
+                            format!("spec.ports[{i}].port"),
+                            format!("Invalid value: {port}: must be between 1 and 65535, inclusive"),
+                        ));
                     }
                     if ports.len() > 1 && p.get("name").and_then(Value::as_str).unwrap_or_default().is_empty() {
                         causes.push(Cause::required(format!("spec.ports[{i}].name")));
@@ -300,24 +321,31 @@ pub fn service_hooks() -> Hooks {
 
 fn service_cells(o: &Value) -> Vec<Value> {
     let ty = str_at(o, &["spec", "type"]).unwrap_or("ClusterIP");
-    let external = match ty {
-        "ExternalName" => str_at(o, &["spec", "externalName"]).unwrap_or("<none>").to_string(),
-        _ => {
-            let mut ips: Vec<String> = at(o, &["spec", "externalIPs"])
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
-                .unwrap_or_default();
-            if ty == "LoadBalancer" {
-                if let Some(Value::Array(ing)) = at(o, &["status", "loadBalancer", "ingress"]) {
-                    ips.extend(ing.iter().filter_map(|i| i.get("ip").or(i.get("hostname")).and_then(Value::as_str).map(str::to_string)));
+    let external =
+        match ty {
+            "ExternalName" => str_at(o, &["spec", "externalName"]).unwrap_or("<none>").to_string(),
+            _ => {
+                let mut ips: Vec<String> = at(o, &["spec", "externalIPs"])
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+                    .unwrap_or_default();
+                if ty == "LoadBalancer" {
+                    if let Some(Value::Array(ing)) = at(o, &["status", "loadBalancer", "ingress"]) {
+                        ips.extend(ing.iter().filter_map(|i| {
+                            i.get("ip").or(i.get("hostname")).and_then(Value::as_str).map(str::to_string)
+                        }));
+                    }
+                    if ips.is_empty() {
+                        ips.push("<pending>".into());
+                    }
                 }
                 if ips.is_empty() {
-                    ips.push("<pending>".into());
+                    "<none>".into()
+                } else {
+                    ips.join(",")
                 }
             }
-            if ips.is_empty() { "<none>".into() } else { ips.join(",") }
-        }
-    };
+        };
     let ports = at(o, &["spec", "ports"])
         .and_then(Value::as_array)
         .map(|ps| {

@@ -122,8 +122,15 @@ mod tests {
             "deprecatedFirstTimestamp": ago(600), "deprecatedLastTimestamp": ago(30), "deprecatedCount": 4
         });
         let want = vec![
-            json!("30s"), json!("Normal"), json!("Pulled"), json!("pod/web"), json!("spec.containers{app}"),
-            json!("kubelet, node1"), json!("pulled"), json!("10m"), json!(4),
+            json!("30s"),
+            json!("Normal"),
+            json!("Pulled"),
+            json!("pod/web"),
+            json!("spec.containers{app}"),
+            json!("kubelet, node1"),
+            json!("pulled"),
+            json!("10m"),
+            json!(4),
         ];
         assert_eq!((event_hooks().cells)(&core), want);
         assert_eq!((events_v1_event_hooks().cells)(&v1), want);
@@ -132,9 +139,13 @@ mod tests {
 
     #[test]
     fn series_and_singletons() {
-        let e = json!({"regarding": {"kind": "Node"}, "eventTime": rfc3339(unix_now() - 90), "reportingController": "c"});
+        let e =
+            json!({"regarding": {"kind": "Node"}, "eventTime": rfc3339(unix_now() - 90), "reportingController": "c"});
         let cells = (events_v1_event_hooks().cells)(&e);
-        assert_eq!((&cells[0], &cells[3], &cells[5], &cells[7], &cells[8]), (&json!("90s"), &json!("node"), &json!("c"), &json!("90s"), &json!(1)));
+        assert_eq!(
+            (&cells[0], &cells[3], &cells[5], &cells[7], &cells[8]),
+            (&json!("90s"), &json!("node"), &json!("c"), &json!("90s"), &json!(1))
+        );
         let e = json!({"eventTime": rfc3339(unix_now() - 90), "series": {"count": 7, "lastObservedTime": rfc3339(unix_now() - 5)}});
         let cells = (events_v1_event_hooks().cells)(&e);
         assert_eq!((&cells[0], &cells[8]), (&json!("5s"), &json!(7)));

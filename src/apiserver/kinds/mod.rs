@@ -46,7 +46,10 @@ pub(crate) fn len(obj: &Value, path: &[&str]) -> usize {
 
 /// The strings of an array at `path` (other elements skipped).
 pub(crate) fn str_list<'a>(obj: &'a Value, path: &[&str]) -> Vec<&'a str> {
-    meta::at(obj, path).and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+    meta::at(obj, path)
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 /// How long ago the timestamp at `path` was, as kubectl prints ages.
@@ -91,8 +94,11 @@ pub fn selector_string(sel: Option<&Value>) -> String {
     if let Some(Value::Array(exprs)) = sel.get("matchExpressions") {
         for e in exprs {
             let key = e.get("key").and_then(Value::as_str).unwrap_or_default();
-            let values: Vec<&str> =
-                e.get("values").and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+            let values: Vec<&str> = e
+                .get("values")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
             match e.get("operator").and_then(Value::as_str).unwrap_or_default() {
                 "In" => parts.push(format!("{key} in ({})", values.join(","))),
                 "NotIn" => parts.push(format!("{key} notin ({})", values.join(","))),
@@ -118,4 +124,3 @@ pub fn map_selector_string(sel: Option<&Value>) -> String {
         _ => "<none>".into(),
     }
 }
-

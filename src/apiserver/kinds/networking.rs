@@ -75,7 +75,12 @@ pub fn endpoints_hooks() -> Hooks {
 pub fn endpointslice_hooks() -> Hooks {
     Hooks {
         columns: || {
-            vec![Column::new("AddressType", "string", 0), Column::new("Ports", "string", 0), Column::new("Endpoints", "string", 0), Column::age()]
+            vec![
+                Column::new("AddressType", "string", 0),
+                Column::new("Ports", "string", 0),
+                Column::new("Endpoints", "string", 0),
+                Column::age(),
+            ]
         },
         cells: |o| {
             let ports = array(o, &["ports"]);
@@ -88,7 +93,8 @@ pub fn endpointslice_hooks() -> Hooks {
                     (None, None) => "*".to_string(),
                 })
                 .collect();
-            let addresses: Vec<&str> = array(o, &["endpoints"]).iter().flat_map(|e| str_list(e, &["addresses"])).collect();
+            let addresses: Vec<&str> =
+                array(o, &["endpoints"]).iter().flat_map(|e| str_list(e, &["addresses"])).collect();
             let address_list: Vec<String> = addresses.iter().take(MAX_LISTED).map(|a| a.to_string()).collect();
             vec![
                 json!(str_at(o, &["addressType"]).unwrap_or_default()),
@@ -140,7 +146,11 @@ pub fn ingress_hooks() -> Hooks {
             // The load balancer's addresses, sorted and without duplicates.
             let address: BTreeSet<&str> = array(o, &["status", "loadBalancer", "ingress"])
                 .iter()
-                .filter_map(|i| str_at(i, &["ip"]).filter(|s| !s.is_empty()).or_else(|| str_at(i, &["hostname"]).filter(|s| !s.is_empty())))
+                .filter_map(|i| {
+                    str_at(i, &["ip"])
+                        .filter(|s| !s.is_empty())
+                        .or_else(|| str_at(i, &["hostname"]).filter(|s| !s.is_empty()))
+                })
                 .collect();
             let tls = !array(o, &["spec", "tls"]).is_empty();
             vec![
@@ -247,7 +257,10 @@ mod tests {
                          "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.9"}, {"hostname": "lb"}, {"ip": "10.0.0.9"}]}}});
         let cells = (ingress_hooks().cells)(&ing);
         assert_eq!(&cells[..4], &[json!("nginx"), json!("a,b,c + 2 more..."), json!("10.0.0.9,lb"), json!("80, 443")]);
-        assert_eq!((ingress_hooks().cells)(&json!({"spec": {}}))[..4], [json!("<none>"), json!("*"), json!(""), json!("80")]);
+        assert_eq!(
+            (ingress_hooks().cells)(&json!({"spec": {}}))[..4],
+            [json!("<none>"), json!("*"), json!(""), json!("80")]
+        );
     }
 
     #[test]

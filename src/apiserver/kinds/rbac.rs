@@ -32,7 +32,11 @@ pub fn role_binding_hooks() -> Hooks {
 }
 
 fn role_binding_cells(o: &Value) -> Vec<Value> {
-    let role = format!("{}/{}", str_at(o, &["roleRef", "kind"]).unwrap_or_default(), str_at(o, &["roleRef", "name"]).unwrap_or_default());
+    let role = format!(
+        "{}/{}",
+        str_at(o, &["roleRef", "kind"]).unwrap_or_default(),
+        str_at(o, &["roleRef", "name"]).unwrap_or_default()
+    );
     let (mut users, mut groups, mut sas) = (Vec::new(), Vec::new(), Vec::new());
     for s in at(o, &["subjects"]).and_then(Value::as_array).into_iter().flatten() {
         let name = str_at(s, &["name"]).unwrap_or_default();

@@ -74,7 +74,11 @@ pub fn persistentvolume_hooks() -> Hooks {
         },
         cells: |o| {
             let claim = match at(o, &["spec", "claimRef"]) {
-                Some(r) => format!("{}/{}", str_at(r, &["namespace"]).unwrap_or_default(), str_at(r, &["name"]).unwrap_or_default()),
+                Some(r) => format!(
+                    "{}/{}",
+                    str_at(r, &["namespace"]).unwrap_or_default(),
+                    str_at(r, &["name"]).unwrap_or_default()
+                ),
                 None => String::new(),
             };
             vec![
@@ -120,7 +124,10 @@ pub fn persistentvolumeclaim_hooks() -> Hooks {
             let (capacity, modes) = if volume.is_empty() {
                 (String::new(), String::new())
             } else {
-                (str_at(o, &["status", "capacity", "storage"]).unwrap_or("0").to_string(), access_modes(o, &["status", "accessModes"]))
+                (
+                    str_at(o, &["status", "capacity", "storage"]).unwrap_or("0").to_string(),
+                    access_modes(o, &["status", "accessModes"]),
+                )
             };
             vec![
                 json!(phase(o)),
@@ -176,7 +183,9 @@ pub fn csidriver_hooks() -> Hooks {
         },
         cells: |o| {
             let tokens = match at(o, &["spec", "tokenRequests"]).and_then(Value::as_array) {
-                Some(reqs) => reqs.iter().map(|r| str_at(r, &["audience"]).unwrap_or_default()).collect::<Vec<_>>().join(","),
+                Some(reqs) => {
+                    reqs.iter().map(|r| str_at(r, &["audience"]).unwrap_or_default()).collect::<Vec<_>>().join(",")
+                }
                 None => "<unset>".into(),
             };
             let modes = str_list(o, &["spec", "volumeLifecycleModes"]).join(",");
@@ -250,7 +259,19 @@ mod tests {
         });
         let cells = (persistentvolume_hooks().cells)(&pv);
         assert_eq!(cells.len(), (persistentvolume_hooks().columns)().len());
-        assert_eq!(&cells[..8], &[json!("5Gi"), json!("RWO,RWX"), json!("Retain"), json!("Bound"), json!("ns/data"), json!("slow"), json!("<unset>"), json!("")]);
+        assert_eq!(
+            &cells[..8],
+            &[
+                json!("5Gi"),
+                json!("RWO,RWX"),
+                json!("Retain"),
+                json!("Bound"),
+                json!("ns/data"),
+                json!("slow"),
+                json!("<unset>"),
+                json!("")
+            ]
+        );
         assert_eq!(cells[9], json!("Filesystem"));
 
         let pending = json!({"spec": {"resources": {"requests": {"storage": "1Gi"}}, "storageClassName": "fast"}, "status": {"phase": "Pending"}});
@@ -264,6 +285,9 @@ mod tests {
     #[test]
     fn csidriver_defaults() {
         let cells = (csidriver_hooks().cells)(&json!({"spec": {"volumeLifecycleModes": ["Persistent", "Ephemeral"]}}));
-        assert_eq!(&cells[..6], &[json!(true), json!(false), json!(false), json!("<unset>"), json!(false), json!("Persistent,Ephemeral")]);
+        assert_eq!(
+            &cells[..6],
+            &[json!(true), json!(false), json!(false), json!("<unset>"), json!(false), json!("Persistent,Ephemeral")]
+        );
     }
 }

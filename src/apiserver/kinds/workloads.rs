@@ -23,10 +23,15 @@ fn validate_workload(o: &Value, needs_selector: bool) -> Vec<Cause> {
     if needs_selector && selector.is_none() {
         causes.push(Cause::required("spec.selector"));
     }
-    if let (Some(Value::Object(want)), labels) = (selector.and_then(|s| s.get("matchLabels")), at(o, &["spec", "template", "metadata", "labels"])) {
+    if let (Some(Value::Object(want)), labels) =
+        (selector.and_then(|s| s.get("matchLabels")), at(o, &["spec", "template", "metadata", "labels"]))
+    {
         let ok = want.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
         if !ok {
-            causes.push(Cause::invalid("spec.template.metadata.labels", "Invalid value: `selector` does not match template `labels`"));
+            causes.push(Cause::invalid(
+                "spec.template.metadata.labels",
+                "Invalid value: `selector` does not match template `labels`",
+            ));
         }
     }
     if int(o, &["spec", "replicas"]) < 0 {
@@ -37,7 +42,11 @@ fn validate_workload(o: &Value, needs_selector: bool) -> Vec<Cause> {
 
 /// The `-o wide` columns every pod-template workload shows last.
 fn with_template_columns(mut cols: Vec<Column>) -> Vec<Column> {
-    cols.extend([Column::new("Containers", "string", 1), Column::new("Images", "string", 1), Column::new("Selector", "string", 1)]);
+    cols.extend([
+        Column::new("Containers", "string", 1),
+        Column::new("Images", "string", 1),
+        Column::new("Selector", "string", 1),
+    ]);
     cols
 }
 
@@ -82,12 +91,15 @@ pub fn deployment_hooks() -> Hooks {
             ])
         },
         cells: |o| {
-            with_template_cells(o, vec![
-                json!(ready_of(o, &["status", "readyReplicas"])),
-                json!(int(o, &["status", "updatedReplicas"])),
-                json!(int(o, &["status", "availableReplicas"])),
-                json!(age(o)),
-            ])
+            with_template_cells(
+                o,
+                vec![
+                    json!(ready_of(o, &["status", "readyReplicas"])),
+                    json!(int(o, &["status", "updatedReplicas"])),
+                    json!(int(o, &["status", "availableReplicas"])),
+                    json!(age(o)),
+                ],
+            )
         },
         ..Hooks::default()
     }
@@ -112,12 +124,15 @@ pub fn replicaset_hooks() -> Hooks {
             ])
         },
         cells: |o| {
-            with_template_cells(o, vec![
-                json!(int(o, &["spec", "replicas"])),
-                json!(int(o, &["status", "replicas"])),
-                json!(int(o, &["status", "readyReplicas"])),
-                json!(age(o)),
-            ])
+            with_template_cells(
+                o,
+                vec![
+                    json!(int(o, &["spec", "replicas"])),
+                    json!(int(o, &["status", "replicas"])),
+                    json!(int(o, &["status", "readyReplicas"])),
+                    json!(age(o)),
+                ],
+            )
         },
         ..Hooks::default()
     }
@@ -131,13 +146,28 @@ pub fn statefulset_hooks() -> Hooks {
                 default_field(spec, "replicas", json!(1));
                 default_field(spec, "podManagementPolicy", json!("OrderedReady"));
                 default_field(spec, "revisionHistoryLimit", json!(10));
-                default_field(spec, "updateStrategy", json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}));
-                default_field(spec, "persistentVolumeClaimRetentionPolicy", json!({"whenDeleted": "Retain", "whenScaled": "Retain"}));
+                default_field(
+                    spec,
+                    "updateStrategy",
+                    json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}),
+                );
+                default_field(
+                    spec,
+                    "persistentVolumeClaimRetentionPolicy",
+                    json!({"whenDeleted": "Retain", "whenScaled": "Retain"}),
+                );
                 default_template(spec);
             }
         },
         validate: |o| validate_workload(o, true),
-        columns: || vec![Column::new("Ready", "string", 0), Column::age(), Column::new("Containers", "string", 1), Column::new("Images", "string", 1)],
+        columns: || {
+            vec![
+                Column::new("Ready", "string", 0),
+                Column::age(),
+                Column::new("Containers", "string", 1),
+                Column::new("Images", "string", 1),
+            ]
+        },
         cells: |o| {
             let (c, i) = images(o, &["spec", "template", "spec"]);
             vec![json!(ready_of(o, &["status", "readyReplicas"])), json!(age(o)), json!(c), json!(i)]
@@ -152,7 +182,11 @@ pub fn daemonset_hooks() -> Hooks {
         default: |o| {
             if let Some(spec) = o.get_mut("spec") {
                 default_field(spec, "revisionHistoryLimit", json!(10));
-                default_field(spec, "updateStrategy", json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}));
+                default_field(
+                    spec,
+                    "updateStrategy",
+                    json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}),
+                );
                 default_template(spec);
             }
         },
@@ -171,18 +205,26 @@ pub fn daemonset_hooks() -> Hooks {
         cells: |o| {
             let ns = at(o, &["spec", "template", "spec", "nodeSelector"])
                 .and_then(Value::as_object)
-                .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect::<Vec<_>>().join(","))
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
                 .filter(|s| !s.is_empty())
                 .unwrap_or_else(|| "<none>".into());
-            with_template_cells(o, vec![
-                json!(int(o, &["status", "desiredNumberScheduled"])),
-                json!(int(o, &["status", "currentNumberScheduled"])),
-                json!(int(o, &["status", "numberReady"])),
-                json!(int(o, &["status", "updatedNumberScheduled"])),
-                json!(int(o, &["status", "numberAvailable"])),
-                json!(ns),
-                json!(age(o)),
-            ])
+            with_template_cells(
+                o,
+                vec![
+                    json!(int(o, &["status", "desiredNumberScheduled"])),
+                    json!(int(o, &["status", "currentNumberScheduled"])),
+                    json!(int(o, &["status", "numberReady"])),
+                    json!(int(o, &["status", "updatedNumberScheduled"])),
+                    json!(int(o, &["status", "numberAvailable"])),
+                    json!(ns),
+                    json!(age(o)),
+                ],
+            )
         },
         ..Hooks::default()
     }
@@ -212,7 +254,10 @@ pub fn job_hooks() -> Hooks {
                 Some("OnFailure") | Some("Never") => {}
                 other => causes.push(Cause {
                     reason: "FieldValueNotSupported",
-                    message: format!("Unsupported value: {:?}: supported values: \"OnFailure\", \"Never\"", other.unwrap_or("Always")),
+                    message: format!(
+                        "Unsupported value: {:?}: supported values: \"OnFailure\", \"Never\"",
+                        other.unwrap_or("Always")
+                    ),
                     field: "spec.template.spec.restartPolicy".into(),
                 }),
             }
@@ -232,7 +277,12 @@ pub fn job_hooks() -> Hooks {
                 None => format!("{}/1 of {}", int(o, &["status", "succeeded"]), int(o, &["spec", "parallelism"])),
             };
             let conds = at(o, &["status", "conditions"]).and_then(Value::as_array).cloned().unwrap_or_default();
-            let has = |t: &str| conds.iter().any(|c| c.get("type").and_then(Value::as_str) == Some(t) && c.get("status").and_then(Value::as_str) == Some("True"));
+            let has = |t: &str| {
+                conds.iter().any(|c| {
+                    c.get("type").and_then(Value::as_str) == Some(t)
+                        && c.get("status").and_then(Value::as_str) == Some("True")
+                })
+            };
             let status = if has("Complete") {
                 "Complete"
             } else if has("Failed") {
@@ -245,7 +295,9 @@ pub fn job_hooks() -> Hooks {
                 "Running"
             };
             let start = str_at(o, &["status", "startTime"]).and_then(crate::apiserver::meta::parse_rfc3339);
-            let end = str_at(o, &["status", "completionTime"]).and_then(crate::apiserver::meta::parse_rfc3339).unwrap_or_else(crate::apiserver::meta::unix_now);
+            let end = str_at(o, &["status", "completionTime"])
+                .and_then(crate::apiserver::meta::parse_rfc3339)
+                .unwrap_or_else(crate::apiserver::meta::unix_now);
             let duration = start.map(|s| crate::apiserver::meta::human_duration(end - s)).unwrap_or_default();
             with_template_cells(o, vec![json!(status), json!(completions), json!(duration), json!(age(o))])
         },
@@ -269,7 +321,10 @@ pub fn cronjob_hooks() -> Hooks {
             if str_at(o, &["spec", "schedule"]).unwrap_or_default().is_empty() {
                 causes.push(Cause::required("spec.schedule"));
             }
-            causes.extend(validate_pod_spec(at(o, &["spec", "jobTemplate", "spec", "template", "spec"]), "spec.jobTemplate.spec.template.spec"));
+            causes.extend(validate_pod_spec(
+                at(o, &["spec", "jobTemplate", "spec", "template", "spec"]),
+                "spec.jobTemplate.spec.template.spec",
+            ));
             causes
         },
         columns: || {
@@ -330,7 +385,13 @@ pub fn replicationcontroller_hooks() -> Hooks {
 /// Upstream shows no age for pod templates.
 pub fn podtemplate_hooks() -> Hooks {
     Hooks {
-        columns: || vec![Column::new("Containers", "string", 0), Column::new("Images", "string", 0), Column::new("Pod Labels", "string", 0)],
+        columns: || {
+            vec![
+                Column::new("Containers", "string", 0),
+                Column::new("Images", "string", 0),
+                Column::new("Pod Labels", "string", 0),
+            ]
+        },
         cells: |o| {
             let (c, i) = images(o, &["template", "spec"]);
             vec![json!(c), json!(i), json!(map_selector_string(at(o, &["template", "metadata", "labels"])))]
@@ -378,7 +439,10 @@ mod tests {
 
         let pt = json!({"template": {"metadata": {"labels": {"tier": "web", "app": "a"}},
                                      "spec": {"containers": [{"name": "c1", "image": "nginx"}, {"name": "c2", "image": "busybox"}]}}});
-        assert_eq!((podtemplate_hooks().cells)(&pt), vec![json!("c1,c2"), json!("nginx,busybox"), json!("app=a,tier=web")]);
+        assert_eq!(
+            (podtemplate_hooks().cells)(&pt),
+            vec![json!("c1,c2"), json!("nginx,busybox"), json!("app=a,tier=web")]
+        );
     }
 
     #[test]
@@ -387,6 +451,9 @@ mod tests {
                         "status": {"replicas": 1}});
         let cells = (replicationcontroller_hooks().cells)(&rc);
         assert_eq!(cells.len(), (replicationcontroller_hooks().columns)().len());
-        assert_eq!((&cells[..3], &cells[4..]), (&[json!(1), json!(1), json!(0)][..], &[json!("c"), json!("nginx"), json!("app=web")][..]));
+        assert_eq!(
+            (&cells[..3], &cells[4..]),
+            (&[json!(1), json!(1), json!(0)][..], &[json!("c"), json!("nginx"), json!("app=web")][..])
+        );
     }
 }

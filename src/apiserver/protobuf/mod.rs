@@ -23,7 +23,8 @@ pub const MAGIC: &[u8; 4] = b"k8s\0";
 const MAX_DEPTH: u32 = 100;
 
 /// Kinds every group version accepts as bodies, decoded as their meta.k8s.io/v1 message.
-const META_OPTION_KINDS: &[&str] = &["DeleteOptions", "CreateOptions", "UpdateOptions", "PatchOptions", "GetOptions", "ListOptions"];
+const META_OPTION_KINDS: &[&str] =
+    &["DeleteOptions", "CreateOptions", "UpdateOptions", "PatchOptions", "GetOptions", "ListOptions"];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ProtobufError {
@@ -49,7 +50,8 @@ pub fn decode(body: &[u8]) -> Result<Value> {
 
 fn decode_depth(body: &[u8], depth: u32) -> Result<Value> {
     let rest = body.strip_prefix(MAGIC.as_slice()).ok_or(ProtobufError::MissingMagic)?;
-    let (mut api_version, mut kind, mut raw, mut encoding, mut content_type) = (String::new(), String::new(), &[][..], String::new(), String::new());
+    let (mut api_version, mut kind, mut raw, mut encoding, mut content_type) =
+        (String::new(), String::new(), &[][..], String::new(), String::new());
     let mut r = Reader::new(rest);
     while let Some((tag, wt)) = r.key()? {
         match (tag, wt) {
@@ -74,10 +76,13 @@ fn decode_depth(body: &[u8], depth: u32) -> Result<Value> {
     }
     let mut obj = match content_type.as_str() {
         "" | "application/vnd.kubernetes.protobuf" => {
-            let idx = lookup(&api_version, &kind).ok_or_else(|| ProtobufError::UnknownKind { api_version: api_version.clone(), kind: kind.clone() })?;
+            let idx = lookup(&api_version, &kind)
+                .ok_or_else(|| ProtobufError::UnknownKind { api_version: api_version.clone(), kind: kind.clone() })?;
             message(idx, raw, depth)?
         }
-        "application/json" => serde_json::from_slice(raw).map_err(|e| ProtobufError::Malformed(format!("embedded JSON: {e}")))?,
+        "application/json" => {
+            serde_json::from_slice(raw).map_err(|e| ProtobufError::Malformed(format!("embedded JSON: {e}")))?
+        }
         other => return Err(ProtobufError::UnsupportedEncoding(other.to_string())),
     };
     if let Value::Object(map) = &mut obj {
@@ -269,7 +274,9 @@ fn message(idx: u16, data: &[u8], depth: u32) -> Result<Value> {
             while let Some((tag, wt)) = r.key()? {
                 let f = field_by_tag(msg, tag);
                 match (f, wt) {
-                    (Some(f), LEN) if f.ty == Ty::Msg && f.flags & REP == 0 => schema = Some(message(f.msg, r.bytes()?, depth + 1)?),
+                    (Some(f), LEN) if f.ty == Ty::Msg && f.flags & REP == 0 => {
+                        schema = Some(message(f.msg, r.bytes()?, depth + 1)?)
+                    }
                     (Some(f), LEN) if f.ty == Ty::Msg => list.push(message(f.msg, r.bytes()?, depth + 1)?),
                     (Some(f), LEN) if f.ty == Ty::Str => list.push(Value::String(r.string()?)),
                     (Some(f), VARINT) if f.ty == Ty::Bool => allows = r.varint()? != 0,
@@ -391,7 +398,10 @@ fn expect(owner: &Message, f: &Field, got: u8, want: u8) -> Result<()> {
     if got == want {
         Ok(())
     } else {
-        Err(ProtobufError::Malformed(format!("{} field {} ({}) has wire type {got}, expected {want}", owner.name, f.tag, f.name)))
+        Err(ProtobufError::Malformed(format!(
+            "{} field {} ({}) has wire type {got}, expected {want}",
+            owner.name, f.tag, f.name
+        )))
     }
 }
 

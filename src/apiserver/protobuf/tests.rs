@@ -60,7 +60,12 @@ fn config_map() {
     let body = envelope(
         "v1",
         "ConfigMap",
-        &[meta("x", &[entry(11, "app", "web")]), entry(2, "k", "v"), entry(2, "other", ""), msg(3, &[s(1, "bin"), b(2, &[0, 1, 2, 255])])],
+        &[
+            meta("x", &[entry(11, "app", "web")]),
+            entry(2, "k", "v"),
+            entry(2, "other", ""),
+            msg(3, &[s(1, "bin"), b(2, &[0, 1, 2, 255])]),
+        ],
     );
     assert_eq!(
         decode(&body).unwrap(),
@@ -75,7 +80,11 @@ fn config_map() {
 
 #[test]
 fn secret_bytes() {
-    let body = envelope("v1", "Secret", &[meta("s", &[]), msg(2, &[s(1, "a"), s(2, "b")]), msg(2, &[s(1, "empty")]), s(3, "Opaque"), v(5, 1)]);
+    let body = envelope(
+        "v1",
+        "Secret",
+        &[meta("s", &[]), msg(2, &[s(1, "a"), s(2, "b")]), msg(2, &[s(1, "empty")]), s(3, "Opaque"), v(5, 1)],
+    );
     assert_eq!(
         decode(&body).unwrap(),
         json!({
@@ -96,8 +105,20 @@ fn deployment_int_or_string() {
         &[
             v(1, 0), // replicas: a pointer, 0 stays
             msg(2, &[labels()]),
-            msg(3, &[meta("", &[entry(11, "app", "d")]), msg(2, &[msg(2, &[s(1, "busybox"), s(2, "busybox:1.36"), v(16, 0), msg(8, &[])])])]),
-            msg(4, &[s(1, "RollingUpdate"), msg(2, &[msg(1, &[v(1, 0), v(2, 0), s(3, "")]), msg(2, &[v(1, 1), v(2, 0), s(3, "25%")])])]),
+            msg(
+                3,
+                &[
+                    meta("", &[entry(11, "app", "d")]),
+                    msg(2, &[msg(2, &[s(1, "busybox"), s(2, "busybox:1.36"), v(16, 0), msg(8, &[])])]),
+                ],
+            ),
+            msg(
+                4,
+                &[
+                    s(1, "RollingUpdate"),
+                    msg(2, &[msg(1, &[v(1, 0), v(2, 0), s(3, "")]), msg(2, &[v(1, 1), v(2, 0), s(3, "25%")])]),
+                ],
+            ),
             v(5, 0), // minReadySeconds: omitempty, dropped
             v(7, 0), // paused: omitempty, dropped
             v(9, 600),
@@ -135,7 +156,10 @@ fn pod_resources_and_time() {
             s(3, "10"),
             msg(6, &[s(1, ""), v(2, 0), v(3, 8080), s(4, "TCP"), s(5, "")]),
             msg(7, &[s(1, "FROM_CM"), s(2, ""), msg(3, &[msg(3, &[msg(1, &[s(1, "cm")]), s(2, "key")])])]),
-            msg(8, &[msg(1, &[s(1, "cpu"), msg(2, &[s(1, "500m")])]), msg(2, &[s(1, "memory"), msg(2, &[s(1, "64Mi")])])]),
+            msg(
+                8,
+                &[msg(1, &[s(1, "cpu"), msg(2, &[s(1, "500m")])]), msg(2, &[s(1, "memory"), msg(2, &[s(1, "64Mi")])])],
+            ),
             v(16, 0),
             v(18, 0),
         ],
@@ -207,7 +231,8 @@ fn micro_time_duration_and_options() {
 #[test]
 fn raw_extension_and_packed() {
     // apps/v1 ControllerRevision: data is a RawExtension holding JSON.
-    let body = envelope("apps/v1", "ControllerRevision", &[meta("r", &[]), msg(2, &[s(1, r#"{"spec":{"x":1}}"#)]), v(3, 4)]);
+    let body =
+        envelope("apps/v1", "ControllerRevision", &[meta("r", &[]), msg(2, &[s(1, r#"{"spec":{"x":1}}"#)]), v(3, 4)]);
     assert_eq!(
         decode(&body).unwrap(),
         json!({"apiVersion": "apps/v1", "kind": "ControllerRevision", "metadata": {"name": "r"}, "data": {"spec": {"x": 1}}, "revision": 4})
@@ -215,7 +240,10 @@ fn raw_extension_and_packed() {
     // A packed repeated int64 (SupplementalGroups) and a negative int64 (10-byte varint).
     let sc = msg(14, &[b(4, &[1, 2, 0x80, 0x01]), v(5, (-7i64) as u64)]);
     let body = envelope("v1", "Pod", &[meta("p", &[]), msg(2, &[sc])]);
-    assert_eq!(decode(&body).unwrap()["spec"]["securityContext"], json!({"supplementalGroups": [1, 2, 128], "fsGroup": -7}));
+    assert_eq!(
+        decode(&body).unwrap()["spec"]["securityContext"],
+        json!({"supplementalGroups": [1, 2, 128], "fsGroup": -7})
+    );
 }
 
 #[test]
@@ -232,7 +260,19 @@ fn crd_schema_and_nested_inline() {
         &[
             s(5, "object"),
             v(10, 0), // exclusiveMaximum: omitempty, dropped
-            msg(29, &[s(1, "spec"), msg(2, &[s(5, "object"), msg(29, &[s(1, "size"), msg(2, &[s(5, "integer"), f64_field(11, 1.0), f64_field(9, 2.5)])])])]),
+            msg(
+                29,
+                &[
+                    s(1, "spec"),
+                    msg(
+                        2,
+                        &[
+                            s(5, "object"),
+                            msg(29, &[s(1, "size"), msg(2, &[s(5, "integer"), f64_field(11, 1.0), f64_field(9, 2.5)])]),
+                        ],
+                    ),
+                ],
+            ),
             msg(29, &[s(1, "tags"), msg(2, &[s(5, "array"), msg(24, &[msg(1, &string_schema)])])]),
             msg(29, &[s(1, "extra"), msg(2, &[s(5, "object"), msg(30, &[v(1, 1)]), msg(8, &[s(1, r#"{"a":1}"#)])])]),
             v(38, 1),
@@ -240,8 +280,18 @@ fn crd_schema_and_nested_inline() {
         ],
     );
     let version = msg(7, &[s(1, "v1"), v(2, 1), v(3, 1), msg(4, &[schema])]);
-    let spec = msg(2, &[s(1, "example.com"), msg(3, &[s(1, "widgets"), s(2, ""), s(4, "Widget"), s(5, "")]), s(4, "Namespaced"), version, v(10, 0)]);
-    let body = envelope("apiextensions.k8s.io/v1", "CustomResourceDefinition", &[meta("widgets.example.com", &[]), spec]);
+    let spec = msg(
+        2,
+        &[
+            s(1, "example.com"),
+            msg(3, &[s(1, "widgets"), s(2, ""), s(4, "Widget"), s(5, "")]),
+            s(4, "Namespaced"),
+            version,
+            v(10, 0),
+        ],
+    );
+    let body =
+        envelope("apiextensions.k8s.io/v1", "CustomResourceDefinition", &[meta("widgets.example.com", &[]), spec]);
     assert_eq!(
         decode(&body).unwrap(),
         json!({
@@ -264,8 +314,16 @@ fn crd_schema_and_nested_inline() {
         })
     );
     // ValidatingWebhook rules: RuleWithOperations embeds Rule (json:",inline").
-    let webhook = msg(2, &[s(1, "w.example.com"), msg(3, &[s(1, "CREATE"), msg(2, &[s(1, ""), s(2, "v1"), s(3, "pods"), s(4, "*")])]), s(6, "None")]);
-    let body = envelope("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", &[meta("w", &[]), webhook]);
+    let webhook = msg(
+        2,
+        &[
+            s(1, "w.example.com"),
+            msg(3, &[s(1, "CREATE"), msg(2, &[s(1, ""), s(2, "v1"), s(3, "pods"), s(4, "*")])]),
+            s(6, "None"),
+        ],
+    );
+    let body =
+        envelope("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration", &[meta("w", &[]), webhook]);
     assert_eq!(
         decode(&body).unwrap()["webhooks"],
         json!([{"name": "w.example.com", "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "*"}], "sideEffects": "None"}])

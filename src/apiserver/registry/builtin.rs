@@ -99,45 +99,163 @@ const ALL: &[&str] = &["all"];
 pub fn resources() -> Vec<Resource> {
     vec![
         // core/v1
-        resource::<core::Pod>(Spec { short: &["po"], categories: ALL, status: true, sub: &["binding", "eviction", "log", "exec", "attach", "portforward", "ephemeralcontainers", "resize"], hooks: kinds::pod_hooks(), ..Default::default() }),
+        resource::<core::Pod>(Spec {
+            short: &["po"],
+            categories: ALL,
+            status: true,
+            sub: &["binding", "eviction", "log", "exec", "attach", "portforward", "ephemeralcontainers", "resize"],
+            hooks: kinds::pod_hooks(),
+            ..Default::default()
+        }),
         resource::<core::ConfigMap>(Spec { short: &["cm"], hooks: kinds::configmap_hooks(), ..Default::default() }),
         resource::<core::Secret>(Spec { hooks: kinds::secret_hooks(), ..Default::default() }),
-        resource::<core::Namespace>(Spec { short: &["ns"], status: true, sub: &["finalize"], hooks: kinds::namespace_hooks(), ..Default::default() }),
-        resource::<core::Service>(Spec { short: &["svc"], categories: ALL, status: true, sub: &["proxy"], hooks: kinds::service_hooks(), ..Default::default() }),
-        resource::<core::ServiceAccount>(Spec { short: &["sa"], sub: &["token"], hooks: kinds::serviceaccount_hooks(), ..Default::default() }),
+        resource::<core::Namespace>(Spec {
+            short: &["ns"],
+            status: true,
+            sub: &["finalize"],
+            hooks: kinds::namespace_hooks(),
+            ..Default::default()
+        }),
+        resource::<core::Service>(Spec {
+            short: &["svc"],
+            categories: ALL,
+            status: true,
+            sub: &["proxy"],
+            hooks: kinds::service_hooks(),
+            ..Default::default()
+        }),
+        resource::<core::ServiceAccount>(Spec {
+            short: &["sa"],
+            sub: &["token"],
+            hooks: kinds::serviceaccount_hooks(),
+            ..Default::default()
+        }),
         resource::<core::Endpoints>(Spec { short: &["ep"], hooks: kinds::endpoints_hooks(), ..Default::default() }),
-        resource::<core::Node>(Spec { short: &["no"], status: true, sub: &["proxy"], hooks: kinds::node_hooks(), ..Default::default() }),
+        resource::<core::Node>(Spec {
+            short: &["no"],
+            status: true,
+            sub: &["proxy"],
+            hooks: kinds::node_hooks(),
+            ..Default::default()
+        }),
         resource::<core::Event>(Spec { short: &["ev"], hooks: kinds::event_hooks(), ..Default::default() }),
-        resource::<core::PersistentVolume>(Spec { short: &["pv"], status: true, hooks: kinds::persistentvolume_hooks(), ..Default::default() }),
-        resource::<core::PersistentVolumeClaim>(Spec { short: &["pvc"], status: true, hooks: kinds::persistentvolumeclaim_hooks(), ..Default::default() }),
-        resource::<core::LimitRange>(Spec { short: &["limits"], hooks: kinds::limitrange_hooks(), ..Default::default() }),
-        resource::<core::ResourceQuota>(Spec { short: &["quota"], status: true, hooks: kinds::resourcequota_hooks(), ..Default::default() }),
+        resource::<core::PersistentVolume>(Spec {
+            short: &["pv"],
+            status: true,
+            hooks: kinds::persistentvolume_hooks(),
+            ..Default::default()
+        }),
+        resource::<core::PersistentVolumeClaim>(Spec {
+            short: &["pvc"],
+            status: true,
+            hooks: kinds::persistentvolumeclaim_hooks(),
+            ..Default::default()
+        }),
+        resource::<core::LimitRange>(Spec {
+            short: &["limits"],
+            hooks: kinds::limitrange_hooks(),
+            ..Default::default()
+        }),
+        resource::<core::ResourceQuota>(Spec {
+            short: &["quota"],
+            status: true,
+            hooks: kinds::resourcequota_hooks(),
+            ..Default::default()
+        }),
         resource::<core::PodTemplate>(Spec { hooks: kinds::podtemplate_hooks(), ..Default::default() }),
-        resource::<core::ReplicationController>(Spec { short: &["rc"], categories: ALL, status: true, scale: true, hooks: with_generation(kinds::replicationcontroller_hooks()), ..Default::default() }),
+        resource::<core::ReplicationController>(Spec {
+            short: &["rc"],
+            categories: ALL,
+            status: true,
+            scale: true,
+            hooks: with_generation(kinds::replicationcontroller_hooks()),
+            ..Default::default()
+        }),
         // apps/v1
-        resource::<apps::Deployment>(Spec { short: &["deploy"], categories: ALL, status: true, scale: true, hooks: kinds::deployment_hooks(), ..Default::default() }),
-        resource::<apps::ReplicaSet>(Spec { short: &["rs"], categories: ALL, status: true, scale: true, hooks: kinds::replicaset_hooks(), ..Default::default() }),
-        resource::<apps::StatefulSet>(Spec { short: &["sts"], categories: ALL, status: true, scale: true, hooks: kinds::statefulset_hooks(), ..Default::default() }),
-        resource::<apps::DaemonSet>(Spec { short: &["ds"], categories: ALL, status: true, hooks: kinds::daemonset_hooks(), ..Default::default() }),
+        resource::<apps::Deployment>(Spec {
+            short: &["deploy"],
+            categories: ALL,
+            status: true,
+            scale: true,
+            hooks: kinds::deployment_hooks(),
+            ..Default::default()
+        }),
+        resource::<apps::ReplicaSet>(Spec {
+            short: &["rs"],
+            categories: ALL,
+            status: true,
+            scale: true,
+            hooks: kinds::replicaset_hooks(),
+            ..Default::default()
+        }),
+        resource::<apps::StatefulSet>(Spec {
+            short: &["sts"],
+            categories: ALL,
+            status: true,
+            scale: true,
+            hooks: kinds::statefulset_hooks(),
+            ..Default::default()
+        }),
+        resource::<apps::DaemonSet>(Spec {
+            short: &["ds"],
+            categories: ALL,
+            status: true,
+            hooks: kinds::daemonset_hooks(),
+            ..Default::default()
+        }),
         resource::<apps::ControllerRevision>(Spec { hooks: kinds::controllerrevision_hooks(), ..Default::default() }),
         // batch/v1
         resource::<batch::Job>(Spec { categories: ALL, status: true, hooks: kinds::job_hooks(), ..Default::default() }),
-        resource::<batch::CronJob>(Spec { short: &["cj"], categories: ALL, status: true, hooks: kinds::cronjob_hooks(), ..Default::default() }),
+        resource::<batch::CronJob>(Spec {
+            short: &["cj"],
+            categories: ALL,
+            status: true,
+            hooks: kinds::cronjob_hooks(),
+            ..Default::default()
+        }),
         // autoscaling/v2
-        resource::<autoscaling::HorizontalPodAutoscaler>(Spec { short: &["hpa"], categories: ALL, status: true, hooks: with_generation(kinds::horizontalpodautoscaler_hooks()), ..Default::default() }),
+        resource::<autoscaling::HorizontalPodAutoscaler>(Spec {
+            short: &["hpa"],
+            categories: ALL,
+            status: true,
+            hooks: with_generation(kinds::horizontalpodautoscaler_hooks()),
+            ..Default::default()
+        }),
         // policy/v1
-        resource::<policy::PodDisruptionBudget>(Spec { short: &["pdb"], status: true, hooks: with_generation(kinds::poddisruptionbudget_hooks()), ..Default::default() }),
+        resource::<policy::PodDisruptionBudget>(Spec {
+            short: &["pdb"],
+            status: true,
+            hooks: with_generation(kinds::poddisruptionbudget_hooks()),
+            ..Default::default()
+        }),
         // rbac.authorization.k8s.io/v1
         resource::<rbac::ClusterRole>(Spec { hooks: kinds::role_hooks(), ..Default::default() }),
         resource::<rbac::ClusterRoleBinding>(Spec { hooks: kinds::role_binding_hooks(), ..Default::default() }),
         resource::<rbac::Role>(Spec { hooks: kinds::role_hooks(), ..Default::default() }),
         resource::<rbac::RoleBinding>(Spec { hooks: kinds::role_binding_hooks(), ..Default::default() }),
         // networking.k8s.io/v1
-        resource::<networking::Ingress>(Spec { short: &["ing"], status: true, hooks: with_generation(kinds::ingress_hooks()), ..Default::default() }),
+        resource::<networking::Ingress>(Spec {
+            short: &["ing"],
+            status: true,
+            hooks: with_generation(kinds::ingress_hooks()),
+            ..Default::default()
+        }),
         resource::<networking::IngressClass>(Spec { hooks: kinds::ingressclass_hooks(), ..Default::default() }),
-        resource::<networking::NetworkPolicy>(Spec { short: &["netpol"], hooks: with_generation(kinds::networkpolicy_hooks()), ..Default::default() }),
-        resource::<networking::IPAddress>(Spec { short: &["ip"], hooks: kinds::ipaddress_hooks(), ..Default::default() }),
-        resource::<networking::ServiceCIDR>(Spec { status: true, hooks: kinds::servicecidr_hooks(), ..Default::default() }),
+        resource::<networking::NetworkPolicy>(Spec {
+            short: &["netpol"],
+            hooks: with_generation(kinds::networkpolicy_hooks()),
+            ..Default::default()
+        }),
+        resource::<networking::IPAddress>(Spec {
+            short: &["ip"],
+            hooks: kinds::ipaddress_hooks(),
+            ..Default::default()
+        }),
+        resource::<networking::ServiceCIDR>(Spec {
+            status: true,
+            hooks: kinds::servicecidr_hooks(),
+            ..Default::default()
+        }),
         // discovery.k8s.io/v1
         resource::<discovery::EndpointSlice>(Spec { hooks: kinds::endpointslice_hooks(), ..Default::default() }),
         // coordination.k8s.io/v1
@@ -145,24 +263,68 @@ pub fn resources() -> Vec<Resource> {
         // events.k8s.io/v1
         resource::<events::Event>(Spec { short: &["ev"], hooks: kinds::events_v1_event_hooks(), ..Default::default() }),
         // storage.k8s.io/v1
-        resource::<storage::StorageClass>(Spec { short: &["sc"], hooks: kinds::storageclass_hooks(), ..Default::default() }),
+        resource::<storage::StorageClass>(Spec {
+            short: &["sc"],
+            hooks: kinds::storageclass_hooks(),
+            ..Default::default()
+        }),
         resource::<storage::CSIDriver>(Spec { hooks: kinds::csidriver_hooks(), ..Default::default() }),
         resource::<storage::CSINode>(Spec { hooks: kinds::csinode_hooks(), ..Default::default() }),
-        resource::<storage::CSIStorageCapacity>(Spec { hooks: kinds::csistoragecapacity_hooks(), ..Default::default() }),
-        resource::<storage::VolumeAttachment>(Spec { status: true, hooks: kinds::volumeattachment_hooks(), ..Default::default() }),
+        resource::<storage::CSIStorageCapacity>(Spec {
+            hooks: kinds::csistoragecapacity_hooks(),
+            ..Default::default()
+        }),
+        resource::<storage::VolumeAttachment>(Spec {
+            status: true,
+            hooks: kinds::volumeattachment_hooks(),
+            ..Default::default()
+        }),
         // scheduling.k8s.io/v1
-        resource::<scheduling::PriorityClass>(Spec { short: &["pc"], hooks: kinds::priorityclass_hooks(), ..Default::default() }),
+        resource::<scheduling::PriorityClass>(Spec {
+            short: &["pc"],
+            hooks: kinds::priorityclass_hooks(),
+            ..Default::default()
+        }),
         // node.k8s.io/v1
         resource::<node::RuntimeClass>(Spec { hooks: kinds::runtimeclass_hooks(), ..Default::default() }),
         // certificates.k8s.io/v1
-        resource::<certificates::CertificateSigningRequest>(Spec { short: &["csr"], status: true, sub: &["approval"], hooks: kinds::certificatesigningrequest_hooks(), ..Default::default() }),
+        resource::<certificates::CertificateSigningRequest>(Spec {
+            short: &["csr"],
+            status: true,
+            sub: &["approval"],
+            hooks: kinds::certificatesigningrequest_hooks(),
+            ..Default::default()
+        }),
         // admissionregistration.k8s.io/v1
-        resource::<admission::MutatingWebhookConfiguration>(Spec { categories: &["api-extensions"], hooks: with_generation(kinds::webhook_configuration_hooks()), ..Default::default() }),
-        resource::<admission::ValidatingWebhookConfiguration>(Spec { categories: &["api-extensions"], hooks: with_generation(kinds::webhook_configuration_hooks()), ..Default::default() }),
-        resource::<admission::ValidatingAdmissionPolicy>(Spec { categories: &["api-extensions"], status: true, hooks: with_generation(kinds::validatingadmissionpolicy_hooks()), ..Default::default() }),
-        resource::<admission::ValidatingAdmissionPolicyBinding>(Spec { categories: &["api-extensions"], hooks: with_generation(kinds::validatingadmissionpolicybinding_hooks()), ..Default::default() }),
+        resource::<admission::MutatingWebhookConfiguration>(Spec {
+            categories: &["api-extensions"],
+            hooks: with_generation(kinds::webhook_configuration_hooks()),
+            ..Default::default()
+        }),
+        resource::<admission::ValidatingWebhookConfiguration>(Spec {
+            categories: &["api-extensions"],
+            hooks: with_generation(kinds::webhook_configuration_hooks()),
+            ..Default::default()
+        }),
+        resource::<admission::ValidatingAdmissionPolicy>(Spec {
+            categories: &["api-extensions"],
+            status: true,
+            hooks: with_generation(kinds::validatingadmissionpolicy_hooks()),
+            ..Default::default()
+        }),
+        resource::<admission::ValidatingAdmissionPolicyBinding>(Spec {
+            categories: &["api-extensions"],
+            hooks: with_generation(kinds::validatingadmissionpolicybinding_hooks()),
+            ..Default::default()
+        }),
         // apiextensions.k8s.io/v1
-        resource::<apiextensions::CustomResourceDefinition>(Spec { short: &["crd", "crds"], categories: &["api-extensions"], status: true, hooks: crate::apiserver::crd::crd_hooks(), ..Default::default() }),
+        resource::<apiextensions::CustomResourceDefinition>(Spec {
+            short: &["crd", "crds"],
+            categories: &["api-extensions"],
+            status: true,
+            hooks: crate::apiserver::crd::crd_hooks(),
+            ..Default::default()
+        }),
         // authorization.k8s.io/v1 and authentication.k8s.io/v1: reviews
         review::<k8s_openapi::api::authorization::v1::SelfSubjectAccessReview>(false),
         review::<k8s_openapi::api::authorization::v1::SelfSubjectRulesReview>(false),
@@ -171,7 +333,15 @@ pub fn resources() -> Vec<Resource> {
         review::<k8s_openapi::api::authentication::v1::SelfSubjectReview>(false),
         review::<k8s_openapi::api::authentication::v1::TokenReview>(false),
         // flowcontrol.apiserver.k8s.io/v1
-        resource::<flowcontrol::FlowSchema>(Spec { status: true, hooks: with_generation(kinds::flowschema_hooks()), ..Default::default() }),
-        resource::<flowcontrol::PriorityLevelConfiguration>(Spec { status: true, hooks: with_generation(kinds::prioritylevelconfiguration_hooks()), ..Default::default() }),
+        resource::<flowcontrol::FlowSchema>(Spec {
+            status: true,
+            hooks: with_generation(kinds::flowschema_hooks()),
+            ..Default::default()
+        }),
+        resource::<flowcontrol::PriorityLevelConfiguration>(Spec {
+            status: true,
+            hooks: with_generation(kinds::prioritylevelconfiguration_hooks()),
+            ..Default::default()
+        }),
     ]
 }

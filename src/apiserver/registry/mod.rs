@@ -79,7 +79,6 @@ impl Resource {
     }
 }
 
-
 /// A group's versions, newest preferred first.
 #[derive(Debug, Clone)]
 pub struct GroupInfo {
@@ -125,7 +124,10 @@ impl Registry {
         let r = Arc::new(r);
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let key = (r.group.clone(), r.version.clone(), r.plural.clone());
-        inner.order.retain(|o| (o.group.as_str(), o.version.as_str(), o.plural.as_str()) != (key.0.as_str(), key.1.as_str(), key.2.as_str()));
+        inner.order.retain(|o| {
+            (o.group.as_str(), o.version.as_str(), o.plural.as_str())
+                != (key.0.as_str(), key.1.as_str(), key.2.as_str())
+        });
         inner.order.push(r.clone());
         inner.by_path.insert(key, r);
     }

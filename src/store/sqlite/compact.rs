@@ -39,9 +39,9 @@ impl Writer {
     fn sweep(&mut self, from: i64, target: i64) -> Result<i64> {
         self.conn.execute_batch("BEGIN IMMEDIATE")?;
         let rows: Vec<(i64, i64, i64)> = {
-            let mut stmt = self
-                .conn
-                .prepare_cached("SELECT id, prev_id, version FROM log WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT ?3")?;
+            let mut stmt = self.conn.prepare_cached(
+                "SELECT id, prev_id, version FROM log WHERE id >= ?1 AND id < ?2 ORDER BY id LIMIT ?3",
+            )?;
             let rows = stmt.query_map((from, target, COMPACT_BATCH), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect::<rusqlite::Result<_>>()?
         };

@@ -214,11 +214,16 @@ impl SqliteStore {
     }
 
     async fn single_op(&self, op: request_op::Request) -> Result<(ResponseHeader, response_op::Response)> {
-        let req = TxnRequest { compare: Vec::new(), success: vec![RequestOp { request: Some(op) }], failure: Vec::new() };
+        let req =
+            TxnRequest { compare: Vec::new(), success: vec![RequestOp { request: Some(op) }], failure: Vec::new() };
         self.check_size(&req)?;
         let mut resp = self.command(|reply| Command::Txn { req, reply }).await?;
         let header = resp.header.take().unwrap_or_default();
-        let op = resp.responses.pop().and_then(|r| r.response).ok_or_else(|| StoreError::Internal("empty txn response".into()))?;
+        let op = resp
+            .responses
+            .pop()
+            .and_then(|r| r.response)
+            .ok_or_else(|| StoreError::Internal("empty txn response".into()))?;
         Ok((header, op))
     }
 
@@ -426,17 +431,14 @@ async fn stream_file(path: &Path, header: ResponseHeader, tx: &mpsc::Sender<Resu
         buf.truncate(n);
         hasher.update(&buf);
         remaining -= n as u64;
-        let resp = SnapshotResponse {
-            header: first.then_some(header),
-            remaining_bytes: remaining,
-            blob: buf,
-        };
+        let resp = SnapshotResponse { header: first.then_some(header), remaining_bytes: remaining, blob: buf };
         first = false;
         if tx.send(Ok(resp)).await.is_err() {
             return Ok(());
         }
     }
-    let resp = SnapshotResponse { header: first.then_some(header), remaining_bytes: 0, blob: hasher.finalize().to_vec() };
+    let resp =
+        SnapshotResponse { header: first.then_some(header), remaining_bytes: 0, blob: hasher.finalize().to_vec() };
     let _ = tx.send(Ok(resp)).await;
     Ok(())
 }

@@ -137,13 +137,7 @@ pub fn init(conn: &Connection, new_id: impl Fn() -> u64) -> Result<Meta> {
         return Ok(meta);
     }
     // A fresh store is at revision 1, as a fresh etcd is.
-    let meta = Meta {
-        rev: 1,
-        compact_rev: 0,
-        compact_cursor: 0,
-        cluster_id: new_id(),
-        member_id: new_id(),
-    };
+    let meta = Meta { rev: 1, compact_rev: 0, compact_cursor: 0, cluster_id: new_id(), member_id: new_id() };
     conn.execute(
         "INSERT INTO meta (one, rev, compact_rev, compact_cursor, cluster_id, member_id) VALUES (0, ?1, ?2, ?3, ?4, ?5)",
         (meta.rev, meta.compact_rev, meta.compact_cursor, meta.cluster_id as i64, meta.member_id as i64),
@@ -165,8 +159,11 @@ pub fn read_meta(conn: &Connection) -> rusqlite::Result<Meta> {
 }
 
 pub fn write_meta(conn: &Connection, meta: &Meta) -> rusqlite::Result<()> {
-    conn.prepare_cached("UPDATE meta SET rev = ?1, compact_rev = ?2, compact_cursor = ?3 WHERE one = 0")?
-        .execute((meta.rev, meta.compact_rev, meta.compact_cursor))?;
+    conn.prepare_cached("UPDATE meta SET rev = ?1, compact_rev = ?2, compact_cursor = ?3 WHERE one = 0")?.execute((
+        meta.rev,
+        meta.compact_rev,
+        meta.compact_cursor,
+    ))?;
     Ok(())
 }
 

@@ -25,7 +25,13 @@ fn kv_put(key: &str, value: &str) -> RequestOp {
 }
 
 fn cmp(key: &str, target: compare::CompareTarget, result: compare::CompareResult, u: compare::TargetUnion) -> Compare {
-    Compare { result: result as i32, target: target as i32, key: key.into(), range_end: Vec::new(), target_union: Some(u) }
+    Compare {
+        result: result as i32,
+        target: target as i32,
+        key: key.into(),
+        range_end: Vec::new(),
+        target_union: Some(u),
+    }
 }
 
 async fn get(s: &SqliteStore, key: &str, rev: i64) -> RangeResponse {
@@ -38,7 +44,9 @@ async fn concurrent_writes_get_one_revision_each() {
     let mut tasks = Vec::new();
     for i in 0..200 {
         let s = s.clone();
-        tasks.push(tokio::spawn(async move { s.put(put(&format!("k{i}"), "v")).await.expect("put").header.unwrap().revision }));
+        tasks.push(tokio::spawn(async move {
+            s.put(put(&format!("k{i}"), "v")).await.expect("put").header.unwrap().revision
+        }));
     }
     let mut revs = Vec::new();
     for t in tasks {
@@ -46,7 +54,10 @@ async fn concurrent_writes_get_one_revision_each() {
     }
     revs.sort_unstable();
     assert_eq!(revs, (2..202).collect::<Vec<_>>());
-    let all = s.range(RangeRequest { key: b"k".to_vec(), range_end: b"l".to_vec(), count_only: true, ..Default::default() }).await.unwrap();
+    let all = s
+        .range(RangeRequest { key: b"k".to_vec(), range_end: b"l".to_vec(), count_only: true, ..Default::default() })
+        .await
+        .unwrap();
     assert_eq!(all.count, 200);
 }
 
@@ -85,7 +96,12 @@ async fn failed_txn_writes_nothing_and_keeps_the_revision() {
         .txn(TxnRequest {
             compare: vec![cmp("x", T::Version, R::Equal, U::Version(5))],
             success: vec![kv_put("x", "1")],
-            failure: vec![RequestOp { request: Some(request_op::Request::RequestRange(RangeRequest { key: b"x".to_vec(), ..Default::default() })) }],
+            failure: vec![RequestOp {
+                request: Some(request_op::Request::RequestRange(RangeRequest {
+                    key: b"x".to_vec(),
+                    ..Default::default()
+                })),
+            }],
         })
         .await
         .unwrap();
@@ -137,7 +153,8 @@ async fn physical_compaction_removes_superseded_rows() {
     assert_eq!(rows, 4);
     assert_eq!(get(&s, "c4", head).await.kvs[0].value, b"49");
     assert!(get(&s, "c0", 0).await.kvs.is_empty());
-    let err = s.range(RangeRequest { key: b"c1".to_vec(), revision: head - 1, ..Default::default() }).await.unwrap_err();
+    let err =
+        s.range(RangeRequest { key: b"c1".to_vec(), revision: head - 1, ..Default::default() }).await.unwrap_err();
     assert!(matches!(err, StoreError::Compacted { .. }));
 }
 
@@ -159,7 +176,13 @@ async fn watch_catches_up_then_follows_commits() {
     for i in 0..1500 {
         s.put(put(&format!("w/{}", i % 10), &i.to_string())).await.unwrap();
     }
-    let create = WatchCreateRequest { key: b"w/".to_vec(), range_end: b"w0".to_vec(), start_revision: 2, prev_kv: true, ..Default::default() };
+    let create = WatchCreateRequest {
+        key: b"w/".to_vec(),
+        range_end: b"w0".to_vec(),
+        start_revision: 2,
+        prev_kv: true,
+        ..Default::default()
+    };
     let (_tx, mut stream) = watch(&s, create).await;
     assert!(next(&mut stream).await.created);
     let writer = {
@@ -200,7 +223,11 @@ async fn watch_filters_and_progress() {
     assert_eq!(resp.events.len(), 1);
     assert_eq!(resp.events[0].r#type, EventType::Delete as i32);
     assert_eq!(resp.events[0].kv.as_ref().unwrap().mod_revision, 3);
-    tx.send(WatchRequest { request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})) }).await.unwrap();
+    tx.send(WatchRequest {
+        request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})),
+    })
+    .await
+    .unwrap();
     let progress = next(&mut stream).await;
     assert_eq!((progress.watch_id, progress.header.unwrap().revision), (-1, 3));
 }
@@ -215,7 +242,13 @@ async fn watch_fragments_large_responses() {
     for i in 0..20 {
         s2.put(put(&format!("g{i:02}"), &"x".repeat(200))).await.unwrap();
     }
-    let create = WatchCreateRequest { key: b"g".to_vec(), range_end: b"h".to_vec(), start_revision: 1, fragment: true, ..Default::default() };
+    let create = WatchCreateRequest {
+        key: b"g".to_vec(),
+        range_end: b"h".to_vec(),
+        start_revision: 1,
+        fragment: true,
+        ..Default::default()
+    };
     let (_tx, mut stream) = watch(&s2, create).await;
     assert!(next(&mut stream).await.created);
     let mut parts = 0;
@@ -237,7 +270,9 @@ async fn expired_lease_deletes_its_keys_and_tells_watchers() {
     let (_dir, s) = store().await;
     let lease = s.lease_grant(LeaseGrantRequest { ttl: 1, id: 0 }).await.unwrap();
     assert_eq!(lease.ttl, 2, "the minimum TTL applies");
-    s.put(PutRequest { key: b"e".to_vec(), value: b"v".to_vec(), lease: lease.id, ..Default::default() }).await.unwrap();
+    s.put(PutRequest { key: b"e".to_vec(), value: b"v".to_vec(), lease: lease.id, ..Default::default() })
+        .await
+        .unwrap();
     let (_tx, mut stream) = watch(&s, WatchCreateRequest { key: b"e".to_vec(), ..Default::default() }).await;
     assert!(next(&mut stream).await.created);
     let started = std::time::Instant::now();

@@ -20,13 +20,31 @@ use crate::store::{KeyRange, Result, StoreError, MAX_LEASE_TTL};
 const MAX_BATCH: usize = 256;
 
 pub enum Command {
-    Txn { req: TxnRequest, reply: oneshot::Sender<Result<TxnResponse>> },
-    Compact { rev: i64, physical: bool, reply: oneshot::Sender<Result<i64>> },
-    LeaseGrant { id: i64, ttl: i64, reply: oneshot::Sender<Result<(i64, i64, i64)>> },
-    LeaseRevoke { id: i64, reply: Option<oneshot::Sender<Result<i64>>> },
-    Defragment { reply: oneshot::Sender<Result<i64>> },
+    Txn {
+        req: TxnRequest,
+        reply: oneshot::Sender<Result<TxnResponse>>,
+    },
+    Compact {
+        rev: i64,
+        physical: bool,
+        reply: oneshot::Sender<Result<i64>>,
+    },
+    LeaseGrant {
+        id: i64,
+        ttl: i64,
+        reply: oneshot::Sender<Result<(i64, i64, i64)>>,
+    },
+    LeaseRevoke {
+        id: i64,
+        reply: Option<oneshot::Sender<Result<i64>>>,
+    },
+    Defragment {
+        reply: oneshot::Sender<Result<i64>>,
+    },
     /// Stop after the batch this arrives in.
-    Shutdown { reply: oneshot::Sender<()> },
+    Shutdown {
+        reply: oneshot::Sender<()>,
+    },
 }
 
 /// What a command left to do once its transaction has committed.
@@ -301,7 +319,11 @@ impl Writer {
             if target == CompareTarget::Value {
                 return Ok(false);
             }
-            return Ok(compare_row(c, target, &Row { id: 0, key: Vec::new(), create_rev: 0, version: 0, lease: 0, value: Vec::new() }));
+            return Ok(compare_row(
+                c,
+                target,
+                &Row { id: 0, key: Vec::new(), create_rev: 0, version: 0, lease: 0, value: Vec::new() },
+            ));
         }
         Ok(rows.iter().all(|row| compare_row(c, target, row)))
     }
@@ -345,7 +367,9 @@ impl Writer {
             )?
             .execute((id, &p.key, create_rev, version, lease, &value, prev_id))?;
         self.conn
-            .prepare_cached("INSERT INTO current (key, id) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET id = excluded.id")?
+            .prepare_cached(
+                "INSERT INTO current (key, id) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET id = excluded.id",
+            )?
             .execute((&p.key, id))?;
         let prev_kv = if p.prev_kv { prev.as_ref().map(Row::to_kv) } else { None };
         if self.want_events() {
@@ -445,7 +469,9 @@ fn fail_command(cmd: Command, why: &str) {
     let err = || StoreError::Internal(why.to_string());
     match cmd {
         Command::Txn { reply, .. } => drop(reply.send(Err(err()))),
-        Command::Compact { reply, .. } | Command::LeaseRevoke { reply: Some(reply), .. } => drop(reply.send(Err(err()))),
+        Command::Compact { reply, .. } | Command::LeaseRevoke { reply: Some(reply), .. } => {
+            drop(reply.send(Err(err())))
+        }
         Command::LeaseGrant { reply, .. } => drop(reply.send(Err(err()))),
         Command::Defragment { reply } => drop(reply.send(Err(err()))),
         Command::Shutdown { reply } => drop(reply.send(())),
