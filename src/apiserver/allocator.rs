@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use serde_json::Value;
 
 use super::status::{ApiError, ApiResult};
-use super::storage::{ReadAt, Storage};
+use super::storage::Storage;
 
 /// An IPv4 CIDR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,32 +80,23 @@ impl ServiceAllocator {
     async fn in_use(&self, storage: &Storage, except_key: Option<&str>) -> ApiResult<InUse> {
         let mut used = InUse { ips: HashSet::new(), ports: HashSet::new() };
         let prefix = "/registry/services/";
-        let mut start = None;
-        loop {
-            let page = storage.list(prefix, start.take(), 1000, ReadAt::Latest).await?;
-            for s in &page.items {
-                let ns = s.object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
-                let name = s.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-                if except_key == Some(&format!("{prefix}{ns}/{name}")[..]) {
-                    continue;
-                }
-                if let Some(ips) = s.object.pointer("/spec/clusterIPs").and_then(Value::as_array) {
-                    used.ips.extend(ips.iter().filter_map(|v| v.as_str()?.parse::<Ipv4Addr>().ok()));
-                }
-                if let Some(ip) =
-                    s.object.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|v| v.parse().ok())
-                {
-                    used.ips.insert(ip);
-                }
-                for p in s.object.pointer("/spec/ports").and_then(Value::as_array).into_iter().flatten() {
-                    if let Some(np) = p.get("nodePort").and_then(Value::as_i64) {
-                        used.ports.insert(np);
-                    }
-                }
+        let (services, _) = storage.list_all(prefix).await?;
+        for s in &services {
+            let ns = s.object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+            let name = s.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+            if except_key == Some(&format!("{prefix}{ns}/{name}")[..]) {
+                continue;
             }
-            match page.next_key {
-                Some(k) => start = Some(k),
-                None => break,
+            if let Some(ips) = s.object.pointer("/spec/clusterIPs").and_then(Value::as_array) {
+                used.ips.extend(ips.iter().filter_map(|v| v.as_str()?.parse::<Ipv4Addr>().ok()));
+            }
+            if let Some(ip) = s.object.pointer("/spec/clusterIP").and_then(Value::as_str).and_then(|v| v.parse().ok()) {
+                used.ips.insert(ip);
+            }
+            for p in s.object.pointer("/spec/ports").and_then(Value::as_array).into_iter().flatten() {
+                if let Some(np) = p.get("nodePort").and_then(Value::as_i64) {
+                    used.ports.insert(np);
+                }
             }
         }
         Ok(used)

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::status::ApiError;
-use super::storage::{Change, ReadAt, Storage};
+use super::storage::{Change, Storage};
 
 /// Every object under one key prefix, by `Kind/namespace/name` (or `Kind/name`).
 pub struct PrefixCache {
@@ -66,22 +66,8 @@ impl PrefixCache {
     }
 
     async fn load(&self, storage: &Storage) -> Result<i64, ApiError> {
-        let mut all = HashMap::new();
-        let mut start = None;
-        let mut at = ReadAt::Latest;
-        let rev = loop {
-            let page = storage.list(&self.prefix, start.take(), 1000, at).await?;
-            for s in page.items {
-                all.insert(id_of(&s.object), s.object);
-            }
-            match page.next_key {
-                Some(k) => {
-                    start = Some(k);
-                    at = ReadAt::Exact(page.rev);
-                }
-                None => break page.rev,
-            }
-        };
+        let (items, rev) = storage.list_all(&self.prefix).await?;
+        let all: HashMap<String, Value> = items.into_iter().map(|s| (id_of(&s.object), s.object)).collect();
         *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
         Ok(rev)
     }

@@ -136,28 +136,18 @@ pub fn age(obj: &Value) -> String {
 /// A random version-4 UUID.
 pub fn new_uid() -> String {
     let mut b = [0u8; 16];
-    fill_random(&mut b);
+    crate::pki::fill_random(&mut b);
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
-pub fn fill_random(buf: &mut [u8]) {
-    let rng = ring::rand::SystemRandom::new();
-    if ring::rand::SecureRandom::fill(&rng, buf).is_err() {
-        let seed = crate::store::sqlite::random_u64().to_le_bytes();
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = seed[i % 8] ^ (i as u8);
-        }
-    }
-}
-
 /// `generateName` plus five characters from upstream's alphabet.
 pub fn generate_name(prefix: &str) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut b = [0u8; 5];
-    fill_random(&mut b);
+    crate::pki::fill_random(&mut b);
     let suffix: String = b.iter().map(|x| ALPHABET[*x as usize % ALPHABET.len()] as char).collect();
     let max = 63 - 5;
     let prefix = if prefix.len() > max { &prefix[..max] } else { prefix };

@@ -237,6 +237,24 @@ impl Storage {
         Ok(Page { items, rev, next_key, remaining })
     }
 
+    /// Every object under `prefix`, read in pages at one revision (so the
+    /// result is a consistent snapshot), and that revision.
+    pub async fn list_all(&self, prefix: &str) -> ApiResult<(Vec<Stored>, i64)> {
+        let mut out = Vec::new();
+        let (mut start, mut at) = (None, ReadAt::Latest);
+        loop {
+            let page = self.list(prefix, start.take(), 1000, at).await?;
+            out.extend(page.items);
+            match page.next_key {
+                Some(k) => {
+                    start = Some(k);
+                    at = ReadAt::Exact(page.rev);
+                }
+                None => return Ok((out, page.rev)),
+            }
+        }
+    }
+
     /// Changes under `prefix` (or to exactly `key` when `exact`) after `after`.
     pub async fn watch(
         &self,

@@ -146,18 +146,22 @@ impl Pki {
     }
 }
 
+/// Fills `buf` from the OS random source (through ring, already linked
+/// for TLS). getrandom(2) does not fail on Linux once the pool is ready;
+/// should it, the bytes come from std's randomly seeded hasher instead.
+pub fn fill_random(buf: &mut [u8]) {
+    let rng = ring::rand::SystemRandom::new();
+    if ring::rand::SecureRandom::fill(&rng, buf).is_err() {
+        for chunk in buf.chunks_mut(8) {
+            let seed = crate::store::sqlite::random_u64().to_le_bytes();
+            chunk.copy_from_slice(&seed[..chunk.len()]);
+        }
+    }
+}
+
 fn random_u128() -> u128 {
     let mut buf = [0u8; 16];
-    // ring is already linked for TLS; its SystemRandom reads the OS source.
-    let rng = ring::rand::SystemRandom::new();
-    if ring::rand::SecureRandom::fill(&rng, &mut buf).is_err() {
-        // getrandom(2) cannot fail on Linux once the pool is ready.
-        buf = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos()
-            .to_le_bytes();
-    }
+    fill_random(&mut buf);
     u128::from_le_bytes(buf)
 }
 

@@ -9,23 +9,9 @@ use serde_json::{json, Value};
 use super::Operation;
 use crate::apiserver::handlers::Call;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::storage::ReadAt;
 
 fn is(call: &Call, group: &str, plural: &str) -> bool {
     call.resource.group == group && call.resource.plural == plural && call.path.subresource.is_none()
-}
-
-async fn list(call: &Call, prefix: &str) -> ApiResult<Vec<Value>> {
-    let mut out = Vec::new();
-    let mut start = None;
-    loop {
-        let page = call.api.storage.list(prefix, start.take(), 500, ReadAt::Latest).await?;
-        out.extend(page.items.into_iter().map(|s| s.object));
-        match page.next_key {
-            Some(k) => start = Some(k),
-            None => return Ok(out),
-        }
-    }
 }
 
 pub async fn mutate(call: &Call, obj: &mut Value, op: Operation) -> ApiResult<()> {
@@ -201,7 +187,8 @@ pub async fn validate(call: &Call, obj: &Value, op: Operation) -> ApiResult<()> 
         ("", "replicationcontrollers") => Some("replicationcontrollers"),
         _ => None,
     };
-    let existing = list(call, &r.list_prefix(Some(ns))).await?;
+    let existing: Vec<Value> =
+        call.api.storage.list_all(&r.list_prefix(Some(ns))).await?.0.into_iter().map(|s| s.object).collect();
     for quota in &quotas {
         let hard = quota.pointer("/spec/hard").and_then(Value::as_object).cloned().unwrap_or_default();
         let qname = quota.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();

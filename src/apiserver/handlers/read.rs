@@ -277,26 +277,14 @@ pub async fn watch(call: Call) -> ApiResult<Response> {
             v.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {v:?}")))?
         }
         _ => {
-            let mut at = ReadAt::Latest;
-            let mut start = None;
-            let mut rev;
-            loop {
-                let page = call.api.storage.list(&key, start.take(), 1000, at).await?;
-                rev = page.rev;
-                for s in page.items {
-                    let matches_name = single
-                        .as_deref()
-                        .is_none_or(|n| s.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n));
-                    if matches_name && filters.matches(&s.object) {
-                        initial.push(event(&call, "ADDED", s.object, as_table));
-                    }
-                }
-                match page.next_key {
-                    Some(k) => {
-                        at = ReadAt::Exact(rev);
-                        start = Some(k);
-                    }
-                    None => break,
+            // The key of one object is also a prefix of longer names: filter by name.
+            let (items, rev) = call.api.storage.list_all(&key).await?;
+            for s in items {
+                let matches_name = single
+                    .as_deref()
+                    .is_none_or(|n| s.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n));
+                if matches_name && filters.matches(&s.object) {
+                    initial.push(event(&call, "ADDED", s.object, as_table));
                 }
             }
             if send_initial == Some(true) {

@@ -687,22 +687,15 @@ pub async fn delete_collection(call: &mut Call, body: Bytes) -> ApiResult<Respon
     let labels = crate::apiserver::selector::LabelSelector::parse(call.param("labelSelector").unwrap_or_default())?;
     let fields = crate::apiserver::selector::FieldSelector::parse(call.param("fieldSelector").unwrap_or_default())?;
     let prefix = call.resource.list_prefix(call.namespace());
-    let mut start = None;
+    let (items, _) = call.api.storage.list_all(&prefix).await?;
     let mut deleted = Vec::new();
-    loop {
-        let page = call.api.storage.list(&prefix, start.take(), 500, crate::apiserver::storage::ReadAt::Latest).await?;
-        for stored in page.items {
-            if labels.matches_object(&stored.object) && fields.matches(&stored.object) {
-                match delete_object(call, stored, &opts).await {
-                    Ok((_, obj)) => deleted.push(obj),
-                    Err(e) if e.code == 404 || e.code == 409 => {}
-                    Err(e) => return Err(e),
-                }
+    for stored in items {
+        if labels.matches_object(&stored.object) && fields.matches(&stored.object) {
+            match delete_object(call, stored, &opts).await {
+                Ok((_, obj)) => deleted.push(obj),
+                Err(e) if e.code == 404 || e.code == 409 => {}
+                Err(e) => return Err(e),
             }
-        }
-        match page.next_key {
-            Some(k) => start = Some(k),
-            None => break,
         }
     }
     let r = &call.resource;
