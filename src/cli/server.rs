@@ -184,10 +184,15 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("loading CustomResourceDefinitions: {e}"))?,
     );
     api.set_ready();
-    let server_ca = std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?;
-    followers.extend(crate::controllers::start(
-        crate::client::in_process(api.clone(), crate::client::controller_manager()),
-        server_ca,
+    let controller_config = Arc::new(crate::controllers::ControllerConfig {
+        server_ca_pem: Arc::new(std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?),
+        cluster_cidr: (args.cluster_cidr.base, args.cluster_cidr.prefix),
+        node_cidr_mask: 24,
+    });
+    let manager = crate::client::in_process(api.clone(), crate::client::controller_manager());
+    let election = crate::client::leader::LeaderElection::new(manager.clone(), "kube-controller-manager", &node_name);
+    followers.push(tokio::spawn(
+        election.run(move || crate::controllers::start(manager.clone(), controller_config.clone())),
     ));
 
     let kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {

@@ -1,7 +1,12 @@
 //! How components other than the API server reach the API: a `kube::Client`
 //! whose transport is the API server's own router, in process (no TCP, no
 //! TLS), so every request goes through the same authentication,
-//! authorization, admission and validation as kubectl's.
+//! authorization, admission and validation as kubectl's; the recorder of
+//! Events; leader election.
+
+pub mod events;
+pub mod labels;
+pub mod leader;
 
 use std::sync::Arc;
 
@@ -20,4 +25,9 @@ pub fn controller_manager() -> User {
         name: "system:kube-controller-manager".into(),
         groups: vec!["system:masters".into(), "system:authenticated".into()],
     }
+}
+
+/// The identity ferrok's scheduler uses in process.
+pub fn scheduler() -> User {
+    User { name: "system:kube-scheduler".into(), groups: vec!["system:masters".into(), "system:authenticated".into()] }
 }

@@ -1,12 +1,15 @@
 //! The control loops that run inside `ferrok server`, each talking to the
 //! API only through an in-process `kube::Client` and driven by kube-runtime
 //! (watch-fed caches, a deduplicating work queue, retries with back-off).
+//! They run while this server holds the `kube-controller-manager` Lease.
 
+pub mod controller_utils;
 pub mod garbage_collector;
 pub mod namespace;
 pub mod root_ca;
 pub mod serviceaccount;
 
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 /// What a reconcile can fail with; the work queue retries it.
@@ -16,14 +19,27 @@ pub enum ControllerError {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Discovery(String),
+    #[error("{0}")]
+    Invalid(String),
 }
 
-/// Starts every controller; they run until the process stops.
-pub fn start(client: kube::Client, server_ca_pem: String) -> Vec<tokio::task::JoinHandle<()>> {
+/// What the controllers are told at start.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// The serving CA, published as `kube-root-ca.crt`.
+    pub server_ca_pem: Arc<String>,
+    /// `--cluster-cidr`: node IPAM hands each node a slice of it.
+    pub cluster_cidr: (Ipv4Addr, u8),
+    /// The prefix length of each node's podCIDR (24).
+    pub node_cidr_mask: u8,
+}
+
+/// Starts every controller; they run until aborted.
+pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::task::JoinHandle<()>> {
     vec![
         tokio::spawn(namespace::run(client.clone())),
         tokio::spawn(garbage_collector::run(client.clone())),
         tokio::spawn(serviceaccount::run(client.clone())),
-        tokio::spawn(root_ca::run(client, Arc::new(server_ca_pem))),
+        tokio::spawn(root_ca::run(client, config.server_ca_pem.clone())),
     ]
 }

@@ -1,0 +1,142 @@
+//! EventRecorder: how controllers and the scheduler record core/v1 Events on
+//! the objects they act on, as client-go's record package does. Recording
+//! never blocks the caller: events go through a bounded queue to one writer
+//! task, and are dropped (with a debug log) when the queue is full. A repeat
+//! of the same event (same object, type, reason and message) bumps the
+//! existing Event's `count` and `lastTimestamp` instead of creating another.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::Resource;
+use tokio::sync::mpsc;
+
+/// `Normal` or `Warning`, the two types kubectl knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+impl EventType {
+    fn as_str(self) -> &'static str {
+        match self {
+            EventType::Normal => "Normal",
+            EventType::Warning => "Warning",
+        }
+    }
+}
+
+struct Record {
+    regarding: ObjectReference,
+    kind: EventType,
+    reason: String,
+    message: String,
+}
+
+/// A cheap, cloneable handle; the writer task lives as long as any handle.
+#[derive(Clone)]
+pub struct EventRecorder {
+    tx: mpsc::Sender<Record>,
+}
+
+/// How many recorded-but-unwritten events may wait before new ones are dropped.
+const QUEUE: usize = 1000;
+/// How many distinct events the writer remembers for aggregation.
+const REMEMBERED: usize = 4096;
+
+impl EventRecorder {
+    /// Starts the writer task. `component` is what `kubectl describe` shows
+    /// as the event's source (`deployment-controller`, `default-scheduler`).
+    pub fn new(client: kube::Client, component: &str) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let host = hostname();
+        tokio::spawn(write_events(client, component.to_string(), host, rx));
+        EventRecorder { tx }
+    }
+
+    /// Records an event about `obj`.
+    pub fn publish<K: Resource<DynamicType = ()>>(&self, obj: &K, kind: EventType, reason: &str, message: &str) {
+        self.publish_ref(obj.object_ref(&()), kind, reason, message);
+    }
+
+    /// Records an event about the object `regarding` names.
+    pub fn publish_ref(&self, regarding: ObjectReference, kind: EventType, reason: &str, message: &str) {
+        let record = Record { regarding, kind, reason: reason.to_string(), message: message.to_string() };
+        if self.tx.try_send(record).is_err() {
+            tracing::debug!(reason, "event queue full; event dropped");
+        }
+    }
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()).filter(|h| !h.is_empty())
+}
+
+/// What makes two events the same one, for aggregation.
+type Key = (String, String, String, String, EventType, String, String);
+
+fn key(r: &Record) -> Key {
+    let o = &r.regarding;
+    (
+        o.namespace.clone().unwrap_or_default(),
+        o.kind.clone().unwrap_or_default(),
+        o.name.clone().unwrap_or_default(),
+        o.uid.clone().unwrap_or_default(),
+        r.kind,
+        r.reason.clone(),
+        r.message.clone(),
+    )
+}
+
+async fn write_events(client: kube::Client, component: String, host: Option<String>, mut rx: mpsc::Receiver<Record>) {
+    // Key → (event name, namespace, count so far).
+    let mut seen: HashMap<Key, (String, String, i32)> = HashMap::new();
+    while let Some(record) = rx.recv().await {
+        let k = key(&record);
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        if let Some((name, ns, count)) = seen.get_mut(&k) {
+            let events: Api<Event> = Api::namespaced(client.clone(), ns);
+            let patch = serde_json::json!({"count": *count + 1, "lastTimestamp": now});
+            match events.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    *count += 1;
+                    continue;
+                }
+                Err(e) => tracing::debug!(error = %e, event = %name, "cannot update an event; creating it anew"),
+            }
+        }
+        let namespace =
+            record.regarding.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".into());
+        let object_name = record.regarding.name.clone().unwrap_or_default();
+        let nanos = now.0.as_nanosecond();
+        let name = format!("{object_name}.{nanos:x}");
+        let event = Event {
+            metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(namespace.clone()), ..Default::default() },
+            involved_object: record.regarding,
+            reason: Some(record.reason),
+            message: Some(record.message),
+            type_: Some(record.kind.as_str().to_string()),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now.clone()),
+            event_time: None::<MicroTime>,
+            source: Some(EventSource { component: Some(component.clone()), host: host.clone() }),
+            reporting_component: Some(component.clone()),
+            reporting_instance: host.clone(),
+            ..Default::default()
+        };
+        let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
+        match events.create(&PostParams::default(), &event).await {
+            Ok(_) => {
+                if seen.len() >= REMEMBERED {
+                    seen.clear();
+                }
+                seen.insert(k, (name, namespace, 1));
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot record an event"),
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! What the workload controllers share, in upstream's controller_utils
+//! vocabulary: controller references, pod states, and pods made from a
+//! template.
+
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+/// An ownerReference marking `owner` as the controller of a dependent, with
+/// `blockOwnerDeletion` so foreground deletion waits for the dependent.
+pub fn controller_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReference {
+    let meta = owner.meta();
+    OwnerReference {
+        api_version: K::api_version(&()).into_owned(),
+        kind: K::kind(&()).into_owned(),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// The ownerReference with `controller: true`, if any.
+pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    meta.owner_references.iter().flatten().find(|o| o.controller == Some(true))
+}
+
+/// Whether `meta`'s controller is the object with `uid`.
+pub fn is_controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
+    controller_of(meta).is_some_and(|o| o.uid == uid)
+}
+
+pub fn pod_phase(pod: &Pod) -> &str {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+}
+
+/// Neither finished nor being deleted: what a ReplicaSet counts.
+pub fn is_pod_active(pod: &Pod) -> bool {
+    !matches!(pod_phase(pod), "Succeeded" | "Failed") && pod.metadata.deletion_timestamp.is_none()
+}
+
+/// The pod's Ready condition is True.
+pub fn is_pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Ready for at least `min_ready_seconds` by `now`.
+pub fn is_pod_available(pod: &Pod, min_ready_seconds: i32, now: k8s_openapi::jiff::Timestamp) -> bool {
+    if !is_pod_ready(pod) {
+        return false;
+    }
+    if min_ready_seconds <= 0 {
+        return true;
+    }
+    let since = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .and_then(|c| c.last_transition_time.as_ref());
+    since.is_some_and(|t| now.as_second() - t.0.as_second() >= i64::from(min_ready_seconds))
+}
+
+/// A pod for `namespace` from `template`, controlled by `owner`; the caller
+/// sets `name` or `generate_name`.
+pub fn pod_from_template(template: &PodTemplateSpec, namespace: &str, owner: OwnerReference) -> Pod {
+    let t = template.metadata.clone().unwrap_or_default();
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.to_string()),
+            labels: t.labels,
+            annotations: t.annotations,
+            finalizers: t.finalizers,
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec: template.spec.clone(),
+        status: None,
+    }
+}
