@@ -8,4 +8,5 @@ pub mod cli;
 pub mod client;
 pub mod controllers;
 pub mod pki;
+pub mod scheduler;
 pub mod store;

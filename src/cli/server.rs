@@ -194,6 +194,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     followers.push(tokio::spawn(
         election.run(move || crate::controllers::start(manager.clone(), controller_config.clone())),
     ));
+    let scheduler = crate::client::in_process(api.clone(), crate::client::scheduler());
+    let election = crate::client::leader::LeaderElection::new(scheduler.clone(), "kube-scheduler", &node_name);
+    followers.push(tokio::spawn(election.run(move || {
+        vec![tokio::spawn(crate::scheduler::run(scheduler.clone(), crate::scheduler::default_profiles()))]
+    })));
 
     let kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {
         if super::is_root() && args.data_dir.is_none() {

@@ -7,6 +7,7 @@
 pub mod events;
 pub mod labels;
 pub mod leader;
+pub mod quantity;
 
 use std::sync::Arc;
 

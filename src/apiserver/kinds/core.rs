@@ -383,6 +383,9 @@ pub fn serviceaccount_hooks() -> Hooks {
 
 pub fn node_hooks() -> Hooks {
     Hooks {
+        // A kubelet registers its node with the status filled in; upstream
+        // keeps all of it on create.
+        initial_status: |obj| Some(obj.get("status").cloned().unwrap_or_else(|| json!({}))),
         columns: || {
             vec![
                 Column::new("Status", "string", 0),

@@ -1,0 +1,173 @@
+//! The scheduling framework: the extension points a plugin implements
+//! (PreFilter, Filter, PostFilter, PreScore, Score, NormalizeScore), the
+//! state a cycle carries between them, and what a plugin answers.
+
+use std::any::Any;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::node_info::{NodeInfo, PodInfo};
+
+/// The most a Score plugin gives a node (after normalizing).
+pub const MAX_NODE_SCORE: i64 = 100;
+
+/// Upstream's status codes, as far as the scheduler acts on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Success,
+    /// The node does not fit now; preemption may help.
+    Unschedulable,
+    /// The node does not fit, and removing pods would not change that.
+    UnschedulableAndUnresolvable,
+    /// The plugin could not decide (a bug or bad input); the pod is retried.
+    Error,
+    /// PreFilter: this plugin has nothing to check for this pod.
+    Skip,
+}
+
+/// A plugin's answer: a code and the reasons shown to users
+/// ("Insufficient cpu", "node(s) didn't match Pod's node affinity/selector").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub code: Code,
+    pub reasons: Vec<String>,
+}
+
+impl Status {
+    pub fn success() -> Self {
+        Status { code: Code::Success, reasons: Vec::new() }
+    }
+    pub fn skip() -> Self {
+        Status { code: Code::Skip, reasons: Vec::new() }
+    }
+    pub fn unschedulable(reason: impl Into<String>) -> Self {
+        Status { code: Code::Unschedulable, reasons: vec![reason.into()] }
+    }
+    pub fn unresolvable(reason: impl Into<String>) -> Self {
+        Status { code: Code::UnschedulableAndUnresolvable, reasons: vec![reason.into()] }
+    }
+    pub fn error(reason: impl Into<String>) -> Self {
+        Status { code: Code::Error, reasons: vec![reason.into()] }
+    }
+    pub fn is_success(&self) -> bool {
+        self.code == Code::Success
+    }
+}
+
+/// Data a plugin keeps for one scheduling cycle (PreFilter → Filter, PreScore
+/// → Score). Cloned when preemption tries the pod on a node with victims
+/// removed.
+pub trait StateData: Any + Send + Sync {
+    fn clone_data(&self) -> Box<dyn StateData>;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl<T: Any + Clone + Send + Sync> StateData for T {
+    fn clone_data(&self) -> Box<dyn StateData> {
+        Box::new(self.clone())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// What plugins write during one cycle, keyed by plugin name.
+#[derive(Default)]
+pub struct CycleState {
+    data: HashMap<&'static str, Box<dyn StateData>>,
+    /// Filter plugins whose PreFilter answered `Skip`.
+    pub skipped_filters: HashSet<&'static str>,
+}
+
+impl Clone for CycleState {
+    fn clone(&self) -> Self {
+        CycleState {
+            data: self.data.iter().map(|(k, v)| (*k, v.as_ref().clone_data())).collect(),
+            skipped_filters: self.skipped_filters.clone(),
+        }
+    }
+}
+
+impl CycleState {
+    pub fn write<T: StateData>(&mut self, key: &'static str, value: T) {
+        self.data.insert(key, Box::new(value));
+    }
+    pub fn read<T: 'static>(&self, key: &'static str) -> Option<&T> {
+        self.data.get(key).and_then(|d| d.as_ref().as_any().downcast_ref())
+    }
+    pub fn read_mut<T: 'static>(&mut self, key: &'static str) -> Option<&mut T> {
+        self.data.get_mut(key).and_then(|d| d.as_mut().as_any_mut().downcast_mut())
+    }
+}
+
+/// All nodes of the cluster as the scheduler sees them in this cycle.
+pub struct Snapshot<'a> {
+    pub nodes: &'a [NodeInfo],
+}
+
+/// A plugin that decides whether a pod fits a node.
+pub trait FilterPlugin: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Runs once per cycle before any Filter. May write state, reject the
+    /// pod outright, or answer `Skip` to be left out of Filter.
+    fn pre_filter(&self, _state: &mut CycleState, _pod: &PodInfo, _snapshot: &Snapshot) -> Status {
+        Status::success()
+    }
+
+    fn filter(&self, state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status;
+
+    /// PreFilterExtensions: keep the PreFilter state right when preemption
+    /// adds or removes a pod on `node` (victims, nominated pods).
+    fn add_pod(&self, _state: &mut CycleState, _pod: &PodInfo, _added: &PodInfo, _node: &NodeInfo) {}
+    fn remove_pod(&self, _state: &mut CycleState, _pod: &PodInfo, _removed: &PodInfo, _node: &NodeInfo) {}
+}
+
+/// A plugin that ranks the nodes a pod fits on.
+pub trait ScorePlugin: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Runs once per cycle with the nodes that passed filtering.
+    fn pre_score(&self, _state: &mut CycleState, _pod: &PodInfo, _nodes: &[&NodeInfo], _snapshot: &Snapshot) -> Status {
+        Status::success()
+    }
+
+    /// 0..=MAX_NODE_SCORE, or any number if `normalize` rescales it.
+    fn score(&self, state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> i64;
+
+    /// Rescales the scores of all nodes in place to 0..=MAX_NODE_SCORE.
+    fn normalize(&self, _state: &CycleState, _pod: &PodInfo, _scores: &mut [i64]) {}
+}
+
+/// Upstream's DefaultNormalizeScore: scales to 0..=MAX_NODE_SCORE by the
+/// highest score, reversed when lower is better.
+pub fn default_normalize(scores: &mut [i64], reverse: bool) {
+    let max = scores.iter().copied().max().unwrap_or(0);
+    if max == 0 {
+        if reverse {
+            scores.iter_mut().for_each(|s| *s = MAX_NODE_SCORE);
+        }
+        return;
+    }
+    for s in scores.iter_mut() {
+        let v = MAX_NODE_SCORE * *s / max;
+        *s = if reverse { MAX_NODE_SCORE - v } else { v };
+    }
+}
+
+/// A node that failed filtering, and why.
+#[derive(Debug, Clone)]
+pub struct NodeFailure {
+    pub node: String,
+    pub status: Status,
+}
+
+/// What preemption needs to judge a pod that fit nowhere.
+pub struct FitError<'a> {
+    pub pod: &'a Arc<PodInfo>,
+    pub failures: &'a [NodeFailure],
+}

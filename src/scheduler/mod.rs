@@ -1,0 +1,437 @@
+//! The scheduler: watches pods and nodes, keeps every node's placed pods in
+//! a cache, takes pods without a node from the scheduling queue one at a
+//! time, runs the pod's profile (filter and score plugins) over the nodes,
+//! assumes the pod on the best one and binds it through `pods/binding` in
+//! the background, so the next pod is scheduled while the binding is
+//! written. Pods that fit nowhere get the `PodScheduled=False` condition and
+//! a FailedScheduling event in upstream's words, may preempt lower-priority
+//! pods, and wait for a cluster event. Runs while this server holds the
+//! `kube-scheduler` Lease.
+
+pub mod cache;
+pub mod framework;
+pub mod node_info;
+pub mod plugins;
+pub mod preemption;
+pub mod profile;
+pub mod queue;
+pub mod resources;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+use tokio::sync::Semaphore;
+
+use crate::client::events::{EventRecorder, EventType};
+use cache::SchedulerCache;
+use framework::{Code, CycleState, NodeFailure, Snapshot};
+use node_info::PodInfo;
+use profile::{fit_error_message, Profile};
+use queue::SchedulingQueue;
+
+pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
+
+/// How many bindings may be in flight at once.
+const CONCURRENT_BINDINGS: usize = 64;
+
+struct Scheduler {
+    client: kube::Client,
+    recorder: EventRecorder,
+    profiles: HashMap<String, Arc<Profile>>,
+    cache: Mutex<SchedulerCache>,
+    queue: SchedulingQueue,
+    next_start: AtomicUsize,
+    pdbs: Store<PodDisruptionBudget>,
+    bindings: Arc<Semaphore>,
+    rng: AtomicU64,
+}
+
+/// What one scheduling cycle decided.
+enum Decision {
+    Bind(String),
+    Unschedulable { message: String, candidate: Option<preemption::Candidate> },
+    Error(String),
+}
+
+/// Runs the scheduler with `profiles` (one per schedulerName) until aborted.
+pub async fn run(client: kube::Client, profiles: Vec<Profile>) {
+    let (pdbs, pdb_writer) = reflector::store();
+    let sched = Arc::new(Scheduler {
+        recorder: EventRecorder::new(client.clone(), DEFAULT_SCHEDULER_NAME),
+        profiles: profiles.into_iter().map(|p| (p.scheduler_name.clone(), Arc::new(p))).collect(),
+        cache: Mutex::new(SchedulerCache::default()),
+        queue: SchedulingQueue::new(),
+        next_start: AtomicUsize::new(0),
+        pdbs,
+        bindings: Arc::new(Semaphore::new(CONCURRENT_BINDINGS)),
+        rng: AtomicU64::new(seed()),
+        client,
+    });
+    let pdb_api: Api<PodDisruptionBudget> = Api::all(sched.client.clone());
+    let pdb_stream = reflector::reflector(pdb_writer, watcher(pdb_api, watcher::Config::default()).default_backoff());
+    let _pdb_task = AbortOnDrop(tokio::spawn(pdb_stream.for_each(|_| std::future::ready(()))));
+    let (nodes_synced_tx, mut nodes_synced) = tokio::sync::watch::channel(false);
+    let (pods_synced_tx, mut pods_synced) = tokio::sync::watch::channel(false);
+    let _nodes = AbortOnDrop(tokio::spawn(watch_nodes(sched.clone(), nodes_synced_tx)));
+    let _pods = AbortOnDrop(tokio::spawn(watch_pods(sched.clone(), pods_synced_tx)));
+    if nodes_synced.wait_for(|s| *s).await.is_err() || pods_synced.wait_for(|s| *s).await.is_err() {
+        return;
+    }
+    tracing::debug!("scheduler caches synced");
+    loop {
+        let (pod, cycle) = sched.queue.pop().await;
+        schedule_one(&sched, pod, cycle).await;
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn seed() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(1);
+    (nanos as u64) | 1
+}
+
+impl Scheduler {
+    fn cache(&self) -> std::sync::MutexGuard<'_, SchedulerCache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn random(&self) -> u64 {
+        // xorshift64: only for breaking ties between equally good nodes.
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        x
+    }
+
+    fn profile_for(&self, pod: &Pod) -> Option<&Arc<Profile>> {
+        let name = pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()).unwrap_or(DEFAULT_SCHEDULER_NAME);
+        self.profiles.get(name)
+    }
+
+    /// A pod as the watch shows it now.
+    fn on_pod(&self, pod: Pod) {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
+        let finished = matches!(phase, "Succeeded" | "Failed");
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if finished {
+            return self.on_pod_deleted(&uid);
+        }
+        match node {
+            Some(node) => {
+                self.queue.delete(&uid);
+                let info = Arc::new(PodInfo::new(Arc::new(pod)));
+                self.cache().add_pod(info, &node);
+            }
+            None => {
+                let gated = pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).is_some_and(|g| !g.is_empty());
+                if pod.metadata.deletion_timestamp.is_some() || gated || self.profile_for(&pod).is_none() {
+                    self.queue.delete(&uid);
+                } else {
+                    self.queue.add_or_update(Arc::new(PodInfo::new(Arc::new(pod))));
+                }
+            }
+        }
+    }
+
+    fn on_pod_deleted(&self, uid: &str) {
+        self.queue.delete(uid);
+        if self.cache().remove_pod(uid) {
+            // Room was freed: pods that did not fit may now.
+            self.queue.move_all_to_active_or_backoff();
+        }
+    }
+
+    fn on_node(&self, node: Node) {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let changed = {
+            let mut cache = self.cache();
+            let changed = match cache.node(&name) {
+                Some(old) => scheduling_relevant_change(&old.node, &node),
+                None => true,
+            };
+            cache.set_node(Arc::new(node));
+            changed
+        };
+        if changed {
+            self.queue.move_all_to_active_or_backoff();
+        }
+    }
+}
+
+/// Whether a node update could make a pod fit that did not (heartbeats that
+/// only touch conditions' times do not).
+fn scheduling_relevant_change(old: &Node, new: &Node) -> bool {
+    let allocatable = |n: &Node| n.status.as_ref().and_then(|s| s.allocatable.clone());
+    let ready = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .map(|c| c.iter().map(|c| (c.type_.clone(), c.status.clone())).collect::<Vec<_>>())
+    };
+    old.metadata.labels != new.metadata.labels
+        || old.spec != new.spec
+        || allocatable(old) != allocatable(new)
+        || ready(old) != ready(new)
+}
+
+async fn watch_pods(sched: Arc<Scheduler>, synced: tokio::sync::watch::Sender<bool>) {
+    let api: Api<Pod> = Api::all(sched.client.clone());
+    let config = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut seen: Option<HashSet<String>> = None;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(pod)) => sched.on_pod(pod),
+            Ok(Event::Delete(pod)) => sched.on_pod_deleted(pod.metadata.uid.as_deref().unwrap_or_default()),
+            Ok(Event::Init) => seen = Some(HashSet::new()),
+            Ok(Event::InitApply(pod)) => {
+                if let Some(s) = seen.as_mut() {
+                    s.insert(pod.metadata.uid.clone().unwrap_or_default());
+                }
+                sched.on_pod(pod);
+            }
+            Ok(Event::InitDone) => {
+                // Pods deleted while the watch was down were never reported.
+                if let Some(seen) = seen.take() {
+                    let stale: Vec<String> =
+                        sched.cache().pod_uids().filter(|u| !seen.contains(*u)).map(str::to_string).collect();
+                    for uid in stale {
+                        if !sched.cache().is_assumed(&uid) {
+                            sched.on_pod_deleted(&uid);
+                        }
+                    }
+                }
+                let _ = synced.send(true);
+            }
+            Err(e) => tracing::debug!(error = %e, "scheduler pod watch failed; retrying"),
+        }
+    }
+}
+
+async fn watch_nodes(sched: Arc<Scheduler>, synced: tokio::sync::watch::Sender<bool>) {
+    let api: Api<Node> = Api::all(sched.client.clone());
+    let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut seen: Option<HashSet<String>> = None;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(node)) => sched.on_node(node),
+            Ok(Event::Delete(node)) => sched.cache().remove_node(node.metadata.name.as_deref().unwrap_or_default()),
+            Ok(Event::Init) => seen = Some(HashSet::new()),
+            Ok(Event::InitApply(node)) => {
+                if let Some(s) = seen.as_mut() {
+                    s.insert(node.metadata.name.clone().unwrap_or_default());
+                }
+                sched.on_node(node);
+            }
+            Ok(Event::InitDone) => {
+                if let Some(seen) = seen.take() {
+                    let mut cache = sched.cache();
+                    let stale: Vec<String> =
+                        cache.node_names().filter(|n| !seen.contains(*n)).map(str::to_string).collect();
+                    for name in stale {
+                        cache.remove_node(&name);
+                    }
+                }
+                let _ = synced.send(true);
+            }
+            Err(e) => tracing::debug!(error = %e, "scheduler node watch failed; retrying"),
+        }
+    }
+}
+
+/// One scheduling cycle, under the cache lock (no await inside).
+fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision {
+    let mut cache = sched.cache();
+    let chosen = {
+        let snapshot = Snapshot { nodes: &cache.nodes };
+        let all = snapshot.nodes.len();
+        if all == 0 {
+            return Decision::Unschedulable { message: fit_error_message(0, &[]), candidate: None };
+        }
+        let mut state = CycleState::default();
+        if let Err(status) = profile.pre_filter(&mut state, pod, &snapshot) {
+            if status.code == Code::Error {
+                return Decision::Error(status.reasons.join(", "));
+            }
+            let failures: Vec<NodeFailure> =
+                snapshot.nodes.iter().map(|n| NodeFailure { node: n.name.clone(), status: status.clone() }).collect();
+            return Decision::Unschedulable { message: fit_error_message(all, &failures), candidate: None };
+        }
+        let start = sched.next_start.load(Ordering::Relaxed) % all;
+        let feasible = profile.find_feasible(&state, pod, &snapshot, start);
+        sched.next_start.store((start + feasible.processed) % all, Ordering::Relaxed);
+        if let Some(err) = feasible.failures.iter().find(|f| f.status.code == Code::Error) {
+            return Decision::Error(err.status.reasons.join(", "));
+        }
+        if feasible.nodes.is_empty() {
+            let mut message = fit_error_message(all, &feasible.failures);
+            let mut candidate = None;
+            let policy = pod.pod.spec.as_ref().and_then(|s| s.preemption_policy.as_deref()).unwrap_or_default();
+            if profile.preemption && policy != "Never" {
+                let pdbs = sched.pdbs.state();
+                match preemption::find_candidate(profile, &state, pod, snapshot.nodes, &feasible.failures, &pdbs) {
+                    Ok(c) => candidate = Some(c),
+                    Err(post) if !post.is_empty() => {
+                        message.push(' ');
+                        message.push_str(&post);
+                    }
+                    Err(_) => {}
+                }
+            }
+            return Decision::Unschedulable { message, candidate };
+        }
+        let scores = profile.score(&mut state, pod, &snapshot, &feasible.nodes);
+        // The best score wins; ties are broken at random (reservoir sampling).
+        let mut best = 0;
+        let mut ties = 0u64;
+        for (i, s) in scores.iter().enumerate() {
+            if *s > scores[best] {
+                best = i;
+                ties = 1;
+            } else if *s == scores[best] {
+                ties += 1;
+                if sched.random().is_multiple_of(ties) {
+                    best = i;
+                }
+            }
+        }
+        snapshot.nodes[feasible.nodes[best]].name.clone()
+    };
+    cache.assume(pod.clone(), &chosen);
+    Decision::Bind(chosen)
+}
+
+async fn schedule_one(sched: &Arc<Scheduler>, pod: Arc<PodInfo>, cycle: u64) {
+    let Some(profile) = sched.profile_for(&pod.pod).cloned() else {
+        sched.queue.done(&pod.uid);
+        return;
+    };
+    match decide(sched, &profile, &pod) {
+        Decision::Bind(node) => {
+            let Ok(permit) = sched.bindings.clone().acquire_owned().await else { return };
+            let sched = sched.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                bind(&sched, &pod, &node).await;
+            });
+        }
+        Decision::Unschedulable { message, candidate } => {
+            let nominated = match candidate {
+                Some(c) => match preemption::preempt(&sched.client, &sched.recorder, &pod, &c).await {
+                    Ok(()) => Some(c.node),
+                    Err(e) => {
+                        tracing::debug!(pod = %pod.key, error = %e, "preemption failed");
+                        None
+                    }
+                },
+                None => None,
+            };
+            record_failure(sched, &pod, "Unschedulable", &message, nominated.as_deref()).await;
+            sched.queue.unschedulable(&pod.uid, cycle);
+        }
+        Decision::Error(message) => {
+            tracing::warn!(pod = %pod.key, error = %message, "scheduling failed");
+            record_failure(sched, &pod, "SchedulerError", &message, None).await;
+            sched.queue.retry(&pod.uid);
+        }
+    }
+}
+
+async fn bind(sched: &Scheduler, pod: &PodInfo, node: &str) {
+    let name = pod.pod.metadata.name.clone().unwrap_or_default();
+    let binding = Binding {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            uid: Some(pod.uid.clone()),
+            ..Default::default()
+        },
+        target: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_string()),
+            ..Default::default()
+        },
+    };
+    let pods: Api<Pod> = Api::namespaced(sched.client.clone(), &pod.namespace);
+    match pods.create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding).await {
+        Ok(_) => {
+            sched.queue.done(&pod.uid);
+            let message = format!("Successfully assigned {} to {node}", pod.key);
+            sched.recorder.publish(pod.pod.as_ref(), EventType::Normal, "Scheduled", &message);
+        }
+        Err(e) => {
+            sched.cache().forget(&pod.uid);
+            match &e {
+                // The pod is gone, or someone else bound it: nothing to retry.
+                kube::Error::Api(s) if s.code == 404 || s.code == 409 => sched.queue.done(&pod.uid),
+                _ => {
+                    let message = format!("Binding rejected: {e}");
+                    sched.recorder.publish(pod.pod.as_ref(), EventType::Warning, "FailedScheduling", &message);
+                    sched.queue.retry(&pod.uid);
+                }
+            }
+        }
+    }
+}
+
+/// `PodScheduled=False` with the reason and message (written only when they
+/// change), `nominatedNodeName` after preemption, and a FailedScheduling event.
+async fn record_failure(sched: &Scheduler, pod: &PodInfo, reason: &str, message: &str, nominated: Option<&str>) {
+    sched.recorder.publish(pod.pod.as_ref(), EventType::Warning, "FailedScheduling", message);
+    let current = pod
+        .pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
+    let same = current.is_some_and(|c| {
+        c.status == "False" && c.reason.as_deref() == Some(reason) && c.message.as_deref() == Some(message)
+    });
+    let nominated_same = pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref()) == nominated;
+    if same && (nominated.is_none() || nominated_same) {
+        return;
+    }
+    let mut status = serde_json::json!({"conditions": [{
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": reason,
+        "message": message,
+        "lastProbeTime": null,
+        "lastTransitionTime": Time(k8s_openapi::jiff::Timestamp::now()),
+    }]});
+    if let Some(node) = nominated {
+        status["nominatedNodeName"] = serde_json::Value::String(node.to_string());
+    }
+    let pods: Api<Pod> = Api::namespaced(sched.client.clone(), &pod.namespace);
+    let name = pod.pod.metadata.name.as_deref().unwrap_or_default();
+    let patch = serde_json::json!({ "status": status });
+    if let Err(e) = pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await {
+        tracing::debug!(pod = %pod.key, error = %e, "cannot record the PodScheduled condition");
+    }
+}
+
+/// The profiles `ferrok server` runs: the default scheduler, plus any
+/// given in a KubeSchedulerConfiguration.
+pub fn default_profiles() -> Vec<Profile> {
+    vec![Profile::new(DEFAULT_SCHEDULER_NAME, plugins::node_resources_fit::ScoringStrategy::LeastAllocated)]
+}

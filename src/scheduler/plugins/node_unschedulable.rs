@@ -1,0 +1,29 @@
+//! NodeUnschedulable: cordoned nodes (`spec.unschedulable`) take only pods
+//! that tolerate the `node.kubernetes.io/unschedulable:NoSchedule` taint.
+
+use k8s_openapi::api::core::v1::Taint;
+
+use super::taint_toleration::{tolerates, tolerations};
+use crate::scheduler::framework::{CycleState, FilterPlugin, Status};
+use crate::scheduler::node_info::{NodeInfo, PodInfo};
+
+pub struct NodeUnschedulable;
+
+impl FilterPlugin for NodeUnschedulable {
+    fn name(&self) -> &'static str {
+        "NodeUnschedulable"
+    }
+
+    fn filter(&self, _state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
+        if !node.node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+            return Status::success();
+        }
+        let taint =
+            Taint { key: "node.kubernetes.io/unschedulable".into(), effect: "NoSchedule".into(), ..Default::default() };
+        if tolerations(pod).iter().any(|t| tolerates(t, &taint)) {
+            Status::success()
+        } else {
+            Status::unresolvable("node(s) were unschedulable")
+        }
+    }
+}
