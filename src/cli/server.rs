@@ -72,6 +72,10 @@ pub struct ServerArgs {
     /// Also serve the store as an etcd v3 endpoint at this URL (http://host:port).
     #[arg(long, value_name = "URL")]
     pub datastore_listen: Option<String>,
+    /// Argument for the embedded scheduler, as `key=value` (repeatable);
+    /// `config=FILE` reads a KubeSchedulerConfiguration (profiles).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub kube_scheduler_arg: Vec<String>,
     /// Config file (YAML; keys are the long flag names).
     #[arg(long, value_name = "FILE", default_value = "/etc/ferrok/config.yaml")]
     pub config: PathBuf,
@@ -95,6 +99,23 @@ fn host_ip() -> IpAddr {
         Ok(addr) if !addr.ip().is_unspecified() => addr.ip(),
         _ => IpAddr::from([127, 0, 0, 1]),
     }
+}
+
+/// The scheduler's profiles from `--kube-scheduler-arg config=FILE`.
+fn scheduler_profiles(args: &[String]) -> anyhow::Result<Vec<crate::scheduler::profile::Profile>> {
+    let mut profiles = crate::scheduler::default_profiles();
+    for arg in args {
+        match arg.split_once('=') {
+            Some(("config", file)) => {
+                let text = std::fs::read_to_string(file)
+                    .with_context(|| format!("--kube-scheduler-arg config: cannot read {file}"))?;
+                profiles = crate::scheduler::config::profiles_from(&text)
+                    .with_context(|| format!("--kube-scheduler-arg config: {file}"))?;
+            }
+            _ => anyhow::bail!("--kube-scheduler-arg {arg:?}: only config=FILE is understood"),
+        }
+    }
+    Ok(profiles)
 }
 
 fn hostname() -> String {
@@ -194,11 +215,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     followers.push(tokio::spawn(
         election.run(move || crate::controllers::start(manager.clone(), controller_config.clone())),
     ));
+    let profiles: Vec<_> = scheduler_profiles(&args.kube_scheduler_arg)?.into_iter().map(Arc::new).collect();
     let scheduler = crate::client::in_process(api.clone(), crate::client::scheduler());
     let election = crate::client::leader::LeaderElection::new(scheduler.clone(), "kube-scheduler", &node_name);
-    followers.push(tokio::spawn(election.run(move || {
-        vec![tokio::spawn(crate::scheduler::run(scheduler.clone(), crate::scheduler::default_profiles()))]
-    })));
+    followers.push(tokio::spawn(
+        election.run(move || vec![tokio::spawn(crate::scheduler::run(scheduler.clone(), profiles.clone()))]),
+    ));
 
     let kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {
         if super::is_root() && args.data_dir.is_none() {

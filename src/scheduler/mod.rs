@@ -9,6 +9,7 @@
 //! `kube-scheduler` Lease.
 
 pub mod cache;
+pub mod config;
 pub mod framework;
 pub mod node_info;
 pub mod plugins;
@@ -63,11 +64,11 @@ enum Decision {
 }
 
 /// Runs the scheduler with `profiles` (one per schedulerName) until aborted.
-pub async fn run(client: kube::Client, profiles: Vec<Profile>) {
+pub async fn run(client: kube::Client, profiles: Vec<Arc<Profile>>) {
     let (pdbs, pdb_writer) = reflector::store();
     let sched = Arc::new(Scheduler {
         recorder: EventRecorder::new(client.clone(), DEFAULT_SCHEDULER_NAME),
-        profiles: profiles.into_iter().map(|p| (p.scheduler_name.clone(), Arc::new(p))).collect(),
+        profiles: profiles.into_iter().map(|p| (p.scheduler_name.clone(), p)).collect(),
         cache: Mutex::new(SchedulerCache::default()),
         queue: SchedulingQueue::new(),
         next_start: AtomicUsize::new(0),
@@ -430,8 +431,8 @@ async fn record_failure(sched: &Scheduler, pod: &PodInfo, reason: &str, message:
     }
 }
 
-/// The profiles `ferrok server` runs: the default scheduler, plus any
-/// given in a KubeSchedulerConfiguration.
+/// The profile `ferrok server` runs unless a KubeSchedulerConfiguration
+/// says otherwise: the default scheduler.
 pub fn default_profiles() -> Vec<Profile> {
     vec![Profile::new(DEFAULT_SCHEDULER_NAME, plugins::node_resources_fit::ScoringStrategy::LeastAllocated)]
 }

@@ -161,12 +161,18 @@ impl Drop for ApiServer {
 
 impl ApiServer {
     pub fn start_in(dir: tempfile::TempDir, port: u16) -> ApiServer {
+        ApiServer::start_with(dir, port, &[])
+    }
+
+    /// A server with more flags (`--datastore-endpoint`, `--kube-scheduler-arg`, ...).
+    pub fn start_with(dir: tempfile::TempDir, port: u16, extra: &[&str]) -> ApiServer {
         let log = std::fs::File::create(dir.path().join(format!("server-{}.log", Instant::now().elapsed().as_nanos())))
             .expect("log");
         let child = Command::new(ferrok_bin())
             .args(["server", "--disable-agent", "--data-dir"])
             .arg(dir.path())
             .args(["--https-listen-port", &port.to_string(), "--bind-address", "127.0.0.1"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -1,0 +1,242 @@
+//! Scheduler benchmark in the manner of upstream's scheduler_perf
+//! SchedulingBasic: 1,000 Node objects, then 10,000 pods (100m CPU, 500Mi
+//! each) created by 16 clients; prints how fast they are bound (overall and
+//! in the steady middle), then the time from creating a 100-replica
+//! Deployment to all its pods bound, and the server's resident memory.
+//! Prints figures; it is not a pass/fail test.
+//!
+//! `cargo bench --bench scheduler [-- --nodes N --pods N]`
+
+use std::collections::HashSet;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher::{self, watcher, Event};
+use tokio::sync::Mutex;
+
+struct Server {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+fn rss_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+async fn client(kubeconfig: &std::path::Path) -> Result<kube::Client, kube::Error> {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig).map_err(kube::Error::InferKubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+        .await
+        .map_err(kube::Error::InferKubeconfig)?;
+    kube::Client::try_from(config)
+}
+
+async fn start() -> (Server, kube::Client) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_ferrok"))
+        .args(["server", "--disable-agent", "--bind-address", "127.0.0.1", "--data-dir"])
+        .arg(dir.path())
+        .args(["--https-listen-port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ferrok server");
+    let server = Server { child, dir };
+    let kubeconfig = server.dir.path().join("kubeconfig.yaml");
+    let started = Instant::now();
+    loop {
+        if kubeconfig.exists() {
+            if let Ok(c) = client(&kubeconfig).await {
+                if c.apiserver_version().await.is_ok() {
+                    return (server, c);
+                }
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "server did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn node(i: usize) -> Node {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("node-{i}"), "labels": {
+            "kubernetes.io/hostname": format!("node-{i}"),
+            "topology.kubernetes.io/zone": format!("zone-{}", i % 3)
+        }},
+        "status": {
+            "capacity": {"cpu": "4", "memory": "32Gi", "pods": "110"},
+            "allocatable": {"cpu": "4", "memory": "32Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True"}]
+        }
+    }))
+    .expect("node")
+}
+
+fn pod(i: usize) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("pod-{i}"), "labels": {"app": "basic"}},
+        "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"requests": {"cpu": "100m", "memory": "500Mi"}}}]}
+    }))
+    .expect("pod")
+}
+
+/// Runs `count` creations over `clients` connections.
+async fn create_all<F, Fut>(kubeconfig: &std::path::Path, clients: usize, count: usize, op: F) -> Duration
+where
+    F: Fn(kube::Client, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), kube::Error>> + Send,
+{
+    let op = Arc::new(op);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let kc = client(kubeconfig).await.expect("client");
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut i = c;
+            while i < count {
+                if let Err(e) = op(kc.clone(), i).await {
+                    eprintln!("create {i}: {e}");
+                }
+                i += clients;
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    started.elapsed()
+}
+
+/// Watches pods in `namespace` and records when each first has a node.
+fn track_bindings(c: kube::Client, namespace: &str) -> Arc<Mutex<Vec<Instant>>> {
+    let bound = Arc::new(Mutex::new(Vec::new()));
+    let api: Api<Pod> = Api::namespaced(c, namespace);
+    let out = bound.clone();
+    tokio::spawn(async move {
+        let mut seen = HashSet::new();
+        let mut stream = watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = stream.next().await {
+            let pods = match ev {
+                Ok(Event::Apply(p)) | Ok(Event::InitApply(p)) => vec![p],
+                _ => continue,
+            };
+            for p in pods {
+                let has_node = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+                if has_node && seen.insert(p.metadata.uid.clone().unwrap_or_default()) {
+                    out.lock().await.push(Instant::now());
+                }
+            }
+        }
+    });
+    bound
+}
+
+async fn wait_bound(bound: &Arc<Mutex<Vec<Instant>>>, want: usize, limit: Duration) -> bool {
+    let started = Instant::now();
+    while bound.lock().await.len() < want {
+        if started.elapsed() > limit {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() {
+    let nodes = arg("--nodes", 1000);
+    let pods = arg("--pods", 10_000);
+    let (server, c) = start().await;
+    let kubeconfig = server.dir.path().join("kubeconfig.yaml");
+    let pid = server.child.id();
+
+    let took = create_all(&kubeconfig, 16, nodes, |c, i| async move {
+        Api::<Node>::all(c).create(&PostParams::default(), &node(i)).await.map(|_| ())
+    })
+    .await;
+    println!("{nodes} nodes created in {:.2} s", took.as_secs_f64());
+
+    let bound = track_bindings(c.clone(), "default");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let took = create_all(&kubeconfig, 16, pods, |c, i| async move {
+        Api::<Pod>::namespaced(c, "default").create(&PostParams::default(), &pod(i)).await.map(|_| ())
+    })
+    .await;
+    println!("{pods} pods created in {:.2} s ({:.0}/s)", took.as_secs_f64(), pods as f64 / took.as_secs_f64());
+    if !wait_bound(&bound, pods, Duration::from_secs(300)).await {
+        println!("only {} of {pods} pods bound within 300 s", bound.lock().await.len());
+        return;
+    }
+    let times = bound.lock().await.clone();
+    let total = times.last().map(|t| t.duration_since(started)).unwrap_or_default();
+    println!(
+        "SchedulingBasic: {pods} pods on {nodes} nodes all bound {:.2} s after the first create: {:.0} pods/s",
+        total.as_secs_f64(),
+        pods as f64 / total.as_secs_f64()
+    );
+    // Steady state: the middle 80% of bindings, as scheduler_perf's
+    // throughput collector ignores the ramp-up and tail.
+    let (lo, hi) = (times.len() / 10, times.len() * 9 / 10);
+    if hi > lo {
+        let span = times[hi].duration_since(times[lo]).as_secs_f64();
+        println!("  steady (10th..90th percentile of bindings): {:.0} pods/s", (hi - lo) as f64 / span);
+    }
+    let (rss, peak) = rss_mib(pid);
+    println!("  server RSS {rss:.1} MiB (peak {peak:.1} MiB) holding {nodes} nodes and {pods} pods");
+
+    // A 100-replica Deployment in its own namespace.
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "deploy"}})).expect("ns");
+    let _ = Api::all(c.clone()).create(&PostParams::default(), &ns).await;
+    let bound = track_bindings(c.clone(), "deploy");
+    let deploy: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 100, "selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "web",
+                "image": "registry.k8s.io/pause:3.10", "resources": {"requests": {"cpu": "100m", "memory": "100Mi"}}}]}}}
+    }))
+    .expect("deployment");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    Api::<Deployment>::namespaced(c.clone(), "deploy").create(&PostParams::default(), &deploy).await.expect("create");
+    if wait_bound(&bound, 100, Duration::from_secs(60)).await {
+        println!("Deployment of 100 replicas: all pods bound {:.0} ms after create", started.elapsed().as_millis());
+    } else {
+        println!("Deployment of 100 replicas: only {} pods bound within 60 s", bound.lock().await.len());
+    }
+}
