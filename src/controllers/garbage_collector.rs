@@ -225,6 +225,10 @@ async fn follow(client: kube::Client) -> Result<(), ControllerError> {
             if !caps.supports_operation(verbs::WATCH) || !caps.supports_operation(verbs::DELETE) {
                 continue;
             }
+            // Events are many and short-lived; upstream's collector ignores them.
+            if ar.plural == "events" && (ar.group.is_empty() || ar.group == "events.k8s.io") {
+                continue;
+            }
             served.insert(format!("{}/{}", ar.group, ar.plural));
             let ar = Arc::new(ar);
             let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), ar.as_ref());

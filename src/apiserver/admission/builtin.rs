@@ -1,5 +1,6 @@
 //! The built-in admission plugins a user expects: ServiceAccount (pods
-//! run as `default` unless told otherwise), Priority (priorityClassName
+//! run as `default` unless told otherwise), DefaultTolerationSeconds (300 s
+//! for not-ready and unreachable nodes), Priority (priorityClassName
 //! becomes priority), DefaultStorageClass (claims without a class get the
 //! default one), LimitRanger (container defaults from LimitRanges) and
 //! ResourceQuota (object counts and requests within the namespace's quota).
@@ -20,6 +21,7 @@ pub async fn mutate(call: &Call, obj: &mut Value, op: Operation) -> ApiResult<()
     }
     if is(call, "", "pods") {
         service_account(obj);
+        default_toleration_seconds(obj);
         priority(call, obj).await?;
         limit_ranger(call, obj).await?;
     }
@@ -47,6 +49,28 @@ fn service_account(pod: &mut Value) {
         .to_string();
     spec.insert("serviceAccountName".into(), json!(name));
     spec.insert("serviceAccount".into(), json!(name));
+}
+
+/// DefaultTolerationSeconds: pods tolerate their node being not-ready or
+/// unreachable for 300 s before the taint eviction removes them, unless
+/// they say otherwise for that taint.
+fn default_toleration_seconds(pod: &mut Value) {
+    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    let tolerations = spec.entry("tolerations").or_insert_with(|| json!([]));
+    let Some(list) = tolerations.as_array_mut() else { return };
+    for key in ["node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"] {
+        // Upstream skips a key any existing NoExecute (or any-effect)
+        // toleration already covers, whether by key or by a wildcard.
+        let covered = list.iter().any(|t| {
+            let effect = t.get("effect").and_then(Value::as_str).unwrap_or_default();
+            let tkey = t.get("key").and_then(Value::as_str).unwrap_or_default();
+            let exists = t.get("operator").and_then(Value::as_str) == Some("Exists");
+            (effect.is_empty() || effect == "NoExecute") && (tkey == key || (tkey.is_empty() && exists))
+        });
+        if !covered {
+            list.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
+        }
+    }
 }
 
 async fn priority(call: &Call, pod: &mut Value) -> ApiResult<()> {
