@@ -4,6 +4,14 @@
 //! They run while this server holds the `kube-controller-manager` Lease.
 
 pub mod controller_utils;
+pub mod disruption;
+pub mod endpoints;
+pub mod endpointslice;
+pub mod informers;
+pub mod node_ipam;
+pub mod node_lifecycle;
+pub mod resourcequota;
+pub mod taint_eviction;
 pub mod garbage_collector;
 pub mod namespace;
 pub mod root_ca;
@@ -40,6 +48,13 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(namespace::run(client.clone())),
         tokio::spawn(garbage_collector::run(client.clone())),
         tokio::spawn(serviceaccount::run(client.clone())),
-        tokio::spawn(root_ca::run(client, config.server_ca_pem.clone())),
+        tokio::spawn(root_ca::run(client.clone(), config.server_ca_pem.clone())),
+        tokio::spawn(node_ipam::run(client.clone(), config.clone())),
+        tokio::spawn(node_lifecycle::run(client.clone())),
+        tokio::spawn(taint_eviction::run(client.clone())),
+        tokio::spawn(endpoints::run(client.clone())),
+        tokio::spawn(endpointslice::run(client.clone())),
+        tokio::spawn(disruption::run(client.clone())),
+        tokio::spawn(resourcequota::run(client)),
     ]
 }
