@@ -35,10 +35,9 @@ pub fn scaled_value(v: &IntOrString, total: i32) -> Result<i32, ControllerError>
     match v {
         IntOrString::Int(n) => Ok(*n),
         IntOrString::String(s) => {
-            let pct: i64 = s
-                .strip_suffix('%')
-                .and_then(|p| p.parse().ok())
-                .ok_or_else(|| ControllerError::Invalid(format!("invalid value for IntOrString: invalid value {s:?}")))?;
+            let pct: i64 = s.strip_suffix('%').and_then(|p| p.parse().ok()).ok_or_else(|| {
+                ControllerError::Invalid(format!("invalid value for IntOrString: invalid value {s:?}"))
+            })?;
             Ok(((pct * i64::from(total) + 99) / 100) as i32)
         }
     }
@@ -120,7 +119,13 @@ async fn expected_scale(ctx: &Context, ns: &str, pods: &[Arc<Pod>]) -> Result<(i
     Ok((scales.values().sum(), unmanaged))
 }
 
-fn condition(allowed: bool, reason: &str, message: &str, generation: Option<i64>, old: Option<&Condition>) -> Condition {
+fn condition(
+    allowed: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    old: Option<&Condition>,
+) -> Condition {
     let status = if allowed { "True" } else { "False" };
     let since = old.filter(|c| c.status == status).map(|c| c.last_transition_time.clone());
     Condition {
@@ -158,12 +163,8 @@ async fn reconcile(pdb: Arc<PodDisruptionBudget>, ctx: Arc<Context>) -> Result<A
     let now = Timestamp::now();
 
     let mut unmanaged = Vec::new();
-    let counts = expected_and_desired(
-        spec.min_available.as_ref(),
-        spec.max_unavailable.as_ref(),
-        pods.len() as i32,
-        || Ok(0),
-    );
+    let counts =
+        expected_and_desired(spec.min_available.as_ref(), spec.max_unavailable.as_ref(), pods.len() as i32, || Ok(0));
     let needs_scale = spec.max_unavailable.is_some() || matches!(spec.min_available, Some(IntOrString::String(_)));
     let counts = match (counts, needs_scale) {
         (Err(e), _) => Err(e),
@@ -171,9 +172,12 @@ async fn reconcile(pdb: Arc<PodDisruptionBudget>, ctx: Arc<Context>) -> Result<A
         (Ok(_), true) => match expected_scale(&ctx, &ns, &pods).await {
             Ok((scale, u)) => {
                 unmanaged = u;
-                expected_and_desired(spec.min_available.as_ref(), spec.max_unavailable.as_ref(), pods.len() as i32, || {
-                    Ok(scale)
-                })
+                expected_and_desired(
+                    spec.min_available.as_ref(),
+                    spec.max_unavailable.as_ref(),
+                    pods.len() as i32,
+                    || Ok(scale),
+                )
             }
             Err(ControllerError::Kube(e)) => return Err(ControllerError::Kube(e)),
             Err(e) => Err(e),
@@ -253,7 +257,9 @@ async fn reconcile(pdb: Arc<PodDisruptionBudget>, ctx: Arc<Context>) -> Result<A
             }
         }
     };
-    let next = recheck.map(|r| Action::requeue(Duration::from_millis((r.as_millisecond() - now.as_millisecond()).max(0) as u64 + 10)));
+    let next = recheck.map(|r| {
+        Action::requeue(Duration::from_millis((r.as_millisecond() - now.as_millisecond()).max(0) as u64 + 10))
+    });
     if pdb.status.as_ref() == Some(&status) {
         return Ok(next.unwrap_or_else(Action::await_change));
     }
@@ -283,7 +289,10 @@ fn budgets_of(pod: &Pod, budgets: &Store<PodDisruptionBudget>) -> Vec<ObjectRef<
         .iter()
         .filter(|b| b.metadata.namespace.as_deref() == ns)
         .filter(|b| {
-            b.spec.as_ref().and_then(|s| s.selector.as_ref()).is_some_and(|s| labels::matches(s, pod.metadata.labels.as_ref()))
+            b.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_some_and(|s| labels::matches(s, pod.metadata.labels.as_ref()))
         })
         .map(|b| ObjectRef::from_obj(&**b))
         .collect()

@@ -179,7 +179,10 @@ pub fn desired_subsets(svc: &Service, pods: &[Arc<Pod>]) -> Vec<EndpointSubset> 
             }
         }
         for ports in port_sets {
-            let key = ports.iter().map(|p| (p.name.clone().unwrap_or_default(), p.port, p.protocol.clone().unwrap_or_default())).collect();
+            let key = ports
+                .iter()
+                .map(|p| (p.name.clone().unwrap_or_default(), p.port, p.protocol.clone().unwrap_or_default()))
+                .collect();
             let entry = groups.entry(key).or_insert_with(|| (ports, Default::default()));
             let (ready_set, not_ready_set) = &mut entry.1;
             if ready {
@@ -251,7 +254,12 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
         }
         None => {
             let ep = Endpoints {
-                metadata: ObjectMeta { name: Some(name.clone()), namespace: Some(ns.clone()), labels: Some(labels), ..Default::default() },
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(ns.clone()),
+                    labels: Some(labels),
+                    ..Default::default()
+                },
                 subsets: want_subsets,
             };
             match api.create(&PostParams::default(), &ep).await {
@@ -290,7 +298,8 @@ async fn delete_orphaned(ep: Arc<Endpoints>, ctx: Arc<Cleanup>) -> Result<Action
     }
     let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &ns);
     let mut dp = kube::api::DeleteParams::default();
-    dp.preconditions = ep.metadata.uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None });
+    dp.preconditions =
+        ep.metadata.uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None });
     match api.delete(&name, &dp).await {
         Ok(_) => tracing::debug!(endpoints = %name, namespace = %ns, "deleted Endpoints of a deleted Service"),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}

@@ -179,7 +179,8 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
     let existing = ctx.slices.state_filter(|s| {
         s.metadata.namespace.as_deref() == Some(ns.as_str())
             && s.metadata.labels.as_ref().is_some_and(|l| {
-                l.get(SERVICE_NAME_LABEL) == Some(&name) && l.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+                l.get(SERVICE_NAME_LABEL) == Some(&name)
+                    && l.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
             })
             && s.metadata.owner_references.iter().flatten().any(|o| o.uid == uid)
     });
@@ -271,7 +272,12 @@ mod tests {
 
     #[test]
     fn slices_hold_at_most_a_hundred_and_keep_their_endpoints() {
-        let ports = vec![EndpointPort { name: Some("http".into()), port: Some(80), protocol: Some("TCP".into()), app_protocol: None }];
+        let ports = vec![EndpointPort {
+            name: Some("http".into()),
+            port: Some(80),
+            protocol: Some("TCP".into()),
+            app_protocol: None,
+        }];
         let eps: Vec<Endpoint> = (0..250).map(|i| ep(&format!("10.42.{}.{}", i / 200, i % 200))).collect();
         let mut desired = BTreeMap::new();
         desired.insert(port_key(&ports), (ports.clone(), eps));

@@ -7,15 +7,15 @@ pub mod controller_utils;
 pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
+pub mod garbage_collector;
 pub mod informers;
+pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod resourcequota;
-pub mod taint_eviction;
-pub mod garbage_collector;
-pub mod namespace;
 pub mod root_ca;
 pub mod serviceaccount;
+pub mod taint_eviction;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;

@@ -32,9 +32,7 @@ impl CidrSet {
     pub fn new(cluster: (Ipv4Addr, u8), node_prefix: u8) -> Result<CidrSet, ControllerError> {
         let (addr, prefix) = cluster;
         if prefix > 32 || node_prefix > 32 || node_prefix < prefix || node_prefix - prefix > 24 {
-            return Err(ControllerError::Invalid(format!(
-                "cannot cut {addr}/{prefix} into /{node_prefix} node CIDRs"
-            )));
+            return Err(ControllerError::Invalid(format!("cannot cut {addr}/{prefix} into /{node_prefix} node CIDRs")));
         }
         let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
         Ok(CidrSet { base: u32::from(addr) & mask, cluster_prefix: prefix, node_prefix })

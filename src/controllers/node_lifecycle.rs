@@ -117,7 +117,8 @@ pub fn reconcile_taints(current: &[Taint], desired: &[(&str, &str)], now: Timest
     ];
     let managed = |t: &Taint| {
         MANAGED.contains(&t.key.as_str())
-            && (t.effect == "NoSchedule" || (t.effect == "NoExecute" && (t.key == TAINT_NOT_READY || t.key == TAINT_UNREACHABLE)))
+            && (t.effect == "NoSchedule"
+                || (t.effect == "NoExecute" && (t.key == TAINT_NOT_READY || t.key == TAINT_UNREACHABLE)))
     };
     let mut out: Vec<Taint> = current
         .iter()
@@ -289,8 +290,12 @@ async fn mark_pods_not_ready(ctx: &Context, node: &str) -> Result<(), Controller
             }
         }
         updated.metadata.managed_fields = None;
-        let (ns, name) = (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default());
-        match Api::<Pod>::namespaced(ctx.client.clone(), &ns).replace_status(&name, &PostParams::default(), &updated).await {
+        let (ns, name) =
+            (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default());
+        match Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+            .replace_status(&name, &PostParams::default(), &updated)
+            .await
+        {
             Ok(_) => tracing::debug!(pod = %name, namespace = %ns, %node, "marked pod not ready"),
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => return Err(e.into()),
@@ -346,13 +351,17 @@ mod tests {
     fn taints_follow_conditions() {
         assert!(desired_taints(&node(Some("True"), false)).is_empty());
         assert!(desired_taints(&node(None, false)).is_empty());
-        assert_eq!(desired_taints(&node(Some("Unknown"), true)), vec![
-            (TAINT_UNREACHABLE, "NoExecute"),
-            (TAINT_UNREACHABLE, "NoSchedule"),
-            (TAINT_UNSCHEDULABLE, "NoSchedule")
-        ]);
+        assert_eq!(
+            desired_taints(&node(Some("Unknown"), true)),
+            vec![
+                (TAINT_UNREACHABLE, "NoExecute"),
+                (TAINT_UNREACHABLE, "NoSchedule"),
+                (TAINT_UNSCHEDULABLE, "NoSchedule")
+            ]
+        );
         let now = Timestamp::now();
-        let user = Taint { key: "dedicated".into(), effect: "NoSchedule".into(), value: Some("x".into()), time_added: None };
+        let user =
+            Taint { key: "dedicated".into(), effect: "NoSchedule".into(), value: Some("x".into()), time_added: None };
         let t = reconcile_taints(&[user.clone()], &desired_taints(&node(Some("False"), false)), now).unwrap();
         assert_eq!(t.len(), 3);
         assert!(t.iter().any(|t| t.key == TAINT_NOT_READY && t.effect == "NoExecute" && t.time_added.is_some()));

@@ -71,7 +71,11 @@ impl Amount {
     }
 
     pub fn max(self, other: Amount) -> Amount {
-        if other.milli > self.milli { Amount { binary: self.binary || other.binary, ..other } } else { self }
+        if other.milli > self.milli {
+            Amount { binary: self.binary || other.binary, ..other }
+        } else {
+            self
+        }
     }
 
     /// The canonical string, as upstream prints quantities.
@@ -120,12 +124,14 @@ pub fn pod_resource(pod: &Pod, field: &str, resource: &str) -> Amount {
     let Some(spec) = pod.spec.as_ref() else { return Amount::default() };
     let of = |c: &k8s_openapi::api::core::v1::Container| {
         let r = c.resources.as_ref();
-        let map = if field == "requests" { r.and_then(|r| r.requests.as_ref()) } else { r.and_then(|r| r.limits.as_ref()) };
+        let map =
+            if field == "requests" { r.and_then(|r| r.requests.as_ref()) } else { r.and_then(|r| r.limits.as_ref()) };
         map.and_then(|m| m.get(resource)).map(|q| Amount::parse(&q.0)).unwrap_or_default()
     };
     let sum = spec.containers.iter().map(of).fold(Amount::default(), Amount::add);
     let init = spec.init_containers.iter().flatten().map(of).fold(Amount::default(), Amount::max);
-    let overhead = spec.overhead.as_ref().and_then(|o| o.get(resource)).map(|q| Amount::parse(&q.0)).unwrap_or_default();
+    let overhead =
+        spec.overhead.as_ref().and_then(|o| o.get(resource)).map(|q| Amount::parse(&q.0)).unwrap_or_default();
     sum.max(init).add(overhead)
 }
 
@@ -150,35 +156,37 @@ pub fn pod_in_scope(quota: &ResourceQuota, pod: &Pod) -> bool {
         _ => true,
     });
     let class = pod.spec.as_ref().and_then(|s| s.priority_class_name.clone());
-    let by_selector = spec.and_then(|s| s.scope_selector.as_ref()).and_then(|s| s.match_expressions.as_ref()).is_none_or(|exprs| {
-        exprs.iter().all(|e| {
-            let values = e.values.clone().unwrap_or_default();
-            let v = if e.scope_name == "PriorityClass" {
-                class.clone()
-            } else {
-                return match e.scope_name.as_str() {
-                    "Terminating" => terminating,
-                    "NotTerminating" => !terminating,
-                    "BestEffort" => best_effort(pod),
-                    "NotBestEffort" => !best_effort(pod),
-                    _ => true,
+    let by_selector =
+        spec.and_then(|s| s.scope_selector.as_ref()).and_then(|s| s.match_expressions.as_ref()).is_none_or(|exprs| {
+            exprs.iter().all(|e| {
+                let values = e.values.clone().unwrap_or_default();
+                let v = if e.scope_name == "PriorityClass" {
+                    class.clone()
+                } else {
+                    return match e.scope_name.as_str() {
+                        "Terminating" => terminating,
+                        "NotTerminating" => !terminating,
+                        "BestEffort" => best_effort(pod),
+                        "NotBestEffort" => !best_effort(pod),
+                        _ => true,
+                    };
                 };
-            };
-            match e.operator.as_str() {
-                "In" => v.is_some_and(|v| values.contains(&v)),
-                "NotIn" => v.is_none_or(|v| !values.contains(&v)),
-                "Exists" => v.is_some(),
-                "DoesNotExist" => v.is_none(),
-                _ => false,
-            }
-        })
-    });
+                match e.operator.as_str() {
+                    "In" => v.is_some_and(|v| values.contains(&v)),
+                    "NotIn" => v.is_none_or(|v| !values.contains(&v)),
+                    "Exists" => v.is_some(),
+                    "DoesNotExist" => v.is_none(),
+                    _ => false,
+                }
+            })
+        });
     by_scope && by_selector
 }
 
 fn is_scoped(quota: &ResourceQuota) -> bool {
     let spec = quota.spec.as_ref();
-    spec.and_then(|s| s.scopes.as_ref()).is_some_and(|s| !s.is_empty()) || spec.and_then(|s| s.scope_selector.as_ref()).is_some()
+    spec.and_then(|s| s.scopes.as_ref()).is_some_and(|s| !s.is_empty())
+        || spec.and_then(|s| s.scope_selector.as_ref()).is_some()
 }
 
 struct Context {
@@ -214,7 +222,11 @@ async fn count_other(ctx: &Context, ns: &str, resource: &str) -> Result<usize, C
 }
 
 /// Recounts `status.used`; the bool says whether any key needs the periodic resync.
-async fn used(ctx: &Context, quota: &ResourceQuota, ns: &str) -> Result<(BTreeMap<String, Quantity>, bool), ControllerError> {
+async fn used(
+    ctx: &Context,
+    quota: &ResourceQuota,
+    ns: &str,
+) -> Result<(BTreeMap<String, Quantity>, bool), ControllerError> {
     let hard = quota.spec.as_ref().and_then(|s| s.hard.clone()).unwrap_or_default();
     let now = Timestamp::now();
     let scoped = is_scoped(quota);
@@ -222,21 +234,32 @@ async fn used(ctx: &Context, quota: &ResourceQuota, ns: &str) -> Result<(BTreeMa
         in_ns(&ctx.pods, ns).into_iter().filter(|p| pod_counts(p, now) && pod_in_scope(quota, p)).collect();
     let claims = in_ns(&ctx.claims, ns);
     let claim_storage = |c: &PersistentVolumeClaim| {
-        c.spec.as_ref().and_then(|s| s.resources.as_ref()?.requests.as_ref()?.get("storage")).map(|q| Amount::parse(&q.0)).unwrap_or_default()
+        c.spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref()?.requests.as_ref()?.get("storage"))
+            .map(|q| Amount::parse(&q.0))
+            .unwrap_or_default()
     };
     let mut out = BTreeMap::new();
     let mut resync = false;
     for key in hard.keys() {
-        let pod_sum = |field: &str, res: &str| pods.iter().map(|p| pod_resource(p, field, res)).fold(Amount::default(), Amount::add);
+        let pod_sum = |field: &str, res: &str| {
+            pods.iter().map(|p| pod_resource(p, field, res)).fold(Amount::default(), Amount::add)
+        };
         let amount = match key.as_str() {
             "pods" | "count/pods" => Amount::count(pods.len()),
             "cpu" | "memory" | "ephemeral-storage" => pod_sum("requests", key),
-            k if k.starts_with("requests.") && !scoped_out(k) && k != "requests.storage" => pod_sum("requests", &k["requests.".len()..]),
+            k if k.starts_with("requests.") && !scoped_out(k) && k != "requests.storage" => {
+                pod_sum("requests", &k["requests.".len()..])
+            }
             k if k.starts_with("limits.") => pod_sum("limits", &k["limits.".len()..]),
             _ if scoped => continue,
             "services" | "count/services" => Amount::count(in_ns(&ctx.services, ns).len()),
             "services.loadbalancers" => Amount::count(
-                in_ns(&ctx.services, ns).iter().filter(|s| s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")).count(),
+                in_ns(&ctx.services, ns)
+                    .iter()
+                    .filter(|s| s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer"))
+                    .count(),
             ),
             "services.nodeports" => Amount::count(
                 in_ns(&ctx.services, ns)
@@ -250,7 +273,9 @@ async fn used(ctx: &Context, quota: &ResourceQuota, ns: &str) -> Result<(BTreeMa
             "secrets" | "count/secrets" => Amount::count(in_ns(&ctx.secrets, ns).len()),
             "persistentvolumeclaims" | "count/persistentvolumeclaims" => Amount::count(claims.len()),
             "requests.storage" => claims.iter().map(|c| claim_storage(c)).fold(Amount::default(), Amount::add),
-            k if k.ends_with(".storageclass.storage.k8s.io/requests.storage") || k.ends_with(".storageclass.storage.k8s.io/persistentvolumeclaims") => {
+            k if k.ends_with(".storageclass.storage.k8s.io/requests.storage")
+                || k.ends_with(".storageclass.storage.k8s.io/persistentvolumeclaims") =>
+            {
                 let (class, what) = k.split_once(".storageclass.storage.k8s.io/").unwrap_or_default();
                 let of_class: Vec<_> = claims
                     .iter()

@@ -32,7 +32,10 @@ pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
     }
     match toleration.operator.as_deref().unwrap_or("Equal") {
         "Exists" => true,
-        "Equal" | "" => key == taint.key && toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
+        "Equal" | "" => {
+            key == taint.key
+                && toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default()
+        }
         _ => false,
     }
 }
@@ -86,7 +89,8 @@ fn no_execute_of(taints: &[Taint]) -> Vec<&Taint> {
 
 /// What to do with the pod: `None` = evict now.
 fn decide(ctx: &Context, uid: &str, no_execute: &[&Taint], pod: &Pod) -> Result<Option<Action>, ControllerError> {
-    let mut seen = ctx.first_seen.lock().map_err(|_| ControllerError::Invalid("taint eviction state poisoned".into()))?;
+    let mut seen =
+        ctx.first_seen.lock().map_err(|_| ControllerError::Invalid("taint eviction state poisoned".into()))?;
     if no_execute.is_empty() {
         seen.remove(uid);
         return Ok(Some(Action::await_change()));
@@ -112,9 +116,15 @@ fn decide(ctx: &Context, uid: &str, no_execute: &[&Taint], pod: &Pod) -> Result<
 }
 
 async fn evict(ctx: &Context, pod: &Pod) -> Result<(), ControllerError> {
-    let (ns, name) = (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default());
+    let (ns, name) =
+        (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default());
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    ctx.recorder.publish(pod, EventType::Normal, "TaintManagerEviction", &format!("Marking for deletion Pod {ns}/{name}"));
+    ctx.recorder.publish(
+        pod,
+        EventType::Normal,
+        "TaintManagerEviction",
+        &format!("Marking for deletion Pod {ns}/{name}"),
+    );
     let mut updated = pod.clone();
     let conditions = updated.status.get_or_insert_with(Default::default).conditions.get_or_insert_with(Vec::new);
     if !conditions.iter().any(|c| c.type_ == "DisruptionTarget" && c.status == "True") {
@@ -138,7 +148,8 @@ async fn evict(ctx: &Context, pod: &Pod) -> Result<(), ControllerError> {
         }
     }
     let mut dp = DeleteParams::default();
-    dp.preconditions = pod.metadata.uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None });
+    dp.preconditions =
+        pod.metadata.uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None });
     match api.delete(&name, &dp).await {
         Ok(_) => tracing::info!(pod = %name, namespace = %ns, "evicted pod from a NoExecute-tainted node"),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
