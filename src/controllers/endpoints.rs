@@ -144,7 +144,8 @@ pub fn desired_subsets(svc: &Service, pods: &[Arc<Pod>]) -> Vec<EndpointSubset> 
     let tolerate_unready = spec.publish_not_ready_addresses == Some(true);
     // ports (sorted) → (ready, not ready) addresses by IP.
     type Addresses = (BTreeMap<String, EndpointAddress>, BTreeMap<String, EndpointAddress>);
-    let mut groups: BTreeMap<Vec<(String, i32, String)>, (Vec<EndpointPort>, Addresses)> = BTreeMap::new();
+    type PortKey = Vec<(String, i32, String)>;
+    let mut groups: BTreeMap<PortKey, (Vec<EndpointPort>, Addresses)> = BTreeMap::new();
     for pod in pods {
         if !should_pod_be_in_endpoints(pod, tolerate_unready) {
             continue;
@@ -297,9 +298,14 @@ async fn delete_orphaned(ep: Arc<Endpoints>, ctx: Arc<Cleanup>) -> Result<Action
         return Ok(Action::await_change());
     }
     let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut dp = kube::api::DeleteParams::default();
-    dp.preconditions =
-        ep.metadata.uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None });
+    let dp = kube::api::DeleteParams {
+        preconditions: ep
+            .metadata
+            .uid
+            .clone()
+            .map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
+        ..Default::default()
+    };
     match api.delete(&name, &dp).await {
         Ok(_) => tracing::debug!(endpoints = %name, namespace = %ns, "deleted Endpoints of a deleted Service"),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}

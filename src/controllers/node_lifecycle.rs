@@ -362,7 +362,8 @@ mod tests {
         let now = Timestamp::now();
         let user =
             Taint { key: "dedicated".into(), effect: "NoSchedule".into(), value: Some("x".into()), time_added: None };
-        let t = reconcile_taints(&[user.clone()], &desired_taints(&node(Some("False"), false)), now).unwrap();
+        let t =
+            reconcile_taints(std::slice::from_ref(&user), &desired_taints(&node(Some("False"), false)), now).unwrap();
         assert_eq!(t.len(), 3);
         assert!(t.iter().any(|t| t.key == TAINT_NOT_READY && t.effect == "NoExecute" && t.time_added.is_some()));
         // Recovery removes the managed taints, keeps the user's.

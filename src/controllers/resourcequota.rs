@@ -66,7 +66,7 @@ impl Amount {
         Amount { milli: (n * mult * 1000.0).round() as i128, binary }
     }
 
-    pub fn add(self, other: Amount) -> Amount {
+    pub fn plus(self, other: Amount) -> Amount {
         Amount { milli: self.milli + other.milli, binary: self.binary || other.binary }
     }
 
@@ -128,11 +128,11 @@ pub fn pod_resource(pod: &Pod, field: &str, resource: &str) -> Amount {
             if field == "requests" { r.and_then(|r| r.requests.as_ref()) } else { r.and_then(|r| r.limits.as_ref()) };
         map.and_then(|m| m.get(resource)).map(|q| Amount::parse(&q.0)).unwrap_or_default()
     };
-    let sum = spec.containers.iter().map(of).fold(Amount::default(), Amount::add);
+    let sum = spec.containers.iter().map(of).fold(Amount::default(), Amount::plus);
     let init = spec.init_containers.iter().flatten().map(of).fold(Amount::default(), Amount::max);
     let overhead =
         spec.overhead.as_ref().and_then(|o| o.get(resource)).map(|q| Amount::parse(&q.0)).unwrap_or_default();
-    sum.max(init).add(overhead)
+    sum.max(init).plus(overhead)
 }
 
 fn best_effort(pod: &Pod) -> bool {
@@ -198,10 +198,10 @@ struct Context {
     claims: Store<PersistentVolumeClaim>,
 }
 
-fn in_ns<K: kube::Resource>(store: &Store<K>, ns: &str) -> Vec<Arc<K>>
+fn in_ns<K>(store: &Store<K>, ns: &str) -> Vec<Arc<K>>
 where
+    K: kube::Resource + Clone,
     K::DynamicType: std::hash::Hash + Eq + Clone,
-    K: Clone,
 {
     store.state_filter(|o| o.meta().namespace.as_deref() == Some(ns))
 }
@@ -244,7 +244,7 @@ async fn used(
     let mut resync = false;
     for key in hard.keys() {
         let pod_sum = |field: &str, res: &str| {
-            pods.iter().map(|p| pod_resource(p, field, res)).fold(Amount::default(), Amount::add)
+            pods.iter().map(|p| pod_resource(p, field, res)).fold(Amount::default(), Amount::plus)
         };
         let amount = match key.as_str() {
             "pods" | "count/pods" => Amount::count(pods.len()),
@@ -272,7 +272,7 @@ async fn used(
             "configmaps" | "count/configmaps" => Amount::count(in_ns(&ctx.configmaps, ns).len()),
             "secrets" | "count/secrets" => Amount::count(in_ns(&ctx.secrets, ns).len()),
             "persistentvolumeclaims" | "count/persistentvolumeclaims" => Amount::count(claims.len()),
-            "requests.storage" => claims.iter().map(|c| claim_storage(c)).fold(Amount::default(), Amount::add),
+            "requests.storage" => claims.iter().map(|c| claim_storage(c)).fold(Amount::default(), Amount::plus),
             k if k.ends_with(".storageclass.storage.k8s.io/requests.storage")
                 || k.ends_with(".storageclass.storage.k8s.io/persistentvolumeclaims") =>
             {
@@ -284,7 +284,7 @@ async fn used(
                 if what == "persistentvolumeclaims" {
                     Amount::count(of_class.len())
                 } else {
-                    of_class.iter().map(|c| claim_storage(c)).fold(Amount::default(), Amount::add)
+                    of_class.iter().map(|c| claim_storage(c)).fold(Amount::default(), Amount::plus)
                 }
             }
             "replicationcontrollers" => {
@@ -390,7 +390,7 @@ mod tests {
 
     #[test]
     fn quantities_add_and_print_as_upstream() {
-        let sum = |qs: &[&str]| qs.iter().map(|q| Amount::parse(q)).fold(Amount::default(), Amount::add).format();
+        let sum = |qs: &[&str]| qs.iter().map(|q| Amount::parse(q)).fold(Amount::default(), Amount::plus).format();
         assert_eq!(sum(&["500m", "500m"]), "1");
         assert_eq!(sum(&["250m", "1"]), "1250m");
         assert_eq!(sum(&["64Mi", "64Mi"]), "128Mi");

@@ -147,9 +147,14 @@ async fn evict(ctx: &Context, pod: &Pod) -> Result<(), ControllerError> {
             Err(e) => return Err(e.into()),
         }
     }
-    let mut dp = DeleteParams::default();
-    dp.preconditions =
-        pod.metadata.uid.clone().map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None });
+    let dp = DeleteParams {
+        preconditions: pod
+            .metadata
+            .uid
+            .clone()
+            .map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
+        ..Default::default()
+    };
     match api.delete(&name, &dp).await {
         Ok(_) => tracing::info!(pod = %name, namespace = %ns, "evicted pod from a NoExecute-tainted node"),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
@@ -210,8 +215,8 @@ mod tests {
         let other = taint("x");
         assert_eq!(toleration_time(&[&unreachable], &[]), None);
         let t300 = toleration("node.kubernetes.io/unreachable", "Exists", Some(300));
-        assert_eq!(toleration_time(&[&unreachable], &[t300.clone()]), Some(Some(Duration::from_secs(300))));
-        assert_eq!(toleration_time(&[&unreachable, &other], &[t300.clone()]), None);
+        assert_eq!(toleration_time(&[&unreachable], std::slice::from_ref(&t300)), Some(Some(Duration::from_secs(300))));
+        assert_eq!(toleration_time(&[&unreachable, &other], std::slice::from_ref(&t300)), None);
         let all = Toleration { operator: Some("Exists".into()), ..Default::default() };
         assert_eq!(toleration_time(&[&unreachable, &other], &[all]), Some(None));
         // The first matching toleration counts.
