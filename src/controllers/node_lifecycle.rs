@@ -146,6 +146,7 @@ struct Health {
 
 struct Context {
     client: kube::Client,
+    nodes: Store<Node>,
     leases: Store<Lease>,
     pods: Store<Pod>,
     health: Mutex<HashMap<String, Health>>,
@@ -163,6 +164,8 @@ fn heartbeat_deadline(ctx: &Context, node: &Node, now: Instant) -> Result<Instan
     let heartbeat = ready.and_then(|c| c.last_heartbeat_time.as_ref().map(|t| t.0.to_string()));
     let probe = (renew, heartbeat);
     let mut health = ctx.health.lock().map_err(|_| ControllerError::Invalid("node health state poisoned".into()))?;
+    // Forget nodes that are gone.
+    health.retain(|n, _| ctx.nodes.get(&ObjectRef::new(n)).is_some());
     let entry = health.entry(name).or_insert_with(|| {
         // A node that never reported counts from its creation.
         let age = match (ready, node.metadata.creation_timestamp.as_ref()) {
@@ -296,7 +299,10 @@ async fn mark_pods_not_ready(ctx: &Context, node: &str) -> Result<(), Controller
             .replace_status(&name, &PostParams::default(), &updated)
             .await
         {
-            Ok(_) => tracing::debug!(pod = %name, namespace = %ns, %node, "marked pod not ready"),
+            Ok(_) => {
+                tracing::debug!(pod = %name, namespace = %ns, %node, "marked pod not ready");
+                ctx.recorder.publish(&*pod, EventType::Warning, "NodeNotReady", "Node is not ready");
+            }
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
             Err(e) => return Err(e.into()),
         }
@@ -313,16 +319,18 @@ pub async fn run(client: kube::Client) {
     let (leases, lease_events) =
         reflected(Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE), watcher::Config::default());
     let (pods, pod_events) = reflected(Api::<Pod>::all(client.clone()), watcher::Config::default());
+    let controller = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
     let ctx = Arc::new(Context {
         recorder: EventRecorder::new(client.clone(), "node-controller"),
         client: client.clone(),
+        nodes: controller.store(),
         leases,
         pods,
         health: Mutex::new(HashMap::new()),
         grace: env_duration(GRACE_PERIOD_ENV, NODE_MONITOR_GRACE_PERIOD),
         startup_grace: env_duration(STARTUP_GRACE_PERIOD_ENV, NODE_STARTUP_GRACE_PERIOD),
     });
-    Controller::new(Api::<Node>::all(client), watcher::Config::default())
+    controller
         .watches_stream(lease_events, |lease: Lease| lease.metadata.name.map(|n| ObjectRef::<Node>::new(&n)))
         .watches_stream(pod_events, |pod: Pod| {
             // A pod that is Ready on a node that is not gets marked.
