@@ -340,6 +340,22 @@ fn disruption_budgets_and_quotas_report_status() {
         pdb("{.status.currentHealthy}/{.status.disruptionsAllowed}/{.status.conditions[0].reason}")
             == "3/1/SufficientPods"
     });
+    // The eviction subresource spends the budget; the second one is refused.
+    let evict = |pod: &str| {
+        let body = format!(r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{pod}"}}}}"#);
+        let path = std::env::temp_dir().join(format!("eviction-{}-{pod}.json", s.port));
+        std::fs::write(&path, body).expect("write eviction");
+        let raw = format!("/api/v1/namespaces/default/pods/{pod}/eviction");
+        kubectl(&s, &["create", "--raw", &raw, "-f", path.to_str().expect("path")])
+    };
+    let (evicted_ok, out) = evict("db-0");
+    assert!(evicted_ok, "{out}");
+    let (refused, out) = evict("db-1");
+    assert!(!refused && out.contains("disruption budget"), "{out}");
+    eventually("the budget to count the evicted pod out", || {
+        pdb("{.status.currentHealthy}/{.status.disruptionsAllowed}") == "2/0"
+    });
+    assert_eq!(pdb("{.status.disruptedPods}"), "", "the deleting pod's entry was not cleared");
     // maxUnavailable counts the pods' controllers' scale: these pods have
     // none, so nothing is expected and a warning says why.
     ok(&s, &["patch", "pdb", "db", "--type=merge", "-p", r#"{"spec":{"minAvailable":null,"maxUnavailable":"50%"}}"#]);
