@@ -234,6 +234,7 @@ fn nodes_get_distinct_pod_cidrs_and_cordon_taints() {
 fn endpoints_and_slices_follow_pod_readiness() {
     let s = start();
     node(&s, "n1");
+    ok(&s, &["label", "node", "n1", "topology.kubernetes.io/zone=zone-a"]);
     apply(
         &s,
         r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"web","labels":{"tier":"front"}},"spec":{"selector":{"app":"web"},"ports":[{"name":"http","port":80,"targetPort":"http"}]}}"#,
@@ -275,6 +276,7 @@ fn endpoints_and_slices_follow_pod_readiness() {
     let conds = slices("{range .items[*].endpoints[*]}{.addresses[0]}:{.conditions.ready}/{.conditions.serving}/{.targetRef.name}/{.nodeName} {end}");
     assert!(conds.contains("10.42.0.11:true/true/web-1/n1"), "{conds}");
     assert!(conds.contains("10.42.0.12:false/false/web-2/n1"), "{conds}");
+    assert_eq!(slices("{.items[0].endpoints[0].zone}"), "zone-a");
 
     // web-2 becomes ready, web-3 gets an IP.
     pod_status(&s, "web-2", "10.42.0.12", true);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -46,7 +46,14 @@ fn address(ep: &Endpoint) -> String {
 }
 
 /// The endpoints of `svc`, grouped by the ports each pod resolves.
-pub fn desired_endpoints(svc: &Service, pods: &[Arc<Pod>]) -> BTreeMap<PortKey, (Vec<EndpointPort>, Vec<Endpoint>)> {
+/// The zone label upstream copies from the pod's node onto its endpoint.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+pub fn desired_endpoints(
+    svc: &Service,
+    pods: &[Arc<Pod>],
+    zone_of: impl Fn(&str) -> Option<String>,
+) -> BTreeMap<PortKey, (Vec<EndpointPort>, Vec<Endpoint>)> {
     let name = svc.metadata.name.clone().unwrap_or_default();
     let spec = svc.spec.clone().unwrap_or_default();
     let publish_not_ready = spec.publish_not_ready_addresses == Some(true);
@@ -82,6 +89,7 @@ pub fn desired_endpoints(svc: &Service, pods: &[Arc<Pod>]) -> BTreeMap<PortKey, 
             }),
             hostname: pod_hostname(pod, &name),
             node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            zone: pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).and_then(&zone_of),
             target_ref: Some(pod_reference(pod)),
             ..Default::default()
         };
@@ -161,6 +169,7 @@ struct Context {
     client: kube::Client,
     pods: Store<Pod>,
     slices: Store<EndpointSlice>,
+    nodes: Store<Node>,
 }
 
 async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
@@ -185,7 +194,16 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
             && s.metadata.owner_references.iter().flatten().any(|o| o.uid == uid)
     });
     let labels = slice_labels(&svc);
-    let (plan, stale) = plan_slices(desired_endpoints(&svc, &pods), &existing);
+    let zone_of = |node: &str| {
+        ctx.nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(node))?
+            .metadata
+            .labels
+            .as_ref()?
+            .get(ZONE_LABEL)
+            .cloned()
+    };
+    let (plan, stale) = plan_slices(desired_endpoints(&svc, &pods, zone_of), &existing);
     let api: Api<EndpointSlice> = Api::namespaced(ctx.client.clone(), &ns);
     for (slice, ports, mut endpoints) in plan {
         endpoints.sort_by_key(address);
@@ -252,14 +270,17 @@ pub async fn run(client: kube::Client) {
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
     );
+    // Nodes only for their zone label; a zone change alone does not resync.
+    let (nodes, node_events) = reflected(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let nodes_cache = node_events.for_each(|_| std::future::ready(()));
     let controller = Controller::new(Api::<Service>::all(client.clone()), watcher::Config::default());
     let services = controller.store();
-    controller
+    let sync = controller
         .watches_stream(pod_events, move |pod: Pod| services_selecting(&pod, &services))
         .owns_stream(slice_events)
-        .run(reconcile, error_policy, Arc::new(Context { client, pods, slices }))
-        .for_each(|_| std::future::ready(()))
-        .await;
+        .run(reconcile, error_policy, Arc::new(Context { client, pods, slices, nodes }))
+        .for_each(|_| std::future::ready(()));
+    tokio::join!(sync, nodes_cache);
 }
 
 #[cfg(test)]
