@@ -104,8 +104,14 @@ fn decide(ctx: &Context, uid: &str, no_execute: &[&Taint], pod: &Pod) -> Result<
             Ok(Some(Action::await_change()))
         }
         Some(Some(d)) => {
-            let first = *seen.entry(uid.to_string()).or_insert(now);
-            let since = no_execute.iter().filter_map(|t| t.time_added.as_ref().map(|t| t.0)).min().unwrap_or(first);
+            let added = no_execute.iter().filter_map(|t| t.time_added.as_ref().map(|t| t.0)).min();
+            let since = match added {
+                Some(t) => {
+                    seen.remove(uid);
+                    t
+                }
+                None => *seen.entry(uid.to_string()).or_insert(now),
+            };
             let due = since.as_millisecond() + d.as_millis() as i64;
             if due > now.as_millisecond() {
                 return Ok(Some(Action::requeue(Duration::from_millis((due - now.as_millisecond()) as u64 + 10))));
