@@ -4,10 +4,18 @@
 //! They run while this server holds the `kube-controller-manager` Lease.
 
 pub mod controller_utils;
+pub mod disruption;
+pub mod endpoints;
+pub mod endpointslice;
 pub mod garbage_collector;
+pub mod informers;
 pub mod namespace;
+pub mod node_ipam;
+pub mod node_lifecycle;
+pub mod resourcequota;
 pub mod root_ca;
 pub mod serviceaccount;
+pub mod taint_eviction;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -40,6 +48,13 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(namespace::run(client.clone())),
         tokio::spawn(garbage_collector::run(client.clone())),
         tokio::spawn(serviceaccount::run(client.clone())),
-        tokio::spawn(root_ca::run(client, config.server_ca_pem.clone())),
+        tokio::spawn(root_ca::run(client.clone(), config.server_ca_pem.clone())),
+        tokio::spawn(node_ipam::run(client.clone(), config.clone())),
+        tokio::spawn(node_lifecycle::run(client.clone())),
+        tokio::spawn(taint_eviction::run(client.clone())),
+        tokio::spawn(endpoints::run(client.clone())),
+        tokio::spawn(endpointslice::run(client.clone())),
+        tokio::spawn(disruption::run(client.clone())),
+        tokio::spawn(resourcequota::run(client)),
     ]
 }

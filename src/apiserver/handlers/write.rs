@@ -634,6 +634,26 @@ pub async fn evict(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             continue;
         }
         let allowed = pdb.object.pointer("/status/disruptionsAllowed").and_then(Value::as_i64).unwrap_or(0);
+        // A budget the DisruptionController has not caught up with allows nothing yet.
+        let observed = pdb.object.pointer("/status/observedGeneration").and_then(Value::as_i64).unwrap_or(0);
+        let generation = pdb.object.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0);
+        if observed < generation {
+            let mut e = ApiError::new(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            );
+            e.causes = vec![Cause {
+                reason: "DisruptionBudget",
+                message: format!(
+                    "The disruption budget {} is still being processed by the server.",
+                    meta::name_of(&pdb.object)
+                ),
+                field: String::new(),
+            }];
+            e.retry_after = Some(10);
+            return Err(e);
+        }
         if allowed < 1 {
             let mut e = ApiError::new(
                 429,
@@ -656,6 +676,12 @@ pub async fn evict(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         // Count this disruption against the budget before deleting.
         let mut updated = pdb.object.clone();
         updated["status"]["disruptionsAllowed"] = json!(allowed - 1);
+        // Until the pod is gone, the DisruptionController must not count it
+        // healthy again (it drops the entry after two minutes).
+        if !updated["status"]["disruptedPods"].is_object() {
+            updated["status"]["disruptedPods"] = json!({});
+        }
+        updated["status"]["disruptedPods"][meta::name_of(&pod.object)] = json!(meta::now_rfc3339());
         let key = format!("/registry/policy/poddisruptionbudgets/{ns}/{}", meta::name_of(&pdb.object));
         call.api.storage.update(&key, &updated, pdb.rev).await.map_err(|_| {
             ApiError::conflict(

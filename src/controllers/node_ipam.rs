@@ -1,0 +1,189 @@
+//! NodeIpamController (upstream's RangeAllocator): every Node gets a
+//! podCIDR, a `/node_cidr_mask` slice of the cluster CIDR, written to
+//! `spec.podCIDR` and `spec.podCIDRs`. The set of slices in use is rebuilt
+//! from the Nodes in the cache on every reconcile (plus allocations whose
+//! write the cache has not seen yet), so restarts and deletions need no
+//! bookkeeping: a deleted Node's slice is free as soon as it leaves the cache.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+
+use super::{ControllerConfig, ControllerError};
+use crate::client::events::{EventRecorder, EventType};
+
+/// The cluster CIDR cut into equal slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CidrSet {
+    base: u32,
+    cluster_prefix: u8,
+    node_prefix: u8,
+}
+
+impl CidrSet {
+    pub fn new(cluster: (Ipv4Addr, u8), node_prefix: u8) -> Result<CidrSet, ControllerError> {
+        let (addr, prefix) = cluster;
+        if prefix > 32 || node_prefix > 32 || node_prefix < prefix || node_prefix - prefix > 24 {
+            return Err(ControllerError::Invalid(format!("cannot cut {addr}/{prefix} into /{node_prefix} node CIDRs")));
+        }
+        let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
+        Ok(CidrSet { base: u32::from(addr) & mask, cluster_prefix: prefix, node_prefix })
+    }
+
+    /// How many node CIDRs there are.
+    pub fn len(&self) -> u32 {
+        1 << (self.node_prefix - self.cluster_prefix)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The `index`th slice as `a.b.c.d/n`.
+    pub fn cidr(&self, index: u32) -> String {
+        let step = if self.node_prefix == 32 { 1 } else { 1u32 << (32 - self.node_prefix) };
+        format!("{}/{}", Ipv4Addr::from(self.base + index * step), self.node_prefix)
+    }
+
+    /// Which slice `cidr` is, when it is one of ours.
+    pub fn index_of(&self, cidr: &str) -> Option<u32> {
+        let (addr, prefix) = cidr.split_once('/')?;
+        let addr: Ipv4Addr = addr.parse().ok()?;
+        if prefix.parse::<u8>().ok()? != self.node_prefix {
+            return None;
+        }
+        let offset = u32::from(addr).checked_sub(self.base)?;
+        let step = if self.node_prefix == 32 { 1 } else { 1u32 << (32 - self.node_prefix) };
+        let index = offset / step;
+        (offset % step == 0 && index < self.len()).then_some(index)
+    }
+
+    /// The first slice not in `used`.
+    pub fn first_free(&self, used: &BTreeSet<u32>) -> Option<u32> {
+        (0..self.len()).find(|i| !used.contains(i))
+    }
+}
+
+struct Context {
+    client: kube::Client,
+    cidrs: CidrSet,
+    nodes: Store<Node>,
+    /// Allocations written but perhaps not yet in the cache: node → index.
+    pending: Mutex<BTreeMap<String, u32>>,
+    recorder: EventRecorder,
+}
+
+fn pod_cidrs(node: &Node) -> Vec<String> {
+    let spec = node.spec.as_ref();
+    let mut out: Vec<String> = spec.and_then(|s| s.pod_cidrs.clone()).unwrap_or_default();
+    if let Some(c) = spec.and_then(|s| s.pod_cidr.clone()) {
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    if node.metadata.deletion_timestamp.is_some() || !pod_cidrs(&node).is_empty() {
+        return Ok(Action::await_change());
+    }
+    let index = {
+        let Ok(mut pending) = ctx.pending.lock() else {
+            return Err(ControllerError::Invalid("node IPAM state poisoned".into()));
+        };
+        let cached = ctx.nodes.state();
+        // Forget pending allocations the cache has caught up with, or whose node is gone.
+        pending.retain(|n, _| cached.iter().any(|c| c.metadata.name.as_deref() == Some(n) && pod_cidrs(c).is_empty()));
+        let mut used: BTreeSet<u32> =
+            cached.iter().flat_map(|n| pod_cidrs(n)).filter_map(|c| ctx.cidrs.index_of(&c)).collect();
+        if let Some(i) = pending.get(&name) {
+            Some(*i)
+        } else {
+            used.extend(pending.values().copied());
+            let free = ctx.cidrs.first_free(&used);
+            if let Some(i) = free {
+                pending.insert(name.clone(), i);
+            }
+            free
+        }
+    };
+    let Some(index) = index else {
+        ctx.recorder.publish(
+            &*node,
+            EventType::Normal,
+            "CIDRNotAvailable",
+            &format!("Node {name} status is now: CIDRNotAvailable"),
+        );
+        tracing::warn!(node = %name, "no podCIDR is free in the cluster CIDR");
+        return Ok(Action::requeue(Duration::from_secs(30)));
+    };
+    let cidr = ctx.cidrs.cidr(index);
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let patch = serde_json::json!({"spec": {"podCIDR": cidr, "podCIDRs": [cidr]}});
+    match nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => tracing::info!(node = %name, %cidr, "allocated podCIDR"),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            if let Ok(mut pending) = ctx.pending.lock() {
+                pending.remove(&name);
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Action::await_change())
+}
+
+fn error_policy(_node: Arc<Node>, err: &ControllerError, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %err, "node IPAM reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+pub async fn run(client: kube::Client, config: Arc<ControllerConfig>) {
+    let cidrs = match CidrSet::new(config.cluster_cidr, config.node_cidr_mask) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "node IPAM disabled");
+            return;
+        }
+    };
+    let controller = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let ctx = Arc::new(Context {
+        recorder: EventRecorder::new(client.clone(), "node-ipam-controller"),
+        client,
+        cidrs,
+        nodes: controller.store(),
+        pending: Mutex::new(BTreeMap::new()),
+    });
+    controller.run(reconcile, error_policy, ctx).for_each(|_| std::future::ready(())).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_the_cluster_cidr_into_node_cidrs() {
+        let set = CidrSet::new((Ipv4Addr::new(10, 42, 0, 0), 16), 24).unwrap();
+        assert_eq!(set.len(), 256);
+        assert_eq!(set.cidr(0), "10.42.0.0/24");
+        assert_eq!(set.cidr(255), "10.42.255.0/24");
+        assert_eq!(set.index_of("10.42.7.0/24"), Some(7));
+        assert_eq!(set.index_of("10.42.7.1/24"), None);
+        assert_eq!(set.index_of("10.43.0.0/24"), None);
+        assert_eq!(set.index_of("10.42.7.0/25"), None);
+        let used: BTreeSet<u32> = [0, 1, 3].into_iter().collect();
+        assert_eq!(set.first_free(&used), Some(2));
+        let tiny = CidrSet::new((Ipv4Addr::new(10, 0, 0, 0), 30), 31).unwrap();
+        assert_eq!(tiny.first_free(&[0, 1].into_iter().collect()), None);
+        assert!(CidrSet::new((Ipv4Addr::new(10, 0, 0, 0), 24), 16).is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! TaintEvictionController: a pod bound to a node with NoExecute taints is
+//! deleted unless it tolerates all of them; when it tolerates them only for
+//! a while (`tolerationSeconds`), it is deleted once the shortest of those
+//! runs out, counted from when the taints were added. Before deleting, the
+//! pod gets the DisruptionTarget condition, as upstream does.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, Taint, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+
+use super::informers::reflected;
+use super::ControllerError;
+use crate::client::events::{EventRecorder, EventType};
+
+/// upstream's `Toleration.ToleratesTaint`.
+pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+    if toleration.effect.as_deref().is_some_and(|e| !e.is_empty() && e != taint.effect) {
+        return false;
+    }
+    let key = toleration.key.as_deref().unwrap_or_default();
+    if !key.is_empty() && key != taint.key {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => true,
+        "Equal" | "" => {
+            key == taint.key
+                && toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default()
+        }
+        _ => false,
+    }
+}
+
+/// How long the pod may stay: `None` = evict now, `Some(None)` = forever,
+/// `Some(Some(d))` = for `d` (upstream's GetMatchingTolerations and
+/// getMinTolerationTime: the first toleration matching each taint counts).
+pub fn toleration_time(taints: &[&Taint], tolerations: &[Toleration]) -> Option<Option<Duration>> {
+    let mut min: Option<Duration> = None;
+    for taint in taints {
+        let used = tolerations.iter().find(|t| tolerates(t, taint))?;
+        if let Some(secs) = used.toleration_seconds {
+            let d = Duration::from_secs(secs.max(0) as u64);
+            min = Some(min.map_or(d, |m| m.min(d)));
+        }
+    }
+    Some(min)
+}
+
+struct Context {
+    client: kube::Client,
+    nodes: Store<Node>,
+    /// When a pod was first seen on a tainted node, for taints without timeAdded.
+    first_seen: Mutex<HashMap<String, Timestamp>>,
+    recorder: EventRecorder,
+}
+
+async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let Some(node_name) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        return Ok(Action::await_change());
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let _ = ctx.nodes.wait_until_ready().await;
+    let node = ctx.nodes.get(&ObjectRef::new(&node_name));
+    let taints: Vec<Taint> = node.and_then(|n| n.spec.as_ref()?.taints.clone()).unwrap_or_default();
+    match decide(&ctx, &uid, &no_execute_of(&taints), &pod)? {
+        Some(action) => Ok(action),
+        None => {
+            evict(&ctx, &pod).await?;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+fn no_execute_of(taints: &[Taint]) -> Vec<&Taint> {
+    taints.iter().filter(|t| t.effect == "NoExecute").collect()
+}
+
+/// What to do with the pod: `None` = evict now.
+fn decide(ctx: &Context, uid: &str, no_execute: &[&Taint], pod: &Pod) -> Result<Option<Action>, ControllerError> {
+    let mut seen =
+        ctx.first_seen.lock().map_err(|_| ControllerError::Invalid("taint eviction state poisoned".into()))?;
+    if no_execute.is_empty() {
+        seen.remove(uid);
+        return Ok(Some(Action::await_change()));
+    }
+    let now = Timestamp::now();
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.clone()).unwrap_or_default();
+    match toleration_time(no_execute, &tolerations) {
+        None => Ok(None),
+        Some(None) => {
+            seen.remove(uid);
+            Ok(Some(Action::await_change()))
+        }
+        Some(Some(d)) => {
+            let added = no_execute.iter().filter_map(|t| t.time_added.as_ref().map(|t| t.0)).min();
+            let since = match added {
+                Some(t) => {
+                    seen.remove(uid);
+                    t
+                }
+                None => *seen.entry(uid.to_string()).or_insert(now),
+            };
+            let due = since.as_millisecond() + d.as_millis() as i64;
+            if due > now.as_millisecond() {
+                return Ok(Some(Action::requeue(Duration::from_millis((due - now.as_millisecond()) as u64 + 10))));
+            }
+            Ok(None)
+        }
+    }
+}
+
+async fn evict(ctx: &Context, pod: &Pod) -> Result<(), ControllerError> {
+    let (ns, name) =
+        (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default());
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    ctx.recorder.publish(
+        pod,
+        EventType::Normal,
+        "TaintManagerEviction",
+        &format!("Marking for deletion Pod {ns}/{name}"),
+    );
+    let mut updated = pod.clone();
+    let conditions = updated.status.get_or_insert_with(Default::default).conditions.get_or_insert_with(Vec::new);
+    if !conditions.iter().any(|c| c.type_ == "DisruptionTarget" && c.status == "True") {
+        conditions.retain(|c| c.type_ != "DisruptionTarget");
+        conditions.push(PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some("DeletionByTaintManager".into()),
+            message: Some("Taint manager: deleting due to NoExecute taint".into()),
+            last_transition_time: Some(Time(Timestamp::now())),
+            ..Default::default()
+        });
+        updated.metadata.managed_fields = None;
+        match api.replace_status(&name, &PostParams::default(), &updated).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                return Err(ControllerError::Invalid(format!("pod {ns}/{name} changed; retrying its eviction")))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let dp = DeleteParams {
+        preconditions: pod
+            .metadata
+            .uid
+            .clone()
+            .map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
+        ..Default::default()
+    };
+    match api.delete(&name, &dp).await {
+        Ok(_) => tracing::info!(pod = %name, namespace = %ns, "evicted pod from a NoExecute-tainted node"),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+fn error_policy(_pod: Arc<Pod>, err: &ControllerError, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(error = %err, "taint eviction reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(1))
+}
+
+pub async fn run(client: kube::Client) {
+    let (nodes, node_events) = reflected(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let controller = Controller::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
+    let pods = controller.store();
+    let ctx = Arc::new(Context {
+        recorder: EventRecorder::new(client.clone(), "taint-eviction-controller"),
+        client,
+        nodes,
+        first_seen: Mutex::new(HashMap::new()),
+    });
+    controller
+        .watches_stream(node_events, move |node: Node| {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            pods.state_filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
+                .iter()
+                .map(|p| ObjectRef::from_obj(&**p))
+                .collect::<Vec<_>>()
+        })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| std::future::ready(()))
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taint(key: &str) -> Taint {
+        Taint { key: key.into(), effect: "NoExecute".into(), value: None, time_added: None }
+    }
+
+    fn toleration(key: &str, op: &str, secs: Option<i64>) -> Toleration {
+        Toleration {
+            key: Some(key.into()),
+            operator: Some(op.into()),
+            effect: Some("NoExecute".into()),
+            toleration_seconds: secs,
+            value: None,
+        }
+    }
+
+    #[test]
+    fn tolerations_as_upstream() {
+        let unreachable = taint("node.kubernetes.io/unreachable");
+        let other = taint("x");
+        assert_eq!(toleration_time(&[&unreachable], &[]), None);
+        let t300 = toleration("node.kubernetes.io/unreachable", "Exists", Some(300));
+        assert_eq!(toleration_time(&[&unreachable], std::slice::from_ref(&t300)), Some(Some(Duration::from_secs(300))));
+        assert_eq!(toleration_time(&[&unreachable, &other], std::slice::from_ref(&t300)), None);
+        let all = Toleration { operator: Some("Exists".into()), ..Default::default() };
+        assert_eq!(toleration_time(&[&unreachable, &other], &[all]), Some(None));
+        // The first matching toleration counts.
+        let forever = toleration("node.kubernetes.io/unreachable", "Exists", None);
+        assert_eq!(toleration_time(&[&unreachable], &[forever, t300]), Some(None));
+        let eq = Toleration { key: Some("x".into()), value: Some("v".into()), ..Default::default() };
+        assert!(!tolerates(&eq, &other));
+    }
+}
