@@ -11,7 +11,7 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 /// The heartbeat grace period the server runs with here (40 s upstream).
-const GRACE: &str = "3s";
+const GRACE: &str = "5s";
 
 fn start() -> common::ApiServer {
     static ENV: Once = Once::new();
@@ -153,7 +153,17 @@ fn unreachable_nodes_are_tainted_and_their_pods_evicted() {
     let unreachable =
         r#"[{"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":4}]"#;
     let forever = r#"[{"operator":"Exists","effect":"NoExecute"}]"#;
-    pod(&s, "plain", r#"{"app":"a"}"#, "edge-1", 80, "[]");
+    let not_at_all =
+        r#"[{"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":0}]"#;
+    pod(&s, "plain", r#"{"app":"a"}"#, "edge-1", 80, not_at_all);
+    // A pod that says nothing gets DefaultTolerationSeconds' 300 s.
+    pod(&s, "defaulted", r#"{"app":"a"}"#, "edge-1", 80, "[]");
+    let defaults = get(
+        &s,
+        &["pod", "defaulted"],
+        "{.spec.tolerations[?(@.key==\"node.kubernetes.io/unreachable\")].tolerationSeconds}",
+    );
+    assert_eq!(defaults, "300");
     pod(&s, "brief", r#"{"app":"a"}"#, "edge-1", 80, unreachable);
     pod(&s, "patient", r#"{"app":"a"}"#, "edge-1", 80, forever);
     pod_status(&s, "patient", "10.42.0.9", true);
@@ -170,7 +180,7 @@ fn unreachable_nodes_are_tainted_and_their_pods_evicted() {
     eventually("the node to be marked Unknown", || {
         get(&s, &["node", "edge-1"], "{.status.conditions[?(@.type==\"Ready\")].status}") == "Unknown"
     });
-    assert!(silent.elapsed() >= Duration::from_millis(2500), "marked Unknown before the grace period");
+    assert!(silent.elapsed() >= Duration::from_millis(4500), "marked Unknown before the grace period");
     let message = get(&s, &["node", "edge-1"], "{.status.conditions[?(@.type==\"Ready\")].message}");
     assert_eq!(message, "Kubelet stopped posting node status.");
     eventually("the unreachable taints", || {
@@ -188,6 +198,7 @@ fn unreachable_nodes_are_tainted_and_their_pods_evicted() {
     eventually("the pod tolerating 4s to be evicted", || evicted(&s, "brief"));
     assert!(silent.elapsed() >= Duration::from_secs(6), "tolerationSeconds not honoured");
     assert!(!evicted(&s, "patient"), "a pod tolerating the taint forever was evicted");
+    assert!(!evicted(&s, "defaulted"), "a pod with the default 300 s toleration was evicted");
 
     // The kubelet reports NotReady: the taint becomes not-ready.
     heartbeat(&s, "edge-1", "False");
