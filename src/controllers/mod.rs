@@ -6,6 +6,7 @@
 pub mod controller_utils;
 pub mod garbage_collector;
 pub mod namespace;
+pub mod replicaset;
 pub mod root_ca;
 pub mod serviceaccount;
 
@@ -40,6 +41,7 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(namespace::run(client.clone())),
         tokio::spawn(garbage_collector::run(client.clone())),
         tokio::spawn(serviceaccount::run(client.clone())),
+        tokio::spawn(replicaset::run(client.clone())),
         tokio::spawn(root_ca::run(client, config.server_ca_pem.clone())),
     ]
 }
