@@ -4,6 +4,7 @@
 //! They run while this server holds the `kube-controller-manager` Lease.
 
 pub mod controller_utils;
+pub mod deployment;
 pub mod garbage_collector;
 pub mod namespace;
 pub mod replicaset;
@@ -42,6 +43,7 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(garbage_collector::run(client.clone())),
         tokio::spawn(serviceaccount::run(client.clone())),
         tokio::spawn(replicaset::run(client.clone())),
+        tokio::spawn(deployment::run(client.clone())),
         tokio::spawn(root_ca::run(client, config.server_ca_pem.clone())),
     ]
 }

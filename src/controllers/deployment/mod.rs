@@ -1,0 +1,193 @@
+//! DeploymentController: rolls a Deployment's pod template out through
+//! ReplicaSets, as kube-controller-manager does. The ReplicaSet whose
+//! template equals the Deployment's (ignoring `pod-template-hash`) is the new
+//! one, all others are old; RollingUpdate moves replicas from the old to the
+//! new within maxSurge / maxUnavailable, Recreate scales the old to zero
+//! first. Revisions live in `deployment.kubernetes.io/revision` annotations,
+//! so `kubectl rollout history|undo` work; paused Deployments only scale
+//! (proportionally) and clean up; the Progressing and Available conditions
+//! and the status counters follow upstream.
+//!
+//! Files: `sync` (finding and creating ReplicaSets, scaling), `rolling`,
+//! `recreate`, `progress` (status and conditions), `history` (revision
+//! annotations and revisionHistoryLimit cleanup), `util` (arithmetic).
+
+mod history;
+mod progress;
+mod recreate;
+mod rolling;
+mod sync;
+mod util;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::{applier, trigger_self, Action, ReconcileRequest};
+use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+
+use super::controller_utils::controller_of;
+use super::ControllerError;
+use crate::client::events::{EventRecorder, EventType};
+use crate::client::labels;
+
+struct Context {
+    client: kube::Client,
+    replicasets: Store<ReplicaSet>,
+    deployments: Store<Deployment>,
+    recorder: EventRecorder,
+}
+
+impl Context {
+    /// The Deployments a ReplicaSet event concerns: its controller, or for
+    /// an orphan every Deployment in its namespace whose selector matches.
+    fn deployments_for(&self, rs: &ReplicaSet) -> Vec<ObjectRef<Deployment>> {
+        let ns = rs.metadata.namespace.clone().unwrap_or_default();
+        if let Some(c) = controller_of(&rs.metadata) {
+            if c.kind == "Deployment" && c.api_version.starts_with("apps/") {
+                return vec![ObjectRef::new(&c.name).within(&ns)];
+            }
+            return Vec::new();
+        }
+        self.deployments
+            .state()
+            .iter()
+            .filter(|d| d.metadata.namespace.as_deref() == Some(ns.as_str()))
+            .filter(|d| {
+                let selector = d.spec.as_ref().map(|s| &s.selector);
+                selector.is_some_and(|s| !labels::is_empty(s) && labels::matches(s, rs.metadata.labels.as_ref()))
+            })
+            .map(|d| ObjectRef::from_obj(d.as_ref()))
+            .collect()
+    }
+}
+
+/// One sync of one Deployment: the working copy and what the sync learnt.
+struct DeploymentSync<'a> {
+    ctx: &'a Context,
+    d: Deployment,
+    /// When to look again if nothing else happens (the progress deadline).
+    requeue: Option<Duration>,
+}
+
+impl DeploymentSync<'_> {
+    fn namespace(&self) -> String {
+        self.d.metadata.namespace.clone().unwrap_or_default()
+    }
+
+    fn name(&self) -> String {
+        self.d.metadata.name.clone().unwrap_or_default()
+    }
+
+    fn replicasets_api(&self) -> Api<ReplicaSet> {
+        Api::namespaced(self.ctx.client.clone(), &self.namespace())
+    }
+
+    fn event(&self, kind: EventType, reason: &str, message: &str) {
+        self.ctx.recorder.publish(&self.d, kind, reason, message);
+    }
+
+    /// Writes the working copy's status (and revision annotation).
+    async fn update_status(&mut self) -> Result<(), ControllerError> {
+        let api: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), &self.namespace());
+        self.d = api.replace_status(&self.name(), &PostParams::default(), &self.d).await?;
+        Ok(())
+    }
+
+    async fn update_replicaset(&self, rs: &ReplicaSet) -> Result<ReplicaSet, ControllerError> {
+        let name = rs.metadata.name.clone().unwrap_or_default();
+        Ok(self.replicasets_api().replace(&name, &PostParams::default(), rs).await?)
+    }
+}
+
+async fn reconcile(d: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    if ctx.replicasets.wait_until_ready().await.is_err() {
+        return Err(ControllerError::Invalid("the replica set cache stopped".into()));
+    }
+    let mut s = DeploymentSync { ctx: &ctx, d: (*d).clone(), requeue: None };
+    let selector = d.spec.as_ref().map(|s| s.selector.clone()).unwrap_or_default();
+    if labels::is_empty(&selector) {
+        s.event(
+            EventType::Warning,
+            "SelectingAll",
+            "This deployment is selecting all pods. A non-empty selector is required.",
+        );
+        let observed = d.status.as_ref().and_then(|st| st.observed_generation);
+        if observed < d.metadata.generation {
+            s.d.status.get_or_insert_with(Default::default).observed_generation = d.metadata.generation;
+            s.update_status().await?;
+        }
+        return Ok(Action::await_change());
+    }
+    let rs_list = s.claim_replicasets().await?;
+    if d.metadata.deletion_timestamp.is_some() {
+        s.sync_status_only(&rs_list).await?;
+        return Ok(Action::await_change());
+    }
+    s.check_paused_conditions().await?;
+    if util::is_paused(&s.d) {
+        s.sync(&rs_list).await?;
+    } else if s.is_scaling_event(&rs_list).await? {
+        s.sync(&rs_list).await?;
+    } else if util::is_rolling(&s.d) {
+        s.rollout_rolling(&rs_list).await?;
+    } else {
+        s.rollout_recreate(&rs_list).await?;
+    }
+    Ok(match s.requeue {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
+}
+
+fn error_policy(d: Arc<Deployment>, err: &ControllerError, _ctx: Arc<Context>) -> Action {
+    tracing::debug!(deployment = %d.metadata.name.as_deref().unwrap_or_default(), error = %err, "deployment sync failed; retrying");
+    let conflict = matches!(err, ControllerError::Kube(kube::Error::Api(s)) if s.code == 409);
+    Action::requeue(if conflict { Duration::from_millis(200) } else { Duration::from_secs(5) })
+}
+
+pub async fn run(client: kube::Client) {
+    let (d_reader, d_writer) = reflector::store::<Deployment>();
+    let (rs_reader, rs_writer) = reflector::store::<ReplicaSet>();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        replicasets: rs_reader,
+        deployments: d_reader.clone(),
+        recorder: EventRecorder::new(client.clone(), "deployment-controller"),
+    });
+    let d_api: Api<Deployment> = Api::all(client.clone());
+    let rs_api: Api<ReplicaSet> = Api::all(client);
+    let own = trigger_self(
+        reflector(d_writer, watcher(d_api, watcher::Config::default()).default_backoff()).applied_objects(),
+        (),
+    );
+    let rs_ctx = ctx.clone();
+    let replicasets = reflector(rs_writer, watcher(rs_api, watcher::Config::default()).default_backoff())
+        .map_ok(move |ev| {
+            let refs = match &ev {
+                Event::Apply(rs) | Event::InitApply(rs) | Event::Delete(rs) => rs_ctx.deployments_for(rs),
+                Event::Init | Event::InitDone => Vec::new(),
+            };
+            stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
+        })
+        .try_flatten();
+    applier(
+        |d, ctx| Box::pin(reconcile(d, ctx)),
+        error_policy,
+        ctx,
+        d_reader,
+        stream::select(own, replicasets),
+        kube::runtime::Config::default(),
+    )
+    .for_each(|r| {
+        if let Err(e) = r {
+            tracing::trace!(error = %e, "deployment controller");
+        }
+        std::future::ready(())
+    })
+    .await;
+}
