@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{applier, trigger_self, Action, ReconcileRequest};
 use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher, Event};
@@ -72,6 +72,8 @@ struct DeploymentSync<'a> {
     d: Deployment,
     /// When to look again if nothing else happens (the progress deadline).
     requeue: Option<Duration>,
+    /// The revision annotation as the API server has it.
+    stored_revision: Option<String>,
 }
 
 impl DeploymentSync<'_> {
@@ -91,10 +93,23 @@ impl DeploymentSync<'_> {
         self.ctx.recorder.publish(&self.d, kind, reason, message);
     }
 
-    /// Writes the working copy's status (and revision annotation).
+    /// Writes the working copy's status and revision annotation. Upstream
+    /// writes both through the status subresource; ferrok's status
+    /// subresource keeps metadata as it was, so the annotation goes first
+    /// as a metadata-only patch (which leaves the generation alone).
     async fn update_status(&mut self) -> Result<(), ControllerError> {
         let api: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), &self.namespace());
-        self.d = api.replace_status(&self.name(), &PostParams::default(), &self.d).await?;
+        let revision = |d: &Deployment| d.metadata.annotations.as_ref().and_then(|a| a.get(util::REVISION)).cloned();
+        let want = revision(&self.d);
+        let mut current = self.d.clone();
+        if want.is_some() && want != self.stored_revision {
+            let patch = serde_json::json!({"metadata": {"annotations": {util::REVISION: want},
+                "resourceVersion": self.d.metadata.resource_version}});
+            current = api.patch(&self.name(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+            current.status = self.d.status.clone();
+        }
+        self.d = api.replace_status(&self.name(), &PostParams::default(), &current).await?;
+        self.stored_revision = revision(&self.d);
         Ok(())
     }
 
@@ -108,7 +123,8 @@ async fn reconcile(d: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action, Cont
     if ctx.replicasets.wait_until_ready().await.is_err() {
         return Err(ControllerError::Invalid("the replica set cache stopped".into()));
     }
-    let mut s = DeploymentSync { ctx: &ctx, d: (*d).clone(), requeue: None };
+    let stored_revision = d.metadata.annotations.as_ref().and_then(|a| a.get(util::REVISION)).cloned();
+    let mut s = DeploymentSync { ctx: &ctx, d: (*d).clone(), requeue: None, stored_revision };
     let selector = d.spec.as_ref().map(|s| s.selector.clone()).unwrap_or_default();
     if labels::is_empty(&selector) {
         s.event(

@@ -60,9 +60,11 @@ pub fn calculate_status(
     }
     status.conditions = (!conditions.is_empty()).then_some(conditions);
     status.replicas = pods.len() as i32;
-    status.fully_labeled_replicas = Some(fully_labeled);
-    status.ready_replicas = Some(ready);
-    status.available_replicas = Some(available);
+    // Zero counters are left out, as upstream's `omitempty` leaves them out.
+    let non_zero = |v: i32| (v != 0).then_some(v);
+    status.fully_labeled_replicas = non_zero(fully_labeled);
+    status.ready_replicas = non_zero(ready);
+    status.available_replicas = non_zero(available);
     status.observed_generation = rs.metadata.generation;
     status
 }
