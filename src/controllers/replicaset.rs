@@ -94,7 +94,8 @@ impl Context {
                 let owners = self.replicasets_for(p);
                 let name = p.metadata.name.as_deref().unwrap_or_default();
                 for o in &owners {
-                    self.expectations.observe_deletion(&key_of(o.namespace.as_deref().unwrap_or_default(), &o.name), name);
+                    self.expectations
+                        .observe_deletion(&key_of(o.namespace.as_deref().unwrap_or_default(), &o.name), name);
                 }
                 owners
             }
@@ -169,10 +170,14 @@ async fn claim_pods(ctx: &Context, rs: &ReplicaSet, pods: Vec<Arc<Pod>>) -> Resu
                 if matches {
                     owned.push(pod);
                 } else if !deleting {
-                    let rest: Vec<_> = pod.metadata.owner_references.iter().flatten().filter(|o| o.uid != uid).collect();
+                    let rest: Vec<_> =
+                        pod.metadata.owner_references.iter().flatten().filter(|o| o.uid != uid).collect();
+                    let rest = if rest.is_empty() { serde_json::Value::Null } else { serde_json::json!(rest) };
                     let patch = serde_json::json!({"metadata": {"ownerReferences": rest}});
                     match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                        Ok(_) => tracing::debug!(replicaset = %rs.metadata.name.as_deref().unwrap_or_default(), pod = %name, "released pod"),
+                        Ok(_) => {
+                            tracing::debug!(replicaset = %rs.metadata.name.as_deref().unwrap_or_default(), pod = %name, "released pod")
+                        }
                         Err(e) if is_not_found(&e) => {}
                         Err(e) => return Err(e.into()),
                     }
@@ -204,7 +209,8 @@ async fn claim_pods(ctx: &Context, rs: &ReplicaSet, pods: Vec<Arc<Pod>>) -> Resu
 /// Whether the ReplicaSet, read afresh, is still this one and not being
 /// deleted (upstream's canAdopt check).
 async fn fresh_and_alive(ctx: &Context, rs: &ReplicaSet) -> Result<bool, ControllerError> {
-    let api: Api<ReplicaSet> = Api::namespaced(ctx.client.clone(), rs.metadata.namespace.as_deref().unwrap_or_default());
+    let api: Api<ReplicaSet> =
+        Api::namespaced(ctx.client.clone(), rs.metadata.namespace.as_deref().unwrap_or_default());
     let fresh = api.get_opt(rs.metadata.name.as_deref().unwrap_or_default()).await?;
     Ok(fresh.is_some_and(|f| f.metadata.uid == rs.metadata.uid && f.metadata.deletion_timestamp.is_none()))
 }
@@ -223,7 +229,12 @@ async fn create_pod(ctx: &Context, rs: &ReplicaSet) -> Result<String, kube::Erro
             Ok(pod_name)
         }
         Err(e) => {
-            ctx.recorder.publish(rs, EventType::Warning, "FailedCreate", &format!("Error creating: {}", error_message(&e)));
+            ctx.recorder.publish(
+                rs,
+                EventType::Warning,
+                "FailedCreate",
+                &format!("Error creating: {}", error_message(&e)),
+            );
             Err(e)
         }
     }
@@ -240,7 +251,12 @@ async fn delete_pod(ctx: &Context, rs: &ReplicaSet, pod: &Pod) -> Result<(), kub
         }
         Err(e) if is_not_found(&e) => Ok(()),
         Err(e) => {
-            ctx.recorder.publish(rs, EventType::Warning, "FailedDelete", &format!("Error deleting: {}", error_message(&e)));
+            ctx.recorder.publish(
+                rs,
+                EventType::Warning,
+                "FailedDelete",
+                &format!("Error deleting: {}", error_message(&e)),
+            );
             Err(e)
         }
     }

@@ -98,7 +98,8 @@ impl DeploymentSync<'_> {
     /// Deletes the oldest scaled-down ReplicaSets beyond revisionHistoryLimit.
     pub(super) async fn cleanup_deployment(&self, old: &[ReplicaSet]) -> Result<(), ControllerError> {
         let Some(limit) = self.d.spec.as_ref().and_then(|s| s.revision_history_limit) else { return Ok(()) };
-        let mut cleanable: Vec<&ReplicaSet> = old.iter().filter(|rs| rs.metadata.deletion_timestamp.is_none()).collect();
+        let mut cleanable: Vec<&ReplicaSet> =
+            old.iter().filter(|rs| rs.metadata.deletion_timestamp.is_none()).collect();
         let diff = cleanable.len() as i64 - i64::from(limit);
         if diff <= 0 {
             return Ok(());

@@ -200,7 +200,8 @@ impl DeploymentSync<'_> {
                 let msg = format!("{subject} has successfully progressed.");
                 set_condition(&mut status, new_condition(PROGRESSING, "True", NEW_RS_AVAILABLE, msg));
             } else if deployment_progressing(d, &status) {
-                let mut c = new_condition(PROGRESSING, "True", "ReplicaSetUpdated", format!("{subject} is progressing."));
+                let mut c =
+                    new_condition(PROGRESSING, "True", "ReplicaSetUpdated", format!("{subject} is progressing."));
                 if let Some(current) = &current {
                     if current.status == "True" {
                         c.last_transition_time = current.last_transition_time.clone();

@@ -6,7 +6,9 @@ use k8s_openapi::api::apps::v1::ReplicaSet;
 
 use super::progress::deployment_complete;
 use super::sync::{active, new_rs_new_replicas};
-use super::util::{available_replica_count, available_replicas, by_creation, max_unavailable, replica_count, replicas, rs_replicas};
+use super::util::{
+    available_replica_count, available_replicas, by_creation, max_unavailable, replica_count, replicas, rs_replicas,
+};
 use super::DeploymentSync;
 use crate::controllers::ControllerError;
 
@@ -94,7 +96,11 @@ impl DeploymentSync<'_> {
 
     /// Scales old ReplicaSets down, oldest first, while availability stays
     /// at least replicas - maxUnavailable.
-    async fn scale_down_old_replicasets(&self, all: &[ReplicaSet], mut old: Vec<ReplicaSet>) -> Result<i32, ControllerError> {
+    async fn scale_down_old_replicasets(
+        &self,
+        all: &[ReplicaSet],
+        mut old: Vec<ReplicaSet>,
+    ) -> Result<i32, ControllerError> {
         let min_available = replicas(&self.d) - max_unavailable(&self.d);
         let available = available_replica_count(all);
         if available <= min_available {

@@ -62,8 +62,8 @@ fn proportion(rs: &ReplicaSet, d: &Deployment, to_add: i32, added: i32) -> i32 {
         -rs_replicas(rs)
     } else {
         let deployment_replicas = replicas(d) + max_surge(d);
-        let annotated_replicas = annotated(rs, MAX_REPLICAS)
-            .unwrap_or_else(|| d.status.as_ref().and_then(|s| s.replicas).unwrap_or(0));
+        let annotated_replicas =
+            annotated(rs, MAX_REPLICAS).unwrap_or_else(|| d.status.as_ref().and_then(|s| s.replicas).unwrap_or(0));
         if annotated_replicas == 0 {
             0
         } else {
@@ -99,7 +99,9 @@ impl DeploymentSync<'_> {
                     if matches {
                         owned.push((**rs).clone());
                     } else if !deleting {
-                        let rest: Vec<_> = rs.metadata.owner_references.iter().flatten().filter(|o| o.uid != uid).collect();
+                        let rest: Vec<_> =
+                            rs.metadata.owner_references.iter().flatten().filter(|o| o.uid != uid).collect();
+                        let rest = if rest.is_empty() { serde_json::Value::Null } else { serde_json::json!(rest) };
                         let patch = serde_json::json!({"metadata": {"ownerReferences": rest}});
                         match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                             Ok(_) => {}
@@ -143,7 +145,8 @@ impl DeploymentSync<'_> {
         create: bool,
     ) -> Result<(Option<ReplicaSet>, Vec<ReplicaSet>), ControllerError> {
         let new_uid = find_new_replicaset(&self.d, rss).and_then(|rs| rs.metadata.uid.clone());
-        let old: Vec<ReplicaSet> = rss.iter().filter(|rs| rs.metadata.uid != new_uid || new_uid.is_none()).cloned().collect();
+        let old: Vec<ReplicaSet> =
+            rss.iter().filter(|rs| rs.metadata.uid != new_uid || new_uid.is_none()).cloned().collect();
         let new_rs = self.get_new_replicaset(rss, &old, create).await?;
         Ok((new_rs, old))
     }
@@ -185,13 +188,18 @@ impl DeploymentSync<'_> {
         self.create_new_replicaset(old, new_revision).await.map(Some)
     }
 
-    async fn create_new_replicaset(&mut self, old: &[ReplicaSet], new_revision: i64) -> Result<ReplicaSet, ControllerError> {
+    async fn create_new_replicaset(
+        &mut self,
+        old: &[ReplicaSet],
+        new_revision: i64,
+    ) -> Result<ReplicaSet, ControllerError> {
         let d = &self.d;
         let spec = d.spec.clone().unwrap_or_default();
         let collision_count = d.status.as_ref().and_then(|s| s.collision_count);
         let hash = compute_hash(&spec.template, collision_count);
         let mut template = spec.template.clone();
-        let template_labels = template.metadata.get_or_insert_with(Default::default).labels.get_or_insert_with(BTreeMap::new);
+        let template_labels =
+            template.metadata.get_or_insert_with(Default::default).labels.get_or_insert_with(BTreeMap::new);
         template_labels.insert(POD_TEMPLATE_HASH.into(), hash.clone());
         let labels = template_labels.clone();
         let mut selector = spec.selector.clone();
@@ -243,7 +251,10 @@ impl DeploymentSync<'_> {
                 let message = format!("Failed to create new replica set {rs_name:?}: {}", error_message(&e));
                 if progress_deadline(&self.d).is_some() {
                     let status = self.d.status.get_or_insert_with(Default::default);
-                    set_condition(status, new_condition(PROGRESSING, "False", "ReplicaSetCreateError", message.clone()));
+                    set_condition(
+                        status,
+                        new_condition(PROGRESSING, "False", "ReplicaSetCreateError", message.clone()),
+                    );
                     self.update_status().await?;
                 }
                 self.event(EventType::Warning, "FailedCreate", &message);

@@ -72,11 +72,7 @@ pub fn resolve_fenceposts(surge: Option<&IntOrString>, unavailable: Option<&IntO
 
 fn fenceposts(d: &Deployment) -> (i32, i32) {
     let ru = d.spec.as_ref().and_then(|s| s.strategy.as_ref()).and_then(|s| s.rolling_update.as_ref());
-    resolve_fenceposts(
-        ru.and_then(|r| r.max_surge.as_ref()),
-        ru.and_then(|r| r.max_unavailable.as_ref()),
-        replicas(d),
-    )
+    resolve_fenceposts(ru.and_then(|r| r.max_surge.as_ref()), ru.and_then(|r| r.max_unavailable.as_ref()), replicas(d))
 }
 
 pub fn max_surge(d: &Deployment) -> i32 {
