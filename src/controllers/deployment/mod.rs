@@ -146,7 +146,7 @@ async fn reconcile(d: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action, Cont
     }
     s.check_paused_conditions().await?;
     // A paused Deployment only scales; so does any Deployment whose size changed.
-    if util::is_paused(&s.d) || s.is_scaling_event(&rs_list).await? {
+    if util::is_paused(&s.d) || s.is_scaling_event(&rs_list) {
         s.sync(&rs_list).await?;
     } else if util::is_rolling(&s.d) {
         s.rollout_rolling(&rs_list).await?;

@@ -393,13 +393,11 @@ impl DeploymentSync<'_> {
     }
 
     /// Whether an active ReplicaSet was sized for another replica count.
-    pub(super) async fn is_scaling_event(&mut self, rss: &[ReplicaSet]) -> Result<bool, ControllerError> {
-        let (new_rs, old) = self.get_all_replicasets_and_sync_revision(rss, false).await?;
+    /// (Upstream syncs revisions here too; that is left to the sync that
+    /// follows, so that the ReplicaSets in hand stay current.)
+    pub(super) fn is_scaling_event(&self, rss: &[ReplicaSet]) -> bool {
         let want = replicas(&self.d);
-        Ok(active(old.iter().chain(new_rs.as_ref()))
-            .into_iter()
-            .filter_map(|rs| annotated(rs, DESIRED_REPLICAS))
-            .any(|desired| desired != want))
+        active(rss).into_iter().filter_map(|rs| annotated(rs, DESIRED_REPLICAS)).any(|desired| desired != want)
     }
 }
 
