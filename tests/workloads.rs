@@ -359,3 +359,26 @@ fn quota_failures_show_as_replica_failure() {
     assert!(events.contains("Error creating: ") && events.contains("exceeded quota"), "{events}");
     assert_eq!(pods(&s, "capped").len(), 1);
 }
+
+#[test]
+fn scaling_during_a_rollout_is_proportional() {
+    let s = common::ApiServer::start();
+    let strategy = r#"{"type":"RollingUpdate","rollingUpdate":{"maxSurge":3,"maxUnavailable":2}}"#;
+    apply(&s, &deployment("web", 10, strategy, ""));
+    eventually("ten pods", || pods(&s, "web").len() == 10);
+    mark_all_ready(&s, "web");
+    eventually("ten available", || jsonpath(&s, &["deploy", "web"], "{.status.availableReplicas}") == "10");
+    // The new pods never become ready: the rollout stops at 8 old + 5 new.
+    ok(&s, &["set", "image", "deploy/web", "c=nginx:2"]);
+    let sizes = |s: &common::ApiServer| {
+        let mut v: Vec<(String, i32)> = replicasets(s, "web").into_iter().map(|r| (r.2, r.1)).collect();
+        v.sort();
+        v
+    };
+    eventually("the stalled rollout", || sizes(&s) == [("1".to_string(), 8), ("2".to_string(), 5)]);
+    // 15 replicas with maxSurge 3 allow 18 pods: the 5 more go 3 to the
+    // old and 2 to the new ReplicaSet, in proportion to their sizes.
+    ok(&s, &["scale", "deploy/web", "--replicas=15"]);
+    eventually("proportional sizes", || sizes(&s) == [("1".to_string(), 11), ("2".to_string(), 7)]);
+    eventually("18 pods", || pods(&s, "web").len() == 18);
+}
