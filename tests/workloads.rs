@@ -261,10 +261,28 @@ fn paused_deployments_scale_but_do_not_roll_out() {
 #[test]
 fn recreate_removes_old_pods_before_new_ones() {
     let s = common::ApiServer::start();
-    apply(&s, &deployment("web", 2, r#"{"type":"Recreate"}"#, ""));
+    // Pods bound to a node terminate gracefully: they stay until the kubelet
+    // (here the test) removes them, and Recreate must wait for that.
+    let body = deployment("web", 2, r#"{"type":"Recreate"}"#, "")
+        .replace(r#""containers""#, r#""nodeName":"edge-1","containers""#);
+    apply(&s, &body);
     eventually("two pods", || pods(&s, "web").len() == 2);
     mark_all_ready(&s, "web");
+    eventually("two available", || jsonpath(&s, &["deploy", "web"], "{.status.availableReplicas}") == "2");
     ok(&s, &["set", "image", "deploy/web", "c=nginx:2"]);
+    let terminating = |s: &common::ApiServer| {
+        jsonpath(s, &["pods", "-l", "app=web"], "{.items[*].metadata.deletionTimestamp}").split_whitespace().count()
+    };
+    eventually("the old pods terminating", || terminating(&s) == 2);
+    eventually("the old replica set scaled down", || replicasets(&s, "web").iter().all(|r| r.1 == 0));
+    let watch_until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < watch_until {
+        assert_eq!(replicasets(&s, "web").len(), 1, "a new replica set while old pods still terminate");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (name, _, _) in pods(&s, "web") {
+        ok(&s, &["delete", "pod", &name, "--grace-period=0", "--force"]);
+    }
     rollout_with_kubelet(&s, "web", || {
         let sets = replicasets(&s, "web");
         let active = sets.iter().filter(|r| r.1 > 0).count();

@@ -24,13 +24,14 @@ use std::time::Duration;
 
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{applier, trigger_self, Action, ReconcileRequest};
 use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 
-use super::controller_utils::controller_of;
+use super::controller_utils::{controller_of, pod_phase};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::labels;
@@ -38,6 +39,8 @@ use crate::client::labels;
 struct Context {
     client: kube::Client,
     replicasets: Store<ReplicaSet>,
+    /// Pods, for Recreate: new pods wait until every old one is gone.
+    pods: Store<Pod>,
     deployments: Store<Deployment>,
     recorder: EventRecorder,
 }
@@ -63,6 +66,22 @@ impl Context {
             })
             .map(|d| ObjectRef::from_obj(d.as_ref()))
             .collect()
+    }
+
+    /// The Deployment whose ReplicaSet controlled a pod that is gone or
+    /// finished (what a Recreate rollout waits for).
+    fn deployments_for_pod(&self, event: &Event<Pod>) -> Vec<ObjectRef<Deployment>> {
+        let pod = match event {
+            Event::Delete(p) => p,
+            Event::Apply(p) if matches!(pod_phase(p), "Succeeded" | "Failed") => p,
+            _ => return Vec::new(),
+        };
+        let Some(owner) = controller_of(&pod.metadata).filter(|c| c.kind == "ReplicaSet") else { return Vec::new() };
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        match self.replicasets.get(&ObjectRef::new(&owner.name).within(&ns)) {
+            Some(rs) => self.deployments_for(&rs),
+            None => Vec::new(),
+        }
     }
 }
 
@@ -120,7 +139,7 @@ impl DeploymentSync<'_> {
 }
 
 async fn reconcile(d: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
-    if ctx.replicasets.wait_until_ready().await.is_err() {
+    if ctx.replicasets.wait_until_ready().await.is_err() || ctx.pods.wait_until_ready().await.is_err() {
         return Err(ControllerError::Invalid("the replica set cache stopped".into()));
     }
     let stored_revision = d.metadata.annotations.as_ref().and_then(|a| a.get(util::REVISION)).cloned();
@@ -168,14 +187,17 @@ fn error_policy(d: Arc<Deployment>, err: &ControllerError, _ctx: Arc<Context>) -
 pub async fn run(client: kube::Client) {
     let (d_reader, d_writer) = reflector::store::<Deployment>();
     let (rs_reader, rs_writer) = reflector::store::<ReplicaSet>();
+    let (pod_reader, pod_writer) = reflector::store::<Pod>();
     let ctx = Arc::new(Context {
         client: client.clone(),
         replicasets: rs_reader,
+        pods: pod_reader,
         deployments: d_reader.clone(),
         recorder: EventRecorder::new(client.clone(), "deployment-controller"),
     });
     let d_api: Api<Deployment> = Api::all(client.clone());
-    let rs_api: Api<ReplicaSet> = Api::all(client);
+    let rs_api: Api<ReplicaSet> = Api::all(client.clone());
+    let pod_api: Api<Pod> = Api::all(client);
     let own = trigger_self(
         reflector(d_writer, watcher(d_api, watcher::Config::default()).default_backoff()).applied_objects(),
         (),
@@ -190,12 +212,19 @@ pub async fn run(client: kube::Client) {
             stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
         })
         .try_flatten();
+    let pod_ctx = ctx.clone();
+    let pods = reflector(pod_writer, watcher(pod_api, watcher::Config::default()).default_backoff())
+        .map_ok(move |ev| {
+            let refs = pod_ctx.deployments_for_pod(&ev);
+            stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
+        })
+        .try_flatten();
     applier(
         |d, ctx| Box::pin(reconcile(d, ctx)),
         error_policy,
         ctx,
         d_reader,
-        stream::select(own, replicasets),
+        stream::select(own, stream::select(replicasets, pods)),
         kube::runtime::Config::default(),
     )
     .for_each(|r| {

@@ -1,5 +1,6 @@
 //! The Recreate strategy: scale every old ReplicaSet to zero, wait until
-//! their pods are gone, then create (or scale up) the new one.
+//! their pods are gone (terminating ones too), then create (or scale up)
+//! the new one.
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 
@@ -7,6 +8,7 @@ use super::progress::deployment_complete;
 use super::sync::active;
 use super::util::{replicas, status_replicas};
 use super::DeploymentSync;
+use crate::controllers::controller_utils::{controller_of, pod_phase};
 use crate::controllers::ControllerError;
 
 impl DeploymentSync<'_> {
@@ -21,8 +23,7 @@ impl DeploymentSync<'_> {
         if scaled_down {
             return self.sync_rollout_status(&all, new_rs.as_ref()).await;
         }
-        // Old pods still running: their ReplicaSets still count them.
-        if old.iter().any(|rs| status_replicas(rs) > 0) {
+        if self.old_pods_running(&old) {
             return self.sync_rollout_status(&all, new_rs.as_ref()).await;
         }
         let (new_rs, old) = match new_rs {
@@ -39,5 +40,20 @@ impl DeploymentSync<'_> {
             self.cleanup_deployment(&old).await?;
         }
         self.sync_rollout_status(&all, Some(&new_rs)).await
+    }
+
+    /// Whether an old ReplicaSet still counts pods, or any pod it controls
+    /// (terminating ones included) has not finished.
+    fn old_pods_running(&self, old: &[ReplicaSet]) -> bool {
+        if old.iter().any(|rs| status_replicas(rs) > 0) {
+            return true;
+        }
+        let ns = self.namespace();
+        let uids: Vec<&str> = old.iter().filter_map(|rs| rs.metadata.uid.as_deref()).collect();
+        self.ctx.pods.state().iter().any(|p| {
+            p.metadata.namespace.as_deref() == Some(ns.as_str())
+                && controller_of(&p.metadata).is_some_and(|c| uids.contains(&c.uid.as_str()))
+                && !matches!(pod_phase(p), "Succeeded" | "Failed")
+        })
     }
 }
