@@ -8,6 +8,7 @@ pub mod deployment;
 pub mod garbage_collector;
 pub mod namespace;
 pub mod replicaset;
+pub mod retry_backoff;
 pub mod root_ca;
 pub mod serviceaccount;
 

@@ -13,7 +13,6 @@ mod ranking;
 mod status;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::future::join_all;
 use futures_util::{stream, StreamExt, TryStreamExt};
@@ -28,6 +27,7 @@ use kube::runtime::WatchStreamExt;
 use self::expectations::{Expectations, Seen};
 use self::status::{calculate_status, desired_replicas, next_availability, status_equal};
 use super::controller_utils::{controller_of, controller_ref, is_pod_active, pod_from_template};
+use super::retry_backoff::RetryBackoff;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::labels;
@@ -39,6 +39,7 @@ const SLOW_START_INITIAL_BATCH: i32 = 1;
 
 struct Context {
     client: kube::Client,
+    backoff: RetryBackoff,
     pods: Store<Pod>,
     replicasets: Store<ReplicaSet>,
     recorder: EventRecorder,
@@ -307,10 +308,24 @@ async fn manage_replicas(ctx: &Context, rs: &ReplicaSet, pods: &[Arc<Pod>], key:
     Ok(())
 }
 
-fn error_policy(rs: Arc<ReplicaSet>, err: &ControllerError, _ctx: Arc<Context>) -> Action {
-    tracing::debug!(replicaset = %rs.metadata.name.as_deref().unwrap_or_default(), error = %err, "replica set sync failed; retrying");
-    let conflict = matches!(err, ControllerError::Kube(kube::Error::Api(s)) if s.code == 409);
-    Action::requeue(if conflict { Duration::from_millis(200) } else { Duration::from_secs(5) })
+fn object_key(rs: &ReplicaSet) -> String {
+    key_of(rs.metadata.namespace.as_deref().unwrap_or_default(), rs.metadata.name.as_deref().unwrap_or_default())
+}
+
+/// A sync, after which the object's retry delay starts afresh if it succeeded.
+async fn sync_and_forget(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let key = object_key(&rs);
+    let result = reconcile(rs, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.backoff.forget(&key);
+    }
+    result
+}
+
+fn error_policy(rs: Arc<ReplicaSet>, err: &ControllerError, ctx: Arc<Context>) -> Action {
+    let key = object_key(&rs);
+    tracing::debug!(replicaset = %key, error = %err, "replica set sync failed; retrying");
+    Action::requeue(ctx.backoff.next(&key))
 }
 
 pub async fn run(client: kube::Client) {
@@ -320,6 +335,7 @@ pub async fn run(client: kube::Client) {
         client: client.clone(),
         pods: pod_reader,
         replicasets: rs_reader.clone(),
+        backoff: RetryBackoff::default(),
         recorder: EventRecorder::new(client.clone(), "replicaset-controller"),
         expectations: Expectations::default(),
     });
@@ -337,7 +353,7 @@ pub async fn run(client: kube::Client) {
         })
         .try_flatten();
     applier(
-        |rs, ctx| Box::pin(reconcile(rs, ctx)),
+        |rs, ctx| Box::pin(sync_and_forget(rs, ctx)),
         error_policy,
         ctx,
         rs_reader,

@@ -32,12 +32,14 @@ use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 
 use super::controller_utils::{controller_of, pod_phase};
+use super::retry_backoff::RetryBackoff;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::labels;
 
 struct Context {
     client: kube::Client,
+    backoff: RetryBackoff,
     replicasets: Store<ReplicaSet>,
     /// Pods, for Recreate: new pods wait until every old one is gone.
     pods: Store<Pod>,
@@ -178,10 +180,28 @@ async fn reconcile(d: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action, Cont
     })
 }
 
-fn error_policy(d: Arc<Deployment>, err: &ControllerError, _ctx: Arc<Context>) -> Action {
-    tracing::debug!(deployment = %d.metadata.name.as_deref().unwrap_or_default(), error = %err, "deployment sync failed; retrying");
-    let conflict = matches!(err, ControllerError::Kube(kube::Error::Api(s)) if s.code == 409);
-    Action::requeue(if conflict { Duration::from_millis(200) } else { Duration::from_secs(5) })
+fn object_key(obj: &Deployment) -> String {
+    format!(
+        "{}/{}",
+        obj.metadata.namespace.as_deref().unwrap_or_default(),
+        obj.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// A sync, after which the object's retry delay starts afresh if it succeeded.
+async fn sync_and_forget(d: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let key = object_key(&d);
+    let result = reconcile(d, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.backoff.forget(&key);
+    }
+    result
+}
+
+fn error_policy(d: Arc<Deployment>, err: &ControllerError, ctx: Arc<Context>) -> Action {
+    let key = object_key(&d);
+    tracing::debug!(deployment = %key, error = %err, "deployment sync failed; retrying");
+    Action::requeue(ctx.backoff.next(&key))
 }
 
 pub async fn run(client: kube::Client) {
@@ -193,6 +213,7 @@ pub async fn run(client: kube::Client) {
         replicasets: rs_reader,
         pods: pod_reader,
         deployments: d_reader.clone(),
+        backoff: RetryBackoff::default(),
         recorder: EventRecorder::new(client.clone(), "deployment-controller"),
     });
     let d_api: Api<Deployment> = Api::all(client.clone());
@@ -220,7 +241,7 @@ pub async fn run(client: kube::Client) {
         })
         .try_flatten();
     applier(
-        |d, ctx| Box::pin(reconcile(d, ctx)),
+        |d, ctx| Box::pin(sync_and_forget(d, ctx)),
         error_policy,
         ctx,
         d_reader,
