@@ -82,8 +82,11 @@ fn pods(s: &common::ApiServer, app: &str) -> Vec<(String, bool, String)> {
 
 /// What the kubelet would report for a started, ready pod.
 fn mark_ready(s: &common::ApiServer, pod: &str) {
-    let patch = r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#;
-    let (_, out) = kubectl(s, &["patch", "pod", pod, "--subresource=status", "--type=merge", "-p", patch]);
+    let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let patch = format!(
+        r#"{{"status":{{"phase":"Running","conditions":[{{"type":"Ready","status":"True","lastTransitionTime":"{now}"}}]}}}}"#
+    );
+    let (_, out) = kubectl(s, &["patch", "pod", pod, "--subresource=status", "--type=merge", "-p", &patch]);
     assert!(!out.contains("error") || out.contains("NotFound"), "{out}");
 }
 
@@ -399,4 +402,28 @@ fn scaling_during_a_rollout_is_proportional() {
     ok(&s, &["scale", "deploy/web", "--replicas=15"]);
     eventually("proportional sizes", || sizes(&s) == [("1".to_string(), 11), ("2".to_string(), 7)]);
     eventually("18 pods", || pods(&s, "web").len() == 18);
+}
+
+#[test]
+fn history_limit_and_min_ready_seconds() {
+    let s = common::ApiServer::start();
+    let extra = r#","revisionHistoryLimit":1,"minReadySeconds":1"#;
+    apply(&s, &deployment("web", 1, r#"{"type":"RollingUpdate"}"#, extra));
+    eventually("one pod", || pods(&s, "web").len() == 1);
+    mark_all_ready(&s, "web");
+    // Ready, but available only once it has been ready for minReadySeconds.
+    eventually("ready", || jsonpath(&s, &["rs", "-l", "app=web"], "{.items[0].status.readyReplicas}") == "1");
+    let available = jsonpath(&s, &["rs", "-l", "app=web"], "{.items[0].status.availableReplicas}");
+    assert!(available.is_empty(), "available before minReadySeconds: {available}");
+    eventually("available", || jsonpath(&s, &["deploy", "web"], "{.status.availableReplicas}") == "1");
+    for image in ["c=nginx:2", "c=nginx:3"] {
+        ok(&s, &["set", "image", "deploy/web", image]);
+        rollout_with_kubelet(&s, "web", || {});
+    }
+    // Revision 1 is cleaned up; revision 2 is kept as the one old set.
+    eventually("two replica sets", || {
+        let mut revs: Vec<String> = replicasets(&s, "web").into_iter().map(|r| r.2).collect();
+        revs.sort();
+        revs == ["2", "3"]
+    });
 }
