@@ -4,6 +4,7 @@
 //! They run while this server holds the `kube-controller-manager` Lease.
 
 pub mod controller_utils;
+pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
@@ -12,7 +13,9 @@ pub mod informers;
 pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
+pub mod replicaset;
 pub mod resourcequota;
+pub mod retry_backoff;
 pub mod root_ca;
 pub mod serviceaccount;
 pub mod taint_eviction;
@@ -55,6 +58,8 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(endpoints::run(client.clone())),
         tokio::spawn(endpointslice::run(client.clone())),
         tokio::spawn(disruption::run(client.clone())),
+        tokio::spawn(replicaset::run(client.clone())),
+        tokio::spawn(deployment::run(client.clone())),
         tokio::spawn(resourcequota::run(client)),
     ]
 }

@@ -1,0 +1,370 @@
+//! ReplicaSetController: keeps `spec.replicas` active pods for every
+//! ReplicaSet. It owns its pods through a controller ownerReference
+//! (`blockOwnerDeletion`), creates missing ones from the template with the
+//! generateName `<replicaset>-` in slow-start batches (1, 2, 4, …), deletes
+//! surplus ones in upstream's order, adopts orphans its selector matches and
+//! releases pods that no longer match. Expectations keep a lagging pod cache
+//! from causing a second round of creations or deletions. Status and the
+//! SuccessfulCreate / SuccessfulDelete / FailedCreate / FailedDelete events
+//! are upstream's.
+
+mod expectations;
+mod ranking;
+mod status;
+
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+use futures_util::{stream, StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{applier, trigger_self, Action, ReconcileRequest};
+use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
+
+use self::expectations::{Expectations, Seen};
+use self::status::{calculate_status, desired_replicas, next_availability, status_equal};
+use super::controller_utils::{controller_of, controller_ref, is_pod_active, pod_from_template};
+use super::retry_backoff::RetryBackoff;
+use super::ControllerError;
+use crate::client::events::{EventRecorder, EventType};
+use crate::client::labels;
+
+/// At most this many pods are created or deleted in one sync (upstream's burstReplicas).
+const BURST_REPLICAS: i32 = 500;
+/// The first slow-start batch of creations.
+const SLOW_START_INITIAL_BATCH: i32 = 1;
+
+struct Context {
+    client: kube::Client,
+    backoff: RetryBackoff,
+    pods: Store<Pod>,
+    replicasets: Store<ReplicaSet>,
+    recorder: EventRecorder,
+    expectations: Expectations,
+}
+
+/// Why managing replicas failed: the ReplicaFailure reason and message.
+type ManageError = (String, String);
+
+fn key_of(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// The message an API error carries, as upstream prints it.
+pub(crate) fn error_message(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+impl Context {
+    /// The ReplicaSets a pod event concerns: its controller, or for an
+    /// orphan every ReplicaSet in its namespace whose selector matches it.
+    fn replicasets_for(&self, pod: &Pod) -> Vec<ObjectRef<ReplicaSet>> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        if let Some(c) = controller_of(&pod.metadata) {
+            if c.kind == "ReplicaSet" && c.api_version.starts_with("apps/") {
+                return vec![ObjectRef::new(&c.name).within(&ns)];
+            }
+            return Vec::new();
+        }
+        self.replicasets
+            .state()
+            .iter()
+            .filter(|rs| rs.metadata.namespace.as_deref() == Some(ns.as_str()))
+            .filter(|rs| {
+                let selector = rs.spec.as_ref().map(|s| &s.selector);
+                selector.is_some_and(|s| !labels::is_empty(s) && labels::matches(s, pod.metadata.labels.as_ref()))
+            })
+            .map(|rs| ObjectRef::from_obj(rs.as_ref()))
+            .collect()
+    }
+
+    fn on_pod_event(&self, event: &Event<Pod>) -> Vec<ObjectRef<ReplicaSet>> {
+        match event {
+            Event::Apply(p) | Event::InitApply(p) => self.replicasets_for(p),
+            Event::Delete(p) => {
+                let owners = self.replicasets_for(p);
+                let name = p.metadata.name.as_deref().unwrap_or_default();
+                for o in &owners {
+                    self.expectations
+                        .observe_deletion(&key_of(o.namespace.as_deref().unwrap_or_default(), &o.name), name);
+                }
+                owners
+            }
+            Event::Init | Event::InitDone => Vec::new(),
+        }
+    }
+
+    fn seen(&self, namespace: &str, name: &str) -> Seen {
+        match self.pods.get(&ObjectRef::new(name).within(namespace)) {
+            None => Seen::Absent,
+            Some(p) if p.metadata.deletion_timestamp.is_some() => Seen::Terminating,
+            Some(_) => Seen::Present,
+        }
+    }
+}
+
+async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    if ctx.pods.wait_until_ready().await.is_err() {
+        return Err(ControllerError::Invalid("the pod cache stopped".into()));
+    }
+    let ns = rs.metadata.namespace.clone().unwrap_or_default();
+    let name = rs.metadata.name.clone().unwrap_or_default();
+    let key = key_of(&ns, &name);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let active: Vec<Arc<Pod>> = ctx
+        .pods
+        .state()
+        .into_iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()) && is_pod_active(p))
+        .collect();
+    let owned = claim_pods(&ctx, &rs, active).await?;
+    let needs_sync = ctx.expectations.satisfied(&key, |n| ctx.seen(&ns, n));
+    let manage = if needs_sync && rs.metadata.deletion_timestamp.is_none() {
+        manage_replicas(&ctx, &rs, &owned, &key).await
+    } else {
+        Ok(())
+    };
+    let new_status = calculate_status(&rs, &owned, &manage, now);
+    if !rs.status.as_ref().is_some_and(|s| status_equal(s, &new_status)) {
+        let api: Api<ReplicaSet> = Api::namespaced(ctx.client.clone(), &ns);
+        let updated = ReplicaSet { status: Some(new_status), ..(*rs).clone() };
+        match api.replace_status(&name, &PostParams::default(), &updated).await {
+            Ok(_) => {}
+            Err(e) if is_not_found(&e) => return Ok(Action::await_change()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if let Err((_, message)) = manage {
+        return Err(ControllerError::Invalid(message));
+    }
+    Ok(match next_availability(&rs, &owned, now) {
+        Some(after) => Action::requeue(after),
+        None => Action::await_change(),
+    })
+}
+
+/// Adopts orphans the selector matches, releases owned pods it no longer
+/// matches, and returns the pods this ReplicaSet controls.
+async fn claim_pods(ctx: &Context, rs: &ReplicaSet, pods: Vec<Arc<Pod>>) -> Result<Vec<Arc<Pod>>, ControllerError> {
+    let uid = rs.metadata.uid.clone().unwrap_or_default();
+    let ns = rs.metadata.namespace.clone().unwrap_or_default();
+    let Some(selector) = rs.spec.as_ref().map(|s| &s.selector) else { return Ok(Vec::new()) };
+    let deleting = rs.metadata.deletion_timestamp.is_some();
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut can_adopt: Option<bool> = None;
+    let mut owned = Vec::new();
+    for pod in pods {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let matches = !labels::is_empty(selector) && labels::matches(selector, pod.metadata.labels.as_ref());
+        match controller_of(&pod.metadata) {
+            Some(c) if c.uid == uid => {
+                if matches {
+                    owned.push(pod);
+                } else if !deleting {
+                    let rest: Vec<_> =
+                        pod.metadata.owner_references.iter().flatten().filter(|o| o.uid != uid).collect();
+                    let rest = if rest.is_empty() { serde_json::Value::Null } else { serde_json::json!(rest) };
+                    let patch = serde_json::json!({"metadata": {"ownerReferences": rest}});
+                    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                        Ok(_) => {
+                            tracing::debug!(replicaset = %rs.metadata.name.as_deref().unwrap_or_default(), pod = %name, "released pod")
+                        }
+                        Err(e) if is_not_found(&e) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            Some(_) => {}
+            None if matches && !deleting && pod.metadata.deletion_timestamp.is_none() => {
+                if can_adopt.is_none() {
+                    can_adopt = Some(fresh_and_alive(ctx, rs).await?);
+                }
+                if can_adopt != Some(true) {
+                    continue;
+                }
+                let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
+                refs.push(controller_ref(rs));
+                let patch = serde_json::json!({"metadata": {"ownerReferences": refs}});
+                match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                    Ok(adopted) => owned.push(Arc::new(adopted)),
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            None => {}
+        }
+    }
+    Ok(owned)
+}
+
+/// Whether the ReplicaSet, read afresh, is still this one and not being
+/// deleted (upstream's canAdopt check).
+async fn fresh_and_alive(ctx: &Context, rs: &ReplicaSet) -> Result<bool, ControllerError> {
+    let api: Api<ReplicaSet> =
+        Api::namespaced(ctx.client.clone(), rs.metadata.namespace.as_deref().unwrap_or_default());
+    let fresh = api.get_opt(rs.metadata.name.as_deref().unwrap_or_default()).await?;
+    Ok(fresh.is_some_and(|f| f.metadata.uid == rs.metadata.uid && f.metadata.deletion_timestamp.is_none()))
+}
+
+async fn create_pod(ctx: &Context, rs: &ReplicaSet) -> Result<String, kube::Error> {
+    let ns = rs.metadata.namespace.clone().unwrap_or_default();
+    let name = rs.metadata.name.clone().unwrap_or_default();
+    let template = rs.spec.as_ref().and_then(|s| s.template.clone()).unwrap_or_default();
+    let mut pod = pod_from_template(&template, &ns, controller_ref(rs));
+    pod.metadata.generate_name = Some(format!("{name}-"));
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    match api.create(&PostParams::default(), &pod).await {
+        Ok(created) => {
+            let pod_name = created.metadata.name.unwrap_or_default();
+            ctx.recorder.publish(rs, EventType::Normal, "SuccessfulCreate", &format!("Created pod: {pod_name}"));
+            Ok(pod_name)
+        }
+        Err(e) => {
+            ctx.recorder.publish(
+                rs,
+                EventType::Warning,
+                "FailedCreate",
+                &format!("Error creating: {}", error_message(&e)),
+            );
+            Err(e)
+        }
+    }
+}
+
+async fn delete_pod(ctx: &Context, rs: &ReplicaSet, pod: &Pod) -> Result<(), kube::Error> {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    match api.delete(&name, &DeleteParams::default()).await {
+        Ok(_) => {
+            ctx.recorder.publish(rs, EventType::Normal, "SuccessfulDelete", &format!("Deleted pod: {name}"));
+            Ok(())
+        }
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(e) => {
+            ctx.recorder.publish(
+                rs,
+                EventType::Warning,
+                "FailedDelete",
+                &format!("Error deleting: {}", error_message(&e)),
+            );
+            Err(e)
+        }
+    }
+}
+
+/// Creates or deletes pods so that `pods` (the active ones it owns) come to
+/// `spec.replicas`.
+async fn manage_replicas(ctx: &Context, rs: &ReplicaSet, pods: &[Arc<Pod>], key: &str) -> Result<(), ManageError> {
+    let diff = pods.len() as i32 - desired_replicas(rs);
+    if diff < 0 {
+        let mut remaining = (-diff).min(BURST_REPLICAS);
+        let mut batch = SLOW_START_INITIAL_BATCH;
+        while remaining > 0 {
+            let n = batch.min(remaining);
+            let results = join_all((0..n).map(|_| create_pod(ctx, rs))).await;
+            let mut failure = None;
+            let mut names = Vec::new();
+            for r in results {
+                match r {
+                    Ok(name) => names.push(name),
+                    Err(e) => {
+                        failure.get_or_insert(error_message(&e));
+                    }
+                }
+            }
+            ctx.expectations.expect_creations(key, names);
+            if let Some(message) = failure {
+                return Err(("FailedCreate".into(), message));
+            }
+            remaining -= n;
+            batch *= 2;
+        }
+    } else if diff > 0 {
+        let victims = ranking::pods_to_delete(pods, diff.min(BURST_REPLICAS) as usize);
+        ctx.expectations.expect_deletions(key, victims.iter().filter_map(|p| p.metadata.name.clone()));
+        let results = join_all(victims.iter().map(|p| delete_pod(ctx, rs, p))).await;
+        let mut failure = None;
+        for (pod, r) in victims.iter().zip(results) {
+            if let Err(e) = r {
+                ctx.expectations.observe_deletion(key, pod.metadata.name.as_deref().unwrap_or_default());
+                failure.get_or_insert(error_message(&e));
+            }
+        }
+        if let Some(message) = failure {
+            return Err(("FailedDelete".into(), message));
+        }
+    }
+    Ok(())
+}
+
+fn object_key(rs: &ReplicaSet) -> String {
+    key_of(rs.metadata.namespace.as_deref().unwrap_or_default(), rs.metadata.name.as_deref().unwrap_or_default())
+}
+
+/// A sync, after which the object's retry delay starts afresh if it succeeded.
+async fn sync_and_forget(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let key = object_key(&rs);
+    let result = reconcile(rs, ctx.clone()).await;
+    if result.is_ok() {
+        ctx.backoff.forget(&key);
+    }
+    result
+}
+
+fn error_policy(rs: Arc<ReplicaSet>, err: &ControllerError, ctx: Arc<Context>) -> Action {
+    let key = object_key(&rs);
+    tracing::debug!(replicaset = %key, error = %err, "replica set sync failed; retrying");
+    Action::requeue(ctx.backoff.next(&key))
+}
+
+pub async fn run(client: kube::Client) {
+    let (rs_reader, rs_writer) = reflector::store::<ReplicaSet>();
+    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        pods: pod_reader,
+        replicasets: rs_reader.clone(),
+        backoff: RetryBackoff::default(),
+        recorder: EventRecorder::new(client.clone(), "replicaset-controller"),
+        expectations: Expectations::default(),
+    });
+    let rs_api: Api<ReplicaSet> = Api::all(client.clone());
+    let pod_api: Api<Pod> = Api::all(client);
+    let own = trigger_self(
+        reflector(rs_writer, watcher(rs_api, watcher::Config::default()).default_backoff()).applied_objects(),
+        (),
+    );
+    let pod_ctx = ctx.clone();
+    let pods = reflector(pod_writer, watcher(pod_api, watcher::Config::default()).default_backoff())
+        .map_ok(move |ev| {
+            let refs = pod_ctx.on_pod_event(&ev);
+            stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
+        })
+        .try_flatten();
+    applier(
+        |rs, ctx| Box::pin(sync_and_forget(rs, ctx)),
+        error_policy,
+        ctx,
+        rs_reader,
+        stream::select(own, pods),
+        kube::runtime::Config::default(),
+    )
+    .for_each(|r| {
+        if let Err(e) = r {
+            tracing::trace!(error = %e, "replica set controller");
+        }
+        std::future::ready(())
+    })
+    .await;
+}
