@@ -4,10 +4,15 @@
 //! They run while this server holds the `kube-controller-manager` Lease.
 
 pub mod controller_utils;
+pub mod expectations;
+pub mod history;
+pub mod informers;
 pub mod garbage_collector;
 pub mod namespace;
 pub mod root_ca;
 pub mod serviceaccount;
+pub mod statefulset;
+pub mod statefulset_pods;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -40,6 +45,7 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(namespace::run(client.clone())),
         tokio::spawn(garbage_collector::run(client.clone())),
         tokio::spawn(serviceaccount::run(client.clone())),
+        tokio::spawn(statefulset::run(client.clone())),
         tokio::spawn(root_ca::run(client, config.server_ca_pem.clone())),
     ]
 }
