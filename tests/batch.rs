@@ -111,3 +111,89 @@ spec:
     assert!(events.contains("delete Pod web-2 in StatefulSet web successful"), "{events}");
     eventually("status replicas 1", || get(&s, &["get", "sts", "web", "-o", "jsonpath={.status.replicas}"]) == "1");
 }
+
+fn node_yaml(name: &str, labels: &str, taints: &str) -> String {
+    format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{{labels}}}}}\nspec: {{taints: [{taints}]}}\n")
+}
+
+/// The node each pod of `selector` is pinned to, sorted.
+fn pinned_nodes(s: &common::ApiServer, selector: &str) -> Vec<String> {
+    let out = get(
+        s,
+        &[
+            "get",
+            "pods",
+            "-l",
+            selector,
+            "-o",
+            "jsonpath={range .items[*]}{.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchFields[0].values[0]}{\"\\n\"}{end}",
+        ],
+    );
+    let mut nodes: Vec<String> = out.lines().map(str::to_string).filter(|l| !l.is_empty()).collect();
+    nodes.sort();
+    nodes
+}
+
+#[test]
+fn daemonset_runs_one_pod_per_fitting_node() {
+    let s = common::ApiServer::start();
+    apply(&s, &node_yaml("n1", "disk: ssd", ""));
+    apply(&s, &node_yaml("n2", "disk: ssd", "{key: node.kubernetes.io/not-ready, effect: NoExecute}"));
+    apply(&s, &node_yaml("n3", "disk: ssd", "{key: dedicated, value: db, effect: NoSchedule}"));
+    apply(&s, &node_yaml("n4", "disk: hdd", ""));
+    apply(
+        &s,
+        r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      nodeSelector: {disk: ssd}
+      containers: [{name: c, image: busybox}]
+"#,
+    );
+    // n1 fits; n2's not-ready taint is tolerated by default; n3's taint is
+    // not tolerated; n4 has the wrong label.
+    eventually("pods on n1 and n2", || pinned_nodes(&s, "app=agent") == ["n1", "n2"]);
+    let tolerations = get(&s, &["get", "pods", "-l", "app=agent", "-o", "jsonpath={.items[0].spec.tolerations[*].key}"]);
+    assert!(tolerations.contains("node.kubernetes.io/unreachable"), "{tolerations}");
+    assert!(get(&s, &["get", "pods", "-l", "app=agent", "-o", "jsonpath={.items[0].metadata.labels}"])
+        .contains("controller-revision-hash"));
+    eventually("desiredNumberScheduled 2", || {
+        get(&s, &["get", "ds", "agent", "-o", "jsonpath={.status.desiredNumberScheduled}/{.status.currentNumberScheduled}"])
+            == "2/2"
+    });
+    // A toleration admits n3 too.
+    let (ok, out) = kubectl(
+        &s,
+        &[
+            "patch",
+            "ds",
+            "agent",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"template":{"spec":{"tolerations":[{"key":"dedicated","operator":"Equal","value":"db","effect":"NoSchedule"}]}}}}"#,
+        ],
+    );
+    assert!(ok, "{out}");
+    // Rolling update: the old pods are replaced (one unavailable at a time);
+    // pods that never became ready are replaced at once.
+    eventually("updated pods on n1, n2 and n3", || {
+        pinned_nodes(&s, "app=agent") == ["n1", "n2", "n3"]
+            && get(&s, &["get", "ds", "agent", "-o", "jsonpath={.status.updatedNumberScheduled}"]) == "3"
+    });
+    for pod in pods(&s, "app=agent") {
+        set_phase(&s, &pod, "Running");
+    }
+    let (ok, out) = kubectl(&s, &["rollout", "status", "ds/agent", "--timeout=15s"]);
+    assert!(ok, "{out}");
+    // A new fitting node gets a pod; a deleted node loses it.
+    apply(&s, &node_yaml("n5", "disk: ssd", ""));
+    eventually("a pod on n5", || pinned_nodes(&s, "app=agent").contains(&"n5".to_string()));
+    get(&s, &["delete", "node", "n1"]);
+    eventually("no pod on n1", || pinned_nodes(&s, "app=agent") == ["n2", "n3", "n5"]);
+}

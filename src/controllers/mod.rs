@@ -4,6 +4,8 @@
 //! They run while this server holds the `kube-controller-manager` Lease.
 
 pub mod controller_utils;
+pub mod daemonset;
+pub mod daemonset_nodes;
 pub mod expectations;
 pub mod history;
 pub mod informers;
@@ -46,6 +48,7 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(garbage_collector::run(client.clone())),
         tokio::spawn(serviceaccount::run(client.clone())),
         tokio::spawn(statefulset::run(client.clone())),
+        tokio::spawn(daemonset::run(client.clone())),
         tokio::spawn(root_ca::run(client, config.server_ca_pem.clone())),
     ]
 }
