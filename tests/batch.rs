@@ -91,7 +91,10 @@ spec:
     assert!(labels.contains(r#""apps.kubernetes.io/pod-index":"0""#), "{labels}");
     assert!(labels.contains(r#""controller-revision-hash":"web-"#), "{labels}");
     assert!(get(&s, &["get", "pvc", "www-web-0", "-o", "name"]).contains("www-web-0"));
-    let claim = get(&s, &["get", "pod", "web-0", "-o", "jsonpath={.spec.volumes[?(@.name=='www')].persistentVolumeClaim.claimName}"]);
+    let claim = get(
+        &s,
+        &["get", "pod", "web-0", "-o", "jsonpath={.spec.volumes[?(@.name=='www')].persistentVolumeClaim.claimName}"],
+    );
     assert_eq!(claim.trim(), "www-web-0");
     for i in 0..3 {
         let pod = format!("web-{i}");
@@ -100,20 +103,37 @@ spec:
     }
     let (ok, out) = kubectl(&s, &["rollout", "status", "statefulset/web", "--timeout=15s"]);
     assert!(ok, "{out}");
-    let status = get(&s, &["get", "sts", "web", "-o", "jsonpath={.status.readyReplicas}/{.status.currentReplicas}/{.status.updatedReplicas}"]);
+    let status = get(
+        &s,
+        &[
+            "get",
+            "sts",
+            "web",
+            "-o",
+            "jsonpath={.status.readyReplicas}/{.status.currentReplicas}/{.status.updatedReplicas}",
+        ],
+    );
     assert_eq!(status, "3/3/3");
-    let events = get(&s, &["get", "events", "--field-selector", "involvedObject.name=web", "-o", "jsonpath={.items[*].message}"]);
+    let events = get(
+        &s,
+        &["get", "events", "--field-selector", "involvedObject.name=web", "-o", "jsonpath={.items[*].message}"],
+    );
     assert!(events.contains("create Pod web-0 in StatefulSet web successful"), "{events}");
     // Scale down from the top (the order itself is unit-tested).
     get(&s, &["scale", "sts", "web", "--replicas=1"]);
     eventually("web-2 and web-1 to be deleted", || pods(&s, "app=web") == ["web-0"]);
-    let events = get(&s, &["get", "events", "--field-selector", "involvedObject.name=web", "-o", "jsonpath={.items[*].message}"]);
+    let events = get(
+        &s,
+        &["get", "events", "--field-selector", "involvedObject.name=web", "-o", "jsonpath={.items[*].message}"],
+    );
     assert!(events.contains("delete Pod web-2 in StatefulSet web successful"), "{events}");
     eventually("status replicas 1", || get(&s, &["get", "sts", "web", "-o", "jsonpath={.status.replicas}"]) == "1");
 }
 
 fn node_yaml(name: &str, labels: &str, taints: &str) -> String {
-    format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{{labels}}}}}\nspec: {{taints: [{taints}]}}\n")
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{{labels}}}}}\nspec: {{taints: [{taints}]}}\n"
+    )
 }
 
 /// The node each pod of `selector` is pinned to, sorted.
@@ -159,13 +179,16 @@ spec:
     // n1 fits; n2's not-ready taint is tolerated by default; n3's taint is
     // not tolerated; n4 has the wrong label.
     eventually("pods on n1 and n2", || pinned_nodes(&s, "app=agent") == ["n1", "n2"]);
-    let tolerations = get(&s, &["get", "pods", "-l", "app=agent", "-o", "jsonpath={.items[0].spec.tolerations[*].key}"]);
+    let tolerations =
+        get(&s, &["get", "pods", "-l", "app=agent", "-o", "jsonpath={.items[0].spec.tolerations[*].key}"]);
     assert!(tolerations.contains("node.kubernetes.io/unreachable"), "{tolerations}");
     assert!(get(&s, &["get", "pods", "-l", "app=agent", "-o", "jsonpath={.items[0].metadata.labels}"])
         .contains("controller-revision-hash"));
     eventually("desiredNumberScheduled 2", || {
-        get(&s, &["get", "ds", "agent", "-o", "jsonpath={.status.desiredNumberScheduled}/{.status.currentNumberScheduled}"])
-            == "2/2"
+        get(
+            &s,
+            &["get", "ds", "agent", "-o", "jsonpath={.status.desiredNumberScheduled}/{.status.currentNumberScheduled}"],
+        ) == "2/2"
     });
     // A toleration admits n3 too.
     let (ok, out) = kubectl(
@@ -196,4 +219,120 @@ spec:
     eventually("a pod on n5", || pinned_nodes(&s, "app=agent").contains(&"n5".to_string()));
     get(&s, &["delete", "node", "n1"]);
     eventually("no pod on n1", || pinned_nodes(&s, "app=agent") == ["n2", "n3", "n5"]);
+}
+
+fn job_yaml(name: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: {name}}}\nspec:\n{extra}  template:\n    spec:\n      restartPolicy: Never\n      containers: [{{name: c, image: busybox}}]\n"
+    )
+}
+
+/// The job's pods that are not finished.
+fn running_pods(s: &common::ApiServer, job: &str) -> Vec<String> {
+    let out = get(
+        s,
+        &[
+            "get",
+            "pods",
+            "-l",
+            &format!("batch.kubernetes.io/job-name={job}"),
+            "-o",
+            "jsonpath={range .items[?(@.status.phase=='Pending')]}{.metadata.name}{\"\\n\"}{end}",
+        ],
+    );
+    out.lines().map(str::to_string).filter(|l| !l.is_empty()).collect()
+}
+
+#[test]
+fn jobs_complete_fail_and_index() {
+    let s = common::ApiServer::start();
+    // Four completions, two at a time.
+    apply(&s, &job_yaml("work", "  completions: 4\n  parallelism: 2\n"));
+    let selector = get(&s, &["get", "job", "work", "-o", "jsonpath={.spec.selector.matchLabels}"]);
+    assert!(selector.contains("batch.kubernetes.io/controller-uid"), "{selector}");
+    let mut done = 0;
+    while done < 4 {
+        let mut running = Vec::new();
+        eventually("two running pods", || {
+            running = running_pods(&s, "work");
+            running.len() == 2.min(4 - done)
+        });
+        set_phase(&s, &running[0], "Succeeded");
+        done += 1;
+        let want = format!("{done}");
+        eventually("succeeded count", || {
+            get(&s, &["get", "job", "work", "-o", "jsonpath={.status.succeeded}"]) == want
+        });
+    }
+    let (ok, out) = kubectl(&s, &["wait", "--for=condition=complete", "job/work", "--timeout=15s"]);
+    assert!(ok, "{out}");
+    let conds = get(&s, &["get", "job", "work", "-o", "jsonpath={.status.conditions[*].type}"]);
+    assert_eq!(conds, "SuccessCriteriaMet Complete");
+    assert!(!get(&s, &["get", "job", "work", "-o", "jsonpath={.status.completionTime}"]).is_empty());
+    let events = get(
+        &s,
+        &["get", "events", "--field-selector", "involvedObject.name=work", "-o", "jsonpath={.items[*].reason}"],
+    );
+    assert!(events.contains("SuccessfulCreate") && events.contains("Completed"), "{events}");
+
+    // backoffLimit 1: the second failure fails the Job.
+    apply(&s, &job_yaml("flaky", "  backoffLimit: 1\n"));
+    for _ in 0..2 {
+        let mut running = Vec::new();
+        eventually("a flaky pod", || {
+            running = running_pods(&s, "flaky");
+            running.len() == 1
+        });
+        set_phase(&s, &running[0], "Failed");
+    }
+    let (ok, out) = kubectl(&s, &["wait", "--for=condition=failed", "job/flaky", "--timeout=15s"]);
+    assert!(ok, "{out}");
+    let reason = get(&s, &["get", "job", "flaky", "-o", "jsonpath={.status.conditions[?(@.type=='Failed')].reason}"]);
+    assert_eq!(reason, "BackoffLimitExceeded");
+    assert_eq!(get(&s, &["get", "job", "flaky", "-o", "jsonpath={.status.failed}"]), "2");
+
+    // Indexed: one pod per index with its index in annotation, label and env.
+    apply(&s, &job_yaml("indexed", "  completions: 3\n  parallelism: 3\n  completionMode: Indexed\n"));
+    let mut running = Vec::new();
+    eventually("three indexed pods", || {
+        running = running_pods(&s, "indexed");
+        running.len() == 3
+    });
+    let indexes = get(
+        &s,
+        &[
+            "get",
+            "pods",
+            "-l",
+            "batch.kubernetes.io/job-name=indexed",
+            "-o",
+            "jsonpath={.items[*].metadata.annotations.batch\\.kubernetes\\.io/job-completion-index}",
+        ],
+    );
+    let mut indexes: Vec<&str> = indexes.split_whitespace().collect();
+    indexes.sort();
+    assert_eq!(indexes, ["0", "1", "2"]);
+    let env = get(&s, &["get", "pod", &running[0], "-o", "jsonpath={.spec.containers[0].env[*].name}"]);
+    assert!(env.contains("JOB_COMPLETION_INDEX"), "{env}");
+    let pod1 = get(
+        &s,
+        &[
+            "get",
+            "pods",
+            "-l",
+            "batch.kubernetes.io/job-completion-index=1",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ],
+    );
+    set_phase(&s, &pod1, "Succeeded");
+    eventually("completedIndexes 1", || {
+        get(&s, &["get", "job", "indexed", "-o", "jsonpath={.status.completedIndexes}"]) == "1"
+    });
+    for pod in running_pods(&s, "indexed") {
+        set_phase(&s, &pod, "Succeeded");
+    }
+    let (ok, out) = kubectl(&s, &["wait", "--for=condition=complete", "job/indexed", "--timeout=15s"]);
+    assert!(ok, "{out}");
+    assert_eq!(get(&s, &["get", "job", "indexed", "-o", "jsonpath={.status.completedIndexes}"]), "0-2");
 }

@@ -47,12 +47,11 @@ pub async fn run(client: kube::Client) {
     let all_sets = sets.clone();
     let (nodes, node_events) = informers::informer(Api::<Node>::all(client.clone()), watcher::Config::default())
         .trigger_with::<DaemonSet, _>(move |_node: &Node| {
-            all_sets.state().iter().map(|ds| ObjectRef::from_obj(&**ds)).collect::<Vec<_>>()
-        });
+        all_sets.state().iter().map(|ds| ObjectRef::from_obj(&**ds)).collect::<Vec<_>>()
+    });
     let recorder = EventRecorder::new(client.clone(), "daemonset-controller");
     let ctx = Arc::new(Context { client, pods, nodes, revisions, expectations: Expectations::default(), recorder });
-    informers::run("daemonset", sets, vec![set_events, pod_events, revision_events, node_events], reconcile, ctx)
-        .await;
+    informers::run("daemonset", sets, vec![set_events, pod_events, revision_events, node_events], reconcile, ctx).await;
 }
 
 /// An int-or-percent of `total`, rounded up as upstream's daemon util does.
@@ -129,7 +128,8 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
         }
     }
 
-    let seen = |pod: &str| ctx.pods.get(&ObjectRef::new(pod).within(&ns)).map(|p| p.metadata.deletion_timestamp.is_some());
+    let seen =
+        |pod: &str| ctx.pods.get(&ObjectRef::new(pod).within(&ns)).map(|p| p.metadata.deletion_timestamp.is_some());
     let synced = ctx.expectations.satisfied(&uid, seen);
     let now = k8s_openapi::jiff::Timestamp::now();
     let min_ready = spec.min_ready_seconds.unwrap_or(0);
@@ -147,8 +147,7 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
         let place = placement(&pod_spec, node);
         let mut pods = node_pods.get(&node_name).cloned().unwrap_or_default();
         by_age(&mut pods);
-        let live: Vec<Arc<Pod>> =
-            pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect();
+        let live: Vec<Arc<Pod>> = pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()).cloned().collect();
         if place.should_run {
             counts.desired += 1;
             if let Some(first) = live.first() {
@@ -298,8 +297,7 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
         "collisionCount": collision_count,
     });
     let old = serde_json::to_value(&status).unwrap_or_default();
-    let changed =
-        new_status.as_object().into_iter().flatten().any(|(k, v)| old.get(k).unwrap_or(&json!(0)) != v);
+    let changed = new_status.as_object().into_iter().flatten().any(|(k, v)| old.get(k).unwrap_or(&json!(0)) != v);
     if changed {
         let sets: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), &ns);
         match sets.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": new_status}))).await {

@@ -35,7 +35,8 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let events = reflector::reflector(writer, watcher::watcher(api, config).default_backoff()).touched_objects().boxed();
+    let events =
+        reflector::reflector(writer, watcher::watcher(api, config).default_backoff()).touched_objects().boxed();
     Informer { store, events }
 }
 
@@ -135,4 +136,3 @@ where
         o.meta().namespace.as_deref() == Some(namespace) && super::controller_utils::is_controlled_by(o.meta(), uid)
     })
 }
-

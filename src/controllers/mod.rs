@@ -7,9 +7,11 @@ pub mod controller_utils;
 pub mod daemonset;
 pub mod daemonset_nodes;
 pub mod expectations;
+pub mod garbage_collector;
 pub mod history;
 pub mod informers;
-pub mod garbage_collector;
+pub mod job;
+pub mod job_pods;
 pub mod namespace;
 pub mod root_ca;
 pub mod serviceaccount;
@@ -49,6 +51,7 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(serviceaccount::run(client.clone())),
         tokio::spawn(statefulset::run(client.clone())),
         tokio::spawn(daemonset::run(client.clone())),
+        tokio::spawn(job::run(client.clone())),
         tokio::spawn(root_ca::run(client, config.server_ca_pem.clone())),
     ]
 }

@@ -36,8 +36,8 @@ struct Context {
 }
 
 pub async fn run(client: kube::Client) {
-    let (sets, set_events) = informers::informer(Api::<StatefulSet>::all(client.clone()), watcher::Config::default())
-        .trigger_self();
+    let (sets, set_events) =
+        informers::informer(Api::<StatefulSet>::all(client.clone()), watcher::Config::default()).trigger_self();
     let (pods, pod_events) =
         informers::informer(Api::<Pod>::all(client.clone()), watcher::Config::default()).trigger_owner::<StatefulSet>();
     let (revisions, revision_events) =
@@ -65,9 +65,8 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
         ctx.expectations.remove(&uid);
         return Ok(Action::await_change());
     }
-    let seen = |pod: &str| {
-        ctx.pods.get(&ObjectRef::new(pod).within(&ns)).map(|p| p.metadata.deletion_timestamp.is_some())
-    };
+    let seen =
+        |pod: &str| ctx.pods.get(&ObjectRef::new(pod).within(&ns)).map(|p| p.metadata.deletion_timestamp.is_some());
     if !ctx.expectations.satisfied(&uid, seen) {
         return Ok(Action::await_change());
     }
@@ -114,12 +113,8 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
     condemned.sort_by(|a, b| b.0.cmp(&a.0));
     let monotonic = spec.pod_management_policy.as_deref() != Some("Parallel");
     let rolling = spec.update_strategy.as_ref().and_then(|s| s.type_.as_deref()) != Some("OnDelete");
-    let partition = spec
-        .update_strategy
-        .as_ref()
-        .and_then(|s| s.rolling_update.as_ref())
-        .and_then(|r| r.partition)
-        .unwrap_or(0);
+    let partition =
+        spec.update_strategy.as_ref().and_then(|s| s.rolling_update.as_ref()).and_then(|r| r.partition).unwrap_or(0);
     let min_ready = spec.min_ready_seconds.unwrap_or(0);
 
     let steps = plan(&slots, &condemned, start, replicas, monotonic);

@@ -101,10 +101,9 @@ pub async fn create_claims(
     let ns = set.metadata.namespace.clone().unwrap_or_default();
     let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
     let spec = set.spec.as_ref();
-    let delete_with_set = spec
-        .and_then(|s| s.persistent_volume_claim_retention_policy.as_ref())
-        .and_then(|p| p.when_deleted.as_deref())
-        == Some("Delete");
+    let delete_with_set =
+        spec.and_then(|s| s.persistent_volume_claim_retention_policy.as_ref()).and_then(|p| p.when_deleted.as_deref())
+            == Some("Delete");
     let selector_labels = spec.and_then(|s| s.selector.match_labels.clone()).unwrap_or_default();
     let mut created = Vec::new();
     for template in spec.and_then(|s| s.volume_claim_templates.as_ref()).into_iter().flatten() {
