@@ -4,6 +4,7 @@
 //! They run while this server holds the `kube-controller-manager` Lease.
 
 pub mod controller_utils;
+pub mod cron_schedule;
 pub mod daemonset;
 pub mod daemonset_nodes;
 pub mod expectations;
