@@ -336,3 +336,54 @@ fn jobs_complete_fail_and_index() {
     assert!(ok, "{out}");
     assert_eq!(get(&s, &["get", "job", "indexed", "-o", "jsonpath={.status.completedIndexes}"]), "0-2");
 }
+
+#[test]
+fn cronjob_jobs_and_ttl_after_finished() {
+    let s = common::ApiServer::start();
+    // A schedule that will not fire during the test; the job is made by hand.
+    apply(
+        &s,
+        r#"
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: nightly}
+spec:
+  schedule: "0 0 29 2 *"
+  jobTemplate:
+    metadata: {labels: {team: ops}}
+    spec:
+      ttlSecondsAfterFinished: 3
+      template:
+        spec:
+          restartPolicy: OnFailure
+          containers: [{name: c, image: busybox}]
+"#,
+    );
+    let (ok, out) = kubectl(&s, &["create", "job", "manual", "--from=cronjob/nightly"]);
+    assert!(ok, "{out}");
+    let owner = get(
+        &s,
+        &[
+            "get",
+            "job",
+            "manual",
+            "-o",
+            "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
+        ],
+    );
+    assert_eq!(owner, "CronJob/nightly");
+    let mut running = Vec::new();
+    eventually("the manual job's pod", || {
+        running = running_pods(&s, "manual");
+        running.len() == 1
+    });
+    set_phase(&s, &running[0], "Succeeded");
+    let (ok, out) = kubectl(&s, &["wait", "--for=condition=complete", "job/manual", "--timeout=15s"]);
+    assert!(ok, "{out}");
+    // ttlSecondsAfterFinished: 3 deletes the Job, and the garbage collector its pod.
+    eventually("the finished job to be deleted", || kubectl(&s, &["get", "job", "manual"]).1.contains("NotFound"));
+    eventually("its pod to be deleted", || pods(&s, "batch.kubernetes.io/job-name=manual").is_empty());
+    // Nothing was scheduled, and the CronJob did not adopt the manual job.
+    let status = get(&s, &["get", "cronjob", "nightly", "-o", "jsonpath={.status.lastScheduleTime}{.status.active}"]);
+    assert_eq!(status, "");
+}

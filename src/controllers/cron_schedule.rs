@@ -90,7 +90,10 @@ fn field(expr: &str, b: &Bounds) -> Result<(u64, bool), ScheduleError> {
             (v, if step.is_some() { b.max } else { v })
         };
         if start > end {
-            return Err(ScheduleError::Field(b.name, format!("beginning of range ({start}) beyond end of range ({end})")));
+            return Err(ScheduleError::Field(
+                b.name,
+                format!("beginning of range ({start}) beyond end of range ({end})"),
+            ));
         }
         let step = step.unwrap_or(1);
         let mut v = start;

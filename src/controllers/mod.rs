@@ -5,6 +5,7 @@
 
 pub mod controller_utils;
 pub mod cron_schedule;
+pub mod cronjob;
 pub mod daemonset;
 pub mod daemonset_nodes;
 pub mod expectations;
@@ -18,6 +19,7 @@ pub mod root_ca;
 pub mod serviceaccount;
 pub mod statefulset;
 pub mod statefulset_pods;
+pub mod ttl_after_finished;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -53,6 +55,8 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(statefulset::run(client.clone())),
         tokio::spawn(daemonset::run(client.clone())),
         tokio::spawn(job::run(client.clone())),
+        tokio::spawn(cronjob::run(client.clone())),
+        tokio::spawn(ttl_after_finished::run(client.clone())),
         tokio::spawn(root_ca::run(client, config.server_ca_pem.clone())),
     ]
 }
