@@ -140,7 +140,7 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
     let mut counts = Counts::default();
     let mut requeue: Option<Duration> = None;
     // Rolling update bookkeeping: nodes with old pods, and unavailability.
-    let mut old_on: BTreeMap<String, (Vec<Arc<Pod>>, Option<Arc<Pod>>)> = BTreeMap::new();
+    let mut old_on: BTreeMap<String, OldAndNew> = BTreeMap::new();
     let mut unavailable = 0;
     for node in &nodes {
         let node_name = node.metadata.name.clone().unwrap_or_default();
@@ -317,6 +317,9 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
     history::truncate(&revisions_api, &revisions, &live, spec.revision_history_limit.unwrap_or(10)).await?;
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
+
+/// A node's daemon pods of older revisions, and its pod of the current one.
+type OldAndNew = (Vec<Arc<Pod>>, Option<Arc<Pod>>);
 
 #[derive(Default)]
 struct Counts {

@@ -110,7 +110,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
             condemned.push((ord, pod));
         }
     }
-    condemned.sort_by(|a, b| b.0.cmp(&a.0));
+    condemned.sort_by_key(|c| std::cmp::Reverse(c.0));
     let monotonic = spec.pod_management_policy.as_deref() != Some("Parallel");
     let rolling = spec.update_strategy.as_ref().and_then(|s| s.type_.as_deref()) != Some("OnDelete");
     let partition =
