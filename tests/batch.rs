@@ -119,6 +119,36 @@ spec:
         &["get", "events", "--field-selector", "involvedObject.name=web", "-o", "jsonpath={.items[*].message}"],
     );
     assert!(events.contains("create Pod web-0 in StatefulSet web successful"), "{events}");
+    // RollingUpdate: from the highest ordinal down, each once its successor is Ready.
+    get(&s, &["set", "image", "sts/web", "c=nginx:1.27"]);
+    let mut update = String::new();
+    eventually("a new update revision", || {
+        update = get(&s, &["get", "sts", "web", "-o", "jsonpath={.status.updateRevision}"]);
+        update != get(&s, &["get", "sts", "web", "-o", "jsonpath={.status.currentRevision}"])
+    });
+    for i in [2, 1, 0] {
+        let pod = format!("web-{i}");
+        eventually(&format!("{pod} at the update revision"), || {
+            kubectl(&s, &["get", "pod", &pod, "-o", "jsonpath={.metadata.labels.controller-revision-hash}"]).1 == update
+        });
+        if i > 0 {
+            let lower = get(
+                &s,
+                &[
+                    "get",
+                    "pod",
+                    &format!("web-{}", i - 1),
+                    "-o",
+                    "jsonpath={.metadata.labels.controller-revision-hash}",
+                ],
+            );
+            assert_ne!(lower, update, "web-{} was updated before {pod} was Ready", i - 1);
+        }
+        set_phase(&s, &pod, "Running");
+    }
+    let (ok, out) = kubectl(&s, &["rollout", "status", "statefulset/web", "--timeout=15s"]);
+    assert!(ok, "{out}");
+    assert_eq!(get(&s, &["get", "sts", "web", "-o", "jsonpath={.status.currentRevision}"]), update);
     // Scale down from the top (the order itself is unit-tested).
     get(&s, &["scale", "sts", "web", "--replicas=1"]);
     eventually("web-2 and web-1 to be deleted", || pods(&s, "app=web") == ["web-0"]);
