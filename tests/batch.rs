@@ -158,6 +158,19 @@ spec:
     );
     assert!(events.contains("delete Pod web-2 in StatefulSet web successful"), "{events}");
     eventually("status replicas 1", || get(&s, &["get", "sts", "web", "-o", "jsonpath={.status.replicas}"]) == "1");
+    // Orphaned pods are adopted by a new StatefulSet with the same selector.
+    let yaml = get(&s, &["get", "sts", "web", "-o", "yaml"]);
+    get(&s, &["delete", "sts", "web", "--cascade=orphan"]);
+    eventually("web-0 orphaned", || {
+        get(&s, &["get", "pod", "web-0", "-o", "jsonpath={.metadata.ownerReferences}"]).trim().is_empty()
+    });
+    let yaml: String =
+        yaml.lines().filter(|l| !l.contains("uid:") && !l.contains("resourceVersion:")).collect::<Vec<_>>().join("\n");
+    apply(&s, &yaml);
+    let uid = get(&s, &["get", "sts", "web", "-o", "jsonpath={.metadata.uid}"]);
+    eventually("web-0 adopted", || {
+        get(&s, &["get", "pod", "web-0", "-o", "jsonpath={.metadata.ownerReferences[0].uid}"]) == uid
+    });
 }
 
 fn node_yaml(name: &str, labels: &str, taints: &str) -> String {

@@ -21,7 +21,7 @@ use super::daemonset_nodes::{add_default_tolerations, pin_to_node, placement, ta
 use super::expectations::Expectations;
 use super::history::{self, NewRevision, REVISION_HASH_LABEL};
 use super::informers::{self, controlled_by, wait_synced};
-use super::ControllerError;
+use super::{ref_manager, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
 
 const REVISION_LABEL: &str = "controller-revision-hash";
@@ -39,8 +39,8 @@ struct Context {
 pub async fn run(client: kube::Client) {
     let (sets, set_events) =
         informers::informer(Api::<DaemonSet>::all(client.clone()), watcher::Config::default()).trigger_self();
-    let (pods, pod_events) =
-        informers::informer(Api::<Pod>::all(client.clone()), watcher::Config::default()).trigger_owner::<DaemonSet>();
+    let (pods, pod_events) = informers::informer(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        .trigger_owner_or_selecting(sets.clone(), |s: &DaemonSet| s.spec.as_ref().map(|s| &s.selector));
     let (revisions, revision_events) =
         informers::informer(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default())
             .trigger_owner::<DaemonSet>();
@@ -89,6 +89,12 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
         return Ok(Action::await_change());
     }
     let Some(spec) = ds.spec.as_ref() else { return Ok(Action::await_change()) };
+    let orphans = ref_manager::orphans(&ctx.pods, &ns, &spec.selector);
+    if !orphans.is_empty() {
+        // The adopted pods come back as watch events and another pass.
+        ref_manager::adopt(&ctx.client, &ns, &orphans, &controller_ref(&*ds)).await?;
+        return Ok(Action::await_change());
+    }
     let status = ds.status.clone().unwrap_or_default();
 
     let revisions_api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);

@@ -16,8 +16,11 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
 use serde::de::DeserializeOwned;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
 use super::controller_utils::controller_of;
 use super::ControllerError;
+use crate::client::labels;
 
 /// A reconcile request, or why the watch feeding it failed.
 pub type Trigger<K> = BoxStream<'static, Result<ReconcileRequest<K>, watcher::Error>>;
@@ -72,6 +75,41 @@ where
             })
             .boxed();
         (self.store, requests)
+    }
+
+    /// Requests for each object's controller of kind `Owner`, or when it
+    /// has none, for every `Owner` in `owners` whose selector matches it
+    /// (which may adopt it).
+    pub fn trigger_owner_or_selecting<Owner>(
+        self,
+        owners: Store<Owner>,
+        selector: fn(&Owner) -> Option<&LabelSelector>,
+    ) -> (Store<K>, Trigger<Owner>)
+    where
+        Owner: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        self.trigger_with(move |o: &K| {
+            let meta = o.meta();
+            if let Some(r) = controller_of(meta) {
+                if r.kind != Owner::kind(&()) || r.api_version != Owner::api_version(&()) {
+                    return Vec::new();
+                }
+                let mut oref = ObjectRef::<Owner>::new(&r.name);
+                if let Some(ns) = &meta.namespace {
+                    oref = oref.within(ns);
+                }
+                return vec![oref];
+            }
+            owners
+                .state()
+                .iter()
+                .filter(|w| w.meta().namespace == meta.namespace)
+                .filter(|w| {
+                    selector(w).is_some_and(|s| !labels::is_empty(s) && labels::matches(s, meta.labels.as_ref()))
+                })
+                .map(|w| ObjectRef::from_obj(&**w))
+                .collect()
+        })
     }
 
     /// Requests mapped from each object by `map` (e.g. every DaemonSet for a Node).

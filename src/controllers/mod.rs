@@ -15,6 +15,7 @@ pub mod informers;
 pub mod job;
 pub mod job_pods;
 pub mod namespace;
+pub mod ref_manager;
 pub mod root_ca;
 pub mod serviceaccount;
 pub mod statefulset;

@@ -24,7 +24,7 @@ use super::informers::{self, controlled_by, wait_synced};
 use super::statefulset_pods::{
     create_claims, is_failed, is_running_and_ready, is_succeeded, is_terminating, new_pod, ordinal_of, revision_of,
 };
-use super::ControllerError;
+use super::{ref_manager, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
 
 struct Context {
@@ -38,8 +38,8 @@ struct Context {
 pub async fn run(client: kube::Client) {
     let (sets, set_events) =
         informers::informer(Api::<StatefulSet>::all(client.clone()), watcher::Config::default()).trigger_self();
-    let (pods, pod_events) =
-        informers::informer(Api::<Pod>::all(client.clone()), watcher::Config::default()).trigger_owner::<StatefulSet>();
+    let (pods, pod_events) = informers::informer(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        .trigger_owner_or_selecting(sets.clone(), |s: &StatefulSet| s.spec.as_ref().map(|s| &s.selector));
     let (revisions, revision_events) =
         informers::informer(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default())
             .trigger_owner::<StatefulSet>();
@@ -71,6 +71,12 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
         return Ok(Action::await_change());
     }
     let Some(spec) = set.spec.as_ref() else { return Ok(Action::await_change()) };
+    let orphans = ref_manager::orphans(&ctx.pods, &ns, &spec.selector);
+    if !orphans.is_empty() {
+        // The adopted pods come back as watch events and another pass.
+        ref_manager::adopt(&ctx.client, &ns, &orphans, &controller_ref(&*set)).await?;
+        return Ok(Action::await_change());
+    }
     let status = set.status.clone().unwrap_or_default();
 
     // Revisions: the one for the current template, and the one pods had.
