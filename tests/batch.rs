@@ -73,6 +73,7 @@ metadata: {name: web}
 spec:
   serviceName: web
   replicas: 3
+  persistentVolumeClaimRetentionPolicy: {whenDeleted: Retain, whenScaled: Delete}
   selector: {matchLabels: {app: web}}
   template:
     metadata: {labels: {app: web}}
@@ -157,6 +158,10 @@ spec:
         &["get", "events", "--field-selector", "involvedObject.name=web", "-o", "jsonpath={.items[*].message}"],
     );
     assert!(events.contains("delete Pod web-2 in StatefulSet web successful"), "{events}");
+    // whenScaled: Delete removes the claims of the pods scaled away.
+    eventually("the claims of web-1 and web-2 to go", || {
+        get(&s, &["get", "pvc", "-o", "jsonpath={.items[*].metadata.name}"]) == "www-web-0"
+    });
     eventually("status replicas 1", || get(&s, &["get", "sts", "web", "-o", "jsonpath={.status.replicas}"]) == "1");
     // Orphaned pods are adopted by a new StatefulSet with the same selector.
     let yaml = get(&s, &["get", "sts", "web", "-o", "yaml"]);
@@ -333,6 +338,24 @@ fn jobs_complete_fail_and_index() {
     let reason = get(&s, &["get", "job", "flaky", "-o", "jsonpath={.status.conditions[?(@.type=='Failed')].reason}"]);
     assert_eq!(reason, "BackoffLimitExceeded");
     assert_eq!(get(&s, &["get", "job", "flaky", "-o", "jsonpath={.status.failed}"]), "2");
+
+    // activeDeadlineSeconds: the Job fails and its pod is deleted.
+    apply(&s, &job_yaml("slow", "  activeDeadlineSeconds: 1\n"));
+    let (ok, out) = kubectl(&s, &["wait", "--for=condition=failed", "job/slow", "--timeout=15s"]);
+    assert!(ok, "{out}");
+    let reason = get(&s, &["get", "job", "slow", "-o", "jsonpath={.status.conditions[?(@.type=='Failed')].reason}"]);
+    assert_eq!(reason, "DeadlineExceeded");
+    eventually("the slow job's pod to go", || running_pods(&s, "slow").is_empty());
+
+    // suspend: no pods until resumed.
+    apply(&s, &job_yaml("later", "  suspend: true\n"));
+    eventually("the Suspended condition", || {
+        get(&s, &["get", "job", "later", "-o", "jsonpath={.status.conditions[?(@.type=='Suspended')].status}"])
+            == "True"
+    });
+    assert!(running_pods(&s, "later").is_empty());
+    get(&s, &["patch", "job", "later", "--type=merge", "-p", r#"{"spec":{"suspend":false}}"#]);
+    eventually("a pod once resumed", || running_pods(&s, "later").len() == 1);
 
     // Indexed: one pod per index with its index in annotation, label and env.
     apply(&s, &job_yaml("indexed", "  completions: 3\n  parallelism: 3\n  completionMode: Indexed\n"));

@@ -22,7 +22,8 @@ use super::expectations::Expectations;
 use super::history::{self, NewRevision};
 use super::informers::{self, controlled_by, wait_synced};
 use super::statefulset_pods::{
-    create_claims, is_failed, is_running_and_ready, is_succeeded, is_terminating, new_pod, ordinal_of, revision_of,
+    create_claims, is_failed, is_running_and_ready, is_succeeded, is_terminating, new_pod, ordinal_of,
+    release_claims_on_scale_down, revision_of,
 };
 use super::{ref_manager, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
@@ -188,6 +189,11 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
             }
             Step::Delete(pod, why) => {
                 let pod_name = pod.metadata.name.clone().unwrap_or_default();
+                if why == "scale down" {
+                    if let Some(ord) = ordinal_of(&name, &pod_name) {
+                        release_claims_on_scale_down(&ctx.client, &set, &pod, ord).await?;
+                    }
+                }
                 tracing::debug!(statefulset = %name, pod = %pod_name, why, "deleting pod");
                 ctx.expectations.expect_delete(&uid, &pod_name);
                 match pods_api.delete(&pod_name, &DeleteParams::default()).await {

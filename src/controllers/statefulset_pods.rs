@@ -9,7 +9,8 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, PodTemplateSpec, Volume,
 };
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
 
 use super::controller_utils::{controller_ref, is_pod_ready, pod_from_template, pod_phase};
 use super::ControllerError;
@@ -131,6 +132,47 @@ pub async fn create_claims(
         }
     }
     Ok(created)
+}
+
+/// With `whenScaled: Delete`, a condemned pod's claims become its
+/// dependents, so the garbage collector removes them with it.
+pub async fn release_claims_on_scale_down(
+    client: &kube::Client,
+    set: &StatefulSet,
+    pod: &Pod,
+    ordinal: i32,
+) -> Result<(), ControllerError> {
+    let spec = set.spec.as_ref();
+    let when_scaled =
+        spec.and_then(|s| s.persistent_volume_claim_retention_policy.as_ref()).and_then(|p| p.when_scaled.as_deref());
+    if when_scaled != Some("Delete") {
+        return Ok(());
+    }
+    let ns = set.metadata.namespace.clone().unwrap_or_default();
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let owner = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": pod.metadata.name,
+        "uid": pod.metadata.uid,
+    });
+    for template in spec.and_then(|s| s.volume_claim_templates.as_ref()).into_iter().flatten() {
+        let name = claim_name(template.metadata.name.as_deref().unwrap_or_default(), set, ordinal);
+        let Some(claim) = api.get_opt(&name).await? else { continue };
+        let mut refs: Vec<serde_json::Value> =
+            claim.metadata.owner_references.iter().flatten().filter_map(|r| serde_json::to_value(r).ok()).collect();
+        if refs.iter().any(|r| r.get("uid") == owner.get("uid")) {
+            continue;
+        }
+        refs.push(owner.clone());
+        let patch = json!({"metadata": {"ownerReferences": refs}});
+        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
