@@ -95,14 +95,35 @@ async fn reconcile(cj: Arc<CronJob>, ctx: Arc<Context>) -> Result<Action, Contro
     let ns = cj.metadata.namespace.clone().unwrap_or_default();
     let name = cj.metadata.name.clone().unwrap_or_default();
     let uid = cj.metadata.uid.clone().unwrap_or_default();
-    let Some(spec) = cj.spec.as_ref() else { return Ok(Action::await_change()) };
     let old = cj.status.clone().unwrap_or_default();
-    let mut status = old.clone();
     let now = Timestamp::now();
     let jobs_api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
 
     // Reconcile the active list with the Jobs this CronJob controls.
     let jobs = controlled_by(&ctx.jobs, &ns, &uid);
+    // An unfinished Job missing from the active list may only mean the
+    // cached CronJob predates our last status write: read it afresh.
+    let unlisted = |st: &k8s_openapi::api::batch::v1::CronJobStatus| {
+        jobs.iter().any(|j| {
+            finished(j).is_none()
+                && j.metadata.deletion_timestamp.is_none()
+                && !st.active.iter().flatten().any(|r| r.uid == j.metadata.uid)
+        })
+    };
+    let cronjobs: Api<CronJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let (cj, old) = if unlisted(&old) {
+        match cronjobs.get_opt(&name).await? {
+            Some(fresh) if fresh.metadata.uid == cj.metadata.uid => {
+                let st = fresh.status.clone().unwrap_or_default();
+                (Arc::new(fresh), st)
+            }
+            _ => return Ok(Action::await_change()),
+        }
+    } else {
+        (cj, old)
+    };
+    let mut status = old.clone();
+    let Some(spec) = cj.spec.as_ref() else { return Ok(Action::await_change()) };
     let mut active = status.active.take().unwrap_or_default();
     for job in &jobs {
         let job_uid = job.metadata.uid.as_deref();
@@ -110,18 +131,14 @@ async fn reconcile(cj: Arc<CronJob>, ctx: Arc<Context>) -> Result<Action, Contro
         let job_name = job.metadata.name.clone().unwrap_or_default();
         match finished(job) {
             None if !listed && job.metadata.deletion_timestamp.is_none() => {
-                let manual =
-                    job.metadata.annotations.as_ref().is_some_and(|a| {
-                        a.get("cronjob.kubernetes.io/instantiate").map(String::as_str) == Some("manual")
-                    });
-                if !manual {
-                    ctx.recorder.publish(
-                        &*cj,
-                        EventType::Warning,
-                        "UnexpectedJob",
-                        &format!("Saw a job that the controller did not create or forgot: {job_name}"),
-                    );
-                }
+                // As upstream: reported (a manual `kubectl create job
+                // --from=cronjob/…` too), never adopted into the active list.
+                ctx.recorder.publish(
+                    &*cj,
+                    EventType::Warning,
+                    "UnexpectedJob",
+                    &format!("Saw a job that the controller did not create or forgot: {job_name}"),
+                );
             }
             Some(condition) if listed => {
                 active.retain(|r| r.uid.as_deref() != job_uid);
@@ -265,7 +282,6 @@ async fn reconcile(cj: Arc<CronJob>, ctx: Arc<Context>) -> Result<Action, Contro
         if status.active.is_none() {
             body["active"] = serde_json::Value::Null;
         }
-        let cronjobs: Api<CronJob> = Api::namespaced(ctx.client.clone(), &ns);
         match cronjobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": body}))).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
