@@ -20,7 +20,7 @@ use serde_json::json;
 
 use super::controller_utils::controller_ref;
 use super::cron_schedule::{due, time_zone, Schedule};
-use super::informers::{self, controlled_by, wait_synced};
+use super::informers::{self, controlled_by, wait_synced, Informer};
 use super::job::has_condition;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
@@ -37,11 +37,10 @@ struct Context {
     recorder: EventRecorder,
 }
 
-pub async fn run(client: kube::Client) {
+pub async fn run(client: kube::Client, jobs: Informer<Job>) {
     let (cronjobs, cronjob_events) =
         informers::informer(Api::<CronJob>::all(client.clone()), watcher::Config::default()).trigger_self();
-    let (jobs, job_events) =
-        informers::informer(Api::<Job>::all(client.clone()), watcher::Config::default()).trigger_owner::<CronJob>();
+    let (jobs, job_events) = jobs.trigger_owner::<CronJob>();
     let recorder = EventRecorder::new(client.clone(), "cronjob-controller");
     let ctx = Arc::new(Context { client, jobs, recorder });
     informers::run("cronjob", cronjobs, vec![cronjob_events, job_events], reconcile, ctx).await;

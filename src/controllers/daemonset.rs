@@ -20,7 +20,7 @@ use super::controller_utils::{controller_ref, is_pod_available, is_pod_ready, po
 use super::daemonset_nodes::{add_default_tolerations, pin_to_node, placement, target_node};
 use super::expectations::Expectations;
 use super::history::{self, NewRevision, REVISION_HASH_LABEL};
-use super::informers::{self, controlled_by, wait_synced};
+use super::informers::{self, controlled_by, wait_synced, Informer};
 use super::{ref_manager, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
 
@@ -36,14 +36,12 @@ struct Context {
     recorder: EventRecorder,
 }
 
-pub async fn run(client: kube::Client) {
+pub async fn run(client: kube::Client, pods: Informer<Pod>, revisions: Informer<ControllerRevision>) {
     let (sets, set_events) =
         informers::informer(Api::<DaemonSet>::all(client.clone()), watcher::Config::default()).trigger_self();
-    let (pods, pod_events) = informers::informer(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .trigger_owner_or_selecting(sets.clone(), |s: &DaemonSet| s.spec.as_ref().map(|s| &s.selector));
-    let (revisions, revision_events) =
-        informers::informer(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default())
-            .trigger_owner::<DaemonSet>();
+    let (pods, pod_events) =
+        pods.trigger_owner_or_selecting(sets.clone(), |s: &DaemonSet| s.spec.as_ref().map(|s| &s.selector));
+    let (revisions, revision_events) = revisions.trigger_owner::<DaemonSet>();
     let all_sets = sets.clone();
     let (nodes, node_events) = informers::informer(Api::<Node>::all(client.clone()), watcher::Config::default())
         .trigger_with::<DaemonSet, _>(move |_node: &Node| {

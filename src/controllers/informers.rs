@@ -15,6 +15,8 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -41,6 +43,48 @@ where
     let events =
         reflector::reflector(writer, watcher::watcher(api, config).default_backoff()).touched_objects().boxed();
     Informer { store, events }
+}
+
+/// One watch and one cache of a kind feeding several controllers, as
+/// client-go's shared informers do: every subscriber sees every change.
+/// Subscribe first, then `start` the watch.
+pub struct SharedInformer<K: Resource<DynamicType = ()> + 'static> {
+    store: Store<K>,
+    subscribers: Vec<mpsc::UnboundedSender<K>>,
+    events: BoxStream<'static, Result<K, watcher::Error>>,
+}
+
+impl<K> SharedInformer<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    pub fn new(api: Api<K>, config: watcher::Config) -> Self {
+        let Informer { store, events } = informer(api, config);
+        SharedInformer { store, subscribers: Vec::new(), events }
+    }
+
+    /// A view of the shared cache with its own stream of changes.
+    pub fn subscribe(&mut self) -> Informer<K> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.subscribers.push(tx);
+        Informer { store: self.store.clone(), events: UnboundedReceiverStream::new(rx).map(Ok).boxed() }
+    }
+
+    /// Runs the watch, handing each change to every subscriber.
+    pub fn start(self) -> tokio::task::JoinHandle<()> {
+        let SharedInformer { subscribers, events, .. } = self;
+        tokio::spawn(events.for_each(move |event| {
+            match event {
+                Ok(obj) => {
+                    for s in &subscribers {
+                        let _ = s.send(obj.clone());
+                    }
+                }
+                Err(e) => tracing::debug!(kind = %K::kind(&()), error = %e, "shared informer watch error; retrying"),
+            }
+            std::future::ready(())
+        }))
+    }
 }
 
 impl<K> Informer<K>

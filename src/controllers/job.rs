@@ -16,12 +16,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use serde_json::json;
 
 use super::controller_utils::{is_pod_ready, pod_phase};
 use super::expectations::Expectations;
-use super::informers::{self, controlled_by, wait_synced};
+use super::informers::{self, controlled_by, wait_synced, Informer};
 use super::job_pods::{format_intervals, index_of, is_indexed, new_pod, parse_intervals};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
@@ -33,11 +32,9 @@ struct Context {
     recorder: EventRecorder,
 }
 
-pub async fn run(client: kube::Client) {
-    let (jobs, job_events) =
-        informers::informer(Api::<Job>::all(client.clone()), watcher::Config::default()).trigger_self();
-    let (pods, pod_events) =
-        informers::informer(Api::<Pod>::all(client.clone()), watcher::Config::default()).trigger_owner::<Job>();
+pub async fn run(client: kube::Client, jobs: Informer<Job>, pods: Informer<Pod>) {
+    let (jobs, job_events) = jobs.trigger_self();
+    let (pods, pod_events) = pods.trigger_owner::<Job>();
     let recorder = EventRecorder::new(client.clone(), "job-controller");
     let ctx = Arc::new(Context { client, pods, expectations: Expectations::default(), recorder });
     informers::run("job", jobs, vec![job_events, pod_events], reconcile, ctx).await;

@@ -25,6 +25,12 @@ pub mod ttl_after_finished;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::watcher;
+
 /// What a reconcile can fail with; the work queue retries it.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -49,15 +55,27 @@ pub struct ControllerConfig {
 
 /// Starts every controller; they run until aborted.
 pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::task::JoinHandle<()>> {
-    vec![
+    // Informers shared by the workload controllers: one watch and one cache per kind.
+    let mut pods = informers::SharedInformer::<Pod>::new(Api::all(client.clone()), watcher::Config::default());
+    let mut revisions =
+        informers::SharedInformer::<ControllerRevision>::new(Api::all(client.clone()), watcher::Config::default());
+    let mut jobs = informers::SharedInformer::<Job>::new(Api::all(client.clone()), watcher::Config::default());
+    let workloads = vec![
+        tokio::spawn(statefulset::run(client.clone(), pods.subscribe(), revisions.subscribe())),
+        tokio::spawn(daemonset::run(client.clone(), pods.subscribe(), revisions.subscribe())),
+        tokio::spawn(job::run(client.clone(), jobs.subscribe(), pods.subscribe())),
+        tokio::spawn(cronjob::run(client.clone(), jobs.subscribe())),
+        tokio::spawn(ttl_after_finished::run(client.clone(), jobs.subscribe())),
+        pods.start(),
+        revisions.start(),
+        jobs.start(),
+    ];
+    let mut handles = vec![
         tokio::spawn(namespace::run(client.clone())),
         tokio::spawn(garbage_collector::run(client.clone())),
         tokio::spawn(serviceaccount::run(client.clone())),
-        tokio::spawn(statefulset::run(client.clone())),
-        tokio::spawn(daemonset::run(client.clone())),
-        tokio::spawn(job::run(client.clone())),
-        tokio::spawn(cronjob::run(client.clone())),
-        tokio::spawn(ttl_after_finished::run(client.clone())),
         tokio::spawn(root_ca::run(client, config.server_ca_pem.clone())),
-    ]
+    ];
+    handles.extend(workloads);
+    handles
 }

@@ -20,7 +20,7 @@ use serde_json::json;
 use super::controller_utils::{controller_ref, is_pod_available};
 use super::expectations::Expectations;
 use super::history::{self, NewRevision};
-use super::informers::{self, controlled_by, wait_synced};
+use super::informers::{self, controlled_by, wait_synced, Informer};
 use super::statefulset_pods::{
     create_claims, is_failed, is_running_and_ready, is_succeeded, is_terminating, new_pod, ordinal_of,
     release_claims_on_scale_down, revision_of,
@@ -36,14 +36,12 @@ struct Context {
     recorder: EventRecorder,
 }
 
-pub async fn run(client: kube::Client) {
+pub async fn run(client: kube::Client, pods: Informer<Pod>, revisions: Informer<ControllerRevision>) {
     let (sets, set_events) =
         informers::informer(Api::<StatefulSet>::all(client.clone()), watcher::Config::default()).trigger_self();
-    let (pods, pod_events) = informers::informer(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .trigger_owner_or_selecting(sets.clone(), |s: &StatefulSet| s.spec.as_ref().map(|s| &s.selector));
-    let (revisions, revision_events) =
-        informers::informer(Api::<ControllerRevision>::all(client.clone()), watcher::Config::default())
-            .trigger_owner::<StatefulSet>();
+    let (pods, pod_events) =
+        pods.trigger_owner_or_selecting(sets.clone(), |s: &StatefulSet| s.spec.as_ref().map(|s| &s.selector));
+    let (revisions, revision_events) = revisions.trigger_owner::<StatefulSet>();
     let recorder = EventRecorder::new(client.clone(), "statefulset-controller");
     let ctx = Arc::new(Context { client, pods, revisions, expectations: Expectations::default(), recorder });
     informers::run("statefulset", sets, vec![set_events, pod_events, revision_events], reconcile, ctx).await;

@@ -9,14 +9,12 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
-use kube::runtime::watcher;
 
-use super::informers;
+use super::informers::{self, Informer};
 use super::ControllerError;
 
-pub async fn run(client: kube::Client) {
-    let (jobs, events) =
-        informers::informer(Api::<Job>::all(client.clone()), watcher::Config::default()).trigger_self();
+pub async fn run(client: kube::Client, jobs: Informer<Job>) {
+    let (jobs, events) = jobs.trigger_self();
     informers::run("ttl-after-finished", jobs, vec![events], reconcile, Arc::new(client)).await;
 }
 
