@@ -213,15 +213,16 @@ async fn reconcile(cj: Arc<CronJob>, ctx: Arc<Context>) -> Result<Action, Contro
                     spec.starting_deadline_seconds.is_some_and(|s| scheduled.as_second() + s < now.as_second());
                 let already = jobs.iter().any(|j| j.metadata.name.as_deref() == Some(job_name.as_str()));
                 let policy = spec.concurrency_policy.as_deref().unwrap_or("Allow");
-                if too_late {
+                let decision = decide(policy, too_late, already, active.len());
+                if decision == Decision::MissedDeadline {
                     ctx.recorder.publish(
                         &*cj,
                         EventType::Warning,
                         "MissSchedule",
                         &format!("Missed scheduled time to start a job: {}", in_zone(scheduled, &tz)),
                     );
-                } else if already {
-                } else if policy == "Forbid" && !active.is_empty() {
+                } else if decision == Decision::AlreadyCreated {
+                } else if decision == Decision::Forbidden {
                     ctx.recorder.publish(
                         &*cj,
                         EventType::Normal,
@@ -229,7 +230,7 @@ async fn reconcile(cj: Arc<CronJob>, ctx: Arc<Context>) -> Result<Action, Contro
                         "Not starting job because prior execution is running and concurrency policy is Forbid",
                     );
                 } else {
-                    if policy == "Replace" {
+                    if decision == Decision::ReplaceAndStart {
                         for r in std::mem::take(&mut active) {
                             let n = r.name.clone().unwrap_or_default();
                             match jobs_api.delete(&n, &DeleteParams::background()).await {
@@ -290,6 +291,30 @@ async fn reconcile(cj: Arc<CronJob>, ctx: Arc<Context>) -> Result<Action, Contro
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
+/// What to do about the most recent schedule time.
+#[derive(Debug, PartialEq, Eq)]
+enum Decision {
+    MissedDeadline,
+    AlreadyCreated,
+    Forbidden,
+    ReplaceAndStart,
+    Start,
+}
+
+fn decide(policy: &str, too_late: bool, already: bool, active: usize) -> Decision {
+    if too_late {
+        Decision::MissedDeadline
+    } else if already {
+        Decision::AlreadyCreated
+    } else if active > 0 && policy == "Forbid" {
+        Decision::Forbidden
+    } else if active > 0 && policy == "Replace" {
+        Decision::ReplaceAndStart
+    } else {
+        Decision::Start
+    }
+}
+
 /// A Job from the CronJob's jobTemplate.
 fn job_from_template(cj: &CronJob, name: &str, scheduled: &str) -> Job {
     let template = cj.spec.as_ref().map(|s| s.job_template.clone()).unwrap_or_default();
@@ -343,4 +368,29 @@ async fn cleanup_finished(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrency_policies_and_deadlines() {
+        assert_eq!(decide("Allow", false, false, 2), Decision::Start);
+        assert_eq!(decide("Forbid", false, false, 1), Decision::Forbidden);
+        assert_eq!(decide("Forbid", false, false, 0), Decision::Start);
+        assert_eq!(decide("Replace", false, false, 1), Decision::ReplaceAndStart);
+        assert_eq!(decide("Replace", false, false, 0), Decision::Start);
+        assert_eq!(decide("Allow", false, true, 0), Decision::AlreadyCreated);
+        assert_eq!(decide("Allow", true, false, 0), Decision::MissedDeadline);
+    }
+
+    #[test]
+    fn job_names_and_scheduled_timestamps() {
+        let t: Timestamp = "2024-01-01T00:10:00Z".parse().unwrap();
+        assert_eq!(t.as_second() / 60, 28_401_130);
+        assert_eq!(in_zone(t, &k8s_openapi::jiff::tz::TimeZone::UTC), "2024-01-01T00:10:00Z");
+        let tz = crate::controllers::cron_schedule::time_zone(Some("Etc/GMT-2")).unwrap();
+        assert_eq!(in_zone(t, &tz), "2024-01-01T02:10:00+02:00");
+    }
 }
