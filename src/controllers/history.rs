@@ -1,6 +1,6 @@
 //! ControllerRevisions for StatefulSets and DaemonSets, as upstream's
 //! controller history package keeps them: a revision holds the pod template
-//! as a replace patch, is named `<owner>-<hash>` (FNV-32a of that data and
+//! as a replace patch, is named `<owner>-<hash>` (FNV-1 of that data and
 //! the collision count, in the safe alphabet), and revisions beyond
 //! `revisionHistoryLimit` that no pod uses are deleted.
 
@@ -21,10 +21,11 @@ pub const REVISION_HASH_LABEL: &str = "controller.kubernetes.io/hash";
 
 const SAFE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
-fn fnv32a(bytes: &[u8], mut h: u32) -> u32 {
+/// FNV-1 (32 bit), as Go's hash/fnv New32.
+fn fnv32(bytes: &[u8], mut h: u32) -> u32 {
     for b in bytes {
-        h ^= u32::from(*b);
         h = h.wrapping_mul(16_777_619);
+        h ^= u32::from(*b);
     }
     h
 }
@@ -35,12 +36,11 @@ pub fn safe_encode(s: &str) -> String {
     s.bytes().map(|b| SAFE_ALPHABET[usize::from(b) % SAFE_ALPHABET.len()] as char).collect()
 }
 
-/// The hash naming a revision of `data`.
-pub fn hash_revision(data: &Value, collision_count: Option<i32>) -> String {
-    let mut h = fnv32a(data.to_string().as_bytes(), 2_166_136_261);
-    if let Some(c) = collision_count.filter(|c| *c != 0) {
-        h = fnv32a(&(c as u32).to_le_bytes(), h);
-    }
+/// The hash naming a revision of `data`: FNV-1 over the data and the
+/// collision count in decimal, as upstream's HashControllerRevision.
+pub fn hash_revision(data: &Value, collision_count: i32) -> String {
+    let h = fnv32(data.to_string().as_bytes(), 2_166_136_261);
+    let h = fnv32(collision_count.to_string().as_bytes(), h);
     safe_encode(&h.to_string())
 }
 
@@ -104,7 +104,7 @@ impl NewRevision<'_> {
             return Ok(self.api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?);
         }
         loop {
-            let hash = hash_revision(&self.data, Some(*collision_count));
+            let hash = hash_revision(&self.data, *collision_count);
             let name = format!("{}-{hash}", self.owner_name);
             let mut labels = self.labels.clone();
             labels.insert(REVISION_HASH_LABEL.into(), hash);
@@ -162,9 +162,9 @@ mod tests {
     #[test]
     fn hashes_are_stable_and_change_with_collisions() {
         let d = json!({"spec": {"template": {"metadata": {"labels": {"app": "web"}}}}});
-        let a = hash_revision(&d, None);
-        assert_eq!(a, hash_revision(&d, Some(0)));
-        assert_ne!(a, hash_revision(&d, Some(1)));
+        let a = hash_revision(&d, 0);
+        assert_eq!(a, hash_revision(&d, 0));
+        assert_ne!(a, hash_revision(&d, 1));
         assert!(a.bytes().all(|b| SAFE_ALPHABET.contains(&b)));
         assert_eq!(safe_encode("0123"), "4567");
     }
