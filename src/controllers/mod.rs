@@ -4,24 +4,42 @@
 //! They run while this server holds the `kube-controller-manager` Lease.
 
 pub mod controller_utils;
+pub mod cron_schedule;
+pub mod cronjob;
+pub mod daemonset;
+pub mod daemonset_nodes;
 pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
+pub mod expectations;
 pub mod garbage_collector;
+pub mod history;
 pub mod informers;
+pub mod job;
+pub mod job_pods;
 pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
+pub mod ref_manager;
 pub mod replicaset;
 pub mod resourcequota;
 pub mod retry_backoff;
 pub mod root_ca;
 pub mod serviceaccount;
+pub mod statefulset;
+pub mod statefulset_pods;
 pub mod taint_eviction;
+pub mod ttl_after_finished;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::watcher;
 
 /// What a reconcile can fail with; the work queue retries it.
 #[derive(Debug, thiserror::Error)]
@@ -47,7 +65,22 @@ pub struct ControllerConfig {
 
 /// Starts every controller; they run until aborted.
 pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::task::JoinHandle<()>> {
-    vec![
+    // Informers shared by the workload controllers: one watch and one cache per kind.
+    let mut pods = informers::SharedInformer::<Pod>::new(Api::all(client.clone()), watcher::Config::default());
+    let mut revisions =
+        informers::SharedInformer::<ControllerRevision>::new(Api::all(client.clone()), watcher::Config::default());
+    let mut jobs = informers::SharedInformer::<Job>::new(Api::all(client.clone()), watcher::Config::default());
+    let workloads = vec![
+        tokio::spawn(statefulset::run(client.clone(), pods.subscribe(), revisions.subscribe())),
+        tokio::spawn(daemonset::run(client.clone(), pods.subscribe(), revisions.subscribe())),
+        tokio::spawn(job::run(client.clone(), jobs.subscribe(), pods.subscribe())),
+        tokio::spawn(cronjob::run(client.clone(), jobs.subscribe())),
+        tokio::spawn(ttl_after_finished::run(client.clone(), jobs.subscribe())),
+        pods.start(),
+        revisions.start(),
+        jobs.start(),
+    ];
+    let mut handles = vec![
         tokio::spawn(namespace::run(client.clone())),
         tokio::spawn(garbage_collector::run(client.clone())),
         tokio::spawn(serviceaccount::run(client.clone())),
@@ -61,5 +94,7 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(replicaset::run(client.clone())),
         tokio::spawn(deployment::run(client.clone())),
         tokio::spawn(resourcequota::run(client)),
-    ]
+    ];
+    handles.extend(workloads);
+    handles
 }

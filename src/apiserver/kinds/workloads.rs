@@ -247,6 +247,7 @@ pub fn job_hooks() -> Hooks {
                     default_pod_spec(tspec);
                 }
             }
+            generate_job_selector(o);
         },
         validate: |o| {
             let mut causes = validate_pod_spec(at(o, &["spec", "template", "spec"]), "spec.template.spec");
@@ -302,6 +303,38 @@ pub fn job_hooks() -> Hooks {
             with_template_cells(o, vec![json!(status), json!(completions), json!(duration), json!(age(o))])
         },
         ..Hooks::default()
+    }
+}
+
+/// As upstream's Job strategy does on create: unless `manualSelector`, the
+/// selector is the Job's own uid, and the template carries it and the name.
+fn generate_job_selector(o: &mut Value) {
+    let uid = str_at(o, &["metadata", "uid"]).unwrap_or_default().to_string();
+    let name = str_at(o, &["metadata", "name"]).unwrap_or_default().to_string();
+    let Some(spec) = o.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    if uid.is_empty() || spec.get("selector").is_some_and(|s| !s.is_null()) {
+        return;
+    }
+    if spec.get("manualSelector").and_then(Value::as_bool) == Some(true) {
+        return;
+    }
+    spec.insert("selector".into(), json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}));
+    let template = spec.entry("template").or_insert_with(|| json!({}));
+    if let Some(t) = template.as_object_mut() {
+        let meta = t.entry("metadata").or_insert_with(|| json!({}));
+        if let Some(m) = meta.as_object_mut() {
+            let labels = m.entry("labels").or_insert_with(|| json!({}));
+            if let Some(l) = labels.as_object_mut() {
+                for (k, v) in [
+                    ("batch.kubernetes.io/controller-uid", &uid),
+                    ("batch.kubernetes.io/job-name", &name),
+                    ("controller-uid", &uid),
+                    ("job-name", &name),
+                ] {
+                    l.insert(k.into(), json!(v));
+                }
+            }
+        }
     }
 }
 

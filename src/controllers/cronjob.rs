@@ -1,0 +1,396 @@
+//! CronJobController (upstream's v2): creates a Job `<cronjob>-<minutes
+//! since the epoch>` at each schedule time within startingDeadlineSeconds,
+//! honouring concurrencyPolicy and suspend, tracks active Jobs and the last
+//! schedule and success times, prunes finished Jobs beyond the history
+//! limits, and requeues itself for exactly the next schedule time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::Resource;
+use serde_json::json;
+
+use super::controller_utils::controller_ref;
+use super::cron_schedule::{due, time_zone, Schedule};
+use super::informers::{self, controlled_by, wait_synced, Informer};
+use super::job::has_condition;
+use super::ControllerError;
+use crate::client::events::{EventRecorder, EventType};
+
+const SCHEDULED_TIMESTAMP: &str = "batch.kubernetes.io/cronjob-scheduled-timestamp";
+/// Upstream requeues a little after the schedule time, so it has passed.
+const NEXT_SCHEDULE_DELTA: Duration = Duration::from_millis(100);
+/// More missed times than this get a warning.
+const MAX_MISSED: usize = 100;
+
+struct Context {
+    client: kube::Client,
+    jobs: Store<Job>,
+    recorder: EventRecorder,
+}
+
+pub async fn run(client: kube::Client, jobs: Informer<Job>) {
+    let (cronjobs, cronjob_events) =
+        informers::informer(Api::<CronJob>::all(client.clone()), watcher::Config::default()).trigger_self();
+    let (jobs, job_events) = jobs.trigger_owner::<CronJob>();
+    let recorder = EventRecorder::new(client.clone(), "cronjob-controller");
+    let ctx = Arc::new(Context { client, jobs, recorder });
+    informers::run("cronjob", cronjobs, vec![cronjob_events, job_events], reconcile, ctx).await;
+}
+
+/// The finished condition of a Job, if any.
+fn finished(job: &Job) -> Option<&'static str> {
+    let status = job.status.as_ref();
+    if has_condition(status, "Complete") {
+        Some("Complete")
+    } else if has_condition(status, "Failed") {
+        Some("Failed")
+    } else {
+        None
+    }
+}
+
+fn job_ref(job: &Job) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(Job::api_version(&()).into_owned()),
+        kind: Some(Job::kind(&()).into_owned()),
+        name: job.metadata.name.clone(),
+        namespace: job.metadata.namespace.clone(),
+        uid: job.metadata.uid.clone(),
+        resource_version: job.metadata.resource_version.clone(),
+        ..Default::default()
+    }
+}
+
+/// RFC 3339 in the CronJob's time zone, as upstream writes the scheduled
+/// timestamp annotation.
+fn in_zone(t: Timestamp, tz: &k8s_openapi::jiff::tz::TimeZone) -> String {
+    let zoned = t.to_zoned(tz.clone());
+    if zoned.offset().seconds() == 0 {
+        t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    } else {
+        zoned.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string()
+    }
+}
+
+fn until(t: Timestamp, now: Timestamp) -> Duration {
+    let nanos = t.as_nanosecond() - now.as_nanosecond();
+    Duration::from_nanos(u64::try_from(nanos.max(0)).unwrap_or(0)) + NEXT_SCHEDULE_DELTA
+}
+
+async fn reconcile(cj: Arc<CronJob>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    wait_synced(&ctx.jobs).await?;
+    if cj.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let ns = cj.metadata.namespace.clone().unwrap_or_default();
+    let name = cj.metadata.name.clone().unwrap_or_default();
+    let uid = cj.metadata.uid.clone().unwrap_or_default();
+    let old = cj.status.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    let jobs_api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+
+    // Reconcile the active list with the Jobs this CronJob controls.
+    let jobs = controlled_by(&ctx.jobs, &ns, &uid);
+    // An unfinished Job missing from the active list may only mean the
+    // cached CronJob predates our last status write: read it afresh.
+    let unlisted = |st: &k8s_openapi::api::batch::v1::CronJobStatus| {
+        jobs.iter().any(|j| {
+            finished(j).is_none()
+                && j.metadata.deletion_timestamp.is_none()
+                && !st.active.iter().flatten().any(|r| r.uid == j.metadata.uid)
+        })
+    };
+    let cronjobs: Api<CronJob> = Api::namespaced(ctx.client.clone(), &ns);
+    let (cj, old) = if unlisted(&old) {
+        match cronjobs.get_opt(&name).await? {
+            Some(fresh) if fresh.metadata.uid == cj.metadata.uid => {
+                let st = fresh.status.clone().unwrap_or_default();
+                (Arc::new(fresh), st)
+            }
+            _ => return Ok(Action::await_change()),
+        }
+    } else {
+        (cj, old)
+    };
+    let mut status = old.clone();
+    let Some(spec) = cj.spec.as_ref() else { return Ok(Action::await_change()) };
+    let mut active = status.active.take().unwrap_or_default();
+    for job in &jobs {
+        let job_uid = job.metadata.uid.as_deref();
+        let listed = active.iter().any(|r| r.uid.as_deref() == job_uid);
+        let job_name = job.metadata.name.clone().unwrap_or_default();
+        match finished(job) {
+            None if !listed && job.metadata.deletion_timestamp.is_none() => {
+                // As upstream: reported (a manual `kubectl create job
+                // --from=cronjob/…` too), never adopted into the active list.
+                ctx.recorder.publish(
+                    &*cj,
+                    EventType::Warning,
+                    "UnexpectedJob",
+                    &format!("Saw a job that the controller did not create or forgot: {job_name}"),
+                );
+            }
+            Some(condition) if listed => {
+                active.retain(|r| r.uid.as_deref() != job_uid);
+                ctx.recorder.publish(
+                    &*cj,
+                    EventType::Normal,
+                    "SawCompletedJob",
+                    &format!("Saw completed job: {job_name}, condition: {condition}"),
+                );
+                if condition == "Complete" {
+                    let done = job.status.as_ref().and_then(|s| s.completion_time.clone());
+                    if done.as_ref().is_some_and(|d| status.last_successful_time.as_ref().is_none_or(|l| l.0 < d.0)) {
+                        status.last_successful_time = done;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    active.retain(|r| {
+        let present = jobs.iter().any(|j| j.metadata.uid == r.uid);
+        if !present {
+            ctx.recorder.publish(
+                &*cj,
+                EventType::Normal,
+                "MissingJob",
+                &format!("Active job went missing: {}", r.name.clone().unwrap_or_default()),
+            );
+        }
+        present
+    });
+
+    cleanup_finished(&cj, &jobs, &jobs_api, &ctx).await?;
+
+    let mut requeue = None;
+    let schedule_result =
+        time_zone(spec.time_zone.as_deref()).and_then(|tz| Ok((tz, Schedule::parse(&spec.schedule)?)));
+    match schedule_result {
+        Err(e) => {
+            let reason = if spec.time_zone.is_some() && matches!(e, super::cron_schedule::ScheduleError::TimeZone(_)) {
+                "UnknownTimeZone"
+            } else {
+                "UnparseableSchedule"
+            };
+            ctx.recorder.publish(
+                &*cj,
+                EventType::Warning,
+                reason,
+                &format!("unparseable schedule: {:?} : {e}", spec.schedule),
+            );
+        }
+        Ok(_) if spec.suspend == Some(true) => {}
+        Ok((tz, schedule)) => {
+            let created = cj.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+            let mut earliest = status.last_schedule_time.as_ref().map_or(created, |t| t.0);
+            if let Some(deadline) = spec.starting_deadline_seconds {
+                let window = Timestamp::from_second(now.as_second() - deadline).unwrap_or(now);
+                earliest = earliest.max(window);
+            }
+            let d = due(&schedule, &tz, earliest, now);
+            if d.missed > MAX_MISSED {
+                ctx.recorder.publish(
+                    &*cj,
+                    EventType::Warning,
+                    "TooManyMissedTimes",
+                    "too many missed start times. Set or decrease .spec.startingDeadlineSeconds or check clock skew",
+                );
+            }
+            requeue = d.next.map(|n| until(n, now));
+            if let Some(scheduled) = d.most_recent {
+                let job_name = format!("{name}-{}", scheduled.as_second() / 60);
+                let too_late =
+                    spec.starting_deadline_seconds.is_some_and(|s| scheduled.as_second() + s < now.as_second());
+                let already = jobs.iter().any(|j| j.metadata.name.as_deref() == Some(job_name.as_str()));
+                let policy = spec.concurrency_policy.as_deref().unwrap_or("Allow");
+                let decision = decide(policy, too_late, already, active.len());
+                if decision == Decision::MissedDeadline {
+                    ctx.recorder.publish(
+                        &*cj,
+                        EventType::Warning,
+                        "MissSchedule",
+                        &format!("Missed scheduled time to start a job: {}", in_zone(scheduled, &tz)),
+                    );
+                } else if decision == Decision::AlreadyCreated {
+                } else if decision == Decision::Forbidden {
+                    ctx.recorder.publish(
+                        &*cj,
+                        EventType::Normal,
+                        "JobAlreadyActive",
+                        "Not starting job because prior execution is running and concurrency policy is Forbid",
+                    );
+                } else {
+                    if decision == Decision::ReplaceAndStart {
+                        for r in std::mem::take(&mut active) {
+                            let n = r.name.clone().unwrap_or_default();
+                            match jobs_api.delete(&n, &DeleteParams::background()).await {
+                                Ok(_) => ctx.recorder.publish(
+                                    &*cj,
+                                    EventType::Normal,
+                                    "SuccessfulDelete",
+                                    &format!("Deleted job {n}"),
+                                ),
+                                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                                Err(e) => return Err(e.into()),
+                            }
+                        }
+                    }
+                    let job = job_from_template(&cj, &job_name, &in_zone(scheduled, &tz));
+                    match jobs_api.create(&PostParams::default(), &job).await {
+                        Ok(created) => {
+                            ctx.recorder.publish(
+                                &*cj,
+                                EventType::Normal,
+                                "SuccessfulCreate",
+                                &format!("Created job {job_name}"),
+                            );
+                            active.push(job_ref(&created));
+                            status.last_schedule_time = Some(Time(scheduled));
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 409 => {
+                            status.last_schedule_time = Some(Time(scheduled));
+                        }
+                        Err(e) => {
+                            ctx.recorder.publish(
+                                &*cj,
+                                EventType::Warning,
+                                "FailedCreate",
+                                &format!("Error creating job: {e}"),
+                            );
+                            return Err(e.into());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    status.active = (!active.is_empty()).then_some(active);
+    let new = serde_json::to_value(&status).unwrap_or_default();
+    if new != serde_json::to_value(&old).unwrap_or_default() {
+        let mut body = new;
+        if status.active.is_none() {
+            body["active"] = serde_json::Value::Null;
+        }
+        match cronjobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": body}))).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// What to do about the most recent schedule time.
+#[derive(Debug, PartialEq, Eq)]
+enum Decision {
+    MissedDeadline,
+    AlreadyCreated,
+    Forbidden,
+    ReplaceAndStart,
+    Start,
+}
+
+fn decide(policy: &str, too_late: bool, already: bool, active: usize) -> Decision {
+    if too_late {
+        Decision::MissedDeadline
+    } else if already {
+        Decision::AlreadyCreated
+    } else if active > 0 && policy == "Forbid" {
+        Decision::Forbidden
+    } else if active > 0 && policy == "Replace" {
+        Decision::ReplaceAndStart
+    } else {
+        Decision::Start
+    }
+}
+
+/// A Job from the CronJob's jobTemplate.
+fn job_from_template(cj: &CronJob, name: &str, scheduled: &str) -> Job {
+    let template = cj.spec.as_ref().map(|s| s.job_template.clone()).unwrap_or_default();
+    let meta = template.metadata.unwrap_or_default();
+    let mut annotations = meta.annotations.unwrap_or_default();
+    annotations.insert(SCHEDULED_TIMESTAMP.into(), scheduled.into());
+    Job {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: cj.metadata.namespace.clone(),
+            labels: meta.labels,
+            annotations: Some(annotations),
+            owner_references: Some(vec![controller_ref(cj)]),
+            ..Default::default()
+        },
+        spec: template.spec,
+        status: None,
+    }
+}
+
+/// Deletes the oldest finished Jobs beyond the history limits.
+async fn cleanup_finished(
+    cj: &CronJob,
+    jobs: &[Arc<Job>],
+    api: &Api<Job>,
+    ctx: &Context,
+) -> Result<(), ControllerError> {
+    let spec = cj.spec.as_ref();
+    for (condition, limit) in [
+        ("Complete", spec.and_then(|s| s.successful_jobs_history_limit)),
+        ("Failed", spec.and_then(|s| s.failed_jobs_history_limit)),
+    ] {
+        let Some(limit) = limit else { continue };
+        let mut done: Vec<&Arc<Job>> =
+            jobs.iter().filter(|j| finished(j) == Some(condition) && j.metadata.deletion_timestamp.is_none()).collect();
+        let excess = done.len().saturating_sub(usize::try_from(limit.max(0)).unwrap_or(0));
+        done.sort_by_key(|j| {
+            j.status.as_ref().and_then(|s| s.start_time.as_ref().map(|t| t.0)).or(j
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0))
+        });
+        for job in done.into_iter().take(excess) {
+            let n = job.metadata.name.clone().unwrap_or_default();
+            match api.delete(&n, &DeleteParams::background()).await {
+                Ok(_) => ctx.recorder.publish(cj, EventType::Normal, "SuccessfulDelete", &format!("Deleted job {n}")),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrency_policies_and_deadlines() {
+        assert_eq!(decide("Allow", false, false, 2), Decision::Start);
+        assert_eq!(decide("Forbid", false, false, 1), Decision::Forbidden);
+        assert_eq!(decide("Forbid", false, false, 0), Decision::Start);
+        assert_eq!(decide("Replace", false, false, 1), Decision::ReplaceAndStart);
+        assert_eq!(decide("Replace", false, false, 0), Decision::Start);
+        assert_eq!(decide("Allow", false, true, 0), Decision::AlreadyCreated);
+        assert_eq!(decide("Allow", true, false, 0), Decision::MissedDeadline);
+    }
+
+    #[test]
+    fn job_names_and_scheduled_timestamps() {
+        let t: Timestamp = "2024-01-01T00:10:00Z".parse().unwrap();
+        assert_eq!(t.as_second() / 60, 28_401_130);
+        assert_eq!(in_zone(t, &k8s_openapi::jiff::tz::TimeZone::UTC), "2024-01-01T00:10:00Z");
+        let tz = crate::controllers::cron_schedule::time_zone(Some("Etc/GMT-2")).unwrap();
+        assert_eq!(in_zone(t, &tz), "2024-01-01T02:10:00+02:00");
+    }
+}

@@ -1,0 +1,171 @@
+//! ControllerRevisions for StatefulSets and DaemonSets, as upstream's
+//! controller history package keeps them: a revision holds the pod template
+//! as a replace patch, is named `<owner>-<hash>` (FNV-1 of that data and
+//! the collision count, in the safe alphabet), and revisions beyond
+//! `revisionHistoryLimit` that no pod uses are deleted.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{json, Value};
+
+use super::ControllerError;
+
+/// The label every revision carries with its hash.
+pub const REVISION_HASH_LABEL: &str = "controller.kubernetes.io/hash";
+
+const SAFE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// FNV-1 (32 bit), as Go's hash/fnv New32.
+fn fnv32(bytes: &[u8], mut h: u32) -> u32 {
+    for b in bytes {
+        h = h.wrapping_mul(16_777_619);
+        h ^= u32::from(*b);
+    }
+    h
+}
+
+/// Upstream's rand.SafeEncodeString: each byte mapped into an alphabet
+/// without vowels or look-alike digits.
+pub fn safe_encode(s: &str) -> String {
+    s.bytes().map(|b| SAFE_ALPHABET[usize::from(b) % SAFE_ALPHABET.len()] as char).collect()
+}
+
+/// The hash naming a revision of `data`: FNV-1 over the data and the
+/// collision count in decimal, as upstream's HashControllerRevision.
+pub fn hash_revision(data: &Value, collision_count: i32) -> String {
+    let h = fnv32(data.to_string().as_bytes(), 2_166_136_261);
+    let h = fnv32(collision_count.to_string().as_bytes(), h);
+    safe_encode(&h.to_string())
+}
+
+/// What a StatefulSet or DaemonSet revision stores: its template as a
+/// strategic-merge patch that replaces the template.
+pub fn template_patch(template: &PodTemplateSpec) -> Value {
+    let mut t = serde_json::to_value(template).unwrap_or_else(|_| json!({}));
+    if let Some(m) = t.as_object_mut() {
+        m.insert("$patch".into(), json!("replace"));
+    }
+    json!({"spec": {"template": t}})
+}
+
+/// The template a revision holds.
+pub fn template_of(revision: &ControllerRevision) -> Option<PodTemplateSpec> {
+    let mut t = revision.data.as_ref()?.0.pointer("/spec/template")?.clone();
+    if let Some(m) = t.as_object_mut() {
+        m.remove("$patch");
+    }
+    serde_json::from_value(t).ok()
+}
+
+fn data_of(revision: &ControllerRevision) -> Option<&Value> {
+    revision.data.as_ref().map(|d| &d.0)
+}
+
+/// Revisions sorted oldest first.
+pub fn sorted(mut revisions: Vec<Arc<ControllerRevision>>) -> Vec<Arc<ControllerRevision>> {
+    revisions.sort_by(|a, b| {
+        a.revision
+            .cmp(&b.revision)
+            .then(a.metadata.creation_timestamp.cmp(&b.metadata.creation_timestamp))
+            .then(a.metadata.name.cmp(&b.metadata.name))
+    });
+    revisions
+}
+
+/// Finds or creates the revision for `data` (the newest revision number),
+/// bumping `collision_count` when a different revision holds the name.
+pub struct NewRevision<'a> {
+    pub api: &'a Api<ControllerRevision>,
+    pub owner_name: &'a str,
+    pub owner_ref: OwnerReference,
+    pub labels: BTreeMap<String, String>,
+    pub data: Value,
+    /// The owner's revisions, oldest first.
+    pub revisions: &'a [Arc<ControllerRevision>],
+}
+
+impl NewRevision<'_> {
+    pub async fn ensure(self, collision_count: &mut i32) -> Result<ControllerRevision, ControllerError> {
+        let next = self.revisions.last().map_or(1, |r| r.revision + 1);
+        // An equal revision: reuse it (a rollback makes it the newest again).
+        if let Some(equal) = self.revisions.iter().rev().find(|r| data_of(r) == Some(&self.data)) {
+            let last = self.revisions.last().map(|r| &r.metadata.name);
+            if last == Some(&equal.metadata.name) {
+                return Ok((**equal).clone());
+            }
+            let name = equal.metadata.name.clone().unwrap_or_default();
+            let patch = json!({"revision": next});
+            return Ok(self.api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?);
+        }
+        loop {
+            let hash = hash_revision(&self.data, *collision_count);
+            let name = format!("{}-{hash}", self.owner_name);
+            let mut labels = self.labels.clone();
+            labels.insert(REVISION_HASH_LABEL.into(), hash);
+            let revision = ControllerRevision {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    labels: Some(labels),
+                    owner_references: Some(vec![self.owner_ref.clone()]),
+                    ..Default::default()
+                },
+                data: Some(RawExtension(self.data.clone())),
+                revision: next,
+            };
+            match self.api.create(&PostParams::default(), &revision).await {
+                Ok(r) => return Ok(r),
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    let existing = self.api.get(&name).await?;
+                    if data_of(&existing) == Some(&self.data) {
+                        return Ok(existing);
+                    }
+                    *collision_count += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Deletes the oldest revisions beyond `limit` that are neither `live`
+/// (used by a pod, current or update) nor among the newest.
+pub async fn truncate(
+    api: &Api<ControllerRevision>,
+    revisions: &[Arc<ControllerRevision>],
+    live: &HashSet<String>,
+    limit: i32,
+) -> Result<(), ControllerError> {
+    let history: Vec<_> =
+        revisions.iter().filter(|r| !live.contains(r.metadata.name.as_deref().unwrap_or_default())).collect();
+    let excess = history.len().saturating_sub(usize::try_from(limit.max(0)).unwrap_or(0));
+    for r in history.into_iter().take(excess) {
+        let name = r.metadata.name.clone().unwrap_or_default();
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_are_stable_and_change_with_collisions() {
+        let d = json!({"spec": {"template": {"metadata": {"labels": {"app": "web"}}}}});
+        let a = hash_revision(&d, 0);
+        assert_eq!(a, hash_revision(&d, 0));
+        assert_ne!(a, hash_revision(&d, 1));
+        assert!(a.bytes().all(|b| SAFE_ALPHABET.contains(&b)));
+        assert_eq!(safe_encode("0123"), "4567");
+    }
+}
