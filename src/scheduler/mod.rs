@@ -277,7 +277,8 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
             return Decision::Unschedulable { message: fit_error_message(all, &failures), candidate: None };
         }
         let start = sched.next_start.load(Ordering::Relaxed) % all;
-        let feasible = profile.find_feasible(&state, pod, &snapshot, start);
+        let nominated = sched.queue.nominated_pods();
+        let feasible = profile.find_feasible(&state, pod, &snapshot, start, &nominated);
         sched.next_start.store((start + feasible.processed) % all, Ordering::Relaxed);
         if let Some(err) = feasible.failures.iter().find(|f| f.status.code == Code::Error) {
             return Decision::Error(err.status.reasons.join(", "));
@@ -289,10 +290,21 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
             if profile.preemption && policy != "Never" {
                 let pdbs = sched.pdbs.state();
                 match preemption::find_candidate(profile, &state, pod, snapshot.nodes, &feasible.failures, &pdbs) {
-                    Ok(c) => candidate = Some(c),
+                    Ok(mut c) => {
+                        c.lower_priority_nominated = nominated
+                            .get(&c.node)
+                            .into_iter()
+                            .flatten()
+                            .filter(|p| p.priority < pod.priority && p.uid != pod.uid)
+                            .cloned()
+                            .collect();
+                        candidate = Some(c);
+                    }
+                    // Upstream's FitError appends the PostFilter message as " %v.".
                     Err(post) if !post.is_empty() => {
                         message.push(' ');
                         message.push_str(&post);
+                        message.push('.');
                     }
                     Err(_) => {}
                 }

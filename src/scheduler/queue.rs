@@ -151,6 +151,19 @@ impl SchedulingQueue {
         self.len() == 0
     }
 
+    /// Pods waiting with `status.nominatedNodeName` set (preemptors whose
+    /// victims are leaving), by node; pods being scheduled or bound are not.
+    pub fn nominated_pods(&self) -> HashMap<String, Vec<Arc<PodInfo>>> {
+        let mut out: HashMap<String, Vec<Arc<PodInfo>>> = HashMap::new();
+        for q in self.lock().pods.values().filter(|q| q.place != Place::InFlight) {
+            let status = q.info.pod.status.as_ref();
+            if let Some(node) = status.and_then(|s| s.nominated_node_name.as_deref()).filter(|n| !n.is_empty()) {
+                out.entry(node.to_string()).or_default().push(q.info.clone());
+            }
+        }
+        out
+    }
+
     /// Waits for the next pod to schedule; returns it with the cycle number.
     pub async fn pop(&self) -> (Arc<PodInfo>, u64) {
         loop {
