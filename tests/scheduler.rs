@@ -50,8 +50,10 @@ fn get(s: &common::ApiServer, args: &[&str]) -> Value {
     serde_json::from_str(&out).expect("json")
 }
 
-/// A node with 110 pods' room, `cpu` cores, the hostname label and `labels`.
+/// A node with 110 pods' room, `cpu` cores and 4Gi of memory a core, the
+/// hostname label and `labels`.
 fn node(s: &common::ApiServer, name: &str, cpu: &str, labels: Value, taints: Value) {
+    let memory = format!("{}Gi", 4 * cpu.parse::<u32>().expect("whole cores"));
     let mut all = json!({"kubernetes.io/hostname": name});
     all.as_object_mut().expect("labels").extend(labels.as_object().cloned().unwrap_or_default());
     create(
@@ -61,8 +63,8 @@ fn node(s: &common::ApiServer, name: &str, cpu: &str, labels: Value, taints: Val
             "metadata": {"name": name, "labels": all},
             "spec": {"taints": taints},
             "status": {
-                "allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
-                "capacity": {"cpu": cpu, "memory": "8Gi", "pods": "110"},
+                "allocatable": {"cpu": cpu, "memory": memory, "pods": "110"},
+                "capacity": {"cpu": cpu, "memory": memory, "pods": "110"},
                 "conditions": [{"type": "Ready", "status": "True"}]
             }
         }),
@@ -269,4 +271,32 @@ fn a_high_priority_pod_preempts_a_low_priority_one() {
     assert!(kubectl(&s, &["delete", "pod", "victim", "--grace-period=0", "--force"]).0);
     assert_eq!(wait_bound(&s, "preemptor"), "n1");
     assert!(node_of(&s, "peer").is_empty());
+}
+
+#[test]
+fn pods_of_a_service_are_spread_by_default() {
+    let s = common::ApiServer::start();
+    // The big node wins on free resources alone.
+    node(&s, "big", "64", json!({}), json!(null));
+    node(&s, "small", "4", json!({}), json!(null));
+    for i in 1..=2 {
+        let name = format!("plain-{i}");
+        pod(&s, &name, json!({"app": "plain"}), "100m", json!({}));
+        assert_eq!(wait_bound(&s, &name), "big");
+    }
+    // Pods a Service selects get upstream's system default spreading.
+    create(
+        &s,
+        &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc"},
+            "spec": {"selector": {"app": "svc"}, "ports": [{"port": 80}]}}),
+    );
+    eventually("the Service", || kubectl(&s, &["get", "service", "svc"]).0);
+    let hosts: Vec<String> = (1..=2)
+        .map(|i| {
+            let name = format!("svc-{i}");
+            pod(&s, &name, json!({"app": "svc"}), "100m", json!({}));
+            wait_bound(&s, &name)
+        })
+        .collect();
+    assert!(hosts.contains(&"small".to_string()), "{hosts:?}");
 }

@@ -22,11 +22,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, ReplicationController, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use tokio::sync::Semaphore;
@@ -51,6 +52,10 @@ struct Scheduler {
     queue: SchedulingQueue,
     next_start: AtomicUsize,
     pdbs: Store<PodDisruptionBudget>,
+    services: Store<Service>,
+    replication_controllers: Store<ReplicationController>,
+    replica_sets: Store<ReplicaSet>,
+    stateful_sets: Store<StatefulSet>,
     bindings: Arc<Semaphore>,
     rng: AtomicU64,
 }
@@ -62,9 +67,25 @@ enum Decision {
     Error(String),
 }
 
+/// Keeps a store of every `K` filled from a watch while the task lives.
+fn reflect<K>(client: &kube::Client) -> (Store<K>, AbortOnDrop)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let api: Api<K> = Api::all(client.clone());
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+    (store, AbortOnDrop(tokio::spawn(stream.for_each(|_| std::future::ready(())))))
+}
+
 /// Runs the scheduler with `profiles` (one per schedulerName) until aborted.
 pub async fn run(client: kube::Client, profiles: Vec<Profile>) {
-    let (pdbs, pdb_writer) = reflector::store();
+    let (pdbs, _pdb_task) = reflect(&client);
+    // For PodTopologySpread's system default constraints.
+    let (services, _services_task) = reflect(&client);
+    let (replication_controllers, _rc_task) = reflect(&client);
+    let (replica_sets, _rs_task) = reflect(&client);
+    let (stateful_sets, _sts_task) = reflect(&client);
     let sched = Arc::new(Scheduler {
         recorder: EventRecorder::new(client.clone(), DEFAULT_SCHEDULER_NAME),
         profiles: profiles.into_iter().map(|p| (p.scheduler_name.clone(), Arc::new(p))).collect(),
@@ -72,13 +93,14 @@ pub async fn run(client: kube::Client, profiles: Vec<Profile>) {
         queue: SchedulingQueue::new(),
         next_start: AtomicUsize::new(0),
         pdbs,
+        services,
+        replication_controllers,
+        replica_sets,
+        stateful_sets,
         bindings: Arc::new(Semaphore::new(CONCURRENT_BINDINGS)),
         rng: AtomicU64::new(seed()),
         client,
     });
-    let pdb_api: Api<PodDisruptionBudget> = Api::all(sched.client.clone());
-    let pdb_stream = reflector::reflector(pdb_writer, watcher(pdb_api, watcher::Config::default()).default_backoff());
-    let _pdb_task = AbortOnDrop(tokio::spawn(pdb_stream.for_each(|_| std::future::ready(()))));
     let (nodes_synced_tx, mut nodes_synced) = tokio::sync::watch::channel(false);
     let (pods_synced_tx, mut pods_synced) = tokio::sync::watch::channel(false);
     let _nodes = AbortOnDrop(tokio::spawn(watch_nodes(sched.clone(), nodes_synced_tx)));
@@ -86,6 +108,15 @@ pub async fn run(client: kube::Client, profiles: Vec<Profile>) {
     if nodes_synced.wait_for(|s| *s).await.is_err() || pods_synced.wait_for(|s| *s).await.is_err() {
         return;
     }
+    // Scoring and preemption only: do not wait long for these.
+    let others = async {
+        let _ = sched.pdbs.wait_until_ready().await;
+        let _ = sched.services.wait_until_ready().await;
+        let _ = sched.replication_controllers.wait_until_ready().await;
+        let _ = sched.replica_sets.wait_until_ready().await;
+        let _ = sched.stateful_sets.wait_until_ready().await;
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), others).await;
     tracing::debug!("scheduler caches synced");
     loop {
         let (pod, cycle) = sched.queue.pop().await;
@@ -124,6 +155,46 @@ impl Scheduler {
     fn profile_for(&self, pod: &Pod) -> Option<&Arc<Profile>> {
         let name = pod.spec.as_ref().and_then(|s| s.scheduler_name.as_deref()).unwrap_or(DEFAULT_SCHEDULER_NAME);
         self.profiles.get(name)
+    }
+
+    /// The selector PodTopologySpread's system default constraints spread a
+    /// pod without constraints of its own by: its Services' and its
+    /// controller's (upstream's DefaultSelector).
+    fn default_spread_selector(&self, pod: &PodInfo) -> Option<LabelSelector> {
+        use plugins::pod_topology_spread::{default_selector, OwnerSelector};
+        let spec = pod.pod.spec.as_ref();
+        if spec.and_then(|s| s.topology_spread_constraints.as_ref()).is_some_and(|c| !c.is_empty()) {
+            return None;
+        }
+        let services: Vec<Arc<Service>> = self
+            .services
+            .state()
+            .into_iter()
+            .filter(|s| s.metadata.namespace.as_deref() == Some(pod.namespace.as_str()))
+            .collect();
+        let owner = pod.pod.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
+        let ns = pod.namespace.as_str();
+        let (rc, rs, sts) = match owner.map(|o| (o.api_version.as_str(), o.kind.as_str(), o.name.as_str())) {
+            Some(("v1", "ReplicationController", name)) => {
+                (self.replication_controllers.get(&ObjectRef::new(name).within(ns)), None, None)
+            }
+            Some(("apps/v1", "ReplicaSet", name)) => {
+                (None, self.replica_sets.get(&ObjectRef::new(name).within(ns)), None)
+            }
+            Some(("apps/v1", "StatefulSet", name)) => {
+                (None, None, self.stateful_sets.get(&ObjectRef::new(name).within(ns)))
+            }
+            _ => (None, None, None),
+        };
+        let owner = if let Some(labels) = rc.as_ref().and_then(|rc| rc.spec.as_ref()).and_then(|s| s.selector.as_ref())
+        {
+            Some(OwnerSelector::Labels(labels))
+        } else if let Some(rs) = rs.as_ref().and_then(|rs| rs.spec.as_ref()) {
+            Some(OwnerSelector::Selector(&rs.selector))
+        } else {
+            sts.as_ref().and_then(|s| s.spec.as_ref()).map(|s| OwnerSelector::Selector(&s.selector))
+        };
+        default_selector(pod, &services, owner)
     }
 
     /// A pod as the watch shows it now.
@@ -310,6 +381,9 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
                 }
             }
             return Decision::Unschedulable { message, candidate };
+        }
+        if let Some(selector) = sched.default_spread_selector(pod).filter(|_| false) {
+            state.write(plugins::pod_topology_spread::DEFAULT_SELECTOR_KEY, selector);
         }
         let scores = profile.score(&mut state, pod, &snapshot, &feasible.nodes);
         // The best score wins; ties are broken at random (reservoir sampling).

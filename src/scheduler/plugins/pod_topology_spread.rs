@@ -5,13 +5,16 @@
 //! Domains are counted only over nodes the constraint's inclusion policies
 //! admit (`nodeAffinityPolicy` Honor and `nodeTaintsPolicy` Ignore by default).
 //!
-//! Upstream's system default constraints (for pods of a Service, ReplicaSet
-//! or StatefulSet without constraints of their own) are not applied: they
-//! need those objects' selectors, which the scheduler does not watch.
+//! Pods without constraints of their own that belong to a Service,
+//! ReplicationController, ReplicaSet or StatefulSet are spread by upstream's
+//! system defaults (hostname maxSkew 3, zone maxSkew 5, ScheduleAnyway) over
+//! the selector the scheduler builds from those objects (`default_selector`,
+//! written into the cycle state under `DEFAULT_SELECTOR_KEY`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::TopologySpreadConstraint;
+use k8s_openapi::api::core::v1::{Service, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use super::node_affinity::required_matches;
@@ -25,6 +28,10 @@ pub const ERR_CONSTRAINTS: &str = "node(s) didn't match pod topology spread cons
 pub const ERR_MISSING_LABEL: &str = "node(s) didn't match pod topology spread constraints (missing required label)";
 const SCORE_KEY: &str = "PreScorePodTopologySpread";
 const HOSTNAME: &str = "kubernetes.io/hostname";
+const ZONE: &str = "topology.kubernetes.io/zone";
+/// Where the scheduler leaves the selector of the pod's Services and
+/// controller for the system default constraints.
+pub const DEFAULT_SELECTOR_KEY: &str = "PodTopologySpreadDefaultSelector";
 /// Marks nodes left out of scoring until normalize.
 const IGNORED: i64 = -1;
 
@@ -97,6 +104,67 @@ impl Constraint {
 fn constraints(pod: &PodInfo, when: &str) -> Vec<Constraint> {
     let all = pod.pod.spec.as_ref().and_then(|s| s.topology_spread_constraints.as_deref()).unwrap_or_default();
     all.iter().filter(|c| c.when_unsatisfiable == when).map(|c| Constraint::new(c, pod)).collect()
+}
+
+/// The selector of a controller that owns a pod, for `default_selector`.
+pub enum OwnerSelector<'a> {
+    /// A ReplicationController's plain label map.
+    Labels(&'a BTreeMap<String, String>),
+    /// A ReplicaSet's or StatefulSet's selector.
+    Selector(&'a LabelSelector),
+}
+
+/// Upstream's DefaultSelector: the labels of every Service in the pod's
+/// namespace that selects it, narrowed by its controller's selector;
+/// `None` when there is none.
+pub fn default_selector(
+    pod: &PodInfo,
+    services: &[Arc<Service>],
+    owner: Option<OwnerSelector>,
+) -> Option<LabelSelector> {
+    let pod_labels = pod.labels();
+    let mut merged = BTreeMap::new();
+    for svc in services.iter().filter(|s| s.metadata.namespace.as_deref() == Some(pod.namespace.as_str())) {
+        let Some(sel) = svc.spec.as_ref().and_then(|s| s.selector.as_ref()).filter(|s| !s.is_empty()) else { continue };
+        if sel.iter().all(|(k, v)| pod_labels.and_then(|l| l.get(k)) == Some(v)) {
+            merged.extend(sel.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+    }
+    let mut expressions = Vec::new();
+    match owner {
+        Some(OwnerSelector::Labels(l)) => merged.extend(l.iter().map(|(k, v)| (k.clone(), v.clone()))),
+        Some(OwnerSelector::Selector(sel)) => {
+            expressions.extend(sel.match_labels.iter().flatten().map(|(k, v)| LabelSelectorRequirement {
+                key: k.clone(),
+                operator: "In".into(),
+                values: Some(vec![v.clone()]),
+            }));
+            expressions.extend(sel.match_expressions.iter().flatten().cloned());
+        }
+        None => {}
+    }
+    if merged.is_empty() && expressions.is_empty() {
+        return None;
+    }
+    Some(LabelSelector {
+        match_labels: (!merged.is_empty()).then_some(merged),
+        match_expressions: (!expressions.is_empty()).then_some(expressions),
+    })
+}
+
+/// Upstream's system default constraints over `selector`.
+fn system_defaults(selector: &LabelSelector) -> Vec<Constraint> {
+    [(HOSTNAME, 3), (ZONE, 5)]
+        .into_iter()
+        .map(|(key, max_skew)| Constraint {
+            max_skew,
+            topology_key: key.to_string(),
+            selector: Some(selector.clone()),
+            min_domains: 1,
+            honor_node_affinity: true,
+            honor_taints: false,
+        })
+        .collect()
 }
 
 fn has_all_keys(node: &NodeInfo, constraints: &[Constraint]) -> bool {
@@ -214,14 +282,21 @@ impl ScorePlugin for PodTopologySpread {
     }
 
     fn pre_score(&self, state: &mut CycleState, pod: &PodInfo, nodes: &[&NodeInfo], snapshot: &Snapshot) -> Status {
-        let constraints = constraints(pod, "ScheduleAnyway");
+        let own =
+            pod.pod.spec.as_ref().and_then(|s| s.topology_spread_constraints.as_ref()).is_some_and(|c| !c.is_empty());
+        // Nodes must have every topology key, unless spreading by default.
+        let (constraints, require_all) = if own {
+            (constraints(pod, "ScheduleAnyway"), true)
+        } else {
+            (state.read::<LabelSelector>(DEFAULT_SELECTOR_KEY).map(system_defaults).unwrap_or_default(), false)
+        };
         if constraints.is_empty() || nodes.is_empty() {
             return Status::skip();
         }
         let mut ignored = HashSet::new();
         let mut counts = vec![HashMap::new(); constraints.len()];
         for node in nodes {
-            if !has_all_keys(node, &constraints) {
+            if require_all && !has_all_keys(node, &constraints) {
                 ignored.insert(node.name.clone());
                 continue;
             }
@@ -242,7 +317,7 @@ impl ScorePlugin for PodTopologySpread {
                 ((size + 2) as f64).ln()
             })
             .collect();
-        for node in snapshot.nodes.iter().filter(|n| has_all_keys(n, &constraints)) {
+        for node in snapshot.nodes.iter().filter(|n| !require_all || has_all_keys(n, &constraints)) {
             for (i, c) in constraints.iter().enumerate() {
                 if !c.includes(pod, node) {
                     continue;
@@ -410,6 +485,37 @@ mod tests {
         new.metadata.labels.as_mut().unwrap().insert("pod-template-hash".into(), "v2".into());
         let (_, st) = filter_all(&PodInfo::new(Arc::new(new)), &nodes);
         assert!(st[0].is_success());
+    }
+
+    #[test]
+    fn system_defaults_spread_pods_of_a_service_and_replica_set() {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "default"}, "spec": {"selector": {"app": "web"}}
+        }))
+        .unwrap();
+        let other: Service = serde_json::from_value(json!({
+            "metadata": {"name": "db", "namespace": "default"}, "spec": {"selector": {"app": "db"}}
+        }))
+        .unwrap();
+        let rs: LabelSelector = serde_json::from_value(json!({"matchLabels": {"hash": "1"}})).unwrap();
+        let p = pod("w3", json!({}));
+        assert!(default_selector(&p, &[], None).is_none());
+        let sel = default_selector(&p, &[Arc::new(svc), Arc::new(other)], Some(OwnerSelector::Selector(&rs))).unwrap();
+        assert_eq!(labels::to_query(&sel), "app=web,hash in (1)");
+        let sel: LabelSelector = serde_json::from_value(json!({"matchLabels": {"app": "web"}})).unwrap();
+        let mut nodes = cluster();
+        nodes[0].add_pod(pod("w1", json!({})));
+        let refs: Vec<&NodeInfo> = nodes.iter().collect();
+        let mut state = CycleState::default();
+        state.write(DEFAULT_SELECTOR_KEY, sel);
+        assert!(PodTopologySpread.pre_score(&mut state, &p, &refs, &Snapshot { nodes: &nodes }).is_success());
+        let mut scores: Vec<i64> = nodes.iter().map(|n| PodTopologySpread.score(&state, &p, n)).collect();
+        // Nodes lack the zone label, so only hostname counts: ln(4 + 2) ≈ 1.79
+        // for a1's pod, plus maxSkew - 1 = 2; "bare" (no labels at all) is
+        // not ignored but gets nothing.
+        assert_eq!(scores, [4, 2, 2, 0]);
+        PodTopologySpread.normalize(&state, &p, &mut scores);
+        assert_eq!(scores, [0, 50, 50, 100]);
     }
 
     #[test]
