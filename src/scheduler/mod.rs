@@ -382,7 +382,7 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
             }
             return Decision::Unschedulable { message, candidate };
         }
-        if let Some(selector) = sched.default_spread_selector(pod).filter(|_| false) {
+        if let Some(selector) = sched.default_spread_selector(pod) {
             state.write(plugins::pod_topology_spread::DEFAULT_SELECTOR_KEY, selector);
         }
         let scores = profile.score(&mut state, pod, &snapshot, &feasible.nodes);
