@@ -194,6 +194,10 @@ fn anti_affinity_and_topology_spread() {
         "0/3 nodes are available: 3 node(s) didn't match pod affinity rules. \
          preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling.."
     );
+    // A matching pod placed anywhere wakes it, and it follows into that zone.
+    pod(&s, "target", json!({"app": "nothing"}), "100m", json!({"nodeSelector": {"kubernetes.io/hostname": "n3"}}));
+    assert_eq!(wait_bound(&s, "target"), "n3");
+    assert_eq!(wait_bound(&s, "lonely"), "n3");
 
     // Spread evenly over the two zones.
     let spread = |key: &str| {

@@ -63,7 +63,13 @@ struct Scheduler {
 /// What one scheduling cycle decided.
 enum Decision {
     Bind(String),
-    Unschedulable { message: String, candidate: Option<preemption::Candidate> },
+    /// `waits_for_pods`: some node failed only for lack of other pods
+    /// (pod affinity, topology spread), so a pod placed anywhere may help.
+    Unschedulable {
+        message: String,
+        candidate: Option<preemption::Candidate>,
+        waits_for_pods: bool,
+    },
     Error(String),
 }
 
@@ -210,7 +216,17 @@ impl Scheduler {
             Some(node) => {
                 self.queue.delete(&uid);
                 let info = Arc::new(PodInfo::new(Arc::new(pod)));
-                self.cache().add_pod(info, &node);
+                let newly_assigned = {
+                    let mut cache = self.cache();
+                    let newly = !cache.contains(&uid) || cache.is_assumed(&uid);
+                    cache.add_pod(info, &node);
+                    newly
+                };
+                // A pod placed: pods waiting for pod affinity or a better
+                // spread may fit now (upstream's AssignedPodAdd event).
+                if newly_assigned {
+                    self.queue.move_pods_waiting_for_pods();
+                }
             }
             None => {
                 let gated = pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).is_some_and(|g| !g.is_empty());
@@ -336,7 +352,11 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
         let snapshot = Snapshot { nodes: &cache.nodes };
         let all = snapshot.nodes.len();
         if all == 0 {
-            return Decision::Unschedulable { message: fit_error_message(0, &[]), candidate: None };
+            return Decision::Unschedulable {
+                message: fit_error_message(0, &[]),
+                candidate: None,
+                waits_for_pods: false,
+            };
         }
         let mut state = CycleState::default();
         if let Err(status) = profile.pre_filter(&mut state, pod, &snapshot) {
@@ -345,7 +365,8 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
             }
             let failures: Vec<NodeFailure> =
                 snapshot.nodes.iter().map(|n| NodeFailure { node: n.name.clone(), status: status.clone() }).collect();
-            return Decision::Unschedulable { message: fit_error_message(all, &failures), candidate: None };
+            let message = fit_error_message(all, &failures);
+            return Decision::Unschedulable { message, candidate: None, waits_for_pods: false };
         }
         let start = sched.next_start.load(Ordering::Relaxed) % all;
         let nominated = sched.queue.nominated_pods();
@@ -380,7 +401,12 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
                     Err(_) => {}
                 }
             }
-            return Decision::Unschedulable { message, candidate };
+            let waits_for_pods = feasible.failures.iter().any(|f| {
+                f.status.reasons.iter().any(|r| {
+                    r == plugins::inter_pod_affinity::ERR_AFFINITY || r == plugins::pod_topology_spread::ERR_CONSTRAINTS
+                })
+            });
+            return Decision::Unschedulable { message, candidate, waits_for_pods };
         }
         if let Some(selector) = sched.default_spread_selector(pod) {
             state.write(plugins::pod_topology_spread::DEFAULT_SELECTOR_KEY, selector);
@@ -420,7 +446,7 @@ async fn schedule_one(sched: &Arc<Scheduler>, pod: Arc<PodInfo>, cycle: u64) {
                 bind(&sched, &pod, &node).await;
             });
         }
-        Decision::Unschedulable { message, candidate } => {
+        Decision::Unschedulable { message, candidate, waits_for_pods } => {
             let nominated = match candidate {
                 Some(c) => match preemption::preempt(&sched.client, &sched.recorder, &pod, &c).await {
                     Ok(()) => Some(c.node),
@@ -432,7 +458,7 @@ async fn schedule_one(sched: &Arc<Scheduler>, pod: Arc<PodInfo>, cycle: u64) {
                 None => None,
             };
             record_failure(sched, &pod, "Unschedulable", &message, nominated.as_deref()).await;
-            sched.queue.unschedulable(&pod.uid, cycle);
+            sched.queue.unschedulable(&pod.uid, cycle, waits_for_pods);
         }
         Decision::Error(message) => {
             tracing::warn!(pod = %pod.key, error = %message, "scheduling failed");
