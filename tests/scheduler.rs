@@ -245,6 +245,13 @@ fn a_high_priority_pod_preempts_a_low_priority_one() {
          preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod.."
     );
 
+    // Nor can one that may not preempt.
+    pod(&s, "polite", json!({}), "1500m", json!({"priorityClassName": "high", "preemptionPolicy": "Never"}));
+    assert_eq!(
+        failed_scheduling(&s, "polite"),
+        "0/1 nodes are available: 1 Insufficient cpu. preemption: not eligible due to preemptionPolicy=Never.."
+    );
+
     pod(&s, "preemptor", json!({}), "1500m", json!({"priorityClassName": "high"}));
     eventually("the preemptor to be nominated to n1", || {
         let p = get(&s, &["get", "pod", "preemptor"]);

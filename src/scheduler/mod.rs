@@ -379,7 +379,9 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
             let mut message = fit_error_message(all, &feasible.failures);
             let mut candidate = None;
             let policy = pod.pod.spec.as_ref().and_then(|s| s.preemption_policy.as_deref()).unwrap_or_default();
-            if profile.preemption && policy != "Never" {
+            if profile.preemption && policy == "Never" {
+                message.push_str(" preemption: not eligible due to preemptionPolicy=Never..");
+            } else if profile.preemption {
                 let pdbs = sched.pdbs.state();
                 match preemption::find_candidate(profile, &state, pod, snapshot.nodes, &feasible.failures, &pdbs) {
                     Ok(mut c) => {
