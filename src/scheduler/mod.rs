@@ -383,7 +383,15 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
                 message.push_str(" preemption: not eligible due to preemptionPolicy=Never..");
             } else if profile.preemption {
                 let pdbs = sched.pdbs.state();
-                match preemption::find_candidate(profile, &state, pod, snapshot.nodes, &feasible.failures, &pdbs) {
+                match preemption::find_candidate(
+                    profile,
+                    &state,
+                    pod,
+                    snapshot.nodes,
+                    &feasible.failures,
+                    &pdbs,
+                    &nominated,
+                ) {
                     Ok(mut c) => {
                         c.lower_priority_nominated = nominated
                             .get(&c.node)

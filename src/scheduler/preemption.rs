@@ -5,6 +5,7 @@
 //! the victims deleted (with their own grace period) and the node nominated.
 
 use std::cmp::Reverse;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -111,6 +112,7 @@ fn select_victims(
     pod: &PodInfo,
     node: &NodeInfo,
     pdbs: &[Arc<PodDisruptionBudget>],
+    nominated: &[Arc<PodInfo>],
 ) -> Result<(Vec<Arc<PodInfo>>, usize), Status> {
     let mut node = node.clone();
     let mut state = state.clone();
@@ -121,7 +123,7 @@ fn select_victims(
     for v in &potential {
         remove(profile, &mut state, pod, &mut node, v);
     }
-    let status = profile.filter(&state, pod, &node);
+    let status = profile.filter_with_nominated(&state, pod, &node, nominated);
     if !status.is_success() {
         return Err(status);
     }
@@ -132,7 +134,7 @@ fn select_victims(
     let mut violations = 0;
     for (protected, v) in violating.iter().map(|v| (true, v)).chain(other.iter().map(|v| (false, v))) {
         add(profile, &mut state, pod, &mut node, v);
-        if !profile.filter(&state, pod, &node).is_success() {
+        if !profile.filter_with_nominated(&state, pod, &node, nominated).is_success() {
             remove(profile, &mut state, pod, &mut node, v);
             victims.push(v.clone());
             violations += usize::from(protected);
@@ -187,8 +189,15 @@ fn pick_key(c: &Candidate) -> PickKey {
     (c.pdb_violations, highest, sum, c.victims.len(), Reverse(earliest))
 }
 
+/// How many candidates are enough, as upstream's defaults
+/// (minCandidateNodesPercentage 10, minCandidateNodesAbsolute 100).
+fn candidates_to_find(potential: usize) -> usize {
+    (potential / 10).max(100).min(potential)
+}
+
 /// Chooses where to preempt; `Err` carries the message users see after the
 /// fit error ("preemption: 0/3 nodes are available: ..."), or nothing.
+/// `nominated`: pods nominated to each node by earlier preemptions.
 pub fn find_candidate(
     profile: &Profile,
     state: &CycleState,
@@ -196,20 +205,28 @@ pub fn find_candidate(
     nodes: &[NodeInfo],
     failures: &[NodeFailure],
     pdbs: &[Arc<PodDisruptionBudget>],
+    nominated: &HashMap<String, Vec<Arc<PodInfo>>>,
 ) -> Result<Candidate, String> {
     if !eligible(pod, nodes, failures) {
         return Err("preemption: not eligible due to a terminating pod on the nominated node.".into());
     }
     let mut statuses: Vec<NodeFailure> = Vec::new();
-    let mut candidates = Vec::new();
+    let mut candidates: Vec<Candidate> = Vec::new();
+    let codes: HashMap<&str, Code> = failures.iter().map(|f| (f.node.as_str(), f.status.code)).collect();
+    let potential = nodes.iter().filter(|n| codes.get(n.name.as_str()) == Some(&Code::Unschedulable)).count();
+    let enough = candidates_to_find(potential);
     for node in nodes {
-        let failure = failures.iter().find(|f| f.node == node.name);
-        if !failure.is_some_and(|f| f.status.code == Code::Unschedulable) {
+        if codes.get(node.name.as_str()) != Some(&Code::Unschedulable) {
             let status = Status::unresolvable(NOT_HELPFUL);
             statuses.push(NodeFailure { node: node.name.clone(), status });
             continue;
         }
-        match select_victims(profile, state, pod, node, pdbs) {
+        // Enough candidates, one of them violating no PDB: stop looking.
+        if candidates.len() >= enough && candidates.iter().any(|c| c.pdb_violations == 0) {
+            break;
+        }
+        let on_node = nominated.get(&node.name).map(Vec::as_slice).unwrap_or_default();
+        match select_victims(profile, state, pod, node, pdbs, on_node) {
             Ok((victims, pdb_violations)) => candidates.push(Candidate {
                 node: node.name.clone(),
                 victims,
@@ -317,7 +334,7 @@ mod tests {
         profile.pre_filter(&mut state, pod, &snapshot).unwrap();
         let feasible = profile.find_feasible(&state, pod, &snapshot, 0, &Default::default());
         assert!(feasible.nodes.is_empty());
-        find_candidate(&profile, &state, pod, nodes, &feasible.failures, pdbs)
+        find_candidate(&profile, &state, pod, nodes, &feasible.failures, pdbs, &Default::default())
     }
 
     const T1: &str = "2026-01-01T00:00:00Z";
@@ -341,6 +358,30 @@ mod tests {
         let c = attempt(&[a, b], &pod("p", "2", 10, T1), &[pdb("a-low", 0)]).unwrap();
         assert_eq!(c.node, "b");
         assert_eq!(c.pdb_violations, 0);
+    }
+
+    #[test]
+    fn room_nominated_to_a_more_important_pod_is_not_taken() {
+        let mut a = node("a", "4");
+        a.add_pod(pod("low", "2", 1, T1));
+        let nominated = HashMap::from([("a".to_string(), vec![pod("nominee", "4", 20, T1)])]);
+        let profile = Profile::new("default-scheduler", ScoringStrategy::LeastAllocated);
+        let incoming = pod("p", "2", 10, T1);
+        let nodes = [a];
+        let snapshot = super::super::framework::Snapshot { nodes: &nodes };
+        let mut state = CycleState::default();
+        profile.pre_filter(&mut state, &incoming, &snapshot).unwrap();
+        let feasible = profile.find_feasible(&state, &incoming, &snapshot, 0, &nominated);
+        assert!(feasible.nodes.is_empty());
+        let err = find_candidate(&profile, &state, &incoming, &nodes, &feasible.failures, &[], &nominated).unwrap_err();
+        assert_eq!(err, "preemption: 0/1 nodes are available: 1 Insufficient cpu.");
+    }
+
+    #[test]
+    fn enough_candidates_as_upstream() {
+        assert_eq!(candidates_to_find(3), 3);
+        assert_eq!(candidates_to_find(500), 100);
+        assert_eq!(candidates_to_find(5000), 500);
     }
 
     #[test]
