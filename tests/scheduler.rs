@@ -278,6 +278,14 @@ fn a_high_priority_pod_preempts_a_low_priority_one() {
     // The peer does not take the room nominated to the preemptor.
     assert!(node_of(&s, "peer").is_empty());
 
+    // A cordoned node cannot be preempted on: the nomination is dropped,
+    // and taken again once the node is back.
+    let nominated = || get(&s, &["get", "pod", "preemptor"])["status"]["nominatedNodeName"].clone();
+    assert!(kubectl(&s, &["cordon", "n1"]).0);
+    eventually("the nomination to be cleared", || nominated().is_null());
+    assert!(kubectl(&s, &["uncordon", "n1"]).0);
+    eventually("the preemptor to be nominated again", || nominated() == "n1");
+
     // Once the victim is gone the preemptor is bound there.
     assert!(kubectl(&s, &["delete", "pod", "victim", "--grace-period=0", "--force"]).0);
     assert_eq!(wait_bound(&s, "preemptor"), "n1");

@@ -65,10 +65,13 @@ enum Decision {
     Bind(String),
     /// `waits_for_pods`: some node failed only for lack of other pods
     /// (pod affinity, topology spread), so a pod placed anywhere may help.
+    /// `clear_nomination`: preemption found no node, so the pod's earlier
+    /// nomination is dropped (as upstream's empty PostFilter nomination).
     Unschedulable {
         message: String,
         candidate: Option<preemption::Candidate>,
         waits_for_pods: bool,
+        clear_nomination: bool,
     },
     Error(String),
 }
@@ -356,6 +359,7 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
                 message: fit_error_message(0, &[]),
                 candidate: None,
                 waits_for_pods: false,
+                clear_nomination: false,
             };
         }
         let mut state = CycleState::default();
@@ -366,7 +370,12 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
             let failures: Vec<NodeFailure> =
                 snapshot.nodes.iter().map(|n| NodeFailure { node: n.name.clone(), status: status.clone() }).collect();
             let message = fit_error_message(all, &failures);
-            return Decision::Unschedulable { message, candidate: None, waits_for_pods: false };
+            return Decision::Unschedulable {
+                message,
+                candidate: None,
+                waits_for_pods: false,
+                clear_nomination: false,
+            };
         }
         let start = sched.next_start.load(Ordering::Relaxed) % all;
         let nominated = sched.queue.nominated_pods();
@@ -378,6 +387,7 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
         if feasible.nodes.is_empty() {
             let mut message = fit_error_message(all, &feasible.failures);
             let mut candidate = None;
+            let mut clear_nomination = false;
             let policy = pod.pod.spec.as_ref().and_then(|s| s.preemption_policy.as_deref()).unwrap_or_default();
             if profile.preemption && policy == "Never" {
                 message.push_str(" preemption: not eligible due to preemptionPolicy=Never..");
@@ -404,6 +414,9 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
                     }
                     // Upstream's FitError appends the PostFilter message as " %v.".
                     Err(post) if !post.is_empty() => {
+                        let nominated_now = pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref());
+                        clear_nomination =
+                            !post.starts_with(preemption::NOT_ELIGIBLE) && nominated_now.is_some_and(|n| !n.is_empty());
                         message.push(' ');
                         message.push_str(&post);
                         message.push('.');
@@ -416,7 +429,7 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
                     r == plugins::inter_pod_affinity::ERR_AFFINITY || r == plugins::pod_topology_spread::ERR_CONSTRAINTS
                 })
             });
-            return Decision::Unschedulable { message, candidate, waits_for_pods };
+            return Decision::Unschedulable { message, candidate, waits_for_pods, clear_nomination };
         }
         if let Some(selector) = sched.default_spread_selector(pod) {
             state.write(plugins::pod_topology_spread::DEFAULT_SELECTOR_KEY, selector);
@@ -456,23 +469,24 @@ async fn schedule_one(sched: &Arc<Scheduler>, pod: Arc<PodInfo>, cycle: u64) {
                 bind(&sched, &pod, &node).await;
             });
         }
-        Decision::Unschedulable { message, candidate, waits_for_pods } => {
-            let nominated = match candidate {
+        Decision::Unschedulable { message, candidate, waits_for_pods, clear_nomination } => {
+            let nomination = match candidate {
                 Some(c) => match preemption::preempt(&sched.client, &sched.recorder, &pod, &c).await {
-                    Ok(()) => Some(c.node),
+                    Ok(()) => Nomination::Set(c.node),
                     Err(e) => {
                         tracing::debug!(pod = %pod.key, error = %e, "preemption failed");
-                        None
+                        Nomination::Keep
                     }
                 },
-                None => None,
+                None if clear_nomination => Nomination::Clear,
+                None => Nomination::Keep,
             };
-            record_failure(sched, &pod, "Unschedulable", &message, nominated.as_deref()).await;
+            record_failure(sched, &pod, "Unschedulable", &message, nomination).await;
             sched.queue.unschedulable(&pod.uid, cycle, waits_for_pods);
         }
         Decision::Error(message) => {
             tracing::warn!(pod = %pod.key, error = %message, "scheduling failed");
-            record_failure(sched, &pod, "SchedulerError", &message, None).await;
+            record_failure(sched, &pod, "SchedulerError", &message, Nomination::Keep).await;
             sched.queue.retry(&pod.uid);
         }
     }
@@ -516,9 +530,16 @@ async fn bind(sched: &Scheduler, pod: &PodInfo, node: &str) {
     }
 }
 
+/// What a failed cycle does to the pod's `status.nominatedNodeName`.
+enum Nomination {
+    Keep,
+    Set(String),
+    Clear,
+}
+
 /// `PodScheduled=False` with the reason and message (written only when they
 /// change), `nominatedNodeName` after preemption, and a FailedScheduling event.
-async fn record_failure(sched: &Scheduler, pod: &PodInfo, reason: &str, message: &str, nominated: Option<&str>) {
+async fn record_failure(sched: &Scheduler, pod: &PodInfo, reason: &str, message: &str, nomination: Nomination) {
     sched.recorder.publish(pod.pod.as_ref(), EventType::Warning, "FailedScheduling", message);
     let current = pod
         .pod
@@ -529,8 +550,14 @@ async fn record_failure(sched: &Scheduler, pod: &PodInfo, reason: &str, message:
     let same = current.is_some_and(|c| {
         c.status == "False" && c.reason.as_deref() == Some(reason) && c.message.as_deref() == Some(message)
     });
-    let nominated_same = pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref()) == nominated;
-    if same && (nominated.is_none() || nominated_same) {
+    let nominated_now =
+        pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref()).filter(|n| !n.is_empty());
+    let nomination_changes = match &nomination {
+        Nomination::Keep => false,
+        Nomination::Set(node) => nominated_now != Some(node.as_str()),
+        Nomination::Clear => nominated_now.is_some(),
+    };
+    if same && !nomination_changes {
         return;
     }
     let mut status = serde_json::json!({"conditions": [{
@@ -541,8 +568,10 @@ async fn record_failure(sched: &Scheduler, pod: &PodInfo, reason: &str, message:
         "lastProbeTime": null,
         "lastTransitionTime": Time(k8s_openapi::jiff::Timestamp::now()),
     }]});
-    if let Some(node) = nominated {
-        status["nominatedNodeName"] = serde_json::Value::String(node.to_string());
+    match nomination {
+        Nomination::Set(node) => status["nominatedNodeName"] = serde_json::Value::String(node),
+        Nomination::Clear => status["nominatedNodeName"] = serde_json::Value::Null,
+        Nomination::Keep => {}
     }
     let pods: Api<Pod> = Api::namespaced(sched.client.clone(), &pod.namespace);
     let name = pod.pod.metadata.name.as_deref().unwrap_or_default();

@@ -21,6 +21,8 @@ use crate::client::labels;
 
 const NO_VICTIMS: &str = "No preemption victims found for incoming pod";
 const NOT_HELPFUL: &str = "Preemption is not helpful for scheduling";
+/// How `find_candidate`'s answer starts when the pod may not preempt now.
+pub const NOT_ELIGIBLE: &str = "preemption: not eligible";
 
 /// A node where the pod would fit once `victims` are gone.
 #[derive(Debug)]
@@ -208,7 +210,7 @@ pub fn find_candidate(
     nominated: &HashMap<String, Vec<Arc<PodInfo>>>,
 ) -> Result<Candidate, String> {
     if !eligible(pod, nodes, failures) {
-        return Err("preemption: not eligible due to a terminating pod on the nominated node.".into());
+        return Err(format!("{NOT_ELIGIBLE} due to a terminating pod on the nominated node."));
     }
     let mut statuses: Vec<NodeFailure> = Vec::new();
     let mut candidates: Vec<Candidate> = Vec::new();
