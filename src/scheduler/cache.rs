@@ -91,6 +91,10 @@ impl SchedulerCache {
         true
     }
 
+    pub fn contains(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid)
+    }
+
     pub fn is_assumed(&self, uid: &str) -> bool {
         self.pods.get(uid).is_some_and(|(_, _, a)| *a)
     }

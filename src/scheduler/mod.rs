@@ -23,11 +23,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, ReplicationController, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 use tokio::sync::Semaphore;
@@ -52,6 +53,10 @@ struct Scheduler {
     queue: SchedulingQueue,
     next_start: AtomicUsize,
     pdbs: Store<PodDisruptionBudget>,
+    services: Store<Service>,
+    replication_controllers: Store<ReplicationController>,
+    replica_sets: Store<ReplicaSet>,
+    stateful_sets: Store<StatefulSet>,
     bindings: Arc<Semaphore>,
     rng: AtomicU64,
 }
@@ -59,13 +64,38 @@ struct Scheduler {
 /// What one scheduling cycle decided.
 enum Decision {
     Bind(String),
-    Unschedulable { message: String, candidate: Option<preemption::Candidate> },
+    /// `waits_for_pods`: some node failed only for lack of other pods
+    /// (pod affinity, topology spread), so a pod placed anywhere may help.
+    /// `clear_nomination`: preemption found no node, so the pod's earlier
+    /// nomination is dropped (as upstream's empty PostFilter nomination).
+    Unschedulable {
+        message: String,
+        candidate: Option<preemption::Candidate>,
+        waits_for_pods: bool,
+        clear_nomination: bool,
+    },
     Error(String),
+}
+
+/// Keeps a store of every `K` filled from a watch while the task lives.
+fn reflect<K>(client: &kube::Client) -> (Store<K>, AbortOnDrop)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let api: Api<K> = Api::all(client.clone());
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+    (store, AbortOnDrop(tokio::spawn(stream.for_each(|_| std::future::ready(())))))
 }
 
 /// Runs the scheduler with `profiles` (one per schedulerName) until aborted.
 pub async fn run(client: kube::Client, profiles: Vec<Arc<Profile>>) {
-    let (pdbs, pdb_writer) = reflector::store();
+    let (pdbs, _pdb_task) = reflect(&client);
+    // For PodTopologySpread's system default constraints.
+    let (services, _services_task) = reflect(&client);
+    let (replication_controllers, _rc_task) = reflect(&client);
+    let (replica_sets, _rs_task) = reflect(&client);
+    let (stateful_sets, _sts_task) = reflect(&client);
     let sched = Arc::new(Scheduler {
         recorder: EventRecorder::new(client.clone(), DEFAULT_SCHEDULER_NAME),
         profiles: profiles.into_iter().map(|p| (p.scheduler_name.clone(), p)).collect(),
@@ -73,13 +103,14 @@ pub async fn run(client: kube::Client, profiles: Vec<Arc<Profile>>) {
         queue: SchedulingQueue::new(),
         next_start: AtomicUsize::new(0),
         pdbs,
+        services,
+        replication_controllers,
+        replica_sets,
+        stateful_sets,
         bindings: Arc::new(Semaphore::new(CONCURRENT_BINDINGS)),
         rng: AtomicU64::new(seed()),
         client,
     });
-    let pdb_api: Api<PodDisruptionBudget> = Api::all(sched.client.clone());
-    let pdb_stream = reflector::reflector(pdb_writer, watcher(pdb_api, watcher::Config::default()).default_backoff());
-    let _pdb_task = AbortOnDrop(tokio::spawn(pdb_stream.for_each(|_| std::future::ready(()))));
     let (nodes_synced_tx, mut nodes_synced) = tokio::sync::watch::channel(false);
     let (pods_synced_tx, mut pods_synced) = tokio::sync::watch::channel(false);
     let _nodes = AbortOnDrop(tokio::spawn(watch_nodes(sched.clone(), nodes_synced_tx)));
@@ -87,6 +118,15 @@ pub async fn run(client: kube::Client, profiles: Vec<Arc<Profile>>) {
     if nodes_synced.wait_for(|s| *s).await.is_err() || pods_synced.wait_for(|s| *s).await.is_err() {
         return;
     }
+    // Scoring and preemption only: do not wait long for these.
+    let others = async {
+        let _ = sched.pdbs.wait_until_ready().await;
+        let _ = sched.services.wait_until_ready().await;
+        let _ = sched.replication_controllers.wait_until_ready().await;
+        let _ = sched.replica_sets.wait_until_ready().await;
+        let _ = sched.stateful_sets.wait_until_ready().await;
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), others).await;
     tracing::debug!("scheduler caches synced");
     loop {
         let (pod, cycle) = sched.queue.pop().await;
@@ -127,6 +167,46 @@ impl Scheduler {
         self.profiles.get(name)
     }
 
+    /// The selector PodTopologySpread's system default constraints spread a
+    /// pod without constraints of its own by: its Services' and its
+    /// controller's (upstream's DefaultSelector).
+    fn default_spread_selector(&self, pod: &PodInfo) -> Option<LabelSelector> {
+        use plugins::pod_topology_spread::{default_selector, OwnerSelector};
+        let spec = pod.pod.spec.as_ref();
+        if spec.and_then(|s| s.topology_spread_constraints.as_ref()).is_some_and(|c| !c.is_empty()) {
+            return None;
+        }
+        let services: Vec<Arc<Service>> = self
+            .services
+            .state()
+            .into_iter()
+            .filter(|s| s.metadata.namespace.as_deref() == Some(pod.namespace.as_str()))
+            .collect();
+        let owner = pod.pod.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
+        let ns = pod.namespace.as_str();
+        let (rc, rs, sts) = match owner.map(|o| (o.api_version.as_str(), o.kind.as_str(), o.name.as_str())) {
+            Some(("v1", "ReplicationController", name)) => {
+                (self.replication_controllers.get(&ObjectRef::new(name).within(ns)), None, None)
+            }
+            Some(("apps/v1", "ReplicaSet", name)) => {
+                (None, self.replica_sets.get(&ObjectRef::new(name).within(ns)), None)
+            }
+            Some(("apps/v1", "StatefulSet", name)) => {
+                (None, None, self.stateful_sets.get(&ObjectRef::new(name).within(ns)))
+            }
+            _ => (None, None, None),
+        };
+        let owner = if let Some(labels) = rc.as_ref().and_then(|rc| rc.spec.as_ref()).and_then(|s| s.selector.as_ref())
+        {
+            Some(OwnerSelector::Labels(labels))
+        } else if let Some(rs) = rs.as_ref().and_then(|rs| rs.spec.as_ref()) {
+            Some(OwnerSelector::Selector(&rs.selector))
+        } else {
+            sts.as_ref().and_then(|s| s.spec.as_ref()).map(|s| OwnerSelector::Selector(&s.selector))
+        };
+        default_selector(pod, &services, owner)
+    }
+
     /// A pod as the watch shows it now.
     fn on_pod(&self, pod: Pod) {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
@@ -140,7 +220,17 @@ impl Scheduler {
             Some(node) => {
                 self.queue.delete(&uid);
                 let info = Arc::new(PodInfo::new(Arc::new(pod)));
-                self.cache().add_pod(info, &node);
+                let newly_assigned = {
+                    let mut cache = self.cache();
+                    let newly = !cache.contains(&uid) || cache.is_assumed(&uid);
+                    cache.add_pod(info, &node);
+                    newly
+                };
+                // A pod placed: pods waiting for pod affinity or a better
+                // spread may fit now (upstream's AssignedPodAdd event).
+                if newly_assigned {
+                    self.queue.move_pods_waiting_for_pods();
+                }
             }
             None => {
                 let gated = pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).is_some_and(|g| !g.is_empty());
@@ -266,7 +356,12 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
         let snapshot = Snapshot { nodes: &cache.nodes };
         let all = snapshot.nodes.len();
         if all == 0 {
-            return Decision::Unschedulable { message: fit_error_message(0, &[]), candidate: None };
+            return Decision::Unschedulable {
+                message: fit_error_message(0, &[]),
+                candidate: None,
+                waits_for_pods: false,
+                clear_nomination: false,
+            };
         }
         let mut state = CycleState::default();
         if let Err(status) = profile.pre_filter(&mut state, pod, &snapshot) {
@@ -275,10 +370,17 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
             }
             let failures: Vec<NodeFailure> =
                 snapshot.nodes.iter().map(|n| NodeFailure { node: n.name.clone(), status: status.clone() }).collect();
-            return Decision::Unschedulable { message: fit_error_message(all, &failures), candidate: None };
+            let message = fit_error_message(all, &failures);
+            return Decision::Unschedulable {
+                message,
+                candidate: None,
+                waits_for_pods: false,
+                clear_nomination: false,
+            };
         }
         let start = sched.next_start.load(Ordering::Relaxed) % all;
-        let feasible = profile.find_feasible(&state, pod, &snapshot, start);
+        let nominated = sched.queue.nominated_pods();
+        let feasible = profile.find_feasible(&state, pod, &snapshot, start, &nominated);
         sched.next_start.store((start + feasible.processed) % all, Ordering::Relaxed);
         if let Some(err) = feasible.failures.iter().find(|f| f.status.code == Code::Error) {
             return Decision::Error(err.status.reasons.join(", "));
@@ -286,19 +388,52 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
         if feasible.nodes.is_empty() {
             let mut message = fit_error_message(all, &feasible.failures);
             let mut candidate = None;
+            let mut clear_nomination = false;
             let policy = pod.pod.spec.as_ref().and_then(|s| s.preemption_policy.as_deref()).unwrap_or_default();
-            if profile.preemption && policy != "Never" {
+            if profile.preemption && policy == "Never" {
+                message.push_str(" preemption: not eligible due to preemptionPolicy=Never..");
+            } else if profile.preemption {
                 let pdbs = sched.pdbs.state();
-                match preemption::find_candidate(profile, &state, pod, snapshot.nodes, &feasible.failures, &pdbs) {
-                    Ok(c) => candidate = Some(c),
+                match preemption::find_candidate(
+                    profile,
+                    &state,
+                    pod,
+                    snapshot.nodes,
+                    &feasible.failures,
+                    &pdbs,
+                    &nominated,
+                ) {
+                    Ok(mut c) => {
+                        c.lower_priority_nominated = nominated
+                            .get(&c.node)
+                            .into_iter()
+                            .flatten()
+                            .filter(|p| p.priority < pod.priority && p.uid != pod.uid)
+                            .cloned()
+                            .collect();
+                        candidate = Some(c);
+                    }
+                    // Upstream's FitError appends the PostFilter message as " %v.".
                     Err(post) if !post.is_empty() => {
+                        let nominated_now = pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref());
+                        clear_nomination =
+                            !post.starts_with(preemption::NOT_ELIGIBLE) && nominated_now.is_some_and(|n| !n.is_empty());
                         message.push(' ');
                         message.push_str(&post);
+                        message.push('.');
                     }
                     Err(_) => {}
                 }
             }
-            return Decision::Unschedulable { message, candidate };
+            let waits_for_pods = feasible.failures.iter().any(|f| {
+                f.status.reasons.iter().any(|r| {
+                    r == plugins::inter_pod_affinity::ERR_AFFINITY || r == plugins::pod_topology_spread::ERR_CONSTRAINTS
+                })
+            });
+            return Decision::Unschedulable { message, candidate, waits_for_pods, clear_nomination };
+        }
+        if let Some(selector) = sched.default_spread_selector(pod) {
+            state.write(plugins::pod_topology_spread::DEFAULT_SELECTOR_KEY, selector);
         }
         let scores = profile.score(&mut state, pod, &snapshot, &feasible.nodes);
         // The best score wins; ties are broken at random (reservoir sampling).
@@ -335,23 +470,24 @@ async fn schedule_one(sched: &Arc<Scheduler>, pod: Arc<PodInfo>, cycle: u64) {
                 bind(&sched, &pod, &node).await;
             });
         }
-        Decision::Unschedulable { message, candidate } => {
-            let nominated = match candidate {
+        Decision::Unschedulable { message, candidate, waits_for_pods, clear_nomination } => {
+            let nomination = match candidate {
                 Some(c) => match preemption::preempt(&sched.client, &sched.recorder, &pod, &c).await {
-                    Ok(()) => Some(c.node),
+                    Ok(()) => Nomination::Set(c.node),
                     Err(e) => {
                         tracing::debug!(pod = %pod.key, error = %e, "preemption failed");
-                        None
+                        Nomination::Keep
                     }
                 },
-                None => None,
+                None if clear_nomination => Nomination::Clear,
+                None => Nomination::Keep,
             };
-            record_failure(sched, &pod, "Unschedulable", &message, nominated.as_deref()).await;
-            sched.queue.unschedulable(&pod.uid, cycle);
+            record_failure(sched, &pod, "Unschedulable", &message, nomination).await;
+            sched.queue.unschedulable(&pod.uid, cycle, waits_for_pods);
         }
         Decision::Error(message) => {
             tracing::warn!(pod = %pod.key, error = %message, "scheduling failed");
-            record_failure(sched, &pod, "SchedulerError", &message, None).await;
+            record_failure(sched, &pod, "SchedulerError", &message, Nomination::Keep).await;
             sched.queue.retry(&pod.uid);
         }
     }
@@ -395,9 +531,16 @@ async fn bind(sched: &Scheduler, pod: &PodInfo, node: &str) {
     }
 }
 
+/// What a failed cycle does to the pod's `status.nominatedNodeName`.
+enum Nomination {
+    Keep,
+    Set(String),
+    Clear,
+}
+
 /// `PodScheduled=False` with the reason and message (written only when they
 /// change), `nominatedNodeName` after preemption, and a FailedScheduling event.
-async fn record_failure(sched: &Scheduler, pod: &PodInfo, reason: &str, message: &str, nominated: Option<&str>) {
+async fn record_failure(sched: &Scheduler, pod: &PodInfo, reason: &str, message: &str, nomination: Nomination) {
     sched.recorder.publish(pod.pod.as_ref(), EventType::Warning, "FailedScheduling", message);
     let current = pod
         .pod
@@ -408,8 +551,14 @@ async fn record_failure(sched: &Scheduler, pod: &PodInfo, reason: &str, message:
     let same = current.is_some_and(|c| {
         c.status == "False" && c.reason.as_deref() == Some(reason) && c.message.as_deref() == Some(message)
     });
-    let nominated_same = pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref()) == nominated;
-    if same && (nominated.is_none() || nominated_same) {
+    let nominated_now =
+        pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref()).filter(|n| !n.is_empty());
+    let nomination_changes = match &nomination {
+        Nomination::Keep => false,
+        Nomination::Set(node) => nominated_now != Some(node.as_str()),
+        Nomination::Clear => nominated_now.is_some(),
+    };
+    if same && !nomination_changes {
         return;
     }
     let mut status = serde_json::json!({"conditions": [{
@@ -420,8 +569,10 @@ async fn record_failure(sched: &Scheduler, pod: &PodInfo, reason: &str, message:
         "lastProbeTime": null,
         "lastTransitionTime": Time(k8s_openapi::jiff::Timestamp::now()),
     }]});
-    if let Some(node) = nominated {
-        status["nominatedNodeName"] = serde_json::Value::String(node.to_string());
+    match nomination {
+        Nomination::Set(node) => status["nominatedNodeName"] = serde_json::Value::String(node),
+        Nomination::Clear => status["nominatedNodeName"] = serde_json::Value::Null,
+        Nomination::Keep => {}
     }
     let pods: Api<Pod> = Api::namespaced(sched.client.clone(), &pod.namespace);
     let name = pod.pod.metadata.name.as_deref().unwrap_or_default();

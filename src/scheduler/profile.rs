@@ -2,7 +2,7 @@
 //! pod goes through them (PreFilter, Filter over the nodes, PreScore, Score,
 //! NormalizeScore, weights).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::framework::{Code, CycleState, FilterPlugin, NodeFailure, ScorePlugin, Snapshot, Status};
@@ -72,6 +72,35 @@ impl Profile {
         Status::success()
     }
 
+    /// The Filter plugins with the pods nominated to this node that are at
+    /// least as important as `pod` counted as if already there (upstream's
+    /// RunFilterPluginsWithNominatedPods: the pod must fit both with and
+    /// without them).
+    pub fn filter_with_nominated(
+        &self,
+        state: &CycleState,
+        pod: &PodInfo,
+        node: &NodeInfo,
+        nominated: &[Arc<PodInfo>],
+    ) -> Status {
+        let mut relevant = nominated.iter().filter(|p| p.uid != pod.uid && p.priority >= pod.priority).peekable();
+        if relevant.peek().is_some() {
+            let mut node = node.clone();
+            let mut state = state.clone();
+            for p in relevant {
+                node.add_pod(p.clone());
+                for f in &self.filters {
+                    f.add_pod(&mut state, pod, p, &node);
+                }
+            }
+            let status = self.filter(&state, pod, &node);
+            if !status.is_success() {
+                return status;
+            }
+        }
+        self.filter(state, pod, node)
+    }
+
     /// How many feasible nodes are enough, as upstream's
     /// `numFeasibleNodesToFind`.
     pub fn nodes_to_find(&self, all: usize) -> usize {
@@ -90,8 +119,16 @@ impl Profile {
     }
 
     /// Filters the nodes starting at `start` (round-robin across cycles),
-    /// stopping once enough feasible nodes are found.
-    pub fn find_feasible(&self, state: &CycleState, pod: &PodInfo, snapshot: &Snapshot, start: usize) -> Feasible {
+    /// stopping once enough feasible nodes are found. `nominated`: pods
+    /// nominated to each node by earlier preemptions.
+    pub fn find_feasible(
+        &self,
+        state: &CycleState,
+        pod: &PodInfo,
+        snapshot: &Snapshot,
+        start: usize,
+        nominated: &HashMap<String, Vec<Arc<PodInfo>>>,
+    ) -> Feasible {
         let all = snapshot.nodes.len();
         let want = self.nodes_to_find(all);
         let mut out = Feasible { nodes: Vec::new(), failures: Vec::new(), processed: 0 };
@@ -99,7 +136,10 @@ impl Profile {
             let index = (start + i) % all;
             let node = &snapshot.nodes[index];
             out.processed += 1;
-            let status = self.filter(state, pod, node);
+            let status = match nominated.get(&node.name) {
+                Some(pods) => self.filter_with_nominated(state, pod, node, pods),
+                None => self.filter(state, pod, node),
+            };
             if status.is_success() {
                 out.nodes.push(index);
                 if out.nodes.len() >= want {

@@ -36,6 +36,8 @@ struct Queued {
     unschedulable_since: Instant,
     /// The pod changed while it was being scheduled.
     updated_in_flight: bool,
+    /// It last failed for lack of other pods (pod affinity, spread).
+    waits_for_pods: bool,
 }
 
 /// Max-heap entry: higher priority first, then the older pod.
@@ -67,6 +69,8 @@ struct Inner {
     /// backoff rather than to the unschedulable pods.
     cycle: u64,
     moved_at_cycle: u64,
+    /// The same for a pod being placed (only pods waiting for pods care).
+    pods_moved_at_cycle: u64,
 }
 
 pub struct SchedulingQueue {
@@ -131,6 +135,7 @@ impl SchedulingQueue {
                         backoff_until: now,
                         unschedulable_since: now,
                         updated_in_flight: false,
+                        waits_for_pods: false,
                     },
                 );
                 self.wake.notify_one();
@@ -149,6 +154,19 @@ impl SchedulingQueue {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Pods waiting with `status.nominatedNodeName` set (preemptors whose
+    /// victims are leaving), by node; pods being scheduled or bound are not.
+    pub fn nominated_pods(&self) -> HashMap<String, Vec<Arc<PodInfo>>> {
+        let mut out: HashMap<String, Vec<Arc<PodInfo>>> = HashMap::new();
+        for q in self.lock().pods.values().filter(|q| q.place != Place::InFlight) {
+            let status = q.info.pod.status.as_ref();
+            if let Some(node) = status.and_then(|s| s.nominated_node_name.as_deref()).filter(|n| !n.is_empty()) {
+                out.entry(node.to_string()).or_default().push(q.info.clone());
+            }
+        }
+        out
     }
 
     /// Waits for the next pod to schedule; returns it with the cycle number.
@@ -196,12 +214,13 @@ impl SchedulingQueue {
     /// The pod fit nowhere in cycle `cycle`. It waits among the
     /// unschedulable pods, unless the cluster changed meanwhile (or the pod
     /// itself did), in which case it is retried after its backoff.
-    pub fn unschedulable(&self, uid: &str, cycle: u64) {
+    pub fn unschedulable(&self, uid: &str, cycle: u64, waits_for_pods: bool) {
         let mut q = self.lock();
-        let moved = q.moved_at_cycle >= cycle;
+        let moved = q.moved_at_cycle >= cycle || (waits_for_pods && q.pods_moved_at_cycle >= cycle);
         let now = Instant::now();
         let Some(queued) = q.pods.get_mut(uid) else { return };
         queued.attempts += 1;
+        queued.waits_for_pods = waits_for_pods;
         queued.backoff_until = now + backoff_for(queued.attempts);
         if moved || queued.updated_in_flight {
             queued.place = Place::Backoff;
@@ -230,12 +249,26 @@ impl SchedulingQueue {
     /// A cluster event that may let unschedulable pods fit: move them all
     /// to the active queue (or to backoff if they failed very recently).
     pub fn move_all_to_active_or_backoff(&self) {
+        self.move_to_active_or_backoff(false);
+    }
+
+    /// A pod was placed: move the pods that wait for other pods.
+    pub fn move_pods_waiting_for_pods(&self) {
+        self.move_to_active_or_backoff(true);
+    }
+
+    fn move_to_active_or_backoff(&self, only_waiting_for_pods: bool) {
         let mut q = self.lock();
         let inner = &mut *q;
-        inner.moved_at_cycle = inner.cycle;
+        if only_waiting_for_pods {
+            inner.pods_moved_at_cycle = inner.cycle;
+        } else {
+            inner.moved_at_cycle = inner.cycle;
+        }
         let now = Instant::now();
         let mut moved = false;
-        for queued in inner.pods.values_mut().filter(|p| p.place == Place::Unschedulable) {
+        let eligible = |p: &Queued| p.place == Place::Unschedulable && (!only_waiting_for_pods || p.waits_for_pods);
+        for queued in inner.pods.values_mut().filter(|p| eligible(p)) {
             moved = true;
             if queued.backoff_until > now {
                 queued.place = Place::Backoff;
@@ -309,7 +342,7 @@ mod tests {
         let q = SchedulingQueue::new();
         q.add_or_update(pod("a", 0));
         let (p, cycle) = q.pop().await;
-        q.unschedulable(&p.uid, cycle);
+        q.unschedulable(&p.uid, cycle, false);
         assert!(tokio::time::timeout(Duration::from_millis(50), q.pop()).await.is_err());
         q.move_all_to_active_or_backoff();
         // Its one-second backoff has to pass first.
@@ -317,6 +350,21 @@ mod tests {
         let (again, _) = q.pop().await;
         assert_eq!(again.uid, "a");
         assert!(started.elapsed() >= Duration::from_millis(500));
+    }
+
+    #[tokio::test]
+    async fn placed_pods_move_only_pods_waiting_for_pods() {
+        let q = SchedulingQueue::new();
+        q.add_or_update(pod("cpu", 0));
+        q.add_or_update(pod("affinity", 0));
+        let (a, c1) = q.pop().await;
+        let (b, c2) = q.pop().await;
+        q.unschedulable(&a.uid, c1, a.uid == "affinity");
+        q.unschedulable(&b.uid, c2, b.uid == "affinity");
+        q.move_pods_waiting_for_pods();
+        let (again, _) = q.pop().await;
+        assert_eq!(again.uid, "affinity");
+        assert!(tokio::time::timeout(Duration::from_millis(1500), q.pop()).await.is_err());
     }
 
     #[test]
