@@ -4,45 +4,14 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use common::{apply, eventually, kubectl};
 
-fn kubectl(s: &common::ApiServer, args: &[&str]) -> (bool, String) {
-    let out = Command::new("kubectl")
-        .env("KUBECONFIG", s.kubeconfig())
-        .env("HOME", s.dir.path())
-        .args(args)
-        .output()
-        .expect("kubectl");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
-}
+use std::time::Duration;
 
 fn get(s: &common::ApiServer, args: &[&str]) -> String {
     let (ok, out) = kubectl(s, args);
     assert!(ok, "kubectl {args:?}: {out}");
     out
-}
-
-fn apply(s: &common::ApiServer, yaml: &str) {
-    let mut child = Command::new("kubectl")
-        .env("KUBECONFIG", s.kubeconfig())
-        .env("HOME", s.dir.path())
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("kubectl");
-    child.stdin.take().expect("stdin").write_all(yaml.as_bytes()).expect("write");
-    assert!(child.wait().expect("wait").success(), "apply failed: {yaml}");
-}
-
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Pod names matching `selector`, sorted.

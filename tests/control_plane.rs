@@ -5,40 +5,10 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use common::{apply, eventually_within, kubectl};
 
-fn kubectl(s: &common::ApiServer, args: &[&str]) -> (bool, String) {
-    let out = Command::new("kubectl")
-        .env("KUBECONFIG", s.kubeconfig())
-        .env("HOME", s.dir.path())
-        .args(args)
-        .output()
-        .expect("kubectl");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
-}
-
-fn apply(s: &common::ApiServer, body: &str) {
-    let mut child = Command::new("kubectl")
-        .env("KUBECONFIG", s.kubeconfig())
-        .env("HOME", s.dir.path())
-        .args(["create", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("kubectl");
-    child.stdin.take().expect("stdin").write_all(body.as_bytes()).expect("write");
-    assert!(child.wait().expect("wait").success(), "create failed: {body}");
-}
-
-fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
+use std::process::Command;
+use std::time::Duration;
 
 fn node(name: &str) -> String {
     format!(
@@ -70,7 +40,7 @@ async fn leader_election_hands_over_between_servers() {
         common::free_port(),
         &["--datastore-endpoint", &endpoint, "--node-name", "server-a"],
     );
-    eventually("server-a to lead", Duration::from_secs(10), || {
+    eventually_within("server-a to lead", Duration::from_secs(10), || {
         holder(&a, "kube-scheduler") == "server-a" && holder(&a, "kube-controller-manager") == "server-a"
     });
     let b = common::ApiServer::start_with(
@@ -81,7 +51,7 @@ async fn leader_election_hands_over_between_servers() {
     // b sees a's objects and does not take the leases while a renews them.
     apply(&b, &node("worker"));
     apply(&b, &pod("first", "default-scheduler"));
-    eventually("the first pod to be bound", Duration::from_secs(10), || node_of(&b, "first") == "worker");
+    eventually_within("the first pod to be bound", Duration::from_secs(10), || node_of(&b, "first") == "worker");
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(holder(&b, "kube-scheduler"), "server-a");
     let transitions = |s: &common::ApiServer| {
@@ -91,12 +61,14 @@ async fn leader_election_hands_over_between_servers() {
     assert_eq!(transitions(&b), "0");
 
     drop(a); // SIGKILL: the lease is left to expire.
-    eventually("server-b to take the leases", Duration::from_secs(30), || {
+    eventually_within("server-b to take the leases", Duration::from_secs(30), || {
         holder(&b, "kube-scheduler") == "server-b" && holder(&b, "kube-controller-manager") == "server-b"
     });
     assert_eq!(transitions(&b), "1");
     apply(&b, &pod("second", "default-scheduler"));
-    eventually("the second pod to be bound by server-b", Duration::from_secs(10), || node_of(&b, "second") == "worker");
+    eventually_within("the second pod to be bound by server-b", Duration::from_secs(10), || {
+        node_of(&b, "second") == "worker"
+    });
 }
 
 #[test]
@@ -129,7 +101,7 @@ profiles:
     for i in 0..3 {
         let name = format!("packed-{i}");
         apply(&s, &pod(&name, "bin-packing"));
-        eventually("a bin-packed pod to be bound", Duration::from_secs(10), || !node_of(&s, &name).is_empty());
+        eventually_within("a bin-packed pod to be bound", Duration::from_secs(10), || !node_of(&s, &name).is_empty());
         packed.push(node_of(&s, &name));
     }
     assert!(packed.iter().all(|n| *n == packed[0]), "bin-packing spread its pods: {packed:?}");
@@ -138,7 +110,7 @@ profiles:
     for i in 0..2 {
         let name = format!("spread-{i}");
         apply(&s, &pod(&name, "default-scheduler"));
-        eventually("a default pod to be bound", Duration::from_secs(10), || !node_of(&s, &name).is_empty());
+        eventually_within("a default pod to be bound", Duration::from_secs(10), || !node_of(&s, &name).is_empty());
         spread.push(node_of(&s, &name));
     }
     assert!(!spread.contains(&packed[0]), "default profile chose the full node: {spread:?} vs {packed:?}");

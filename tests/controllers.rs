@@ -4,26 +4,9 @@
 
 mod common;
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use common::{create, eventually, kubectl};
 
-fn kubectl(s: &common::ApiServer, args: &[&str]) -> (bool, String) {
-    let out = Command::new("kubectl")
-        .env("KUBECONFIG", s.kubeconfig())
-        .env("HOME", s.dir.path())
-        .args(args)
-        .output()
-        .expect("kubectl");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
-}
-
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+use std::time::Duration;
 
 #[test]
 fn namespaces_get_defaults_and_delete_their_contents() {
@@ -55,20 +38,6 @@ fn owned(name: &str, owner: &str, uid: &str) -> String {
     format!(
         r#"{{"apiVersion":"v1","kind":"ConfigMap","metadata":{{"name":"{name}","ownerReferences":[{{"apiVersion":"v1","kind":"ConfigMap","name":"{owner}","uid":"{uid}","blockOwnerDeletion":true}}]}}}}"#
     )
-}
-
-fn create(s: &common::ApiServer, body: &str) {
-    use std::io::Write;
-    let mut child = Command::new("kubectl")
-        .env("KUBECONFIG", s.kubeconfig())
-        .env("HOME", s.dir.path())
-        .args(["create", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("kubectl");
-    child.stdin.take().expect("stdin").write_all(body.as_bytes()).expect("write");
-    assert!(child.wait().expect("wait").success(), "create failed: {body}");
 }
 
 #[test]

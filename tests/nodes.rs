@@ -5,8 +5,9 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use common::{apply, eventually, kubectl};
+
+use std::process::Command;
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
@@ -21,16 +22,6 @@ fn start() -> common::ApiServer {
     common::ApiServer::start()
 }
 
-fn kubectl(s: &common::ApiServer, args: &[&str]) -> (bool, String) {
-    let out = Command::new("kubectl")
-        .env("KUBECONFIG", s.kubeconfig())
-        .env("HOME", s.dir.path())
-        .args(args)
-        .output()
-        .expect("kubectl");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
-}
-
 fn ok(s: &common::ApiServer, args: &[&str]) -> String {
     let (ok, out) = kubectl(s, args);
     assert!(ok, "kubectl {args:?} failed: {out}");
@@ -43,27 +34,6 @@ fn get(s: &common::ApiServer, args: &[&str], path: &str) -> String {
     let jp = format!("jsonpath={path}");
     a.extend(["-o", &jp]);
     kubectl(s, &a).1
-}
-
-fn apply(s: &common::ApiServer, body: &str) {
-    let mut child = Command::new("kubectl")
-        .env("KUBECONFIG", s.kubeconfig())
-        .env("HOME", s.dir.path())
-        .args(["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("kubectl");
-    child.stdin.take().expect("stdin").write_all(body.as_bytes()).expect("write");
-    assert!(child.wait().expect("wait").success(), "apply failed: {body}");
-}
-
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn now() -> String {

@@ -5,41 +5,12 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use common::{eventually, kubectl};
 
 use serde_json::{json, Value};
 
-fn kubectl(s: &common::ApiServer, args: &[&str]) -> (bool, String) {
-    let out = Command::new("kubectl")
-        .env("KUBECONFIG", s.kubeconfig())
-        .env("HOME", s.dir.path())
-        .args(args)
-        .output()
-        .expect("kubectl");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
-}
-
 fn create(s: &common::ApiServer, obj: &Value) {
-    let mut child = Command::new("kubectl")
-        .env("KUBECONFIG", s.kubeconfig())
-        .env("HOME", s.dir.path())
-        .args(["create", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("kubectl");
-    child.stdin.take().expect("stdin").write_all(obj.to_string().as_bytes()).expect("write");
-    assert!(child.wait().expect("wait").success(), "create failed: {obj}");
-}
-
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    common::create(s, &obj.to_string());
 }
 
 fn get(s: &common::ApiServer, args: &[&str]) -> Value {

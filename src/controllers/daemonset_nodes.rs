@@ -4,9 +4,9 @@
 //! tolerations upstream adds to every daemon pod. Daemon pods are pinned to
 //! their Node by a required node affinity on `metadata.name`.
 
+use crate::client::scheduling::{self, tolerates};
 use k8s_openapi::api::core::v1::{
-    Affinity, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, Taint,
-    Toleration,
+    Affinity, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, Toleration,
 };
 
 /// Whether a pod should be created on the node, and whether one already
@@ -81,68 +81,10 @@ pub fn target_node(pod: &Pod) -> Option<String> {
         .and_then(|r| r.values.as_ref()?.first().cloned())
 }
 
-fn requirement_matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = r.values.as_deref().unwrap_or_default();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(v), Some(bound)) =
-                (value.and_then(|v| v.parse::<i64>().ok()), values.first().and_then(|b| b.parse::<i64>().ok()))
-            else {
-                return false;
-            };
-            if r.operator == "Gt" {
-                v > bound
-            } else {
-                v < bound
-            }
-        }
-        _ => false,
-    }
-}
-
-fn term_matches(term: &NodeSelectorTerm, node: &Node) -> bool {
-    let labels = node.metadata.labels.as_ref();
-    let name = node.metadata.name.as_deref();
-    let exprs = term.match_expressions.as_deref().unwrap_or_default();
-    let fields = term.match_fields.as_deref().unwrap_or_default();
-    if exprs.is_empty() && fields.is_empty() {
-        return false;
-    }
-    exprs.iter().all(|r| requirement_matches(r, labels.and_then(|l| l.get(&r.key)).map(String::as_str)))
-        && fields.iter().all(|r| r.key == "metadata.name" && requirement_matches(r, name))
-}
-
 /// The template's nodeSelector and required node affinity admit `node`.
 pub fn fits_node_selection(spec: &PodSpec, node: &Node) -> bool {
-    let labels = node.metadata.labels.as_ref();
-    let selector_ok =
-        spec.node_selector.iter().flatten().all(|(k, v)| labels.and_then(|l| l.get(k)).is_some_and(|x| x == v));
-    let affinity_ok = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
-        .is_none_or(|s| s.node_selector_terms.iter().any(|t| term_matches(t, node)));
-    selector_ok && affinity_ok
-}
-
-pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    if toleration.effect.as_deref().is_some_and(|e| !e.is_empty() && e != taint.effect) {
-        return false;
-    }
-    let key = toleration.key.as_deref().unwrap_or_default();
-    let exists = toleration.operator.as_deref() == Some("Exists");
-    if key.is_empty() {
-        return exists;
-    }
-    if key != taint.key {
-        return false;
-    }
-    exists || toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default()
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    scheduling::required_node_affinity_matches(spec, node.metadata.labels.as_ref(), name)
 }
 
 /// Where the daemon pod made from `spec` (with default tolerations) belongs.
@@ -169,7 +111,7 @@ pub fn placement(spec: &PodSpec, node: &Node) -> Placement {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::NodeSpec;
+    use k8s_openapi::api::core::v1::{NodeSpec, Taint};
     use kube::api::ObjectMeta;
 
     fn node(name: &str, labels: &[(&str, &str)], taints: &[(&str, &str)]) -> Node {

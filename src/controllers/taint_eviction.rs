@@ -20,25 +20,7 @@ use kube::runtime::watcher;
 use super::informers::reflected;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
-
-/// upstream's `Toleration.ToleratesTaint`.
-pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    if toleration.effect.as_deref().is_some_and(|e| !e.is_empty() && e != taint.effect) {
-        return false;
-    }
-    let key = toleration.key.as_deref().unwrap_or_default();
-    if !key.is_empty() && key != taint.key {
-        return false;
-    }
-    match toleration.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => true,
-        "Equal" | "" => {
-            key == taint.key
-                && toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default()
-        }
-        _ => false,
-    }
-}
+use crate::client::scheduling::tolerates;
 
 /// How long the pod may stay: `None` = evict now, `Some(None)` = forever,
 /// `Some(Some(d))` = for `d` (upstream's GetMatchingTolerations and

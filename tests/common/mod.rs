@@ -218,3 +218,53 @@ impl ApiServer {
         (dir, self.port)
     }
 }
+
+/// Runs kubectl against `s`; success and stdout followed by stderr.
+pub fn kubectl(s: &ApiServer, args: &[&str]) -> (bool, String) {
+    let out = Command::new("kubectl")
+        .env("KUBECONFIG", s.kubeconfig())
+        .env("HOME", s.dir.path())
+        .args(args)
+        .output()
+        .expect("kubectl");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// `kubectl <verb> -f -` with `body` on stdin; asserts that it succeeds.
+fn kubectl_stdin(s: &ApiServer, verb: &str, body: &str) {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .env("KUBECONFIG", s.kubeconfig())
+        .env("HOME", s.dir.path())
+        .args([verb, "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("kubectl");
+    child.stdin.take().expect("stdin").write_all(body.as_bytes()).expect("write");
+    assert!(child.wait().expect("wait").success(), "{verb} failed: {body}");
+}
+
+/// `kubectl apply -f -`.
+pub fn apply(s: &ApiServer, body: &str) {
+    kubectl_stdin(s, "apply", body)
+}
+
+/// `kubectl create -f -`.
+pub fn create(s: &ApiServer, body: &str) {
+    kubectl_stdin(s, "create", body)
+}
+
+/// Polls `check` until it holds, failing the test after `limit`.
+pub fn eventually_within(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Polls `check` for up to 20 s.
+pub fn eventually(what: &str, check: impl FnMut() -> bool) {
+    eventually_within(what, Duration::from_secs(20), check)
+}

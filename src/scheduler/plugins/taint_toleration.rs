@@ -4,24 +4,10 @@
 
 use k8s_openapi::api::core::v1::{Taint, Toleration};
 
+pub use crate::client::scheduling::tolerates;
+
 use crate::scheduler::framework::{default_normalize, CycleState, FilterPlugin, ScorePlugin, Status};
 use crate::scheduler::node_info::{NodeInfo, PodInfo};
-
-/// Whether `toleration` tolerates `taint`, as upstream's `ToleratesTaint`.
-pub fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    if toleration.effect.as_deref().is_some_and(|e| !e.is_empty() && e != taint.effect) {
-        return false;
-    }
-    let key = toleration.key.as_deref().unwrap_or_default();
-    if !key.is_empty() && key != taint.key {
-        return false;
-    }
-    match toleration.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => true,
-        "Equal" | "" => toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
-        _ => false,
-    }
-}
 
 pub fn tolerations(pod: &PodInfo) -> &[Toleration] {
     pod.pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default()
