@@ -81,3 +81,12 @@ pub fn pod_from_template(template: &PodTemplateSpec, namespace: &str, owner: Own
         status: None,
     }
 }
+
+/// A delete or patch that found its object already gone did what it was for.
+pub fn ignore_not_found<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}

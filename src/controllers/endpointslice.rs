@@ -23,6 +23,7 @@ use super::endpoints::{
 };
 use super::informers::reflected;
 use super::ControllerError;
+use crate::controllers::controller_utils::ignore_not_found;
 
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
@@ -250,11 +251,7 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
     }
     for slice in stale {
         let slice_name = slice.metadata.name.clone().unwrap_or_default();
-        match api.delete(&slice_name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
+        ignore_not_found(api.delete(&slice_name, &DeleteParams::default()).await)?;
     }
     Ok(Action::await_change())
 }

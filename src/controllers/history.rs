@@ -15,6 +15,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
 use super::ControllerError;
+use crate::controllers::controller_utils::ignore_not_found;
 
 /// The label every revision carries with its hash.
 pub const REVISION_HASH_LABEL: &str = "controller.kubernetes.io/hash";
@@ -146,11 +147,7 @@ pub async fn truncate(
     let excess = history.len().saturating_sub(usize::try_from(limit.max(0)).unwrap_or(0));
     for r in history.into_iter().take(excess) {
         let name = r.metadata.name.clone().unwrap_or_default();
-        match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
+        ignore_not_found(api.delete(&name, &DeleteParams::default()).await)?;
     }
     Ok(())
 }

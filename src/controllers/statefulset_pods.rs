@@ -14,6 +14,7 @@ use serde_json::json;
 
 use super::controller_utils::{controller_ref, is_pod_ready, pod_from_template, pod_phase};
 use super::ControllerError;
+use crate::controllers::controller_utils::ignore_not_found;
 
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
@@ -166,11 +167,7 @@ pub async fn release_claims_on_scale_down(
         }
         refs.push(owner.clone());
         let patch = json!({"metadata": {"ownerReferences": refs}});
-        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
-        }
+        ignore_not_found(api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await)?;
     }
     Ok(())
 }

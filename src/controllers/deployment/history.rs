@@ -11,6 +11,7 @@ use super::util::{
     REVISION_HISTORY,
 };
 use super::DeploymentSync;
+use crate::controllers::controller_utils::ignore_not_found;
 use crate::controllers::ControllerError;
 
 pub fn max_revision(rss: &[ReplicaSet]) -> i64 {
@@ -114,11 +115,7 @@ impl DeploymentSync<'_> {
             }
             let name = rs.metadata.name.clone().unwrap_or_default();
             tracing::debug!(deployment = %self.name(), replicaset = %name, "cleaning up an old replica set");
-            match api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
+            ignore_not_found(api.delete(&name, &DeleteParams::default()).await)?;
         }
         Ok(())
     }

@@ -22,6 +22,7 @@ use super::util::{
 use super::DeploymentSync;
 use crate::client::events::EventType;
 use crate::client::labels;
+use crate::controllers::controller_utils::ignore_not_found;
 use crate::controllers::controller_utils::{controller_of, controller_ref, is_controlled_by};
 use crate::controllers::replicaset::error_message;
 use crate::controllers::ControllerError;
@@ -103,11 +104,7 @@ impl DeploymentSync<'_> {
                             rs.metadata.owner_references.iter().flatten().filter(|o| o.uid != uid).collect();
                         let rest = if rest.is_empty() { serde_json::Value::Null } else { serde_json::json!(rest) };
                         let patch = serde_json::json!({"metadata": {"ownerReferences": rest}});
-                        match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                            Ok(_) => {}
-                            Err(kube::Error::Api(s)) if s.code == 404 => {}
-                            Err(e) => return Err(e.into()),
-                        }
+                        ignore_not_found(api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await)?;
                     }
                 }
                 Some(_) => {}
