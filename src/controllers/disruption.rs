@@ -22,7 +22,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use super::controller_utils::{controller_of, is_pod_ready};
-use super::informers::reflected;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::labels;
@@ -298,8 +297,8 @@ fn budgets_of(pod: &Pod, budgets: &Store<PodDisruptionBudget>) -> Vec<ObjectRef<
         .collect()
 }
 
-pub async fn run(client: kube::Client) {
-    let (pods, pod_events) = reflected(Api::<Pod>::all(client.clone()), watcher::Config::default());
+pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
+    let (pods, pod_events) = pod_informer.into_parts();
     let controller = Controller::new(Api::<PodDisruptionBudget>::all(client.clone()), watcher::Config::default());
     let budgets = controller.store();
     let ctx = Arc::new(Context { recorder: EventRecorder::new(client.clone(), "controllermanager"), client, pods });

@@ -314,8 +314,8 @@ async fn delete_orphaned(ep: Arc<Endpoints>, ctx: Arc<Cleanup>) -> Result<Action
     Ok(Action::await_change())
 }
 
-pub async fn run(client: kube::Client) {
-    let (pods, pod_events) = reflected(Api::<Pod>::all(client.clone()), watcher::Config::default());
+pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
+    let (pods, pod_events) = pod_informer.into_parts();
     let (endpoints, endpoint_events) = reflected(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
     let controller = Controller::new(Api::<Service>::all(client.clone()), watcher::Config::default());
     let by_pod = controller.store();

@@ -261,8 +261,8 @@ fn error_policy(_svc: Arc<Service>, err: &ControllerError, _ctx: Arc<Context>) -
     Action::requeue(Duration::from_secs(2))
 }
 
-pub async fn run(client: kube::Client) {
-    let (pods, pod_events) = reflected(Api::<Pod>::all(client.clone()), watcher::Config::default());
+pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
+    let (pods, pod_events) = pod_informer.into_parts();
     let (slices, slice_events) = reflected(
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),

@@ -41,7 +41,9 @@ where
 {
     let (store, writer) = reflector::store();
     let events =
-        reflector::reflector(writer, watcher::watcher(api, config).default_backoff()).touched_objects().boxed();
+        reflector::reflector(writer, watcher::watcher(api, config).modify(forget_managed_fields).default_backoff())
+            .touched_objects()
+            .boxed();
     Informer { store, events }
 }
 
@@ -87,10 +89,18 @@ where
     }
 }
 
+pub use crate::client::forget_managed_fields;
+
 impl<K> Informer<K>
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
+    /// The cache and the stream of changed objects, for controllers that
+    /// build their own triggers (as from `reflected`).
+    pub fn into_parts(self) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>) {
+        (self.store, self.events)
+    }
+
     /// Requests for the objects themselves.
     pub fn trigger_self(self) -> (Store<K>, Trigger<K>) {
         let requests = self.events.map_ok(|o| ReconcileRequest::from(ObjectRef::from_obj(&o))).boxed();
@@ -230,6 +240,8 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher::watcher(api, config)).default_backoff().touched_objects();
+    let stream = reflector::reflector(writer, watcher::watcher(api, config).modify(forget_managed_fields))
+        .default_backoff()
+        .touched_objects();
     (reader, stream)
 }

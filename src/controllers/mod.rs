@@ -76,9 +76,6 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(job::run(client.clone(), jobs.subscribe(), pods.subscribe())),
         tokio::spawn(cronjob::run(client.clone(), jobs.subscribe())),
         tokio::spawn(ttl_after_finished::run(client.clone(), jobs.subscribe())),
-        pods.start(),
-        revisions.start(),
-        jobs.start(),
     ];
     let mut handles = vec![
         tokio::spawn(namespace::run(client.clone())),
@@ -86,15 +83,16 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(serviceaccount::run(client.clone())),
         tokio::spawn(root_ca::run(client.clone(), config.server_ca_pem.clone())),
         tokio::spawn(node_ipam::run(client.clone(), config.clone())),
-        tokio::spawn(node_lifecycle::run(client.clone())),
+        tokio::spawn(node_lifecycle::run(client.clone(), pods.subscribe())),
         tokio::spawn(taint_eviction::run(client.clone())),
-        tokio::spawn(endpoints::run(client.clone())),
-        tokio::spawn(endpointslice::run(client.clone())),
-        tokio::spawn(disruption::run(client.clone())),
+        tokio::spawn(endpoints::run(client.clone(), pods.subscribe())),
+        tokio::spawn(endpointslice::run(client.clone(), pods.subscribe())),
+        tokio::spawn(disruption::run(client.clone(), pods.subscribe())),
         tokio::spawn(replicaset::run(client.clone())),
         tokio::spawn(deployment::run(client.clone())),
-        tokio::spawn(resourcequota::run(client)),
+        tokio::spawn(resourcequota::run(client, pods.subscribe())),
     ];
     handles.extend(workloads);
+    handles.extend([pods.start(), revisions.start(), jobs.start()]);
     handles
 }

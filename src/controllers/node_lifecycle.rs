@@ -315,10 +315,10 @@ fn error_policy(_node: Arc<Node>, err: &ControllerError, _ctx: Arc<Context>) -> 
     Action::requeue(Duration::from_secs(2))
 }
 
-pub async fn run(client: kube::Client) {
+pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
     let (leases, lease_events) =
         reflected(Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE), watcher::Config::default());
-    let (pods, pod_events) = reflected(Api::<Pod>::all(client.clone()), watcher::Config::default());
+    let (pods, pod_events) = pod_informer.into_parts();
     let controller = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
     let ctx = Arc::new(Context {
         recorder: EventRecorder::new(client.clone(), "node-controller"),

@@ -342,16 +342,23 @@ pub async fn run(client: kube::Client) {
     let rs_api: Api<ReplicaSet> = Api::all(client.clone());
     let pod_api: Api<Pod> = Api::all(client);
     let own = trigger_self(
-        reflector(rs_writer, watcher(rs_api, watcher::Config::default()).default_backoff()).applied_objects(),
+        reflector(
+            rs_writer,
+            watcher(rs_api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
+        )
+        .applied_objects(),
         (),
     );
     let pod_ctx = ctx.clone();
-    let pods = reflector(pod_writer, watcher(pod_api, watcher::Config::default()).default_backoff())
-        .map_ok(move |ev| {
-            let refs = pod_ctx.on_pod_event(&ev);
-            stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
-        })
-        .try_flatten();
+    let pods = reflector(
+        pod_writer,
+        watcher(pod_api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
+    )
+    .map_ok(move |ev| {
+        let refs = pod_ctx.on_pod_event(&ev);
+        stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
+    })
+    .try_flatten();
     applier(
         |rs, ctx| Box::pin(sync_and_forget(rs, ctx)),
         error_policy,

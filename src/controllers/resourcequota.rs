@@ -362,9 +362,9 @@ fn quotas_in(quotas: &Store<ResourceQuota>, ns: Option<&str>) -> Vec<ObjectRef<R
     quotas.state().iter().filter(|q| q.metadata.namespace.as_deref() == ns).map(|q| ObjectRef::from_obj(&**q)).collect()
 }
 
-pub async fn run(client: kube::Client) {
+pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
     let cfg = watcher::Config::default;
-    let (pods, pod_events) = reflected(Api::<Pod>::all(client.clone()), cfg());
+    let (pods, pod_events) = pod_informer.into_parts();
     let (services, service_events) = reflected(Api::<Service>::all(client.clone()), cfg());
     let (configmaps, configmap_events) = reflected(Api::<ConfigMap>::all(client.clone()), cfg());
     let (secrets, secret_events) = reflected(Api::<Secret>::all(client.clone()), cfg());

@@ -84,7 +84,10 @@ where
 {
     let (store, writer) = reflector::store();
     let api: Api<K> = Api::all(client.clone());
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff());
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
+    );
     (store, AbortOnDrop(tokio::spawn(stream.for_each(|_| std::future::ready(())))))
 }
 
@@ -287,7 +290,7 @@ fn scheduling_relevant_change(old: &Node, new: &Node) -> bool {
 async fn watch_pods(sched: Arc<Scheduler>, synced: tokio::sync::watch::Sender<bool>) {
     let api: Api<Pod> = Api::all(sched.client.clone());
     let config = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut events = watcher(api, config).modify(crate::client::forget_managed_fields).default_backoff().boxed();
     let mut seen: Option<HashSet<String>> = None;
     while let Some(event) = events.next().await {
         match event {

@@ -220,26 +220,36 @@ pub async fn run(client: kube::Client) {
     let rs_api: Api<ReplicaSet> = Api::all(client.clone());
     let pod_api: Api<Pod> = Api::all(client);
     let own = trigger_self(
-        reflector(d_writer, watcher(d_api, watcher::Config::default()).default_backoff()).applied_objects(),
+        reflector(
+            d_writer,
+            watcher(d_api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
+        )
+        .applied_objects(),
         (),
     );
     let rs_ctx = ctx.clone();
-    let replicasets = reflector(rs_writer, watcher(rs_api, watcher::Config::default()).default_backoff())
-        .map_ok(move |ev| {
-            let refs = match &ev {
-                Event::Apply(rs) | Event::InitApply(rs) | Event::Delete(rs) => rs_ctx.deployments_for(rs),
-                Event::Init | Event::InitDone => Vec::new(),
-            };
-            stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
-        })
-        .try_flatten();
+    let replicasets = reflector(
+        rs_writer,
+        watcher(rs_api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
+    )
+    .map_ok(move |ev| {
+        let refs = match &ev {
+            Event::Apply(rs) | Event::InitApply(rs) | Event::Delete(rs) => rs_ctx.deployments_for(rs),
+            Event::Init | Event::InitDone => Vec::new(),
+        };
+        stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
+    })
+    .try_flatten();
     let pod_ctx = ctx.clone();
-    let pods = reflector(pod_writer, watcher(pod_api, watcher::Config::default()).default_backoff())
-        .map_ok(move |ev| {
-            let refs = pod_ctx.deployments_for_pod(&ev);
-            stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
-        })
-        .try_flatten();
+    let pods = reflector(
+        pod_writer,
+        watcher(pod_api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
+    )
+    .map_ok(move |ev| {
+        let refs = pod_ctx.deployments_for_pod(&ev);
+        stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
+    })
+    .try_flatten();
     applier(
         |d, ctx| Box::pin(sync_and_forget(d, ctx)),
         error_policy,
