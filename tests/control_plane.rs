@@ -131,3 +131,32 @@ fn a_bad_scheduler_argument_is_refused_by_name() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--kube-scheduler-arg config"), "{err}");
 }
+
+#[test]
+fn deployment_pods_are_bound_to_fitting_nodes() {
+    let s = common::ApiServer::start();
+    apply(&s, &node("small"));
+    let tainted = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"gpu"},"spec":{"taints":[{"key":"dedicated","value":"gpu","effect":"NoSchedule"}]},"status":{"allocatable":{"cpu":"4","memory":"8Gi","pods":"110"},"capacity":{"cpu":"4","memory":"8Gi","pods":"110"}}}"#;
+    apply(&s, tainted);
+    let deployment = r#"{"apiVersion":"apps/v1","kind":"Deployment","metadata":{"name":"web"},"spec":{"replicas":3,"selector":{"matchLabels":{"app":"web"}},"template":{"metadata":{"labels":{"app":"web"}},"spec":{"containers":[{"name":"web","image":"busybox","resources":{"requests":{"cpu":"1"}}}]}}}}"#;
+    apply(&s, deployment);
+    let nodes = || kubectl(&s, &["get", "pods", "-l", "app=web", "-o", "jsonpath={.items[*].spec.nodeName}"]).1;
+    eventually_within("three pods bound to the untainted node", Duration::from_secs(20), || {
+        nodes().split_whitespace().filter(|n| *n == "small").count() == 3
+    });
+    // Four fit on the 4-CPU node; the fifth has nowhere to go.
+    assert!(kubectl(&s, &["scale", "deployment", "web", "--replicas=5"]).0);
+    eventually_within("four pods bound", Duration::from_secs(20), || nodes().split_whitespace().count() == 4);
+    let pending = || {
+        kubectl(&s, &["get", "pods", "-l", "app=web", "--field-selector=spec.nodeName=", "-o", "name"])
+            .1
+            .trim()
+            .to_string()
+    };
+    eventually_within("one pending pod", Duration::from_secs(20), || pending().lines().count() == 1);
+    let pod = pending().trim_start_matches("pod/").to_string();
+    eventually_within("the FailedScheduling event", Duration::from_secs(20), || {
+        let (_, out) = kubectl(&s, &["describe", "pod", &pod]);
+        out.contains("0/2 nodes are available: 1 Insufficient cpu, 1 node(s) had untolerated taint {dedicated: gpu}.")
+    });
+}
