@@ -377,7 +377,7 @@ fn scaling_during_a_rollout_is_proportional() {
 #[test]
 fn history_limit_and_min_ready_seconds() {
     let s = common::ApiServer::start();
-    let extra = r#","revisionHistoryLimit":1,"minReadySeconds":1"#;
+    let extra = r#","revisionHistoryLimit":1,"minReadySeconds":3"#;
     apply(&s, &deployment("web", 1, r#"{"type":"RollingUpdate"}"#, extra));
     eventually("one pod", || pods(&s, "web").len() == 1);
     mark_all_ready(&s, "web");
