@@ -5,77 +5,14 @@
 //!
 //! `cargo bench --bench apiserver [-- --quick]`
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{client, rss_kib, start};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, PostParams};
-
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
-}
-
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-async fn start() -> (Server, kube::Client, u16) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_ferrok"))
-        .args(["server", "--disable-agent", "--bind-address", "127.0.0.1", "--data-dir"])
-        .arg(dir.path())
-        .args(["--https-listen-port", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start ferrok server");
-    let server = Server { child, dir };
-    let kubeconfig = server.dir.path().join("kubeconfig.yaml");
-    let started = Instant::now();
-    loop {
-        if kubeconfig.exists() {
-            if let Ok(client) = client(&kubeconfig).await {
-                if client.apiserver_version().await.is_ok() {
-                    println!("ready after {:?} (kubeconfig written and /version answered)", started.elapsed());
-                    return (server, client, port);
-                }
-            }
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "server did not start");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-async fn client(kubeconfig: &std::path::Path) -> Result<kube::Client, kube::Error> {
-    let config = kube::config::Kubeconfig::read_from(kubeconfig).map_err(kube::Error::InferKubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
-        .await
-        .map_err(kube::Error::InferKubeconfig)?;
-    kube::Client::try_from(config)
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -135,7 +72,8 @@ where
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let n = if quick { 200 } else { 1000 };
-    let (server, _client, _port) = start().await;
+    let (server, _client, ready) = start().await;
+    println!("ready after {ready:?} (kubeconfig written and /version answered)");
     let pid = server.child.id();
     let kubeconfig = server.dir.path().join("kubeconfig.yaml");
     let (rss, _) = rss_kib(pid);

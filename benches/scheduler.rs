@@ -8,10 +8,12 @@
 //! `cargo bench --bench scheduler [-- --nodes N --pods N]`
 
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::client;
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -19,69 +21,14 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher::{self, watcher, Event};
 use tokio::sync::Mutex;
 
-struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+async fn start() -> (common::Server, kube::Client) {
+    let (server, client, _) = common::start().await;
+    (server, client)
 }
 
 fn rss_mib(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 1024.0
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-async fn client(kubeconfig: &std::path::Path) -> Result<kube::Client, kube::Error> {
-    let config = kube::config::Kubeconfig::read_from(kubeconfig).map_err(kube::Error::InferKubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
-        .await
-        .map_err(kube::Error::InferKubeconfig)?;
-    kube::Client::try_from(config)
-}
-
-async fn start() -> (Server, kube::Client) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_ferrok"))
-        .args(["server", "--disable-agent", "--bind-address", "127.0.0.1", "--data-dir"])
-        .arg(dir.path())
-        .args(["--https-listen-port", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start ferrok server");
-    let server = Server { child, dir };
-    let kubeconfig = server.dir.path().join("kubeconfig.yaml");
-    let started = Instant::now();
-    loop {
-        if kubeconfig.exists() {
-            if let Ok(c) = client(&kubeconfig).await {
-                if c.apiserver_version().await.is_ok() {
-                    return (server, c);
-                }
-            }
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "server did not start");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (rss, hwm) = common::rss_kib(pid);
+    (rss as f64 / 1024.0, hwm as f64 / 1024.0)
 }
 
 fn node(i: usize) -> Node {

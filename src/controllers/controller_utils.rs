@@ -90,3 +90,12 @@ pub fn ignore_not_found<T>(result: Result<T, kube::Error>) -> Result<(), kube::E
         Err(e) => Err(e),
     }
 }
+
+/// Delete options that only delete the object with `uid`, not a newer one
+/// of the same name created meanwhile.
+pub fn delete_only_uid(uid: Option<String>) -> kube::api::DeleteParams {
+    kube::api::DeleteParams {
+        preconditions: uid.map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
+        ..Default::default()
+    }
+}

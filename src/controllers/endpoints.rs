@@ -298,14 +298,7 @@ async fn delete_orphaned(ep: Arc<Endpoints>, ctx: Arc<Cleanup>) -> Result<Action
         return Ok(Action::await_change());
     }
     let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), &ns);
-    let dp = kube::api::DeleteParams {
-        preconditions: ep
-            .metadata
-            .uid
-            .clone()
-            .map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
-        ..Default::default()
-    };
+    let dp = crate::controllers::controller_utils::delete_only_uid(ep.metadata.uid.clone());
     match api.delete(&name, &dp).await {
         Ok(_) => tracing::debug!(endpoints = %name, namespace = %ns, "deleted Endpoints of a deleted Service"),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}

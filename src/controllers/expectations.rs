@@ -38,6 +38,16 @@ impl Expectations {
         });
     }
 
+    /// Records pods `owner` created in one batch.
+    pub fn expect_creates(&self, owner: &str, names: impl IntoIterator<Item = String>) {
+        self.with(owner, |p| p.adds.extend(names));
+    }
+
+    /// Records pods `owner` deleted in one batch.
+    pub fn expect_deletes(&self, owner: &str, names: impl IntoIterator<Item = String>) {
+        self.with(owner, |p| p.deletes.extend(names));
+    }
+
     /// A create that failed will never be observed.
     pub fn forget_create(&self, owner: &str, name: &str) {
         self.with(owner, |p| {
@@ -45,18 +55,28 @@ impl Expectations {
         });
     }
 
-    fn with(&self, owner: &str, f: impl FnOnce(&mut Pending)) {
-        if let Ok(mut map) = self.pending.lock() {
-            let p = map.entry(owner.to_string()).or_default();
-            p.since.get_or_insert_with(Instant::now);
-            f(p);
+    /// The pod `name` is gone (its deletion was seen, or failed and will
+    /// never be seen): neither its creation nor its deletion is awaited.
+    pub fn observe_deletion(&self, owner: &str, name: &str) {
+        let mut map = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = map.get_mut(owner) {
+            p.adds.remove(name);
+            p.deletes.remove(name);
         }
+    }
+
+    /// Each new expectation restarts the timeout, as upstream's do.
+    fn with(&self, owner: &str, f: impl FnOnce(&mut Pending)) {
+        let mut map = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let p = map.entry(owner.to_string()).or_default();
+        p.since = Some(Instant::now());
+        f(p);
     }
 
     /// Whether every expected change is visible: `seen(name)` is None when
     /// the cache lacks the pod, else whether it is being deleted.
     pub fn satisfied(&self, owner: &str, seen: impl Fn(&str) -> Option<bool>) -> bool {
-        let Ok(mut map) = self.pending.lock() else { return true };
+        let mut map = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         let Some(p) = map.get_mut(owner) else { return true };
         p.adds.retain(|n| seen(n).is_none());
         p.deletes.retain(|n| seen(n) == Some(false));
@@ -70,9 +90,7 @@ impl Expectations {
 
     /// Forgets an owner that is gone.
     pub fn remove(&self, owner: &str) {
-        if let Ok(mut map) = self.pending.lock() {
-            map.remove(owner);
-        }
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(owner);
     }
 }
 
@@ -89,5 +107,8 @@ mod tests {
         assert!(!e.satisfied("u", |n| (n == "b").then_some(false)));
         assert!(!e.satisfied("u", |n| (n == "a" || n == "b").then_some(false)));
         assert!(e.satisfied("u", |n| (n == "a" || n == "b").then_some(n == "b")));
+        e.expect_creates("u", ["c".to_string()]);
+        e.observe_deletion("u", "c");
+        assert!(e.satisfied("u", |_| None));
     }
 }

@@ -232,16 +232,9 @@ where
 /// A cache of `api` and the stream of objects touched (applied or deleted),
 /// for `Controller::watches_stream`: the store is written before the
 /// trigger fires, so a reconcile caused by a change always sees it.
-pub fn reflected<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> (Store<K>, impl futures_util::Stream<Item = Result<K, watcher::Error>>)
+pub fn reflected<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher::watcher(api, config).modify(forget_managed_fields))
-        .default_backoff()
-        .touched_objects();
-    (reader, stream)
+    informer(api, config).into_parts()
 }

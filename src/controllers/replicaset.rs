@@ -8,7 +8,6 @@
 //! SuccessfulCreate / SuccessfulDelete / FailedCreate / FailedDelete events
 //! are upstream's.
 
-mod expectations;
 mod ranking;
 mod status;
 
@@ -24,9 +23,9 @@ use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
 
-use self::expectations::{Expectations, Seen};
 use self::status::{calculate_status, desired_replicas, next_availability, status_equal};
 use super::controller_utils::{controller_of, controller_ref, is_pod_active, pod_from_template};
+use super::expectations::Expectations;
 use super::retry_backoff::RetryBackoff;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
@@ -104,12 +103,9 @@ impl Context {
         }
     }
 
-    fn seen(&self, namespace: &str, name: &str) -> Seen {
-        match self.pods.get(&ObjectRef::new(name).within(namespace)) {
-            None => Seen::Absent,
-            Some(p) if p.metadata.deletion_timestamp.is_some() => Seen::Terminating,
-            Some(_) => Seen::Present,
-        }
+    /// None when the cache lacks the pod, else whether it is terminating.
+    fn seen(&self, namespace: &str, name: &str) -> Option<bool> {
+        self.pods.get(&ObjectRef::new(name).within(namespace)).map(|p| p.metadata.deletion_timestamp.is_some())
     }
 }
 
@@ -283,7 +279,7 @@ async fn manage_replicas(ctx: &Context, rs: &ReplicaSet, pods: &[Arc<Pod>], key:
                     }
                 }
             }
-            ctx.expectations.expect_creations(key, names);
+            ctx.expectations.expect_creates(key, names);
             if let Some(message) = failure {
                 return Err(("FailedCreate".into(), message));
             }
@@ -292,7 +288,7 @@ async fn manage_replicas(ctx: &Context, rs: &ReplicaSet, pods: &[Arc<Pod>], key:
         }
     } else if diff > 0 {
         let victims = ranking::pods_to_delete(pods, diff.min(BURST_REPLICAS) as usize);
-        ctx.expectations.expect_deletions(key, victims.iter().filter_map(|p| p.metadata.name.clone()));
+        ctx.expectations.expect_deletes(key, victims.iter().filter_map(|p| p.metadata.name.clone()));
         let results = join_all(victims.iter().map(|p| delete_pod(ctx, rs, p))).await;
         let mut failure = None;
         for (pod, r) in victims.iter().zip(results) {

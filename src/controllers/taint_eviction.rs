@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -135,14 +135,7 @@ async fn evict(ctx: &Context, pod: &Pod) -> Result<(), ControllerError> {
             Err(e) => return Err(e.into()),
         }
     }
-    let dp = DeleteParams {
-        preconditions: pod
-            .metadata
-            .uid
-            .clone()
-            .map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
-        ..Default::default()
-    };
+    let dp = crate::controllers::controller_utils::delete_only_uid(pod.metadata.uid.clone());
     match api.delete(&name, &dp).await {
         Ok(_) => tracing::info!(pod = %name, namespace = %ns, "evicted pod from a NoExecute-tainted node"),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}

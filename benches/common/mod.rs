@@ -1,0 +1,80 @@
+//! What the API-level benchmarks share: a `ferrok server` on a free port in
+//! a temporary data dir, clients from its kubeconfig, and the server's
+//! resident memory.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    pub fn kubeconfig(&self) -> std::path::PathBuf {
+        self.dir.path().join("kubeconfig.yaml")
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// (VmRSS, VmHWM) of `pid` in KiB.
+pub fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// A client with the admin kubeconfig at `kubeconfig`, one connection of its own.
+pub async fn client(kubeconfig: &std::path::Path) -> Result<kube::Client, kube::Error> {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig).map_err(kube::Error::InferKubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+        .await
+        .map_err(kube::Error::InferKubeconfig)?;
+    kube::Client::try_from(config)
+}
+
+/// Starts `ferrok server --disable-agent` and waits until /version answers;
+/// returns the server, a client, and how long that took.
+pub async fn start() -> (Server, kube::Client, Duration) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_ferrok"))
+        .args(["server", "--disable-agent", "--bind-address", "127.0.0.1", "--data-dir"])
+        .arg(dir.path())
+        .args(["--https-listen-port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ferrok server");
+    let server = Server { child, dir };
+    let kubeconfig = server.kubeconfig();
+    let started = Instant::now();
+    loop {
+        if kubeconfig.exists() {
+            if let Ok(c) = client(&kubeconfig).await {
+                if c.apiserver_version().await.is_ok() {
+                    return (server, c, started.elapsed());
+                }
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "server did not start");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
