@@ -3,6 +3,8 @@
 //! write or patch handler. Bodies come in as JSON or YAML; answers go out as
 //! JSON, YAML or a Table.
 
+mod binding;
+mod eviction;
 mod patch;
 mod read;
 mod write;
@@ -184,10 +186,10 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
         ("list", None) => read::list(&call).await,
         ("watch", None) => read::watch(call).await,
         ("create", None) => write::create(&mut call, body).await,
-        ("create", Some("binding")) => write::bind(&mut call, body).await,
+        ("create", Some("binding")) => binding::bind(&mut call, body).await,
         ("create", Some("token")) => crate::apiserver::auth::reviews::token_request(&mut call, body).await,
         ("update", None | Some("status") | Some("approval") | Some("finalize")) => write::update(&mut call, body).await,
-        ("create", Some("eviction")) => write::evict(&mut call, body).await,
+        ("create", Some("eviction")) => eviction::evict(&mut call, body).await,
         ("update", Some("scale")) => write::update_scale(&mut call, body).await,
         ("patch", None | Some("status") | Some("approval")) => patch::patch(&mut call, body).await,
         ("patch", Some("scale")) => patch::patch_scale(&mut call, body).await,

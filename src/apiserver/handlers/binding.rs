@@ -1,0 +1,56 @@
+//! `pods/binding`: how the scheduler (or anyone with the right) assigns a
+//! pod to a node.
+
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::{json, Value};
+
+use super::read::load;
+use super::write::write_error;
+use super::{decode_body, Call};
+use crate::apiserver::meta;
+use crate::apiserver::status::{ApiError, ApiResult, Cause};
+
+/// `pods/binding`: sets spec.nodeName of a pod that has none.
+pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let binding = decode_body(&call.headers, &body)?;
+    let target = meta::str_at(&binding, &["target", "name"]).unwrap_or_default().to_string();
+    if target.is_empty() {
+        return Err(ApiError::invalid(
+            "",
+            "Binding",
+            call.path.name.as_deref().unwrap_or_default(),
+            vec![Cause::required("target.name")],
+        ));
+    }
+    let old = load(call).await?;
+    let name = call.path.name.clone().unwrap_or_default();
+    if let Some(node) = meta::str_at(&old.object, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
+        return Err(ApiError::conflict("", "pods", &name, &format!("pod {name} is already assigned to node {node:?}")));
+    }
+    if old.object.pointer("/metadata/deletionTimestamp").is_some() {
+        return Err(ApiError::conflict(
+            "",
+            "pods",
+            &name,
+            &format!("pod {name} is being deleted, cannot be assigned to a host"),
+        ));
+    }
+    let mut new = old.object.clone();
+    new["spec"]["nodeName"] = json!(target);
+    let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now_rfc3339()});
+    let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let mut conds: Vec<Value> =
+        conds.into_iter().filter(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled")).collect();
+    conds.push(cond);
+    new["status"]["conditions"] = json!(conds);
+    if !call.dry_run() {
+        let key = call.resource.key(call.namespace(), &name);
+        call.api.storage.update(&key, &new, old.rev).await.map_err(|e| write_error(call, &name, e))?;
+    }
+    Ok(call.respond(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
+}
