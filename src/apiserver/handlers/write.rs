@@ -420,19 +420,14 @@ pub async fn update_scale(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     set_replicas(call, replicas, meta::str_at(&scale, &["metadata", "resourceVersion"]).map(str::to_string)).await
 }
 
-/// Sets spec.replicas through the scale subresource.
+/// Sets spec.replicas through the scale subresource. Without a
+/// resourceVersion precondition a write that lost a race with another
+/// writer (a controller updating status) is retried on the newer object,
+/// as upstream's GuaranteedUpdate does.
 pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) -> ApiResult<Response> {
-    let old = load(call).await?;
     let name = call.path.name.clone().unwrap_or_default();
     let r = call.resource.clone();
-    if rv.as_deref().is_some_and(|v| !v.is_empty() && v != old.rev.to_string()) {
-        return Err(ApiError::conflict(
-            &r.group,
-            &r.plural,
-            &name,
-            "the object has been modified; please apply your changes to the latest version and try again",
-        ));
-    }
+    let pinned = rv.as_deref().is_some_and(|v| !v.is_empty());
     if replicas < 0 {
         return Err(ApiError::invalid(
             "autoscaling",
@@ -444,19 +439,34 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
             )],
         ));
     }
-    let mut new = old.object.clone();
-    new["spec"]["replicas"] = json!(replicas);
-    call.path.subresource = None;
-    let mut new = admit_update(call, new, &old.object).await?;
-    crate::apiserver::managed_fields::record_update(
-        Some(&old.object),
-        &mut new,
-        &call.manager(),
-        &r.api_version(),
-        Some("scale"),
-    );
-    let (_, out) = store_update(call, new, &old).await?;
-    Ok(call.respond(StatusCode::OK, &scale_of(call, &out)))
+    for _ in 0..16 {
+        let old = load(call).await?;
+        if pinned && rv.as_deref() != Some(old.rev.to_string().as_str()) {
+            return Err(ApiError::conflict(
+                &r.group,
+                &r.plural,
+                &name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ));
+        }
+        let mut new = old.object.clone();
+        new["spec"]["replicas"] = json!(replicas);
+        call.path.subresource = None;
+        let mut new = admit_update(call, new, &old.object).await?;
+        crate::apiserver::managed_fields::record_update(
+            Some(&old.object),
+            &mut new,
+            &call.manager(),
+            &r.api_version(),
+            Some("scale"),
+        );
+        match store_update(call, new, &old).await {
+            Ok((_, out)) => return Ok(call.respond(StatusCode::OK, &scale_of(call, &out))),
+            Err(e) if e.code == 409 && e.reason == "Conflict" && !pinned => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(ApiError::new(409, "Conflict", "the scale could not be applied after repeated conflicts"))
 }
 
 /// The DeleteOptions of a request: body or query.
