@@ -3,6 +3,7 @@
 //! The modules follow the path of a request (see `DESIGN.md`); `main.rs`
 //! only calls [`cli::main`].
 
+pub mod agent;
 pub mod apiserver;
 pub mod cli;
 pub mod client;
