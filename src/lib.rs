@@ -8,6 +8,8 @@ pub mod apiserver;
 pub mod cli;
 pub mod client;
 pub mod controllers;
+pub mod host;
+pub mod network;
 pub mod pki;
 pub mod scheduler;
 pub mod store;

@@ -72,17 +72,8 @@ pub enum ContainerdError {
     Exited { status: std::process::ExitStatus, log: PathBuf },
 }
 
-/// Finds a program in the usual binary folders and `$PATH`.
-pub fn find_binary(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let fixed = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"].map(PathBuf::from);
-    std::env::split_paths(&path).chain(fixed).map(|d| d.join(name)).find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
+pub use crate::host::find_binary;
+use crate::host::is_executable;
 
 /// The folder holding the host's CNI plugins.
 pub fn cni_bin_dir() -> Option<PathBuf> {

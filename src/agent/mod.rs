@@ -12,3 +12,10 @@ pub mod containerd;
 pub mod cri;
 
 pub use config::{AgentConfig, KubeletConfig};
+pub mod dns;
+pub mod env;
+pub mod kuberuntime;
+pub mod node_lease;
+pub mod node_status;
+pub mod pod_status;
+pub mod pod_util;
