@@ -31,6 +31,10 @@ pub struct AgentConfig {
     pub runtime_endpoint: Option<String>,
     pub cluster_dns: Vec<IpAddr>,
     pub cluster_domain: String,
+    /// `--cluster-cidr`: pod traffic inside it is not masqueraded.
+    pub cluster_cidr: crate::network::cni::Ipv4Net,
+    /// Where container logs go (`/var/log/pods` for a root install).
+    pub pod_logs_dir: PathBuf,
     pub kubelet: KubeletConfig,
 }
 

@@ -7,15 +7,228 @@
 //! The pieces carry the kubelet's names: `pod_workers`, `status_manager`,
 //! `pleg`, `prober`, `volume_manager`, `image_manager`, `eviction`, `cri`.
 
+pub mod backoff;
 pub mod config;
 pub mod containerd;
+pub mod credentials;
 pub mod cri;
-
-pub use config::{AgentConfig, KubeletConfig};
 pub mod dns;
 pub mod env;
+pub mod events;
+pub mod image_manager;
+pub mod kubelet;
 pub mod kuberuntime;
 pub mod node_lease;
 pub mod node_status;
+pub mod pleg;
+pub mod pod_config;
+pub mod pod_network;
 pub mod pod_status;
 pub mod pod_util;
+pub mod pod_workers;
+pub mod status_manager;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::node::v1::RuntimeClass;
+use kube::api::{Api, PostParams};
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use tokio::sync::{watch, Notify};
+
+pub use config::{AgentConfig, KubeletConfig};
+use containerd::{Containerd, ContainerdConfig, ContainerdPaths};
+use cri::Cri;
+use futures_util::StreamExt;
+
+/// The sandbox image ferrok provides itself.
+pub const PAUSE_IMAGE: &str = "docker.io/ferrok/pause:builtin";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Containerd(#[from] containerd::ContainerdError),
+    #[error("container runtime: {0}")]
+    Cri(#[from] cri::CriError),
+    #[error("cannot register the node: {0}")]
+    Register(#[from] node_status::NodeStatusError),
+    #[error("{0}")]
+    Io(String),
+}
+
+/// A running node role; `stop` ends it and stops containerd (pods keep running).
+pub struct Agent {
+    containerd: Option<Containerd>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Agent {
+    pub async fn stop(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Some(c) = self.containerd {
+            c.stop().await;
+        }
+    }
+}
+
+fn spawn_services_cache(client: &kube::Client) -> (reflector::Store<Service>, tokio::task::JoinHandle<()>) {
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        watcher::watcher(Api::<Service>::all(client.clone()), watcher::Config::default())
+            .modify(crate::client::forget_managed_fields)
+            .default_backoff(),
+    );
+    let task = tokio::spawn(stream.for_each(|_| std::future::ready(())));
+    (store, task)
+}
+
+/// RuntimeClasses for the node's handlers, as k3s ships them.
+async fn ensure_runtime_classes(client: &kube::Client, handlers: &[String]) {
+    let api: Api<RuntimeClass> = Api::all(client.clone());
+    for h in handlers {
+        let rc = RuntimeClass {
+            metadata: kube::api::ObjectMeta { name: Some(h.clone()), ..Default::default() },
+            handler: h.clone(),
+            ..Default::default()
+        };
+        match api.create(&PostParams::default(), &rc).await {
+            Ok(_) => tracing::info!(handler = %h, "RuntimeClass created"),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => tracing::warn!(handler = %h, error = %e, "cannot create RuntimeClass"),
+        }
+    }
+}
+
+/// Starts the node role: containerd, the Node and its Lease, the pod
+/// network, and the pod workers fed from the API. Returns once the node is
+/// registered; the rest runs in the background until `stop`.
+pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, AgentError> {
+    let config = Arc::new(config);
+    let external = config.runtime_endpoint.is_some();
+    let (handlers, cni_bin_dir) = containerd::check_host(external)?;
+    let paths = ContainerdPaths::new(&config.dir);
+    let pause_image = config.pause_image.clone().unwrap_or_else(|| PAUSE_IMAGE.to_string());
+    let (containerd, cri) = match &config.runtime_endpoint {
+        Some(endpoint) => (None, Cri::connect(&cri::socket_path(endpoint)?)?),
+        None => {
+            let cd = Containerd::start(&ContainerdConfig {
+                paths: paths.clone(),
+                sandbox_image: pause_image.clone(),
+                handlers: handlers.clone(),
+                cni_bin_dir,
+                max_container_log_line_size: 16 * 1024,
+            })
+            .await?;
+            let cri = Cri::connect(cd.socket())?;
+            (Some(cd), cri)
+        }
+    };
+    let version = cri.wait_ready(Duration::from_secs(30)).await?;
+    tracing::info!(runtime = %version.runtime_name, version = %version.runtime_version, "container runtime ready");
+    let handler_names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
+
+    let (pressure_tx, pressure_rx) = watch::channel(node_status::NodePressure::default());
+    let inputs = node_status::StatusInputs {
+        config: config.clone(),
+        cri: cri.clone(),
+        handlers: handler_names.clone(),
+        pressure: pressure_rx,
+    };
+    let first_status = node_status::current_status(&inputs).await;
+    let node = loop {
+        match node_status::register(&client, &config, first_status.clone()).await {
+            Ok(n) => break n,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot register the node yet; retrying");
+                tokio::time::sleep(node_status::REGISTER_RETRY).await;
+            }
+        }
+    };
+    let node_uid = node.metadata.uid.clone().unwrap_or_default();
+    let mut tasks = Vec::new();
+    let status_trigger = Arc::new(Notify::new());
+    tasks.push(tokio::spawn(node_lease::run(
+        client.clone(),
+        config.node_name.clone(),
+        node_uid,
+        config.kubelet.node_lease_duration_seconds,
+    )));
+    tasks.push(tokio::spawn(node_status::run(client.clone(), inputs, node, status_trigger.clone())));
+    tasks.push(tokio::spawn(pod_network::run(
+        client.clone(),
+        cri.clone(),
+        pod_network::PodNetwork {
+            node_name: config.node_name.clone(),
+            conf_dir: paths.cni_conf_dir.clone(),
+            ipam_dir: config.dir.join("cni").join("ipam"),
+            cluster_cidr: config.cluster_cidr,
+            manage_nftables: true,
+        },
+        status_trigger,
+    )));
+    {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move { ensure_runtime_classes(&client, &handler_names).await }));
+    }
+    // Kept for the eviction manager, which reports pressure through it.
+    tasks.push(tokio::spawn(async move {
+        let _keep = pressure_tx;
+        std::future::pending::<()>().await
+    }));
+
+    let (services, services_task) = spawn_services_cache(&client);
+    tasks.push(services_task);
+    let events = events::Events::new(client.clone(), &config.node_name);
+    let (_, allocatable) = node_status::resources(&config);
+    let memory_capacity = crate::host::meminfo("MemTotal").unwrap_or(0) as i64;
+    let host = dns::ResolvConf::host(config.resolv_conf.as_deref());
+    let index = Arc::new(pleg::ContainerIndex::default());
+    let runtime = kuberuntime::manager::RuntimeManager {
+        cri: cri.clone(),
+        client: client.clone(),
+        events: events.clone(),
+        images: image_manager::ImageManager::new(cri.clone(), client.clone(), events.clone()),
+        index: index.clone(),
+        crash_backoff: backoff::Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
+        hooks: None,
+        probes: None,
+        dns: dns::DnsSettings {
+            cluster_dns: config.cluster_dns.clone(),
+            cluster_domain: config.cluster_domain.clone(),
+            host,
+        },
+        pods_dir: config.dir.join("pods"),
+        pod_logs_dir: config.pod_logs_dir.clone(),
+        cgroup_root: config.kubelet.cgroup_root.clone(),
+        memory_capacity,
+    };
+    let kubelet = Arc::new(kubelet::Kubelet {
+        client: client.clone(),
+        config: config.clone(),
+        runtime,
+        status: status_manager::StatusManager::start(client.clone()),
+        events,
+        runtime_name: version.runtime_name.clone(),
+        host_ips: config.node_ips.iter().map(|ip| ip.to_string()).collect(),
+        allocatable,
+        services,
+        volumes: None,
+        probes: kubelet::Kubelet::no_probes(),
+    });
+    let workers = pod_workers::PodWorkers::new(kubelet.clone());
+    {
+        let workers = workers.clone();
+        tasks.push(tokio::spawn(pleg::run(cri.clone(), index, move |event| match event {
+            pleg::PodLifecycleEvent::ContainerDied { pod_uid, container_id } => {
+                workers.container_died(&pod_uid, &container_id)
+            }
+            pleg::PodLifecycleEvent::Relist => workers.wake_all(),
+        })));
+    }
+    tasks.push(tokio::spawn(pod_config::run(client.clone(), config.node_name.clone(), kubelet, workers)));
+    Ok(Agent { containerd, tasks })
+}

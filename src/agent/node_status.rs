@@ -90,7 +90,7 @@ fn ki(bytes: u64) -> Quantity {
 }
 
 /// Capacity and allocatable (capacity less the hard eviction thresholds, as upstream).
-fn resources(config: &AgentConfig) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
+pub fn resources(config: &AgentConfig) -> (BTreeMap<String, Quantity>, BTreeMap<String, Quantity>) {
     let cpu = host::cpu_count().to_string();
     let memory = host::meminfo("MemTotal").unwrap_or(0);
     let fs = host::fs_stats(&config.dir).unwrap_or_default();

@@ -3,6 +3,7 @@
 mod config;
 mod datastore;
 mod duration;
+mod node_args;
 mod server;
 
 use std::path::PathBuf;

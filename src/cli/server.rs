@@ -76,6 +76,8 @@ pub struct ServerArgs {
     /// `config=FILE` reads a KubeSchedulerConfiguration (profiles).
     #[arg(long, value_name = "KEY=VALUE")]
     pub kube_scheduler_arg: Vec<String>,
+    #[command(flatten)]
+    pub node: super::node_args::NodeArgs,
     /// Config file (YAML; keys are the long flag names).
     #[arg(long, value_name = "FILE", default_value = "/etc/ferrok/config.yaml")]
     pub config: PathBuf,
@@ -88,18 +90,7 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{s:?} is not an octal file mode like 600 or 644"))
 }
 
-/// The host's first non-loopback IPv4 address, from the routing table's
-/// choice of source address (no packet is sent).
-fn host_ip() -> IpAddr {
-    let probe = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| {
-        s.connect("10.255.255.255:1")?;
-        s.local_addr()
-    });
-    match probe {
-        Ok(addr) if !addr.ip().is_unspecified() => addr.ip(),
-        _ => IpAddr::from([127, 0, 0, 1]),
-    }
-}
+use crate::host::{host_ip, hostname};
 
 /// The scheduler's profiles from `--kube-scheduler-arg config=FILE`.
 fn scheduler_profiles(args: &[String]) -> anyhow::Result<Vec<crate::scheduler::profile::Profile>> {
@@ -118,18 +109,12 @@ fn scheduler_profiles(args: &[String]) -> anyhow::Result<Vec<crate::scheduler::p
     Ok(profiles)
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
-}
-
 pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let data_dir = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
     std::fs::create_dir_all(&data_dir).with_context(|| format!("--data-dir: cannot create {}", data_dir.display()))?;
     let advertise_ip = args.advertise_address.unwrap_or_else(host_ip);
-    let node_name = args.node_name.clone().unwrap_or_else(hostname);
+    let node_name = args.node_name.clone().unwrap_or_else(hostname).to_lowercase();
 
     let mut sqlite = None;
     let store: Arc<dyn Store> = match &args.datastore_endpoint {
@@ -243,11 +228,20 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         addr = %addr, kubeconfig = %kubeconfig.display(), node = %node_name,
         ready_ms = started.elapsed().as_millis() as u64, "ferrok server is ready"
     );
-    if !args.disable_agent {
-        tracing::warn!("the node role is not built yet; this server runs the control plane only");
-    }
+    let agent = if args.disable_agent {
+        None
+    } else {
+        let config = args
+            .node
+            .agent_config(&data_dir, &node_name, advertise_ip, true, &args.cluster_dns, &args.cluster_domain, &args.cluster_cidr, args.data_dir.is_none())?;
+        let client = crate::client::in_process(api.clone(), crate::client::node(&node_name));
+        Some(crate::agent::start(config, client).await.context("the node role")?)
+    };
 
     super::shutdown_signal().await;
+    if let Some(agent) = agent {
+        agent.stop().await;
+    }
     let _ = stop_tx.send(true);
     for f in followers {
         f.abort();

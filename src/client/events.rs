@@ -51,8 +51,12 @@ impl EventRecorder {
     /// Starts the writer task. `component` is what `kubectl describe` shows
     /// as the event's source (`deployment-controller`, `default-scheduler`).
     pub fn new(client: kube::Client, component: &str) -> Self {
+        Self::with_host(client, component, hostname())
+    }
+
+    /// A recorder whose events name `host` as their source (a kubelet names its node).
+    pub fn with_host(client: kube::Client, component: &str, host: Option<String>) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let host = hostname();
         tokio::spawn(write_events(client, component.to_string(), host, rx));
         EventRecorder { tx }
     }

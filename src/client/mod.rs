@@ -34,6 +34,15 @@ pub fn scheduler() -> User {
     User { name: "system:kube-scheduler".into(), groups: vec!["system:masters".into(), "system:authenticated".into()] }
 }
 
+/// The identity the server's own node role uses in process: the node's
+/// kubelet user (`system:node:<name>` in `system:nodes`).
+pub fn node(name: &str) -> User {
+    User {
+        name: format!("system:node:{name}"),
+        groups: vec!["system:nodes".into(), "system:masters".into(), "system:authenticated".into()],
+    }
+}
+
 /// Controllers and the scheduler never read managedFields; dropping them
 /// from cached objects keeps each cached pod a fraction of its size (as
 /// kube-scheduler does).

@@ -62,7 +62,6 @@ pub fn render(pod_cidr: Ipv4Net, ipam_dir: &Path, mtu: Option<u32>) -> String {
         "isGateway": true,
         "ipMasq": false,
         "hairpinMode": true,
-        "promiscMode": true,
         "ipam": {
             "type": "host-local",
             "ranges": [[{"subnet": pod_cidr.to_string(), "gateway": pod_cidr.nth(1).to_string()}]],

@@ -4,6 +4,7 @@
 
 pub mod actions;
 pub mod container;
+pub mod manager;
 pub mod resources;
 pub mod runtime_status;
 pub mod sandbox;

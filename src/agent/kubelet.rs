@@ -1,0 +1,480 @@
+//! The kubelet's sync of one pod (upstream's kubelet.go): `sync_pod` brings
+//! a running pod to its spec, `terminate_pod` stops it with its grace
+//! period, `cleanup_pod` removes what it left once it is gone, and each
+//! writes the pod's status through the status manager. Pod workers call
+//! these; nothing here keeps state between calls except through `PodState`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus, Service};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::runtime::reflector::Store;
+
+use super::config::AgentConfig;
+use super::cri::{api, CriError};
+use super::env::{self, EnvContext};
+use super::events::Events;
+use super::kuberuntime::actions::{self, ProbeState};
+use super::kuberuntime::manager::RuntimeManager;
+use super::kuberuntime::resources;
+use super::kuberuntime::runtime_status::{self, ContainerRunState, RuntimePod};
+use super::kuberuntime::sandbox;
+use super::pod_status::{self, PodFailure, StatusInputs, Waiting};
+use super::pod_util::{self, ContainerKind};
+use super::status_manager::StatusManager;
+use super::dns;
+use crate::client::events::EventType;
+
+/// The volumes of a pod, once mounted.
+pub trait PodMounts: Send + Sync {
+    /// The CRI mounts of one container (its volumeMounts, subPaths expanded with `env`).
+    fn mounts_for(&self, container: &Container, env: &BTreeMap<String, String>) -> Result<Vec<api::Mount>, String>;
+}
+
+/// What the volume manager does for the kubelet.
+#[async_trait::async_trait]
+pub trait VolumeHost: Send + Sync {
+    async fn mount_pod(&self, pod: &Pod) -> Result<Arc<dyn PodMounts>, String>;
+    async fn unmount_pod(&self, uid: &str) -> Result<(), String>;
+    fn pods_on_disk(&self) -> Vec<String>;
+}
+
+/// What the prober knows, for actions and status.
+pub trait ProbeResults: Send + Sync {
+    /// Containers to restart (liveness/startup failed) and containers started.
+    fn state(&self, pod: &Pod, rt: &RuntimePod) -> ProbeState;
+    /// Ready container ids.
+    fn ready(&self, pod: &Pod, rt: &RuntimePod) -> HashSet<String>;
+}
+
+/// Without a prober: every running container is started and ready.
+struct NoProbes;
+
+impl ProbeResults for NoProbes {
+    fn state(&self, _: &Pod, rt: &RuntimePod) -> ProbeState {
+        ProbeState { must_restart: HashMap::new(), started: rt.running().map(|c| c.id.clone()).collect() }
+    }
+    fn ready(&self, _: &Pod, rt: &RuntimePod) -> HashSet<String> {
+        rt.running().map(|c| c.id.clone()).collect()
+    }
+}
+
+/// What a pod worker keeps between syncs.
+#[derive(Debug, Default)]
+pub struct PodState {
+    /// Why containers are not running, from the last attempt to start them.
+    pub waiting: HashMap<String, Waiting>,
+    /// A pod-level failure the node decided (deadline, eviction).
+    pub failure: Option<PodFailure>,
+    /// Container ids the PLEG said exited, not yet seen exited through CRI.
+    pub expected_exits: HashSet<String>,
+    volume_backoff: Option<(Instant, Duration)>,
+    sandbox_backoff: Option<(Instant, Duration)>,
+}
+
+/// The outcome of a sync: when to look again, and whether the pod is done.
+#[derive(Debug, Default)]
+pub struct SyncResult {
+    pub next: Option<Duration>,
+    pub terminal: bool,
+}
+
+pub struct Kubelet {
+    pub client: kube::Client,
+    pub config: Arc<AgentConfig>,
+    pub runtime: RuntimeManager,
+    pub status: StatusManager,
+    pub events: Events,
+    /// `containerd`, for container ids.
+    pub runtime_name: String,
+    pub host_ips: Vec<String>,
+    pub allocatable: BTreeMap<String, Quantity>,
+    pub services: Store<Service>,
+    pub volumes: Option<Arc<dyn VolumeHost>>,
+    pub probes: Arc<dyn ProbeResults>,
+}
+
+fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// Doubles a retry delay from 1 s up to 30 s.
+fn next_backoff(prev: Option<(Instant, Duration)>) -> (Instant, Duration) {
+    let d = prev.map(|(_, d)| (d * 2).min(Duration::from_secs(30))).unwrap_or(Duration::from_secs(1));
+    (Instant::now() + d, d)
+}
+
+impl Kubelet {
+    pub fn no_probes() -> Arc<dyn ProbeResults> {
+        Arc::new(NoProbes)
+    }
+
+    pub fn pods_dir(&self) -> &PathBuf {
+        &self.runtime.pods_dir
+    }
+
+    fn pod_log_dir(&self, pod: &Pod) -> PathBuf {
+        sandbox::pod_log_dir(&self.runtime.pod_logs_dir, pod_util::namespace(pod), pod_util::name(pod), pod_util::uid(pod))
+    }
+
+    /// How long the pod's containers get to stop when it is deleted.
+    pub fn grace_period(pod: &Pod) -> i64 {
+        pod.metadata
+            .deletion_grace_period_seconds
+            .or_else(|| pod_util::spec(pod).termination_grace_period_seconds)
+            .unwrap_or(30)
+    }
+
+    fn services_for(&self, namespace: &str) -> Vec<Service> {
+        self.services
+            .state()
+            .iter()
+            .filter(|s| {
+                let ns = s.metadata.namespace.as_deref().unwrap_or_default();
+                ns == namespace || (ns == "default" && s.metadata.name.as_deref() == Some("kubernetes"))
+            })
+            .map(|s| (**s).clone())
+            .collect()
+    }
+
+    /// The pod's status from what the runtime holds now.
+    async fn status_of(&self, pod: &Pod, rt: &RuntimePod, st: &PodState, terminal: bool) -> PodStatus {
+        let mut messages = HashMap::new();
+        for c in rt.containers.iter().filter(|c| c.state == ContainerRunState::Exited) {
+            if let Some(m) = self.runtime.termination_message(c) {
+                messages.insert(c.id.clone(), m);
+            }
+        }
+        let probes = self.probes.state(pod, rt);
+        let ready = self.probes.ready(pod, rt);
+        pod_status::generate(&StatusInputs {
+            pod,
+            rt,
+            waiting: &st.waiting,
+            ready: &ready,
+            started: &probes.started,
+            host_ips: &self.host_ips,
+            runtime_name: &self.runtime_name,
+            termination_messages: &messages,
+            failure: st.failure.as_ref(),
+            terminal,
+        })
+    }
+
+    async fn read(&self, uid: &str) -> Result<RuntimePod, CriError> {
+        let rt = runtime_status::read(&self.runtime.cri, uid).await?;
+        for c in &rt.containers {
+            self.runtime.index.insert(&c.id, uid);
+        }
+        for s in &rt.sandboxes {
+            self.runtime.index.insert(&s.id, uid);
+        }
+        Ok(rt)
+    }
+
+    fn deadline_exceeded(pod: &Pod) -> Option<PodFailure> {
+        let deadline = pod_util::spec(pod).active_deadline_seconds?;
+        let start = pod.status.as_ref()?.start_time.as_ref()?;
+        let elapsed = k8s_openapi::jiff::Timestamp::now().as_second() - start.0.as_second();
+        (elapsed >= deadline).then(|| PodFailure {
+            reason: "DeadlineExceeded".into(),
+            message: "Pod was active on the node longer than the specified deadline".into(),
+        })
+    }
+
+    /// Brings a running pod to its spec (upstream's syncPod).
+    pub async fn sync_pod(&self, pod: &Pod, st: &mut PodState) -> Result<SyncResult, CriError> {
+        let uid = pod_util::uid(pod).to_string();
+        if let Some(f) = Self::deadline_exceeded(pod) {
+            self.events.pod(pod, EventType::Normal, "DeadlineExceeded", &f.message);
+            st.failure = Some(f);
+            return Ok(SyncResult { next: None, terminal: true });
+        }
+        let mut rt = self.read(&uid).await?;
+        let mut next: Option<Duration> = None;
+        // Exits the PLEG announced but CRI has not caught up with yet.
+        st.expected_exits.retain(|id| rt.containers.iter().any(|c| &c.id == id && c.state == ContainerRunState::Running));
+        if !st.expected_exits.is_empty() {
+            next = Some(Duration::from_millis(100));
+        }
+
+        // Volumes first: nothing starts without them.
+        let mounts: Option<Arc<dyn PodMounts>> = match &self.volumes {
+            None => None,
+            Some(v) => {
+                if let Some((until, _)) = st.volume_backoff.filter(|(u, _)| Instant::now() < *u) {
+                    return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
+                }
+                match v.mount_pod(pod).await {
+                    Ok(m) => {
+                        st.volume_backoff = None;
+                        Some(m)
+                    }
+                    Err(msg) => {
+                        self.events.pod(pod, EventType::Warning, "FailedMount", &msg);
+                        let b = next_backoff(st.volume_backoff);
+                        st.volume_backoff = Some(b);
+                        return self.publish_waiting(pod, &rt, st, Some(b.1)).await;
+                    }
+                }
+            }
+        };
+
+        let probes = self.probes.state(pod, &rt);
+        let acts = actions::compute(pod, &rt, &probes);
+        let grace = pod_util::spec(pod).termination_grace_period_seconds.unwrap_or(30);
+        if acts.kill_pod {
+            self.runtime.kill_pod(pod, &rt, grace).await;
+        }
+        for k in &acts.kill {
+            self.runtime.kill_container(pod, &k.id, &k.name, grace, Some(&k.message)).await;
+        }
+        let mut sandbox_id = acts.sandbox_id.clone();
+        let mut sandbox_config = None;
+        if acts.create_sandbox {
+            if let Some((until, _)) = st.sandbox_backoff.filter(|(u, _)| Instant::now() < *u) {
+                return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
+            }
+            if !rt.sandboxes.is_empty() {
+                self.events.pod(pod, EventType::Normal, "SandboxChanged", "Pod sandbox changed, it will be killed and re-created.");
+            }
+            match self.runtime.create_sandbox(pod, acts.attempt).await {
+                Ok((id, cfg)) => {
+                    st.sandbox_backoff = None;
+                    sandbox_id = Some(id);
+                    sandbox_config = Some(cfg);
+                }
+                Err(msg) => {
+                    let m = format!("Failed to create pod sandbox: {msg}");
+                    self.events.pod(pod, EventType::Warning, "FailedCreatePodSandBox", &m);
+                    let b = next_backoff(st.sandbox_backoff);
+                    st.sandbox_backoff = Some(b);
+                    return self.publish_waiting(pod, &rt, st, Some(b.1)).await;
+                }
+            }
+        }
+        if let (Some(id), false) = (&sandbox_id, acts.start.is_empty()) {
+            let cfg = match sandbox_config.take() {
+                Some(c) => c,
+                None => self.runtime.sandbox_config(pod, rt.sandboxes.first().map(|s| s.attempt).unwrap_or(0)),
+            };
+            let pod_ips = if pod_util::spec(pod).host_network == Some(true) {
+                self.host_ips.clone()
+            } else {
+                self.runtime.sandbox_ips(id).await
+            };
+            let hosts = self.write_hosts_file(pod, &pod_ips);
+            // The pod is visible as ContainerCreating while images are pulled.
+            let early = self.status_of(pod, &rt, st, false).await;
+            self.status.set(pod, &early);
+            for start in &acts.start {
+                let Some((kind, c)) = pod_util::find_container(pod, &start.name) else { continue };
+                match self.start_one(pod, kind, c, &rt, id, &cfg, &pod_ips, mounts.as_deref(), hosts.as_ref()).await {
+                    Ok(()) => {
+                        st.waiting.remove(&c.name);
+                    }
+                    Err(f) => {
+                        next = sooner(next, f.retry_after);
+                        st.waiting.insert(c.name.clone(), f.waiting);
+                    }
+                }
+                // An init container runs alone; the next starts when it is done.
+                if kind == ContainerKind::Init {
+                    break;
+                }
+            }
+        }
+        // Reasons of containers no longer being started are stale.
+        let starting: HashSet<&str> = acts.start.iter().map(|s| s.name.as_str()).collect();
+        st.waiting.retain(|name, _| starting.contains(name.as_str()));
+        rt = self.read(&uid).await?;
+        self.runtime.prune_dead(&rt).await;
+        let status = self.status_of(pod, &rt, st, false).await;
+        let terminal = matches!(status.phase.as_deref(), Some("Succeeded") | Some("Failed"));
+        self.status.set(pod, &status);
+        Ok(SyncResult { next, terminal })
+    }
+
+    /// Publishes the status while the pod waits for something (volumes, a sandbox).
+    async fn publish_waiting(&self, pod: &Pod, rt: &RuntimePod, st: &PodState, next: Option<Duration>) -> Result<SyncResult, CriError> {
+        let status = self.status_of(pod, rt, st, false).await;
+        self.status.set(pod, &status);
+        Ok(SyncResult { next, terminal: false })
+    }
+
+    fn write_hosts_file(&self, pod: &Pod, pod_ips: &[String]) -> Option<PathBuf> {
+        let dir = self.runtime.pods_dir.join(pod_util::uid(pod));
+        let host_hosts = std::fs::read_to_string("/etc/hosts").ok();
+        let text = dns::hosts_file(pod, pod_ips, &self.config.cluster_domain, host_hosts.as_deref());
+        let path = dir.join("etc-hosts");
+        let write = std::fs::create_dir_all(&dir).and_then(|_| super::containerd::write_atomic(&path, text.as_bytes()));
+        match write {
+            Ok(()) => Some(path),
+            Err(e) => {
+                tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot write the pod's hosts file");
+                None
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_one(
+        &self,
+        pod: &Pod,
+        kind: ContainerKind,
+        c: &Container,
+        rt: &RuntimePod,
+        sandbox_id: &str,
+        cfg: &api::PodSandboxConfig,
+        pod_ips: &[String],
+        mounts: Option<&dyn PodMounts>,
+        hosts: Option<&PathBuf>,
+    ) -> Result<(), super::kuberuntime::manager::StartFailure> {
+        use super::kuberuntime::manager::StartFailure;
+        let cref = Events::container_ref(pod, kind, &c.name);
+        let fail = |reason: &str, message: String| {
+            self.events.container(&cref, EventType::Warning, "Failed", &format!("Error: {message}"));
+            StartFailure { waiting: Waiting { reason: reason.into(), message }, retry_after: Some(Duration::from_secs(10)) }
+        };
+        let services = self.services_for(pod_util::namespace(pod));
+        let ctx = EnvContext {
+            client: &self.client,
+            services: &services,
+            pod_ips,
+            host_ips: &self.host_ips,
+            node_name: &self.config.node_name,
+            allocatable: &self.allocatable,
+        };
+        let (envs, invalid) = match env::make_environment(pod, c, &ctx).await {
+            Ok(e) => e,
+            Err(env::EnvError::Config(msg)) => return Err(fail("CreateContainerConfigError", msg)),
+            Err(env::EnvError::Kube(e)) => return Err(fail("CreateContainerConfigError", e.to_string())),
+        };
+        if !invalid.is_empty() {
+            let msg = format!("Keys [{}] from the EnvFrom configMap {}/… were skipped since they are considered invalid environment variable names.", invalid.join(", "), pod_util::namespace(pod));
+            self.events.pod(pod, EventType::Warning, "InvalidEnvironmentVariableNames", &msg);
+        }
+        let env_map: BTreeMap<String, String> = envs.iter().cloned().collect();
+        let mut container_mounts = match mounts {
+            Some(m) => m.mounts_for(c, &env_map).map_err(|msg| fail("CreateContainerConfigError", msg))?,
+            None => Vec::new(),
+        };
+        let mounts_hosts = !container_mounts.iter().any(|m| m.container_path == "/etc/hosts");
+        if let (Some(h), true) = (hosts, mounts_hosts) {
+            container_mounts.push(api::Mount {
+                container_path: "/etc/hosts".into(),
+                host_path: h.to_string_lossy().into_owned(),
+                ..Default::default()
+            });
+        }
+        self.runtime.start_container(pod, kind, c, rt, sandbox_id, cfg, &envs, container_mounts).await.map(|_| ())
+    }
+
+    /// Stops every container of the pod and its sandbox, then writes the
+    /// pod's final status (upstream's syncTerminatingPod).
+    pub async fn terminate_pod(&self, pod: &Pod, st: &mut PodState, grace: i64, in_api: bool) -> Result<(), CriError> {
+        let uid = pod_util::uid(pod).to_string();
+        let rt = self.read(&uid).await?;
+        self.runtime.kill_pod(pod, &rt, grace).await;
+        if in_api {
+            let rt = self.read(&uid).await?;
+            st.waiting.clear();
+            let status = self.status_of(pod, &rt, st, true).await;
+            self.status.set(pod, &status);
+        }
+        Ok(())
+    }
+
+    /// After termination: volumes are released; a deleted pod loses its
+    /// containers, sandbox, logs, cgroups and folders, and its API object
+    /// goes (upstream's syncTerminatedPod and the status manager's delete).
+    pub async fn cleanup_pod(&self, pod: &Pod, deleted: bool) -> Result<(), CriError> {
+        let uid = pod_util::uid(pod).to_string();
+        if let Some(v) = &self.volumes {
+            if let Err(e) = v.unmount_pod(&uid).await {
+                tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot unmount the pod's volumes");
+            }
+        }
+        if !deleted {
+            return Ok(());
+        }
+        let rt = self.read(&uid).await?;
+        self.runtime.remove_pod(&uid, &rt, Some(self.pod_log_dir(pod))).await?;
+        let dir = self.runtime.pods_dir.join(&uid);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the pod's folder");
+            }
+        }
+        resources::remove_pod_cgroups(&self.runtime.cgroup_root, &uid);
+        self.status.forget(&uid);
+        Ok(())
+    }
+
+    /// Deletes the API object of a pod whose containers are all gone.
+    pub async fn finish_deletion(&self, pod: &Pod) {
+        let (ns, name, uid) = (pod_util::namespace(pod), pod_util::name(pod), pod_util::uid(pod));
+        if let Err(e) = self.status.delete_pod(ns, name, uid).await {
+            tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot delete the terminated pod");
+        }
+    }
+
+    /// Removes what the runtime and disk hold for a pod uid no longer known
+    /// to the API (deleted while ferrok was down).
+    pub async fn cleanup_orphan(&self, uid: &str) -> Result<(), CriError> {
+        let rt = self.read(uid).await?;
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some(uid.to_string());
+        self.runtime.kill_pod(&pod, &rt, 2).await;
+        let rt = self.read(uid).await?;
+        let log_dir = self.orphan_log_dir(uid);
+        self.runtime.remove_pod(uid, &rt, log_dir).await?;
+        if let Some(v) = &self.volumes {
+            let _ = v.unmount_pod(uid).await;
+        }
+        let _ = std::fs::remove_dir_all(self.runtime.pods_dir.join(uid));
+        resources::remove_pod_cgroups(&self.runtime.cgroup_root, uid);
+        Ok(())
+    }
+
+    fn orphan_log_dir(&self, uid: &str) -> Option<PathBuf> {
+        let entries = std::fs::read_dir(&self.runtime.pod_logs_dir).ok()?;
+        entries.filter_map(Result::ok).map(|e| e.path()).find(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(&format!("_{uid}")))
+        })
+    }
+
+    /// Every pod uid the runtime or the disk has something of.
+    pub async fn known_uids(&self) -> Result<HashSet<String>, CriError> {
+        let mut out = HashSet::new();
+        let sandboxes = self
+            .runtime
+            .cri
+            .runtime()
+            .list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
+            .await
+            .map_err(CriError::call("ListPodSandbox"))?
+            .into_inner()
+            .items;
+        for s in sandboxes {
+            if let Some(uid) = s.labels.get(super::cri::labels::POD_UID) {
+                out.insert(uid.clone());
+            }
+        }
+        if let Some(v) = &self.volumes {
+            out.extend(v.pods_on_disk());
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.runtime.pods_dir) {
+            out.extend(entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str().map(str::to_string)));
+        }
+        Ok(out)
+    }
+}
+

@@ -1,0 +1,449 @@
+//! The runtime manager's verbs (upstream's kuberuntime_manager and
+//! kuberuntime_container): make a sandbox, start a container (image, env,
+//! config, create, start, postStart hook), kill a container (preStop hook,
+//! then stop with the grace period), stop a pod, and remove everything the
+//! runtime holds for a pod.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use kube::api::Api;
+
+use super::container::{container_config, ContainerInputs};
+use super::runtime_status::{ContainerRunState, RuntimePod};
+use super::sandbox::{self, SandboxInputs};
+use super::security;
+use crate::agent::backoff::Backoff;
+use crate::agent::cri::{api, labels, Cri, CriError};
+use crate::agent::dns::DnsSettings;
+use crate::agent::events::Events;
+use crate::agent::image_manager::ImageManager;
+use crate::agent::pleg::ContainerIndex;
+use crate::agent::pod_status::Waiting;
+use crate::agent::pod_util::{self, ContainerKind};
+use crate::client::events::EventType;
+
+/// The smallest grace period a container is stopped with (upstream's minimumGracePeriodInSeconds).
+const MIN_GRACE_SECONDS: i64 = 2;
+
+/// Runs lifecycle hooks (postStart, preStop) in a container.
+#[async_trait::async_trait]
+pub trait HookRunner: Send + Sync {
+    async fn run(&self, pod: &Pod, container: &Container, container_id: &str, handler: &LifecycleHandler) -> Result<(), String>;
+}
+
+/// What the prober is told about containers' lives.
+pub trait ProbeRegistry: Send + Sync {
+    fn add_container(&self, pod: &Pod, container: &Container, container_id: &str);
+    fn remove_container(&self, pod_uid: &str, container_name: &str);
+    fn remove_pod(&self, pod_uid: &str);
+}
+
+/// Why a container did not start, and when to try again.
+#[derive(Debug, Clone)]
+pub struct StartFailure {
+    pub waiting: Waiting,
+    pub retry_after: Option<Duration>,
+}
+
+pub struct RuntimeManager {
+    pub cri: Cri,
+    pub client: kube::Client,
+    pub events: Events,
+    pub images: ImageManager,
+    pub index: Arc<ContainerIndex>,
+    pub crash_backoff: Backoff,
+    pub hooks: Option<Arc<dyn HookRunner>>,
+    pub probes: Option<Arc<dyn ProbeRegistry>>,
+    pub dns: DnsSettings,
+    pub pods_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
+    pub cgroup_root: String,
+    pub memory_capacity: i64,
+}
+
+/// The Instant a wall-clock time in nanoseconds corresponds to.
+fn instant_of(unix_nanos: i64) -> Instant {
+    let now_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    let ago = Duration::from_nanos(now_unix.saturating_sub(unix_nanos).max(0) as u64);
+    Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
+}
+
+impl RuntimeManager {
+    pub fn sandbox_config(&self, pod: &Pod, attempt: u32) -> api::PodSandboxConfig {
+        sandbox::sandbox_config(
+            pod,
+            attempt,
+            &SandboxInputs { pod_logs_dir: &self.pod_logs_dir, cgroup_root: &self.cgroup_root, dns: &self.dns },
+        )
+    }
+
+    /// The CRI handler of the pod's RuntimeClass ("" for the default).
+    async fn runtime_handler(&self, pod: &Pod) -> Result<String, String> {
+        let Some(name) = pod_util::spec(pod).runtime_class_name.as_deref().filter(|n| !n.is_empty()) else {
+            return Ok(String::new());
+        };
+        match Api::<RuntimeClass>::all(self.client.clone()).get_opt(name).await {
+            Ok(Some(rc)) => Ok(rc.handler),
+            Ok(None) => Err(format!("RuntimeClass {name:?} not found")),
+            Err(e) => Err(format!("cannot read RuntimeClass {name:?}: {e}")),
+        }
+    }
+
+    /// Makes the pod's sandbox; returns its id and config.
+    pub async fn create_sandbox(&self, pod: &Pod, attempt: u32) -> Result<(String, api::PodSandboxConfig), String> {
+        let config = self.sandbox_config(pod, attempt);
+        std::fs::create_dir_all(&config.log_directory)
+            .map_err(|e| format!("cannot create the pod log folder {}: {e}", config.log_directory))?;
+        let handler = self.runtime_handler(pod).await?;
+        let req = api::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: handler };
+        let id = self
+            .cri
+            .runtime()
+            .run_pod_sandbox(req)
+            .await
+            .map_err(|s| s.message().to_string())?
+            .into_inner()
+            .pod_sandbox_id;
+        self.index.insert(&id, pod_util::uid(pod));
+        Ok((id, config))
+    }
+
+    /// The pod's addresses from its sandbox.
+    pub async fn sandbox_ips(&self, sandbox_id: &str) -> Vec<String> {
+        let req = api::PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.to_string(), verbose: false };
+        let Ok(resp) = self.cri.runtime().pod_sandbox_status(req).await else { return Vec::new() };
+        let Some(net) = resp.into_inner().status.and_then(|s| s.network) else { return Vec::new() };
+        let mut ips = vec![net.ip];
+        ips.extend(net.additional_ips.into_iter().map(|i| i.ip));
+        ips.retain(|i| !i.is_empty());
+        ips
+    }
+
+    fn termination_log(&self, pod: &Pod, c: &Container) -> Option<api::Mount> {
+        let path = c.termination_message_path.clone().unwrap_or_else(|| "/dev/termination-log".into());
+        if path.is_empty() {
+            return None;
+        }
+        let dir = self.pods_dir.join(pod_util::uid(pod)).join("containers").join(&c.name);
+        std::fs::create_dir_all(&dir).ok()?;
+        let mut buf = [0u8; 4];
+        crate::pki::fill_random(&mut buf);
+        let file = dir.join(format!("{:08x}", u32::from_be_bytes(buf)));
+        std::fs::write(&file, b"").ok()?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).ok()?;
+        Some(api::Mount { container_path: path, host_path: file.to_string_lossy().into_owned(), ..Default::default() })
+    }
+
+    fn fail(&self, pod: &Pod, kind: ContainerKind, name: &str, reason: &str, message: String) -> StartFailure {
+        let r = Events::container_ref(pod, kind, name);
+        self.events.container(&r, EventType::Warning, "Failed", &format!("Error: {message}"));
+        StartFailure { waiting: Waiting { reason: reason.into(), message }, retry_after: None }
+    }
+
+    /// Starts one container of the spec in the sandbox (upstream's startContainer).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_container(
+        &self,
+        pod: &Pod,
+        kind: ContainerKind,
+        c: &Container,
+        rt: &RuntimePod,
+        sandbox_id: &str,
+        sandbox_config: &api::PodSandboxConfig,
+        envs: &[(String, String)],
+        mut mounts: Vec<api::Mount>,
+    ) -> Result<String, StartFailure> {
+        let uid = pod_util::uid(pod);
+        let latest = rt.latest(&c.name);
+        let restart_count = latest.map(|l| l.restart_count + 1).unwrap_or(0);
+        let cref = Events::container_ref(pod, kind, &c.name);
+        // Crash-loop back-off, counted from when the last instance ended.
+        if let Some(l) = latest.filter(|l| l.state == ContainerRunState::Exited) {
+            let key = format!("{uid}/{}", c.name);
+            let now = Instant::now();
+            if let Some(left) = self.crash_backoff.remaining_since(&key, instant_of(l.finished_at), now) {
+                let delay = self.crash_backoff.get(&key, now).unwrap_or(left);
+                let msg = format!(
+                    "Back-off restarting failed container {} in pod {}",
+                    c.name,
+                    pod_util::full_name(pod)
+                );
+                self.events.container(&cref, EventType::Warning, "BackOff", &msg);
+                return Err(StartFailure {
+                    waiting: Waiting {
+                        reason: "CrashLoopBackOff".into(),
+                        message: format!(
+                            "back-off {} restarting failed container={} pod={}",
+                            go_duration(delay),
+                            c.name,
+                            pod_util::full_name(pod)
+                        ),
+                    },
+                    retry_after: Some(left),
+                });
+            }
+            self.crash_backoff.next(&key, now);
+        }
+        let image = match self.images.ensure_image(pod, c, &cref, Some(sandbox_config)).await {
+            Ok(i) => i,
+            Err(e) => {
+                let retry = self.images.backoff_remaining(pod, c.image.as_deref().unwrap_or_default());
+                return Err(StartFailure {
+                    waiting: Waiting { reason: e.reason.into(), message: e.message },
+                    retry_after: retry.or(Some(Duration::from_secs(10))),
+                });
+            }
+        };
+        if let Err(msg) = security::verify_run_as_non_root(pod, c, image.uid, &image.username) {
+            return Err(self.fail(pod, kind, &c.name, "CreateContainerConfigError", msg));
+        }
+        if let Some(m) = self.termination_log(pod, c) {
+            mounts.push(m);
+        }
+        let config = container_config(&ContainerInputs {
+            pod,
+            container: c,
+            kind,
+            restart_count,
+            image_ref: &image.id,
+            envs,
+            mounts,
+            memory_capacity: self.memory_capacity,
+        });
+        let log_dir = PathBuf::from(&sandbox_config.log_directory).join(&c.name);
+        if let Err(e) = std::fs::create_dir_all(&log_dir) {
+            return Err(self.fail(pod, kind, &c.name, "CreateContainerError", format!("create container log directory for container {} failed: {e}", c.name)));
+        }
+        let req = api::CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config.clone()),
+        };
+        let id = match self.cri.runtime().create_container(req).await {
+            Ok(r) => r.into_inner().container_id,
+            Err(s) => return Err(self.fail(pod, kind, &c.name, "CreateContainerError", s.message().to_string())),
+        };
+        self.index.insert(&id, uid);
+        self.events.container(&cref, EventType::Normal, "Created", &format!("Created container: {}", c.name));
+        if let Err(s) = self.cri.runtime().start_container(api::StartContainerRequest { container_id: id.clone() }).await {
+            return Err(self.fail(pod, kind, &c.name, "RunContainerError", s.message().to_string()));
+        }
+        self.events.container(&cref, EventType::Normal, "Started", &format!("Started container {}", c.name));
+        if let Some(p) = &self.probes {
+            p.add_container(pod, c, &id);
+        }
+        if let (Some(hook), Some(hooks)) = (c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()), &self.hooks) {
+            if let Err(msg) = hooks.run(pod, c, &id, hook).await {
+                tracing::info!(pod = %pod_util::full_name(pod), container = %c.name, error = %msg, "postStart hook failed");
+                self.events.container(&cref, EventType::Warning, "FailedPostStartHook", "PostStartHook failed");
+                let grace = pod_util::spec(pod).termination_grace_period_seconds.unwrap_or(30);
+                self.kill_container(pod, &id, &c.name, grace, Some("FailedPostStartHook")).await;
+                return Err(StartFailure {
+                    waiting: Waiting { reason: "PostStartHookError".into(), message: msg },
+                    retry_after: None,
+                });
+            }
+        }
+        Ok(id)
+    }
+
+    /// Stops a container: preStop hook first, then SIGTERM and, after
+    /// what is left of the grace period, SIGKILL (upstream's killContainer).
+    pub async fn kill_container(&self, pod: &Pod, id: &str, name: &str, grace_seconds: i64, message: Option<&str>) {
+        let kind = pod_util::find_container(pod, name).map(|(k, _)| k).unwrap_or(ContainerKind::Regular);
+        let cref = Events::container_ref(pod, kind, name);
+        let msg = match message {
+            Some("FailedPostStartHook") => format!("FailedPostStartHook: container {name} will be stopped"),
+            Some(m) => m.to_string(),
+            None => format!("Stopping container {name}"),
+        };
+        self.events.container(&cref, EventType::Normal, "Killing", &msg);
+        let started = Instant::now();
+        let mut grace = grace_seconds.max(MIN_GRACE_SECONDS);
+        let spec = pod_util::find_container(pod, name).map(|(_, c)| c.clone());
+        if let (Some(c), Some(hooks)) = (spec.as_ref(), &self.hooks) {
+            if let Some(pre_stop) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
+                let run = hooks.run(pod, c, id, pre_stop);
+                match tokio::time::timeout(Duration::from_secs(grace as u64), run).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        self.events.container(&cref, EventType::Warning, "FailedPreStopHook", &e);
+                    }
+                    Err(_) => {
+                        let m = format!("PreStopHook failed to complete in {grace}s");
+                        self.events.container(&cref, EventType::Warning, "FailedPreStopHook", &m);
+                    }
+                }
+                grace = (grace - started.elapsed().as_secs() as i64).max(MIN_GRACE_SECONDS);
+            }
+        }
+        let req = api::StopContainerRequest { container_id: id.to_string(), timeout: grace };
+        if let Err(s) = self.cri.runtime().stop_container(req).await {
+            if s.code() != tonic::Code::NotFound {
+                tracing::warn!(container = %id, error = %s.message(), "cannot stop container");
+            }
+        }
+        if let Some(p) = &self.probes {
+            p.remove_container(pod_util::uid(pod), name);
+        }
+    }
+
+    /// Stops every running container (regular ones first, sidecars after,
+    /// each group in parallel) and then the sandboxes.
+    pub async fn kill_pod(&self, pod: &Pod, rt: &RuntimePod, grace_seconds: i64) {
+        let running: Vec<_> = rt.running().cloned().collect();
+        let is_sidecar = |name: &str| matches!(pod_util::find_container(pod, name), Some((ContainerKind::Sidecar, _)));
+        for sidecars in [false, true] {
+            let group = running.iter().filter(|c| is_sidecar(&c.name) == sidecars);
+            futures_util::future::join_all(group.map(|c| self.kill_container(pod, &c.id, &c.name, grace_seconds, None))).await;
+        }
+        for s in rt.sandboxes.iter().filter(|s| s.ready) {
+            let req = api::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() };
+            if let Err(st) = self.cri.runtime().stop_pod_sandbox(req).await {
+                if st.code() != tonic::Code::NotFound {
+                    tracing::warn!(sandbox = %s.id, error = %st.message(), "cannot stop sandbox");
+                }
+            }
+        }
+    }
+
+    /// Removes all the runtime holds for the pod: containers, sandboxes (and
+    /// with them its network), then its log folder.
+    pub async fn remove_pod(&self, uid: &str, rt: &RuntimePod, log_dir: Option<PathBuf>) -> Result<(), CriError> {
+        for c in &rt.containers {
+            let req = api::RemoveContainerRequest { container_id: c.id.clone() };
+            match self.cri.runtime().remove_container(req).await {
+                Ok(_) => {}
+                Err(s) if s.code() == tonic::Code::NotFound => {}
+                Err(status) => return Err(CriError::Call { call: "RemoveContainer", status }),
+            }
+        }
+        for s in &rt.sandboxes {
+            let rt_client = &mut self.cri.runtime();
+            let _ = rt_client.stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() }).await;
+            match rt_client.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() }).await {
+                Ok(_) => {}
+                Err(st) if st.code() == tonic::Code::NotFound => {}
+                Err(status) => return Err(CriError::Call { call: "RemovePodSandbox", status }),
+            }
+        }
+        if let Some(dir) = log_dir {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::debug!(dir = %dir.display(), error = %e, "cannot remove pod logs");
+                }
+            }
+        }
+        self.index.forget_pod(uid);
+        if let Some(p) = &self.probes {
+            p.remove_pod(uid);
+        }
+        self.images.forget_pod(uid);
+        Ok(())
+    }
+
+    /// Removes dead instances older than the newest two of each container
+    /// (the current one and the one `lastState` and `logs --previous` show),
+    /// as the kubelet's container GC keeps them bounded.
+    pub async fn prune_dead(&self, rt: &RuntimePod) {
+        let mut count: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for c in &rt.containers {
+            let n = count.entry(c.name.as_str()).or_default();
+            *n += 1;
+            if *n > 2 && c.state == ContainerRunState::Exited {
+                let req = api::RemoveContainerRequest { container_id: c.id.clone() };
+                if let Err(s) = self.cri.runtime().remove_container(req).await {
+                    tracing::debug!(container = %c.id, error = %s.message(), "cannot remove a dead container");
+                }
+            }
+        }
+    }
+
+    /// The termination message a container left (file, or log tail on error).
+    pub fn termination_message(&self, c: &super::runtime_status::RuntimeContainer) -> Option<String> {
+        let path = c.annotations.get(labels::CONTAINER_TERMINATION_MESSAGE_PATH)?;
+        let policy = c.annotations.get(labels::CONTAINER_TERMINATION_MESSAGE_POLICY).map(String::as_str).unwrap_or("File");
+        let mount = c.mounts.iter().find(|m| &m.container_path == path);
+        let from_file = mount.and_then(|m| read_at_most(&m.host_path, 4096)).unwrap_or_default();
+        if !from_file.is_empty() {
+            return Some(from_file);
+        }
+        if policy == "FallbackToLogsOnError" && c.exit_code != 0 {
+            return Some(log_tail(&c.log_path, 80, 2048));
+        }
+        None
+    }
+}
+
+fn read_at_most(path: &str, max: u64) -> Option<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut buf = Vec::new();
+    f.by_ref().take(max).read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The last `lines` lines of a CRI log, their text only, at most `max` bytes.
+fn log_tail(path: &str, lines: usize, max: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    let start = all.len().saturating_sub(lines);
+    let mut out = String::new();
+    for line in &all[start..] {
+        // `<time> <stream> <F|P> <text>`
+        let mut parts = line.splitn(4, ' ');
+        let (_, _, tag, msg) = (parts.next(), parts.next(), parts.next(), parts.next().unwrap_or(""));
+        out.push_str(msg);
+        if tag != Some("P") {
+            out.push('\n');
+        }
+    }
+    if out.len() > max {
+        let cut = out.len() - max;
+        let mut i = cut;
+        while !out.is_char_boundary(i) {
+            i += 1;
+        }
+        out = out[i..].to_string();
+    }
+    out
+}
+
+/// A duration as Go prints it (`10s`, `1m20s`, `5m0s`).
+pub fn go_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 60 {
+        format!("{}m{}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_print_like_go() {
+        assert_eq!(go_duration(Duration::from_secs(10)), "10s");
+        assert_eq!(go_duration(Duration::from_secs(80)), "1m20s");
+        assert_eq!(go_duration(Duration::from_secs(300)), "5m0s");
+    }
+
+    #[test]
+    fn log_tail_keeps_text_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("0.log");
+        std::fs::write(&p, "2026-01-01T00:00:00Z stdout F one\n2026-01-01T00:00:00Z stderr P tw\n2026-01-01T00:00:00Z stderr F o\n").unwrap();
+        assert_eq!(log_tail(p.to_str().unwrap(), 80, 2048), "one\ntwo\n");
+        assert_eq!(log_tail(p.to_str().unwrap(), 80, 4), "two\n");
+    }
+}

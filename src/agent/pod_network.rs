@@ -1,0 +1,84 @@
+//! This node's part of the pod network: once the node IPAM controller has
+//! given the Node a podCIDR, the CNI bridge config for it is written (which
+//! makes containerd report NetworkReady) and ferrok's nftables table is
+//! loaded with the pods' outbound masquerade.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::runtime::{watcher, WatchStreamExt};
+use tokio::sync::Notify;
+
+use super::cri::{self, Cri};
+use crate::network::cni::{self, Ipv4Net};
+use crate::network::nftables::{self, NodeRules};
+
+pub struct PodNetwork {
+    pub node_name: String,
+    pub conf_dir: PathBuf,
+    pub ipam_dir: PathBuf,
+    pub cluster_cidr: Ipv4Net,
+    /// Whether to load ferrok's nftables table (not with an external runtime's own network).
+    pub manage_nftables: bool,
+}
+
+/// Watches the Node until it has a podCIDR and sets the network up for
+/// it (again when it changes); `ready` is notified once the runtime says
+/// its network is ready.
+pub async fn run(client: kube::Client, cri: Cri, net: PodNetwork, ready: Arc<Notify>) {
+    let api: Api<Node> = Api::all(client);
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={}", net.node_name));
+    let mut current: Option<Ipv4Net> = None;
+    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    while let Some(event) = stream.next().await {
+        let node = match event {
+            Ok(watcher::Event::Apply(n)) | Ok(watcher::Event::InitApply(n)) => n,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, "node watch error");
+                continue;
+            }
+        };
+        let Some(cidr) = node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()) else { continue };
+        let cidr = match Ipv4Net::parse(cidr) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "the node's podCIDR is not usable");
+                continue;
+            }
+        };
+        if current == Some(cidr) {
+            continue;
+        }
+        if let Err(e) = cni::ensure(&net.conf_dir, cidr, &net.ipam_dir) {
+            tracing::error!(error = %e, "cannot write the CNI config");
+            continue;
+        }
+        if net.manage_nftables {
+            let rules = NodeRules { cluster_cidr: net.cluster_cidr, pod_cidr: cidr };
+            if let Err(e) = nftables::load(&nftables::render(&rules)).await {
+                tracing::error!(error = %e, "cannot load ferrok's nftables table");
+            }
+        }
+        tracing::info!(pod_cidr = %cidr, "pod network configured");
+        current = Some(cidr);
+        wait_network_ready(&cri).await;
+        ready.notify_one();
+    }
+}
+
+/// containerd picks the CNI config up from its folder within moments.
+async fn wait_network_ready(cri: &Cri) {
+    for _ in 0..200 {
+        if let Ok(status) = cri.status().await {
+            if cri::condition(&status, "NetworkReady").is_some_and(|c| c.status) {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

@@ -1,0 +1,234 @@
+//! One worker per pod (upstream's pod_workers): a task that owns the pod's
+//! lifecycle on this node — syncing while it runs, terminating it when it
+//! is deleted or finished, cleaning up after it — woken by changes of the
+//! pod, by the PLEG (a container exited), by the prober, or by its own
+//! timers (back-offs, a slow periodic resync). Workers of different pods
+//! run in parallel; one pod's steps never overlap.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::{watch, Notify};
+
+use super::kubelet::{Kubelet, PodState};
+use super::pod_util;
+
+/// How often a quiet pod is looked at anyway (upstream's syncFrequency is 1 min).
+const RESYNC: Duration = Duration::from_secs(90);
+
+/// The pod as its source last said.
+#[derive(Clone)]
+pub struct PodUpdate {
+    pub pod: Arc<Pod>,
+    /// Gone from its source (deleted from the API, manifest removed).
+    pub removed: bool,
+}
+
+struct Worker {
+    update: watch::Sender<PodUpdate>,
+    wake: Arc<Notify>,
+    state: Arc<Mutex<Vec<String>>>,
+}
+
+/// The workers of every pod on this node, by pod uid.
+pub struct PodWorkers {
+    kubelet: Arc<Kubelet>,
+    workers: Mutex<HashMap<String, Worker>>,
+    me: Weak<PodWorkers>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Syncing,
+    Terminating,
+    /// Stopped for good but still in the API (finished pods keep their
+    /// containers for `kubectl logs` until deleted).
+    Terminated,
+}
+
+impl PodWorkers {
+    pub fn new(kubelet: Arc<Kubelet>) -> Arc<PodWorkers> {
+        Arc::new_cyclic(|me| PodWorkers { kubelet, workers: Mutex::new(HashMap::new()), me: me.clone() })
+    }
+
+    fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Worker>> {
+        self.workers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pod was added or changed at its source.
+    pub fn update(&self, pod: Arc<Pod>) {
+        self.send(PodUpdate { pod, removed: false });
+    }
+
+    /// A newer copy of the pod that changes nothing its worker acts on
+    /// (its status, as written by this node): stored without a wake-up.
+    pub fn refresh(&self, pod: Arc<Pod>) {
+        let uid = pod_util::uid(&pod).to_string();
+        match self.workers().get(&uid) {
+            Some(w) => {
+                w.update.send_if_modified(|u| {
+                    u.pod = pod;
+                    false
+                });
+            }
+            None => {
+                drop(pod);
+            }
+        }
+    }
+
+    /// The pod is gone from its source; `pod` is its last known state.
+    pub fn remove(&self, pod: Arc<Pod>) {
+        self.send(PodUpdate { pod, removed: true });
+    }
+
+    fn send(&self, update: PodUpdate) {
+        let uid = pod_util::uid(&update.pod).to_string();
+        if uid.is_empty() {
+            return;
+        }
+        let mut workers = self.workers();
+        if let Some(w) = workers.get(&uid) {
+            w.update.send_replace(update);
+            return;
+        }
+        if update.removed {
+            // No worker: it already finished, or never ran here (leftovers
+            // of pods deleted while ferrok was down are cleaned at start).
+            return;
+        }
+        let (tx, rx) = watch::channel(update);
+        let wake = Arc::new(Notify::new());
+        let exits = Arc::new(Mutex::new(Vec::new()));
+        workers.insert(uid.clone(), Worker { update: tx, wake: wake.clone(), state: exits.clone() });
+        let kubelet = self.kubelet.clone();
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            run(kubelet, rx, wake, exits).await;
+            if let Some(w) = me.upgrade() {
+                w.workers().remove(&uid);
+            }
+        });
+    }
+
+    /// Something about the pod's containers changed: sync it now.
+    pub fn wake(&self, uid: &str) {
+        if let Some(w) = self.workers().get(uid) {
+            w.wake.notify_one();
+        }
+    }
+
+    /// A container of the pod exited (the PLEG saw it before CRI may have).
+    pub fn container_died(&self, uid: &str, container_id: &str) {
+        if let Some(w) = self.workers().get(uid) {
+            w.state.lock().unwrap_or_else(|e| e.into_inner()).push(container_id.to_string());
+            w.wake.notify_one();
+        }
+    }
+
+    pub fn wake_all(&self) {
+        for w in self.workers().values() {
+            w.wake.notify_one();
+        }
+    }
+
+    /// Uids with a worker.
+    pub fn uids(&self) -> Vec<String> {
+        self.workers().keys().cloned().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn jitter(d: Duration) -> Duration {
+    let mut b = [0u8; 2];
+    crate::pki::fill_random(&mut b);
+    d + Duration::from_millis(u64::from(u16::from_be_bytes(b)) % 10_000)
+}
+
+async fn run(k: Arc<Kubelet>, mut updates: watch::Receiver<PodUpdate>, wake: Arc<Notify>, exits: Arc<Mutex<Vec<String>>>) {
+    let mut st = PodState::default();
+    let mut stage = Stage::Syncing;
+    let mut failures = 0u32;
+    loop {
+        let update = updates.borrow_and_update().clone();
+        let pod = update.pod.clone();
+        st.expected_exits.extend(exits.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+        let deleting = update.removed || pod.metadata.deletion_timestamp.is_some();
+        let next: Option<Duration>;
+        if stage == Stage::Syncing && deleting {
+            stage = Stage::Terminating;
+        }
+        match stage {
+            Stage::Syncing => match k.sync_pod(&pod, &mut st).await {
+                Ok(r) => {
+                    failures = 0;
+                    next = r.next;
+                    if r.terminal {
+                        stage = Stage::Terminating;
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(pod = %pod_util::full_name(&pod), error = %e, "pod sync failed");
+                    next = Some(Duration::from_millis(500) * failures.min(20));
+                }
+            },
+            Stage::Terminating => {
+                let grace = Kubelet::grace_period(&pod);
+                match k.terminate_pod(&pod, &mut st, grace, !update.removed).await {
+                    Ok(()) => {
+                        failures = 0;
+                        stage = Stage::Terminated;
+                        continue;
+                    }
+                    Err(e) => {
+                        failures += 1;
+                        tracing::warn!(pod = %pod_util::full_name(&pod), error = %e, "pod termination failed");
+                        next = Some(Duration::from_millis(500) * failures.min(20));
+                    }
+                }
+            }
+            Stage::Terminated => match k.cleanup_pod(&pod, deleting).await {
+                Ok(()) if deleting => {
+                    if !update.removed {
+                        k.finish_deletion(&pod).await;
+                    }
+                    tracing::debug!(pod = %pod_util::full_name(&pod), "pod worker done");
+                    return;
+                }
+                Ok(()) => {
+                    // Finished but still in the API: wait for its deletion.
+                    if updates.changed().await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(pod = %pod_util::full_name(&pod), error = %e, "pod cleanup failed");
+                    next = Some(Duration::from_millis(500) * failures.min(20));
+                }
+            },
+        }
+        let sleep = next.unwrap_or_else(|| jitter(RESYNC));
+        tokio::select! {
+            r = updates.changed() => {
+                if r.is_err() {
+                    return;
+                }
+            }
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(sleep) => {}
+        }
+    }
+}
