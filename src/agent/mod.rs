@@ -10,5 +10,7 @@
 pub mod config;
 pub mod containerd;
 pub mod cri;
+pub mod lifecycle;
+pub mod prober;
 
 pub use config::{AgentConfig, KubeletConfig};
