@@ -49,7 +49,12 @@ fn busybox_image(dir: &Path) -> PathBuf {
         std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
     }
     let layer_path = dir.join("layer.tar");
-    run(Command::new("tar").args(["--owner=0", "--group=0", "--numeric-owner", "-C"]).arg(&rootfs).arg("-cf").arg(&layer_path).arg("."));
+    run(Command::new("tar")
+        .args(["--owner=0", "--group=0", "--numeric-owner", "-C"])
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&layer_path)
+        .arg("."));
     let layer = std::fs::read(&layer_path).unwrap();
     let arch = match std::env::consts::ARCH {
         "x86_64" => "amd64",
@@ -302,7 +307,11 @@ async fn http_probes_and_hooks(p: &Pod1) {
     assert!(started.result.is_ok(), "httpd: {:?} {}", started.result, String::from_utf8_lossy(&started.output));
     let prober = RuntimeProber::new(p.cri.clone());
     let http = |path: &str| Probe {
-        http_get: Some(HTTPGetAction { port: IntOrString::Int(port.into()), path: Some(path.into()), ..Default::default() }),
+        http_get: Some(HTTPGetAction {
+            port: IntOrString::Int(port.into()),
+            path: Some(path.into()),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     let mut ready = false;
@@ -321,7 +330,11 @@ async fn http_probes_and_hooks(p: &Pod1) {
     // A hook with no host goes to the pod: the runtime reports no IP for a
     // hostNetwork sandbox, so the pod's host IP is used.
     let hook = LifecycleHandler {
-        http_get: Some(HTTPGetAction { port: IntOrString::Int(port.into()), path: Some("/healthz".into()), ..Default::default() }),
+        http_get: Some(HTTPGetAction {
+            port: IntOrString::Int(port.into()),
+            path: Some("/healthz".into()),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     run_handler(&p.cri, &p.pod, &p.container, &p.container_id, &hook).await.expect("HTTP hook");
@@ -332,20 +345,32 @@ async fn exec_hooks(p: &Pod1) {
         exec: Some(ExecAction { command: Some(cmd.iter().map(|s| s.to_string()).collect()) }),
         ..Default::default()
     };
-    let err = run_handler(&p.cri, &p.pod, &p.container, &p.container_id, &exec(&["sh", "-c", "exit 1"]))
-        .await
-        .unwrap_err();
+    let err =
+        run_handler(&p.cri, &p.pod, &p.container, &p.container_id, &exec(&["sh", "-c", "exit 1"])).await.unwrap_err();
     assert_eq!(
         err,
         format!(
             "Exec lifecycle hook ([sh -c exit 1]) for Container \"app\" in Pod \"probes_default({POD_UID})\" failed - error: command 'sh -c exit 1' exited with 1: , message: \"\""
         )
     );
-    let err = run_handler(&p.cri, &p.pod, &p.container, &p.container_id, &exec(&["sh", "-c", "echo bye; echo no >&2; exit 2"]))
+    let err = run_handler(
+        &p.cri,
+        &p.pod,
+        &p.container,
+        &p.container_id,
+        &exec(&["sh", "-c", "echo bye; echo no >&2; exit 2"]),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.ends_with(
+            "error: command 'sh -c echo bye; echo no >&2; exit 2' exited with 2: no\n, message: \"bye\\nno\\n\""
+        ),
+        "{err}"
+    );
+    run_handler(&p.cri, &p.pod, &p.container, &p.container_id, &exec(&["touch", "/tmp/hooked"]))
         .await
-        .unwrap_err();
-    assert!(err.ends_with("error: command 'sh -c echo bye; echo no >&2; exit 2' exited with 2: no\n, message: \"bye\\nno\\n\""), "{err}");
-    run_handler(&p.cri, &p.pod, &p.container, &p.container_id, &exec(&["touch", "/tmp/hooked"])).await.expect("hook runs");
+        .expect("hook runs");
     let check = exec_sync(&p.cri, &p.container_id, &["test".into(), "-f".into(), "/tmp/hooked".into()], None).await;
     assert!(check.result.is_ok(), "the hook ran in the container");
 }
@@ -358,7 +383,8 @@ async fn manager_drives_real_probes(p: &Pod1) {
     liveness.failure_threshold = Some(2);
     let mut readiness = exec_probe(&["cat", "/tmp/ready"]);
     readiness.period_seconds = Some(1);
-    let container = Container { liveness_probe: Some(liveness), readiness_probe: Some(readiness), ..p.container.clone() };
+    let container =
+        Container { liveness_probe: Some(liveness), readiness_probe: Some(readiness), ..p.container.clone() };
     manager.add_container(&p.pod, &container, &p.container_id, SystemTime::now(), None);
     assert!(!manager.is_ready(POD_UID, "app"));
 
@@ -366,7 +392,8 @@ async fn manager_drives_real_probes(p: &Pod1) {
     let wait = |seen: &HashMap<ProbeType, ProbeOutcome>| seen.get(&ProbeType::Liveness) == Some(&ProbeOutcome::Failure);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while !wait(&seen) {
-        let u = tokio::time::timeout_at(deadline, updates.recv()).await.expect("a liveness failure within 15 s").unwrap();
+        let u =
+            tokio::time::timeout_at(deadline, updates.recv()).await.expect("a liveness failure within 15 s").unwrap();
         assert_eq!(u.container_id, p.container_id);
         if u.probe_type == ProbeType::Liveness {
             assert_eq!(u.message.as_deref(), Some("sick\n"));
@@ -381,7 +408,10 @@ async fn manager_drives_real_probes(p: &Pod1) {
     assert!(manager.is_ready(POD_UID, "app"));
     let events = events.0.lock().unwrap().clone();
     assert!(events.iter().any(|e| e == "Unhealthy: Liveness probe failed: sick\n"), "{events:?}");
-    assert!(events.iter().any(|e| e.starts_with("Unhealthy: Readiness probe failed: cat: can't open '/tmp/ready'")), "{events:?}");
+    assert!(
+        events.iter().any(|e| e.starts_with("Unhealthy: Readiness probe failed: cat: can't open '/tmp/ready'")),
+        "{events:?}"
+    );
     manager.remove_pod(POD_UID);
     assert_eq!(manager.worker_count(), 0);
 }

@@ -27,9 +27,11 @@ impl EventSink for EventRecorder {
 /// `spec.containers{name}` (or `spec.initContainers{name}`).
 pub fn container_ref(pod: &Pod, container: &Container) -> ObjectReference {
     let spec = pod.spec.as_ref();
-    let is_init = spec.and_then(|s| s.init_containers.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.name == container.name));
-    let is_ephemeral =
-        spec.and_then(|s| s.ephemeral_containers.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.name == container.name));
+    let is_init =
+        spec.and_then(|s| s.init_containers.as_ref()).is_some_and(|cs| cs.iter().any(|c| c.name == container.name));
+    let is_ephemeral = spec
+        .and_then(|s| s.ephemeral_containers.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.name == container.name));
     let field = if is_init {
         "initContainers"
     } else if is_ephemeral {
@@ -56,7 +58,11 @@ mod tests {
     #[test]
     fn references_carry_the_field_path() {
         let pod = Pod {
-            metadata: kube::api::ObjectMeta { name: Some("p".into()), namespace: Some("ns".into()), ..Default::default() },
+            metadata: kube::api::ObjectMeta {
+                name: Some("p".into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
             spec: Some(PodSpec {
                 containers: vec![Container { name: "app".into(), ..Default::default() }],
                 init_containers: Some(vec![Container { name: "sidecar".into(), ..Default::default() }]),

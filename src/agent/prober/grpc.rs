@@ -65,7 +65,8 @@ pub async fn probe(host: &str, port: u16, service: &str, timeout: Duration) -> P
             go_duration(timeout)
         ));
     };
-    let timed_out = || ProbeResult::Failure(format!("timeout: health rpc did not complete within {}", go_duration(timeout)));
+    let timed_out =
+        || ProbeResult::Failure(format!("timeout: health rpc did not complete within {}", go_duration(timeout)));
     let call = async {
         let mut grpc = tonic::client::Grpc::new(channel);
         grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
@@ -211,7 +212,9 @@ mod tests {
         );
         assert_eq!(
             probe("127.0.0.1", port, "other", SECOND).await,
-            ProbeResult::Failure("error: health rpc probe failed: rpc error: code = NotFound desc = unknown service".into())
+            ProbeResult::Failure(
+                "error: health rpc probe failed: rpc error: code = NotFound desc = unknown service".into()
+            )
         );
     }
 

@@ -124,7 +124,11 @@ async fn redirects_are_followed_only_within_the_host() {
 async fn spec_headers_named_ports_and_query_are_sent() {
     let (port, seen) = serve(routes).await;
     let container = Container {
-        ports: Some(vec![ContainerPort { name: Some("web".into()), container_port: port.into(), ..Default::default() }]),
+        ports: Some(vec![ContainerPort {
+            name: Some("web".into()),
+            container_port: port.into(),
+            ..Default::default()
+        }]),
         ..Default::default()
     };
     let mut a = action(IntOrString::String("web".into()), "healthz?full=1");

@@ -167,12 +167,8 @@ impl ProbeManager {
             container_id: container_id.to_string(),
             pod_ip: pod_ip.or_else(|| pod_ip_from_status(pod)),
         };
-        let mut probes = ContainerProbes {
-            target,
-            started_at: now.checked_sub(age),
-            results: [None; 3],
-            workers: Vec::new(),
-        };
+        let mut probes =
+            ContainerProbes { target, started_at: now.checked_sub(age), results: [None; 3], workers: Vec::new() };
         for t in ProbeType::ALL {
             let Some(spec) = t.of(container) else { continue };
             probes.results[t.index()] = Some(t.initial_outcome());
@@ -314,4 +310,3 @@ impl std::fmt::Debug for ProbeManager {
 #[cfg(test)]
 #[path = "manager_tests.rs"]
 mod tests;
-

@@ -312,7 +312,10 @@ async fn probes_that_cannot_run_are_retried_and_thrown_away() {
     f.add(&container("app", Some(probe(1, 0, 1, 1)), None, None), "c1").await;
     assert_eq!(f.script.calls(Liveness), 3, "tried three times in one period");
     assert_eq!(f.updates(), []);
-    assert_eq!(f.events.messages(), ["Unhealthy: Liveness probe errored and resulted in unknown state: no such container"]);
+    assert_eq!(
+        f.events.messages(),
+        ["Unhealthy: Liveness probe errored and resulted in unknown state: no such container"]
+    );
     f.advance(1).await;
     assert_eq!(f.updates(), [(Liveness, Failure)]);
 }
@@ -323,7 +326,10 @@ async fn a_redirect_elsewhere_succeeds_with_a_warning() {
     f.script.always(Readiness, ProbeResult::Warning("Probe terminated redirects, Response body: ".into()));
     f.add(&container("app", None, Some(probe(1, 0, 1, 3)), None), "c1").await;
     assert!(f.manager.is_ready(UID, "app"));
-    assert_eq!(f.events.messages(), ["ProbeWarning: Readiness probe warning: Probe terminated redirects, Response body: "]);
+    assert_eq!(
+        f.events.messages(),
+        ["ProbeWarning: Readiness probe warning: Probe terminated redirects, Response body: "]
+    );
 }
 
 #[tokio::test]

@@ -67,7 +67,7 @@ impl Prober for RuntimeProber {
             };
         }
         if let Some(action) = &spec.grpc {
-            let Ok(port) = u16::try_from(action.port).map_err(drop).and_then(|p| if p == 0 { Err(()) } else { Ok(p) }) else {
+            let Some(port) = u16::try_from(action.port).ok().filter(|p| *p != 0) else {
                 return ProbeResult::Unknown(format!("invalid port number: {}", action.port));
             };
             return match pod_ip {

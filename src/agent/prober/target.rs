@@ -77,12 +77,8 @@ pub fn resolve_container_port(port: &IntOrString, container: &Container) -> Resu
 /// are), as upstream does for exec probes. Values from `valueFrom` are not
 /// known here and expand to nothing, as upstream.
 pub fn expand_command(command: &[String], container: &Container) -> Vec<String> {
-    let env: HashMap<&str, &str> = container
-        .env
-        .iter()
-        .flatten()
-        .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default()))
-        .collect();
+    let env: HashMap<&str, &str> =
+        container.env.iter().flatten().map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or_default())).collect();
     command.iter().map(|arg| expand(arg, &env)).collect()
 }
 

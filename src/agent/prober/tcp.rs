@@ -27,7 +27,13 @@ pub async fn dial(host: &str, port: u16, deadline: Instant) -> Result<TcpStream,
         for target in targets {
             match TcpStream::connect(target).await {
                 Ok(stream) => return Ok(stream),
-                Err(e) => last = format!("dial tcp {}: connect: {}", join_host_port(&target.ip().to_string(), port), errno_text(&e)),
+                Err(e) => {
+                    last = format!(
+                        "dial tcp {}: connect: {}",
+                        join_host_port(&target.ip().to_string(), port),
+                        errno_text(&e)
+                    )
+                }
             }
         }
         Err(last)
