@@ -12,7 +12,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::FutureExt;
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, ExecAction, HTTPGetAction, LifecycleHandler, ObjectReference, Pod, PodSpec, PodStatus, Probe,
+    Container, ContainerPort, EnvVar, ExecAction, HTTPGetAction, LifecycleHandler, ObjectReference, Pod, PodSpec,
+    PodStatus, Probe, TCPSocketAction,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
@@ -205,6 +206,11 @@ async fn probes_and_hooks_with_a_real_containerd() {
         let container = Container {
             name: "app".into(),
             env: Some(vec![EnvVar { name: "GREETING".into(), value: Some("hello".into()), ..Default::default() }]),
+            ports: Some(vec![ContainerPort {
+                name: Some("web".into()),
+                container_port: http_port.into(),
+                ..Default::default()
+            }]),
             ..Default::default()
         };
         let config = api::ContainerConfig {
@@ -326,6 +332,18 @@ async fn http_probes_and_hooks(p: &Pod1) {
     assert_eq!(
         prober.probe(ProbeType::Readiness, &http("/missing"), &target(p)).await,
         ProbeResult::Failure("HTTP probe failed with statuscode: 404".into())
+    );
+    let tcp =
+        |port: IntOrString| Probe { tcp_socket: Some(TCPSocketAction { port, host: None }), ..Default::default() };
+    assert_eq!(
+        prober.probe(ProbeType::Liveness, &tcp(IntOrString::String("web".into())), &target(p)).await,
+        ProbeResult::Success,
+        "a named port of the container"
+    );
+    let closed = free_port();
+    assert_eq!(
+        prober.probe(ProbeType::Liveness, &tcp(IntOrString::Int(closed.into())), &target(p)).await,
+        ProbeResult::Failure(format!("dial tcp 127.0.0.1:{closed}: connect: connection refused"))
     );
     // A hook with no host goes to the pod: the runtime reports no IP for a
     // hostNetwork sandbox, so the pod's host IP is used.

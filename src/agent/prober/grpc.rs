@@ -189,6 +189,28 @@ mod tests {
         }
     }
 
+    /// A server of some other service only.
+    #[derive(Clone)]
+    struct Other(Health);
+
+    impl NamedService for Other {
+        const NAME: &'static str = "example.Other";
+    }
+
+    impl tower::Service<http::Request<Body>> for Other {
+        type Response = http::Response<Body>;
+        type Error = Infallible;
+        type Future = <Health as tower::Service<http::Request<Body>>>::Future;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            self.0.poll_ready(cx)
+        }
+
+        fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+            self.0.call(req)
+        }
+    }
+
     async fn health_server(statuses: &[(&str, ServingStatus)]) -> u16 {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -216,6 +238,22 @@ mod tests {
                 "error: health rpc probe failed: rpc error: code = NotFound desc = unknown service".into()
             )
         );
+    }
+
+    #[tokio::test]
+    async fn servers_without_the_health_service_fail() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let other = Other(Health { statuses: Arc::default() });
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(tonic::transport::Server::builder().add_service(other).serve_with_incoming(incoming));
+        match probe("127.0.0.1", port, "", SECOND).await {
+            ProbeResult::Failure(m) => assert!(
+                m.starts_with("error: this server does not implement the grpc health protocol (grpc.health.v1.Health)"),
+                "{m}"
+            ),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]
