@@ -14,8 +14,11 @@ use super::*;
 /// What the server saw: request target and headers, in order.
 type Seen = Arc<Mutex<Vec<(String, Vec<(String, String)>)>>>;
 
-/// Answers every request with `answer(path)`: status, extra headers, body.
-async fn serve(answer: fn(&str, u16) -> (u16, Vec<(&'static str, String)>, String)) -> (u16, Seen) {
+/// An answer: status, extra headers, body.
+type Answer = (u16, Vec<(&'static str, String)>, String);
+
+/// Answers every request with `answer(path, own port)`.
+async fn serve(answer: fn(&str, u16) -> Answer) -> (u16, Seen) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen: Seen = Arc::default();
@@ -47,7 +50,7 @@ async fn serve(answer: fn(&str, u16) -> (u16, Vec<(&'static str, String)>, Strin
     (port, seen)
 }
 
-fn routes(path: &str, port: u16) -> (u16, Vec<(&'static str, String)>, String) {
+fn routes(path: &str, port: u16) -> Answer {
     match path {
         "/ok" | "/healthz?full=1" => (200, vec![], "fine".into()),
         "/fail" => (500, vec![], "secret details".into()),

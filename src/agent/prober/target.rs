@@ -178,7 +178,9 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(pod_ip_from_status(&pod), "192.168.1.2".parse().ok());
-        pod.status.as_mut().map(|s| s.pod_ip = Some("10.42.0.5".into()));
+        if let Some(s) = pod.status.as_mut() {
+            s.pod_ip = Some("10.42.0.5".into());
+        }
         assert_eq!(pod_ip_from_status(&pod), "10.42.0.5".parse().ok());
     }
 }

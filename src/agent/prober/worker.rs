@@ -85,13 +85,10 @@ pub(super) fn spawn(manager: Weak<Inner>, key: WorkerKey, probe_type: ProbeType,
 impl Worker {
     async fn run(mut self) {
         let period = self.settings.period;
-        let Some(clock) = self.manager.upgrade().map(|m| {
-            let jitter = m.jitter && m.clock.now().saturating_duration_since(m.start) < period;
-            (m.clock.clone(), jitter)
-        }) else {
-            return;
-        };
-        let (clock, jitter) = clock;
+        let Some(manager) = self.manager.upgrade() else { return };
+        let clock = manager.clock.clone();
+        let jitter = manager.jitter && clock.now().saturating_duration_since(manager.start) < period;
+        drop(manager);
         if jitter {
             // The node has just started: do not probe everything at once.
             clock.sleep(period.mul_f64(random_fraction())).await;
@@ -100,7 +97,8 @@ impl Worker {
         while self.do_probe().await {
             tokio::select! {
                 _ = clock.sleep_until(next) => {
-                    // A slow probe skips ticks rather than running back to back.
+                    // As Go's ticker: after a probe slower than its period
+                    // one more runs at once; further missed ticks are dropped.
                     let now = clock.now();
                     next += period;
                     if next <= now {
