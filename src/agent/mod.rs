@@ -18,6 +18,7 @@ pub mod events;
 pub mod image_manager;
 pub mod kubelet;
 pub mod kuberuntime;
+pub mod lifecycle;
 pub mod node_lease;
 pub mod node_status;
 pub mod pleg;
@@ -26,6 +27,7 @@ pub mod pod_network;
 pub mod pod_status;
 pub mod pod_util;
 pub mod pod_workers;
+pub mod prober;
 pub mod status_manager;
 
 use std::sync::Arc;
