@@ -44,6 +44,8 @@ pub trait VolumeHost: Send + Sync {
 
 /// What the prober knows, for actions and status.
 pub trait ProbeResults: Send + Sync {
+    /// Makes sure the pod's running containers are probed (after a restart of ferrok, say).
+    fn ensure(&self, pod: &Pod, rt: &RuntimePod, pod_ip: Option<std::net::IpAddr>);
     /// Containers to restart (liveness/startup failed) and containers started.
     fn state(&self, pod: &Pod, rt: &RuntimePod) -> ProbeState;
     /// Ready container ids.
@@ -54,6 +56,7 @@ pub trait ProbeResults: Send + Sync {
 struct NoProbes;
 
 impl ProbeResults for NoProbes {
+    fn ensure(&self, _: &Pod, _: &RuntimePod, _: Option<std::net::IpAddr>) {}
     fn state(&self, _: &Pod, rt: &RuntimePod) -> ProbeState {
         ProbeState { must_restart: HashMap::new(), started: rt.running().map(|c| c.id.clone()).collect() }
     }
@@ -179,6 +182,15 @@ impl Kubelet {
         Ok(rt)
     }
 
+    /// Where the pod's network probes go: its sandbox's address, or the
+    /// node's for host-network pods.
+    fn pod_ip(&self, pod: &Pod, rt: &RuntimePod) -> Option<std::net::IpAddr> {
+        if pod_util::spec(pod).host_network == Some(true) {
+            return self.host_ips.first().and_then(|ip| ip.parse().ok());
+        }
+        rt.ready_sandbox().and_then(|s| s.ips.first()).and_then(|ip| ip.parse().ok())
+    }
+
     fn deadline_exceeded(pod: &Pod) -> Option<PodFailure> {
         let deadline = pod_util::spec(pod).active_deadline_seconds?;
         let start = pod.status.as_ref()?.start_time.as_ref()?;
@@ -227,6 +239,8 @@ impl Kubelet {
             }
         };
 
+        let pod_ip = self.pod_ip(pod, &rt);
+        self.probes.ensure(pod, &rt, pod_ip);
         let probes = self.probes.state(pod, &rt);
         let acts = actions::compute(pod, &rt, &probes);
         let grace = pod_util::spec(pod).termination_grace_period_seconds.unwrap_or(30);
@@ -234,6 +248,17 @@ impl Kubelet {
             self.runtime.kill_pod(pod, &rt, grace).await;
         }
         for k in &acts.kill {
+            let probe = if k.message.contains("failed liveness probe") {
+                Some(super::prober::ProbeType::Liveness)
+            } else if k.message.contains("failed startup probe") {
+                Some(super::prober::ProbeType::Startup)
+            } else {
+                None
+            };
+            let grace = match pod_util::find_container(pod, &k.name) {
+                Some((_, c)) => super::prober::kill_grace_period(pod, c, probe),
+                None => grace,
+            };
             self.runtime.kill_container(pod, &k.id, &k.name, grace, Some(&k.message)).await;
         }
         let mut sandbox_id = acts.sandbox_id.clone();
@@ -374,7 +399,8 @@ impl Kubelet {
                 ..Default::default()
             });
         }
-        self.runtime.start_container(pod, kind, c, rt, sandbox_id, cfg, &envs, container_mounts).await.map(|_| ())
+        let pod_ip = pod_ips.first().and_then(|ip| ip.parse().ok());
+        self.runtime.start_container(pod, kind, c, rt, sandbox_id, cfg, &envs, container_mounts, pod_ip).await.map(|_| ())
     }
 
     /// Stops every container of the pod and its sandbox, then writes the

@@ -28,6 +28,7 @@ pub mod pod_status;
 pub mod pod_util;
 pub mod pod_workers;
 pub mod prober;
+pub mod probes;
 pub mod status_manager;
 
 use std::sync::Arc;
@@ -189,6 +190,9 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     let memory_capacity = crate::host::meminfo("MemTotal").unwrap_or(0) as i64;
     let host = dns::ResolvConf::host(config.resolv_conf.as_deref());
     let index = Arc::new(pleg::ContainerIndex::default());
+    let (probe_manager, mut probe_updates) =
+        prober::ProbeManager::new(cri.clone(), Arc::new(events.recorder().clone()));
+    let probes = Arc::new(probes::KubeletProber { manager: probe_manager });
     let runtime = kuberuntime::manager::RuntimeManager {
         cri: cri.clone(),
         client: client.clone(),
@@ -196,8 +200,8 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         images: image_manager::ImageManager::new(cri.clone(), client.clone(), events.clone()),
         index: index.clone(),
         crash_backoff: backoff::Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
-        hooks: None,
-        probes: None,
+        hooks: Some(Arc::new(probes::CriHooks { cri: cri.clone() })),
+        probes: Some(probes.clone()),
         dns: dns::DnsSettings {
             cluster_dns: config.cluster_dns.clone(),
             cluster_domain: config.cluster_domain.clone(),
@@ -219,7 +223,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         allocatable,
         services,
         volumes: None,
-        probes: kubelet::Kubelet::no_probes(),
+        probes,
     });
     let workers = pod_workers::PodWorkers::new(kubelet.clone());
     {
@@ -230,6 +234,14 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
             }
             pleg::PodLifecycleEvent::Relist => workers.wake_all(),
         })));
+    }
+    {
+        let workers = workers.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(update) = probe_updates.recv().await {
+                workers.wake(&update.pod_uid);
+            }
+        }));
     }
     tasks.push(tokio::spawn(pod_config::run(client.clone(), config.node_name.clone(), kubelet, workers)));
     Ok(Agent { containerd, tasks })

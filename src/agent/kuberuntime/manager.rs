@@ -37,7 +37,7 @@ pub trait HookRunner: Send + Sync {
 
 /// What the prober is told about containers' lives.
 pub trait ProbeRegistry: Send + Sync {
-    fn add_container(&self, pod: &Pod, container: &Container, container_id: &str);
+    fn add_container(&self, pod: &Pod, container: &Container, container_id: &str, pod_ip: Option<std::net::IpAddr>);
     fn remove_container(&self, pod_uid: &str, container_name: &str);
     fn remove_pod(&self, pod_uid: &str);
 }
@@ -160,6 +160,7 @@ impl RuntimeManager {
         sandbox_config: &api::PodSandboxConfig,
         envs: &[(String, String)],
         mut mounts: Vec<api::Mount>,
+        pod_ip: Option<std::net::IpAddr>,
     ) -> Result<String, StartFailure> {
         let uid = pod_util::uid(pod);
         let latest = rt.latest(&c.name);
@@ -238,7 +239,7 @@ impl RuntimeManager {
         }
         self.events.container(&cref, EventType::Normal, "Started", &format!("Started container {}", c.name));
         if let Some(p) = &self.probes {
-            p.add_container(pod, c, &id);
+            p.add_container(pod, c, &id, pod_ip);
         }
         if let (Some(hook), Some(hooks)) = (c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()), &self.hooks) {
             if let Err(msg) = hooks.run(pod, c, &id, hook).await {
