@@ -98,6 +98,8 @@ pub struct Kubelet {
     pub services: Store<Service>,
     pub volumes: Option<Arc<dyn VolumeHost>>,
     pub probes: Arc<dyn ProbeResults>,
+    /// Mirror pods of static pods, where their status is written.
+    pub mirrors: Arc<super::static_pods::Mirrors>,
 }
 
 fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
@@ -149,6 +151,17 @@ impl Kubelet {
 
     /// The pod's status from what the runtime holds now.
     async fn status_of(&self, pod: &Pod, rt: &RuntimePod, st: &PodState, terminal: bool) -> PodStatus {
+        // A static pod's last status is its mirror's.
+        let with_mirror_status;
+        let pod = match self.mirror_of(pod) {
+            Some(m) => {
+                let mut p = pod.clone();
+                p.status = m.status.clone();
+                with_mirror_status = p;
+                &with_mirror_status
+            }
+            None => pod,
+        };
         let mut messages = HashMap::new();
         for c in rt.containers.iter().filter(|c| c.state == ContainerRunState::Exited) {
             if let Some(m) = self.runtime.termination_message(c) {
@@ -169,6 +182,22 @@ impl Kubelet {
             failure: st.failure.as_ref(),
             terminal,
         })
+    }
+
+    fn mirror_of(&self, pod: &Pod) -> Option<Arc<Pod>> {
+        super::static_pods::is_static(pod).then(|| self.mirrors.get(pod_util::uid(pod))).flatten()
+    }
+
+    /// Hands the status to the status manager: for a static pod, as its
+    /// mirror pod's (none is written until the mirror exists).
+    fn publish(&self, pod: &Pod, status: &PodStatus) {
+        if super::static_pods::is_static(pod) {
+            if let Some(m) = self.mirror_of(pod) {
+                self.status.set(&m, status);
+            }
+            return;
+        }
+        self.status.set(pod, status);
     }
 
     async fn read(&self, uid: &str) -> Result<RuntimePod, CriError> {
@@ -298,7 +327,7 @@ impl Kubelet {
             let hosts = self.write_hosts_file(pod, &pod_ips);
             // The pod is visible as ContainerCreating while images are pulled.
             let early = self.status_of(pod, &rt, st, false).await;
-            self.status.set(pod, &early);
+            self.publish(pod, &early);
             for start in &acts.start {
                 let Some((kind, c)) = pod_util::find_container(pod, &start.name) else { continue };
                 match self.start_one(pod, kind, c, &rt, id, &cfg, &pod_ips, mounts.as_deref(), hosts.as_ref()).await {
@@ -323,14 +352,14 @@ impl Kubelet {
         self.runtime.prune_dead(&rt).await;
         let status = self.status_of(pod, &rt, st, false).await;
         let terminal = matches!(status.phase.as_deref(), Some("Succeeded") | Some("Failed"));
-        self.status.set(pod, &status);
+        self.publish(pod, &status);
         Ok(SyncResult { next, terminal })
     }
 
     /// Publishes the status while the pod waits for something (volumes, a sandbox).
     async fn publish_waiting(&self, pod: &Pod, rt: &RuntimePod, st: &PodState, next: Option<Duration>) -> Result<SyncResult, CriError> {
         let status = self.status_of(pod, rt, st, false).await;
-        self.status.set(pod, &status);
+        self.publish(pod, &status);
         Ok(SyncResult { next, terminal: false })
     }
 
@@ -413,7 +442,7 @@ impl Kubelet {
             let rt = self.read(&uid).await?;
             st.waiting.clear();
             let status = self.status_of(pod, &rt, st, true).await;
-            self.status.set(pod, &status);
+            self.publish(pod, &status);
         }
         Ok(())
     }
@@ -446,6 +475,10 @@ impl Kubelet {
 
     /// Deletes the API object of a pod whose containers are all gone.
     pub async fn finish_deletion(&self, pod: &Pod) {
+        if super::static_pods::is_static(pod) {
+            // Its mirror goes with its manifest (static_pods).
+            return;
+        }
         let (ns, name, uid) = (pod_util::namespace(pod), pod_util::name(pod), pod_util::uid(pod));
         if let Err(e) = self.status.delete_pod(ns, name, uid).await {
             tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot delete the terminated pod");

@@ -29,6 +29,7 @@ pub mod pod_util;
 pub mod pod_workers;
 pub mod prober;
 pub mod probes;
+pub mod static_pods;
 pub mod status_manager;
 
 use std::sync::Arc;
@@ -152,6 +153,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         }
     };
     let node_uid = node.metadata.uid.clone().unwrap_or_default();
+    let node_uid_for_mirrors = node_uid.clone();
     let mut tasks = Vec::new();
     let status_trigger = Arc::new(Notify::new());
     tasks.push(tokio::spawn(node_lease::run(
@@ -190,6 +192,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     let memory_capacity = crate::host::meminfo("MemTotal").unwrap_or(0) as i64;
     let host = dns::ResolvConf::host(config.resolv_conf.as_deref());
     let index = Arc::new(pleg::ContainerIndex::default());
+    let mirrors = Arc::new(static_pods::Mirrors::default());
     let (probe_manager, mut probe_updates) =
         prober::ProbeManager::new(cri.clone(), Arc::new(events.recorder().clone()));
     let probes = Arc::new(probes::KubeletProber { manager: probe_manager });
@@ -224,6 +227,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         services,
         volumes: None,
         probes,
+        mirrors: mirrors.clone(),
     });
     let workers = pod_workers::PodWorkers::new(kubelet.clone());
     {
@@ -243,6 +247,31 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
             }
         }));
     }
-    tasks.push(tokio::spawn(pod_config::run(client.clone(), config.node_name.clone(), kubelet, workers)));
+    // Static pods first, so the API's first list does not take their
+    // containers for leftovers of deleted pods.
+    let manifests = config.dir.join("pod-manifests");
+    if let Err(e) = std::fs::create_dir_all(&manifests) {
+        return Err(AgentError::Io(format!("cannot create {}: {e}", manifests.display())));
+    }
+    let recheck = Arc::new(Notify::new());
+    for pod in static_pods::read_all(&manifests, &config.node_name) {
+        workers.update(Arc::new(pod));
+    }
+    tasks.push(tokio::spawn(static_pods::run(
+        client.clone(),
+        manifests,
+        config.node_name.clone(),
+        node_uid_for_mirrors,
+        workers.clone(),
+        mirrors.clone(),
+        recheck.clone(),
+    )));
+    tasks.push(tokio::spawn(pod_config::run(
+        client.clone(),
+        config.node_name.clone(),
+        kubelet,
+        workers,
+        pod_config::MirrorHooks { mirrors, recheck },
+    )));
     Ok(Agent { containerd, tasks })
 }
