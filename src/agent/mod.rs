@@ -10,5 +10,6 @@
 pub mod config;
 pub mod containerd;
 pub mod cri;
+pub mod volume_manager;
 
 pub use config::{AgentConfig, KubeletConfig};
