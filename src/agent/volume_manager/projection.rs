@@ -48,8 +48,14 @@ pub fn config_map_data(cm: &ConfigMap) -> SourceData {
     out
 }
 
+/// A Secret's data; `stringData` (write-only upstream, merged into data
+/// by the API server) wins over data when a server kept it apart.
 pub fn secret_data(secret: &Secret) -> SourceData {
-    secret.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect()
+    let mut out: SourceData = secret.data.iter().flatten().map(|(k, v)| (k.clone(), v.0.clone())).collect();
+    for (k, v) in secret.string_data.iter().flatten() {
+        out.insert(k.clone(), v.clone().into_bytes());
+    }
+    out
 }
 
 /// A mode from the API (an int32 with only permission bits meaningful).
@@ -150,8 +156,10 @@ mod tests {
         assert_eq!(d["b"], vec![0, 1, 2]);
         let s = Secret {
             data: Some([("k".to_string(), ByteString(b"v".to_vec()))].into_iter().collect()),
+            string_data: Some([("s".to_string(), "plain".to_string())].into_iter().collect()),
             ..Default::default()
         };
         assert_eq!(secret_data(&s)["k"], b"v");
+        assert_eq!(secret_data(&s)["s"], b"plain");
     }
 }
