@@ -360,7 +360,10 @@ async fn every_volume_kind_is_materialised_followed_and_removed() {
     })
     .await;
     eventually("the new key", Duration::from_secs(5), || config.join("c").exists()).await;
-    assert_eq!(read(&items.join("nested/a.txt")), "updated");
+    eventually("the items volume to follow", Duration::from_secs(5), || {
+        std::fs::read_to_string(items.join("nested/a.txt")).is_ok_and(|s| s == "updated")
+    })
+    .await;
     assert_eq!(read(&sub_a), "1", "a subPath mount does not follow updates");
     let ts_dirs = std::fs::read_dir(&config).expect("config").flatten().filter(|e| {
         e.file_name().to_str().is_some_and(|n| n.starts_with("..20"))
