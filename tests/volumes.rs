@@ -296,15 +296,7 @@ async fn every_volume_kind_is_materialised_followed_and_removed() {
     assert_eq!(mode(&access.join("token")), 0o640, "tokens are 0600, group-readable with fsGroup");
     let token = read(&access.join("token"));
     assert_eq!(token.split('.').count(), 3, "a JWT");
-    let reviews: Api<TokenReview> = Api::all(client.clone());
-    let review = TokenReview {
-        spec: TokenReviewSpec { token: Some(token.clone()), ..Default::default() },
-        ..Default::default()
-    };
-    let review = reviews.create(&PostParams::default(), &review).await.expect("token review");
-    let status = review.status.expect("status");
-    assert_eq!(status.authenticated, Some(true), "{status:?}");
-    assert_eq!(status.user.and_then(|u| u.username).as_deref(), Some("system:serviceaccount:default:default"));
+    assert_eq!(review(&client, &token).await.as_deref(), Some("system:serviceaccount:default:default"), "the API server accepts the token");
 
     // Claims: a hostPath PV mounts the host path; a local PV is bound in.
     assert_eq!(volumes.volumes["claim-host"].path, host_pv);
@@ -525,4 +517,62 @@ async fn failures_read_as_upstream_and_retries_finish_the_job() {
     assert!(vm.followed_sources().is_empty());
     assert_eq!(mounts_under(&pods_dir), Vec::<PathBuf>::new());
     assert!(vm.pods_on_disk().is_empty());
+}
+
+async fn review(client: &kube::Client, token: &str) -> Option<String> {
+    let reviews: Api<TokenReview> = Api::all(client.clone());
+    let review = TokenReview {
+        spec: TokenReviewSpec { token: Some(token.to_string()), ..Default::default() },
+        ..Default::default()
+    };
+    let status = reviews.create(&PostParams::default(), &review).await.expect("token review").status?;
+    status.authenticated.filter(|a| *a).and(status.user).and_then(|u| u.username)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn service_account_tokens_are_renewed_in_place() {
+    let (_server, client) = start().await;
+    wait_for_default_objects(&client).await;
+    let host = tempfile::tempdir().expect("tempdir");
+    let pods_dir = host.path().join("pods");
+    let _guard = MountGuard(host.path().to_path_buf());
+    let pod: Pod = create(
+        &client,
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tokened", "namespace": "default"},
+               "spec": {"nodeName": "nowhere", "containers": [{"name": "app", "image": "busybox"}],
+                        "volumes": [{"name": "token", "projected": {"sources": [
+                            {"serviceAccountToken": {"path": "token", "audience": "vault", "expirationSeconds": 600}}]}}]}}),
+    )
+    .await;
+    let uid = pod.metadata.uid.clone().expect("uid");
+    let vm = VolumeManager::new(client.clone(), pods_dir.clone(), "nowhere".into());
+    // Renewal is due at 80% of 600 s; make it 2 s so the test can see it.
+    vm.renew_tokens_after(Duration::from_secs(2));
+    vm.mount_pod(&pod).await.expect("mount");
+    let volume = volume_dir(&pods_dir, &uid, Plugin::Projected, "token");
+    let first = read(&volume.join("token"));
+    let data_before = std::fs::read_link(volume.join("..data")).expect("..data");
+    let payload = |t: &str| -> serde_json::Value {
+        use base64::Engine;
+        let part = t.split('.').nth(1).expect("payload");
+        serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(part).expect("base64"))
+            .expect("claims")
+    };
+    let claims = payload(&first);
+    assert_eq!(claims["aud"], json!(["vault"]));
+    assert_eq!(claims["kubernetes.io"]["pod"]["uid"], json!(uid), "bound to the pod");
+    assert_eq!(mode(&volume.join("token")), 0o644);
+
+    eventually("the token to be renewed", Duration::from_secs(10), || {
+        std::fs::read_to_string(volume.join("token")).is_ok_and(|t| !t.is_empty() && t != first)
+    })
+    .await;
+    let second = read(&volume.join("token"));
+    assert_ne!(std::fs::read_link(volume.join("..data")).expect("..data"), data_before, "rewritten atomically");
+    let renewed = payload(&second);
+    assert_eq!(renewed["aud"], json!(["vault"]));
+    assert_eq!(renewed["kubernetes.io"]["pod"]["uid"], json!(uid));
+    assert!(renewed["exp"].as_i64() > claims["exp"].as_i64(), "{renewed} vs {claims}");
+    vm.unmount_pod(&uid).await.expect("unmount");
+    assert!(!pods_dir.join(&uid).exists());
 }

@@ -117,6 +117,7 @@ struct Inner {
     node_name: String,
     allocatable: Mutex<NodeAllocatable>,
     sync_limit: Duration,
+    token_renew_after: Mutex<Option<Duration>>,
     sources: SourceWatches,
     pods: Mutex<HashMap<String, Arc<PodEntry>>>,
 }
@@ -148,6 +149,7 @@ impl VolumeManager {
                 node_name,
                 allocatable: Mutex::new(allocatable),
                 sync_limit: SYNC_LIMIT,
+                token_renew_after: Mutex::new(None),
                 pods: Mutex::new(HashMap::new()),
             }),
         }
@@ -157,6 +159,14 @@ impl VolumeManager {
     /// and what the downward API reports for containers without limits.
     pub fn set_node_allocatable(&self, allocatable: NodeAllocatable) {
         *lock(&self.inner.allocatable) = allocatable;
+    }
+
+    /// Renews service-account tokens at the latest `after` their issuance
+    /// (for tests of renewal; upstream has no such setting). Applies to
+    /// pods mounted afterwards.
+    #[doc(hidden)]
+    pub fn renew_tokens_after(&self, after: Duration) {
+        *lock(&self.inner.token_renew_after) = Some(after);
     }
 
     pub fn node_name(&self) -> &str {
@@ -206,6 +216,8 @@ impl VolumeManager {
                 Err(error) => failures.push(SetUpFailure { volume: volume.name.clone(), error }),
             }
         }
+        // The refresh task learns from its first pass when tokens are due.
+        entry.notify.notify_one();
         if !failures.is_empty() {
             return Err(VolumeError::SetUp(failures));
         }
@@ -299,7 +311,10 @@ impl VolumeManager {
             uid: uid.to_string(),
             pod: Mutex::new(pod.clone()),
             notify: Arc::new(Notify::new()),
-            state: tokio::sync::Mutex::new(PodState::default()),
+            state: tokio::sync::Mutex::new(PodState {
+                tokens: PodTokens::with_renew_after(*lock(&self.inner.token_renew_after)),
+                ..PodState::default()
+            }),
             task: Mutex::new(None),
         });
         let task = tokio::spawn(refresh_loop(Arc::downgrade(&self.inner), Arc::downgrade(&entry)));

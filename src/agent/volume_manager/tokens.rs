@@ -49,13 +49,26 @@ impl ServiceAccountToken {
 #[derive(Default)]
 pub struct PodTokens {
     tokens: HashMap<TokenKey, ServiceAccountToken>,
+    /// Renew at the latest this long after issuance (tests only).
+    renew_after: Option<Duration>,
 }
 
 impl PodTokens {
+    pub fn with_renew_after(renew_after: Option<Duration>) -> PodTokens {
+        PodTokens { tokens: HashMap::new(), renew_after }
+    }
+
+    fn refresh_at(&self, t: &ServiceAccountToken) -> SystemTime {
+        match self.renew_after {
+            Some(d) => t.refresh_at().min(t.issued + d),
+            None => t.refresh_at(),
+        }
+    }
+
     /// The token for `key`: the cached one while it is fresh, else a new one.
     pub async fn get(&mut self, client: &kube::Client, pod: &Pod, key: &TokenKey) -> Result<String, SetUpError> {
         let now = SystemTime::now();
-        if let Some(t) = self.tokens.get(key).filter(|t| !t.needs_refresh(now)) {
+        if let Some(t) = self.tokens.get(key).filter(|t| now < self.refresh_at(t)) {
             return Ok(t.token.clone());
         }
         let token = request(client, pod, key).await?;
@@ -71,7 +84,7 @@ impl PodTokens {
 
     /// The earliest moment a held token needs renewing.
     pub fn next_refresh(&self) -> Option<SystemTime> {
-        self.tokens.values().map(ServiceAccountToken::refresh_at).min()
+        self.tokens.values().map(|t| self.refresh_at(t)).min()
     }
 
     /// Forgets tokens no volume asked for in the last pass.
