@@ -548,6 +548,7 @@ async fn service_account_tokens_are_renewed_in_place() {
     let vm = VolumeManager::new(client.clone(), pods_dir.clone(), "nowhere".into());
     // Renewal is due at 80% of 600 s; make it 2 s so the test can see it.
     vm.renew_tokens_after(Duration::from_secs(2));
+    let t0 = Instant::now();
     vm.mount_pod(&pod).await.expect("mount");
     let volume = volume_dir(&pods_dir, &uid, Plugin::Projected, "token");
     let first = read(&volume.join("token"));
@@ -563,11 +564,12 @@ async fn service_account_tokens_are_renewed_in_place() {
     assert_eq!(claims["kubernetes.io"]["pod"]["uid"], json!(uid), "bound to the pod");
     assert_eq!(mode(&volume.join("token")), 0o644);
 
-    eventually("the token to be renewed", Duration::from_secs(10), || {
+    eventually("the token to be renewed", Duration::from_secs(6), || {
         std::fs::read_to_string(volume.join("token")).is_ok_and(|t| !t.is_empty() && t != first)
     })
     .await;
     let second = read(&volume.join("token"));
+    assert!(t0.elapsed() >= Duration::from_secs(2), "renewed before it was due");
     assert_ne!(std::fs::read_link(volume.join("..data")).expect("..data"), data_before, "rewritten atomically");
     let renewed = payload(&second);
     assert_eq!(renewed["aud"], json!(["vault"]));

@@ -413,6 +413,8 @@ async fn refresh_loop(inner: Weak<Inner>, entry: Weak<PodEntry>) {
             None => notify.notified().await,
         }
         let (Some(inner), Some(entry)) = (inner.upgrade(), entry.upgrade()) else { return };
-        (next, failed) = inner.refresh(&entry).await;
+        let (due, ok) = inner.refresh(&entry).await;
+        next = due;
+        failed = !ok;
     }
 }
