@@ -481,6 +481,21 @@ async fn failures_read_as_upstream_and_retries_finish_the_job() {
     let shared = vm.followed_sources().iter().filter(|k| k.name == "shared").count();
     assert_eq!(shared, 1, "one watch per object, whatever the number of pods");
 
+    // After a restart (a new manager over the same folder), setting the pod
+    // up again rewrites nothing that is already right.
+    let other_volume = volume_dir(&pods_dir, &other_uid, Plugin::ConfigMap, "s");
+    let data_before = std::fs::read_link(other_volume.join("..data")).expect("..data");
+    std::fs::write(volume_dir(&pods_dir, &uid, Plugin::EmptyDir, "ok").join("kept"), "x").expect("write");
+    {
+        let restarted = VolumeManager::new(client.clone(), pods_dir.clone(), "nowhere".into());
+        assert_eq!(restarted.pods_on_disk().len(), 2);
+        let again = restarted.mount_pod(&other).await.expect("other pod after a restart");
+        assert_eq!(again.volumes["s"].path, other_volume);
+        assert_eq!(std::fs::read_link(other_volume.join("..data")).expect("..data"), data_before);
+        restarted.mount_pod(&pod).await.expect_err("still broken");
+        assert_eq!(read(&volume_dir(&pods_dir, &uid, Plugin::EmptyDir, "ok").join("kept")), "x");
+    }
+
     // Fix what can be fixed from the API; the next call finishes the rest.
     let _: ConfigMap = create(
         &client,
