@@ -62,7 +62,7 @@ fn mounts_under(dir: &Path) -> Vec<PathBuf> {
 
 fn mount_of(path: &Path) -> Option<(String, String)> {
     let path = std::fs::canonicalize(path).ok()?;
-    mountinfo().into_iter().filter(|m| m.0 == path).last().map(|m| (m.1, m.2))
+    mountinfo().into_iter().rfind(|m| m.0 == path).map(|m| (m.1, m.2))
 }
 
 fn mode(p: &Path) -> u32 {
@@ -173,7 +173,8 @@ async fn every_volume_kind_is_materialised_followed_and_removed() {
                "data": {"password": "czNjcmV0"}}),
     )
     .await;
-    bound_claim(&client, "data-host", "pv-host", json!({"hostPath": {"path": host_pv, "type": "DirectoryOrCreate"}})).await;
+    bound_claim(&client, "data-host", "pv-host", json!({"hostPath": {"path": host_pv, "type": "DirectoryOrCreate"}}))
+        .await;
     bound_claim(&client, "data-local", "pv-local", json!({"local": {"path": local_pv}})).await;
 
     let pod: Pod = create(
@@ -275,8 +276,11 @@ async fn every_volume_kind_is_materialised_followed_and_removed() {
 
     // An optional configMap that does not exist: an empty volume.
     let optional = dir(Plugin::ConfigMap, "optional");
-    let names: Vec<String> =
-        std::fs::read_dir(&optional).expect("optional").flatten().filter_map(|e| e.file_name().into_string().ok()).collect();
+    let names: Vec<String> = std::fs::read_dir(&optional)
+        .expect("optional")
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
     assert!(names.iter().all(|n| n.starts_with("..")), "{names:?}");
 
     // downwardAPI.
@@ -296,7 +300,11 @@ async fn every_volume_kind_is_materialised_followed_and_removed() {
     assert_eq!(mode(&access.join("token")), 0o640, "tokens are 0600, group-readable with fsGroup");
     let token = read(&access.join("token"));
     assert_eq!(token.split('.').count(), 3, "a JWT");
-    assert_eq!(review(&client, &token).await.as_deref(), Some("system:serviceaccount:default:default"), "the API server accepts the token");
+    assert_eq!(
+        review(&client, &token).await.as_deref(),
+        Some("system:serviceaccount:default:default"),
+        "the API server accepts the token"
+    );
 
     // Claims: a hostPath PV mounts the host path; a local PV is bound in.
     assert_eq!(volumes.volumes["claim-host"].path, host_pv);
@@ -357,9 +365,10 @@ async fn every_volume_kind_is_materialised_followed_and_removed() {
     })
     .await;
     assert_eq!(read(&sub_a), "1", "a subPath mount does not follow updates");
-    let ts_dirs = std::fs::read_dir(&config).expect("config").flatten().filter(|e| {
-        e.file_name().to_str().is_some_and(|n| n.starts_with("..20"))
-    });
+    let ts_dirs = std::fs::read_dir(&config)
+        .expect("config")
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("..20")));
     assert_eq!(ts_dirs.count(), 1, "the old data dir is removed");
 
     // An optional source that appears fills its volume.

@@ -35,6 +35,9 @@ pub struct FileProjection {
 /// Relative path in the volume → file.
 pub type Payload = BTreeMap<String, FileProjection>;
 
+/// What runs on the volume before new files become visible (fsGroup).
+pub type SetPerms<'a> = &'a dyn Fn(&Path) -> Result<(), SetUpError>;
+
 /// Checks a path a payload may write, as upstream's `validatePath`.
 pub fn validate_path(target: &str) -> Result<(), SetUpError> {
     let invalid = |why: String| Err(SetUpError::InvalidPath(format!("invalid path: {why}")));
@@ -95,11 +98,7 @@ impl AtomicWriter {
     /// volume after new files are in place and before they become visible
     /// (fsGroup ownership). Returns whether anything was written: a
     /// payload equal to what the volume holds changes nothing.
-    pub fn write(
-        &self,
-        payload: &Payload,
-        set_perms: Option<&dyn Fn(&Path) -> Result<(), SetUpError>>,
-    ) -> Result<bool, SetUpError> {
+    pub fn write(&self, payload: &Payload, set_perms: Option<SetPerms<'_>>) -> Result<bool, SetUpError> {
         let payload = clean_payload(payload)?;
         let io = |p: &Path| SetUpError::io(p.to_path_buf());
         let data_link = self.target.join(DATA_DIR);
@@ -231,10 +230,12 @@ impl AtomicWriter {
 fn is_timestamp_dir(name: &str) -> bool {
     let Some(rest) = name.strip_prefix("..") else { return false };
     let bytes = rest.as_bytes();
-    bytes.len() > 20 && bytes[..19].iter().enumerate().all(|(i, b)| match i {
-        4 | 7 | 10 | 13 | 16 => *b == b'_',
-        _ => b.is_ascii_digit(),
-    }) && bytes[19] == b'.'
+    bytes.len() > 20
+        && bytes[..19].iter().enumerate().all(|(i, b)| match i {
+            4 | 7 | 10 | 13 | 16 => *b == b'_',
+            _ => b.is_ascii_digit(),
+        })
+        && bytes[19] == b'.'
 }
 
 fn random_u32() -> u32 {

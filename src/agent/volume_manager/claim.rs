@@ -27,7 +27,12 @@ fn is_not_found(e: &kube::Error) -> bool {
 }
 
 /// Resolves `claim` of `pod`; `ephemeral` claims must be owned by the pod.
-pub async fn resolve(client: &kube::Client, pod: &Pod, claim: &str, ephemeral: bool) -> Result<ResolvedClaim, SetUpError> {
+pub async fn resolve(
+    client: &kube::Client,
+    pod: &Pod,
+    claim: &str,
+    ephemeral: bool,
+) -> Result<ResolvedClaim, SetUpError> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
     let pvc = match claims.get(claim).await {
@@ -39,9 +44,12 @@ pub async fn resolve(client: &kube::Client, pod: &Pod, claim: &str, ephemeral: b
         return Err(SetUpError::ClaimDeleting(claim.to_string()));
     }
     if ephemeral {
-        let owned = pvc.metadata.owner_references.iter().flatten().any(|o| {
-            o.controller == Some(true) && o.kind == "Pod" && Some(&o.uid) == pod.metadata.uid.as_ref()
-        });
+        let owned = pvc
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.controller == Some(true) && o.kind == "Pod" && Some(&o.uid) == pod.metadata.uid.as_ref());
         if !owned {
             return Err(SetUpError::ClaimNotOwned {
                 namespace: namespace.to_string(),

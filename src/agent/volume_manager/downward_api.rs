@@ -285,9 +285,11 @@ mod tests {
         assert_eq!(res("free", "limits.memory", Some("1Gi")), "1");
         assert_eq!(res("free", "limits.ephemeral-storage", Some("1Gi")), "10");
         assert_eq!(res("free", "requests.cpu", None), "0");
-        let sel = ResourceFieldSelector { container_name: Some("nope".into()), resource: "limits.cpu".into(), divisor: None };
+        let sel =
+            ResourceFieldSelector { container_name: Some("nope".into()), resource: "limits.cpu".into(), divisor: None };
         assert!(resource_value(&pod(), &sel, &NODE).is_err());
-        let sel = ResourceFieldSelector { container_name: Some("free".into()), resource: "limits.gpu".into(), divisor: None };
+        let sel =
+            ResourceFieldSelector { container_name: Some("free".into()), resource: "limits.gpu".into(), divisor: None };
         assert_eq!(
             resource_value(&pod(), &sel, &NODE).unwrap_err().to_string(),
             "unsupported container resource : limits.gpu"

@@ -29,12 +29,12 @@ pub fn check_type(path: &str, kind: Option<&str>) -> Result<(), SetUpError> {
     };
     let ft = meta.as_ref().map(|m| m.file_type());
     match kind {
-        "DirectoryOrCreate" if meta.is_none() => std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(path)
-            .map_err(SetUpError::io(path)),
-        "DirectoryOrCreate" | "Directory" => ft.filter(|t| t.is_dir()).map(|_| ()).ok_or_else(|| not_a(path, "directory")),
+        "DirectoryOrCreate" if meta.is_none() => {
+            std::fs::DirBuilder::new().recursive(true).mode(0o755).create(path).map_err(SetUpError::io(path))
+        }
+        "DirectoryOrCreate" | "Directory" => {
+            ft.filter(|t| t.is_dir()).map(|_| ()).ok_or_else(|| not_a(path, "directory"))
+        }
         "FileOrCreate" if meta.is_none() => {
             match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open(path) {
                 Ok(_) => Ok(()),
@@ -80,7 +80,10 @@ mod tests {
         );
         assert!(check_type(&p("file"), Some("Socket")).unwrap_err().to_string().ends_with("is not a socket file"));
         assert!(check_type("/dev/null", Some("CharDevice")).is_ok());
-        assert!(check_type("/dev/null", Some("BlockDevice")).unwrap_err().to_string().ends_with("is not a block device"));
+        assert!(check_type("/dev/null", Some("BlockDevice"))
+            .unwrap_err()
+            .to_string()
+            .ends_with("is not a block device"));
         assert!(check_type(&p("file"), Some("Weird")).is_err());
         assert!(check_type("/tmp/../etc", None).is_err());
 

@@ -285,8 +285,11 @@ impl VolumeManager {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
             Err(e) => return Err(VolumeError::io(&dir)(e)),
         };
-        let mount_points: BTreeSet<PathBuf> =
-            mounter::mounts().map_err(VolumeError::io("/proc/self/mountinfo"))?.into_iter().map(|m| m.mount_point).collect();
+        let mount_points: BTreeSet<PathBuf> = mounter::mounts()
+            .map_err(VolumeError::io("/proc/self/mountinfo"))?
+            .into_iter()
+            .map(|m| m.mount_point)
+            .collect();
         for entry in entries.flatten() {
             let Ok(name) = entry.file_name().into_string() else { continue };
             let path = entry.path();

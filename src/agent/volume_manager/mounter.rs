@@ -10,7 +10,13 @@ fn c_path(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
 }
 
-fn mount(source: &str, target: &Path, fstype: Option<&str>, flags: libc::c_ulong, data: Option<&str>) -> io::Result<()> {
+fn mount(
+    source: &str,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> io::Result<()> {
     let source = CString::new(source).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let target = c_path(target)?;
     let fstype = fstype.map(CString::new).transpose().map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;

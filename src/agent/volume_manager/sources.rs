@@ -133,8 +133,13 @@ async fn follow(client: kube::Client, key: SourceKey, tx: watch::Sender<State>, 
     }
 }
 
-async fn run<K>(api: Api<K>, key: &SourceKey, tx: watch::Sender<State>, subscribers: Subscribers, extract: fn(&K) -> SourceData)
-where
+async fn run<K>(
+    api: Api<K>,
+    key: &SourceKey,
+    tx: watch::Sender<State>,
+    subscribers: Subscribers,
+    extract: fn(&K) -> SourceData,
+) where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
     let config = watcher::Config::default().fields(&format!("metadata.name={}", key.name));
