@@ -394,6 +394,10 @@ async fn every_volume_kind_is_materialised_followed_and_removed() {
         std::fs::read_to_string(podinfo.join("labels")).is_ok_and(|s| s == "app=\"web\"\ntier=\"back\"")
     })
     .await;
+    // The pod worker retrying with its older copy changes nothing back.
+    vm.mount_pod(&pod).await.expect("mount with an older copy");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(read(&podinfo.join("labels")), "app=\"web\"\ntier=\"back\"");
 
     // Usage of emptyDirs, for eviction.
     std::fs::write(scratch.join("blob"), vec![7u8; 1 << 20]).expect("write scratch");

@@ -353,6 +353,9 @@ impl Inner {
     /// shows wakes the pod's refresh.
     fn note_pod(&self, entry: &PodEntry, pod: &Pod) {
         let mut current = lock(&entry.pod);
+        if is_older(pod, &current) {
+            return;
+        }
         let shown_changed = current.metadata.labels != pod.metadata.labels
             || current.metadata.annotations != pod.metadata.annotations
             || current.spec.as_ref().map(|s| &s.containers) != pod.spec.as_ref().map(|s| &s.containers)
@@ -392,6 +395,13 @@ impl Inner {
     }
 }
 
+/// Whether `pod` is an older copy than `current` (resourceVersions are
+/// opaque; ferrok's, like etcd's, are revisions, compared when both are).
+fn is_older(pod: &Pod, current: &Pod) -> bool {
+    let rv = |p: &Pod| p.metadata.resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+    matches!((rv(pod), rv(current)), (Some(new), Some(cur)) if new < cur)
+}
+
 /// One per pod: waits for a change or a token renewal, then refreshes.
 async fn refresh_loop(inner: Weak<Inner>, entry: Weak<PodEntry>) {
     let mut next: Option<SystemTime> = None;
@@ -419,5 +429,25 @@ async fn refresh_loop(inner: Weak<Inner>, entry: Weak<PodEntry>) {
         let (due, ok) = inner.refresh(&entry).await;
         next = due;
         failed = !ok;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(rv: Option<&str>) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.resource_version = rv.map(str::to_string);
+        p
+    }
+
+    #[test]
+    fn older_copies_of_a_pod_are_ignored() {
+        assert!(is_older(&pod(Some("9")), &pod(Some("10"))));
+        assert!(!is_older(&pod(Some("10")), &pod(Some("10"))));
+        assert!(!is_older(&pod(Some("11")), &pod(Some("10"))));
+        assert!(!is_older(&pod(None), &pod(Some("10"))));
+        assert!(!is_older(&pod(Some("x")), &pod(Some("10"))));
     }
 }
