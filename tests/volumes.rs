@@ -332,6 +332,16 @@ async fn every_volume_kind_is_materialised_followed_and_removed() {
     let sub_a = PathBuf::from(&by_path["/etc/a"].host_path);
     assert_eq!(read(&sub_a), "1");
     assert!(mount_of(&sub_a).is_some(), "a subPath is a bind mount of its own");
+    // A link a container planted in its emptyDir cannot lead a subPath out.
+    std::os::unix::fs::symlink("/etc", scratch.join("escape")).expect("symlink");
+    let evil: Container = serde_json::from_value(json!({"name": "evil", "volumeMounts": [
+        {"name": "scratch", "mountPath": "/x", "subPath": "escape/shadow"}]}))
+    .expect("container");
+    match volumes.mounts_for(&evil, &env) {
+        Err(VolumeError::SubPathOutside { .. }) => {}
+        other => panic!("a subPath through a link out of the volume: {other:?}"),
+    }
+    assert!(!pods_dir.join(&uid).join("volume-subpaths/scratch/evil").exists());
     // Asking again reuses the same bind.
     let again = volumes.mounts_for(container, &env).expect("mounts again");
     assert_eq!(again, mounts);
