@@ -25,22 +25,9 @@ use super::kuberuntime::sandbox;
 use super::pod_status::{self, PodFailure, StatusInputs, Waiting};
 use super::pod_util::{self, ContainerKind};
 use super::status_manager::StatusManager;
+use super::volume_manager::{PodVolumes, VolumeManager};
 use super::dns;
 use crate::client::events::EventType;
-
-/// The volumes of a pod, once mounted.
-pub trait PodMounts: Send + Sync {
-    /// The CRI mounts of one container (its volumeMounts, subPaths expanded with `env`).
-    fn mounts_for(&self, container: &Container, env: &BTreeMap<String, String>) -> Result<Vec<api::Mount>, String>;
-}
-
-/// What the volume manager does for the kubelet.
-#[async_trait::async_trait]
-pub trait VolumeHost: Send + Sync {
-    async fn mount_pod(&self, pod: &Pod) -> Result<Arc<dyn PodMounts>, String>;
-    async fn unmount_pod(&self, uid: &str) -> Result<(), String>;
-    fn pods_on_disk(&self) -> Vec<String>;
-}
 
 /// What the prober knows, for actions and status.
 pub trait ProbeResults: Send + Sync {
@@ -96,7 +83,7 @@ pub struct Kubelet {
     pub host_ips: Vec<String>,
     pub allocatable: BTreeMap<String, Quantity>,
     pub services: Store<Service>,
-    pub volumes: Option<Arc<dyn VolumeHost>>,
+    pub volumes: VolumeManager,
     pub probes: Arc<dyn ProbeResults>,
     /// Mirror pods of static pods, where their status is written.
     pub mirrors: Arc<super::static_pods::Mirrors>,
@@ -247,24 +234,22 @@ impl Kubelet {
         }
 
         // Volumes first: nothing starts without them.
-        let mounts: Option<Arc<dyn PodMounts>> = match &self.volumes {
-            None => None,
-            Some(v) => {
-                if let Some((until, _)) = st.volume_backoff.filter(|(u, _)| Instant::now() < *u) {
-                    return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
+        if let Some((until, _)) = st.volume_backoff.filter(|(u, _)| Instant::now() < *u) {
+            return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
+        }
+        let mounts = match self.volumes.mount_pod(pod).await {
+            Ok(m) => {
+                st.volume_backoff = None;
+                self.volumes.pod_updated(pod).await;
+                m
+            }
+            Err(e) => {
+                for msg in e.event_messages() {
+                    self.events.pod(pod, EventType::Warning, e.event_reason(), &msg);
                 }
-                match v.mount_pod(pod).await {
-                    Ok(m) => {
-                        st.volume_backoff = None;
-                        Some(m)
-                    }
-                    Err(msg) => {
-                        self.events.pod(pod, EventType::Warning, "FailedMount", &msg);
-                        let b = next_backoff(st.volume_backoff);
-                        st.volume_backoff = Some(b);
-                        return self.publish_waiting(pod, &rt, st, Some(b.1)).await;
-                    }
-                }
+                let b = next_backoff(st.volume_backoff);
+                st.volume_backoff = Some(b);
+                return self.publish_waiting(pod, &rt, st, Some(b.1)).await;
             }
         };
 
@@ -330,7 +315,7 @@ impl Kubelet {
             self.publish(pod, &early);
             for start in &acts.start {
                 let Some((kind, c)) = pod_util::find_container(pod, &start.name) else { continue };
-                match self.start_one(pod, kind, c, &rt, id, &cfg, &pod_ips, mounts.as_deref(), hosts.as_ref()).await {
+                match self.start_one(pod, kind, c, &rt, id, &cfg, &pod_ips, &mounts, hosts.as_ref()).await {
                     Ok(()) => {
                         st.waiting.remove(&c.name);
                     }
@@ -388,7 +373,7 @@ impl Kubelet {
         sandbox_id: &str,
         cfg: &api::PodSandboxConfig,
         pod_ips: &[String],
-        mounts: Option<&dyn PodMounts>,
+        mounts: &PodVolumes,
         hosts: Option<&PathBuf>,
     ) -> Result<(), super::kuberuntime::manager::StartFailure> {
         use super::kuberuntime::manager::StartFailure;
@@ -416,10 +401,8 @@ impl Kubelet {
             self.events.pod(pod, EventType::Warning, "InvalidEnvironmentVariableNames", &msg);
         }
         let env_map: BTreeMap<String, String> = envs.iter().cloned().collect();
-        let mut container_mounts = match mounts {
-            Some(m) => m.mounts_for(c, &env_map).map_err(|msg| fail("CreateContainerConfigError", msg))?,
-            None => Vec::new(),
-        };
+        let mut container_mounts =
+            mounts.mounts_for(c, &env_map).map_err(|e| fail("CreateContainerConfigError", e.to_string()))?;
         let mounts_hosts = !container_mounts.iter().any(|m| m.container_path == "/etc/hosts");
         if let (Some(h), true) = (hosts, mounts_hosts) {
             container_mounts.push(api::Mount {
@@ -452,10 +435,8 @@ impl Kubelet {
     /// goes (upstream's syncTerminatedPod and the status manager's delete).
     pub async fn cleanup_pod(&self, pod: &Pod, deleted: bool) -> Result<(), CriError> {
         let uid = pod_util::uid(pod).to_string();
-        if let Some(v) = &self.volumes {
-            if let Err(e) = v.unmount_pod(&uid).await {
-                tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot unmount the pod's volumes");
-            }
+        if let Err(e) = self.volumes.unmount_pod(&uid).await {
+            tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot unmount the pod's volumes");
         }
         if !deleted {
             return Ok(());
@@ -495,8 +476,8 @@ impl Kubelet {
         let rt = self.read(uid).await?;
         let log_dir = self.orphan_log_dir(uid);
         self.runtime.remove_pod(uid, &rt, log_dir).await?;
-        if let Some(v) = &self.volumes {
-            let _ = v.unmount_pod(uid).await;
+        if let Err(e) = self.volumes.unmount_pod(uid).await {
+            tracing::warn!(pod_uid = %uid, error = %e, "cannot unmount an orphaned pod's volumes");
         }
         let _ = std::fs::remove_dir_all(self.runtime.pods_dir.join(uid));
         resources::remove_pod_cgroups(&self.runtime.cgroup_root, uid);
@@ -527,9 +508,7 @@ impl Kubelet {
                 out.insert(uid.clone());
             }
         }
-        if let Some(v) = &self.volumes {
-            out.extend(v.pods_on_disk());
-        }
+        out.extend(self.volumes.pods_on_disk());
         if let Ok(entries) = std::fs::read_dir(&self.runtime.pods_dir) {
             out.extend(entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str().map(str::to_string)));
         }

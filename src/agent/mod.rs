@@ -31,6 +31,7 @@ pub mod prober;
 pub mod probes;
 pub mod static_pods;
 pub mod status_manager;
+pub mod volume_manager;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -215,6 +216,15 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         cgroup_root: config.kubelet.cgroup_root.clone(),
         memory_capacity,
     };
+    let volumes = volume_manager::VolumeManager::new(client.clone(), config.dir.join("pods"), config.node_name.clone());
+    let quantity = |name: &str, milli: bool| {
+        allocatable.get(name).and_then(|q| if milli { crate::client::quantity::milli_value(q) } else { crate::client::quantity::value(q) })
+    };
+    volumes.set_node_allocatable(volume_manager::NodeAllocatable {
+        cpu_millis: quantity("cpu", true).unwrap_or(0),
+        memory_bytes: quantity("memory", false).unwrap_or(0),
+        ephemeral_storage_bytes: quantity("ephemeral-storage", false).unwrap_or(0),
+    });
     let kubelet = Arc::new(kubelet::Kubelet {
         client: client.clone(),
         config: config.clone(),
@@ -225,7 +235,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         host_ips: config.node_ips.iter().map(|ip| ip.to_string()).collect(),
         allocatable,
         services,
-        volumes: None,
+        volumes,
         probes,
         mirrors: mirrors.clone(),
     });
