@@ -10,5 +10,6 @@
 pub mod config;
 pub mod containerd;
 pub mod cri;
+pub mod images;
 
 pub use config::{AgentConfig, KubeletConfig};
