@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use common::images::{busybox_docker_archive, busybox_oci_tar, gzip_file, zstd_file, Registry, TestContainerd};
 use containerd_client::services::v1::content_client::ContentClient;
 use containerd_client::services::v1::images_client::ImagesClient;
+use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
+use containerd_client::services::v1::snapshots::StatSnapshotRequest;
 use containerd_client::services::v1::{DeleteImageRequest, InfoRequest};
 use ferrok::agent::cri::{api, namespaced, Cri};
 use ferrok::agent::images::dir::FileOutcome;
@@ -35,6 +37,17 @@ async fn collect_garbage(cri: &Cri, tar_dir: &Path) {
 
 async fn has_content(cri: &Cri, digest: &str) -> bool {
     ContentClient::new(cri.channel()).info(namespaced(InfoRequest { digest: digest.into() })).await.is_ok()
+}
+
+async fn has_snapshot(cri: &Cri, chain_id: &str) -> bool {
+    let req = StatSnapshotRequest { snapshotter: "overlayfs".into(), key: chain_id.into() };
+    SnapshotsClient::new(cri.channel()).stat(namespaced(req)).await.is_ok()
+}
+
+fn sha256(data: &[u8]) -> String {
+    use sha2::Digest;
+    let hex: String = sha2::Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
 }
 
 fn layer_digest_of_oci_tar(tar: &Path) -> String {
@@ -97,10 +110,16 @@ async fn oci_and_docker_archives_import_plain_gzip_and_zstd() {
     // Importing again is idempotent.
     assert_eq!(images::import_file(&cri, &plain).await.unwrap(), ["docker.io/library/busybox:oci-plain"]);
 
-    // The GC labels keep layers alive once the import's lease is gone.
+    // Unpacked: the layer's snapshot is there, named by its chain ID (for
+    // one layer, its diff ID).
+    let chain_id = sha256(&common::images::busybox_image().layer);
+    assert!(has_snapshot(&cri, &chain_id).await, "no snapshot {chain_id}");
+
+    // The GC labels keep layers and snapshots alive once the import's lease is gone.
     let layer = layer_digest_of_oci_tar(&plain);
     collect_garbage(&cri, dir.path()).await;
     assert!(has_content(&cri, &layer).await, "the garbage collector removed an imported layer");
+    assert!(has_snapshot(&cri, &chain_id).await, "the garbage collector removed an imported snapshot");
     node.stop().await;
 }
 
@@ -210,7 +229,7 @@ fn sandbox_config(dir: &Path, name: &str) -> api::PodSandboxConfig {
     std::fs::create_dir_all(&logs).unwrap();
     api::PodSandboxConfig {
         metadata: Some(api::PodSandboxMetadata { name: name.into(), uid: format!("uid-{name}"), namespace: "default".into(), attempt: 0 }),
-        hostname: name.into(),
+        // No hostname: a host-network sandbox has the node's.
         log_directory: logs.display().to_string(),
         linux: Some(api::LinuxPodSandboxConfig {
             security_context: Some(api::LinuxSandboxSecurityContext {
@@ -289,11 +308,50 @@ async fn builtin_pause_image_runs_a_pod_sandbox() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // Pause exits on SIGTERM at once (PID 1 ignores default-disposition
-    // signals; ours waits for it): no waiting out a grace period.
-    let stopping = Instant::now();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let req = api::ContainerStatusRequest { container_id: id.clone(), verbose: false };
+        let status = cri.runtime().container_status(req).await.unwrap().into_inner().status.unwrap();
+        if status.state == api::ContainerState::ContainerExited as i32 {
+            assert_eq!(status.exit_code, 0, "{status:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the container did not exit: {status:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The pause process is PID 1 of the pod's pid namespace, where signals
+    // left at their default disposition are ignored; ours waits for
+    // SIGTERM, so it exits at once (CRI itself stops sandboxes with SIGKILL).
+    let verbose = cri
+        .runtime()
+        .pod_sandbox_status(api::PodSandboxStatusRequest { pod_sandbox_id: sandbox.clone(), verbose: true })
+        .await
+        .unwrap()
+        .into_inner();
+    let info: serde_json::Value = serde_json::from_str(verbose.info.get("info").expect("verbose sandbox info")).unwrap();
+    let pid = info["pid"].as_i64().expect("sandbox pid") as i32;
+    assert!(std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap().starts_with("/pause"));
+    // SAFETY: kill(2) of the sandbox process this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = cri
+            .runtime()
+            .pod_sandbox_status(api::PodSandboxStatusRequest { pod_sandbox_id: sandbox.clone(), verbose: false })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap()
+            .state;
+        if state == api::PodSandboxState::SandboxNotready as i32 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "pause (PID 1) did not exit on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     cri.runtime().stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: sandbox.clone() }).await.unwrap();
-    assert!(stopping.elapsed() < Duration::from_secs(5), "StopPodSandbox took {:?}", stopping.elapsed());
     cri.runtime().remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: sandbox }).await.unwrap();
     node.stop().await;
 }

@@ -261,7 +261,8 @@ impl Registries {
 
     /// Pull credentials for `image_ref`: those configured for its registry,
     /// else for the first of its mirror endpoints that has some. containerd
-    /// hands them only to the host named in `server_address`.
+    /// hands them only to the host named in `server_address` (a URL: 1.6
+    /// parses it and compares its host with the one it is talking to).
     pub fn auth_for(&self, image_ref: &str) -> Option<AuthConfig> {
         let registry = Reference::parse(image_ref).ok()?.domain;
         let mut hosts = vec![registry.clone()];
@@ -277,7 +278,8 @@ impl Registries {
                 password: auth.password.clone(),
                 auth: auth.auth.clone(),
                 identity_token: auth.identitytoken.clone(),
-                server_address: host,
+                // containerd 1.6 parses it as a URL and compares its host.
+                server_address: format!("https://{host}"),
                 registry_token: String::new(),
             })
         })
@@ -379,9 +381,9 @@ configs:
     fn credentials_follow_the_registry_or_its_mirror() {
         let r = sample();
         let a = r.auth_for("127.0.0.1:5001/library/busybox:1").unwrap();
-        assert_eq!((a.auth.as_str(), a.server_address.as_str()), ("dTpw", "127.0.0.1:5001"));
+        assert_eq!((a.auth.as_str(), a.server_address.as_str()), ("dTpw", "https://127.0.0.1:5001"));
         let a = r.auth_for("busybox").unwrap();
-        assert_eq!((a.username.as_str(), a.password.as_str(), a.server_address.as_str()), ("u", "p", "mirror.example.com"));
+        assert_eq!((a.username.as_str(), a.password.as_str(), a.server_address.as_str()), ("u", "p", "https://mirror.example.com"));
         assert!(r.auth_for("quay.io/x/y").is_none());
     }
 
