@@ -56,6 +56,13 @@ impl Session {
         }
     }
 
+    /// Puts something containerd already had under this session's lease
+    /// (`content`, or `snapshots/<snapshotter>`), so the garbage collector
+    /// cannot take it before the image record refers to it.
+    pub async fn lease(&self, kind: &str, id: &str) -> Result<(), ImageError> {
+        add_to_lease(&self.channel, &self.lease, kind, id).await
+    }
+
     pub fn channel(&self) -> Channel {
         self.channel.clone()
     }
@@ -94,7 +101,15 @@ impl Session {
         // sends its headers) only once it has seen it.
         let _ = tx.send(open).await;
         let call = self.content().write(self.request(ReceiverStream::new(rx))).await;
-        let mut w = Writer { tx: Some(tx), responses: None, reference, offset: 0, exists: false, channel: self.channel.clone() };
+        let mut w = Writer {
+            tx: Some(tx),
+            responses: None,
+            reference,
+            offset: 0,
+            exists: false,
+            channel: self.channel.clone(),
+            lease: self.lease.clone(),
+        };
         match call {
             Ok(resp) => {
                 let mut responses = resp.into_inner();
@@ -110,6 +125,9 @@ impl Session {
         }
         if w.exists {
             w.tx = None;
+            if let Some(digest) = expected {
+                self.lease("content", digest).await?;
+            }
         }
         Ok(w)
     }
@@ -181,6 +199,13 @@ impl Session {
     }
 }
 
+async fn add_to_lease(channel: &Channel, lease: &str, kind: &str, id: &str) -> Result<(), ImageError> {
+    let resource = ctrd::Resource { id: id.to_string(), r#type: kind.to_string() };
+    let req = namespaced(ctrd::AddResourceRequest { id: lease.to_string(), resource: Some(resource) });
+    LeasesClient::new(channel.clone()).add_resource(req).await.map_err(ImageError::containerd("Leases.AddResource"))?;
+    Ok(())
+}
+
 fn stream_closed(call: &'static str) -> ImageError {
     ImageError::Containerd { call, status: tonic::Status::unavailable("containerd closed the stream") }
 }
@@ -194,6 +219,7 @@ pub struct Writer {
     /// containerd had the blob already: writes are skipped.
     pub exists: bool,
     channel: Channel,
+    lease: String,
 }
 
 impl Writer {
@@ -252,7 +278,9 @@ impl Writer {
         };
         match self.exchange(req).await {
             Ok(_) => {}
-            Err(ImageError::Containerd { status, .. }) if status.code() == tonic::Code::AlreadyExists => {}
+            Err(ImageError::Containerd { status, .. }) if status.code() == tonic::Code::AlreadyExists => {
+                add_to_lease(&self.channel, &self.lease, "content", digest).await?;
+            }
             Err(e) => return Err(e),
         }
         self.tx = None;

@@ -44,6 +44,8 @@ pub async fn unpack(
         let stat = StatSnapshotRequest { snapshotter: SNAPSHOTTER.into(), key: chain.clone() };
         match snapshots.stat(session.request(stat)).await {
             Ok(_) => {
+                // Already unpacked (by another image): hold it for this one.
+                session.lease(&format!("snapshots/{SNAPSHOTTER}"), chain).await?;
                 parent = chain.clone();
                 continue;
             }
