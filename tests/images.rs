@@ -81,6 +81,8 @@ async fn oci_and_docker_archives_import_plain_gzip_and_zstd() {
     zstd_file(&dir.path().join("z.tar"), &zst);
     let docker = dir.path().join("docker.tar");
     busybox_docker_archive(&docker, "busybox:docker");
+    let multi = dir.path().join("multi.tar");
+    common::images::busybox_oci_multiplatform_tar(&multi, "registry.example.com/multi/busybox:2");
     let docker_zst = dir.path().join("docker.tar.zst");
     busybox_docker_archive(&dir.path().join("d2.tar"), "example.com/tools/busybox:docker-zstd");
     zstd_file(&dir.path().join("d2.tar"), &docker_zst);
@@ -91,6 +93,7 @@ async fn oci_and_docker_archives_import_plain_gzip_and_zstd() {
         (&zst, "docker.io/library/busybox:oci-zstd"),
         (&docker, "docker.io/library/busybox:docker"),
         (&docker_zst, "example.com/tools/busybox:docker-zstd"),
+        (&multi, "registry.example.com/multi/busybox:2"),
     ] {
         let names = images::import_file(&cri, file).await.unwrap_or_else(|e| panic!("{}: {e}", file.display()));
         assert_eq!(names, [want], "{}", file.display());
@@ -442,27 +445,37 @@ async fn pull_list_pulls_from_a_plain_http_mirror() {
     let tar = dir.path().join("busybox.tar");
     busybox_oci_tar(&tar, "busybox:1");
     registry.push(&tar, "library/busybox:1");
-    let registries = configure_registries(&node, &format!("mirrors:\n  docker.io:\n    endpoint:\n      - \"http://{}\"\n", registry.host()));
+    // The mirrored registry is a local port nothing listens on (not
+    // docker.io: a test must never reach out should the mirror fail).
+    let upstream = format!("127.0.0.1:{}", common::free_port());
+    let image = format!("{upstream}/library/busybox:1");
+    let registries =
+        configure_registries(&node, &format!("mirrors:\n  \"{upstream}\":\n    endpoint:\n      - \"http://{}\"\n", registry.host()));
 
     let folder = node.agent_dir.join("images");
     std::fs::create_dir_all(&folder).unwrap();
-    std::fs::write(folder.join("pull.txt"), "# images this node needs\nbusybox:1   # from the mirror\n\n").unwrap();
+    std::fs::write(folder.join("pull.txt"), format!("# images this node needs\n{image}   # from the mirror\n\n")).unwrap();
     let puller = Arc::new(CriPuller { cri: cri.clone(), registries });
     let (_task, outcomes) = ImagesDir::for_agent(&node.agent_dir, cri.clone(), Some(puller)).start().await.unwrap();
     assert_eq!(
         outcomes[0].1,
-        Ok(FileOutcome::Pulled { pulled: vec!["docker.io/library/busybox:1".into()], present: vec![], failed: vec![] }),
+        Ok(FileOutcome::Pulled { pulled: vec![image.clone()], present: vec![], failed: vec![] }),
         "{outcomes:?}"
     );
-    let found = image_status(&cri, "busybox:1").await.expect("pulled image");
-    assert!(found.repo_digests.iter().any(|d| d.starts_with("docker.io/library/busybox@sha256:")), "{found:?}");
+    let found = image_status(&cri, &image).await.expect("pulled image");
+    assert!(found.repo_digests.iter().any(|d| d.starts_with(&format!("{upstream}/library/busybox@sha256:"))), "{found:?}");
     // A pulled image is not protected: the node's image GC may take it.
-    assert!(!images::is_protected(&cri, "busybox:1").await.unwrap());
+    assert!(!images::is_protected(&cri, &image).await.unwrap());
 
     // A list naming it again finds it present.
-    std::fs::write(folder.join("again.txt"), "busybox:1\n").unwrap();
+    std::fs::write(folder.join("again.txt"), format!("{image}\n")).unwrap();
     let again = ImagesDir::for_agent(&node.agent_dir, cri.clone(), None).handle(&folder.join("again.txt")).await;
-    assert_eq!(again, Ok(FileOutcome::Pulled { pulled: vec![], present: vec!["docker.io/library/busybox:1".into()], failed: vec![] }));
+    assert_eq!(again, Ok(FileOutcome::Pulled { pulled: vec![], present: vec![image.clone()], failed: vec![] }));
+
+    // "*" mirrors every registry (containerd's certs.d/_default).
+    let other = format!("127.0.0.1:{}/library/busybox:1", common::free_port());
+    let registries = configure_registries(&node, &format!("mirrors:\n  \"*\":\n    endpoint: [\"http://{}\"]\n", registry.host()));
+    CriPuller { cri: cri.clone(), registries }.pull(&other).await.unwrap_or_else(|e| panic!("pull through the * mirror: {e}"));
     node.stop().await;
 }
 

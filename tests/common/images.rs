@@ -104,6 +104,17 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 /// index entry has `io.containerd.image.name` and the tag as
 /// `org.opencontainers.image.ref.name`), with a gzip-compressed layer.
 pub fn busybox_oci_tar(path: &Path, reference: &str) {
+    write_oci_tar(path, reference, false);
+}
+
+/// Like [`busybox_oci_tar`], but index.json names a multi-platform image
+/// index whose first manifest is for linux/s390x (and, as in an export for
+/// one platform, its blobs are not in the tarball).
+pub fn busybox_oci_multiplatform_tar(path: &Path, reference: &str) {
+    write_oci_tar(path, reference, true);
+}
+
+fn write_oci_tar(path: &Path, reference: &str, multiplatform: bool) {
     let image = busybox_image();
     let layer = gzip(&image.layer);
     let manifest = serde_json::to_vec(&serde_json::json!({
@@ -114,23 +125,50 @@ pub fn busybox_oci_tar(path: &Path, reference: &str) {
     }))
     .expect("manifest json");
     let tag = reference.rsplit_once(':').map(|(_, t)| t).filter(|t| !t.contains('/')).unwrap_or("latest");
+    let annotations = serde_json::json!({ "io.containerd.image.name": reference, "org.opencontainers.image.ref.name": tag });
+    let host_entry = serde_json::json!({
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": digest(&manifest),
+        "size": manifest.len(),
+        "platform": { "architecture": goarch(), "os": "linux" },
+    });
+    let mut blobs = vec![layer, image.config, manifest];
+    let top = if multiplatform {
+        let absent = format!("sha256:{}", "5".repeat(64));
+        let nested = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [
+                { "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": absent, "size": 500,
+                  "platform": { "architecture": "s390x", "os": "linux" } },
+                host_entry,
+            ],
+        }))
+        .expect("nested index json");
+        let entry = serde_json::json!({
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "digest": digest(&nested),
+            "size": nested.len(),
+            "annotations": annotations,
+        });
+        blobs.push(nested);
+        entry
+    } else {
+        let mut entry = host_entry;
+        entry["annotations"] = annotations;
+        entry
+    };
     let index = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": digest(&manifest),
-            "size": manifest.len(),
-            "annotations": { "io.containerd.image.name": reference, "org.opencontainers.image.ref.name": tag },
-            "platform": { "architecture": goarch(), "os": "linux" },
-        }],
+        "manifests": [top],
     }))
     .expect("index json");
     let mut b = tar::Builder::new(Vec::new());
     append(&mut b, "oci-layout", 0o644, br#"{"imageLayoutVersion":"1.0.0"}"#);
     append_dir(&mut b, "blobs/", 0o755);
     append_dir(&mut b, "blobs/sha256/", 0o755);
-    for blob in [&layer, &image.config, &manifest] {
+    for blob in &blobs {
         append(&mut b, &format!("blobs/sha256/{}", &digest(blob)[7..]), 0o644, blob);
     }
     // index.json last, as some tools write it: the importer must not care.
