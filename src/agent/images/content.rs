@@ -87,6 +87,11 @@ impl Session {
     /// Starts writing one blob. With `expected`, containerd checks the
     /// digest at commit and answers at once when it already has the blob.
     pub async fn writer(&self, expected: Option<&str>, total: u64) -> Result<Writer, ImageError> {
+        if let Some(digest) = expected {
+            // Leased first: should containerd have it already, the garbage
+            // collector cannot take it between its answer and ours.
+            self.lease("content", digest).await?;
+        }
         let n = self.next_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let reference = format!("{}-{n}", self.lease);
         let (tx, rx) = mpsc::channel(2);
@@ -125,9 +130,6 @@ impl Session {
         }
         if w.exists {
             w.tx = None;
-            if let Some(digest) = expected {
-                self.lease("content", digest).await?;
-            }
         }
         Ok(w)
     }
@@ -268,6 +270,9 @@ impl Writer {
         if self.exists {
             return Ok(());
         }
+        // Leased before the commit: containerd answers AlreadyExists without
+        // leasing it when it has the digest already.
+        add_to_lease(&self.channel, &self.lease, "content", digest).await?;
         let req = WriteContentRequest {
             action: WriteAction::Commit as i32,
             r#ref: self.reference.clone(),
@@ -278,9 +283,7 @@ impl Writer {
         };
         match self.exchange(req).await {
             Ok(_) => {}
-            Err(ImageError::Containerd { status, .. }) if status.code() == tonic::Code::AlreadyExists => {
-                add_to_lease(&self.channel, &self.lease, "content", digest).await?;
-            }
+            Err(ImageError::Containerd { status, .. }) if status.code() == tonic::Code::AlreadyExists => {}
             Err(e) => return Err(e),
         }
         self.tx = None;

@@ -60,9 +60,21 @@ pub struct ImagesDir {
     puller: Option<Arc<dyn Puller>>,
 }
 
-/// The folder being watched; dropping it stops the watch.
+/// The folder being watched; dropping it stops the watch at once (even
+/// mid-import: the import is then done again at the next start).
 pub struct ImagesDirTask {
     handle: tokio::task::JoinHandle<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl ImagesDirTask {
+    /// Stops the watch once the file being handled (if any) is done.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.handle).await;
+    }
 }
 
 impl Drop for ImagesDirTask {
@@ -94,9 +106,14 @@ impl ImagesDir {
         // Watching before the first look: a file landing meanwhile is not missed.
         let mut watch = DirWatch::new(&self.dir).map_err(io)?;
         let outcomes = self.scan().await;
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let handle = tokio::spawn(async move {
             loop {
-                let names = match watch.next().await {
+                let next = tokio::select! {
+                    next = watch.next() => next,
+                    _ = &mut stopped => return,
+                };
+                let names = match next {
                     Ok(Change::Files(names)) => names,
                     Ok(Change::Rescan) => {
                         self.scan().await;
@@ -114,7 +131,7 @@ impl ImagesDir {
                 }
             }
         });
-        Ok((ImagesDirTask { handle }, outcomes))
+        Ok((ImagesDirTask { handle, stop: Some(stop) }, outcomes))
     }
 
     /// Handles every file of the folder once, in name order.

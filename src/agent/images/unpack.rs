@@ -41,11 +41,12 @@ pub async fn unpack(
     let mut snapshots = SnapshotsClient::new(session.channel());
     let mut parent = String::new();
     for (i, (layer, chain)) in layers.iter().zip(&chains).enumerate() {
+        // Held for this image first: should another image's unpack have made
+        // it, the garbage collector cannot take it before our record exists.
+        session.lease(&format!("snapshots/{SNAPSHOTTER}"), chain).await?;
         let stat = StatSnapshotRequest { snapshotter: SNAPSHOTTER.into(), key: chain.clone() };
         match snapshots.stat(session.request(stat)).await {
             Ok(_) => {
-                // Already unpacked (by another image): hold it for this one.
-                session.lease(&format!("snapshots/{SNAPSHOTTER}"), chain).await?;
                 parent = chain.clone();
                 continue;
             }
