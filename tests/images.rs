@@ -22,7 +22,10 @@ use ferrok::agent::images::dir::FileOutcome;
 use ferrok::agent::images::{self, ImagesDir, Puller, Registries};
 
 async fn image_status(cri: &Cri, image: &str) -> Option<api::Image> {
-    let req = api::ImageStatusRequest { image: Some(api::ImageSpec { image: image.into(), ..Default::default() }), verbose: false };
+    let req = api::ImageStatusRequest {
+        image: Some(api::ImageSpec { image: image.into(), ..Default::default() }),
+        verbose: false,
+    };
     cri.images().image_status(req).await.expect("ImageStatus").into_inner().image
 }
 
@@ -174,7 +177,11 @@ async fn corrupt_or_truncated_tarballs_fail_clearly_and_leave_nothing() {
 
 fn ferrok(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(common::ferrok_bin()).args(args).output().expect("run ferrok");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,7 +194,8 @@ async fn ferrok_images_imports_lists_and_removes() {
     let docker = dir.path().join("docker.tar");
     busybox_docker_archive(&docker, "busybox:cli2");
 
-    let (ok, out, err) = ferrok(&["images", "import", "--data-dir", &data_dir, tar.to_str().unwrap(), docker.to_str().unwrap()]);
+    let (ok, out, err) =
+        ferrok(&["images", "import", "--data-dir", &data_dir, tar.to_str().unwrap(), docker.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert_eq!(out, "imported docker.io/library/busybox:cli\nimported docker.io/library/busybox:cli2\n");
 
@@ -195,7 +203,10 @@ async fn ferrok_images_imports_lists_and_removes() {
     let (ok, out, err) = ferrok(&["images", "list", "--container-runtime-endpoint", &endpoint]);
     assert!(ok, "{err}");
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].split_whitespace().collect::<Vec<_>>() == ["IMAGE", "TAG", "IMAGE", "ID", "SIZE", "PINNED"], "{out}");
+    assert!(
+        lines[0].split_whitespace().collect::<Vec<_>>() == ["IMAGE", "TAG", "IMAGE", "ID", "SIZE", "PINNED"],
+        "{out}"
+    );
     let row = lines.iter().find(|l| l.split_whitespace().nth(1) == Some("cli")).unwrap_or_else(|| panic!("{out}"));
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cells[0], "docker.io/library/busybox", "{out}");
@@ -217,7 +228,10 @@ async fn ferrok_images_imports_lists_and_removes() {
         (vec!["images", "import", "--data-dir", &data_dir, broken.to_str().unwrap()], broken.display().to_string()),
         (vec!["images", "import", "--data-dir", &data_dir, "/nonexistent/x.tar"], "/nonexistent/x.tar".to_string()),
         (vec!["images", "rm", "--data-dir", &data_dir, "nosuch:1"], "nosuch:1".to_string()),
-        (vec!["images", "list", "--data-dir", "/nonexistent-dir"], "/nonexistent-dir/agent/containerd/containerd.sock".to_string()),
+        (
+            vec!["images", "list", "--data-dir", "/nonexistent-dir"],
+            "/nonexistent-dir/agent/containerd/containerd.sock".to_string(),
+        ),
     ] {
         let (ok, _, err) = ferrok(&args);
         assert!(!ok, "{args:?} succeeded");
@@ -231,13 +245,21 @@ fn sandbox_config(dir: &Path, name: &str) -> api::PodSandboxConfig {
     let logs = dir.join("pods").join(name);
     std::fs::create_dir_all(&logs).unwrap();
     api::PodSandboxConfig {
-        metadata: Some(api::PodSandboxMetadata { name: name.into(), uid: format!("uid-{name}"), namespace: "default".into(), attempt: 0 }),
+        metadata: Some(api::PodSandboxMetadata {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
         // No hostname: a host-network sandbox has the node's.
         log_directory: logs.display().to_string(),
         linux: Some(api::LinuxPodSandboxConfig {
             security_context: Some(api::LinuxSandboxSecurityContext {
                 // Host network: no CNI needed for this test.
-                namespace_options: Some(api::NamespaceOption { network: api::NamespaceMode::Node as i32, ..Default::default() }),
+                namespace_options: Some(api::NamespaceOption {
+                    network: api::NamespaceMode::Node as i32,
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
             ..Default::default()
@@ -332,7 +354,8 @@ async fn builtin_pause_image_runs_a_pod_sandbox() {
         .await
         .unwrap()
         .into_inner();
-    let info: serde_json::Value = serde_json::from_str(verbose.info.get("info").expect("verbose sandbox info")).unwrap();
+    let info: serde_json::Value =
+        serde_json::from_str(verbose.info.get("info").expect("verbose sandbox info")).unwrap();
     let pid = info["pid"].as_i64().expect("sandbox pid") as i32;
     assert!(std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap().starts_with("/pause"));
     // SAFETY: kill(2) of the sandbox process this test started.
@@ -450,12 +473,15 @@ async fn pull_list_pulls_from_a_plain_http_mirror() {
     // docker.io: a test must never reach out should the mirror fail).
     let upstream = format!("127.0.0.1:{}", common::free_port());
     let image = format!("{upstream}/library/busybox:1");
-    let registries =
-        configure_registries(&node, &format!("mirrors:\n  \"{upstream}\":\n    endpoint:\n      - \"http://{}\"\n", registry.host()));
+    let registries = configure_registries(
+        &node,
+        &format!("mirrors:\n  \"{upstream}\":\n    endpoint:\n      - \"http://{}\"\n", registry.host()),
+    );
 
     let folder = node.agent_dir.join("images");
     std::fs::create_dir_all(&folder).unwrap();
-    std::fs::write(folder.join("pull.txt"), format!("# images this node needs\n{image}   # from the mirror\n\n")).unwrap();
+    std::fs::write(folder.join("pull.txt"), format!("# images this node needs\n{image}   # from the mirror\n\n"))
+        .unwrap();
     let puller = Arc::new(CriPuller { cri: cri.clone(), registries });
     let (_task, outcomes) = ImagesDir::for_agent(&node.agent_dir, cri.clone(), Some(puller)).start().await.unwrap();
     assert_eq!(
@@ -464,7 +490,10 @@ async fn pull_list_pulls_from_a_plain_http_mirror() {
         "{outcomes:?}"
     );
     let found = image_status(&cri, &image).await.expect("pulled image");
-    assert!(found.repo_digests.iter().any(|d| d.starts_with(&format!("{upstream}/library/busybox@sha256:"))), "{found:?}");
+    assert!(
+        found.repo_digests.iter().any(|d| d.starts_with(&format!("{upstream}/library/busybox@sha256:"))),
+        "{found:?}"
+    );
     // A pulled image is not protected: the node's image GC may take it.
     assert!(!images::is_protected(&cri, &image).await.unwrap());
 
@@ -475,8 +504,12 @@ async fn pull_list_pulls_from_a_plain_http_mirror() {
 
     // "*" mirrors every registry (containerd's certs.d/_default).
     let other = format!("127.0.0.1:{}/library/busybox:1", common::free_port());
-    let registries = configure_registries(&node, &format!("mirrors:\n  \"*\":\n    endpoint: [\"http://{}\"]\n", registry.host()));
-    CriPuller { cri: cri.clone(), registries }.pull(&other).await.unwrap_or_else(|e| panic!("pull through the * mirror: {e}"));
+    let registries =
+        configure_registries(&node, &format!("mirrors:\n  \"*\":\n    endpoint: [\"http://{}\"]\n", registry.host()));
+    CriPuller { cri: cri.clone(), registries }
+        .pull(&other)
+        .await
+        .unwrap_or_else(|e| panic!("pull through the * mirror: {e}"));
     node.stop().await;
 }
 
@@ -499,7 +532,8 @@ async fn htpasswd_registry_pulls_with_configured_credentials_only() {
     assert!(err.contains("401") || err.to_lowercase().contains("unauthorized"), "{err}");
     assert!(image_status(&cri, &image).await.is_none());
 
-    let with_auth = format!("{mirror_only}configs:\n  \"{host}\":\n    auth:\n      username: ferrok\n      password: s3cret\n");
+    let with_auth =
+        format!("{mirror_only}configs:\n  \"{host}\":\n    auth:\n      username: ferrok\n      password: s3cret\n");
     let with = CriPuller { cri: cri.clone(), registries: configure_registries(&node, &with_auth) };
     with.pull(&image).await.unwrap_or_else(|e| panic!("pull with credentials: {e}"));
     assert!(image_status(&cri, &image).await.is_some());

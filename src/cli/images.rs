@@ -75,7 +75,8 @@ pub async fn run(args: ImagesArgs) -> anyhow::Result<()> {
             for file in files {
                 let source = file.display().to_string();
                 let reader = std::fs::File::open(file).with_context(|| format!("cannot open {source}"))?;
-                let names = images::import_with(&cri, &source, reader, &options).await.map_err(|e| name_it(e, &source))?;
+                let names =
+                    images::import_with(&cri, &source, reader, &options).await.map_err(|e| name_it(e, &source))?;
                 for name in names {
                     println!("imported {name}");
                 }
@@ -113,7 +114,13 @@ fn human_size(bytes: u64) -> String {
         size /= 1000.0;
         unit += 1;
     }
-    let digits = if size >= 100.0 { 0 } else if size >= 10.0 { 1 } else { 2 };
+    let digits = if size >= 100.0 {
+        0
+    } else if size >= 10.0 {
+        1
+    } else {
+        2
+    };
     let mut text = format!("{size:.digits$}");
     if text.contains('.') {
         text = text.trim_end_matches('0').trim_end_matches('.').to_string();
@@ -191,7 +198,12 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3, "{t}");
         assert!(lines[0].starts_with("IMAGE "), "{t}");
-        assert!(lines[1].contains("docker.io/library/busybox") && lines[1].contains("0123456789ab ") && lines[1].ends_with("true"), "{t}");
+        assert!(
+            lines[1].contains("docker.io/library/busybox")
+                && lines[1].contains("0123456789ab ")
+                && lines[1].ends_with("true"),
+            "{t}"
+        );
         assert!(lines[2].starts_with("127.0.0.1:5000/x ") && lines[2].contains(" 2 "), "{t}");
     }
 }

@@ -15,8 +15,8 @@ use sha2::{Digest, Sha256};
 
 /// The busybox applets linked into the test image's `/bin`.
 pub const BUSYBOX_APPLETS: &[&str] = &[
-    "sh", "sleep", "echo", "cat", "httpd", "wget", "nc", "env", "id", "ls", "mkdir", "touch", "test", "true", "false", "ps",
-    "kill", "date", "grep", "hostname", "nslookup", "whoami",
+    "sh", "sleep", "echo", "cat", "httpd", "wget", "nc", "env", "id", "ls", "mkdir", "touch", "test", "true", "false",
+    "ps", "kill", "date", "grep", "hostname", "nslookup", "whoami",
 ];
 
 /// Panics naming the Debian package when `bin` is missing: tests never skip.
@@ -81,7 +81,12 @@ pub fn busybox_image() -> BusyboxImage {
     }
     append_dir(&mut b, "tmp/", 0o1777);
     append_dir(&mut b, "etc/", 0o755);
-    append(&mut b, "etc/passwd", 0o644, b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n");
+    append(
+        &mut b,
+        "etc/passwd",
+        0o644,
+        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+    );
     append(&mut b, "etc/group", 0o644, b"root:x:0:\nnobody:x:65534:\n");
     let layer = b.into_inner().expect("finish layer");
     let config = serde_json::json!({
@@ -125,7 +130,8 @@ fn write_oci_tar(path: &Path, reference: &str, multiplatform: bool) {
     }))
     .expect("manifest json");
     let tag = reference.rsplit_once(':').map(|(_, t)| t).filter(|t| !t.contains('/')).unwrap_or("latest");
-    let annotations = serde_json::json!({ "io.containerd.image.name": reference, "org.opencontainers.image.ref.name": tag });
+    let annotations =
+        serde_json::json!({ "io.containerd.image.name": reference, "org.opencontainers.image.ref.name": tag });
     let host_entry = serde_json::json!({
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "digest": digest(&manifest),
@@ -314,7 +320,10 @@ impl Registry {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                 let req = format!("GET /v2/ HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n", self.port);
                 let mut answer = [0u8; 12];
-                if s.write_all(req.as_bytes()).is_ok() && s.read_exact(&mut answer).is_ok() && answer.starts_with(b"HTTP/") {
+                if s.write_all(req.as_bytes()).is_ok()
+                    && s.read_exact(&mut answer).is_ok()
+                    && answer.starts_with(b"HTTP/")
+                {
                     return;
                 }
             }

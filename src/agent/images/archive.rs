@@ -37,12 +37,20 @@ impl Compression {
 #[derive(Debug)]
 pub enum Event {
     /// A regular file starts; `Data` chunks and one `End` follow.
-    File { path: String, size: u64 },
+    File {
+        path: String,
+        size: u64,
+    },
     Data(Vec<u8>),
     /// The file's bytes are all sent; their SHA-256 digest.
-    End { digest: String },
+    End {
+        digest: String,
+    },
     /// A symlink or hard link, with its target as an archive path.
-    Link { path: String, target: String },
+    Link {
+        path: String,
+        target: String,
+    },
 }
 
 /// Reads `reader` on a blocking thread. The channel yields the events, an
@@ -164,7 +172,7 @@ struct ZstdFrames<R: Read> {
 
 enum ZstdState<R: Read> {
     Between(Peek<R>),
-    InFrame(ruzstd::decoding::StreamingDecoder<Peek<R>, ruzstd::decoding::FrameDecoder>),
+    InFrame(Box<ruzstd::decoding::StreamingDecoder<Peek<R>, ruzstd::decoding::FrameDecoder>>),
 }
 
 /// A reader that can look at its next bytes without consuming them.
@@ -225,14 +233,17 @@ impl<R: Read> Read for ZstdFrames<R> {
                             let len = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as u64;
                             let skipped = std::io::copy(&mut (&mut inner).take(8 + len), &mut std::io::sink())?;
                             if skipped != 8 + len {
-                                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "zstd: truncated skippable frame"));
+                                return Err(std::io::Error::new(
+                                    std::io::ErrorKind::UnexpectedEof,
+                                    "zstd: truncated skippable frame",
+                                ));
                             }
                             self.state = Some(ZstdState::Between(inner));
                             continue;
                         }
                     }
                     match ruzstd::decoding::StreamingDecoder::new(inner) {
-                        Ok(dec) => self.state = Some(ZstdState::InFrame(dec)),
+                        Ok(dec) => self.state = Some(ZstdState::InFrame(Box::new(dec))),
                         Err(e) => return Err(std::io::Error::other(format!("zstd: {e}"))),
                     }
                 }

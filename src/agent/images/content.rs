@@ -176,7 +176,11 @@ impl Session {
         if labels.is_empty() {
             return Ok(());
         }
-        let info = ctrd::Info { digest: digest.to_string(), labels: labels.clone().into_iter().collect(), ..Default::default() };
+        let info = ctrd::Info {
+            digest: digest.to_string(),
+            labels: labels.clone().into_iter().collect(),
+            ..Default::default()
+        };
         let paths = labels.keys().map(|k| format!("labels.{k}")).collect();
         let req = self.request(UpdateRequest { info: Some(info), update_mask: Some(prost_types::FieldMask { paths }) });
         self.content().update(req).await.map_err(ImageError::containerd("Content.Update"))?;
@@ -191,7 +195,8 @@ impl Session {
             Ok(_) => Ok(()),
             Err(s) if s.code() == tonic::Code::AlreadyExists => {
                 // No mask: name, target and labels are all replaced, as `ctr import` does.
-                let update = ctrd::UpdateImageRequest { image: Some(image), update_mask: None, source_date_epoch: None };
+                let update =
+                    ctrd::UpdateImageRequest { image: Some(image), update_mask: None, source_date_epoch: None };
                 self.images().update(self.request(update)).await.map_err(ImageError::containerd("Images.Update"))?;
                 tracing::debug!(image = %name, "image record updated");
                 Ok(())
@@ -259,7 +264,10 @@ impl Writer {
         if resp.offset != self.offset {
             return Err(ImageError::Containerd {
                 call: "Content.Write",
-                status: tonic::Status::data_loss(format!("containerd is at offset {}, expected {}", resp.offset, self.offset)),
+                status: tonic::Status::data_loss(format!(
+                    "containerd is at offset {}, expected {}",
+                    resp.offset, self.offset
+                )),
             });
         }
         Ok(())

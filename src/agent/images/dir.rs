@@ -40,7 +40,11 @@ pub enum FileOutcome {
     /// Imported before, unchanged since, its images still there.
     Unchanged,
     /// A pull list: what was pulled, what was there already, what failed (and why).
-    Pulled { pulled: Vec<String>, present: Vec<String>, failed: Vec<(String, String)> },
+    Pulled {
+        pulled: Vec<String>,
+        present: Vec<String>,
+        failed: Vec<(String, String)>,
+    },
     /// Neither a tarball nor a pull list.
     Ignored,
 }
@@ -243,8 +247,19 @@ impl ImagesDir {
     }
 
     async fn present(&self, reference: &str) -> Result<bool, CriError> {
-        let req = api::ImageStatusRequest { image: Some(api::ImageSpec { image: reference.to_string(), ..Default::default() }), verbose: false };
-        Ok(self.cri.images().image_status(req).await.map_err(CriError::call("ImageStatus"))?.into_inner().image.is_some())
+        let req = api::ImageStatusRequest {
+            image: Some(api::ImageSpec { image: reference.to_string(), ..Default::default() }),
+            verbose: false,
+        };
+        Ok(self
+            .cri
+            .images()
+            .image_status(req)
+            .await
+            .map_err(CriError::call("ImageStatus"))?
+            .into_inner()
+            .image
+            .is_some())
     }
 
     fn load_state(&self) -> BTreeMap<String, Imported> {

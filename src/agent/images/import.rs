@@ -49,7 +49,11 @@ pub async fn import_file(cri: &Cri, path: &Path) -> Result<Vec<String>, ImageErr
 }
 
 /// Imports a tarball read from `reader`; `source_name` names it in errors.
-pub async fn import_reader<R: Read + Send + 'static>(cri: &Cri, source_name: &str, reader: R) -> Result<Vec<String>, ImageError> {
+pub async fn import_reader<R: Read + Send + 'static>(
+    cri: &Cri,
+    source_name: &str,
+    reader: R,
+) -> Result<Vec<String>, ImageError> {
     import_with(cri, source_name, reader, &ImportOptions::default()).await
 }
 
@@ -113,7 +117,11 @@ struct Current {
     memory: Option<Vec<u8>>,
 }
 
-async fn read_contents<R: Read + Send + 'static>(session: &Session, source_name: &str, reader: R) -> Result<Contents, ImageError> {
+async fn read_contents<R: Read + Send + 'static>(
+    session: &Session,
+    source_name: &str,
+    reader: R,
+) -> Result<Contents, ImageError> {
     let mut rx = archive::spawn_reader(reader);
     let mut contents = Contents::default();
     let mut links = Vec::new();
@@ -135,7 +143,8 @@ async fn read_contents<R: Read + Send + 'static>(session: &Session, source_name:
                         c.head.extend_from_slice(&data[..take]);
                     }
                     if let Some(m) = c.memory.as_mut() {
-                        let json = is_layout_file(&c.path) || c.head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+                        let json =
+                            is_layout_file(&c.path) || c.head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
                         if json {
                             m.extend_from_slice(&data);
                         } else {
@@ -263,7 +272,11 @@ impl Ctx<'_> {
     }
 
     fn missing(&self, what: impl Into<String>, digest: &str) -> ImageError {
-        ImageError::MissingBlob { source_name: self.source_name.to_string(), what: what.into(), digest: digest.to_string() }
+        ImageError::MissingBlob {
+            source_name: self.source_name.to_string(),
+            what: what.into(),
+            digest: digest.to_string(),
+        }
     }
 
     /// Whether the blob is in the archive or already in containerd.
@@ -282,12 +295,17 @@ impl Ctx<'_> {
     }
 
     fn parse<T: serde::de::DeserializeOwned>(&self, what: &str, bytes: &[u8]) -> Result<T, ImageError> {
-        serde_json::from_slice(bytes).map_err(|e| self.archive_error(format!("{what} is not valid JSON for its kind: {e}")))
+        serde_json::from_slice(bytes)
+            .map_err(|e| self.archive_error(format!("{what} is not valid JSON for its kind: {e}")))
     }
 
     /// index.json: the named entries, each prepared; several entries of one
     /// name are one image per platform, of which the host's is taken.
-    async fn oci_layout(&mut self, index: &[u8], options: &ImportOptions) -> Result<Vec<(String, Descriptor)>, ImageError> {
+    async fn oci_layout(
+        &mut self,
+        index: &[u8],
+        options: &ImportOptions,
+    ) -> Result<Vec<(String, Descriptor)>, ImageError> {
         let index: Index = self.parse("index.json", index)?;
         let mut by_name: BTreeMap<String, Vec<Descriptor>> = BTreeMap::new();
         for d in &index.manifests {
@@ -334,7 +352,11 @@ impl Ctx<'_> {
             return Err(self.archive_error(format!("{name}: indexes nested too deep")));
         }
         let bytes = self.document(&format!("the manifest of {name}"), &desc.digest).await?;
-        let media_type = if desc.media_type.is_empty() { oci::sniff_media_type(&bytes).unwrap_or_default() } else { desc.media_type.clone() };
+        let media_type = if desc.media_type.is_empty() {
+            oci::sniff_media_type(&bytes).unwrap_or_default()
+        } else {
+            desc.media_type.clone()
+        };
         if oci::is_index(&media_type) {
             let index: Index = self.parse(&format!("index {}", desc.digest), &bytes)?;
             let labels = gc_labels(&index.manifests);
@@ -361,7 +383,10 @@ impl Ctx<'_> {
             self.session.set_labels(&desc.digest, &labels).await?;
             Ok(Some(manifest))
         } else {
-            Err(self.archive_error(format!("{name}: {} has media type {media_type:?}, not an image index or manifest", desc.digest)))
+            Err(self.archive_error(format!(
+                "{name}: {} has media type {media_type:?}, not an image index or manifest",
+                desc.digest
+            )))
         }
     }
 
@@ -374,13 +399,23 @@ impl Ctx<'_> {
         }
         let config_bytes = self.document(&format!("the config of {name}"), &manifest.config.digest).await?;
         let config: ImageConfig = self.parse(&format!("the config of {name}"), &config_bytes)?;
-        let platform = oci::Platform { architecture: config.architecture.clone(), os: config.os.clone(), variant: config.variant.clone() };
+        let platform = oci::Platform {
+            architecture: config.architecture.clone(),
+            os: config.os.clone(),
+            variant: config.variant.clone(),
+        };
         if !config.architecture.is_empty() && !platform.runs_on(&self.host) {
             tracing::warn!(image = name, platform = %platform, host = %self.host, "imported an image for another platform");
         }
         if self.unpack {
-            super::unpack::unpack(self.session, self.source_name, &manifest.config.digest, &manifest.layers, &config.rootfs.diff_ids)
-                .await?;
+            super::unpack::unpack(
+                self.session,
+                self.source_name,
+                &manifest.config.digest,
+                &manifest.layers,
+                &config.rootfs.diff_ids,
+            )
+            .await?;
         }
         Ok(())
     }
@@ -391,7 +426,12 @@ impl Ctx<'_> {
         let mut out = Vec::new();
         for entry in entries {
             let config_path = archive::clean_path(&entry.config);
-            let config = self.contents.files.get(&config_path).cloned().ok_or_else(|| self.missing(format!("config {config_path}"), "?"))?;
+            let config = self
+                .contents
+                .files
+                .get(&config_path)
+                .cloned()
+                .ok_or_else(|| self.missing(format!("config {config_path}"), "?"))?;
             let mut layers = Vec::new();
             for (i, path) in entry.layers.iter().enumerate() {
                 let path = archive::clean_path(path);
@@ -419,9 +459,15 @@ impl Ctx<'_> {
                 layers,
                 annotations: BTreeMap::new(),
             };
-            let bytes = serde_json::to_vec(&manifest).map_err(|e| self.archive_error(format!("cannot encode a manifest: {e}")))?;
+            let bytes = serde_json::to_vec(&manifest)
+                .map_err(|e| self.archive_error(format!("cannot encode a manifest: {e}")))?;
             let digest = self.session.write_blob(&bytes).await?;
-            let target = Descriptor { media_type: oci::MEDIA_OCI_MANIFEST.into(), digest, size: bytes.len() as i64, ..Default::default() };
+            let target = Descriptor {
+                media_type: oci::MEDIA_OCI_MANIFEST.into(),
+                digest,
+                size: bytes.len() as i64,
+                ..Default::default()
+            };
             self.contents.documents.insert(target.digest.clone(), bytes);
             let tags = entry.repo_tags.unwrap_or_default();
             let first = tags.first().cloned().unwrap_or_else(|| config.digest.clone());
@@ -444,7 +490,10 @@ fn gc_labels(children: &[Descriptor]) -> BTreeMap<String, String> {
 /// The name of an index.json entry, as `ctr images import` reads it:
 /// `io.containerd.image.name`, else `org.opencontainers.image.ref.name`
 /// when it is a full reference, or a tag joined to the base name.
-pub fn image_name(annotations: &BTreeMap<String, String>, base_name: Option<&str>) -> Result<Option<String>, ImageError> {
+pub fn image_name(
+    annotations: &BTreeMap<String, String>,
+    base_name: Option<&str>,
+) -> Result<Option<String>, ImageError> {
     if let Some(name) = annotations.get(oci::ANNOTATION_IMAGE_NAME).filter(|n| !n.is_empty()) {
         return normalize(name).map(Some);
     }
@@ -466,7 +515,10 @@ async fn wait_for_cri(cri: &Cri, names: &[String]) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     for name in names {
         loop {
-            let req = api::ImageStatusRequest { image: Some(api::ImageSpec { image: name.clone(), ..Default::default() }), verbose: false };
+            let req = api::ImageStatusRequest {
+                image: Some(api::ImageSpec { image: name.clone(), ..Default::default() }),
+                verbose: false,
+            };
             match cri.images().image_status(req).await {
                 Ok(r) if r.get_ref().image.is_some() => break,
                 Ok(_) | Err(_) if tokio::time::Instant::now() > deadline => {
@@ -490,9 +542,13 @@ mod tests {
     #[test]
     fn names_come_from_annotations_as_ctr_reads_them() {
         let n = |a: &[(&str, &str)], base| image_name(&ann(a), base).unwrap();
-        assert_eq!(n(&[(oci::ANNOTATION_IMAGE_NAME, "busybox:1")], None).as_deref(), Some("docker.io/library/busybox:1"));
         assert_eq!(
-            n(&[(oci::ANNOTATION_IMAGE_NAME, "ferrok.local/pause:1"), (oci::ANNOTATION_REF_NAME, "x")], None).as_deref(),
+            n(&[(oci::ANNOTATION_IMAGE_NAME, "busybox:1")], None).as_deref(),
+            Some("docker.io/library/busybox:1")
+        );
+        assert_eq!(
+            n(&[(oci::ANNOTATION_IMAGE_NAME, "ferrok.local/pause:1"), (oci::ANNOTATION_REF_NAME, "x")], None)
+                .as_deref(),
             Some("ferrok.local/pause:1")
         );
         assert_eq!(n(&[(oci::ANNOTATION_REF_NAME, "ghcr.io/a/b:2")], None).as_deref(), Some("ghcr.io/a/b:2"));

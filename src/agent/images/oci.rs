@@ -182,8 +182,11 @@ impl Platform {
         if self.os != host.os || self.architecture != host.architecture {
             return false;
         }
-        let default_variant = |v: &str| if host.architecture == "arm64" && v.is_empty() { "v8".to_string() } else { v.to_string() };
-        self.variant.is_empty() || host.variant.is_empty() || default_variant(&self.variant) == default_variant(&host.variant)
+        let default_variant =
+            |v: &str| if host.architecture == "arm64" && v.is_empty() { "v8".to_string() } else { v.to_string() };
+        self.variant.is_empty()
+            || host.variant.is_empty()
+            || default_variant(&self.variant) == default_variant(&host.variant)
     }
 }
 

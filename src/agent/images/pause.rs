@@ -169,7 +169,7 @@ fn elf(machine: u16, code: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&(PHDR as u16).to_le_bytes()); // e_phentsize
     out.extend_from_slice(&(PHNUM as u16).to_le_bytes()); // e_phnum
     out.extend_from_slice(&[0; 6]); // e_shentsize, e_shnum, e_shstrndx
-    // PT_LOAD, PF_R | PF_X, the whole file at LOAD_ADDRESS (64 KiB aligned for any page size).
+                                    // PT_LOAD, PF_R | PF_X, the whole file at LOAD_ADDRESS (64 KiB aligned for any page size).
     out.extend_from_slice(&1u32.to_le_bytes());
     out.extend_from_slice(&5u32.to_le_bytes());
     out.extend_from_slice(&0u64.to_le_bytes()); // p_offset
@@ -178,7 +178,7 @@ fn elf(machine: u16, code: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&file_size.to_le_bytes()); // p_filesz
     out.extend_from_slice(&file_size.to_le_bytes()); // p_memsz
     out.extend_from_slice(&0x1_0000u64.to_le_bytes()); // p_align
-    // PT_GNU_STACK, PF_R | PF_W.
+                                                       // PT_GNU_STACK, PF_R | PF_W.
     out.extend_from_slice(&0x6474_e551u32.to_le_bytes());
     out.extend_from_slice(&6u32.to_le_bytes());
     out.extend_from_slice(&[0; 40]);
@@ -248,7 +248,12 @@ pub fn pause_image_tar(reference: &str) -> Result<Vec<u8>, ImageError> {
         (oci::ANNOTATION_REF_NAME.to_string(), tag.to_string()),
     ]);
     entry.platform = Some(platform);
-    let index = json(&Index { schema_version: 2, media_type: oci::MEDIA_OCI_INDEX.into(), manifests: vec![entry], ..Default::default() })?;
+    let index = json(&Index {
+        schema_version: 2,
+        media_type: oci::MEDIA_OCI_INDEX.into(),
+        manifests: vec![entry],
+        ..Default::default()
+    })?;
     let mut out = tar::Builder::new(Vec::new());
     tar_file(&mut out, "oci-layout", 0o644, br#"{"imageLayoutVersion":"1.0.0"}"#)?;
     tar_file(&mut out, "index.json", 0o644, &index)?;
@@ -263,8 +268,12 @@ pub fn pause_image_tar(reference: &str) -> Result<Vec<u8>, ImageError> {
 /// it. Returns whether it was imported.
 pub async fn ensure_pause_image(cri: &Cri, reference: &str) -> Result<bool, ImageError> {
     let reference = super::reference::normalize(reference)?;
-    let req = api::ImageStatusRequest { image: Some(api::ImageSpec { image: reference.clone(), ..Default::default() }), verbose: false };
-    let present = cri.images().image_status(req).await.map_err(CriError::call("ImageStatus"))?.into_inner().image.is_some();
+    let req = api::ImageStatusRequest {
+        image: Some(api::ImageSpec { image: reference.clone(), ..Default::default() }),
+        verbose: false,
+    };
+    let present =
+        cri.images().image_status(req).await.map_err(CriError::call("ImageStatus"))?.into_inner().image.is_some();
     if present {
         return Ok(false);
     }

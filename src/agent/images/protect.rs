@@ -45,7 +45,10 @@ pub async fn is_protected(cri: &Cri, image: &str) -> Result<bool, ImageError> {
 }
 
 async fn image_status(cri: &Cri, image: &str) -> Result<Option<api::Image>, ImageError> {
-    let req = api::ImageStatusRequest { image: Some(api::ImageSpec { image: image.to_string(), ..Default::default() }), verbose: false };
+    let req = api::ImageStatusRequest {
+        image: Some(api::ImageSpec { image: image.to_string(), ..Default::default() }),
+        verbose: false,
+    };
     let resp = cri.images().image_status(req).await.map_err(CriError::call("ImageStatus"))?;
     Ok(resp.into_inner().image)
 }
@@ -100,10 +103,14 @@ pub async fn remove_image(cri: &Cri, image: &str) -> Result<Vec<String>, ImageEr
             [one] => one.clone(),
             [] => return Err(ImageError::NotFound(image.to_string())),
             _ => {
-                return Err(ImageError::Reference { reference: image.into(), reason: "the ID prefix matches several images".into() })
+                return Err(ImageError::Reference {
+                    reference: image.into(),
+                    reason: "the ID prefix matches several images".into(),
+                })
             }
         };
-        let req = api::RemoveImageRequest { image: Some(api::ImageSpec { image: found.id.clone(), ..Default::default() }) };
+        let req =
+            api::RemoveImageRequest { image: Some(api::ImageSpec { image: found.id.clone(), ..Default::default() }) };
         cri.images().remove_image(req).await.map_err(CriError::call("RemoveImage"))?;
         return Ok(if found.repo_tags.is_empty() { vec![found.id] } else { found.repo_tags });
     }

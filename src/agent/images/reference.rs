@@ -89,7 +89,10 @@ pub fn normalize(reference: &str) -> Result<String, ImageError> {
 /// as `crictl rmi` accepts.
 pub fn looks_like_id(s: &str) -> bool {
     let hex = s.strip_prefix("sha256:").unwrap_or(s);
-    (s.starts_with("sha256:") || hex.len() >= 12) && hex.len() <= 64 && !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    (s.starts_with("sha256:") || hex.len() >= 12)
+        && hex.len() <= 64
+        && !hex.is_empty()
+        && hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
 fn split_domain(name: &str) -> (String, String) {
@@ -102,7 +105,11 @@ fn split_domain(name: &str) -> (String, String) {
         _ => (DEFAULT_DOMAIN.to_string(), name.to_string()),
     };
     let domain = if domain == LEGACY_DEFAULT_DOMAIN { DEFAULT_DOMAIN.to_string() } else { domain };
-    let path = if domain == DEFAULT_DOMAIN && !rest.contains('/') { format!("{OFFICIAL_REPOSITORY_PREFIX}{rest}") } else { rest };
+    let path = if domain == DEFAULT_DOMAIN && !rest.contains('/') {
+        format!("{OFFICIAL_REPOSITORY_PREFIX}{rest}")
+    } else {
+        rest
+    };
     (domain, path)
 }
 
@@ -112,7 +119,9 @@ fn validate_path(path: &str) -> Result<(), String> {
     }
     for component in path.split('/') {
         let ok = !component.is_empty()
-            && component.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'))
+            && component
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'))
             && component.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
             && component.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
         if !ok {
@@ -137,10 +146,14 @@ fn validate_tag(tag: &str) -> Result<(), String> {
 /// `sha256:<64 lowercase hex>` (the only algorithm containerd's store uses here).
 pub fn validate_digest(d: &str) -> Result<(), String> {
     match d.split_once(':') {
-        Some(("sha256", hex)) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) => {
+        Some(("sha256", hex))
+            if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+        {
             Ok(())
         }
-        Some(("sha512", hex)) if hex.len() == 128 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) => {
+        Some(("sha512", hex))
+            if hex.len() == 128 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+        {
             Ok(())
         }
         _ => Err(format!("invalid digest {d:?}")),

@@ -100,7 +100,8 @@ pub struct Endpoint {
 
 impl Endpoint {
     pub fn parse(url: &str) -> Result<Endpoint, String> {
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("{url:?} is not a URL (http:// or https://)"))?;
+        let (scheme, rest) =
+            url.split_once("://").ok_or_else(|| format!("{url:?} is not a URL (http:// or https://)"))?;
         if scheme != "http" && scheme != "https" {
             return Err(format!("{url:?}: scheme must be http or https"));
         }
@@ -108,7 +109,9 @@ impl Endpoint {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
         };
-        if host.is_empty() || !host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']' | '_')) {
+        if host.is_empty()
+            || !host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']' | '_'))
+        {
             return Err(format!("{url:?}: invalid host"));
         }
         let path = if path == "/v2" { "" } else { path };
@@ -197,7 +200,9 @@ impl Registries {
         let own = endpoints.iter().find(|e| e.host == registry).cloned();
         let server = match &own {
             Some(e) => e.clone(),
-            None if registry == DEFAULT_DOMAIN => Endpoint { scheme: "https".into(), host: "registry-1.docker.io".into(), path: String::new() },
+            None if registry == DEFAULT_DOMAIN => {
+                Endpoint { scheme: "https".into(), host: "registry-1.docker.io".into(), path: String::new() }
+            }
             None => Endpoint { scheme: "https".into(), host: registry.to_string(), path: String::new() },
         };
         if registry != "*" {
@@ -369,7 +374,8 @@ configs:
         std::fs::create_dir_all(certs.join("gone.example.com")).unwrap();
         std::fs::write(certs.join("gone.example.com/hosts.toml"), "x").unwrap();
         sample().write_hosts(&certs).unwrap();
-        let mut names: Vec<String> = std::fs::read_dir(&certs).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut names: Vec<String> =
+            std::fs::read_dir(&certs).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         names.sort();
         // A host with only a config (here a mirror's) gets its own file too.
         assert_eq!(names, ["127.0.0.1:5001", "_default", "docker.io", "mirror.example.com", "secure.example.com:443"]);
@@ -383,7 +389,10 @@ configs:
         let a = r.auth_for("127.0.0.1:5001/library/busybox:1").unwrap();
         assert_eq!((a.auth.as_str(), a.server_address.as_str()), ("dTpw", "https://127.0.0.1:5001"));
         let a = r.auth_for("busybox").unwrap();
-        assert_eq!((a.username.as_str(), a.password.as_str(), a.server_address.as_str()), ("u", "p", "https://mirror.example.com"));
+        assert_eq!(
+            (a.username.as_str(), a.password.as_str(), a.server_address.as_str()),
+            ("u", "p", "https://mirror.example.com")
+        );
         assert!(r.auth_for("quay.io/x/y").is_none());
     }
 

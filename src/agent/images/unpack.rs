@@ -135,7 +135,11 @@ async fn apply_layer(
             let _ = snapshots.remove(session.request(remove)).await;
             match e {
                 // Another unpack of the same layer won the race: theirs is as good.
-                ImageError::Containerd { call: "Snapshots.Commit", status } if status.code() == tonic::Code::AlreadyExists => Ok(()),
+                ImageError::Containerd { call: "Snapshots.Commit", status }
+                    if status.code() == tonic::Code::AlreadyExists =>
+                {
+                    Ok(())
+                }
                 e => Err(e),
             }
         }

@@ -25,7 +25,8 @@ pub struct DirWatch {
 
 impl DirWatch {
     pub fn new(dir: &Path) -> io::Result<DirWatch> {
-        let path = CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let path =
+            CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: inotify_init1 has no preconditions; the result is checked.
         let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
         if raw < 0 {
@@ -34,12 +35,14 @@ impl DirWatch {
         // SAFETY: raw is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: fd is open and path is a NUL-terminated string.
-        let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO) };
+        let wd =
+            unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO) };
         if wd < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: an OwnedFd is open and stays the same descriptor until dropped.
-        let fd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.map_err(io::Error::from)?;
+        let fd =
+            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.map_err(io::Error::from)?;
         Ok(DirWatch { fd })
     }
 
