@@ -129,6 +129,47 @@ async fn oci_and_docker_archives_import_plain_gzip_and_zstd() {
     node.stop().await;
 }
 
+/// A `docker save` of two images sharing a layer, the second's layer a
+/// symlink to the first's (as docker writes it).
+fn docker_archive_with_shared_layer(path: &Path) {
+    let image = common::images::busybox_image();
+    let config = format!("{}.json", &sha256(&image.config)[7..]);
+    let manifest = serde_json::json!([
+        { "Config": config, "RepoTags": ["busybox:a"], "Layers": ["first/layer.tar"] },
+        { "Config": config, "RepoTags": ["busybox:b", "example.com/b:2"], "Layers": ["second/layer.tar"] },
+    ]);
+    let mut b = tar::Builder::new(Vec::new());
+    let mut file = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        b.append_data(&mut h, name, data).unwrap();
+    };
+    file(&mut b, &config, &image.config);
+    file(&mut b, "first/layer.tar", &image.layer);
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::Symlink);
+    h.set_size(0);
+    b.append_link(&mut h, "second/layer.tar", "../first/layer.tar").unwrap();
+    file(&mut b, "manifest.json", &serde_json::to_vec(&manifest).unwrap());
+    std::fs::write(path, b.into_inner().unwrap()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_archive_of_several_images_sharing_a_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = TestContainerd::start(dir.path()).await;
+    let tar = dir.path().join("two.tar");
+    docker_archive_with_shared_layer(&tar);
+    let names = images::import_file(&node.cri, &tar).await.unwrap();
+    assert_eq!(names, ["docker.io/library/busybox:a", "docker.io/library/busybox:b", "example.com/b:2"]);
+    for name in &names {
+        assert!(image_status(&node.cri, name).await.is_some(), "{name}");
+    }
+    assert!(has_snapshot(&node.cri, &sha256(&common::images::busybox_image().layer)).await);
+    node.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_or_truncated_tarballs_fail_clearly_and_leave_nothing() {
     let dir = tempfile::tempdir().unwrap();
