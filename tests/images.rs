@@ -139,7 +139,7 @@ fn docker_archive_with_shared_layer(path: &Path) {
         { "Config": config, "RepoTags": ["busybox:b", "example.com/b:2"], "Layers": ["second/layer.tar"] },
     ]);
     let mut b = tar::Builder::new(Vec::new());
-    let mut file = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
+    let file = |b: &mut tar::Builder<Vec<u8>>, name: &str, data: &[u8]| {
         let mut h = tar::Header::new_ustar();
         h.set_size(data.len() as u64);
         h.set_mode(0o644);
@@ -167,6 +167,59 @@ async fn docker_archive_of_several_images_sharing_a_layer() {
         assert!(image_status(&node.cri, name).await.is_some(), "{name}");
     }
     assert!(has_snapshot(&node.cri, &sha256(&common::images::busybox_image().layer)).await);
+    node.stop().await;
+}
+
+fn run(program: &Path, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("{}: {e}", program.display()));
+    assert!(out.status.success(), "{} {args:?}: {}", program.display(), String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tarballs_written_by_skopeo_and_ctr_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = TestContainerd::start(dir.path()).await;
+    let cri = node.cri.clone();
+    let registry = Registry::start(&dir.path().join("registry"), None);
+    let tar = dir.path().join("busybox.tar");
+    busybox_oci_tar(&tar, "busybox:1");
+    registry.push(&tar, "library/busybox:1");
+    let skopeo = common::images::require_binary("skopeo", "skopeo");
+    let source = format!("docker://{}/library/busybox:1", registry.host());
+    let docker = dir.path().join("skopeo-docker.tar");
+    let oci = dir.path().join("skopeo-oci.tar");
+    for dest in [
+        format!("docker-archive:{}:busybox:skopeo-docker", docker.display()),
+        format!("oci-archive:{}:docker.io/library/busybox:skopeo-oci", oci.display()),
+    ] {
+        run(&skopeo, &["--insecure-policy", "copy", "--quiet", "--src-tls-verify=false", &source, &dest]);
+    }
+    assert_eq!(images::import_file(&cri, &docker).await.unwrap(), ["docker.io/library/busybox:skopeo-docker"]);
+    assert_eq!(images::import_file(&cri, &oci).await.unwrap(), ["docker.io/library/busybox:skopeo-oci"]);
+
+    // ctr's export of an imported image imports back.
+    let ctr = common::images::require_binary("ctr", "containerd");
+    let exported = dir.path().join("ctr-export.tar");
+    let address = node.paths.socket.display().to_string();
+    run(
+        &ctr,
+        &[
+            "-a",
+            &address,
+            "-n",
+            "k8s.io",
+            "images",
+            "export",
+            exported.to_str().unwrap(),
+            "docker.io/library/busybox:skopeo-oci",
+        ],
+    );
+    images::remove_image(&cri, "busybox:skopeo-oci").await.unwrap();
+    assert!(image_status(&cri, "busybox:skopeo-oci").await.is_none());
+    assert_eq!(images::import_file(&cri, &exported).await.unwrap(), ["docker.io/library/busybox:skopeo-oci"]);
+    for name in ["busybox:skopeo-docker", "busybox:skopeo-oci"] {
+        assert!(image_status(&cri, name).await.is_some(), "{name}");
+    }
     node.stop().await;
 }
 
