@@ -248,6 +248,20 @@ async fn corrupt_or_truncated_tarballs_fail_clearly_and_leave_nothing() {
     t[at + 7] = b'X';
     std::fs::write(&tampered, &t).unwrap();
     let missing = dir.path().join("missing.tar");
+    // The layer left out of the tarball.
+    let no_layer = dir.path().join("no-layer.tar");
+    let mut out = tar::Builder::new(Vec::new());
+    let mut archive = tar::Archive::new(std::io::Cursor::new(bytes.clone()));
+    for e in archive.entries().unwrap() {
+        let mut e = e.unwrap();
+        if e.path().unwrap().display().to_string() != format!("blobs/sha256/{}", &layer[7..]) {
+            let mut h = e.header().clone();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            out.append_data(&mut h, e.path().unwrap(), data.as_slice()).unwrap();
+        }
+    }
+    std::fs::write(&no_layer, out.into_inner().unwrap()).unwrap();
 
     for (file, why) in [
         (&truncated, "truncated"),
@@ -255,6 +269,7 @@ async fn corrupt_or_truncated_tarballs_fail_clearly_and_leave_nothing() {
         (&garbage, "not a tar file"),
         (&tampered, "digest is sha256:"),
         (&missing, "cannot read"),
+        (&no_layer, &format!("layer 1 of docker.io/library/busybox:bad {layer} is not in the archive")),
     ] {
         let err = images::import_file(&cri, file).await.expect_err("a broken tarball imported").to_string();
         assert!(err.contains(&file.display().to_string()), "{err}");

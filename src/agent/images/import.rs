@@ -314,7 +314,7 @@ impl Ctx<'_> {
             }
         }
         let mut out = Vec::new();
-        let mut prepared: HashMap<String, ()> = HashMap::new();
+        let mut prepared = std::collections::HashSet::new();
         for (name, candidates) in by_name {
             let target = if candidates.len() == 1 {
                 candidates[0].clone()
@@ -328,7 +328,7 @@ impl Ctx<'_> {
                         platform: self.host.to_string(),
                     })?
             };
-            if prepared.insert(target.digest.clone(), ()).is_none() {
+            if prepared.insert(target.digest.clone()) {
                 self.prepare(&name, &target).await?;
             }
             out.push((name, target));
@@ -426,20 +426,15 @@ impl Ctx<'_> {
         let mut out = Vec::new();
         for entry in entries {
             let config_path = archive::clean_path(&entry.config);
-            let config = self
-                .contents
-                .files
-                .get(&config_path)
-                .cloned()
-                .ok_or_else(|| self.missing(format!("config {config_path}"), "?"))?;
+            let config = self.contents.files.get(&config_path).cloned().ok_or_else(|| {
+                self.archive_error(format!("{config_path}, named in manifest.json, is not in the archive"))
+            })?;
             let mut layers = Vec::new();
             for (i, path) in entry.layers.iter().enumerate() {
                 let path = archive::clean_path(path);
-                let blob = self
-                    .contents
-                    .files
-                    .get(&path)
-                    .ok_or_else(|| self.missing(format!("layer {} ({path})", i + 1), "?"))?;
+                let blob = self.contents.files.get(&path).ok_or_else(|| {
+                    self.archive_error(format!("{path} (layer {} in manifest.json) is not in the archive", i + 1))
+                })?;
                 layers.push(Descriptor {
                     media_type: oci::layer_media_type(&blob.head).to_string(),
                     digest: blob.digest.clone(),

@@ -361,6 +361,19 @@ configs:
     }
 
     #[test]
+    fn endpoint_paths_other_than_v2_override_the_api_root() {
+        let r = Registries::parse(
+            Path::new("/r.yaml"),
+            "mirrors:\n  quay.io:\n    endpoint: [\"https://m.example.com/v2/\", \"https://n.example.com/quay/v2\"]\n",
+        )
+        .unwrap();
+        let toml = r.hosts_toml("quay.io");
+        assert!(toml.contains("server = \"https://quay.io\"\n"), "{toml}");
+        assert!(toml.contains("[host.\"https://m.example.com\"]\n  capabilities"), "{toml}");
+        assert!(toml.contains("[host.\"https://n.example.com/quay/v2\"]\n  capabilities = [\"pull\", \"resolve\"]\n  override_path = true\n"), "{toml}");
+    }
+
+    #[test]
     fn configs_alone_make_a_host_too() {
         let toml = sample().hosts_toml("secure.example.com:443");
         assert!(toml.contains(r#"server = "https://secure.example.com:443""#), "{toml}");
