@@ -250,6 +250,20 @@ impl TestContainerd {
     }
 }
 
+impl Drop for TestContainerd {
+    /// A test that panicked before `stop`: containerd is not left running.
+    fn drop(&mut self) {
+        if self.containerd.is_none() {
+            return;
+        }
+        let pid_file = self.paths.root.join("containerd.pid");
+        if let Some(pid) = std::fs::read_to_string(pid_file).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+            // SAFETY: kill(2) of the containerd this test started.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+        }
+    }
+}
+
 /// A docker-registry on 127.0.0.1, killed when dropped.
 pub struct Registry {
     child: Child,
