@@ -16,6 +16,7 @@ pub mod dns;
 pub mod env;
 pub mod events;
 pub mod image_manager;
+pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
