@@ -318,6 +318,9 @@ impl Kubelet {
                 match self.start_one(pod, kind, c, &rt, id, &cfg, &pod_ips, &mounts, hosts.as_ref()).await {
                     Ok(()) => {
                         st.waiting.remove(&c.name);
+                        // Look again at once: a started sidecar lets the
+                        // next container go, as upstream's PLEG relist would.
+                        next = sooner(next, Some(Duration::from_millis(50)));
                     }
                     Err(f) => {
                         next = sooner(next, f.retry_after);

@@ -48,8 +48,22 @@ use containerd::{Containerd, ContainerdConfig, ContainerdPaths};
 use cri::Cri;
 use futures_util::StreamExt;
 
-/// The sandbox image ferrok provides itself.
-pub const PAUSE_IMAGE: &str = "docker.io/ferrok/pause:builtin";
+/// The node's registry credentials (registries.yaml) for the image manager.
+impl image_manager::NodeCredentials for images::registries::Registries {
+    fn auth_for(&self, image: &str) -> Option<cri::api::AuthConfig> {
+        images::registries::Registries::auth_for(self, image)
+    }
+}
+
+/// The images folder's pull lists go through the image manager.
+struct NodePuller(Arc<kubelet::Kubelet>);
+
+#[async_trait::async_trait]
+impl images::Puller for NodePuller {
+    async fn pull(&self, reference: &str) -> Result<(), String> {
+        self.0.runtime.images.pull_for_node(reference).await
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -61,11 +75,16 @@ pub enum AgentError {
     Register(#[from] node_status::NodeStatusError),
     #[error("{0}")]
     Io(String),
+    #[error(transparent)]
+    Registries(#[from] images::registries::RegistriesError),
+    #[error("images: {0}")]
+    Images(#[from] images::ImageError),
 }
 
 /// A running node role; `stop` ends it and stops containerd (pods keep running).
 pub struct Agent {
     containerd: Option<Containerd>,
+    images_dir: Option<images::ImagesDirTask>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -73,6 +92,9 @@ impl Agent {
     pub async fn stop(self) {
         for t in &self.tasks {
             t.abort();
+        }
+        if let Some(d) = self.images_dir {
+            d.stop().await;
         }
         if let Some(c) = self.containerd {
             c.stop().await;
@@ -115,9 +137,16 @@ async fn ensure_runtime_classes(client: &kube::Client, handlers: &[String]) {
 pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, AgentError> {
     let config = Arc::new(config);
     let external = config.runtime_endpoint.is_some();
+    // The folders a user drops files into exist from the start.
+    for dir in [config.dir.join("pod-manifests"), config.dir.join("images")] {
+        std::fs::create_dir_all(&dir).map_err(|e| AgentError::Io(format!("cannot create {}: {e}", dir.display())))?;
+    }
     let (handlers, cni_bin_dir) = containerd::check_host(external)?;
     let paths = ContainerdPaths::new(&config.dir);
-    let pause_image = config.pause_image.clone().unwrap_or_else(|| PAUSE_IMAGE.to_string());
+    let pause_image = config.pause_image.clone().unwrap_or_else(|| images::PAUSE_IMAGE.to_string());
+    // registries.yaml (k3s' format) becomes containerd's hosts.toml files.
+    let registries = Arc::new(images::registries::Registries::load(&config.dir.join("etc").join("registries.yaml"))?);
+    registries.write_hosts(&paths.certs_d)?;
     let (containerd, cri) = match &config.runtime_endpoint {
         Some(endpoint) => (None, Cri::connect(&cri::socket_path(endpoint)?)?),
         None => {
@@ -136,6 +165,9 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     let version = cri.wait_ready(Duration::from_secs(30)).await?;
     tracing::info!(runtime = %version.runtime_name, version = %version.runtime_version, "container runtime ready");
     let handler_names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
+    if config.pause_image.is_none() && images::ensure_pause_image(&cri, &pause_image).await? {
+        tracing::info!(image = %pause_image, "built-in pause image imported");
+    }
 
     let (pressure_tx, pressure_rx) = watch::channel(node_status::NodePressure::default());
     let inputs = node_status::StatusInputs {
@@ -198,11 +230,13 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     let (probe_manager, mut probe_updates) =
         prober::ProbeManager::new(cri.clone(), Arc::new(events.recorder().clone()));
     let probes = Arc::new(probes::KubeletProber { manager: probe_manager });
+    let image_manager = image_manager::ImageManager::new(cri.clone(), client.clone(), events.clone());
+    image_manager.set_node_credentials(registries.clone());
     let runtime = kuberuntime::manager::RuntimeManager {
         cri: cri.clone(),
         client: client.clone(),
         events: events.clone(),
-        images: image_manager::ImageManager::new(cri.clone(), client.clone(), events.clone()),
+        images: image_manager,
         index: index.clone(),
         crash_backoff: backoff::Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
         hooks: Some(Arc::new(probes::CriHooks { cri: cri.clone() })),
@@ -240,6 +274,16 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         probes,
         mirrors: mirrors.clone(),
     });
+    // Tarballs in the images folder are imported before any pod starts,
+    // then whenever one lands there.
+    let (images_dir, imported) =
+        images::ImagesDir::for_agent(&config.dir, cri.clone(), Some(Arc::new(NodePuller(kubelet.clone())))).start().await?;
+    for (file, outcome) in imported {
+        match outcome {
+            Ok(o) => tracing::debug!(file = %file.display(), outcome = ?o, "images folder"),
+            Err(e) => tracing::warn!(file = %file.display(), error = %e, "cannot import image file"),
+        }
+    }
     let workers = pod_workers::PodWorkers::new(kubelet.clone());
     {
         let workers = workers.clone();
@@ -261,9 +305,6 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     // Static pods first, so the API's first list does not take their
     // containers for leftovers of deleted pods.
     let manifests = config.dir.join("pod-manifests");
-    if let Err(e) = std::fs::create_dir_all(&manifests) {
-        return Err(AgentError::Io(format!("cannot create {}: {e}", manifests.display())));
-    }
     let recheck = Arc::new(Notify::new());
     for pod in static_pods::read_all(&manifests, &config.node_name) {
         workers.update(Arc::new(pod));
@@ -284,5 +325,5 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         workers,
         pod_config::MirrorHooks { mirrors, recheck },
     )));
-    Ok(Agent { containerd, tasks })
+    Ok(Agent { containerd, images_dir: Some(images_dir), tasks })
 }

@@ -23,7 +23,9 @@ pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 pub const CONFIG_SEEN: &str = "kubernetes.io/config.seen";
 
-/// How often the folder is read again (upstream's file check frequency).
+/// How often the folder is read again besides its inotify events
+/// (upstream's file check frequency; catches edits inotify cannot see,
+/// such as a bind-mounted file changed elsewhere).
 const CHECK_EVERY: Duration = Duration::from_secs(20);
 
 /// Is this API pod the mirror of a static pod?
@@ -217,6 +219,13 @@ pub async fn run(
     mirrors: Arc<Mirrors>,
     recheck: Arc<tokio::sync::Notify>,
 ) {
+    let mut watch = match super::images::watch::DirWatch::any_change(&dir) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the static pod folder; reading it every 20 s");
+            None
+        }
+    };
     let mut current: HashMap<PathBuf, Arc<Pod>> = HashMap::new();
     let mut reported: HashMap<PathBuf, String> = HashMap::new();
     loop {
@@ -252,9 +261,20 @@ pub async fn run(
             ensure_mirror(&client, &mirrors, pod, &node_uid).await;
         }
         current = seen;
+        let changed = async {
+            match watch.as_mut() {
+                Some(w) => {
+                    if w.next().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
         tokio::select! {
             _ = tokio::time::sleep(CHECK_EVERY) => {}
             _ = recheck.notified() => {}
+            _ = changed => {}
         }
     }
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod images;
+pub mod node;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

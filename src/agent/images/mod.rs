@@ -18,11 +18,11 @@ mod protect;
 pub mod reference;
 pub mod registries;
 mod unpack;
-mod watch;
+pub(crate) mod watch;
 
 use std::path::PathBuf;
 
-pub use dir::{ImagesDir, Puller};
+pub use dir::{ImagesDir, ImagesDirTask, Puller};
 pub use import::{import_file, import_reader, import_with, ImportOptions};
 pub use pause::{ensure_pause_image, PAUSE_IMAGE};
 pub use protect::{is_protected, list_images, protected_refs, remove_image, ListedImage};

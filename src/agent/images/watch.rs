@@ -24,7 +24,17 @@ pub struct DirWatch {
 }
 
 impl DirWatch {
+    /// Files written or moved in.
     pub fn new(dir: &Path) -> io::Result<DirWatch> {
+        Self::with_mask(dir, libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO)
+    }
+
+    /// Files written, moved in, removed or moved out.
+    pub fn any_change(dir: &Path) -> io::Result<DirWatch> {
+        Self::with_mask(dir, libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO | libc::IN_DELETE | libc::IN_MOVED_FROM)
+    }
+
+    fn with_mask(dir: &Path, mask: u32) -> io::Result<DirWatch> {
         let path =
             CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: inotify_init1 has no preconditions; the result is checked.
@@ -35,8 +45,7 @@ impl DirWatch {
         // SAFETY: raw is a fresh descriptor we own.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: fd is open and path is a NUL-terminated string.
-        let wd =
-            unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO) };
+        let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), mask) };
         if wd < 0 {
             return Err(io::Error::last_os_error());
         }
