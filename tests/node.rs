@@ -395,3 +395,144 @@ fn a_pod_deleted_while_ferrok_is_down_is_cleaned_up_when_it_returns() {
     node.eventually("the orphan removed", 30, || !node.runtime_containers().contains(&id));
     node.eventually("its processes gone", 10, || !pids.iter().any(alive));
 }
+
+#[test]
+fn images_pull_from_a_local_registry_with_and_without_a_pull_secret() {
+    use common::images::{busybox_oci_tar, Registry};
+    let mut node = Node::new(&[]);
+    let open = Registry::start_at(&node.dir.path().join("reg-open"), None, &node.ip, Some(&node.netns));
+    let locked = Registry::start_at(&node.dir.path().join("reg-locked"), Some(("puller", "s3cret")), &node.ip, Some(&node.netns));
+    let tar = node.dir.path().join("push.tar");
+    busybox_oci_tar(&tar, "docker.io/library/busybox:push");
+    open.push(&tar, "library/busybox:pushed");
+    locked.push(&tar, "team/private:1");
+    // Both registries speak plain HTTP, which containerd uses only when told.
+    let etc = node.dir.path().join("agent").join("etc");
+    std::fs::create_dir_all(&etc).expect("etc");
+    std::fs::write(
+        etc.join("registries.yaml"),
+        format!(
+            "mirrors:\n  \"{o}\":\n    endpoint: [\"http://{o}\"]\n  \"{l}\":\n    endpoint: [\"http://{l}\"]\n",
+            o = open.host(),
+            l = locked.host()
+        ),
+    )
+    .expect("registries.yaml");
+    node.launch();
+    ns(&node, "pull");
+    let pod = |name: &str, image: &str, secret: Option<&str>| {
+        let secrets = secret.map(|s| format!("  imagePullSecrets: [{{name: {s}}}]\n")).unwrap_or_default();
+        node.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: pull}}\nspec:\n{secrets}  containers: [{{name: c, image: \"{image}\", command: [\"sleep\", \"100000\"]}}]\n"
+        ));
+    };
+    let waiting = |name: &str| node.get(&["pod", "-n", "pull", name], "{.status.containerStatuses[0].state.waiting.reason}");
+    let events = |name: &str| {
+        node.get(&["events", "-n", "pull", "--field-selector", &format!("involvedObject.name={name}")], "{range .items[*]}{.reason}: {.message}{\"\\n\"}{end}")
+    };
+
+    pod("anonymous", &format!("{}/library/busybox:pushed", open.host()), None);
+    node.eventually("the pulled image running", 60, || phase(&node, "pull", "anonymous") == "Running");
+    let ev = events("anonymous");
+    assert!(ev.contains(&format!("Pulling: Pulling image \"{}/library/busybox:pushed\"", open.host())), "{ev}");
+    assert!(ev.contains("Pulled: Successfully pulled image"), "{ev}");
+
+    let private = format!("{}/team/private:1", locked.host());
+    pod("no-secret", &private, None);
+    node.eventually("ErrImagePull then ImagePullBackOff", 60, || waiting("no-secret") == "ImagePullBackOff");
+    let ev = events("no-secret");
+    assert!(ev.contains("Failed: Failed to pull image") && ev.to_lowercase().contains("unauthorized"), "{ev}");
+    assert!(ev.contains("Failed: Error: ErrImagePull"), "{ev}");
+    assert!(ev.contains("BackOff: Back-off pulling image"), "{ev}");
+
+    node.ok(&[
+        "create", "secret", "docker-registry", "regcred", "-n", "pull",
+        &format!("--docker-server={}", locked.host()), "--docker-username=puller", "--docker-password=s3cret",
+    ]);
+    pod("with-secret", &private, Some("regcred"));
+    node.eventually("the private image running", 60, || phase(&node, "pull", "with-secret") == "Running");
+
+    pod("missing", &format!("{}/library/nothing:1", open.host()), None);
+    node.eventually("a failed pull", 60, || matches!(waiting("missing").as_str(), "ErrImagePull" | "ImagePullBackOff"));
+    let msg = node.get(&["pod", "-n", "pull", "missing"], "{.status.containerStatuses[0].state.waiting.message}");
+    let ev = events("missing");
+    assert!(ev.contains("not found") || msg.contains("not found"), "the registry's reason is shown: {msg}\n{ev}");
+}
+
+#[test]
+fn the_node_registers_as_upstream_and_keeps_its_lease() {
+    let node = Node::start(&["--node-label", "site=lab", "--node-taint", "edge=true:PreferNoSchedule"]);
+    let get = |path: &str| node.get(&["node", &node.name], path);
+    assert_eq!(get("{.metadata.labels.kubernetes\\.io/hostname}"), node.name);
+    assert_eq!(get("{.metadata.labels.kubernetes\\.io/os}"), "linux");
+    assert_eq!(get("{.metadata.labels.node-role\\.kubernetes\\.io/control-plane}"), "true");
+    assert_eq!(get("{.metadata.labels.site}"), "lab");
+    assert!(get("{.spec.taints[*].key}").contains("edge"));
+    assert!(get("{.spec.podCIDR}").starts_with("10.42."));
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    assert_eq!(get("{.status.capacity.cpu}"), cpus.to_string());
+    assert_eq!(get("{.status.capacity.pods}"), "110");
+    assert!(get("{.status.capacity.memory}").ends_with("Ki"));
+    assert!(!get("{.status.allocatable.ephemeral-storage}").is_empty());
+    assert!(get("{.status.nodeInfo.containerRuntimeVersion}").starts_with("containerd://"));
+    assert!(get("{.status.nodeInfo.kubeletVersion}").starts_with("v1.33."));
+    assert_eq!(get("{.status.addresses[?(@.type==\"InternalIP\")].address}"), node.ip);
+    for (kind, reason) in [
+        ("Ready", "KubeletReady"),
+        ("MemoryPressure", "KubeletHasSufficientMemory"),
+        ("DiskPressure", "KubeletHasNoDiskPressure"),
+        ("PIDPressure", "KubeletHasSufficientPID"),
+    ] {
+        assert_eq!(get(&format!("{{.status.conditions[?(@.type==\"{kind}\")].reason}}")), reason);
+    }
+    assert!(get("{.status.images[*].names}").contains("docker.io/library/busybox:1"));
+    let renew = || node.get(&["lease", "-n", "kube-node-lease", &node.name], "{.spec.renewTime}");
+    let first = renew();
+    assert!(!first.is_empty(), "the node has a Lease");
+    node.eventually("the lease renewed", 20, || renew() != first);
+    // Runtime classes: runc always; crun when installed (scripts/deps installs it) and
+    // usable: crun refuses hybrid cgroups whose v2 tree holds controllers.
+    assert_eq!(node.get(&["runtimeclass", "runc"], "{.handler}"), "runc");
+    ns(&node, "rc");
+    match ferrok::agent::containerd::crun_unusable_because() {
+        None => {
+            assert_eq!(node.get(&["runtimeclass", "crun"], "{.handler}"), "crun");
+            node.apply(&format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: on-crun, namespace: rc}}\nspec:\n  runtimeClassName: crun\n  containers: [{{name: c, image: {BUSYBOX}, command: [\"sleep\", \"100000\"]}}]\n"
+            ));
+            node.eventually("the crun pod running", 60, || phase(&node, "rc", "on-crun") == "Running");
+            let info = node.ctr(&["containers", "info", &node.container_id("rc", "on-crun", "c")]);
+            assert!(info.contains("/usr/bin/crun"), "runs with crun: {info}");
+        }
+        Some(why) => {
+            let (found, _) = node.kubectl(&["get", "runtimeclass", "crun"]);
+            assert!(!found, "no crun RuntimeClass where crun cannot run ({why})");
+            assert!(node.log().contains("crun is installed but cannot run containers here"), "the server says why");
+        }
+    }
+    // A pod naming a RuntimeClass that does not exist says so.
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: no-class, namespace: rc}}\nspec:\n  runtimeClassName: gvisor\n  containers: [{{name: c, image: {BUSYBOX}}}]\n"
+    ));
+    node.eventually("FailedCreatePodSandBox", 30, || {
+        node.get(&["events", "-n", "rc", "--field-selector", "involvedObject.name=no-class"], "{.items[*].message}")
+            .contains("RuntimeClass \"gvisor\" not found")
+    });
+}
+
+#[test]
+fn bad_node_flags_are_one_line_errors() {
+    let out = std::process::Command::new(common::ferrok_bin())
+        .args(["server", "--kubelet-arg", "max-pods=lots", "--data-dir", "/nonexistent/x"])
+        .output()
+        .expect("run ferrok");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--kubelet-arg \"max-pods=lots\": expected a positive number"), "{err}");
+    let out = std::process::Command::new(common::ferrok_bin())
+        .args(["server", "--node-taint", "x=y:Sometimes"])
+        .output()
+        .expect("run ferrok");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--node-taint"), "{err}");
+}

@@ -207,7 +207,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
             cluster_cidr: config.cluster_cidr,
             manage_nftables: true,
         },
-        status_trigger,
+        status_trigger.clone(),
     )));
     {
         let client = client.clone();
@@ -284,6 +284,8 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
             Err(e) => tracing::warn!(file = %file.display(), error = %e, "cannot import image file"),
         }
     }
+    // The node's image list (for the scheduler's ImageLocality) now has them.
+    status_trigger.notify_one();
     let workers = pod_workers::PodWorkers::new(kubelet.clone());
     {
         let workers = workers.clone();

@@ -267,6 +267,7 @@ impl Drop for TestContainerd {
 /// A docker-registry on 127.0.0.1, killed when dropped.
 pub struct Registry {
     child: Child,
+    pub addr: String,
     pub port: u16,
     pub dir: PathBuf,
     pub credentials: Option<(String, String)>,
@@ -283,11 +284,17 @@ impl Registry {
     /// Starts `docker-registry serve` with its storage in `dir`; with
     /// `htpasswd`, pulls and pushes need that user and password.
     pub fn start(dir: &Path, htpasswd: Option<(&str, &str)>) -> Registry {
+        Registry::start_at(dir, htpasswd, "127.0.0.1", None)
+    }
+
+    /// A registry on `addr`, inside the network namespace `netns` when given
+    /// (a test node's own, so that its containerd reaches it).
+    pub fn start_at(dir: &Path, htpasswd: Option<(&str, &str)>, addr: &str, netns: Option<&str>) -> Registry {
         let registry = require_binary("docker-registry", "docker-registry");
         std::fs::create_dir_all(dir).expect("registry dir");
         let port = super::free_port();
         let mut config = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}:{port}\n",
             dir.join("data").display()
         );
         if let Some((user, pass)) = htpasswd {
@@ -301,7 +308,15 @@ impl Registry {
         let config_path = dir.join("config.yml");
         std::fs::write(&config_path, config).expect("write registry config");
         let log = std::fs::File::create(dir.join("registry.log")).expect("registry log");
-        let child = Command::new(registry)
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net=/run/netns/{ns}")).arg(registry);
+                c
+            }
+            None => Command::new(registry),
+        };
+        let child = cmd
             .arg("serve")
             .arg(&config_path)
             .stdout(Stdio::null())
@@ -310,6 +325,7 @@ impl Registry {
             .expect("start docker-registry");
         let mut r = Registry {
             child,
+            addr: addr.to_string(),
             port,
             dir: dir.to_path_buf(),
             credentials: htpasswd.map(|(u, p)| (u.to_string(), p.to_string())),
@@ -318,9 +334,9 @@ impl Registry {
         r
     }
 
-    /// `127.0.0.1:<port>`
+    /// `<addr>:<port>`
     pub fn host(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.addr, self.port)
     }
 
     fn wait_ready(&mut self) {
@@ -330,9 +346,9 @@ impl Registry {
                 let log = std::fs::read_to_string(self.dir.join("registry.log")).unwrap_or_default();
                 panic!("docker-registry exited with {status}:\n{log}");
             }
-            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+            if let Ok(mut s) = TcpStream::connect((self.addr.as_str(), self.port)) {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-                let req = format!("GET /v2/ HTTP/1.0\r\nHost: 127.0.0.1:{}\r\n\r\n", self.port);
+                let req = format!("GET /v2/ HTTP/1.0\r\nHost: {}\r\n\r\n", self.host());
                 let mut answer = [0u8; 12];
                 if s.write_all(req.as_bytes()).is_ok()
                     && s.read_exact(&mut answer).is_ok()
@@ -341,7 +357,7 @@ impl Registry {
                     return;
                 }
             }
-            assert!(Instant::now() < deadline, "docker-registry did not answer on 127.0.0.1:{}", self.port);
+            assert!(Instant::now() < deadline, "docker-registry did not answer on {}", self.host());
             std::thread::sleep(Duration::from_millis(50));
         }
     }

@@ -72,13 +72,27 @@ fn make_netns() -> (String, u8) {
 impl Node {
     /// Starts a node with extra `ferrok server` flags and waits until it is Ready.
     pub fn start(extra: &[&str]) -> Node {
+        let mut node = Node::new(extra);
+        node.launch();
+        node
+    }
+
+    /// Starts the server of a node made with `new`, and waits until it is Ready.
+    pub fn launch(&mut self) {
+        self.spawn();
+        self.wait_ready(Duration::from_secs(60));
+    }
+
+    /// A node's data dir (with the busybox image in its images folder) and
+    /// network namespace, its server not started yet.
+    pub fn new(extra: &[&str]) -> Node {
         let dir = tempfile::tempdir().expect("tempdir");
         let images = dir.path().join("agent").join("images");
         std::fs::create_dir_all(&images).expect("images dir");
         busybox_oci_tar(&images.join("busybox.tar"), BUSYBOX);
         let (netns, n) = make_netns();
         let port = 6443;
-        let mut node = Node {
+        Node {
             child: None,
             name: format!("node-{n}"),
             netns,
@@ -89,10 +103,7 @@ impl Node {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             dir,
             log_count: 0,
-        };
-        node.spawn();
-        node.wait_ready(Duration::from_secs(60));
-        node
+        }
     }
 
     fn spawn(&mut self) {
@@ -355,7 +366,13 @@ impl Node {
     pub fn eventually(&self, what: &str, secs: u64, mut check: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while !check() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}\n--- server log tail ---\n{}", tail(&self.log(), 60));
+            if Instant::now() >= deadline {
+                let pods = self.kubectl(&["get", "pods", "-A", "-o", "wide"]).1;
+                let events = self.kubectl(&["get", "events", "-A"]).1;
+                let log: String =
+                    self.log().lines().filter(|l| !l.contains("ferrok::apiserver: request")).collect::<Vec<_>>().join("\n");
+                panic!("timed out waiting for {what}\n--- pods ---\n{pods}\n--- events ---\n{}\n--- server log tail ---\n{}", tail(&events, 40), tail(&log, 40));
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
     }

@@ -212,7 +212,14 @@ impl Registries {
             }
             out.push_str(&self.tls_toml(registry, &server));
         }
-        for e in endpoints.iter().filter(|e| Some(*e) != own.as_ref()) {
+        // containerd 1.6 drops a hosts.toml without any `[host]` table
+        // ("invalid `host` tree") and falls back to HTTPS on the default
+        // server, so the registry itself is always listed as a host too.
+        let mut listed: Vec<Endpoint> = endpoints.iter().filter(|e| Some(*e) != own.as_ref()).cloned().collect();
+        if listed.is_empty() && registry != "*" {
+            listed.push(server.clone());
+        }
+        for e in listed.iter() {
             out.push_str(&format!("\n[host.{}]\n", toml_str(&e.url())));
             out.push_str("  capabilities = [\"pull\", \"resolve\"]\n");
             if !e.path.is_empty() {
@@ -357,7 +364,8 @@ configs:
     fn a_registry_mirrored_to_itself_over_http_is_its_own_server() {
         let toml = sample().hosts_toml("127.0.0.1:5001");
         assert!(toml.contains(r#"server = "http://127.0.0.1:5001""#), "{toml}");
-        assert!(!toml.contains("[host."), "{toml}");
+        // containerd 1.6 ignores a hosts.toml without a [host] table.
+        assert!(toml.contains("[host.\"http://127.0.0.1:5001\"]\n  capabilities = [\"pull\", \"resolve\"]"), "{toml}");
     }
 
     #[test]
