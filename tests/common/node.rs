@@ -106,7 +106,8 @@ impl Node {
         }
     }
 
-    fn spawn(&mut self) {
+    /// Starts the server without waiting (benchmarks time the rest).
+    pub fn spawn(&mut self) {
         self.log_count += 1;
         let log = std::fs::File::create(self.dir.path().join(format!("server-{}.log", self.log_count))).expect("log");
         let mut cmd = Command::new("nsenter");
@@ -123,6 +124,11 @@ impl Node {
         self.child = Some(cmd.spawn().expect("start ferrok server"));
     }
 
+    /// The server's pid (nsenter execs ferrok in place).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn log(&self) -> String {
         let mut out = String::new();
         for i in 1..=self.log_count {
@@ -136,7 +142,7 @@ impl Node {
     }
 
     /// The admin kubeconfig, pointed at the node's address in its namespace.
-    fn write_host_kubeconfig(&self) -> bool {
+    pub fn write_host_kubeconfig(&self) -> bool {
         let Ok(text) = std::fs::read_to_string(self.dir.path().join("kubeconfig.yaml")) else { return false };
         let text = text.replace(&format!("https://127.0.0.1:{}", self.port), &format!("https://{}:{}", self.ip, self.port));
         std::fs::write(self.kubeconfig(), text).is_ok()
