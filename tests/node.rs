@@ -536,3 +536,94 @@ fn bad_node_flags_are_one_line_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--node-taint"), "{err}");
 }
+
+#[test]
+fn claims_bind_to_host_path_volumes_and_security_contexts_and_hooks_apply() {
+    let node = Node::start(&[]);
+    ns(&node, "sec");
+    let host_dir = node.dir.path().join("pv-data");
+    std::fs::create_dir_all(&host_dir).expect("pv dir");
+    node.apply(&format!(
+        r#"
+apiVersion: v1
+kind: PersistentVolume
+metadata: {{name: local-pv}}
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  hostPath: {{path: {dir}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: data, namespace: sec}}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {{requests: {{storage: 100Mi}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: locked-down, namespace: sec}}
+spec:
+  terminationGracePeriodSeconds: 3
+  securityContext: {{runAsUser: 65534, runAsGroup: 65534, fsGroup: 2000}}
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: ["sh", "-c", "sleep 100000"]
+    securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+    lifecycle:
+      postStart: {{exec: {{command: ["sh", "-c", "echo started > /scratch/post-start"]}}}}
+      preStop: {{exec: {{command: ["sh", "-c", "echo stopping > /data/pre-stop"]}}}}
+    volumeMounts:
+    - {{name: data, mountPath: /data}}
+    - {{name: scratch, mountPath: /scratch}}
+  volumes:
+  - {{name: data, persistentVolumeClaim: {{claimName: data}}}}
+  - {{name: scratch, emptyDir: {{}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: wants-non-root, namespace: sec}}
+spec:
+  securityContext: {{runAsNonRoot: true}}
+  containers: [{{name: c, image: {BUSYBOX}, command: ["sleep", "100000"]}}]
+"#,
+        dir = host_dir.display()
+    ));
+    node.eventually("the claim bound", 30, || node.get(&["pvc", "-n", "sec", "data"], "{.status.phase}") == "Bound");
+    assert_eq!(node.get(&["pvc", "-n", "sec", "data"], "{.spec.volumeName}"), "local-pv");
+    assert_eq!(node.get(&["pv", "local-pv"], "{.status.phase}/{.spec.claimRef.name}"), "Bound/data");
+    // The claim's volume is world-writable for the unprivileged user here.
+    std::fs::set_permissions(&host_dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).expect("chmod");
+    node.eventually("locked-down running", 60, || phase(&node, "sec", "locked-down") == "Running");
+    let id = node.exec("sec", "locked-down", "c", "id");
+    assert!(id.contains("uid=65534") && id.contains("gid=65534") && id.contains("2000"), "{id}");
+    let ro = node.exec("sec", "locked-down", "c", "touch /rootfs-file 2>&1; echo $?");
+    assert!(ro.contains("Read-only file system"), "{ro}");
+    let caps = node.exec("sec", "locked-down", "c", "grep CapEff /proc/self/status");
+    assert!(caps.contains("0000000000000000"), "all capabilities dropped: {caps}");
+    let nnp = node.exec("sec", "locked-down", "c", "grep NoNewPrivs /proc/self/status");
+    assert!(nnp.contains('1'), "{nnp}");
+    assert_eq!(node.exec("sec", "locked-down", "c", "cat /scratch/post-start").trim(), "started");
+    node.exec("sec", "locked-down", "c", "echo hello > /data/hello");
+    assert_eq!(std::fs::read_to_string(host_dir.join("hello")).expect("written through the PV").trim(), "hello");
+
+    // runAsNonRoot against an image that runs as root: upstream's error.
+    node.eventually("CreateContainerConfigError", 30, || {
+        node.get(&["pod", "-n", "sec", "wants-non-root"], "{.status.containerStatuses[0].state.waiting.reason}")
+            == "CreateContainerConfigError"
+    });
+    let msg = node.get(&["pod", "-n", "sec", "wants-non-root"], "{.status.containerStatuses[0].state.waiting.message}");
+    assert!(msg.contains("container has runAsNonRoot and image will run as root"), "{msg}");
+
+    // Deletion runs preStop, then stops the container within the grace period
+    // (sleep as PID 1 ignores SIGTERM, so the grace period runs out).
+    let started = std::time::Instant::now();
+    node.ok(&["delete", "pod", "-n", "sec", "locked-down"]);
+    let took = started.elapsed();
+    assert!(took >= std::time::Duration::from_secs(2) && took < std::time::Duration::from_secs(15), "deletion took {took:?}");
+    assert_eq!(std::fs::read_to_string(host_dir.join("pre-stop")).expect("preStop ran").trim(), "stopping");
+    node.ok(&["delete", "pod", "-n", "sec", "wants-non-root", "--grace-period=1"]);
+    node.ok(&["delete", "pvc", "-n", "sec", "data"]);
+    node.eventually("the volume released", 30, || node.get(&["pv", "local-pv"], "{.status.phase}") == "Released");
+}

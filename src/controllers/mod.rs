@@ -21,6 +21,7 @@ pub mod job_pods;
 pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
+pub mod persistentvolume;
 pub mod ref_manager;
 pub mod replicaset;
 pub mod resourcequota;
@@ -88,6 +89,7 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(endpoints::run(client.clone(), pods.subscribe())),
         tokio::spawn(endpointslice::run(client.clone(), pods.subscribe())),
         tokio::spawn(disruption::run(client.clone(), pods.subscribe())),
+        tokio::spawn(persistentvolume::run(client.clone(), pods.subscribe())),
         tokio::spawn(replicaset::run(client.clone())),
         tokio::spawn(deployment::run(client.clone())),
         tokio::spawn(resourcequota::run(client, pods.subscribe())),
