@@ -39,19 +39,6 @@ pub trait ProbeResults: Send + Sync {
     fn ready(&self, pod: &Pod, rt: &RuntimePod) -> HashSet<String>;
 }
 
-/// Without a prober: every running container is started and ready.
-struct NoProbes;
-
-impl ProbeResults for NoProbes {
-    fn ensure(&self, _: &Pod, _: &RuntimePod, _: Option<std::net::IpAddr>) {}
-    fn state(&self, _: &Pod, rt: &RuntimePod) -> ProbeState {
-        ProbeState { must_restart: HashMap::new(), started: rt.running().map(|c| c.id.clone()).collect() }
-    }
-    fn ready(&self, _: &Pod, rt: &RuntimePod) -> HashSet<String> {
-        rt.running().map(|c| c.id.clone()).collect()
-    }
-}
-
 /// What a pod worker keeps between syncs.
 #[derive(Debug, Default)]
 pub struct PodState {
@@ -104,10 +91,6 @@ fn next_backoff(prev: Option<(Instant, Duration)>) -> (Instant, Duration) {
 }
 
 impl Kubelet {
-    pub fn no_probes() -> Arc<dyn ProbeResults> {
-        Arc::new(NoProbes)
-    }
-
     pub fn pods_dir(&self) -> &PathBuf {
         &self.runtime.pods_dir
     }
