@@ -19,6 +19,7 @@ pub mod image_manager;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
+pub mod logs;
 pub mod node_lease;
 pub mod node_status;
 pub mod pleg;
