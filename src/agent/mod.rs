@@ -9,6 +9,7 @@
 
 pub mod backoff;
 pub mod config;
+pub mod container_gc;
 pub mod containerd;
 pub mod credentials;
 pub mod cri;

@@ -73,6 +73,7 @@ pub async fn run(client: kube::Client, node_name: String, kubelet: Arc<Kubelet>,
                 if first_list {
                     first_list = false;
                     cleanup_orphans(&kubelet, &workers, &listing).await;
+                    workers.set_sources_ready();
                 }
             }
             Err(e) => tracing::debug!(error = %e, "pod watch error"),
