@@ -16,6 +16,7 @@ pub mod cri;
 pub mod dns;
 pub mod env;
 pub mod events;
+pub mod image_gc;
 pub mod image_manager;
 pub mod kubelet;
 pub mod kuberuntime;
