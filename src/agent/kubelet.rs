@@ -157,7 +157,7 @@ impl Kubelet {
         }
         let probes = self.probes.state(pod, rt);
         let ready = self.probes.ready(pod, rt);
-        pod_status::generate(&StatusInputs {
+        let mut status = pod_status::generate(&StatusInputs {
             pod,
             rt,
             waiting: &st.waiting,
@@ -168,7 +168,9 @@ impl Kubelet {
             termination_messages: &messages,
             failure: st.failure.as_ref(),
             terminal,
-        })
+        });
+        super::eviction::add_disruption_target(&mut status, st.failure.as_ref());
+        status
     }
 
     async fn read(&self, uid: &str) -> Result<RuntimePod, CriError> {

@@ -16,6 +16,8 @@ pub mod cri;
 pub mod dns;
 pub mod env;
 pub mod events;
+pub mod eviction;
+pub mod housekeeping;
 pub mod image_gc;
 pub mod image_manager;
 pub mod kubelet;
@@ -180,12 +182,6 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         let client = client.clone();
         tasks.push(tokio::spawn(async move { ensure_runtime_classes(&client, &handler_names).await }));
     }
-    // Kept for the eviction manager, which reports pressure through it.
-    tasks.push(tokio::spawn(async move {
-        let _keep = pressure_tx;
-        std::future::pending::<()>().await
-    }));
-
     let (services, services_task) = spawn_services_cache(&client);
     tasks.push(services_task);
     let events = events::Events::new(client.clone(), &config.node_name);
@@ -246,6 +242,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
             }
         }));
     }
+    tasks.extend(housekeeping::spawn(kubelet.clone(), workers.clone(), pressure_tx, paths.root.clone(), pause_image));
     tasks.push(tokio::spawn(pod_config::run(client.clone(), config.node_name.clone(), kubelet, workers)));
     Ok(Agent { containerd, tasks })
 }
