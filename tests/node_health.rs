@@ -1,0 +1,201 @@
+//! Keeping a node healthy, against the real `ferrok server` with its node
+//! role: container log rotation, node-pressure eviction with the
+//! MemoryPressure condition and taint, and local-storage limit evictions.
+//! Needs root, containerd, runc and the CNI plugins (scripts/deps).
+
+#[path = "node_health/node.rs"]
+mod node;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use node::{Node, IMAGE, QUIET_DISK};
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v: Vec<&str> = QUIET_DISK.to_vec();
+    v.extend_from_slice(extra);
+    v
+}
+
+/// The files in a container's log folder, leftovers of a pass in progress excluded.
+fn log_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    names.retain(|n| !n.ends_with(".tmp"));
+    names.sort();
+    names
+}
+
+/// The sequence numbers the container printed, from a CRI log's text.
+fn numbers(text: &str) -> Vec<u64> {
+    text.lines().filter_map(|l| l.splitn(4, ' ').nth(3)?.split(' ').next()?.parse().ok()).collect()
+}
+
+#[test]
+fn container_logs_rotate_gzip_and_stay_bounded() {
+    let node = Node::start(&args(&[
+        "--kubelet-arg",
+        "container-log-max-size=1Mi",
+        "--kubelet-arg",
+        "container-log-max-files=3",
+    ]));
+    // About 200 KB/s of numbered 100-byte lines.
+    let script = r#"n=0; while :; do n=$((n+1)); echo "$n xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"; [ $((n % 20)) -eq 0 ] && usleep 10000; done"#;
+    node.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "chatty", "namespace": "default"}},
+            "spec": {{"nodeName": "{}", "terminationGracePeriodSeconds": 1, "containers": [{{"name": "app", "image": "{IMAGE}",
+              "command": ["sh", "-c", {}]}}]}}}}"#,
+        node.name,
+        serde_json::to_string(script).unwrap()
+    ));
+    node.eventually("chatty running", Duration::from_secs(60), || {
+        node.get(&["pod", "chatty"], "{.status.phase}") == "Running"
+    });
+    let uid = node.get(&["pod", "chatty"], "{.metadata.uid}");
+    let dir: PathBuf = node.pod_logs_dir().join(format!("default_chatty_{uid}")).join("app");
+    // Watch several rotations: never more than 3 files, the older rotated ones gzipped.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut rotations_seen = std::collections::BTreeSet::new();
+    loop {
+        let files = log_files(&dir);
+        assert!(files.len() <= 3, "more than 3 log files: {files:?}");
+        for f in files.iter().filter(|f| f.starts_with("0.log.")) {
+            rotations_seen.insert(f.trim_end_matches(".gz").to_string());
+        }
+        let gz = files.iter().filter(|f| f.ends_with(".gz")).count();
+        let plain_rotated = files.iter().filter(|f| f.starts_with("0.log.") && !f.ends_with(".gz")).count();
+        if rotations_seen.len() >= 4 && gz == 1 && plain_rotated == 1 && files.contains(&"0.log".to_string()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "rotation not seen: {files:?}, rotations {rotations_seen:?}\n{}", node.server_log());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The gzipped file is a whole CRI log; the live log goes on where the rotated one ended.
+    let files = log_files(&dir);
+    let gz_name = files.iter().find(|f| f.ends_with(".gz")).unwrap();
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(std::fs::File::open(dir.join(gz_name)).unwrap()).read_to_string(&mut text).unwrap();
+    let old = numbers(&text);
+    assert!(old.len() > 1000, "{} lines in {gz_name}", old.len());
+    assert!(text.lines().all(|l| l.contains(" stdout F ")), "not a CRI log");
+    let rotated = files.iter().find(|f| f.starts_with("0.log.") && !f.ends_with(".gz")).unwrap();
+    let newer = numbers(&std::fs::read_to_string(dir.join(rotated)).unwrap());
+    assert!(old.last() < newer.first(), "gz before plain rotated file");
+    std::thread::sleep(Duration::from_millis(500));
+    let live = numbers(&std::fs::read_to_string(dir.join("0.log")).unwrap_or_default());
+    let (Some(last_rotated), Some(first_live)) = (newer.last(), live.first()) else {
+        panic!("empty logs: rotated {rotated}, live {}", live.len())
+    };
+    assert_eq!(*first_live, last_rotated + 1, "lines lost or duplicated across the rotation");
+    // `kubectl logs` reads the live file through the kubelet API.
+    let (ok, out) = node.kubectl(&["logs", "chatty", "--tail=3"]);
+    if ok {
+        let tail = numbers(&out.lines().map(|l| format!("t s F {l}")).collect::<Vec<_>>().join("\n"));
+        assert_eq!(tail.len(), 3, "{out}");
+        assert!(tail[0] > *last_rotated, "kubectl logs shows old lines: {out}");
+    } else {
+        // The kubelet API (logs) is not on this branch yet; the files it reads are checked above.
+        eprintln!("kubectl logs unavailable on this build: {out}");
+    }
+}
+
+fn gib_above_total_memory() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = text.lines().find(|l| l.starts_with("MemTotal:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib / (1024 * 1024) + 2
+}
+
+#[test]
+fn memory_pressure_taints_the_node_and_evicts_best_effort_pods_not_critical_ones() {
+    let gib = gib_above_total_memory();
+    let threshold = format!("eviction-hard=memory.available<{gib}Gi");
+    let node = Node::start(&["--kubelet-arg", &threshold, "--kubelet-arg", "image-gc-high-threshold=100"]);
+    node.eventually("MemoryPressure", Duration::from_secs(60), || {
+        node.get(&["node", &node.name], "{.status.conditions[?(@.type==\"MemoryPressure\")].status}") == "True"
+    });
+    node.eventually("memory-pressure taint", Duration::from_secs(60), || {
+        let taints = node.get(&["node", &node.name], "{range .spec.taints[*]}{.key}:{.effect} {end}");
+        taints.contains("node.kubernetes.io/memory-pressure:NoSchedule")
+    });
+    assert_eq!(node.get(&["node", &node.name], "{.status.conditions[?(@.type==\"DiskPressure\")].status}"), "False");
+    node.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "critical", "namespace": "kube-system"}},
+            "spec": {{"nodeName": "{n}", "priorityClassName": "system-node-critical", "terminationGracePeriodSeconds": 1,
+              "containers": [{{"name": "app", "image": "{IMAGE}",
+                "resources": {{"requests": {{"cpu": "50m", "memory": "32Mi"}}, "limits": {{"cpu": "50m", "memory": "32Mi"}}}}}}]}}}}"#,
+        n = node.name
+    ));
+    node.eventually("critical pod running", Duration::from_secs(60), || {
+        node.get(&["pod", "critical", "-n", "kube-system"], "{.status.phase}") == "Running"
+    });
+    assert_eq!(node.get(&["pod", "critical", "-n", "kube-system"], "{.status.qosClass}"), "Guaranteed");
+    node.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "besteffort", "namespace": "default"}},
+            "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30,
+              "containers": [{{"name": "app", "image": "{IMAGE}"}}]}}}}"#,
+        n = node.name
+    ));
+    node.eventually("the BestEffort pod evicted", Duration::from_secs(60), || {
+        node.get(&["pod", "besteffort"], "{.status.phase}") == "Failed"
+    });
+    assert_eq!(node.get(&["pod", "besteffort"], "{.status.reason}"), "Evicted");
+    let message = node.get(&["pod", "besteffort"], "{.status.message}");
+    let prefix = format!("The node was low on resource: memory. Threshold quantity: {gib}Gi, available: ");
+    assert!(message.starts_with(&prefix), "{message}");
+    let condition = node.get(&["pod", "besteffort"], "{.status.conditions[?(@.type==\"DisruptionTarget\")].reason}");
+    assert_eq!(condition, "TerminationByKubelet");
+    node.eventually("the Evicted event", Duration::from_secs(20), || {
+        let reasons = node.get(&["events", "--field-selector", "involvedObject.name=besteffort"], "{.items[*].reason}");
+        reasons.split(' ').any(|r| r == "Evicted")
+    });
+    // Stopped with no grace (hard threshold), not its 30 s.
+    node.eventually("the evicted pod's container stopped", Duration::from_secs(15), || {
+        node.get(&["pod", "besteffort"], "{.status.containerStatuses[0].state.terminated.reason}") != ""
+    });
+    // The critical pod stays through several more passes.
+    let until = Instant::now() + Duration::from_secs(25);
+    while Instant::now() < until {
+        assert_eq!(node.get(&["pod", "critical", "-n", "kube-system"], "{.status.phase}"), "Running");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[test]
+fn container_ephemeral_storage_overrun_evicts_the_pod() {
+    let node = Node::start(&args(&[]));
+    node.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "filler", "namespace": "default"}},
+            "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30, "containers": [{{"name": "app", "image": "{IMAGE}",
+              "command": ["sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=20 && sleep 1000000"],
+              "resources": {{"limits": {{"ephemeral-storage": "5Mi"}}}}}}]}}}}"#,
+        n = node.name
+    ));
+    node.eventually("the filler evicted", Duration::from_secs(90), || node.get(&["pod", "filler"], "{.status.phase}") == "Failed");
+    assert_eq!(node.get(&["pod", "filler"], "{.status.reason}"), "Evicted");
+    assert_eq!(
+        node.get(&["pod", "filler"], "{.status.message}"),
+        "Container app exceeded its local ephemeral storage limit \"5Mi\". "
+    );
+}
+
+#[test]
+#[ignore = "needs the volume manager (branch volumes) wired into agent::start: without it no emptyDir folder exists"]
+fn empty_dir_size_limit_overrun_evicts_the_pod() {
+    let node = Node::start(&args(&[]));
+    node.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "scratch", "namespace": "default"}},
+            "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30,
+              "volumes": [{{"name": "x", "emptyDir": {{"sizeLimit": "1Mi"}}}}],
+              "containers": [{{"name": "app", "image": "{IMAGE}",
+                "command": ["sh", "-c", "dd if=/dev/zero of=/x/fill bs=1M count=4 && sleep 1000000"],
+                "volumeMounts": [{{"name": "x", "mountPath": "/x"}}]}}]}}}}"#,
+        n = node.name
+    ));
+    node.eventually("the scratch pod evicted", Duration::from_secs(60), || node.get(&["pod", "scratch"], "{.status.phase}") == "Failed");
+    assert_eq!(node.get(&["pod", "scratch"], "{.status.reason}"), "Evicted");
+    assert_eq!(node.get(&["pod", "scratch"], "{.status.message}"), "Usage of EmptyDir volume \"x\" exceeds the limit \"1Mi\". ");
+    let condition = node.get(&["pod", "scratch"], "{.status.conditions[?(@.type==\"DisruptionTarget\")].status}");
+    assert_eq!(condition, "True");
+}
