@@ -199,3 +199,4 @@ fn empty_dir_size_limit_overrun_evicts_the_pod() {
     let condition = node.get(&["pod", "scratch"], "{.status.conditions[?(@.type==\"DisruptionTarget\")].status}");
     assert_eq!(condition, "True");
 }
+

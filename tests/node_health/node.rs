@@ -122,8 +122,10 @@ impl Node {
         ip("route add default via 192.168.77.1 dev eth0");
         let dir = tempfile::Builder::new().prefix("fh").tempdir_in("/tmp").unwrap();
         let log = std::fs::File::create(dir.path().join("server.log")).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &ns])
+        // nsenter, not `ip netns exec`: that one mounts a fresh /sys, hiding the cgroup mounts from runc.
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{ns}"))
+            .arg("--")
             .arg(env!("CARGO_BIN_EXE_ferrok"))
             .args(["server", "--data-dir"])
             .arg(dir.path().join("data"))
@@ -201,8 +203,8 @@ impl Node {
 
     /// kubectl inside the node's namespace; success, and stdout then stderr.
     pub fn kubectl(&self, args: &[&str]) -> (bool, String) {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "kubectl"])
+        let out = Command::new("nsenter")
+            .args([&format!("--net=/run/netns/{}", self.ns), "--", "kubectl"])
             .env("KUBECONFIG", self.data().join("kubeconfig.yaml"))
             .env("HOME", self.dir.path())
             .args(args)
@@ -214,8 +216,8 @@ impl Node {
     /// `kubectl apply -f -`.
     pub fn apply(&self, yaml: &str) {
         use std::io::Write;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "kubectl", "apply", "-f", "-"])
+        let mut child = Command::new("nsenter")
+            .args([&format!("--net=/run/netns/{}", self.ns), "--", "kubectl", "apply", "-f", "-"])
             .env("KUBECONFIG", self.data().join("kubeconfig.yaml"))
             .env("HOME", self.dir.path())
             .stdin(Stdio::piped())
@@ -268,7 +270,7 @@ impl Drop for Node {
             std::thread::sleep(Duration::from_millis(500));
         }
         if let Some(mut c) = self.child.take() {
-            // SAFETY: kill(2) on our own child (`ip netns exec` execs the server).
+            // SAFETY: kill(2) on our own child (nsenter execs the server).
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             let _ = c.wait();
         }

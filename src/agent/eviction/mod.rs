@@ -79,6 +79,8 @@ pub struct EvictionManager {
     state: ThresholdState,
     /// Pods told to go, until their workers are gone.
     evicted: HashSet<String>,
+    /// The last pass found nothing to evict (said once, not every pass).
+    nothing_to_evict: bool,
 }
 
 impl EvictionManager {
@@ -99,6 +101,7 @@ impl EvictionManager {
             image_fs,
             state: ThresholdState::default(),
             evicted: HashSet::new(),
+            nothing_to_evict: false,
         }
     }
 
@@ -142,7 +145,7 @@ impl EvictionManager {
         thresholds::by_eviction_priority(&mut to_reclaim);
         let threshold = to_reclaim.swap_remove(0);
         let signal = threshold.signal();
-        tracing::info!(signal = signal.name(), "eviction threshold met; attempting to reclaim");
+        tracing::debug!(signal = signal.name(), "eviction threshold met; attempting to reclaim");
         let mut observations = observations;
         if thresholds::pressure_of(signal) == Pressure::Disk {
             self.reclaim_node_level().await;
@@ -170,10 +173,13 @@ impl EvictionManager {
             let message = ranking::eviction_message(resource, &quantity, &available, &usage);
             let grace = self.grace_period(&threshold, &usage.pod);
             if self.evict(&usage.pod, message, grace) {
+                self.nothing_to_evict = false;
                 return;
             }
         }
-        tracing::warn!(signal = signal.name(), "eviction threshold met but no pod can be evicted");
+        if !std::mem::replace(&mut self.nothing_to_evict, true) {
+            tracing::warn!(signal = signal.name(), "eviction threshold met but no pod can be evicted");
+        }
     }
 
     /// Soft thresholds: the max pod grace period (at most the pod's own); hard ones: none.
