@@ -163,20 +163,38 @@ fn memory_pressure_taints_the_node_and_evicts_best_effort_pods_not_critical_ones
 }
 
 #[test]
-fn container_ephemeral_storage_overrun_evicts_the_pod() {
+fn ephemeral_storage_overruns_evict_the_pod() {
     let node = Node::start(&args(&[]));
+    let fill = |mb: u32| format!("dd if=/dev/zero of=/tmp/fill bs=1M count={mb} && sleep 1000000");
+    // One container: the pod's total limit is its limit, checked first (as upstream).
     node.apply(&format!(
         r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "filler", "namespace": "default"}},
             "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30, "containers": [{{"name": "app", "image": "{IMAGE}",
-              "command": ["sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=20 && sleep 1000000"],
-              "resources": {{"limits": {{"ephemeral-storage": "5Mi"}}}}}}]}}}}"#,
-        n = node.name
+              "command": ["sh", "-c", "{cmd}"], "resources": {{"limits": {{"ephemeral-storage": "5Mi"}}}}}}]}}}}"#,
+        n = node.name,
+        cmd = fill(20)
     ));
-    node.eventually("the filler evicted", Duration::from_secs(90), || node.get(&["pod", "filler"], "{.status.phase}") == "Failed");
-    assert_eq!(node.get(&["pod", "filler"], "{.status.reason}"), "Evicted");
+    // Two containers: one over its own limit, the pod within the sum.
+    node.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "pair", "namespace": "default"}},
+            "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30, "containers": [
+              {{"name": "small", "image": "{IMAGE}", "command": ["sh", "-c", "{cmd}"],
+                "resources": {{"limits": {{"ephemeral-storage": "5Mi"}}}}}},
+              {{"name": "big", "image": "{IMAGE}", "resources": {{"limits": {{"ephemeral-storage": "100Mi"}}}}}}]}}}}"#,
+        n = node.name,
+        cmd = fill(12)
+    ));
+    for pod in ["filler", "pair"] {
+        node.eventually(&format!("{pod} evicted"), Duration::from_secs(90), || node.get(&["pod", pod], "{.status.phase}") == "Failed");
+        assert_eq!(node.get(&["pod", pod], "{.status.reason}"), "Evicted");
+    }
     assert_eq!(
         node.get(&["pod", "filler"], "{.status.message}"),
-        "Container app exceeded its local ephemeral storage limit \"5Mi\". "
+        "Pod ephemeral local storage usage exceeds the total limit of containers 5Mi. "
+    );
+    assert_eq!(
+        node.get(&["pod", "pair"], "{.status.message}"),
+        "Container small exceeded its local ephemeral storage limit \"5Mi\". "
     );
 }
 
