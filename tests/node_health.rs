@@ -69,7 +69,11 @@ fn container_logs_rotate_gzip_and_stay_bounded() {
         if rotations_seen.len() >= 4 && gz == 1 && plain_rotated == 1 && files.contains(&"0.log".to_string()) {
             break;
         }
-        assert!(Instant::now() < deadline, "rotation not seen: {files:?}, rotations {rotations_seen:?}\n{}", node.server_log());
+        assert!(
+            Instant::now() < deadline,
+            "rotation not seen: {files:?}, rotations {rotations_seen:?}\n{}",
+            node.server_log()
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     // The gzipped file is a whole CRI log; the live log goes on where the rotated one ended.
@@ -103,7 +107,8 @@ fn container_logs_rotate_gzip_and_stay_bounded() {
 
 fn gib_above_total_memory() -> u64 {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let kib: u64 = text.lines().find(|l| l.starts_with("MemTotal:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let kib: u64 =
+        text.lines().find(|l| l.starts_with("MemTotal:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
     kib / (1024 * 1024) + 2
 }
 
@@ -152,7 +157,7 @@ fn memory_pressure_taints_the_node_and_evicts_best_effort_pods_not_critical_ones
     });
     // Stopped with no grace (hard threshold), not its 30 s.
     node.eventually("the evicted pod's container stopped", Duration::from_secs(15), || {
-        node.get(&["pod", "besteffort"], "{.status.containerStatuses[0].state.terminated.reason}") != ""
+        !node.get(&["pod", "besteffort"], "{.status.containerStatuses[0].state.terminated.reason}").is_empty()
     });
     // The critical pod stays through several more passes.
     let until = Instant::now() + Duration::from_secs(25);
@@ -185,7 +190,9 @@ fn ephemeral_storage_overruns_evict_the_pod() {
         cmd = fill(12)
     ));
     for pod in ["filler", "pair"] {
-        node.eventually(&format!("{pod} evicted"), Duration::from_secs(90), || node.get(&["pod", pod], "{.status.phase}") == "Failed");
+        node.eventually(&format!("{pod} evicted"), Duration::from_secs(90), || {
+            node.get(&["pod", pod], "{.status.phase}") == "Failed"
+        });
         assert_eq!(node.get(&["pod", pod], "{.status.reason}"), "Evicted");
     }
     assert_eq!(
@@ -211,10 +218,14 @@ fn empty_dir_size_limit_overrun_evicts_the_pod() {
                 "volumeMounts": [{{"name": "x", "mountPath": "/x"}}]}}]}}}}"#,
         n = node.name
     ));
-    node.eventually("the scratch pod evicted", Duration::from_secs(60), || node.get(&["pod", "scratch"], "{.status.phase}") == "Failed");
+    node.eventually("the scratch pod evicted", Duration::from_secs(60), || {
+        node.get(&["pod", "scratch"], "{.status.phase}") == "Failed"
+    });
     assert_eq!(node.get(&["pod", "scratch"], "{.status.reason}"), "Evicted");
-    assert_eq!(node.get(&["pod", "scratch"], "{.status.message}"), "Usage of EmptyDir volume \"x\" exceeds the limit \"1Mi\". ");
+    assert_eq!(
+        node.get(&["pod", "scratch"], "{.status.message}"),
+        "Usage of EmptyDir volume \"x\" exceeds the limit \"1Mi\". "
+    );
     let condition = node.get(&["pod", "scratch"], "{.status.conditions[?(@.type==\"DisruptionTarget\")].status}");
     assert_eq!(condition, "True");
 }
-

@@ -78,7 +78,7 @@ pub fn plan(
     let min_age = UNSTARTED_MIN_AGE.as_nanos() as i64;
     let mut removed: HashSet<&str> = HashSet::new();
     for list in by_container.values_mut() {
-        list.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        list.sort_by_key(|c| std::cmp::Reverse(c.created_at));
         for c in list.iter().skip(KEEP_PER_CONTAINER) {
             let dead = match c.state {
                 ContainerRunState::Exited => true,
@@ -105,7 +105,7 @@ pub fn plan(
         }
     }
     for list in by_pod.values_mut() {
-        list.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        list.sort_by_key(|c| std::cmp::Reverse(c.created_at));
         for s in list.iter().skip(1) {
             if !s.ready && !in_use.contains(s.id.as_str()) {
                 out.sandboxes.push(s.id.clone());
@@ -320,7 +320,8 @@ mod tests {
     #[test]
     fn old_dead_sandboxes_without_containers_go() {
         let containers = [c("a2", "p", "app", "sb2", Running, 30), c("a1", "p", "app", "sb1", Exited, 20)];
-        let sandboxes = [s("sb3", "p", false, 40), s("sb2", "p", true, 25), s("sb1", "p", false, 15), s("sb0", "p", false, 5)];
+        let sandboxes =
+            [s("sb3", "p", false, 40), s("sb2", "p", true, 25), s("sb1", "p", false, 15), s("sb0", "p", false, 5)];
         let p = plan(&containers, &sandboxes, &|_| true, true, NOW);
         // sb3 is the newest (kept, even dead); sb2 is ready; sb1 still holds a1.
         assert_eq!(p.sandboxes, ["sb0"]);

@@ -111,7 +111,14 @@ impl ImageGcManager {
             uid: Some(node),
             ..Default::default()
         };
-        Arc::new(ImageGcManager { kubelet, policy, image_fs, sandbox_image, node_ref, records: Mutex::new(HashMap::new()) })
+        Arc::new(ImageGcManager {
+            kubelet,
+            policy,
+            image_fs,
+            sandbox_image,
+            node_ref,
+            records: Mutex::new(HashMap::new()),
+        })
     }
 
     fn node_event(&self, kind: EventType, reason: &str, message: &str) {
@@ -151,7 +158,12 @@ impl ImageGcManager {
             return Ok(());
         }
         let usage = 100 - fs.available * 100 / fs.capacity;
-        tracing::info!(usage_percent = usage, high = self.policy.high_threshold_percent, bytes = wanted, "image filesystem over the high threshold; removing unused images");
+        tracing::info!(
+            usage_percent = usage,
+            high = self.policy.high_threshold_percent,
+            bytes = wanted,
+            "image filesystem over the high threshold; removing unused images"
+        );
         let freed = self.free_space(wanted, &in_use, Instant::now()).await?;
         if freed < wanted {
             let msg = format!(
@@ -204,7 +216,11 @@ impl ImageGcManager {
         let present: HashSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
         records.retain(|id, _| present.contains(id.as_str()));
         for img in &images {
-            let r = records.entry(img.id.clone()).or_insert(ImageRecord { first_detected: now, last_used: now, size: img.size });
+            let r = records.entry(img.id.clone()).or_insert(ImageRecord {
+                first_detected: now,
+                last_used: now,
+                size: img.size,
+            });
             r.size = img.size;
             if in_use.contains(&img.id) {
                 r.last_used = now;
@@ -237,7 +253,8 @@ impl ImageGcManager {
         let mut errors = Vec::new();
         for (id, size) in chosen {
             tracing::info!(image = %id, size, "removing an unused image");
-            let req = api::RemoveImageRequest { image: Some(api::ImageSpec { image: id.clone(), ..Default::default() }) };
+            let req =
+                api::RemoveImageRequest { image: Some(api::ImageSpec { image: id.clone(), ..Default::default() }) };
             match self.kubelet.runtime.cri.images().remove_image(req).await {
                 Ok(_) => {
                     self.records.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
@@ -291,7 +308,10 @@ mod tests {
         let kept = |id: &str| id == "pause";
         let ids = |v: Vec<(String, u64)>| v.into_iter().map(|(i, _)| i).collect::<Vec<_>>();
         assert_eq!(ids(images_to_remove(&records, &in_use, &kept, now, POLICY.min_age, 60)), ["lru", "mid"]);
-        assert_eq!(ids(images_to_remove(&records, &in_use, &kept, now, POLICY.min_age, u64::MAX)), ["lru", "mid", "mru"]);
+        assert_eq!(
+            ids(images_to_remove(&records, &in_use, &kept, now, POLICY.min_age, u64::MAX)),
+            ["lru", "mid", "mru"]
+        );
         assert!(images_to_remove(&records, &in_use, &kept, now, POLICY.min_age, 0).is_empty());
     }
 }

@@ -206,9 +206,9 @@ impl ContainerLogManager {
     async fn rotate_log(&self, id: &str, log: &Path) -> Result<(), LogRotationError> {
         let max_files = self.policy.max_files;
         let owned = log.to_path_buf();
-        tokio::task::spawn_blocking(move || prepare_rotation(&owned, max_files))
-            .await
-            .map_err(|e| LogRotationError::Io { action: "rotate", path: log.to_path_buf(), source: io::Error::other(e) })??;
+        tokio::task::spawn_blocking(move || prepare_rotation(&owned, max_files)).await.map_err(|e| {
+            LogRotationError::Io { action: "rotate", path: log.to_path_buf(), source: io::Error::other(e) }
+        })??;
         let rotated = rotated_name(log, Timestamp::now());
         if rotated.exists() {
             // Rotated this very second already; the next pass does it.
@@ -244,7 +244,13 @@ mod tests {
 
     #[test]
     fn leftovers_are_found() {
-        let logs = paths(&["0.log.20261123-190000.gz", "0.log.20261123-190010", "0.log.20261123-190010.gz", "0.log.20261123-190020.gz.tmp", "0.log.20261123-190030"]);
+        let logs = paths(&[
+            "0.log.20261123-190000.gz",
+            "0.log.20261123-190010",
+            "0.log.20261123-190010.gz",
+            "0.log.20261123-190020.gz.tmp",
+            "0.log.20261123-190030",
+        ]);
         let (unused, kept) = unused_logs(&logs);
         assert_eq!(unused, paths(&["0.log.20261123-190010", "0.log.20261123-190020.gz.tmp"]));
         assert_eq!(kept, paths(&["0.log.20261123-190000.gz", "0.log.20261123-190010.gz", "0.log.20261123-190030"]));
@@ -272,8 +278,10 @@ mod tests {
             t = t.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(10)).unwrap();
         }
         std::fs::write(&log, "live\n").unwrap();
-        let mut names: Vec<String> =
-            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         names.sort();
         assert_eq!(names, ["0.log", "0.log.20261123-195040.gz", "0.log.20261123-195050"]);
         let gz = std::fs::File::open(dir.path().join("0.log.20261123-195040.gz")).unwrap();

@@ -46,7 +46,12 @@ fn busybox_image(dir: &Path) -> PathBuf {
         std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
     }
     let layer_path = dir.join("layer.tar");
-    run(Command::new("tar").args(["--owner=0", "--group=0", "--numeric-owner", "-C"]).arg(&rootfs).arg("-cf").arg(&layer_path).arg("."));
+    run(Command::new("tar")
+        .args(["--owner=0", "--group=0", "--numeric-owner", "-C"])
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&layer_path)
+        .arg("."));
     let layer = std::fs::read(&layer_path).unwrap();
     let arch = match std::env::consts::ARCH {
         "x86_64" => "amd64",
@@ -210,7 +215,10 @@ impl Node {
             .args(args)
             .output()
             .expect("kubectl");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
     }
 
     /// `kubectl apply -f -`.
@@ -251,7 +259,11 @@ impl Node {
     pub fn eventually(&self, what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
         let deadline = Instant::now() + limit;
         while !check() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}\n--- server log tail ---\n{}", self.server_log());
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}\n--- server log tail ---\n{}",
+                self.server_log()
+            );
             std::thread::sleep(Duration::from_millis(500));
         }
     }
@@ -286,7 +298,8 @@ impl Drop for Node {
         std::thread::sleep(Duration::from_millis(300));
         let root = self.dir.path().to_string_lossy().into_owned();
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-        let mut ours: Vec<&str> = mounts.lines().filter_map(|l| l.split(' ').nth(1)).filter(|m| m.starts_with(&root)).collect();
+        let mut ours: Vec<&str> =
+            mounts.lines().filter_map(|l| l.split(' ').nth(1)).filter(|m| m.starts_with(&root)).collect();
         ours.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in ours {
             let _ = Command::new("umount").args(["-l", m]).status();

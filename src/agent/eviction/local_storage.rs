@@ -15,7 +15,8 @@ const EPHEMERAL: &str = "ephemeral-storage";
 /// Whether the pod has a limit worth measuring it for.
 pub fn has_limits(pod: &Pod) -> bool {
     let spec = pod_util::spec(pod);
-    let size_limit = spec.volumes.iter().flatten().any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()));
+    let size_limit =
+        spec.volumes.iter().flatten().any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()));
     size_limit || spec.containers.iter().any(|c| container_limit(c).is_some())
 }
 
@@ -66,10 +67,16 @@ mod tests {
         let p = pod(json!({"containers": [{"name": "app"}], "volumes": [
             {"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}, {"name": "free", "emptyDir": {}}]}));
         assert!(has_limits(&p));
-        let mut u = PodDiskUsage { empty_dirs: HashMap::from([("scratch".into(), 1 << 20), ("free".into(), 1 << 30)]), ..Default::default() };
+        let mut u = PodDiskUsage {
+            empty_dirs: HashMap::from([("scratch".into(), 1 << 20), ("free".into(), 1 << 30)]),
+            ..Default::default()
+        };
         assert_eq!(violation(&p, &u), None);
         u.empty_dirs.insert("scratch".into(), (1 << 20) + 4096);
-        assert_eq!(violation(&p, &u).as_deref(), Some("Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". "));
+        assert_eq!(
+            violation(&p, &u).as_deref(),
+            Some("Usage of EmptyDir volume \"scratch\" exceeds the limit \"1Mi\". ")
+        );
     }
 
     #[test]
@@ -78,10 +85,20 @@ mod tests {
             {"name": "a", "resources": {"limits": {"ephemeral-storage": "10Mi"}}},
             {"name": "b", "resources": {"limits": {"ephemeral-storage": "30Mi"}}}]}));
         assert!(has_limits(&p));
-        let u = PodDiskUsage { containers: vec![("a".into(), 11 << 20), ("b".into(), 1 << 20)], total: 12 << 20, ..Default::default() };
-        assert_eq!(violation(&p, &u).as_deref(), Some("Container a exceeded its local ephemeral storage limit \"10Mi\". "));
+        let u = PodDiskUsage {
+            containers: vec![("a".into(), 11 << 20), ("b".into(), 1 << 20)],
+            total: 12 << 20,
+            ..Default::default()
+        };
+        assert_eq!(
+            violation(&p, &u).as_deref(),
+            Some("Container a exceeded its local ephemeral storage limit \"10Mi\". ")
+        );
         let u = PodDiskUsage { containers: vec![("a".into(), 1 << 20)], total: 41 << 20, ..Default::default() };
-        assert_eq!(violation(&p, &u).as_deref(), Some("Pod ephemeral local storage usage exceeds the total limit of containers 40Mi. "));
+        assert_eq!(
+            violation(&p, &u).as_deref(),
+            Some("Pod ephemeral local storage usage exceeds the total limit of containers 40Mi. ")
+        );
         assert!(!has_limits(&pod(json!({"containers": [{"name": "a"}]}))));
     }
 }

@@ -219,7 +219,11 @@ impl EvictionManager {
     }
 
     /// The active pods in eviction order for the starved signal.
-    async fn rank(&self, signal: super::config::Signal, pods: &[Arc<Pod>]) -> Result<Vec<PodUsage>, super::cri::CriError> {
+    async fn rank(
+        &self,
+        signal: super::config::Signal,
+        pods: &[Arc<Pod>],
+    ) -> Result<Vec<PodUsage>, super::cri::CriError> {
         let cri = &self.kubelet.runtime.cri;
         let cgroup_root = self.kubelet.runtime.cgroup_root.clone();
         let mut out: Vec<PodUsage> = match thresholds::pressure_of(signal) {
@@ -235,7 +239,11 @@ impl EvictionManager {
             }
             Pressure::Pid => pods
                 .iter()
-                .map(|p| PodUsage { pod: p.clone(), usage: stats::pod_processes(p, &cgroup_root), containers: Vec::new() })
+                .map(|p| PodUsage {
+                    pod: p.clone(),
+                    usage: stats::pod_processes(p, &cgroup_root),
+                    containers: Vec::new(),
+                })
                 .collect(),
             Pressure::Disk => {
                 let measured = self.measure_disk(pods.to_vec()).await?;
@@ -254,7 +262,10 @@ impl EvictionManager {
     }
 
     /// Local storage of each pod (walks folders off the async workers).
-    async fn measure_disk(&self, pods: Vec<Arc<Pod>>) -> Result<Vec<(Arc<Pod>, stats::PodDiskUsage)>, super::cri::CriError> {
+    async fn measure_disk(
+        &self,
+        pods: Vec<Arc<Pod>>,
+    ) -> Result<Vec<(Arc<Pod>, stats::PodDiskUsage)>, super::cri::CriError> {
         let cri = &self.kubelet.runtime.cri;
         let running = stats::running_containers(cri).await?;
         let layers = stats::writable_layers(cri).await?;
@@ -264,7 +275,8 @@ impl EvictionManager {
             pods.into_iter()
                 .map(|p| {
                     let containers = running.get(pod_util::uid(&p)).cloned().unwrap_or_default();
-                    let log_dir = sandbox::pod_log_dir(&logs_dir, pod_util::namespace(&p), pod_util::name(&p), pod_util::uid(&p));
+                    let log_dir =
+                        sandbox::pod_log_dir(&logs_dir, pod_util::namespace(&p), pod_util::name(&p), pod_util::uid(&p));
                     let usage = stats::pod_disk(&p, &containers, &layers, &pods_dir, &log_dir);
                     (p, usage)
                 })

@@ -34,7 +34,8 @@ pub fn is_critical(pod: &Pod) -> bool {
     let is_static = source.is_some_and(|s| s != "api");
     let is_mirror = annotations.is_some_and(|a| a.contains_key(CONFIG_MIRROR));
     let spec = pod_util::spec(pod);
-    let by_class = matches!(spec.priority_class_name.as_deref(), Some("system-node-critical") | Some("system-cluster-critical"));
+    let by_class =
+        matches!(spec.priority_class_name.as_deref(), Some("system-node-critical") | Some("system-cluster-critical"));
     is_static || is_mirror || by_class || priority(pod) >= SYSTEM_CRITICAL_PRIORITY
 }
 
@@ -43,7 +44,12 @@ pub fn priority(pod: &Pod) -> i32 {
 }
 
 fn container_request(c: &k8s_openapi::api::core::v1::Container, resource: &str) -> i64 {
-    c.resources.as_ref().and_then(|r| r.requests.as_ref()).and_then(|r| r.get(resource)).and_then(quantity::value).unwrap_or(0)
+    c.resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get(resource))
+        .and_then(quantity::value)
+        .unwrap_or(0)
 }
 
 /// The pod's request of a resource: its containers' sum, or its largest
@@ -119,7 +125,8 @@ pub fn rank_pid(pods: &mut [PodUsage]) {
 /// Upstream's eviction message: the starved resource, the threshold and
 /// what was available, and each container using more than it requested.
 pub fn eviction_message(resource: &str, threshold: &str, available: &str, usage: &PodUsage) -> String {
-    let mut msg = format!("The node was low on resource: {resource}. Threshold quantity: {threshold}, available: {available}. ");
+    let mut msg =
+        format!("The node was low on resource: {resource}. Threshold quantity: {threshold}, available: {available}. ");
     if resource == "memory" || resource == "ephemeral-storage" {
         for (name, used) in &usage.containers {
             let Some(c) = pod_util::spec(&usage.pod).containers.iter().find(|c| &c.name == name) else { continue };

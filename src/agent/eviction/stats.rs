@@ -69,7 +69,9 @@ pub async fn running_containers(cri: &Cri) -> Result<HashMap<String, Vec<(String
         .containers;
     let mut out: HashMap<String, Vec<(String, String)>> = HashMap::new();
     for c in list {
-        let (Some(uid), Some(name)) = (c.labels.get(labels::POD_UID), c.labels.get(labels::CONTAINER_NAME)) else { continue };
+        let (Some(uid), Some(name)) = (c.labels.get(labels::POD_UID), c.labels.get(labels::CONTAINER_NAME)) else {
+            continue;
+        };
         out.entry(uid.clone()).or_default().push((c.id, name.clone()));
     }
     Ok(out)

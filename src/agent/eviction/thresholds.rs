@@ -36,7 +36,11 @@ impl EvictionThreshold {
 
 /// The hard and soft thresholds of the kubelet settings.
 pub fn configured(config: &KubeletConfig) -> Vec<EvictionThreshold> {
-    let hard = config.eviction_hard.iter().map(|t| EvictionThreshold { threshold: t.clone(), hard: true, grace: Duration::ZERO });
+    let hard = config.eviction_hard.iter().map(|t| EvictionThreshold {
+        threshold: t.clone(),
+        hard: true,
+        grace: Duration::ZERO,
+    });
     let soft = config.eviction_soft.iter().map(|t| EvictionThreshold {
         threshold: t.clone(),
         hard: false,
@@ -88,7 +92,9 @@ impl ThresholdState {
             self.first_observed.entry(t.key()).or_insert(now);
         }
         met.iter()
-            .filter(|t| self.first_observed.get(&t.key()).is_some_and(|since| now.saturating_duration_since(*since) >= t.grace))
+            .filter(|t| {
+                self.first_observed.get(&t.key()).is_some_and(|since| now.saturating_duration_since(*since) >= t.grace)
+            })
             .cloned()
             .collect()
     }
@@ -99,7 +105,8 @@ impl ThresholdState {
         for t in met {
             self.condition_last_observed.insert(pressure_of(t.signal()), now);
         }
-        self.condition_last_observed.retain(|_, seen| now.saturating_duration_since(*seen) < transition || *seen == now);
+        self.condition_last_observed
+            .retain(|_, seen| now.saturating_duration_since(*seen) < transition || *seen == now);
         let on = |p: Pressure| self.condition_last_observed.contains_key(&p);
         NodePressure { memory: on(Pressure::Memory), disk: on(Pressure::Disk), pid: on(Pressure::Pid) }
     }
