@@ -229,3 +229,38 @@ fn empty_dir_size_limit_overrun_evicts_the_pod() {
     let condition = node.get(&["pod", "scratch"], "{.status.conditions[?(@.type==\"DisruptionTarget\")].status}");
     assert_eq!(condition, "True");
 }
+
+/// A figure, not a check: the server's CPU over a minute with one idle pod.
+#[test]
+#[ignore = "prints a figure; run with --ignored --nocapture"]
+fn idle_cpu_of_a_node_with_one_pod() {
+    let node = Node::start(&args(&[]));
+    node.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "idle", "namespace": "default"}},
+            "spec": {{"nodeName": "{n}", "containers": [{{"name": "app", "image": "{IMAGE}"}}]}}}}"#,
+        n = node.name
+    ));
+    node.eventually("idle running", Duration::from_secs(60), || {
+        node.get(&["pod", "idle"], "{.status.phase}") == "Running"
+    });
+    std::thread::sleep(Duration::from_secs(20));
+    let dir = node.data().to_string_lossy().into_owned();
+    let pid = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| {
+            let c = String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).unwrap_or_default()).into_owned();
+            c.contains(&dir) && c.contains("server") && !c.contains("containerd")
+        })
+        .unwrap()
+        .path();
+    let ticks = || {
+        let s = std::fs::read_to_string(pid.join("stat")).unwrap();
+        let f: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    };
+    let t0 = ticks();
+    std::thread::sleep(Duration::from_secs(60));
+    let t1 = ticks();
+    println!("IDLE ferrok server: {} ticks in 60 s = {:.2}% of a core", t1 - t0, (t1 - t0) as f64 / 60.0);
+}
