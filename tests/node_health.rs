@@ -139,9 +139,11 @@ fn memory_pressure_taints_the_node_and_evicts_best_effort_pods_not_critical_ones
     node.apply(&format!(
         r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "besteffort", "namespace": "default"}},
             "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30,
+              "tolerations": [{{"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"}}],
               "containers": [{{"name": "app", "image": "{IMAGE}"}}]}}}}"#,
         n = node.name
     ));
+    // It tolerates the memory-pressure taint, so it is admitted (as upstream), then evicted.
     node.eventually("the BestEffort pod evicted", Duration::from_secs(60), || {
         node.get(&["pod", "besteffort"], "{.status.phase}") == "Failed"
     });
@@ -159,6 +161,19 @@ fn memory_pressure_taints_the_node_and_evicts_best_effort_pods_not_critical_ones
     node.eventually("the evicted pod's container stopped", Duration::from_secs(15), || {
         !node.get(&["pod", "besteffort"], "{.status.containerStatuses[0].state.terminated.reason}").is_empty()
     });
+    // A new BestEffort pod is turned away while the pressure lasts, before it starts.
+    node.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "late", "namespace": "default"}},
+            "spec": {{"nodeName": "{n}", "containers": [{{"name": "app", "image": "{IMAGE}"}}]}}}}"#,
+        n = node.name
+    ));
+    node.eventually("the late pod rejected", Duration::from_secs(30), || {
+        node.get(&["pod", "late"], "{.status.phase}") == "Failed"
+    });
+    assert_eq!(node.get(&["pod", "late"], "{.status.reason}"), "Evicted");
+    assert_eq!(node.get(&["pod", "late"], "{.status.message}"), "The node had condition: [MemoryPressure]. ");
+    assert_eq!(node.get(&["pod", "late"], "{.status.containerStatuses[0].state.running}"), "");
+    assert_eq!(node.get(&["pod", "late"], "{.status.conditions[?(@.type==\"DisruptionTarget\")].status}"), "");
     // The critical pod stays through several more passes.
     let until = Instant::now() + Duration::from_secs(25);
     while Instant::now() < until {

@@ -1,7 +1,8 @@
 //! What keeps a node healthy over months, started together: container log
 //! rotation, container and image garbage collection, and the eviction
-//! manager (which reports pressure through the node status' channel and
-//! calls on both collectors when the disk runs short). Each is one task
+//! manager (which reports pressure through the node status' channel, calls
+//! on both collectors when the disk runs short, and keeps new pods off a
+//! node under pressure through the pod workers' admission check). Each is one task
 //! that sleeps between passes; nothing here polls faster than upstream.
 
 use std::path::PathBuf;
@@ -39,6 +40,7 @@ pub fn spawn(
         low_threshold_percent: kc.image_gc_low_threshold_percent,
         min_age: kc.image_minimum_gc_age,
     };
+    workers.set_admit_handler(super::eviction::admission::handler(pressure.subscribe(), kubelet.events.clone()));
     let container_gc = ContainerGc::new(kubelet.clone(), workers.clone());
     let image_gc = ImageGcManager::new(kubelet.clone(), policy, image_fs.clone(), sandbox_image);
     let eviction = EvictionManager::new(kubelet, workers, pressure, container_gc.clone(), image_gc.clone(), image_fs);

@@ -35,6 +35,9 @@ struct Worker {
     eviction: Arc<Mutex<Option<Eviction>>>,
 }
 
+/// Decides whether a pod new to the node may start; a failure rejects it.
+pub type AdmitHandler = Arc<dyn Fn(&Pod) -> Option<PodFailure> + Send + Sync>;
+
 /// The node's decision to end a running pod (eviction): its failure, and
 /// the grace period its containers get.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +53,7 @@ pub struct PodWorkers {
     me: Weak<PodWorkers>,
     /// The pod source has listed once: a uid without a worker is not wanted.
     sources_ready: AtomicBool,
+    admit: Mutex<Option<AdmitHandler>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +72,7 @@ impl PodWorkers {
             workers: Mutex::new(HashMap::new()),
             me: me.clone(),
             sources_ready: AtomicBool::new(false),
+            admit: Mutex::new(None),
         })
     }
 
@@ -117,10 +122,12 @@ impl PodWorkers {
             // of pods deleted while ferrok was down are cleaned at start).
             return;
         }
+        // A pod the node cannot admit ends before it starts, as an eviction.
+        let rejected = self.admission(&update.pod).map(|failure| Eviction { failure, grace_seconds: 0 });
         let (tx, rx) = watch::channel(update);
         let wake = Arc::new(Notify::new());
         let exits = Arc::new(Mutex::new(Vec::new()));
-        let eviction = Arc::new(Mutex::new(None));
+        let eviction = Arc::new(Mutex::new(rejected));
         workers.insert(uid.clone(), Worker { update: tx, wake: wake.clone(), state: exits.clone(), eviction: eviction.clone() });
         let kubelet = self.kubelet.clone();
         let me = self.me.clone();
@@ -195,6 +202,16 @@ impl PodWorkers {
             .filter(|u| !matches!(u.pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed")))
             .map(|u| u.pod)
             .collect()
+    }
+
+    /// Sets the check new pods go through (the eviction manager's admission).
+    pub fn set_admit_handler(&self, handler: AdmitHandler) {
+        *self.admit.lock().unwrap_or_else(|e| e.into_inner()) = Some(handler);
+    }
+
+    fn admission(&self, pod: &Pod) -> Option<PodFailure> {
+        let handler = self.admit.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+        handler(pod)
     }
 
     /// Ends a running pod on the node's decision: it is stopped with

@@ -13,6 +13,7 @@
 //! its worker stops it (no grace for hard thresholds, the soft grace
 //! otherwise).
 
+pub mod admission;
 pub mod local_storage;
 pub mod ranking;
 pub mod signals;
@@ -50,8 +51,10 @@ const IMMEDIATE_GRACE_SECONDS: i64 = 1;
 
 /// Adds the `DisruptionTarget` condition of a pod the node evicted
 /// (reason `TerminationByKubelet`), keeping the time of one already there.
+/// A pod rejected at admission never ran: it gets none, as upstream.
 pub fn add_disruption_target(status: &mut PodStatus, failure: Option<&PodFailure>) {
-    let Some(f) = failure.filter(|f| f.reason == REASON) else { return };
+    let evicted = |f: &&PodFailure| f.reason == REASON && !f.message.starts_with(admission::MESSAGE_PREFIX);
+    let Some(f) = failure.filter(evicted) else { return };
     let conditions = status.conditions.get_or_insert_with(Vec::new);
     let wanted = PodCondition {
         type_: "DisruptionTarget".into(),
@@ -332,6 +335,9 @@ mod tests {
         let deadline = PodFailure { reason: "DeadlineExceeded".into(), message: String::new() };
         add_disruption_target(&mut other, Some(&deadline));
         add_disruption_target(&mut other, None);
+        let rejected =
+            PodFailure { reason: REASON.into(), message: "The node had condition: [MemoryPressure]. ".into() };
+        add_disruption_target(&mut other, Some(&rejected));
         assert!(other.conditions.is_none());
     }
 }
