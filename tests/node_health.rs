@@ -221,6 +221,54 @@ fn ephemeral_storage_overruns_evict_the_pod() {
 }
 
 #[test]
+fn disk_pressure_reclaims_unused_images_and_orphans_first() {
+    // Any image filesystem is "full" at 99 %; periodic image GC is off, so
+    // only the eviction manager's reclaim can remove images.
+    let node = Node::start(&[
+        "--kubelet-arg",
+        "eviction-hard=imagefs.available<99%",
+        "--kubelet-arg",
+        "image-gc-high-threshold=100",
+        "--kubelet-arg",
+        "minimum-image-ttl-duration=1s",
+    ]);
+    // Leftovers of a pod this node no longer has: a log folder and a pod folder.
+    let ghost = "0a0a0a0a-dead-4bad-8bad-0a0a0a0a0a0a";
+    let ghost_logs = node.pod_logs_dir().join(format!("default_ghost_{ghost}"));
+    let ghost_pod = node.data().join("agent").join("pods").join(ghost);
+    std::fs::create_dir_all(ghost_logs.join("app")).unwrap();
+    std::fs::write(ghost_logs.join("app").join("0.log"), "old\n").unwrap();
+    std::fs::create_dir_all(&ghost_pod).unwrap();
+    let unused = "docker.io/ferrok/unused:test";
+    node.import(unused);
+    assert!(node.ctr(&["images", "ls", "-q"]).1.contains(unused));
+    node.eventually("DiskPressure", Duration::from_secs(60), || {
+        node.get(&["node", &node.name], "{.status.conditions[?(@.type==\"DiskPressure\")].status}") == "True"
+    });
+    node.eventually("disk-pressure taint", Duration::from_secs(30), || {
+        let taints = node.get(&["node", &node.name], "{range .spec.taints[*]}{.key}:{.effect} {end}");
+        taints.contains("node.kubernetes.io/disk-pressure:NoSchedule")
+    });
+    node.eventually("the unused image removed", Duration::from_secs(60), || {
+        !node.ctr(&["images", "ls", "-q"]).1.contains(unused)
+    });
+    // The sandbox image stays.
+    assert!(node.ctr(&["images", "ls", "-q"]).1.contains(IMAGE));
+    node.eventually("the orphans removed", Duration::from_secs(30), || !ghost_logs.exists() && !ghost_pod.exists());
+    // New pods are turned away while the disk is short.
+    node.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "late", "namespace": "default"}},
+            "spec": {{"nodeName": "{n}", "containers": [{{"name": "app", "image": "{IMAGE}",
+              "resources": {{"requests": {{"memory": "8Mi"}}}}}}]}}}}"#,
+        n = node.name
+    ));
+    node.eventually("the late pod rejected", Duration::from_secs(30), || {
+        node.get(&["pod", "late"], "{.status.phase}") == "Failed"
+    });
+    assert_eq!(node.get(&["pod", "late"], "{.status.message}"), "The node had condition: [DiskPressure]. ");
+}
+
+#[test]
 #[ignore = "needs the volume manager (branch volumes) wired into agent::start: without it no emptyDir folder exists"]
 fn empty_dir_size_limit_overrun_evicts_the_pod() {
     let node = Node::start(&args(&[]));

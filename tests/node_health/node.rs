@@ -35,12 +35,16 @@ fn run(cmd: &mut Command) -> Output {
     out
 }
 
-/// An OCI image-layout tarball of one layer: /bin/busybox and its applets.
-fn busybox_image(dir: &Path) -> PathBuf {
+/// An OCI image-layout tarball of one layer: /bin/busybox and its applets,
+/// and /etc/image-name (so images of different names differ).
+pub fn busybox_image(dir: &Path, name: &str) -> PathBuf {
+    let dir = dir.join(name.replace(['/', ':'], "_"));
     let rootfs = dir.join("rootfs");
     let bin = rootfs.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::create_dir_all(rootfs.join("tmp")).unwrap();
+    std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+    std::fs::write(rootfs.join("etc").join("image-name"), name).unwrap();
     std::fs::copy("/bin/busybox", bin.join("busybox")).unwrap();
     for applet in APPLETS {
         std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
@@ -77,7 +81,7 @@ fn busybox_image(dir: &Path) -> PathBuf {
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
             "digest": sha256(manifest.as_bytes()), "size": manifest.len(),
             "platform": {"architecture": arch, "os": "linux"},
-            "annotations": {"io.containerd.image.name": IMAGE, "org.opencontainers.image.ref.name": "test"},
+            "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": "test"},
         }],
     })
     .to_string();
@@ -155,9 +159,35 @@ impl Node {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
     }
 
+    fn socket(&self) -> PathBuf {
+        self.data().join("agent").join("containerd").join("containerd.sock")
+    }
+
+    /// Runs `ctr` in CRI's namespace of the node's containerd.
+    pub fn ctr(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(self.socket())
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .output()
+            .expect("ctr");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
+    }
+
+    /// Builds and imports another busybox image under `name`.
+    pub fn import(&self, name: &str) {
+        let tar = busybox_image(self.dir.path(), name);
+        let (ok, out) = self.ctr(&["images", "import", &tar.to_string_lossy()]);
+        assert!(ok, "import {name}: {out}");
+    }
+
     fn import_image(&mut self) {
-        let tar = busybox_image(self.dir.path());
-        let socket = self.data().join("agent").join("containerd").join("containerd.sock");
+        let tar = busybox_image(self.dir.path(), IMAGE);
+        let socket = self.socket();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.server_exited() {
