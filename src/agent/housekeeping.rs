@@ -43,11 +43,19 @@ pub fn spawn(
     workers.set_admit_handler(super::eviction::admission::handler(pressure.subscribe(), kubelet.events.clone()));
     let container_gc = ContainerGc::new(kubelet.clone(), workers.clone());
     let image_gc = ImageGcManager::new(kubelet.clone(), policy, image_fs.clone(), sandbox_image);
+    // The node status waits on this channel: it must outlive the eviction
+    // manager even if that task ended, or the status loop would spin.
+    let pressure = Arc::new(pressure);
+    let keeper = pressure.clone();
     let eviction = EvictionManager::new(kubelet, workers, pressure, container_gc.clone(), image_gc.clone(), image_fs);
     vec![
         tokio::spawn(logs.run()),
         tokio::spawn(container_gc.run()),
         tokio::spawn(image_gc.run()),
         tokio::spawn(eviction.run()),
+        tokio::spawn(async move {
+            let _keep = keeper;
+            std::future::pending::<()>().await
+        }),
     ]
 }

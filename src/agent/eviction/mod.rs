@@ -74,7 +74,7 @@ pub fn add_disruption_target(status: &mut PodStatus, failure: Option<&PodFailure
 pub struct EvictionManager {
     kubelet: Arc<Kubelet>,
     workers: Arc<PodWorkers>,
-    pressure: watch::Sender<NodePressure>,
+    pressure: Arc<watch::Sender<NodePressure>>,
     container_gc: Arc<ContainerGc>,
     image_gc: Arc<ImageGcManager>,
     /// containerd's root.
@@ -90,7 +90,7 @@ impl EvictionManager {
     pub fn new(
         kubelet: Arc<Kubelet>,
         workers: Arc<PodWorkers>,
-        pressure: watch::Sender<NodePressure>,
+        pressure: Arc<watch::Sender<NodePressure>>,
         container_gc: Arc<ContainerGc>,
         image_gc: Arc<ImageGcManager>,
         image_fs: PathBuf,
