@@ -269,6 +269,41 @@ fn disk_pressure_reclaims_unused_images_and_orphans_first() {
 }
 
 #[test]
+fn empty_dir_usage_measured_where_the_volume_manager_puts_it() {
+    // Until the volume manager is wired in, the test writes into the
+    // folder upstream's layout gives the volume, as a container would.
+    let node = Node::start(&args(&[]));
+    node.apply(&format!(
+        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "scratch", "namespace": "default"}},
+            "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30,
+              "volumes": [{{"name": "x", "emptyDir": {{"sizeLimit": "1Mi"}}}}],
+              "containers": [{{"name": "app", "image": "{IMAGE}"}}]}}}}"#,
+        n = node.name
+    ));
+    node.eventually("scratch running", Duration::from_secs(60), || {
+        node.get(&["pod", "scratch"], "{.status.phase}") == "Running"
+    });
+    let uid = node.get(&["pod", "scratch"], "{.metadata.uid}");
+    let volume =
+        node.data().join("agent").join("pods").join(&uid).join("volumes").join("kubernetes.io~empty-dir").join("x");
+    std::fs::create_dir_all(&volume).unwrap();
+    std::fs::write(volume.join("half"), vec![7u8; 512 * 1024]).unwrap();
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(node.get(&["pod", "scratch"], "{.status.phase}"), "Running", "evicted within its limit");
+    std::fs::write(volume.join("more"), vec![7u8; 1024 * 1024]).unwrap();
+    node.eventually("scratch evicted", Duration::from_secs(30), || {
+        node.get(&["pod", "scratch"], "{.status.phase}") == "Failed"
+    });
+    assert_eq!(node.get(&["pod", "scratch"], "{.status.reason}"), "Evicted");
+    assert_eq!(
+        node.get(&["pod", "scratch"], "{.status.message}"),
+        "Usage of EmptyDir volume \"x\" exceeds the limit \"1Mi\". "
+    );
+    let condition = node.get(&["pod", "scratch"], "{.status.conditions[?(@.type==\"DisruptionTarget\")].reason}");
+    assert_eq!(condition, "TerminationByKubelet");
+}
+
+#[test]
 #[ignore = "needs the volume manager (branch volumes) wired into agent::start: without it no emptyDir folder exists"]
 fn empty_dir_size_limit_overrun_evicts_the_pod() {
     let node = Node::start(&args(&[]));
