@@ -97,9 +97,29 @@ pub fn check_host(external_runtime: bool) -> Result<(Vec<RuntimeHandler>, PathBu
     }
     let mut handlers = vec![RuntimeHandler { name: "runc".into(), binary: runc }];
     if let Some(crun) = find_binary("crun") {
-        handlers.push(RuntimeHandler { name: "crun".into(), binary: crun });
+        match crun_unusable_because() {
+            None => handlers.push(RuntimeHandler { name: "crun".into(), binary: crun }),
+            Some(why) => tracing::warn!("crun is installed but cannot run containers here ({why}); no crun RuntimeClass"),
+        }
     }
     Ok((handlers, cni))
+}
+
+/// crun refuses a hybrid cgroup layout (v1 controllers plus a cgroup v2
+/// tree) in which the v2 tree holds controllers ("cgroups in hybrid mode
+/// not supported, drop all controllers from cgroupv2"); runc copes.
+pub fn crun_unusable_because() -> Option<String> {
+    hybrid_v2_controllers(std::path::Path::new("/sys/fs/cgroup"))
+        .map(|c| format!("the host's cgroups are hybrid and cgroup v2 holds the {c} controller"))
+}
+
+fn hybrid_v2_controllers(root: &Path) -> Option<String> {
+    if root.join("cgroup.controllers").exists() {
+        return None; // pure cgroup v2
+    }
+    let controllers = std::fs::read_to_string(root.join("unified").join("cgroup.controllers")).ok()?;
+    let controllers = controllers.trim();
+    (!controllers.is_empty()).then(|| controllers.to_string())
 }
 
 /// What goes into containerd's config.
@@ -418,6 +438,19 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} missing from\n{text}");
         }
+    }
+
+    #[test]
+    fn hybrid_cgroups_with_v2_controllers_rule_out_crun() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(hybrid_v2_controllers(d.path()), None);
+        std::fs::create_dir_all(d.path().join("unified")).unwrap();
+        std::fs::write(d.path().join("unified/cgroup.controllers"), "").unwrap();
+        assert_eq!(hybrid_v2_controllers(d.path()), None);
+        std::fs::write(d.path().join("unified/cgroup.controllers"), "hugetlb\n").unwrap();
+        assert_eq!(hybrid_v2_controllers(d.path()).as_deref(), Some("hugetlb"));
+        std::fs::write(d.path().join("cgroup.controllers"), "cpu memory").unwrap();
+        assert_eq!(hybrid_v2_controllers(d.path()), None);
     }
 
     #[test]

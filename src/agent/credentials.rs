@@ -63,7 +63,11 @@ pub fn from_secret(secret: &Secret, image: &str) -> Vec<api::AuthConfig> {
         .filter(|(k, _)| normalize(k) == registry)
         .filter_map(|(k, v)| {
             auth_of(v).map(|mut a| {
-                a.server_address = k.clone();
+                // containerd 1.6 parses this as a URL and hands the
+                // credentials only to that host; docker.io is served by
+                // other hosts (registry-1.docker.io), so it is left open.
+                let host = normalize(k);
+                a.server_address = if host == "docker.io" { String::new() } else { format!("https://{host}") };
                 a
             })
         })
@@ -96,6 +100,7 @@ mod tests {
         let found = from_secret(&secret, "127.0.0.1:5000/library/busybox:1");
         assert_eq!(found.len(), 1);
         assert_eq!((found[0].username.as_str(), found[0].password.as_str()), ("user", "pass"));
+        assert_eq!(found[0].server_address, "https://127.0.0.1:5000");
         assert!(from_secret(&secret, "busybox").is_empty());
     }
 }

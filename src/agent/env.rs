@@ -190,11 +190,11 @@ fn config_map_data(cm: &ConfigMap) -> BTreeMap<String, String> {
     cm.data.clone().unwrap_or_default()
 }
 
-/// Is `name` a valid environment variable name (C identifiers and dots/dashes, as upstream allows)?
+/// Is `name` a valid environment variable name? Upstream 1.33 relaxes the
+/// rule (RelaxedEnvironmentVariableValidation, on by default): any printable
+/// ASCII but `=`.
 fn valid_env_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.as_bytes()[0].is_ascii_digit()
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+    !name.is_empty() && name.bytes().all(|b| (32..=126).contains(&b) && b != b'=')
 }
 
 /// The container's environment, in order, with the keys envFrom skipped as invalid.

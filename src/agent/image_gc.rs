@@ -29,6 +29,8 @@ pub enum ImageGcError {
     NoCapacity,
     #[error("cannot stat the image filesystem {0}")]
     Stat(PathBuf),
+    #[error("cannot tell which images the node imported: {0}")]
+    Protected(String),
     #[error("failed to remove image {id:?}: {message}")]
     Remove { id: String, message: String },
 }
@@ -229,22 +231,34 @@ impl ImageGcManager {
         Ok(in_use)
     }
 
-    /// Image ids never collected: pinned by the runtime, the sandbox image.
-    async fn kept_ids(&self) -> HashSet<String> {
+    /// Image ids never collected: the sandbox image, images pinned by the
+    /// runtime, and images with a name the node imported (`images::protected_refs`).
+    /// When that cannot be known, nothing is collected.
+    async fn kept_ids(&self) -> Result<HashSet<String>, ImageGcError> {
+        let cri = &self.kubelet.runtime.cri;
         let mut out = HashSet::new();
         if let Ok(Some(img)) = self.kubelet.runtime.images.status(&self.sandbox_image).await {
             out.insert(img.id);
         }
-        if let Ok(resp) = self.kubelet.runtime.cri.images().list_images(api::ListImagesRequest { filter: None }).await {
-            out.extend(resp.into_inner().images.into_iter().filter(|i| i.pinned).map(|i| i.id));
+        let protected = super::images::protected_refs(cri).await.map_err(|e| ImageGcError::Protected(e.to_string()))?;
+        let images = cri
+            .images()
+            .list_images(api::ListImagesRequest { filter: None })
+            .await
+            .map_err(CriError::call("ListImages"))?
+            .into_inner()
+            .images;
+        for i in images {
+            if i.pinned || i.repo_tags.iter().any(|t| protected.contains(t)) {
+                out.insert(i.id);
+            }
         }
-        out
+        Ok(out)
     }
 
     async fn free_space(&self, wanted: u64, in_use: &HashSet<String>, now: Instant) -> Result<u64, ImageGcError> {
-        let kept_ids = self.kept_ids().await;
-        let images = &self.kubelet.runtime.images;
-        let kept = |id: &str| kept_ids.contains(id) || images.is_protected(id);
+        let kept_ids = self.kept_ids().await?;
+        let kept = |id: &str| kept_ids.contains(id);
         let chosen = {
             let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
             images_to_remove(&records, in_use, &kept, now, self.policy.min_age, wanted)

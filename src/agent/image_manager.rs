@@ -4,7 +4,7 @@
 //! credentials, one pull per image at a time, and failures back off
 //! (ErrImagePull, then ImagePullBackOff) with upstream's events.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,8 +46,6 @@ pub struct ImageManager {
     backoff: Backoff,
     /// One lock per image reference: concurrent pods wait for one pull.
     pulls: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Image ids imported from tarballs: never pulled, never collected.
-    protected: Mutex<HashSet<String>>,
     node_credentials: Mutex<Option<Arc<dyn NodeCredentials>>>,
     /// When each failed pull's back-off ends, by pod uid and image.
     backoff_until: Mutex<HashMap<String, Instant>>,
@@ -77,7 +75,6 @@ impl ImageManager {
             events,
             backoff: Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
             pulls: Mutex::new(HashMap::new()),
-            protected: Mutex::new(HashSet::new()),
             node_credentials: Mutex::new(None),
             backoff_until: Mutex::new(HashMap::new()),
         }
@@ -87,13 +84,17 @@ impl ImageManager {
         *self.node_credentials.lock().unwrap_or_else(|e| e.into_inner()) = Some(creds);
     }
 
-    /// Marks an image id as imported by the node (never pulled or collected).
-    pub fn protect(&self, image_id: &str) {
-        self.protected.lock().unwrap_or_else(|e| e.into_inner()).insert(image_id.to_string());
+    /// Whether the image was imported from a tarball (never pulled or collected).
+    pub async fn is_protected(&self, image_id: &str) -> bool {
+        super::images::is_protected(&self.cri, image_id).await.unwrap_or(false)
     }
 
-    pub fn is_protected(&self, image_id: &str) -> bool {
-        self.protected.lock().unwrap_or_else(|e| e.into_inner()).contains(image_id)
+    /// Pulls `image` for the node itself (the images folder's pull lists),
+    /// with the node's registry credentials.
+    pub async fn pull_for_node(&self, image: &str) -> Result<(), String> {
+        let node = self.node_credentials.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let auths: Vec<api::AuthConfig> = node.and_then(|n| n.auth_for(image)).into_iter().collect();
+        self.pull(image, &auths, None).await.map(|_| ())
     }
 
     /// The image as CRI knows it, if present.
@@ -164,7 +165,7 @@ impl ImageManager {
         let present = self.status(&image).await?;
         let usable_without_pull = match (&present, policy.as_str()) {
             (Some(_), "IfNotPresent") | (Some(_), "Never") => true,
-            (Some(img), _) => self.is_protected(&img.id),
+            (Some(img), _) => self.is_protected(&img.id).await,
             (None, _) => false,
         };
         if usable_without_pull {

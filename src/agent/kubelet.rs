@@ -25,22 +25,9 @@ use super::kuberuntime::sandbox;
 use super::pod_status::{self, PodFailure, StatusInputs, Waiting};
 use super::pod_util::{self, ContainerKind};
 use super::status_manager::StatusManager;
+use super::volume_manager::{PodVolumes, VolumeManager};
 use super::dns;
 use crate::client::events::EventType;
-
-/// The volumes of a pod, once mounted.
-pub trait PodMounts: Send + Sync {
-    /// The CRI mounts of one container (its volumeMounts, subPaths expanded with `env`).
-    fn mounts_for(&self, container: &Container, env: &BTreeMap<String, String>) -> Result<Vec<api::Mount>, String>;
-}
-
-/// What the volume manager does for the kubelet.
-#[async_trait::async_trait]
-pub trait VolumeHost: Send + Sync {
-    async fn mount_pod(&self, pod: &Pod) -> Result<Arc<dyn PodMounts>, String>;
-    async fn unmount_pod(&self, uid: &str) -> Result<(), String>;
-    fn pods_on_disk(&self) -> Vec<String>;
-}
 
 /// What the prober knows, for actions and status.
 pub trait ProbeResults: Send + Sync {
@@ -96,8 +83,10 @@ pub struct Kubelet {
     pub host_ips: Vec<String>,
     pub allocatable: BTreeMap<String, Quantity>,
     pub services: Store<Service>,
-    pub volumes: Option<Arc<dyn VolumeHost>>,
+    pub volumes: VolumeManager,
     pub probes: Arc<dyn ProbeResults>,
+    /// Mirror pods of static pods, where their status is written.
+    pub mirrors: Arc<super::static_pods::Mirrors>,
 }
 
 fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
@@ -149,6 +138,17 @@ impl Kubelet {
 
     /// The pod's status from what the runtime holds now.
     async fn status_of(&self, pod: &Pod, rt: &RuntimePod, st: &PodState, terminal: bool) -> PodStatus {
+        // A static pod's last status is its mirror's.
+        let with_mirror_status;
+        let pod = match self.mirror_of(pod) {
+            Some(m) => {
+                let mut p = pod.clone();
+                p.status = m.status.clone();
+                with_mirror_status = p;
+                &with_mirror_status
+            }
+            None => pod,
+        };
         let mut messages = HashMap::new();
         for c in rt.containers.iter().filter(|c| c.state == ContainerRunState::Exited) {
             if let Some(m) = self.runtime.termination_message(c) {
@@ -171,6 +171,22 @@ impl Kubelet {
         });
         super::eviction::add_disruption_target(&mut status, st.failure.as_ref());
         status
+    }
+
+    fn mirror_of(&self, pod: &Pod) -> Option<Arc<Pod>> {
+        super::static_pods::is_static(pod).then(|| self.mirrors.get(pod_util::uid(pod))).flatten()
+    }
+
+    /// Hands the status to the status manager: for a static pod, as its
+    /// mirror pod's (none is written until the mirror exists).
+    fn publish(&self, pod: &Pod, status: &PodStatus) {
+        if super::static_pods::is_static(pod) {
+            if let Some(m) = self.mirror_of(pod) {
+                self.status.set(&m, status);
+            }
+            return;
+        }
+        self.status.set(pod, status);
     }
 
     async fn read(&self, uid: &str) -> Result<RuntimePod, CriError> {
@@ -220,24 +236,22 @@ impl Kubelet {
         }
 
         // Volumes first: nothing starts without them.
-        let mounts: Option<Arc<dyn PodMounts>> = match &self.volumes {
-            None => None,
-            Some(v) => {
-                if let Some((until, _)) = st.volume_backoff.filter(|(u, _)| Instant::now() < *u) {
-                    return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
+        if let Some((until, _)) = st.volume_backoff.filter(|(u, _)| Instant::now() < *u) {
+            return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
+        }
+        let mounts = match self.volumes.mount_pod(pod).await {
+            Ok(m) => {
+                st.volume_backoff = None;
+                self.volumes.pod_updated(pod).await;
+                m
+            }
+            Err(e) => {
+                for msg in e.event_messages() {
+                    self.events.pod(pod, EventType::Warning, e.event_reason(), &msg);
                 }
-                match v.mount_pod(pod).await {
-                    Ok(m) => {
-                        st.volume_backoff = None;
-                        Some(m)
-                    }
-                    Err(msg) => {
-                        self.events.pod(pod, EventType::Warning, "FailedMount", &msg);
-                        let b = next_backoff(st.volume_backoff);
-                        st.volume_backoff = Some(b);
-                        return self.publish_waiting(pod, &rt, st, Some(b.1)).await;
-                    }
-                }
+                let b = next_backoff(st.volume_backoff);
+                st.volume_backoff = Some(b);
+                return self.publish_waiting(pod, &rt, st, Some(b.1)).await;
             }
         };
 
@@ -300,12 +314,15 @@ impl Kubelet {
             let hosts = self.write_hosts_file(pod, &pod_ips);
             // The pod is visible as ContainerCreating while images are pulled.
             let early = self.status_of(pod, &rt, st, false).await;
-            self.status.set(pod, &early);
+            self.publish(pod, &early);
             for start in &acts.start {
                 let Some((kind, c)) = pod_util::find_container(pod, &start.name) else { continue };
-                match self.start_one(pod, kind, c, &rt, id, &cfg, &pod_ips, mounts.as_deref(), hosts.as_ref()).await {
+                match self.start_one(pod, kind, c, &rt, id, &cfg, &pod_ips, &mounts, hosts.as_ref()).await {
                     Ok(()) => {
                         st.waiting.remove(&c.name);
+                        // Look again at once: a started sidecar lets the
+                        // next container go, as upstream's PLEG relist would.
+                        next = sooner(next, Some(Duration::from_millis(50)));
                     }
                     Err(f) => {
                         next = sooner(next, f.retry_after);
@@ -325,14 +342,14 @@ impl Kubelet {
         self.runtime.prune_dead(&rt).await;
         let status = self.status_of(pod, &rt, st, false).await;
         let terminal = matches!(status.phase.as_deref(), Some("Succeeded") | Some("Failed"));
-        self.status.set(pod, &status);
+        self.publish(pod, &status);
         Ok(SyncResult { next, terminal })
     }
 
     /// Publishes the status while the pod waits for something (volumes, a sandbox).
     async fn publish_waiting(&self, pod: &Pod, rt: &RuntimePod, st: &PodState, next: Option<Duration>) -> Result<SyncResult, CriError> {
         let status = self.status_of(pod, rt, st, false).await;
-        self.status.set(pod, &status);
+        self.publish(pod, &status);
         Ok(SyncResult { next, terminal: false })
     }
 
@@ -361,7 +378,7 @@ impl Kubelet {
         sandbox_id: &str,
         cfg: &api::PodSandboxConfig,
         pod_ips: &[String],
-        mounts: Option<&dyn PodMounts>,
+        mounts: &PodVolumes,
         hosts: Option<&PathBuf>,
     ) -> Result<(), super::kuberuntime::manager::StartFailure> {
         use super::kuberuntime::manager::StartFailure;
@@ -389,10 +406,8 @@ impl Kubelet {
             self.events.pod(pod, EventType::Warning, "InvalidEnvironmentVariableNames", &msg);
         }
         let env_map: BTreeMap<String, String> = envs.iter().cloned().collect();
-        let mut container_mounts = match mounts {
-            Some(m) => m.mounts_for(c, &env_map).map_err(|msg| fail("CreateContainerConfigError", msg))?,
-            None => Vec::new(),
-        };
+        let mut container_mounts =
+            mounts.mounts_for(c, &env_map).map_err(|e| fail("CreateContainerConfigError", e.to_string()))?;
         let mounts_hosts = !container_mounts.iter().any(|m| m.container_path == "/etc/hosts");
         if let (Some(h), true) = (hosts, mounts_hosts) {
             container_mounts.push(api::Mount {
@@ -415,7 +430,7 @@ impl Kubelet {
             let rt = self.read(&uid).await?;
             st.waiting.clear();
             let status = self.status_of(pod, &rt, st, true).await;
-            self.status.set(pod, &status);
+            self.publish(pod, &status);
         }
         Ok(())
     }
@@ -425,10 +440,8 @@ impl Kubelet {
     /// goes (upstream's syncTerminatedPod and the status manager's delete).
     pub async fn cleanup_pod(&self, pod: &Pod, deleted: bool) -> Result<(), CriError> {
         let uid = pod_util::uid(pod).to_string();
-        if let Some(v) = &self.volumes {
-            if let Err(e) = v.unmount_pod(&uid).await {
-                tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot unmount the pod's volumes");
-            }
+        if let Err(e) = self.volumes.unmount_pod(&uid).await {
+            tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot unmount the pod's volumes");
         }
         if !deleted {
             return Ok(());
@@ -448,6 +461,10 @@ impl Kubelet {
 
     /// Deletes the API object of a pod whose containers are all gone.
     pub async fn finish_deletion(&self, pod: &Pod) {
+        if super::static_pods::is_static(pod) {
+            // Its mirror goes with its manifest (static_pods).
+            return;
+        }
         let (ns, name, uid) = (pod_util::namespace(pod), pod_util::name(pod), pod_util::uid(pod));
         if let Err(e) = self.status.delete_pod(ns, name, uid).await {
             tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot delete the terminated pod");
@@ -464,8 +481,8 @@ impl Kubelet {
         let rt = self.read(uid).await?;
         let log_dir = self.orphan_log_dir(uid);
         self.runtime.remove_pod(uid, &rt, log_dir).await?;
-        if let Some(v) = &self.volumes {
-            let _ = v.unmount_pod(uid).await;
+        if let Err(e) = self.volumes.unmount_pod(uid).await {
+            tracing::warn!(pod_uid = %uid, error = %e, "cannot unmount an orphaned pod's volumes");
         }
         let _ = std::fs::remove_dir_all(self.runtime.pods_dir.join(uid));
         resources::remove_pod_cgroups(&self.runtime.cgroup_root, uid);
@@ -496,9 +513,7 @@ impl Kubelet {
                 out.insert(uid.clone());
             }
         }
-        if let Some(v) = &self.volumes {
-            out.extend(v.pods_on_disk());
-        }
+        out.extend(self.volumes.pods_on_disk());
         if let Ok(entries) = std::fs::read_dir(&self.runtime.pods_dir) {
             out.extend(entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str().map(str::to_string)));
         }

@@ -20,6 +20,7 @@ pub mod eviction;
 pub mod housekeeping;
 pub mod image_gc;
 pub mod image_manager;
+pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
@@ -34,7 +35,9 @@ pub mod pod_util;
 pub mod pod_workers;
 pub mod prober;
 pub mod probes;
+pub mod static_pods;
 pub mod status_manager;
+pub mod volume_manager;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,8 +53,22 @@ use containerd::{Containerd, ContainerdConfig, ContainerdPaths};
 use cri::Cri;
 use futures_util::StreamExt;
 
-/// The sandbox image ferrok provides itself.
-pub const PAUSE_IMAGE: &str = "docker.io/ferrok/pause:builtin";
+/// The node's registry credentials (registries.yaml) for the image manager.
+impl image_manager::NodeCredentials for images::registries::Registries {
+    fn auth_for(&self, image: &str) -> Option<cri::api::AuthConfig> {
+        images::registries::Registries::auth_for(self, image)
+    }
+}
+
+/// The images folder's pull lists go through the image manager.
+struct NodePuller(Arc<kubelet::Kubelet>);
+
+#[async_trait::async_trait]
+impl images::Puller for NodePuller {
+    async fn pull(&self, reference: &str) -> Result<(), String> {
+        self.0.runtime.images.pull_for_node(reference).await
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -63,11 +80,16 @@ pub enum AgentError {
     Register(#[from] node_status::NodeStatusError),
     #[error("{0}")]
     Io(String),
+    #[error(transparent)]
+    Registries(#[from] images::registries::RegistriesError),
+    #[error("images: {0}")]
+    Images(#[from] images::ImageError),
 }
 
 /// A running node role; `stop` ends it and stops containerd (pods keep running).
 pub struct Agent {
     containerd: Option<Containerd>,
+    images_dir: Option<images::ImagesDirTask>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -75,6 +97,9 @@ impl Agent {
     pub async fn stop(self) {
         for t in &self.tasks {
             t.abort();
+        }
+        if let Some(d) = self.images_dir {
+            d.stop().await;
         }
         if let Some(c) = self.containerd {
             c.stop().await;
@@ -117,9 +142,16 @@ async fn ensure_runtime_classes(client: &kube::Client, handlers: &[String]) {
 pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, AgentError> {
     let config = Arc::new(config);
     let external = config.runtime_endpoint.is_some();
+    // The folders a user drops files into exist from the start.
+    for dir in [config.dir.join("pod-manifests"), config.dir.join("images")] {
+        std::fs::create_dir_all(&dir).map_err(|e| AgentError::Io(format!("cannot create {}: {e}", dir.display())))?;
+    }
     let (handlers, cni_bin_dir) = containerd::check_host(external)?;
     let paths = ContainerdPaths::new(&config.dir);
-    let pause_image = config.pause_image.clone().unwrap_or_else(|| PAUSE_IMAGE.to_string());
+    let pause_image = config.pause_image.clone().unwrap_or_else(|| images::PAUSE_IMAGE.to_string());
+    // registries.yaml (k3s' format) becomes containerd's hosts.toml files.
+    let registries = Arc::new(images::registries::Registries::load(&config.dir.join("etc").join("registries.yaml"))?);
+    registries.write_hosts(&paths.certs_d)?;
     let (containerd, cri) = match &config.runtime_endpoint {
         Some(endpoint) => (None, Cri::connect(&cri::socket_path(endpoint)?)?),
         None => {
@@ -138,6 +170,9 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     let version = cri.wait_ready(Duration::from_secs(30)).await?;
     tracing::info!(runtime = %version.runtime_name, version = %version.runtime_version, "container runtime ready");
     let handler_names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
+    if config.pause_image.is_none() && images::ensure_pause_image(&cri, &pause_image).await? {
+        tracing::info!(image = %pause_image, "built-in pause image imported");
+    }
 
     let (pressure_tx, pressure_rx) = watch::channel(node_status::NodePressure::default());
     let inputs = node_status::StatusInputs {
@@ -157,6 +192,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         }
     };
     let node_uid = node.metadata.uid.clone().unwrap_or_default();
+    let node_uid_for_mirrors = node_uid.clone();
     let mut tasks = Vec::new();
     let status_trigger = Arc::new(Notify::new());
     tasks.push(tokio::spawn(node_lease::run(
@@ -176,7 +212,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
             cluster_cidr: config.cluster_cidr,
             manage_nftables: true,
         },
-        status_trigger,
+        status_trigger.clone(),
     )));
     {
         let client = client.clone();
@@ -189,14 +225,17 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     let memory_capacity = crate::host::meminfo("MemTotal").unwrap_or(0) as i64;
     let host = dns::ResolvConf::host(config.resolv_conf.as_deref());
     let index = Arc::new(pleg::ContainerIndex::default());
+    let mirrors = Arc::new(static_pods::Mirrors::default());
     let (probe_manager, mut probe_updates) =
         prober::ProbeManager::new(cri.clone(), Arc::new(events.recorder().clone()));
     let probes = Arc::new(probes::KubeletProber { manager: probe_manager });
+    let image_manager = image_manager::ImageManager::new(cri.clone(), client.clone(), events.clone());
+    image_manager.set_node_credentials(registries.clone());
     let runtime = kuberuntime::manager::RuntimeManager {
         cri: cri.clone(),
         client: client.clone(),
         events: events.clone(),
-        images: image_manager::ImageManager::new(cri.clone(), client.clone(), events.clone()),
+        images: image_manager,
         index: index.clone(),
         crash_backoff: backoff::Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
         hooks: Some(Arc::new(probes::CriHooks { cri: cri.clone() })),
@@ -211,6 +250,15 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         cgroup_root: config.kubelet.cgroup_root.clone(),
         memory_capacity,
     };
+    let volumes = volume_manager::VolumeManager::new(client.clone(), config.dir.join("pods"), config.node_name.clone());
+    let quantity = |name: &str, milli: bool| {
+        allocatable.get(name).and_then(|q| if milli { crate::client::quantity::milli_value(q) } else { crate::client::quantity::value(q) })
+    };
+    volumes.set_node_allocatable(volume_manager::NodeAllocatable {
+        cpu_millis: quantity("cpu", true).unwrap_or(0),
+        memory_bytes: quantity("memory", false).unwrap_or(0),
+        ephemeral_storage_bytes: quantity("ephemeral-storage", false).unwrap_or(0),
+    });
     let kubelet = Arc::new(kubelet::Kubelet {
         client: client.clone(),
         config: config.clone(),
@@ -221,9 +269,22 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         host_ips: config.node_ips.iter().map(|ip| ip.to_string()).collect(),
         allocatable,
         services,
-        volumes: None,
+        volumes,
         probes,
+        mirrors: mirrors.clone(),
     });
+    // Tarballs in the images folder are imported before any pod starts,
+    // then whenever one lands there.
+    let (images_dir, imported) =
+        images::ImagesDir::for_agent(&config.dir, cri.clone(), Some(Arc::new(NodePuller(kubelet.clone())))).start().await?;
+    for (file, outcome) in imported {
+        match outcome {
+            Ok(o) => tracing::debug!(file = %file.display(), outcome = ?o, "images folder"),
+            Err(e) => tracing::warn!(file = %file.display(), error = %e, "cannot import image file"),
+        }
+    }
+    // The node's image list (for the scheduler's ImageLocality) now has them.
+    status_trigger.notify_one();
     let workers = pod_workers::PodWorkers::new(kubelet.clone());
     {
         let workers = workers.clone();
@@ -243,6 +304,28 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         }));
     }
     tasks.extend(housekeeping::spawn(kubelet.clone(), workers.clone(), pressure_tx, paths.root.clone(), pause_image));
-    tasks.push(tokio::spawn(pod_config::run(client.clone(), config.node_name.clone(), kubelet, workers)));
-    Ok(Agent { containerd, tasks })
+    // Static pods first, so the API's first list does not take their
+    // containers for leftovers of deleted pods.
+    let manifests = config.dir.join("pod-manifests");
+    let recheck = Arc::new(Notify::new());
+    for pod in static_pods::read_all(&manifests, &config.node_name) {
+        workers.update(Arc::new(pod));
+    }
+    tasks.push(tokio::spawn(static_pods::run(
+        client.clone(),
+        manifests,
+        config.node_name.clone(),
+        node_uid_for_mirrors,
+        workers.clone(),
+        mirrors.clone(),
+        recheck.clone(),
+    )));
+    tasks.push(tokio::spawn(pod_config::run(
+        client.clone(),
+        config.node_name.clone(),
+        kubelet,
+        workers,
+        pod_config::MirrorHooks { mirrors, recheck },
+    )));
+    Ok(Agent { containerd, images_dir: Some(images_dir), tasks })
 }

@@ -17,6 +17,7 @@ use kube::runtime::WatchStreamExt;
 use super::kubelet::Kubelet;
 use super::pod_util;
 use super::pod_workers::PodWorkers;
+use super::static_pods::{is_mirror, Mirrors};
 use crate::client::forget_managed_fields;
 
 /// What in a pod needs its worker's attention when it changes.
@@ -32,7 +33,20 @@ fn fingerprint(pod: &Pod) -> String {
     .unwrap_or_default()
 }
 
-pub async fn run(client: kube::Client, node_name: String, kubelet: Arc<Kubelet>, workers: Arc<PodWorkers>) {
+/// Where mirror pods go: the record of them, and the static pod source to
+/// poke when one changes.
+pub struct MirrorHooks {
+    pub mirrors: Arc<Mirrors>,
+    pub recheck: Arc<tokio::sync::Notify>,
+}
+
+pub async fn run(
+    client: kube::Client,
+    node_name: String,
+    kubelet: Arc<Kubelet>,
+    workers: Arc<PodWorkers>,
+    mirror: MirrorHooks,
+) {
     let api: Api<Pod> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
     let mut seen: HashMap<String, String> = HashMap::new();
@@ -44,6 +58,17 @@ pub async fn run(client: kube::Client, node_name: String, kubelet: Arc<Kubelet>,
             Ok(Event::Init) => listing.clear(),
             Ok(Event::InitApply(mut pod)) | Ok(Event::Apply(mut pod)) => {
                 forget_managed_fields(&mut pod);
+                if is_mirror(&pod) {
+                    // The static pod runs from its manifest; the mirror only shows it.
+                    let deleting = pod.metadata.deletion_timestamp.is_some();
+                    if let Some(static_uid) = mirror.mirrors.seen(Arc::new(pod)) {
+                        workers.wake(&static_uid);
+                    }
+                    if deleting {
+                        mirror.recheck.notify_one();
+                    }
+                    continue;
+                }
                 let uid = pod_util::uid(&pod).to_string();
                 listing.insert(uid.clone());
                 let print = fingerprint(&pod);
@@ -55,6 +80,10 @@ pub async fn run(client: kube::Client, node_name: String, kubelet: Arc<Kubelet>,
                 } else {
                     workers.refresh(pod);
                 }
+            }
+            Ok(Event::Delete(pod)) if is_mirror(&pod) => {
+                mirror.mirrors.gone(&pod);
+                mirror.recheck.notify_one();
             }
             Ok(Event::Delete(pod)) => {
                 let uid = pod_util::uid(&pod).to_string();

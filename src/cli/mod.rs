@@ -3,6 +3,7 @@
 mod config;
 mod datastore;
 mod duration;
+mod images;
 mod node_args;
 mod server;
 
@@ -37,6 +38,8 @@ enum Command {
     Agent(NotBuilt),
     /// Serve the embedded datastore (or an external etcd) as an etcd v3 endpoint.
     Datastore(datastore::DatastoreArgs),
+    /// Import, list and remove the node's container images (no registry needed).
+    Images(images::ImagesArgs),
 }
 
 #[derive(Debug, Args)]
@@ -132,6 +135,7 @@ pub fn main() -> ExitCode {
         match cli.command {
             Command::Datastore(args) => datastore::run(args).await,
             Command::Server(args) => server::run(args).await,
+            Command::Images(args) => images::run(args).await,
             Command::Agent(_) => Err(anyhow::anyhow!("`ferrok agent` is not built yet")),
         }
     });

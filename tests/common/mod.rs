@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod images;
+pub mod node;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -196,7 +196,12 @@ impl RuntimeManager {
         let image = match self.images.ensure_image(pod, c, &cref, Some(sandbox_config)).await {
             Ok(i) => i,
             Err(e) => {
-                let retry = self.images.backoff_remaining(pod, c.image.as_deref().unwrap_or_default());
+                // After ErrImagePull the pod shows ImagePullBackOff while the
+                // back-off runs (a sync soon), then the pull is tried again.
+                let retry = match e.reason {
+                    "ErrImagePull" => Some(Duration::from_secs(1)),
+                    _ => self.images.backoff_remaining(pod, c.image.as_deref().unwrap_or_default()),
+                };
                 return Err(StartFailure {
                     waiting: Waiting { reason: e.reason.into(), message: e.message },
                     retry_after: retry.or(Some(Duration::from_secs(10))),

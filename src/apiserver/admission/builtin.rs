@@ -1,5 +1,5 @@
 //! The built-in admission plugins a user expects: ServiceAccount (pods
-//! run as `default` unless told otherwise), DefaultTolerationSeconds (300 s
+//! run as `default` unless told otherwise, with its token mounted), DefaultTolerationSeconds (300 s
 //! for not-ready and unreachable nodes), Priority (priorityClassName
 //! becomes priority), DefaultStorageClass (claims without a class get the
 //! default one), LimitRanger (container defaults from LimitRanges) and
@@ -21,6 +21,7 @@ pub async fn mutate(call: &Call, obj: &mut Value, op: Operation) -> ApiResult<()
     }
     if is(call, "", "pods") {
         service_account(obj);
+        service_account_token_volume(call, obj).await?;
         default_toleration_seconds(obj);
         priority(call, obj).await?;
         limit_ranger(call, obj).await?;
@@ -49,6 +50,81 @@ fn service_account(pod: &mut Value) {
         .to_string();
     spec.insert("serviceAccountName".into(), json!(name));
     spec.insert("serviceAccount".into(), json!(name));
+}
+
+/// Where the token, CA and namespace of the pod's service account appear.
+const SERVICE_ACCOUNT_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The ServiceAccount plugin's token volume: unless the pod or its service
+/// account opts out (`automountServiceAccountToken: false`), a projected
+/// `kube-api-access-xxxxx` volume (a bound token renewed by the kubelet,
+/// `kube-root-ca.crt`'s `ca.crt`, the namespace) mounted read-only in every
+/// container at /var/run/secrets/kubernetes.io/serviceaccount, as upstream.
+/// Mirror pods of static pods get none.
+async fn service_account_token_volume(call: &Call, pod: &mut Value) -> ApiResult<()> {
+    if pod.pointer("/metadata/annotations/kubernetes.io~1config.mirror").is_some() {
+        return Ok(());
+    }
+    let Some(spec) = pod.get("spec") else { return Ok(()) };
+    let automount = match spec.get("automountServiceAccountToken").and_then(Value::as_bool) {
+        Some(a) => a,
+        None => {
+            let ns = crate::apiserver::meta::namespace_of(pod).unwrap_or("default").to_string();
+            let sa = spec.get("serviceAccountName").and_then(Value::as_str).unwrap_or("default");
+            let stored = call.api.storage.get(&format!("/registry/serviceaccounts/{ns}/{sa}")).await?;
+            stored.and_then(|s| s.object.get("automountServiceAccountToken").and_then(Value::as_bool)).unwrap_or(true)
+        }
+    };
+    if !automount {
+        return Ok(());
+    }
+    let mounted = |c: &Value| {
+        c.get("volumeMounts").and_then(Value::as_array).is_some_and(|m| {
+            m.iter().any(|v| v.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_MOUNT))
+        })
+    };
+    let containers = ["containers", "initContainers"];
+    let all_mounted = containers
+        .iter()
+        .flat_map(|k| spec.get(*k).and_then(Value::as_array).into_iter().flatten())
+        .all(mounted);
+    if all_mounted {
+        return Ok(());
+    }
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rnd = [0u8; 5];
+    crate::pki::fill_random(&mut rnd);
+    let suffix: String = rnd.iter().map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect();
+    let name = format!("kube-api-access-{suffix}");
+    let volume = json!({
+        "name": name,
+        "projected": {
+            "defaultMode": 420,
+            "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+            ]
+        }
+    });
+    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else { return Ok(()) };
+    let volumes = spec.entry("volumes").or_insert_with(|| json!([]));
+    if let Some(v) = volumes.as_array_mut() {
+        v.push(volume);
+    }
+    for key in containers {
+        for c in spec.get_mut(key).and_then(Value::as_array_mut).into_iter().flatten() {
+            if mounted(c) {
+                continue;
+            }
+            let Some(obj) = c.as_object_mut() else { continue };
+            let mounts = obj.entry("volumeMounts").or_insert_with(|| json!([]));
+            if let Some(m) = mounts.as_array_mut() {
+                m.push(json!({"name": name, "mountPath": SERVICE_ACCOUNT_MOUNT, "readOnly": true}));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// DefaultTolerationSeconds: pods tolerate their node being not-ready or

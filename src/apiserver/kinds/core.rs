@@ -147,51 +147,199 @@ pub fn qos_class(pod: &Value) -> &'static str {
 
 /// The STATUS column: the pod's reason, a waiting or terminated container's
 /// reason, or its phase, worded as kubectl shows it.
-pub fn pod_status_word(pod: &Value) -> String {
+/// READY, STATUS and RESTARTS of a pod as upstream's printPod computes
+/// them: sidecars (restartable init containers) count as containers, an
+/// init container that has not finished shows as `Init:…`, restarts show
+/// when the last one was.
+fn pod_summary(pod: &Value) -> (String, String, String) {
+    let array = |path: &[&str]| at(pod, path).and_then(Value::as_array).cloned().unwrap_or_default();
+    let init_specs = array(&["spec", "initContainers"]);
+    let is_sidecar = |name: &str| {
+        init_specs.iter().any(|c| {
+            c.get("name").and_then(Value::as_str) == Some(name)
+                && c.get("restartPolicy").and_then(Value::as_str) == Some("Always")
+        })
+    };
+    let mut total = len(pod, &["spec", "containers"]);
+    total += init_specs.iter().filter(|c| c.get("restartPolicy").and_then(Value::as_str) == Some("Always")).count();
+    let mut ready = 0;
     let mut reason =
         str_at(pod, &["status", "reason"]).or(str_at(pod, &["status", "phase"])).unwrap_or("Pending").to_string();
-    let statuses = at(pod, &["status", "containerStatuses"]).and_then(Value::as_array);
-    if let Some(statuses) = statuses {
-        for cs in statuses.iter().rev() {
-            if let Some(r) = at(cs, &["state", "waiting", "reason"]).and_then(Value::as_str).filter(|r| !r.is_empty()) {
-                reason = r.to_string();
-            } else if let Some(term) = at(cs, &["state", "terminated"]) {
-                reason = match term.get("reason").and_then(Value::as_str).filter(|r| !r.is_empty()) {
+    let gated = array(&["status", "conditions"]).iter().any(|c| {
+        c.get("type").and_then(Value::as_str) == Some("PodScheduled")
+            && c.get("reason").and_then(Value::as_str) == Some("SchedulingGated")
+    });
+    if gated {
+        reason = "SchedulingGated".into();
+    }
+    let finished = |c: &Value| at(c, &["lastState", "terminated", "finishedAt"]).and_then(Value::as_str).and_then(meta::parse_rfc3339);
+    let (mut restarts, mut last_restart) = (0i64, None::<i64>);
+    let (mut sidecar_restarts, mut sidecar_last) = (0i64, None::<i64>);
+    let later = |a: Option<i64>, b: Option<i64>| a.max(b);
+    let mut initializing = false;
+    let init_statuses = array(&["status", "initContainerStatuses"]);
+    for (i, c) in init_statuses.iter().enumerate() {
+        let name = c.get("name").and_then(Value::as_str).unwrap_or_default();
+        let count = c.get("restartCount").and_then(Value::as_i64).unwrap_or(0);
+        restarts += count;
+        last_restart = later(last_restart, finished(c));
+        let sidecar = is_sidecar(name);
+        if sidecar {
+            sidecar_restarts += count;
+            sidecar_last = later(sidecar_last, finished(c));
+        }
+        let term = at(c, &["state", "terminated"]);
+        let waiting = at(c, &["state", "waiting", "reason"]).and_then(Value::as_str).filter(|r| !r.is_empty());
+        if term.is_some_and(|t| t.get("exitCode").and_then(Value::as_i64) == Some(0)) {
+            continue;
+        }
+        if sidecar && c.get("started").and_then(Value::as_bool) == Some(true) {
+            if c.get("ready").and_then(Value::as_bool) == Some(true) {
+                ready += 1;
+            }
+            continue;
+        }
+        reason = if let Some(t) = term {
+            match t.get("reason").and_then(Value::as_str).filter(|r| !r.is_empty()) {
+                Some(r) => format!("Init:{r}"),
+                None => match t.get("signal").and_then(Value::as_i64).filter(|s| *s != 0) {
+                    Some(sig) => format!("Init:Signal:{sig}"),
+                    None => format!("Init:ExitCode:{}", t.get("exitCode").and_then(Value::as_i64).unwrap_or(0)),
+                },
+            }
+        } else if let Some(w) = waiting.filter(|w| *w != "PodInitializing") {
+            format!("Init:{w}")
+        } else {
+            format!("Init:{i}/{}", init_specs.len())
+        };
+        initializing = true;
+        break;
+    }
+    let initialized = array(&["status", "conditions"]).iter().any(|c| {
+        c.get("type").and_then(Value::as_str) == Some("Initialized") && c.get("status").and_then(Value::as_str) == Some("True")
+    });
+    if !initializing || initialized {
+        restarts = sidecar_restarts;
+        last_restart = sidecar_last;
+        let mut running = false;
+        for c in array(&["status", "containerStatuses"]).iter().rev() {
+            restarts += c.get("restartCount").and_then(Value::as_i64).unwrap_or(0);
+            last_restart = later(last_restart, finished(c));
+            let waiting = at(c, &["state", "waiting", "reason"]).and_then(Value::as_str).filter(|r| !r.is_empty());
+            let term = at(c, &["state", "terminated"]);
+            if let Some(w) = waiting {
+                reason = w.to_string();
+            } else if let Some(t) = term {
+                reason = match t.get("reason").and_then(Value::as_str).filter(|r| !r.is_empty()) {
                     Some(r) => r.to_string(),
-                    None => match term.get("signal").and_then(Value::as_i64).filter(|s| *s != 0) {
+                    None => match t.get("signal").and_then(Value::as_i64).filter(|s| *s != 0) {
                         Some(sig) => format!("Signal:{sig}"),
-                        None => format!("ExitCode:{}", term.get("exitCode").and_then(Value::as_i64).unwrap_or(0)),
+                        None => format!("ExitCode:{}", t.get("exitCode").and_then(Value::as_i64).unwrap_or(0)),
                     },
                 };
+            } else if c.get("ready").and_then(Value::as_bool) == Some(true) && at(c, &["state", "running"]).is_some() {
+                running = true;
+                ready += 1;
             }
         }
+        if reason == "Completed" && running {
+            let has_ready = array(&["status", "conditions"]).iter().any(|c| {
+                c.get("type").and_then(Value::as_str) == Some("Ready") && c.get("status").and_then(Value::as_str) == Some("True")
+            });
+            reason = if has_ready { "Running".into() } else { "NotReady".into() };
+        }
     }
+    let terminal = matches!(str_at(pod, &["status", "phase"]), Some("Succeeded") | Some("Failed"));
     if at(pod, &["metadata", "deletionTimestamp"]).is_some() {
-        reason = if str_at(pod, &["status", "reason"]) == Some("NodeLost") {
-            "Unknown".into()
-        } else {
-            "Terminating".into()
-        };
+        if str_at(pod, &["status", "reason"]) == Some("NodeLost") {
+            reason = "Unknown".into();
+        } else if !terminal {
+            reason = "Terminating".into();
+        }
     }
-    reason
+    let restarts = match last_restart {
+        Some(t) if restarts != 0 => format!("{restarts} ({} ago)", meta::human_duration(meta::unix_now() - t)),
+        _ => restarts.to_string(),
+    };
+    (format!("{ready}/{total}"), reason, restarts)
+}
+
+/// The STATUS word `kubectl get pods` shows.
+pub fn pod_status_word(pod: &Value) -> String {
+    pod_summary(pod).1
 }
 
 fn pod_cells(pod: &Value) -> Vec<Value> {
-    let total = len(pod, &["spec", "containers"]);
-    let statuses = at(pod, &["status", "containerStatuses"]).and_then(Value::as_array).cloned().unwrap_or_default();
-    let ready = statuses.iter().filter(|s| s.get("ready").and_then(Value::as_bool).unwrap_or(false)).count();
-    let restarts: i64 = statuses.iter().map(|s| s.get("restartCount").and_then(Value::as_i64).unwrap_or(0)).sum();
-    let gates = len(pod, &["spec", "readinessGates"]);
+    let (ready, status, restarts) = pod_summary(pod);
+    let gates: Vec<String> = at(pod, &["spec", "readinessGates"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|g| g.get("conditionType").and_then(Value::as_str).map(str::to_string))
+        .collect();
+    let gates_true = gates
+        .iter()
+        .filter(|g| {
+            at(pod, &["status", "conditions"]).and_then(Value::as_array).is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.get("type").and_then(Value::as_str) == Some(g.as_str())
+                        && c.get("status").and_then(Value::as_str) == Some("True")
+                })
+            })
+        })
+        .count();
     vec![
-        json!(format!("{ready}/{total}")),
-        json!(pod_status_word(pod)),
-        json!(restarts.to_string()),
+        json!(ready),
+        json!(status),
+        json!(restarts),
         json!(age(pod)),
         or_none(str_at(pod, &["status", "podIP"]).unwrap_or_default()),
         or_none(str_at(pod, &["spec", "nodeName"]).unwrap_or_default()),
         or_none(str_at(pod, &["status", "nominatedNodeName"]).unwrap_or_default()),
-        if gates == 0 { json!("<none>") } else { json!(format!("0/{gates}")) },
+        if gates.is_empty() { json!("<none>") } else { json!(format!("{gates_true}/{}", gates.len())) },
     ]
+}
+
+#[cfg(test)]
+mod pod_table_tests {
+    use super::*;
+
+    #[test]
+    fn sidecars_count_and_init_containers_show_progress() {
+        let pod = json!({
+            "spec": {"initContainers": [{"name": "i"}, {"name": "s", "restartPolicy": "Always"}], "containers": [{"name": "a"}]},
+            "status": {"phase": "Pending", "initContainerStatuses": [
+                {"name": "i", "restartCount": 0, "state": {"running": {}}},
+                {"name": "s", "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}
+            ], "containerStatuses": [{"name": "a", "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}]}
+        });
+        assert_eq!(pod_summary(&pod), ("0/2".into(), "Init:0/2".into(), "0".into()));
+        let pod = json!({
+            "spec": {"initContainers": [{"name": "s", "restartPolicy": "Always"}], "containers": [{"name": "a"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Initialized", "status": "True"}],
+              "initContainerStatuses": [{"name": "s", "started": true, "ready": true, "restartCount": 0, "state": {"running": {}}}],
+              "containerStatuses": [{"name": "a", "ready": true, "restartCount": 2, "state": {"running": {}},
+                 "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2020-01-01T00:00:00Z"}}}]}
+        });
+        let (ready, status, restarts) = pod_summary(&pod);
+        assert_eq!((ready.as_str(), status.as_str()), ("2/2", "Running"));
+        assert!(restarts.starts_with("2 (") && restarts.ends_with(" ago)"), "{restarts}");
+    }
+
+    #[test]
+    fn crash_loops_and_terminating() {
+        let pod = json!({
+            "metadata": {"deletionTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"containers": [{"name": "a"}]},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "a", "restartCount": 0, "state": {"running": {}}}]}
+        });
+        assert_eq!(pod_summary(&pod).1, "Terminating");
+        let pod = json!({
+            "spec": {"containers": [{"name": "a"}]},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "a", "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}
+        });
+        assert_eq!(pod_summary(&pod).1, "CrashLoopBackOff");
+    }
 }
 
 pub fn configmap_hooks() -> Hooks {
