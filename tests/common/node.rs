@@ -117,6 +117,12 @@ impl Node {
             .arg(self.dir.path())
             .args(["--https-listen-port", &self.port.to_string(), "--node-name", &self.name])
             .args(["--kubelet-arg", &format!("cgroup-root={}", self.cgroup_root)])
+            // The test machines keep most free blocks reserved (statvfs says about
+            // 9 % available): upstream's default thresholds (nodefs.available<10%,
+            // image GC above 85 %) would put every test node under disk pressure.
+            // Tests that want pressure pass their own thresholds after these.
+            .args(["--kubelet-arg", "eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1%"])
+            .args(["--kubelet-arg", "image-gc-high-threshold=100"])
             .args(&self.extra)
             .env("RUST_LOG", "warn,ferrok=debug")
             .stdout(Stdio::null())
