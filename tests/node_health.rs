@@ -1,21 +1,83 @@
 //! Keeping a node healthy, against the real `ferrok server` with its node
-//! role: container log rotation, node-pressure eviction with the
-//! MemoryPressure condition and taint, and local-storage limit evictions.
-//! Needs root, containerd, runc and the CNI plugins (scripts/deps).
+//! role (`common::node::Node`: its own network namespace, cgroup root and
+//! data dir): container log rotation, node-pressure eviction with the
+//! pressure conditions and taints, admission under pressure, node-level
+//! reclaim (unused images, orphaned pods), and local-storage limit
+//! evictions. Needs root, containerd, runc and the CNI plugins (scripts/deps).
 
-#[path = "node_health/node.rs"]
-mod node;
+mod common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use node::{Node, IMAGE, QUIET_DISK};
+use common::node::{Node, BUSYBOX};
+use sha2::{Digest, Sha256};
+
+const IMAGE: &str = BUSYBOX;
+/// Keeps a container running (the test image's own command is `sh`).
+const SLEEP: &str = r#""command": ["sleep", "1000000"]"#;
+
+/// A one-layer OCI image-layout tarball whose single file holds `name`, so
+/// that images of different names are different images. Never run.
+fn tiny_image(dir: &Path, name: &str) -> PathBuf {
+    let sha = |b: &[u8]| format!("sha256:{:x}", Sha256::digest(b));
+    let root = dir.join("tiny");
+    let rootfs = root.join("rootfs");
+    std::fs::create_dir_all(&rootfs).unwrap();
+    std::fs::write(rootfs.join("name"), name).unwrap();
+    let layer_path = root.join("layer.tar");
+    let ok = Command::new("tar")
+        .args(["--owner=0", "--group=0", "-C"])
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&layer_path)
+        .arg(".")
+        .status();
+    assert!(ok.unwrap().success());
+    let layer = std::fs::read(&layer_path).unwrap();
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let config = serde_json::json!({"architecture": arch, "os": "linux", "config": {"Cmd": ["/name"]},
+        "rootfs": {"type": "layers", "diff_ids": [sha(&layer)]}})
+    .to_string();
+    let manifest = serde_json::json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha(config.as_bytes()), "size": config.len()},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": sha(&layer), "size": layer.len()}]})
+    .to_string();
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "digest": sha(manifest.as_bytes()), "size": manifest.len(), "platform": {"architecture": arch, "os": "linux"},
+        "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": "test"}}]})
+    .to_string();
+    let layout = root.join("layout");
+    let blobs = layout.join("blobs").join("sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    for blob in [&layer[..], config.as_bytes(), manifest.as_bytes()] {
+        std::fs::write(blobs.join(&sha(blob)["sha256:".len()..]), blob).unwrap();
+    }
+    std::fs::write(layout.join("index.json"), index).unwrap();
+    std::fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    let tarball = root.join("image.tar");
+    assert!(Command::new("tar").arg("-C").arg(&layout).arg("-cf").arg(&tarball).arg(".").status().unwrap().success());
+    tarball
+}
+
+fn pod_logs_dir(node: &Node) -> PathBuf {
+    node.dir.path().join("agent").join("logs").join("pods")
+}
+
+fn server_log(node: &Node) -> String {
+    let log = node.log();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
 
 fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
-    let mut v: Vec<&str> = QUIET_DISK.to_vec();
-    v.extend_from_slice(extra);
-    v
+    extra.to_vec()
 }
 
 /// The files in a container's log folder, leftovers of a pass in progress excluded.
@@ -50,11 +112,9 @@ fn container_logs_rotate_gzip_and_stay_bounded() {
         node.name,
         serde_json::to_string(script).unwrap()
     ));
-    node.eventually("chatty running", Duration::from_secs(60), || {
-        node.get(&["pod", "chatty"], "{.status.phase}") == "Running"
-    });
+    node.eventually("chatty running", 60, || node.get(&["pod", "chatty"], "{.status.phase}") == "Running");
     let uid = node.get(&["pod", "chatty"], "{.metadata.uid}");
-    let dir: PathBuf = node.pod_logs_dir().join(format!("default_chatty_{uid}")).join("app");
+    let dir: PathBuf = pod_logs_dir(&node).join(format!("default_chatty_{uid}")).join("app");
     // Watch several rotations: never more than 3 files, the older rotated ones gzipped.
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut rotations_seen = std::collections::BTreeSet::new();
@@ -72,7 +132,7 @@ fn container_logs_rotate_gzip_and_stay_bounded() {
         assert!(
             Instant::now() < deadline,
             "rotation not seen: {files:?}, rotations {rotations_seen:?}\n{}",
-            node.server_log()
+            server_log(&node)
         );
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -117,10 +177,10 @@ fn memory_pressure_taints_the_node_and_evicts_best_effort_pods_not_critical_ones
     let gib = gib_above_total_memory();
     let threshold = format!("eviction-hard=memory.available<{gib}Gi");
     let node = Node::start(&["--kubelet-arg", &threshold, "--kubelet-arg", "image-gc-high-threshold=100"]);
-    node.eventually("MemoryPressure", Duration::from_secs(60), || {
+    node.eventually("MemoryPressure", 60, || {
         node.get(&["node", &node.name], "{.status.conditions[?(@.type==\"MemoryPressure\")].status}") == "True"
     });
-    node.eventually("memory-pressure taint", Duration::from_secs(60), || {
+    node.eventually("memory-pressure taint", 60, || {
         let taints = node.get(&["node", &node.name], "{range .spec.taints[*]}{.key}:{.effect} {end}");
         taints.contains("node.kubernetes.io/memory-pressure:NoSchedule")
     });
@@ -128,11 +188,11 @@ fn memory_pressure_taints_the_node_and_evicts_best_effort_pods_not_critical_ones
     node.apply(&format!(
         r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "critical", "namespace": "kube-system"}},
             "spec": {{"nodeName": "{n}", "priorityClassName": "system-node-critical", "terminationGracePeriodSeconds": 1,
-              "containers": [{{"name": "app", "image": "{IMAGE}",
+              "containers": [{{"name": "app", "image": "{IMAGE}", {SLEEP},
                 "resources": {{"requests": {{"cpu": "50m", "memory": "32Mi"}}, "limits": {{"cpu": "50m", "memory": "32Mi"}}}}}}]}}}}"#,
         n = node.name
     ));
-    node.eventually("critical pod running", Duration::from_secs(60), || {
+    node.eventually("critical pod running", 60, || {
         node.get(&["pod", "critical", "-n", "kube-system"], "{.status.phase}") == "Running"
     });
     assert_eq!(node.get(&["pod", "critical", "-n", "kube-system"], "{.status.qosClass}"), "Guaranteed");
@@ -140,11 +200,11 @@ fn memory_pressure_taints_the_node_and_evicts_best_effort_pods_not_critical_ones
         r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "besteffort", "namespace": "default"}},
             "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30,
               "tolerations": [{{"key": "node.kubernetes.io/memory-pressure", "operator": "Exists", "effect": "NoSchedule"}}],
-              "containers": [{{"name": "app", "image": "{IMAGE}"}}]}}}}"#,
+              "containers": [{{"name": "app", "image": "{IMAGE}", {SLEEP}}}]}}}}"#,
         n = node.name
     ));
     // It tolerates the memory-pressure taint, so it is admitted (as upstream), then evicted.
-    node.eventually("the BestEffort pod evicted", Duration::from_secs(60), || {
+    node.eventually("the BestEffort pod evicted", 60, || {
         node.get(&["pod", "besteffort"], "{.status.phase}") == "Failed"
     });
     assert_eq!(node.get(&["pod", "besteffort"], "{.status.reason}"), "Evicted");
@@ -153,23 +213,21 @@ fn memory_pressure_taints_the_node_and_evicts_best_effort_pods_not_critical_ones
     assert!(message.starts_with(&prefix), "{message}");
     let condition = node.get(&["pod", "besteffort"], "{.status.conditions[?(@.type==\"DisruptionTarget\")].reason}");
     assert_eq!(condition, "TerminationByKubelet");
-    node.eventually("the Evicted event", Duration::from_secs(20), || {
+    node.eventually("the Evicted event", 20, || {
         let reasons = node.get(&["events", "--field-selector", "involvedObject.name=besteffort"], "{.items[*].reason}");
         reasons.split(' ').any(|r| r == "Evicted")
     });
     // Stopped with no grace (hard threshold), not its 30 s.
-    node.eventually("the evicted pod's container stopped", Duration::from_secs(15), || {
+    node.eventually("the evicted pod's container stopped", 15, || {
         !node.get(&["pod", "besteffort"], "{.status.containerStatuses[0].state.terminated.reason}").is_empty()
     });
     // A new BestEffort pod is turned away while the pressure lasts, before it starts.
     node.apply(&format!(
         r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "late", "namespace": "default"}},
-            "spec": {{"nodeName": "{n}", "containers": [{{"name": "app", "image": "{IMAGE}"}}]}}}}"#,
+            "spec": {{"nodeName": "{n}", "containers": [{{"name": "app", "image": "{IMAGE}", {SLEEP}}}]}}}}"#,
         n = node.name
     ));
-    node.eventually("the late pod rejected", Duration::from_secs(30), || {
-        node.get(&["pod", "late"], "{.status.phase}") == "Failed"
-    });
+    node.eventually("the late pod rejected", 30, || node.get(&["pod", "late"], "{.status.phase}") == "Failed");
     assert_eq!(node.get(&["pod", "late"], "{.status.reason}"), "Evicted");
     assert_eq!(node.get(&["pod", "late"], "{.status.message}"), "The node had condition: [MemoryPressure]. ");
     assert_eq!(node.get(&["pod", "late"], "{.status.containerStatuses[0].state.running}"), "");
@@ -200,14 +258,12 @@ fn ephemeral_storage_overruns_evict_the_pod() {
             "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30, "containers": [
               {{"name": "small", "image": "{IMAGE}", "command": ["sh", "-c", "{cmd}"],
                 "resources": {{"limits": {{"ephemeral-storage": "5Mi"}}}}}},
-              {{"name": "big", "image": "{IMAGE}", "resources": {{"limits": {{"ephemeral-storage": "100Mi"}}}}}}]}}}}"#,
+              {{"name": "big", "image": "{IMAGE}", {SLEEP}, "resources": {{"limits": {{"ephemeral-storage": "100Mi"}}}}}}]}}}}"#,
         n = node.name,
         cmd = fill(12)
     ));
     for pod in ["filler", "pair"] {
-        node.eventually(&format!("{pod} evicted"), Duration::from_secs(90), || {
-            node.get(&["pod", pod], "{.status.phase}") == "Failed"
-        });
+        node.eventually(&format!("{pod} evicted"), 90, || node.get(&["pod", pod], "{.status.phase}") == "Failed");
         assert_eq!(node.get(&["pod", pod], "{.status.reason}"), "Evicted");
     }
     assert_eq!(
@@ -234,77 +290,37 @@ fn disk_pressure_reclaims_unused_images_and_orphans_first() {
     ]);
     // Leftovers of a pod this node no longer has: a log folder and a pod folder.
     let ghost = "0a0a0a0a-dead-4bad-8bad-0a0a0a0a0a0a";
-    let ghost_logs = node.pod_logs_dir().join(format!("default_ghost_{ghost}"));
-    let ghost_pod = node.data().join("agent").join("pods").join(ghost);
+    let ghost_logs = pod_logs_dir(&node).join(format!("default_ghost_{ghost}"));
+    let ghost_pod = node.dir.path().join("agent").join("pods").join(ghost);
     std::fs::create_dir_all(ghost_logs.join("app")).unwrap();
     std::fs::write(ghost_logs.join("app").join("0.log"), "old\n").unwrap();
     std::fs::create_dir_all(&ghost_pod).unwrap();
     let unused = "docker.io/ferrok/unused:test";
-    node.import(unused);
-    assert!(node.ctr(&["images", "ls", "-q"]).1.contains(unused));
-    node.eventually("DiskPressure", Duration::from_secs(60), || {
+    node.ctr(&["images", "import", &tiny_image(node.dir.path(), unused).to_string_lossy()]);
+    assert!(node.ctr(&["images", "ls", "-q"]).contains(unused));
+    node.eventually("DiskPressure", 60, || {
         node.get(&["node", &node.name], "{.status.conditions[?(@.type==\"DiskPressure\")].status}") == "True"
     });
-    node.eventually("disk-pressure taint", Duration::from_secs(30), || {
+    node.eventually("disk-pressure taint", 30, || {
         let taints = node.get(&["node", &node.name], "{range .spec.taints[*]}{.key}:{.effect} {end}");
         taints.contains("node.kubernetes.io/disk-pressure:NoSchedule")
     });
-    node.eventually("the unused image removed", Duration::from_secs(60), || {
-        !node.ctr(&["images", "ls", "-q"]).1.contains(unused)
-    });
+    node.eventually("the unused image removed", 60, || !node.ctr(&["images", "ls", "-q"]).contains(unused));
     // The sandbox image stays.
-    assert!(node.ctr(&["images", "ls", "-q"]).1.contains(IMAGE));
-    node.eventually("the orphans removed", Duration::from_secs(30), || !ghost_logs.exists() && !ghost_pod.exists());
+    assert!(node.ctr(&["images", "ls", "-q"]).contains(IMAGE));
+    node.eventually("the orphans removed", 30, || !ghost_logs.exists() && !ghost_pod.exists());
     // New pods are turned away while the disk is short.
     node.apply(&format!(
         r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "late", "namespace": "default"}},
-            "spec": {{"nodeName": "{n}", "containers": [{{"name": "app", "image": "{IMAGE}",
+            "spec": {{"nodeName": "{n}", "containers": [{{"name": "app", "image": "{IMAGE}", {SLEEP},
               "resources": {{"requests": {{"memory": "8Mi"}}}}}}]}}}}"#,
         n = node.name
     ));
-    node.eventually("the late pod rejected", Duration::from_secs(30), || {
-        node.get(&["pod", "late"], "{.status.phase}") == "Failed"
-    });
+    node.eventually("the late pod rejected", 30, || node.get(&["pod", "late"], "{.status.phase}") == "Failed");
     assert_eq!(node.get(&["pod", "late"], "{.status.message}"), "The node had condition: [DiskPressure]. ");
 }
 
 #[test]
-fn empty_dir_usage_measured_where_the_volume_manager_puts_it() {
-    // Until the volume manager is wired in, the test writes into the
-    // folder upstream's layout gives the volume, as a container would.
-    let node = Node::start(&args(&[]));
-    node.apply(&format!(
-        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "scratch", "namespace": "default"}},
-            "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30,
-              "volumes": [{{"name": "x", "emptyDir": {{"sizeLimit": "1Mi"}}}}],
-              "containers": [{{"name": "app", "image": "{IMAGE}"}}]}}}}"#,
-        n = node.name
-    ));
-    node.eventually("scratch running", Duration::from_secs(60), || {
-        node.get(&["pod", "scratch"], "{.status.phase}") == "Running"
-    });
-    let uid = node.get(&["pod", "scratch"], "{.metadata.uid}");
-    let volume =
-        node.data().join("agent").join("pods").join(&uid).join("volumes").join("kubernetes.io~empty-dir").join("x");
-    std::fs::create_dir_all(&volume).unwrap();
-    std::fs::write(volume.join("half"), vec![7u8; 512 * 1024]).unwrap();
-    std::thread::sleep(Duration::from_secs(12));
-    assert_eq!(node.get(&["pod", "scratch"], "{.status.phase}"), "Running", "evicted within its limit");
-    std::fs::write(volume.join("more"), vec![7u8; 1024 * 1024]).unwrap();
-    node.eventually("scratch evicted", Duration::from_secs(30), || {
-        node.get(&["pod", "scratch"], "{.status.phase}") == "Failed"
-    });
-    assert_eq!(node.get(&["pod", "scratch"], "{.status.reason}"), "Evicted");
-    assert_eq!(
-        node.get(&["pod", "scratch"], "{.status.message}"),
-        "Usage of EmptyDir volume \"x\" exceeds the limit \"1Mi\". "
-    );
-    let condition = node.get(&["pod", "scratch"], "{.status.conditions[?(@.type==\"DisruptionTarget\")].reason}");
-    assert_eq!(condition, "TerminationByKubelet");
-}
-
-#[test]
-#[ignore = "needs the volume manager (branch volumes) wired into agent::start: without it no emptyDir folder exists"]
 fn empty_dir_size_limit_overrun_evicts_the_pod() {
     let node = Node::start(&args(&[]));
     node.apply(&format!(
@@ -316,9 +332,7 @@ fn empty_dir_size_limit_overrun_evicts_the_pod() {
                 "volumeMounts": [{{"name": "x", "mountPath": "/x"}}]}}]}}}}"#,
         n = node.name
     ));
-    node.eventually("the scratch pod evicted", Duration::from_secs(60), || {
-        node.get(&["pod", "scratch"], "{.status.phase}") == "Failed"
-    });
+    node.eventually("the scratch pod evicted", 60, || node.get(&["pod", "scratch"], "{.status.phase}") == "Failed");
     assert_eq!(node.get(&["pod", "scratch"], "{.status.reason}"), "Evicted");
     assert_eq!(
         node.get(&["pod", "scratch"], "{.status.message}"),
@@ -335,14 +349,12 @@ fn idle_cpu_of_a_node_with_one_pod() {
     let node = Node::start(&args(&[]));
     node.apply(&format!(
         r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "idle", "namespace": "default"}},
-            "spec": {{"nodeName": "{n}", "containers": [{{"name": "app", "image": "{IMAGE}"}}]}}}}"#,
+            "spec": {{"nodeName": "{n}", "containers": [{{"name": "app", "image": "{IMAGE}", {SLEEP}}}]}}}}"#,
         n = node.name
     ));
-    node.eventually("idle running", Duration::from_secs(60), || {
-        node.get(&["pod", "idle"], "{.status.phase}") == "Running"
-    });
+    node.eventually("idle running", 60, || node.get(&["pod", "idle"], "{.status.phase}") == "Running");
     std::thread::sleep(Duration::from_secs(20));
-    let dir = node.data().to_string_lossy().into_owned();
+    let dir = node.dir.path().to_string_lossy().into_owned();
     let pid = std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok())
