@@ -140,7 +140,7 @@ impl Kubelet {
         }
         let probes = self.probes.state(pod, rt);
         let ready = self.probes.ready(pod, rt);
-        pod_status::generate(&StatusInputs {
+        let mut status = pod_status::generate(&StatusInputs {
             pod,
             rt,
             waiting: &st.waiting,
@@ -151,7 +151,9 @@ impl Kubelet {
             termination_messages: &messages,
             failure: st.failure.as_ref(),
             terminal,
-        })
+        });
+        super::eviction::add_disruption_target(&mut status, st.failure.as_ref());
+        status
     }
 
     fn mirror_of(&self, pod: &Pod) -> Option<Arc<Pod>> {

@@ -9,17 +9,22 @@
 
 pub mod backoff;
 pub mod config;
+pub mod container_gc;
 pub mod containerd;
 pub mod credentials;
 pub mod cri;
 pub mod dns;
 pub mod env;
 pub mod events;
+pub mod eviction;
+pub mod housekeeping;
+pub mod image_gc;
 pub mod image_manager;
 pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
+pub mod logs;
 pub mod node_lease;
 pub mod node_status;
 pub mod pleg;
@@ -213,12 +218,6 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         let client = client.clone();
         tasks.push(tokio::spawn(async move { ensure_runtime_classes(&client, &handler_names).await }));
     }
-    // Kept for the eviction manager, which reports pressure through it.
-    tasks.push(tokio::spawn(async move {
-        let _keep = pressure_tx;
-        std::future::pending::<()>().await
-    }));
-
     let (services, services_task) = spawn_services_cache(&client);
     tasks.push(services_task);
     let events = events::Events::new(client.clone(), &config.node_name);
@@ -304,6 +303,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
             }
         }));
     }
+    tasks.extend(housekeeping::spawn(kubelet.clone(), workers.clone(), pressure_tx, paths.root.clone(), pause_image));
     // Static pods first, so the API's first list does not take their
     // containers for leftovers of deleted pods.
     let manifests = config.dir.join("pod-manifests");

@@ -102,6 +102,7 @@ pub async fn run(
                 if first_list {
                     first_list = false;
                     cleanup_orphans(&kubelet, &workers, &listing).await;
+                    workers.set_sources_ready();
                 }
             }
             Err(e) => tracing::debug!(error = %e, "pod watch error"),

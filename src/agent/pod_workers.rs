@@ -6,6 +6,7 @@
 //! run in parallel; one pod's steps never overlap.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{watch, Notify};
 
 use super::kubelet::{Kubelet, PodState};
+use super::pod_status::PodFailure;
 use super::pod_util;
 
 /// How often a quiet pod is looked at anyway (upstream's syncFrequency is 1 min).
@@ -30,6 +32,18 @@ struct Worker {
     update: watch::Sender<PodUpdate>,
     wake: Arc<Notify>,
     state: Arc<Mutex<Vec<String>>>,
+    eviction: Arc<Mutex<Option<Eviction>>>,
+}
+
+/// Decides whether a pod new to the node may start; a failure rejects it.
+pub type AdmitHandler = Arc<dyn Fn(&Pod) -> Option<PodFailure> + Send + Sync>;
+
+/// The node's decision to end a running pod (eviction): its failure, and
+/// the grace period its containers get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Eviction {
+    pub failure: PodFailure,
+    pub grace_seconds: i64,
 }
 
 /// The workers of every pod on this node, by pod uid.
@@ -37,6 +51,9 @@ pub struct PodWorkers {
     kubelet: Arc<Kubelet>,
     workers: Mutex<HashMap<String, Worker>>,
     me: Weak<PodWorkers>,
+    /// The pod source has listed once: a uid without a worker is not wanted.
+    sources_ready: AtomicBool,
+    admit: Mutex<Option<AdmitHandler>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +67,13 @@ enum Stage {
 
 impl PodWorkers {
     pub fn new(kubelet: Arc<Kubelet>) -> Arc<PodWorkers> {
-        Arc::new_cyclic(|me| PodWorkers { kubelet, workers: Mutex::new(HashMap::new()), me: me.clone() })
+        Arc::new_cyclic(|me| PodWorkers {
+            kubelet,
+            workers: Mutex::new(HashMap::new()),
+            me: me.clone(),
+            sources_ready: AtomicBool::new(false),
+            admit: Mutex::new(None),
+        })
     }
 
     fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Worker>> {
@@ -99,14 +122,17 @@ impl PodWorkers {
             // of pods deleted while ferrok was down are cleaned at start).
             return;
         }
+        // A pod the node cannot admit ends before it starts, as an eviction.
+        let rejected = self.admission(&update.pod).map(|failure| Eviction { failure, grace_seconds: 0 });
         let (tx, rx) = watch::channel(update);
         let wake = Arc::new(Notify::new());
         let exits = Arc::new(Mutex::new(Vec::new()));
-        workers.insert(uid.clone(), Worker { update: tx, wake: wake.clone(), state: exits.clone() });
+        let eviction = Arc::new(Mutex::new(rejected));
+        workers.insert(uid.clone(), Worker { update: tx, wake: wake.clone(), state: exits.clone(), eviction: eviction.clone() });
         let kubelet = self.kubelet.clone();
         let me = self.me.clone();
         tokio::spawn(async move {
-            run(kubelet, rx, wake, exits).await;
+            run(kubelet, rx, wake, exits, eviction).await;
             if let Some(w) = me.upgrade() {
                 w.workers().remove(&uid);
             }
@@ -148,22 +174,86 @@ impl PodWorkers {
     }
 }
 
+// What the node's housekeeping (eviction, garbage collection) asks of the workers.
+impl PodWorkers {
+    /// The pod source has listed its pods once.
+    pub fn set_sources_ready(&self) {
+        self.sources_ready.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a uid without a worker can be taken as not wanted here.
+    pub fn sources_ready(&self) -> bool {
+        self.sources_ready.load(Ordering::Relaxed)
+    }
+
+    /// Whether a worker (syncing, terminating, or keeping a finished pod) has the uid.
+    pub fn knows(&self, uid: &str) -> bool {
+        self.workers().contains_key(uid)
+    }
+
+    /// The pods meant to be running: in their source, not being deleted,
+    /// not finished, and not already told to end.
+    pub fn active_pods(&self) -> Vec<Arc<Pod>> {
+        self.workers()
+            .values()
+            .filter(|w| w.eviction.lock().unwrap_or_else(|e| e.into_inner()).is_none())
+            .map(|w| w.update.borrow().clone())
+            .filter(|u| !u.removed && u.pod.metadata.deletion_timestamp.is_none())
+            .filter(|u| !matches!(u.pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed")))
+            .map(|u| u.pod)
+            .collect()
+    }
+
+    /// Sets the check new pods go through (the eviction manager's admission).
+    pub fn set_admit_handler(&self, handler: AdmitHandler) {
+        *self.admit.lock().unwrap_or_else(|e| e.into_inner()) = Some(handler);
+    }
+
+    fn admission(&self, pod: &Pod) -> Option<PodFailure> {
+        let handler = self.admit.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
+        handler(pod)
+    }
+
+    /// Ends a running pod on the node's decision: it is stopped with
+    /// `grace_seconds` and its status shows `failure` (phase Failed).
+    /// False when the pod has no worker.
+    pub fn evict(&self, uid: &str, failure: PodFailure, grace_seconds: i64) -> bool {
+        let workers = self.workers();
+        let Some(w) = workers.get(uid) else { return false };
+        *w.eviction.lock().unwrap_or_else(|e| e.into_inner()) = Some(Eviction { failure, grace_seconds });
+        w.wake.notify_one();
+        true
+    }
+}
+
 fn jitter(d: Duration) -> Duration {
     let mut b = [0u8; 2];
     crate::pki::fill_random(&mut b);
     d + Duration::from_millis(u64::from(u16::from_be_bytes(b)) % 10_000)
 }
 
-async fn run(k: Arc<Kubelet>, mut updates: watch::Receiver<PodUpdate>, wake: Arc<Notify>, exits: Arc<Mutex<Vec<String>>>) {
+async fn run(
+    k: Arc<Kubelet>,
+    mut updates: watch::Receiver<PodUpdate>,
+    wake: Arc<Notify>,
+    exits: Arc<Mutex<Vec<String>>>,
+    eviction: Arc<Mutex<Option<Eviction>>>,
+) {
     let mut st = PodState::default();
     let mut stage = Stage::Syncing;
     let mut failures = 0u32;
+    let mut grace_override: Option<i64> = None;
     loop {
         let update = updates.borrow_and_update().clone();
         let pod = update.pod.clone();
         st.expected_exits.extend(exits.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
         let deleting = update.removed || pod.metadata.deletion_timestamp.is_some();
         let next: Option<Duration>;
+        if let Some(e) = eviction.lock().unwrap_or_else(|e| e.into_inner()).take().filter(|_| stage == Stage::Syncing) {
+            st.failure = Some(e.failure);
+            grace_override = Some(e.grace_seconds);
+            stage = Stage::Terminating;
+        }
         if stage == Stage::Syncing && deleting {
             stage = Stage::Terminating;
         }
@@ -184,7 +274,7 @@ async fn run(k: Arc<Kubelet>, mut updates: watch::Receiver<PodUpdate>, wake: Arc
                 }
             },
             Stage::Terminating => {
-                let grace = Kubelet::grace_period(&pod);
+                let grace = grace_override.unwrap_or_else(|| Kubelet::grace_period(&pod));
                 match k.terminate_pod(&pod, &mut st, grace, !update.removed).await {
                     Ok(()) => {
                         failures = 0;

@@ -41,11 +41,17 @@ struct Inner {
     idle: Notify,
 }
 
+/// The DisruptionTarget condition of a pod this node evicted (others' stay theirs).
+fn by_kubelet(c: &Value) -> bool {
+    c.get("type").and_then(Value::as_str) == Some("DisruptionTarget")
+        && c.get("reason").and_then(Value::as_str) == Some("TerminationByKubelet")
+}
+
 /// The part of a status the kubelet writes, as JSON, in a stable form.
 fn ours(status: &PodStatus) -> Value {
     let mut v = serde_json::to_value(status).unwrap_or_else(|_| json!({}));
     if let Some(conds) = v.get_mut("conditions").and_then(Value::as_array_mut) {
-        conds.retain(|c| c.get("type").and_then(Value::as_str).is_some_and(|t| OWN_CONDITIONS.contains(&t)));
+        conds.retain(|c| c.get("type").and_then(Value::as_str).is_some_and(|t| OWN_CONDITIONS.contains(&t)) || by_kubelet(c));
     }
     v
 }
@@ -221,6 +227,19 @@ mod tests {
         assert!(satisfied(&api, &v));
         let api = json!({"phase": "Pending", "conditions": [{"type": "Ready", "status": "True"}]});
         assert!(!satisfied(&api, &v));
+    }
+
+    #[test]
+    fn the_kubelets_own_disruption_target_is_sent() {
+        let status: PodStatus = serde_json::from_value(json!({"conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"},
+            {"type": "Ready", "status": "False"}]}))
+        .unwrap();
+        assert_eq!(ours(&status)["conditions"].as_array().unwrap().len(), 2);
+        let theirs: PodStatus = serde_json::from_value(json!({"conditions": [
+            {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]}))
+        .unwrap();
+        assert!(ours(&theirs)["conditions"].as_array().unwrap().is_empty());
     }
 
     #[test]

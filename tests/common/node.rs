@@ -117,6 +117,12 @@ impl Node {
             .arg(self.dir.path())
             .args(["--https-listen-port", &self.port.to_string(), "--node-name", &self.name])
             .args(["--kubelet-arg", &format!("cgroup-root={}", self.cgroup_root)])
+            // The test machines keep most free blocks reserved (statvfs says about
+            // 9 % available): upstream's default thresholds (nodefs.available<10%,
+            // image GC above 85 %) would put every test node under disk pressure.
+            // Tests that want pressure pass their own thresholds after these.
+            .args(["--kubelet-arg", "eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1%"])
+            .args(["--kubelet-arg", "image-gc-high-threshold=100"])
             .args(&self.extra)
             .env("RUST_LOG", "warn,ferrok=debug")
             .stdout(Stdio::null())
@@ -144,7 +150,8 @@ impl Node {
     /// The admin kubeconfig, pointed at the node's address in its namespace.
     pub fn write_host_kubeconfig(&self) -> bool {
         let Ok(text) = std::fs::read_to_string(self.dir.path().join("kubeconfig.yaml")) else { return false };
-        let text = text.replace(&format!("https://127.0.0.1:{}", self.port), &format!("https://{}:{}", self.ip, self.port));
+        let text =
+            text.replace(&format!("https://127.0.0.1:{}", self.port), &format!("https://{}:{}", self.ip, self.port));
         std::fs::write(self.kubeconfig(), text).is_ok()
     }
 
@@ -155,7 +162,13 @@ impl Node {
                 panic!("ferrok server exited early: {status}\n{}", self.log());
             }
             if self.write_host_kubeconfig() {
-                let (ok, out) = self.kubectl(&["get", "node", &self.name, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"]);
+                let (ok, out) = self.kubectl(&[
+                    "get",
+                    "node",
+                    &self.name,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                ]);
                 if ok && out.trim() == "True" {
                     return;
                 }
@@ -177,7 +190,10 @@ impl Node {
             .args(args)
             .output()
             .expect("kubectl");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+        )
     }
 
     /// kubectl that must succeed; its stdout.
@@ -375,8 +391,12 @@ impl Node {
             if Instant::now() >= deadline {
                 let pods = self.kubectl(&["get", "pods", "-A", "-o", "wide"]).1;
                 let events = self.kubectl(&["get", "events", "-A"]).1;
-                let log: String =
-                    self.log().lines().filter(|l| !l.contains("ferrok::apiserver: request")).collect::<Vec<_>>().join("\n");
+                let log: String = self
+                    .log()
+                    .lines()
+                    .filter(|l| !l.contains("ferrok::apiserver: request"))
+                    .collect::<Vec<_>>()
+                    .join("\n");
                 panic!("timed out waiting for {what}\n--- pods ---\n{pods}\n--- events ---\n{}\n--- server log tail ---\n{}", tail(&events, 40), tail(&log, 40));
             }
             std::thread::sleep(Duration::from_millis(200));

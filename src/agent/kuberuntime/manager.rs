@@ -366,8 +366,10 @@ impl RuntimeManager {
             *n += 1;
             if *n > 2 && c.state == ContainerRunState::Exited {
                 let req = api::RemoveContainerRequest { container_id: c.id.clone() };
-                if let Err(s) = self.cri.runtime().remove_container(req).await {
-                    tracing::debug!(container = %c.id, error = %s.message(), "cannot remove a dead container");
+                match self.cri.runtime().remove_container(req).await {
+                    // containerd leaves the log files: they go with the container.
+                    Ok(_) => crate::agent::logs::remove_container_logs(&c.log_path),
+                    Err(s) => tracing::debug!(container = %c.id, error = %s.message(), "cannot remove a dead container"),
                 }
             }
         }
