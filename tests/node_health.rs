@@ -76,10 +76,6 @@ fn server_log(node: &Node) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
-    extra.to_vec()
-}
-
 /// The files in a container's log folder, leftovers of a pass in progress excluded.
 fn log_files(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -97,12 +93,12 @@ fn numbers(text: &str) -> Vec<u64> {
 
 #[test]
 fn container_logs_rotate_gzip_and_stay_bounded() {
-    let node = Node::start(&args(&[
+    let node = Node::start(&[
         "--kubelet-arg",
         "container-log-max-size=1Mi",
         "--kubelet-arg",
         "container-log-max-files=3",
-    ]));
+    ]);
     // About 200 KB/s of numbered 100-byte lines.
     let script = r#"n=0; while :; do n=$((n+1)); echo "$n xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"; [ $((n % 20)) -eq 0 ] && usleep 10000; done"#;
     node.apply(&format!(
@@ -242,7 +238,7 @@ fn memory_pressure_taints_the_node_and_evicts_best_effort_pods_not_critical_ones
 
 #[test]
 fn ephemeral_storage_overruns_evict_the_pod() {
-    let node = Node::start(&args(&[]));
+    let node = Node::start(&[]);
     let fill = |mb: u32| format!("dd if=/dev/zero of=/tmp/fill bs=1M count={mb} && sleep 1000000");
     // One container: the pod's total limit is its limit, checked first (as upstream).
     node.apply(&format!(
@@ -322,7 +318,7 @@ fn disk_pressure_reclaims_unused_images_and_orphans_first() {
 
 #[test]
 fn empty_dir_size_limit_overrun_evicts_the_pod() {
-    let node = Node::start(&args(&[]));
+    let node = Node::start(&[]);
     node.apply(&format!(
         r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "scratch", "namespace": "default"}},
             "spec": {{"nodeName": "{n}", "terminationGracePeriodSeconds": 30,
@@ -340,37 +336,4 @@ fn empty_dir_size_limit_overrun_evicts_the_pod() {
     );
     let condition = node.get(&["pod", "scratch"], "{.status.conditions[?(@.type==\"DisruptionTarget\")].status}");
     assert_eq!(condition, "True");
-}
-
-/// A figure, not a check: the server's CPU over a minute with one idle pod.
-#[test]
-#[ignore = "prints a figure; run with --ignored --nocapture"]
-fn idle_cpu_of_a_node_with_one_pod() {
-    let node = Node::start(&args(&[]));
-    node.apply(&format!(
-        r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "idle", "namespace": "default"}},
-            "spec": {{"nodeName": "{n}", "containers": [{{"name": "app", "image": "{IMAGE}", {SLEEP}}}]}}}}"#,
-        n = node.name
-    ));
-    node.eventually("idle running", 60, || node.get(&["pod", "idle"], "{.status.phase}") == "Running");
-    std::thread::sleep(Duration::from_secs(20));
-    let dir = node.dir.path().to_string_lossy().into_owned();
-    let pid = std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .find(|e| {
-            let c = String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).unwrap_or_default()).into_owned();
-            c.contains(&dir) && c.contains("server") && !c.contains("containerd")
-        })
-        .unwrap()
-        .path();
-    let ticks = || {
-        let s = std::fs::read_to_string(pid.join("stat")).unwrap();
-        let f: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
-        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-    };
-    let t0 = ticks();
-    std::thread::sleep(Duration::from_secs(60));
-    let t1 = ticks();
-    println!("IDLE ferrok server: {} ticks in 60 s = {:.2}% of a core", t1 - t0, (t1 - t0) as f64 / 60.0);
 }
