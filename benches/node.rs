@@ -43,7 +43,8 @@ fn node_ready(n: &Node) -> bool {
 
 /// Starts a node and returns it with the time from spawn to a Ready Node.
 async fn start_timed() -> (TestNode, Duration) {
-    let mut node = TestNode::new(&[]);
+    // Room for the 30 + 100 pods of the two startup runs (maxPods is 110).
+    let mut node = TestNode::new(&["--kubelet-arg", "max-pods=250"]);
     let started = Instant::now();
     node.spawn();
     loop {
