@@ -121,32 +121,39 @@ pub enum ListMerge {
 pub struct SchemaNode<'a> {
     components: Option<&'a Map<String, Value>>,
     schema: Option<&'a Value>,
+    /// The component last referenced on the way here.
+    component: Option<&'a str>,
 }
 
 impl<'a> SchemaNode<'a> {
     /// No schema at all.
     pub fn none() -> SchemaNode<'static> {
-        SchemaNode { components: None, schema: None }
+        SchemaNode { components: None, schema: None, component: None }
     }
 
     /// The root of a kind's schema, when it has one.
     pub fn of(set: Option<&'a SchemaSet>) -> SchemaNode<'a> {
-        set.map(SchemaNode::root).unwrap_or(SchemaNode { components: None, schema: None })
+        set.map(SchemaNode::root).unwrap_or(SchemaNode { components: None, schema: None, component: None })
     }
 
     /// The root of a kind's schema.
     pub fn root(set: &'a SchemaSet) -> SchemaNode<'a> {
-        let node = SchemaNode { components: Some(&set.components), schema: set.components.get(&set.root) };
+        let node = SchemaNode {
+            components: Some(&set.components),
+            schema: set.components.get(&set.root),
+            component: Some(set.root.as_str()),
+        };
         node.resolved()
     }
 
     /// Follows `$ref` (and a single-element `allOf`, as generators wrap references).
     fn resolved(self) -> SchemaNode<'a> {
-        let mut schema = self.schema;
+        let (mut schema, mut component) = (self.schema, self.component);
         for _ in 0..16 {
             let Some(s) = schema else { break };
             if let Some(r) = s.get("$ref").and_then(Value::as_str) {
                 let name = r.rsplit('/').next().unwrap_or_default();
+                component = Some(name);
                 schema = self.components.and_then(|c| c.get(name));
             } else if let Some([only]) = s.get("allOf").and_then(Value::as_array).map(Vec::as_slice) {
                 schema = Some(only);
@@ -154,11 +161,30 @@ impl<'a> SchemaNode<'a> {
                 break;
             }
         }
-        SchemaNode { components: self.components, schema }
+        SchemaNode { components: self.components, schema, component }
     }
 
     fn child(self, schema: Option<&'a Value>) -> SchemaNode<'a> {
-        SchemaNode { components: self.components, schema }.resolved()
+        SchemaNode { components: self.components, schema, component: None }.resolved()
+    }
+
+    /// Whether this value is a `resource.Quantity`.
+    pub fn is_quantity(&self) -> bool {
+        self.component == Some("io.k8s.apimachinery.pkg.api.resource.Quantity")
+    }
+
+    /// The first quantity under `value` that does not parse, with its path.
+    pub fn invalid_quantity(self, value: &Value, path: &str) -> Option<String> {
+        match value {
+            Value::String(s) if self.is_quantity() && !crate::client::quantity::is_valid(s) => Some(path.to_string()),
+            Value::Object(m) if self.schema.is_some() => {
+                m.iter().find_map(|(k, v)| self.field(k).invalid_quantity(v, &format!("{path}.{k}")))
+            }
+            Value::Array(items) if self.schema.is_some() => {
+                items.iter().enumerate().find_map(|(i, v)| self.items().invalid_quantity(v, &format!("{path}[{i}]")))
+            }
+            _ => None,
+        }
     }
 
     fn extension(&self, name: &str) -> Option<&'a Value> {
@@ -257,6 +283,13 @@ mod tests {
         let meta = SchemaNode::root(&set).field("metadata");
         assert_eq!(meta.field("finalizers").patch_list_merge(), ListMerge::Set);
         assert_eq!(meta.field("ownerReferences").patch_list_merge(), ListMerge::ByKey(vec!["uid".into()]));
+        let limits = containers.items().field("resources").field("limits");
+        assert!(limits.field("cpu").is_quantity());
+        let pod = json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "lots"}}}]}});
+        assert_eq!(
+            SchemaNode::root(&set).invalid_quantity(&pod, "").as_deref(),
+            Some(".spec.containers[0].resources.limits.cpu")
+        );
         // A map's values: labels are strings, with no list strategy.
         assert_eq!(meta.field("labels").field("anything").patch_list_merge(), ListMerge::Replace);
     }
