@@ -119,11 +119,7 @@ fn patches_merge_hostile_documents() {
     });
     total += run("server-side apply", |rng| {
         let i = rng.below(kinds.len());
-        let writer = Writer {
-            manager: "fuzz",
-            api_version: "v1",
-            schema: SchemaNode::of(schemas[i].as_deref()),
-        };
+        let writer = Writer { manager: "fuzz", api_version: "v1", schema: SchemaNode::of(schemas[i].as_deref()) };
         let live = hostile::object_like(rng, &kinds[i].api_version(), &kinds[i].kind);
         let config = hostile::object_like(rng, &kinds[i].api_version(), &kinds[i].kind);
         if let Ok(mut merged) = managed_fields::apply(Some(&live), &config, &writer, rng.chance(50)) {

@@ -63,8 +63,13 @@ async fn malformed_values_get_upstreams_errors() {
     // generateName with a multi-byte character across byte 58: a 422
     // naming metadata.name (it is not a DNS name), not a dropped connection.
     let prefix = hostile::straddling(70, 58, 'é');
-    let (code, body) =
-        json_req(&c, "POST", CMS, &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": prefix}})).await;
+    let (code, body) = json_req(
+        &c,
+        "POST",
+        CMS,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": prefix}}),
+    )
+    .await;
     assert_eq!(code, 422, "{body}");
     assert_eq!(body["details"]["causes"][0]["field"], "metadata.name", "{body}");
     let (code, body) =
@@ -96,7 +101,10 @@ async fn malformed_values_get_upstreams_errors() {
     let pod = json!({"metadata": {"name": "e"}, "spec": {"restartPolicy": "Sometimes", "containers": [{"name": "c", "image": "i"}]}});
     let (code, body) = json_req(&c, "POST", PODS, &pod).await;
     assert_eq!(code, 422, "{body}");
-    assert!(body["details"]["causes"].as_array().is_some_and(|c| c.iter().any(|c| c["field"] == "spec.restartPolicy")), "{body}");
+    assert!(
+        body["details"]["causes"].as_array().is_some_and(|c| c.iter().any(|c| c["field"] == "spec.restartPolicy")),
+        "{body}"
+    );
 
     // Query strings: unparsable integers are 400s with upstream's text.
     for (query, want) in [
@@ -116,9 +124,8 @@ async fn malformed_values_get_upstreams_errors() {
         .expect("answer");
     assert_eq!((code, body["reason"].as_str()), (422, Some("Invalid")), "{body}");
     assert_eq!(body["details"]["causes"][0]["field"], "resourceVersionMatch", "{body}");
-    let (code, body) = send(&c, "POST", &format!("{CMS}?dryRun=Maybe"), "application/json", b"{}".to_vec())
-        .await
-        .expect("answer");
+    let (code, body) =
+        send(&c, "POST", &format!("{CMS}?dryRun=Maybe"), "application/json", b"{}".to_vec()).await.expect("answer");
     assert_eq!((code, body["details"]["causes"][0]["field"].as_str()), (422, Some("dryRun")), "{body}");
     // watch=maybe is a watch, as upstream reads booleans ("false" and "0" only are false).
     let (code, _) = send(&c, "GET", &format!("{CMS}?watch=maybe&timeoutSeconds=1"), "", vec![]).await.expect("answer");
@@ -138,23 +145,31 @@ async fn malformed_values_get_upstreams_errors() {
     assert_eq!(code, 201, "{body}");
     let (_, nodes) = json_req(&c, "GET", "/api/v1/nodes?fieldSelector=spec.unschedulable%3Dfalse", &Value::Null).await;
     assert!(nodes["items"].as_array().is_some_and(|i| i.iter().any(|n| n["metadata"]["name"] == "n-plain")), "{nodes}");
-    let (code, _) = send(&c, "GET", "/api/v1/nodes?fieldSelector=metadata.namespace%3Dx", "", vec![]).await.expect("answer");
+    let (code, _) =
+        send(&c, "GET", "/api/v1/nodes?fieldSelector=metadata.namespace%3Dx", "", vec![]).await.expect("answer");
     assert_eq!(code, 400, "Node has no metadata.namespace field label upstream");
 
     // Wrong-shaped apply bodies: 400s.
     let apply = |body: Value| {
         let c = c.clone();
         async move {
-            send(&c, "PATCH", &format!("{CMS}/applied?fieldManager=t"), "application/apply-patch+yaml", body.to_string().into_bytes())
-                .await
-                .expect("answer")
+            send(
+                &c,
+                "PATCH",
+                &format!("{CMS}/applied?fieldManager=t"),
+                "application/apply-patch+yaml",
+                body.to_string().into_bytes(),
+            )
+            .await
+            .expect("answer")
         }
     };
     for body in [json!([1, 2]), json!("text"), json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": "x"})] {
         let (code, answer) = apply(body.clone()).await;
         assert_eq!(code, 400, "{body}: {answer}");
     }
-    let (code, answer) = apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": "x"})).await;
+    let (code, answer) =
+        apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": "x"})).await;
     assert_eq!(code, 400, "{answer}");
 
     // Subresources upstream serves for reading.
@@ -169,9 +184,15 @@ async fn malformed_values_get_upstreams_errors() {
     let svc = json!({"metadata": {"name": "s"}, "spec": {"ports": [{"port": 80, "name": "http"}, {"port": 443, "name": "https"}]}});
     assert_eq!(json_req(&c, "POST", "/api/v1/namespaces/default/services", &svc).await.0, 201);
     let patch = json!({"spec": {"ports": [{"port": 80, "targetPort": 8080}]}});
-    let (code, body) = send(&c, "PATCH", "/api/v1/namespaces/default/services/s", "application/strategic-merge-patch+json", patch.to_string().into_bytes())
-        .await
-        .expect("answer");
+    let (code, body) = send(
+        &c,
+        "PATCH",
+        "/api/v1/namespaces/default/services/s",
+        "application/strategic-merge-patch+json",
+        patch.to_string().into_bytes(),
+    )
+    .await
+    .expect("answer");
     assert_eq!(code, 200, "{body}");
     assert_eq!(body["spec"]["ports"].as_array().map(Vec::len), Some(2), "{body}");
 }
@@ -199,9 +220,15 @@ async fn strategic_merge_patch_is_refused_for_custom_resources() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(created.0, 201, "{}", created.1);
-    let (code, body) = send(&c, "PATCH", &format!("{widgets}/w"), "application/strategic-merge-patch+json", br#"{"spec":{"size":2}}"#.to_vec())
-        .await
-        .expect("answer");
+    let (code, body) = send(
+        &c,
+        "PATCH",
+        &format!("{widgets}/w"),
+        "application/strategic-merge-patch+json",
+        br#"{"spec":{"size":2}}"#.to_vec(),
+    )
+    .await
+    .expect("answer");
     assert_eq!((code, body["reason"].as_str()), (415, Some("UnsupportedMediaType")), "{body}");
     let (code, body) = json_req(&c, "PATCH", &format!("{widgets}/w"), &json!({"spec": {"size": 2}})).await;
     assert_eq!((code, body["spec"]["size"].as_i64()), (200, Some(2)), "{body}");
@@ -209,7 +236,12 @@ async fn strategic_merge_patch_is_refused_for_custom_resources() {
 
 /// One hostile request, chosen by `rng`.
 async fn hostile_request(c: &kube::Client, rng: &mut Rng) -> Result<u16, String> {
-    let kinds = [(CMS, "v1", "ConfigMap"), (PODS, "v1", "Pod"), ("/apis/apps/v1/namespaces/default/deployments", "apps/v1", "Deployment"), ("/api/v1/namespaces/default/secrets", "v1", "Secret")];
+    let kinds = [
+        (CMS, "v1", "ConfigMap"),
+        (PODS, "v1", "Pod"),
+        ("/apis/apps/v1/namespaces/default/deployments", "apps/v1", "Deployment"),
+        ("/api/v1/namespaces/default/secrets", "v1", "Secret"),
+    ];
     let (base, av, kind) = *rng.pick(&kinds);
     let target = format!("{base}/fz-{}", rng.below(20));
     let obj = hostile::object_like(rng, av, kind);
@@ -221,17 +253,40 @@ async fn hostile_request(c: &kube::Client, rng: &mut Rng) -> Result<u16, String>
             let mut named = obj;
             if let Some(m) = named.get_mut("metadata").and_then(Value::as_object_mut) {
                 m.remove("name");
-                m.insert("generateName".into(), json!(hostile::straddling(60 + rng.below(10), 55 + rng.below(8), *rng.pick(&['é', '日', '😀']))));
+                m.insert(
+                    "generateName".into(),
+                    json!(hostile::straddling(60 + rng.below(10), 55 + rng.below(8), *rng.pick(&['é', '日', '😀']))),
+                );
             }
             send(c, "POST", base, "application/json", named.to_string().into_bytes()).await?
         }
-        4 => send(c, "PATCH", &format!("{target}?fieldManager=fz&force={}", rng.chance(50)), "application/apply-patch+yaml", obj.to_string().into_bytes()).await?,
+        4 => {
+            send(
+                c,
+                "PATCH",
+                &format!("{target}?fieldManager=fz&force={}", rng.chance(50)),
+                "application/apply-patch+yaml",
+                obj.to_string().into_bytes(),
+            )
+            .await?
+        }
         5 => {
-            let ct = *rng.pick(&["application/strategic-merge-patch+json", "application/merge-patch+json", "application/json-patch+json"]);
-            let patch = if ct.contains("json-patch") { json!([{"op": "replace", "path": hostile::string(rng), "value": hostile::value(rng, 2)}]) } else { hostile::value(rng, 3) };
+            let ct = *rng.pick(&[
+                "application/strategic-merge-patch+json",
+                "application/merge-patch+json",
+                "application/json-patch+json",
+            ]);
+            let patch = if ct.contains("json-patch") {
+                json!([{"op": "replace", "path": hostile::string(rng), "value": hostile::value(rng, 2)}])
+            } else {
+                hostile::value(rng, 3)
+            };
             send(c, "PATCH", &target, ct, patch.to_string().into_bytes()).await?
         }
-        6 => send(c, "PUT", &target, "application/yaml", serde_yaml_ng::to_string(&obj).unwrap_or_default().into_bytes()).await?,
+        6 => {
+            send(c, "PUT", &target, "application/yaml", serde_yaml_ng::to_string(&obj).unwrap_or_default().into_bytes())
+                .await?
+        }
         7 => {
             let q = |s: String| s.bytes().map(|b| format!("%{b:02X}")).collect::<String>();
             let params = format!(

@@ -56,12 +56,10 @@ impl Serialize for Child<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match (self.0, self.1) {
             ("object", Value::Object(m)) => Object(m).serialize(serializer),
-            ("items", Value::Array(items)) => {
-                serializer.collect_seq(items.iter().map(|i| match i {
-                    Value::Object(m) => ItemOrValue::Item(Object(m)),
-                    other => ItemOrValue::Value(other),
-                }))
-            }
+            ("items", Value::Array(items)) => serializer.collect_seq(items.iter().map(|i| match i {
+                Value::Object(m) => ItemOrValue::Item(Object(m)),
+                other => ItemOrValue::Value(other),
+            })),
             (_, v) => v.serialize(serializer),
         }
     }
@@ -99,7 +97,9 @@ mod tests {
             r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p"},"spec":{"a":1},"status":{},"zeta":1}"#
         );
         let list = json!({"apiVersion": "v1", "items": [pod.clone()], "kind": "PodList", "metadata": {}});
-        assert!(to_json(&list).starts_with(r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[{"kind":"Pod","apiVersion":"v1""#));
+        assert!(to_json(&list).starts_with(
+            r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[{"kind":"Pod","apiVersion":"v1""#
+        ));
         let event = json!({"type": "ADDED", "object": pod});
         assert!(to_json(&event).starts_with(r#"{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1""#));
     }

@@ -283,18 +283,17 @@ pub struct Writer<'a> {
 }
 
 /// Records a non-apply write: the fields `manager` changed become its own.
-pub fn record_update(
-    old: Option<&Value>,
-    new: &mut Value,
-    writer: &Writer,
-    subresource: Option<&str>,
-) {
+pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer, subresource: Option<&str>) {
     let Writer { manager, api_version, schema } = *writer;
     let mut list = entries(old.unwrap_or(&Value::Null));
     let changed: FieldSet =
         field_set(new, schema).into_iter().filter(|p| old.is_none_or(|o| value_at(o, p) != value_at(new, p))).collect();
-    let gone: FieldSet =
-        old.map(|o| field_set(o, schema)).unwrap_or_default().into_iter().filter(|p| value_at(new, p).is_none()).collect();
+    let gone: FieldSet = old
+        .map(|o| field_set(o, schema))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| value_at(new, p).is_none())
+        .collect();
     for e in list.iter_mut() {
         e.set.retain(|p| !changed.contains(p) && !gone.contains(p));
     }

@@ -123,17 +123,25 @@ pub struct SchemaNode<'a> {
     schema: Option<&'a Value>,
     /// The component last referenced on the way here.
     component: Option<&'a str>,
+    /// The property's own schema before references were followed: where
+    /// the patch extensions of a referenced type's field sit.
+    declared: Option<&'a Value>,
 }
 
 impl<'a> SchemaNode<'a> {
     /// No schema at all.
     pub fn none() -> SchemaNode<'static> {
-        SchemaNode { components: None, schema: None, component: None }
+        SchemaNode { components: None, schema: None, component: None, declared: None }
     }
 
     /// The root of a kind's schema, when it has one.
     pub fn of(set: Option<&'a SchemaSet>) -> SchemaNode<'a> {
-        set.map(SchemaNode::root).unwrap_or(SchemaNode { components: None, schema: None, component: None })
+        set.map(SchemaNode::root).unwrap_or(SchemaNode {
+            components: None,
+            schema: None,
+            component: None,
+            declared: None,
+        })
     }
 
     /// The root of a kind's schema.
@@ -142,6 +150,7 @@ impl<'a> SchemaNode<'a> {
             components: Some(&set.components),
             schema: set.components.get(&set.root),
             component: Some(set.root.as_str()),
+            declared: None,
         };
         node.resolved()
     }
@@ -161,11 +170,11 @@ impl<'a> SchemaNode<'a> {
                 break;
             }
         }
-        SchemaNode { components: self.components, schema, component }
+        SchemaNode { components: self.components, schema, component, declared: self.declared }
     }
 
     fn child(self, schema: Option<&'a Value>) -> SchemaNode<'a> {
-        SchemaNode { components: self.components, schema, component: None }.resolved()
+        SchemaNode { components: self.components, schema, component: None, declared: schema }.resolved()
     }
 
     /// Whether this value is a `resource.Quantity`.
@@ -188,12 +197,12 @@ impl<'a> SchemaNode<'a> {
     }
 
     fn extension(&self, name: &str) -> Option<&'a Value> {
-        self.schema?.get(name)
+        self.declared.and_then(|d| d.get(name)).or_else(|| self.schema?.get(name))
     }
 
     /// The schema of an object's field (or of a map's values).
     pub fn field(self, name: &str) -> SchemaNode<'a> {
-        let Some(s) = self.schema else { return self };
+        let Some(s) = self.schema else { return self.child(None) };
         let prop = s.get("properties").and_then(|p| p.get(name));
         let prop = prop.or_else(|| s.get("additionalProperties").filter(|a| a.is_object()));
         self.child(prop)
@@ -201,7 +210,7 @@ impl<'a> SchemaNode<'a> {
 
     /// The schema of a list's items.
     pub fn items(self) -> SchemaNode<'a> {
-        let Some(s) = self.schema else { return self };
+        let Some(s) = self.schema else { return self.child(None) };
         self.child(s.get("items"))
     }
 
@@ -306,12 +315,25 @@ mod tests {
         }
         use k8s_openapi::api::*;
         add!(
-            core::v1::Pod, core::v1::Service, core::v1::ServiceAccount, core::v1::Node, core::v1::Namespace,
-            core::v1::PersistentVolumeClaim, core::v1::ReplicationController, core::v1::ComponentStatus,
-            apps::v1::Deployment, apps::v1::StatefulSet, apps::v1::DaemonSet, apps::v1::ReplicaSet,
-            autoscaling::v2::HorizontalPodAutoscaler, batch::v1::Job, flowcontrol::v1::FlowSchema,
-            flowcontrol::v1::PriorityLevelConfiguration, networking::v1::ServiceCIDR,
-            policy::v1::PodDisruptionBudget, storage::v1::CSINode,
+            core::v1::Pod,
+            core::v1::Service,
+            core::v1::ServiceAccount,
+            core::v1::Node,
+            core::v1::Namespace,
+            core::v1::PersistentVolumeClaim,
+            core::v1::ReplicationController,
+            core::v1::ComponentStatus,
+            apps::v1::Deployment,
+            apps::v1::StatefulSet,
+            apps::v1::DaemonSet,
+            apps::v1::ReplicaSet,
+            autoscaling::v2::HorizontalPodAutoscaler,
+            batch::v1::Job,
+            flowcontrol::v1::FlowSchema,
+            flowcontrol::v1::PriorityLevelConfiguration,
+            networking::v1::ServiceCIDR,
+            policy::v1::PodDisruptionBudget,
+            storage::v1::CSINode,
             admissionregistration::v1::ValidatingAdmissionPolicy,
             admissionregistration::v1::ValidatingWebhookConfiguration,
             admissionregistration::v1::MutatingWebhookConfiguration

@@ -76,8 +76,7 @@ const SERVICE: &[SelectableField] = &[
 const REPLICA_SET: &[SelectableField] =
     &[NAME, NAMESPACE, field("status.replicas", &["status", "replicas"], Unset::Zero)];
 // The label says "successful"; the value is status.succeeded.
-const JOB: &[SelectableField] =
-    &[NAME, NAMESPACE, field("status.successful", &["status", "succeeded"], Unset::Zero)];
+const JOB: &[SelectableField] = &[NAME, NAMESPACE, field("status.successful", &["status", "succeeded"], Unset::Zero)];
 const CSR: &[SelectableField] = &[NAME, field("spec.signerName", &["spec", "signerName"], Unset::Empty)];
 /// Every other kind: upstream's DefaultMetaV1FieldSelectorConversion.
 const DEFAULT: &[SelectableField] = &[NAME, NAMESPACE];

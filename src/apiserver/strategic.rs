@@ -124,7 +124,13 @@ pub fn same_item(a: &Value, b: &Value, keys: &[String]) -> bool {
     keys.iter().all(|k| a.get(k).is_some() && a.get(k) == b.get(k))
 }
 
-fn merge_by_key(existing: &[Value], patch: &[Value], keys: &[String], items: SchemaNode, rules: MergeRules) -> Vec<Value> {
+fn merge_by_key(
+    existing: &[Value],
+    patch: &[Value],
+    keys: &[String],
+    items: SchemaNode,
+    rules: MergeRules,
+) -> Vec<Value> {
     let mut out: Vec<Value> = existing.to_vec();
     for item in patch {
         let pos = out.iter().position(|e| same_item(item, e, keys));
@@ -184,10 +190,16 @@ mod tests {
     #[test]
     fn nulls_delete_and_finalizers_union() {
         let mut doc = json!({"metadata": {"labels": {"a": "1", "b": "2"}, "finalizers": ["x"]}});
-        smp::<k8s_openapi::api::core::v1::Pod>(&mut doc, &json!({"metadata": {"labels": {"a": null}, "finalizers": ["y"]}}));
+        smp::<k8s_openapi::api::core::v1::Pod>(
+            &mut doc,
+            &json!({"metadata": {"labels": {"a": null}, "finalizers": ["y"]}}),
+        );
         assert_eq!(doc["metadata"]["labels"], json!({"b": "2"}));
         assert_eq!(doc["metadata"]["finalizers"], json!(["x", "y"]));
-        smp::<k8s_openapi::api::core::v1::Pod>(&mut doc, &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["x"]}}));
+        smp::<k8s_openapi::api::core::v1::Pod>(
+            &mut doc,
+            &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["x"]}}),
+        );
         assert_eq!(doc["metadata"]["finalizers"], json!(["y"]));
     }
 
@@ -195,7 +207,10 @@ mod tests {
     fn ports_merge_by_their_own_key_in_each_type() {
         // A Service's ports merge by port, a container's by containerPort.
         let mut svc = json!({"spec": {"ports": [{"port": 80, "name": "http"}, {"port": 443, "name": "https"}]}});
-        smp::<k8s_openapi::api::core::v1::Service>(&mut svc, &json!({"spec": {"ports": [{"port": 80, "targetPort": 8080}]}}));
+        smp::<k8s_openapi::api::core::v1::Service>(
+            &mut svc,
+            &json!({"spec": {"ports": [{"port": 80, "targetPort": 8080}]}}),
+        );
         assert_eq!(svc["spec"]["ports"].as_array().map(Vec::len), Some(2), "{svc}");
         assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080);
         // An unknown field named like a merged list is replaced, not merged.
@@ -204,11 +219,17 @@ mod tests {
         assert_eq!(cm["containers"], json!([{"name": "y"}]));
         // readinessGates have no merge key upstream: replaced.
         let mut pod = json!({"spec": {"readinessGates": [{"conditionType": "a"}]}});
-        smp::<k8s_openapi::api::core::v1::Pod>(&mut pod, &json!({"spec": {"readinessGates": [{"conditionType": "b"}]}}));
+        smp::<k8s_openapi::api::core::v1::Pod>(
+            &mut pod,
+            &json!({"spec": {"readinessGates": [{"conditionType": "b"}]}}),
+        );
         assert_eq!(pod["spec"]["readinessGates"], json!([{"conditionType": "b"}]));
         // A PodDisruptionBudget's selector is replaced whole (patchStrategy=replace).
         let mut pdb = json!({"spec": {"selector": {"matchLabels": {"a": "1"}}}});
-        smp::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(&mut pdb, &json!({"spec": {"selector": {"matchLabels": {"b": "2"}}}}));
+        smp::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(
+            &mut pdb,
+            &json!({"spec": {"selector": {"matchLabels": {"b": "2"}}}}),
+        );
         assert_eq!(pdb["spec"]["selector"], json!({"matchLabels": {"b": "2"}}));
     }
 }

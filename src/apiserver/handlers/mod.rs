@@ -113,7 +113,9 @@ fn wants_yaml(accept: &str) -> bool {
 /// upstream's conversions take `values[0]`.
 pub fn parse_query(raw: Option<&str>) -> HashMap<String, String> {
     let mut out = HashMap::new();
-    for (k, v) in raw.map(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).unwrap_or_default()).unwrap_or_default() {
+    for (k, v) in
+        raw.map(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).unwrap_or_default()).unwrap_or_default()
+    {
         out.entry(k).or_insert(v);
     }
     out
@@ -214,9 +216,10 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
         ("create", None) => write::create(&mut call, body).await,
         ("create", Some("binding")) => binding::bind(&mut call, body).await,
         ("create", Some("token")) => crate::apiserver::auth::reviews::token_request(&mut call, body).await,
-        ("update", None | Some("status") | Some("approval") | Some("finalize") | Some("ephemeralcontainers") | Some("resize")) => {
-            write::update(&mut call, body).await
-        }
+        (
+            "update",
+            None | Some("status") | Some("approval") | Some("finalize") | Some("ephemeralcontainers") | Some("resize"),
+        ) => write::update(&mut call, body).await,
         ("create", Some("eviction")) => eviction::evict(&mut call, body).await,
         ("update", Some("scale")) => write::update_scale(&mut call, body).await,
         ("patch", None | Some("status") | Some("approval") | Some("ephemeralcontainers") | Some("resize")) => {

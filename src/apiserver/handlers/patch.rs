@@ -11,8 +11,8 @@ use serde_json::{json, Value};
 use super::read::{load, object_response, scale_of};
 use super::write::{admit_create, admit_update, replicas_of, set_replicas, store_new, store_update};
 use super::{decode_body, Call};
-use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::patch_meta::SchemaNode;
+use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::strategic::{strategic_merge, MergeRules};
 use crate::apiserver::{managed_fields, meta};
 

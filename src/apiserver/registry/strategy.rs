@@ -136,7 +136,10 @@ where
             let _ = generator.subschema_for::<K>();
             let mut components = generator.take_definitions(true);
             crate::apiserver::patch_meta::annotate(&mut components);
-            std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet { root: K::schema_name().into_owned(), components })
+            std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet {
+                root: K::schema_name().into_owned(),
+                components,
+            })
         });
         Some(set.clone())
     }
