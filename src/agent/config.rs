@@ -252,8 +252,7 @@ impl KubeletConfig {
                     for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
                         let (name, d) =
                             part.split_once('=').ok_or_else(|| err(format!("{part:?}: expected SIGNAL=DURATION")))?;
-                        let signal =
-                            Signal::parse(name).ok_or_else(|| err(format!("unknown eviction signal {name:?}")))?;
+                        let signal = Signal::parse(name).ok_or_else(|| err(format!("unknown eviction signal {name:?}")))?;
                         self.eviction_soft_grace_period.insert(signal, duration(d).map_err(err)?);
                     }
                 }
@@ -316,10 +315,7 @@ mod tests {
         assert_eq!(c.max_pods, 110);
         assert_eq!(c.container_log_max_size, 10 << 20);
         assert_eq!(c.container_log_max_files, 5);
-        assert_eq!(
-            c.eviction_hard[0],
-            Threshold { signal: Signal::MemoryAvailable, value: ThresholdValue::Quantity(100 << 20) }
-        );
+        assert_eq!(c.eviction_hard[0], Threshold { signal: Signal::MemoryAvailable, value: ThresholdValue::Quantity(100 << 20) });
     }
 
     #[test]

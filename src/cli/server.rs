@@ -231,16 +231,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let agent = if args.disable_agent {
         None
     } else {
-        let config = args.node.agent_config(
-            &data_dir,
-            &node_name,
-            advertise_ip,
-            true,
-            &args.cluster_dns,
-            &args.cluster_domain,
-            &args.cluster_cidr,
-            args.data_dir.is_none(),
-        )?;
+        let config = args
+            .node
+            .agent_config(&data_dir, &node_name, advertise_ip, true, &args.cluster_dns, &args.cluster_domain, &args.cluster_cidr, args.data_dir.is_none())?;
         let client = crate::client::in_process(api.clone(), crate::client::node(&node_name));
         Some(crate::agent::start(config, client).await.context("the node role")?)
     };

@@ -119,10 +119,7 @@ pub async fn read(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
     }
     out.sandboxes.sort_by(|a, b| b.created_at.cmp(&a.created_at));
     if let Some(newest) = out.sandboxes.first_mut().filter(|s| s.ready) {
-        match rt
-            .pod_sandbox_status(api::PodSandboxStatusRequest { pod_sandbox_id: newest.id.clone(), verbose: false })
-            .await
-        {
+        match rt.pod_sandbox_status(api::PodSandboxStatusRequest { pod_sandbox_id: newest.id.clone(), verbose: false }).await {
             Ok(resp) => {
                 if let Some(net) = resp.into_inner().status.and_then(|s| s.network) {
                     if !net.ip.is_empty() {
@@ -144,14 +141,12 @@ pub async fn read(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
         .into_inner()
         .containers;
     for c in containers {
-        let status =
-            match rt.container_status(api::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await
-            {
-                Ok(resp) => resp.into_inner().status,
-                // Removed between the list and now.
-                Err(status) if status.code() == tonic::Code::NotFound => continue,
-                Err(status) => return Err(CriError::Call { call: "ContainerStatus", status }),
-            };
+        let status = match rt.container_status(api::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await {
+            Ok(resp) => resp.into_inner().status,
+            // Removed between the list and now.
+            Err(status) if status.code() == tonic::Code::NotFound => continue,
+            Err(status) => return Err(CriError::Call { call: "ContainerStatus", status }),
+        };
         let Some(st) = status else { continue };
         let name = c.labels.get(labels::CONTAINER_NAME).cloned().unwrap_or_default();
         let restart_count = st
