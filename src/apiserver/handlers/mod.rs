@@ -10,6 +10,8 @@ mod patch;
 mod read;
 mod write;
 
+pub use patch::apply_json_patch;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -35,21 +35,24 @@ fn kind_of(call: &Call) -> ApiResult<Kind> {
     }
 }
 
+/// A JSON patch (RFC 6902) applied to a copy of `doc`. The copy is thrown
+/// away on error, so the crate's undo (which panics when an undo step
+/// fails, as a `move` into itself makes it) is never needed.
+pub fn apply_json_patch(doc: &Value, patch: &Value) -> ApiResult<Value> {
+    let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
+        ApiError::bad_request(format!("the server rejected our request due to an error in our request: {e}"))
+    })?;
+    let mut doc = doc.clone();
+    json_patch::patch_unsafe(&mut doc, &ops).map_err(|e| {
+        ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}"))
+    })?;
+    Ok(doc)
+}
+
 fn apply_patch(kind: Kind, doc: &Value, patch: &Value, schema: SchemaNode) -> ApiResult<Value> {
     let mut doc = doc.clone();
     match kind {
-        Kind::Json => {
-            let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
-                ApiError::bad_request(format!("the server rejected our request due to an error in our request: {e}"))
-            })?;
-            json_patch::patch(&mut doc, &ops).map_err(|e| {
-                ApiError::new(
-                    422,
-                    "Invalid",
-                    format!("the server rejected our request due to an error in our request: {e}"),
-                )
-            })?;
-        }
+        Kind::Json => doc = apply_json_patch(&doc, patch)?,
         Kind::Merge => json_patch::merge(&mut doc, patch),
         Kind::Strategic | Kind::Apply => {
             if !patch.is_object() {
