@@ -88,10 +88,15 @@ fn watch_running(c: kube::Client, ns: &str) -> Arc<Mutex<HashMap<String, Instant
     let record = seen.clone();
     tokio::spawn(async move {
         let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
-        while let Some(Ok(event)) = stream.next().await {
+        while let Some(event) = stream.next().await {
+            // The watcher resumes after an error by itself.
             let pods = match event {
-                Event::Apply(p) | Event::InitApply(p) => vec![p],
-                _ => continue,
+                Ok(Event::Apply(p) | Event::InitApply(p)) => vec![p],
+                Ok(_) => continue,
+                Err(e) => {
+                    eprintln!("pod watch: {e}");
+                    continue;
+                }
             };
             let now = Instant::now();
             for p in pods {
@@ -124,7 +129,7 @@ fn report(what: &str, mut lat: Vec<Duration>) {
     );
 }
 
-async fn wait_all(seen: &Mutex<HashMap<String, Instant>>, names: &[String], limit: Duration) {
+async fn wait_all(seen: &Mutex<HashMap<String, Instant>>, names: &[String], limit: Duration, node: &TestNode) {
     let deadline = Instant::now() + limit;
     loop {
         {
@@ -133,7 +138,15 @@ async fn wait_all(seen: &Mutex<HashMap<String, Instant>>, names: &[String], limi
                 return;
             }
         }
-        assert!(Instant::now() < deadline, "pods not Running in {limit:?}");
+        if Instant::now() >= deadline {
+            let pods = node.kubectl(&["get", "pods", "-A", "-o", "wide"]).1;
+            let events = node.kubectl(&["get", "events", "-A"]).1;
+            let log: Vec<String> = node.log().lines().filter(|l| !l.contains("apiserver: request")).map(String::from).collect();
+            panic!(
+                "pods not Running in {limit:?}\n{pods}\n{events}\n{}",
+                log[log.len().saturating_sub(60)..].join("\n")
+            );
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -225,7 +238,7 @@ fn main() {
         for t in tasks {
             t.await.expect("create task");
         }
-        wait_all(&seen, &names, Duration::from_secs(300)).await;
+        wait_all(&seen, &names, Duration::from_secs(300), &node).await;
         let lat: Vec<Duration> = {
             let seen = seen.lock().await;
             let created = created.lock().await;
@@ -257,7 +270,7 @@ fn main() {
             let name = format!("serial-{i}");
             let t = Instant::now();
             api.create(&PostParams::default(), &pod(&name)).await.expect("create");
-            wait_all(&seen, std::slice::from_ref(&name), Duration::from_secs(60)).await;
+            wait_all(&seen, std::slice::from_ref(&name), Duration::from_secs(60), &node).await;
             lat.push(seen.lock().await[&name].duration_since(t));
         }
         report(&format!("pod startup, {serial} created one after another"), lat);

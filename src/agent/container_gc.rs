@@ -168,13 +168,10 @@ impl ContainerGc {
     }
 
     async fn list(&self) -> Result<(Vec<GcContainer>, Vec<GcSandbox>), CriError> {
-        let mut rt = self.kubelet.runtime.cri.runtime();
-        let containers = rt
-            .list_containers(api::ListContainersRequest { filter: None })
-            .await
-            .map_err(CriError::call("ListContainers"))?
-            .into_inner()
-            .containers
+        let cri = &self.kubelet.runtime.cri;
+        let containers = cri
+            .list_containers(None)
+            .await?
             .into_iter()
             .map(|c| GcContainer {
                 pod_uid: c.labels.get(labels::POD_UID).cloned().unwrap_or_default(),
@@ -185,12 +182,9 @@ impl ContainerGc {
                 id: c.id,
             })
             .collect();
-        let sandboxes = rt
-            .list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
-            .await
-            .map_err(CriError::call("ListPodSandbox"))?
-            .into_inner()
-            .items
+        let sandboxes = cri
+            .list_pod_sandboxes(None)
+            .await?
             .into_iter()
             .map(|s| GcSandbox {
                 pod_uid: s.labels.get(labels::POD_UID).cloned().unwrap_or_default(),

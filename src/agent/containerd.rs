@@ -133,7 +133,8 @@ pub struct ContainerdConfig {
     pub max_container_log_line_size: u32,
 }
 
-fn toml_str(s: &str) -> String {
+/// `s` as a TOML basic string.
+pub(crate) fn toml_str(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {

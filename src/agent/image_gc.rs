@@ -186,20 +186,8 @@ impl ImageGcManager {
     /// Refreshes the records from the runtime; returns the image ids in use.
     async fn detect_images(&self, now: Instant) -> Result<HashSet<String>, ImageGcError> {
         let cri = &self.kubelet.runtime.cri;
-        let images = cri
-            .images()
-            .list_images(api::ListImagesRequest { filter: None })
-            .await
-            .map_err(CriError::call("ListImages"))?
-            .into_inner()
-            .images;
-        let containers = cri
-            .runtime()
-            .list_containers(api::ListContainersRequest { filter: None })
-            .await
-            .map_err(CriError::call("ListContainers"))?
-            .into_inner()
-            .containers;
+        let images = cri.list_images().await?;
+        let containers = cri.list_containers(None).await?;
         let mut in_use: HashSet<String> = HashSet::new();
         for c in &containers {
             for id in [&c.image_ref, &c.image_id] {
@@ -241,13 +229,7 @@ impl ImageGcManager {
             out.insert(img.id);
         }
         let protected = super::images::protected_refs(cri).await.map_err(|e| ImageGcError::Protected(e.to_string()))?;
-        let images = cri
-            .images()
-            .list_images(api::ListImagesRequest { filter: None })
-            .await
-            .map_err(CriError::call("ListImages"))?
-            .into_inner()
-            .images;
+        let images = cri.list_images().await?;
         for i in images {
             if i.pinned || i.repo_tags.iter().any(|t| protected.contains(t)) {
                 out.insert(i.id);

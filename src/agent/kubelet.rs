@@ -482,15 +482,7 @@ impl Kubelet {
     /// Every pod uid the runtime or the disk has something of.
     pub async fn known_uids(&self) -> Result<HashSet<String>, CriError> {
         let mut out = HashSet::new();
-        let sandboxes = self
-            .runtime
-            .cri
-            .runtime()
-            .list_pod_sandbox(api::ListPodSandboxRequest { filter: None })
-            .await
-            .map_err(CriError::call("ListPodSandbox"))?
-            .into_inner()
-            .items;
+        let sandboxes = self.runtime.cri.list_pod_sandboxes(None).await?;
         for s in sandboxes {
             if let Some(uid) = s.labels.get(super::cri::labels::POD_UID) {
                 out.insert(uid.clone());

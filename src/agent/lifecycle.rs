@@ -98,13 +98,10 @@ async fn run_http(
 async fn sandbox_ip(cri: &Cri, container_id: &str) -> Option<IpAddr> {
     let filter = api::ContainerFilter { id: container_id.to_string(), ..Default::default() };
     let containers = cri
-        .runtime()
-        .list_containers(api::ListContainersRequest { filter: Some(filter) })
+        .list_containers(Some(filter))
         .await
         .map_err(|e| tracing::debug!(error = %e, container_id, "cannot find the container's sandbox"))
-        .ok()?
-        .into_inner()
-        .containers;
+        .ok()?;
     let sandbox = containers.into_iter().next()?.pod_sandbox_id;
     let status = cri
         .runtime()

@@ -166,18 +166,7 @@ impl ContainerLogManager {
 
     /// One pass over the running containers.
     pub async fn rotate_logs(&self) -> Result<(), LogRotationError> {
-        let running = api::ContainerFilter {
-            state: Some(api::ContainerStateValue { state: api::ContainerState::ContainerRunning as i32 }),
-            ..Default::default()
-        };
-        let containers = self
-            .cri
-            .runtime()
-            .list_containers(api::ListContainersRequest { filter: Some(running) })
-            .await
-            .map_err(CriError::call("ListContainers"))?
-            .into_inner()
-            .containers;
+        let containers = self.cri.list_containers(Some(crate::agent::cri::running())).await?;
         for c in containers {
             let req = api::ContainerStatusRequest { container_id: c.id.clone(), verbose: false };
             let log_path = match self.cri.runtime().container_status(req).await {

@@ -59,18 +59,47 @@ pub fn default_data_dir() -> PathBuf {
     }
 }
 
-/// SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return;
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+/// SIGINT or SIGTERM, caught from the moment it is installed: a signal
+/// that arrives while the server is still starting is kept until
+/// [`ShutdownSignal::wait`] (the default action would kill the process and
+/// leave containerd and the store unclosed).
+pub struct ShutdownSignal {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignal {
+    pub fn install() -> ShutdownSignal {
+        use tokio::signal::unix::{signal, SignalKind};
+        let term = signal(SignalKind::terminate())
+            .map_err(|e| tracing::warn!(error = %e, "cannot catch SIGTERM"))
+            .ok();
+        let int = signal(SignalKind::interrupt())
+            .map_err(|e| tracing::warn!(error = %e, "cannot catch SIGINT"))
+            .ok();
+        ShutdownSignal { term, int }
     }
-    tracing::info!("shutting down");
+
+    pub async fn wait(&mut self) {
+        async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            _ = recv(&mut self.term) => {}
+            _ = recv(&mut self.int) => {}
+        }
+        tracing::info!("shutting down");
+    }
+}
+
+/// SIGINT or SIGTERM from now on.
+pub async fn shutdown_signal() {
+    ShutdownSignal::install().wait().await
 }
 
 fn init_logging(verbose: u8) {

@@ -111,6 +111,7 @@ fn scheduler_profiles(args: &[String]) -> anyhow::Result<Vec<crate::scheduler::p
 
 pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
+    let mut shutdown = super::ShutdownSignal::install();
     let data_dir = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
     std::fs::create_dir_all(&data_dir).with_context(|| format!("--data-dir: cannot create {}", data_dir.display()))?;
     let advertise_ip = args.advertise_address.unwrap_or_else(host_ip);
@@ -238,7 +239,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         Some(crate::agent::start(config, client).await.context("the node role")?)
     };
 
-    super::shutdown_signal().await;
+    shutdown.wait().await;
     if let Some(agent) = agent {
         agent.stop().await;
     }

@@ -112,6 +112,27 @@ impl Cri {
         resp.status.ok_or_else(|| CriError::Invalid("Status: no status in the answer".into()))
     }
 
+    /// The images the runtime holds.
+    pub async fn list_images(&self) -> Result<Vec<api::Image>, CriError> {
+        let req = api::ListImagesRequest { filter: None };
+        Ok(self.images().list_images(req).await.map_err(CriError::call("ListImages"))?.into_inner().images)
+    }
+
+    /// The containers that pass `filter` (all of them without one).
+    pub async fn list_containers(&self, filter: Option<api::ContainerFilter>) -> Result<Vec<api::Container>, CriError> {
+        let req = api::ListContainersRequest { filter };
+        Ok(self.runtime().list_containers(req).await.map_err(CriError::call("ListContainers"))?.into_inner().containers)
+    }
+
+    /// The pod sandboxes that pass `filter` (all of them without one).
+    pub async fn list_pod_sandboxes(
+        &self,
+        filter: Option<api::PodSandboxFilter>,
+    ) -> Result<Vec<api::PodSandbox>, CriError> {
+        let req = api::ListPodSandboxRequest { filter };
+        Ok(self.runtime().list_pod_sandbox(req).await.map_err(CriError::call("ListPodSandbox"))?.into_inner().items)
+    }
+
     /// Waits until the runtime answers, up to `limit`.
     pub async fn wait_ready(&self, limit: Duration) -> Result<api::VersionResponse, CriError> {
         let deadline = tokio::time::Instant::now() + limit;
@@ -122,6 +143,14 @@ impl Cri {
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
+    }
+}
+
+/// The filter for containers that are running.
+pub fn running() -> api::ContainerFilter {
+    api::ContainerFilter {
+        state: Some(api::ContainerStateValue { state: api::ContainerState::ContainerRunning as i32 }),
+        ..Default::default()
     }
 }
 

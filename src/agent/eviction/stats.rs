@@ -56,17 +56,7 @@ fn working_set(dir: &Path) -> Option<i64> {
 
 /// The running containers of each pod uid: (id, name).
 pub async fn running_containers(cri: &Cri) -> Result<HashMap<String, Vec<(String, String)>>, CriError> {
-    let running = api::ContainerFilter {
-        state: Some(api::ContainerStateValue { state: api::ContainerState::ContainerRunning as i32 }),
-        ..Default::default()
-    };
-    let list = cri
-        .runtime()
-        .list_containers(api::ListContainersRequest { filter: Some(running) })
-        .await
-        .map_err(CriError::call("ListContainers"))?
-        .into_inner()
-        .containers;
+    let list = cri.list_containers(Some(crate::agent::cri::running())).await?;
     let mut out: HashMap<String, Vec<(String, String)>> = HashMap::new();
     for c in list {
         let (Some(uid), Some(name)) = (c.labels.get(labels::POD_UID), c.labels.get(labels::CONTAINER_NAME)) else {

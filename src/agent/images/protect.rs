@@ -65,13 +65,7 @@ pub struct ListedImage {
 
 /// Every image CRI knows, sorted by first name.
 pub async fn list_images(cri: &Cri) -> Result<Vec<ListedImage>, ImageError> {
-    let images = cri
-        .images()
-        .list_images(api::ListImagesRequest { filter: None })
-        .await
-        .map_err(CriError::call("ListImages"))?
-        .into_inner()
-        .images;
+    let images = cri.list_images().await?;
     let protected = protected_refs(cri).await?;
     let mut out: Vec<ListedImage> = images
         .into_iter()

@@ -23,6 +23,7 @@ use serde::Deserialize;
 
 use super::reference::{Reference, DEFAULT_DOMAIN};
 use crate::agent::cri::api::AuthConfig;
+use crate::agent::containerd::toml_str;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistriesError {
@@ -296,21 +297,6 @@ impl Registries {
             })
         })
     }
-}
-
-fn toml_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 #[cfg(test)]

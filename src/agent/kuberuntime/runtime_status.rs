@@ -99,14 +99,9 @@ fn uid_filter(uid: &str) -> HashMap<String, String> {
 /// Reads the pod's sandboxes and containers from the runtime.
 pub async fn read(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
     let mut rt = cri.runtime();
-    let sandboxes = rt
-        .list_pod_sandbox(api::ListPodSandboxRequest {
-            filter: Some(api::PodSandboxFilter { label_selector: uid_filter(uid), ..Default::default() }),
-        })
-        .await
-        .map_err(CriError::call("ListPodSandbox"))?
-        .into_inner()
-        .items;
+    let sandboxes = cri
+        .list_pod_sandboxes(Some(api::PodSandboxFilter { label_selector: uid_filter(uid), ..Default::default() }))
+        .await?;
     let mut out = RuntimePod::default();
     for s in sandboxes {
         out.sandboxes.push(RuntimeSandbox {
@@ -132,14 +127,9 @@ pub async fn read(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
             Err(status) => return Err(CriError::Call { call: "PodSandboxStatus", status }),
         }
     }
-    let containers = rt
-        .list_containers(api::ListContainersRequest {
-            filter: Some(api::ContainerFilter { label_selector: uid_filter(uid), ..Default::default() }),
-        })
-        .await
-        .map_err(CriError::call("ListContainers"))?
-        .into_inner()
-        .containers;
+    let containers = cri
+        .list_containers(Some(api::ContainerFilter { label_selector: uid_filter(uid), ..Default::default() }))
+        .await?;
     for c in containers {
         let status = match rt.container_status(api::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await {
             Ok(resp) => resp.into_inner().status,

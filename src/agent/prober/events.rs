@@ -40,13 +40,8 @@ pub fn container_ref(pod: &Pod, container: &Container) -> ObjectReference {
         "containers"
     };
     ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: pod.metadata.name.clone(),
-        namespace: pod.metadata.namespace.clone(),
-        uid: pod.metadata.uid.clone(),
-        resource_version: pod.metadata.resource_version.clone(),
         field_path: Some(format!("spec.{field}{{{}}}", container.name)),
+        ..crate::agent::events::Events::pod_ref(pod)
     }
 }
 

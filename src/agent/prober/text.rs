@@ -28,14 +28,13 @@ pub fn go_quote(bytes: &[u8]) -> String {
                 c if (c as u32) < 0x20 || c == '\u{7f}' => {
                     let _ = write!(out, "\\x{:02x}", c as u32);
                 }
-                c if c.is_control() || (c.is_whitespace() && c != ' ') => {
-                    if (c as u32) < 0x10000 {
-                        let _ = write!(out, "\\u{:04x}", c as u32);
-                    } else {
-                        let _ = write!(out, "\\U{:08x}", c as u32);
-                    }
+                c if is_printable(c) => out.push(c),
+                c if (c as u32) < 0x10000 => {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
                 }
-                c => out.push(c),
+                c => {
+                    let _ = write!(out, "\\U{:08x}", c as u32);
+                }
             }
         }
         for b in chunk.invalid() {
@@ -44,6 +43,19 @@ pub fn go_quote(bytes: &[u8]) -> String {
     }
     out.push('"');
     out
+}
+
+/// Go's `unicode.IsPrint` for what pods carry: everything but controls,
+/// spaces other than ASCII's, and the invisible format characters.
+fn is_printable(c: char) -> bool {
+    if c.is_ascii() {
+        return (' '..='~').contains(&c);
+    }
+    let invisible = matches!(c as u32,
+        0xad | 0x600..=0x605 | 0x61c | 0x6dd | 0x70f | 0x180e | 0x200b..=0x200f | 0x202a..=0x202e
+        | 0x2060..=0x2064 | 0x2066..=0x206f | 0xfeff | 0xfff9..=0xfffb | 0xe000..=0xf8ff
+        | 0xe0001 | 0xe0020..=0xe007f | 0xf0000..=0x10ffff);
+    !(c.is_control() || c.is_whitespace() || invisible)
 }
 
 /// Go's `%q` of a string.
@@ -136,6 +148,15 @@ mod tests {
         assert_eq!(quote("héllo ✓"), "\"héllo ✓\"");
         assert_eq!(quote("\u{a0}"), r#""\u00a0""#);
         assert_eq!(go_quote(b"ok\xff"), r#""ok\xff""#);
+    }
+
+    #[test]
+    fn invisible_characters_are_escaped() {
+        assert_eq!(quote("plain"), "\"plain\"");
+        assert_eq!(quote("a\\b"), "\"a\\\\b\"");
+        assert_eq!(quote("\u{1}\u{7f}"), "\"\\x01\\x7f\"");
+        assert_eq!(quote("日本\u{200b}"), "\"日本\\u200b\"");
+        assert_eq!(quote("\u{e0001}"), "\"\\U000e0001\"");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use super::atomic_writer::{FileProjection, Payload};
 use super::error::SetUpError;
 use super::projection::file_mode;
 use crate::client::quantity;
+use crate::agent::prober::text::quote;
 
 /// The files of a downwardAPI volume (or projected source).
 pub fn collect_data(
@@ -82,46 +83,7 @@ pub fn field_value(pod: &Pod, path: &str) -> Result<String, SetUpError> {
 
 /// `key="value"` lines sorted by key, without a final newline.
 pub fn format_map(m: &BTreeMap<String, String>) -> String {
-    m.iter().map(|(k, v)| format!("{k}={}", go_quote(v))).collect::<Vec<_>>().join("\n")
-}
-
-/// Go's `strconv.Quote`: a double-quoted string with `"` and `\` escaped,
-/// control and invisible characters as `\n`, `\x01`, `\u00a0`.
-pub fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c if is_printable(c) => out.push(c),
-            c if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push_str(&format!("\\U{:08x}", c as u32)),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// Go's `unicode.IsPrint` for what pods carry: everything but controls,
-/// spaces other than ASCII's, and the invisible format characters.
-fn is_printable(c: char) -> bool {
-    if c.is_ascii() {
-        return (' '..='~').contains(&c);
-    }
-    let invisible = matches!(c as u32,
-        0xad | 0x600..=0x605 | 0x61c | 0x6dd | 0x70f | 0x180e | 0x200b..=0x200f | 0x202a..=0x202e
-        | 0x2060..=0x2064 | 0x2066..=0x206f | 0xfeff | 0xfff9..=0xfffb | 0xe000..=0xf8ff
-        | 0xe0001 | 0xe0020..=0xe007f | 0xf0000..=0x10ffff);
-    !(c.is_control() || c.is_whitespace() || invisible)
+    m.iter().map(|(k, v)| format!("{k}={}", quote(v))).collect::<Vec<_>>().join("\n")
 }
 
 fn find_container<'a>(pod: &'a Pod, name: &str) -> Option<&'a Container> {
@@ -262,15 +224,6 @@ mod tests {
         assert_eq!(field_value(&p, "spec.nodeName").unwrap(), "n1");
         assert_eq!(field_value(&p, "spec.bogus").unwrap_err().to_string(), "unsupported fieldPath: spec.bogus");
         assert!(field_value(&p, "metadata.name['x']").is_err());
-    }
-
-    #[test]
-    fn go_quoting() {
-        assert_eq!(go_quote("plain"), "\"plain\"");
-        assert_eq!(go_quote("a\\b"), "\"a\\\\b\"");
-        assert_eq!(go_quote("\u{1}\u{7f}"), "\"\\x01\\x7f\"");
-        assert_eq!(go_quote("日本\u{200b}"), "\"日本\\u200b\"");
-        assert_eq!(go_quote("\u{e0001}"), "\"\\U000e0001\"");
     }
 
     #[test]
