@@ -68,6 +68,11 @@ pub async fn catch_panics(mut req: Request, next: Next) -> Response {
             return internal_error();
         }
     };
+    // A body already in memory runs no code as it is sent (and keeps its
+    // Content-Length); only streamed ones are guarded.
+    if axum::body::HttpBody::size_hint(response.body()).exact().is_some() {
+        return response;
+    }
     let (parts, body) = response.into_parts();
     let stream = AssertUnwindSafe(body.into_data_stream()).catch_unwind().map(move |item| match item {
         Ok(chunk) => chunk,
