@@ -44,7 +44,8 @@ fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, SubKind)> {
             "log" => (vec!["get"], None),
             "exec" | "attach" | "portforward" => (vec!["create", "get"], Some(("", "v1", "PodExecOptions"))),
             "proxy" => (vec!["create", "delete", "get", "patch", "update"], None),
-            "approval" | "finalize" | "ephemeralcontainers" | "resize" => (vec!["get", "patch", "update"], None),
+            "finalize" => (vec!["update"], None),
+            "approval" | "ephemeralcontainers" | "resize" => (vec!["get", "patch", "update"], None),
             _ => (vec!["get"], None),
         };
         out.push((s.clone(), verbs, kind));

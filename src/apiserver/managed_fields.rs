@@ -11,8 +11,9 @@ use std::collections::BTreeSet;
 use serde_json::{json, Map, Value};
 
 use super::meta;
+use super::patch_meta::{ListMerge, SchemaNode};
 use super::status::{ApiError, Cause};
-use super::strategic::{list_merge, strategic_merge, ListMerge};
+use super::strategic::{strategic_merge, MergeRules};
 
 type Path = Vec<String>;
 type FieldSet = BTreeSet<Path>;
@@ -32,12 +33,16 @@ const UNOWNED_META: &[&str] = &[
     "generateName",
 ];
 
-fn key_element(key: &str, item: &Value) -> Option<String> {
-    let id = item.get(key)?;
-    Some(format!("k:{}", json!({ key: id })))
+/// `k:{"name":"c"}`: a keyed list item (keys in sorted order, as upstream).
+fn key_element(keys: &[String], item: &Value) -> Option<String> {
+    let mut id = Map::new();
+    for k in keys {
+        id.insert(k.clone(), item.get(k)?.clone());
+    }
+    Some(format!("k:{}", Value::Object(id)))
 }
 
-fn collect(v: &Value, field: &str, prefix: &mut Path, out: &mut FieldSet) {
+fn collect(v: &Value, node: SchemaNode, prefix: &mut Path, out: &mut FieldSet) {
     match v {
         Value::Object(m) if !m.is_empty() => {
             for (k, c) in m {
@@ -48,14 +53,14 @@ fn collect(v: &Value, field: &str, prefix: &mut Path, out: &mut FieldSet) {
                     continue;
                 }
                 prefix.push(format!("f:{k}"));
-                collect(c, k, prefix, out);
+                collect(c, node.field(k), prefix, out);
                 prefix.pop();
             }
         }
-        Value::Array(items) if !items.is_empty() => match list_merge(field, items) {
-            ListMerge::ByKey(key) => {
+        Value::Array(items) if !items.is_empty() => match node.apply_list_merge() {
+            ListMerge::ByKey(keys) => {
                 for item in items {
-                    let Some(el) = key_element(key, item) else {
+                    let Some(el) = key_element(&keys, item) else {
                         out.insert(prefix.clone());
                         return;
                     };
@@ -66,7 +71,7 @@ fn collect(v: &Value, field: &str, prefix: &mut Path, out: &mut FieldSet) {
                     if let Value::Object(m) = item {
                         for (k, c) in m {
                             prefix.push(format!("f:{k}"));
-                            collect(c, k, prefix, out);
+                            collect(c, node.items().field(k), prefix, out);
                             prefix.pop();
                         }
                     }
@@ -93,9 +98,9 @@ fn collect(v: &Value, field: &str, prefix: &mut Path, out: &mut FieldSet) {
 }
 
 /// The fields an object sets.
-pub fn field_set(obj: &Value) -> FieldSet {
+pub fn field_set(obj: &Value, node: SchemaNode) -> FieldSet {
     let mut out = FieldSet::new();
-    collect(obj, "", &mut Vec::new(), &mut out);
+    collect(obj, node, &mut Vec::new(), &mut out);
     out
 }
 
@@ -269,19 +274,26 @@ fn store_entries(obj: &mut Value, list: Vec<Entry>) {
     }
 }
 
+/// Who writes, in which version, and the schema of what is written.
+#[derive(Clone, Copy)]
+pub struct Writer<'a> {
+    pub manager: &'a str,
+    pub api_version: &'a str,
+    pub schema: SchemaNode<'a>,
+}
+
 /// Records a non-apply write: the fields `manager` changed become its own.
-pub fn record_update(
-    old: Option<&Value>,
-    new: &mut Value,
-    manager: &str,
-    api_version: &str,
-    subresource: Option<&str>,
-) {
+pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer, subresource: Option<&str>) {
+    let Writer { manager, api_version, schema } = *writer;
     let mut list = entries(old.unwrap_or(&Value::Null));
     let changed: FieldSet =
-        field_set(new).into_iter().filter(|p| old.is_none_or(|o| value_at(o, p) != value_at(new, p))).collect();
-    let gone: FieldSet =
-        old.map(field_set).unwrap_or_default().into_iter().filter(|p| value_at(new, p).is_none()).collect();
+        field_set(new, schema).into_iter().filter(|p| old.is_none_or(|o| value_at(o, p) != value_at(new, p))).collect();
+    let gone: FieldSet = old
+        .map(|o| field_set(o, schema))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| value_at(new, p).is_none())
+        .collect();
     for e in list.iter_mut() {
         e.set.retain(|p| !changed.contains(p) && !gone.contains(p));
     }
@@ -310,14 +322,9 @@ pub fn record_update(
 }
 
 /// Server-side apply of `config` by `manager` onto `live` (None: create).
-pub fn apply(
-    live: Option<&Value>,
-    config: &Value,
-    manager: &str,
-    api_version: &str,
-    force: bool,
-) -> Result<Value, ApiError> {
-    let applied = field_set(config);
+pub fn apply(live: Option<&Value>, config: &Value, writer: &Writer, force: bool) -> Result<Value, ApiError> {
+    let Writer { manager, api_version, schema } = *writer;
+    let applied = field_set(config, schema);
     let mut list = entries(live.unwrap_or(&Value::Null));
     let mut conflicts = Vec::new();
     if let Some(live) = live {
@@ -365,7 +372,7 @@ pub fn apply(
         m.remove("managedFields");
         m.remove("resourceVersion");
     }
-    strategic_merge(&mut merged, &config_clean);
+    strategic_merge(&mut merged, &config_clean, schema, MergeRules::Apply);
     // Fields this manager applied before and no longer does go away,
     // unless someone else owns them too.
     for p in previous.difference(&applied) {
@@ -402,6 +409,18 @@ pub fn apply(
 mod tests {
     use super::*;
 
+    fn writer<'a>(set: &'a crate::apiserver::patch_meta::SchemaSet, manager: &'a str) -> Writer<'a> {
+        Writer { manager, api_version: "apps/v1", schema: SchemaNode::root(set) }
+    }
+
+    fn deployment_schema() -> crate::apiserver::patch_meta::SchemaSet {
+        use crate::apiserver::registry::Strategy;
+        let strategy = crate::apiserver::registry::strategy::Typed::<k8s_openapi::api::apps::v1::Deployment>::new(
+            Default::default(),
+        );
+        std::sync::Arc::unwrap_or_clone(strategy.patch_schema().expect("schema"))
+    }
+
     fn deploy(replicas: i64, image: &str) -> Value {
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "labels": {"a": "1"}},
                "spec": {"replicas": replicas, "template": {"spec": {"containers": [{"name": "c", "image": image}]}}}})
@@ -409,7 +428,8 @@ mod tests {
 
     #[test]
     fn fields_round_trip_through_fields_v1() {
-        let set = field_set(&deploy(1, "x"));
+        let schema = deployment_schema();
+        let set = field_set(&deploy(1, "x"), SchemaNode::root(&schema));
         assert!(set.contains(&vec!["f:spec".to_string(), "f:replicas".to_string()]));
         assert!(set.iter().any(|p| p.iter().any(|e| e == "k:{\"name\":\"c\"}")));
         assert_eq!(decode(&encode(&set)), set);
@@ -417,20 +437,22 @@ mod tests {
 
     #[test]
     fn apply_conflicts_and_force() {
-        let created = apply(None, &deploy(1, "x"), "me", "apps/v1", false).unwrap();
+        let schema = deployment_schema();
+        let (me, scaler) = (writer(&schema, "me"), writer(&schema, "kubectl-scale"));
+        let created = apply(None, &deploy(1, "x"), &me, false).unwrap();
         let mut scaled = created.clone();
         scaled["spec"]["replicas"] = json!(5);
-        record_update(Some(&created), &mut scaled, "kubectl-scale", "apps/v1", None);
-        let err = apply(Some(&scaled), &deploy(1, "y"), "me", "apps/v1", false).unwrap_err();
+        record_update(Some(&created), &mut scaled, &scaler, None);
+        let err = apply(Some(&scaled), &deploy(1, "y"), &me, false).unwrap_err();
         assert_eq!(err.code, 409);
         assert!(err.message.contains("conflict with \"kubectl-scale\""), "{}", err.message);
         assert!(err.message.ends_with(".spec.replicas"), "{}", err.message);
-        let forced = apply(Some(&scaled), &deploy(1, "y"), "me", "apps/v1", true).unwrap();
+        let forced = apply(Some(&scaled), &deploy(1, "y"), &me, true).unwrap();
         assert_eq!(forced["spec"]["replicas"], 1);
         // A field dropped from the configuration is removed.
         let mut smaller = deploy(1, "y");
         smaller["metadata"].as_object_mut().unwrap().remove("labels");
-        let after = apply(Some(&forced), &smaller, "me", "apps/v1", false).unwrap();
+        let after = apply(Some(&forced), &smaller, &me, false).unwrap();
         assert!(after.pointer("/metadata/labels/a").is_none(), "{after}");
     }
 }

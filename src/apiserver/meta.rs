@@ -149,9 +149,20 @@ pub fn generate_name(prefix: &str) -> String {
     let mut b = [0u8; 5];
     crate::pki::fill_random(&mut b);
     let suffix: String = b.iter().map(|x| ALPHABET[*x as usize % ALPHABET.len()] as char).collect();
-    let max = 63 - 5;
-    let prefix = if prefix.len() > max { &prefix[..max] } else { prefix };
-    format!("{prefix}{suffix}")
+    format!("{}{suffix}", truncate_at_char(prefix, 63 - 5))
+}
+
+/// The longest prefix of `s` no longer than `max` bytes that ends on a
+/// character boundary: user strings may hold multi-byte characters anywhere.
+pub fn truncate_at_char(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 pub fn at<'a>(obj: &'a Value, path: &[&str]) -> Option<&'a Value> {
@@ -174,8 +185,12 @@ pub fn namespace_of(obj: &Value) -> Option<&str> {
     str_at(obj, &["metadata", "namespace"]).filter(|s| !s.is_empty())
 }
 
-/// `metadata` as a mutable map, created when missing.
+/// `metadata` as a mutable map, created when missing (and the object made
+/// an object first: a request body may be any JSON value).
 pub fn metadata_mut(obj: &mut Value) -> &mut serde_json::Map<String, Value> {
+    if !obj.is_object() {
+        *obj = Value::Object(Default::default());
+    }
     if !obj.get("metadata").is_some_and(Value::is_object) {
         obj["metadata"] = Value::Object(Default::default());
     }
@@ -203,5 +218,10 @@ mod tests {
         assert_eq!(uid.len(), 36);
         assert_eq!(&uid[14..15], "4");
         assert_eq!(generate_name("web-").len(), 9);
+        // A multi-byte character across byte 58 is cut whole, not split.
+        let prefix = format!("{}\u{e9}tail", "a".repeat(57));
+        let name = generate_name(&prefix);
+        assert!(name.starts_with(&"a".repeat(57)) && name.len() == 62, "{name}");
+        assert_eq!(truncate_at_char("\u{1f600}", 3), "");
     }
 }

@@ -12,14 +12,18 @@ pub mod bootstrap;
 pub mod cache;
 pub mod crd;
 pub mod discovery;
+pub mod field_order;
 pub mod handlers;
 pub mod kinds;
 pub mod managed_fields;
 pub mod meta;
 pub mod openapi;
+pub mod patch_meta;
 pub mod protobuf;
+pub mod recover;
 pub mod registry;
 pub mod request;
+pub mod selectable_fields;
 pub mod selector;
 pub mod serve;
 pub mod status;
@@ -180,7 +184,7 @@ impl Api {
 /// The router: health and version for anyone, everything else for
 /// authenticated users.
 pub fn router(api: Arc<Api>) -> Router {
-    Router::new().fallback(handle).with_state(api)
+    Router::new().fallback(handle).with_state(api).layer(axum::middleware::from_fn(recover::catch_panics))
 }
 
 fn health(api: &Api, path: &str, verbose: bool) -> Response {
@@ -272,6 +276,9 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         Ok(Some(as_user)) => user = as_user,
         Ok(None) => {}
         Err(e) => return e.into_response(),
+    }
+    if let Some(slot) = parts.extensions.get::<recover::RequestUser>() {
+        slot.set(&user.name);
     }
     let bytes = match axum::body::to_bytes(body, handlers::MAX_BODY_BYTES).await {
         Ok(b) => b,

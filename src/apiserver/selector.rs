@@ -2,6 +2,7 @@
 
 use serde_json::Value;
 
+use super::selectable_fields::{self, SelectableField};
 use super::status::ApiError;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -147,21 +148,25 @@ impl LabelSelector {
     }
 }
 
-/// A field selector: `metadata.name=x,spec.nodeName!=y`.
+/// A field selector: `metadata.name=x,spec.nodeName!=y`, each label one
+/// the kind can be selected by.
 #[derive(Debug, Clone, Default)]
 pub struct FieldSelector {
-    reqs: Vec<(Vec<String>, bool, String)>,
+    reqs: Vec<(SelectableField, bool, String)>,
 }
 
 impl FieldSelector {
-    pub fn parse(s: &str) -> Result<Self, ApiError> {
+    /// Parses `s` for a kind of `group`: a label the kind has no field for
+    /// is refused, as upstream's field label conversion refuses it.
+    pub fn parse(s: &str, group: &str, kind: &str) -> Result<Self, ApiError> {
+        let (fields, own) = selectable_fields::of(group, kind);
         let mut reqs = Vec::new();
         for part in s.split(',') {
             let part = part.trim();
             if part.is_empty() {
                 continue;
             }
-            let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
+            let (label, equal, value) = if let Some((f, v)) = part.split_once("!=") {
                 (f, false, v)
             } else if let Some((f, v)) = part.split_once("==") {
                 (f, true, v)
@@ -170,11 +175,13 @@ impl FieldSelector {
             } else {
                 return Err(ApiError::bad_request(format!("invalid selector: '{s}'; can't understand '{part}'")));
             };
-            let path: Vec<String> = field.trim().split('.').map(str::to_string).collect();
-            if path.iter().any(String::is_empty) {
-                return Err(ApiError::bad_request(format!("field label not supported: {field}")));
-            }
-            reqs.push((path, equal, value.trim().to_string()));
+            let label = label.trim();
+            // Pods still accept the v1 clients' spec.host for spec.nodeName.
+            let label = if label == "spec.host" && group.is_empty() && kind == "Pod" { "spec.nodeName" } else { label };
+            let Some(field) = fields.iter().find(|f| f.label == label) else {
+                return Err(ApiError::bad_request(selectable_fields::unsupported(label, own)));
+            };
+            reqs.push((*field, equal, value.trim().to_string()));
         }
         Ok(FieldSelector { reqs })
     }
@@ -184,19 +191,7 @@ impl FieldSelector {
     }
 
     pub fn matches(&self, obj: &Value) -> bool {
-        self.reqs.iter().all(|(path, equal, want)| {
-            let mut v = Some(obj);
-            for p in path {
-                v = v.and_then(|x| x.get(p));
-            }
-            let actual = match v {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Bool(b)) => b.to_string(),
-                Some(Value::Number(n)) => n.to_string(),
-                _ => String::new(),
-            };
-            (actual == *want) == *equal
-        })
+        self.reqs.iter().all(|(field, equal, want)| (field.value_in(obj) == *want) == *equal)
     }
 }
 
@@ -222,9 +217,15 @@ mod tests {
     #[test]
     fn field_selectors() {
         let pod = json!({"metadata": {"name": "p"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}});
-        let f = FieldSelector::parse("spec.nodeName=n1,status.phase!=Failed").unwrap();
+        let f = FieldSelector::parse("spec.nodeName=n1,status.phase!=Failed", "", "Pod").unwrap();
         assert!(f.matches(&pod));
-        assert!(!FieldSelector::parse("metadata.name=q").unwrap().matches(&pod));
-        assert!(FieldSelector::parse("nonsense").is_err());
+        assert!(!FieldSelector::parse("metadata.name=q", "", "Pod").unwrap().matches(&pod));
+        assert!(FieldSelector::parse("nonsense", "", "Pod").is_err());
+        let unknown = FieldSelector::parse("spec.bogus=1", "", "Pod").unwrap_err();
+        assert_eq!((unknown.code, unknown.message.as_str()), (400, "field label not supported: spec.bogus"));
+        // A defaulted field matches objects that never set it.
+        let node = json!({"metadata": {"name": "n"}, "spec": {}});
+        assert!(FieldSelector::parse("spec.unschedulable=false", "", "Node").unwrap().matches(&node));
+        assert!(FieldSelector::parse("metadata.namespace=x", "", "Node").is_err());
     }
 }

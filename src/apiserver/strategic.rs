@@ -1,54 +1,37 @@
 //! Strategic merge patch: a JSON merge patch in which lists of objects are
 //! merged by their merge key instead of replaced, with the `$patch`,
 //! `$retainKeys`, `$setElementOrder` and `$deleteFromPrimitiveList`
-//! directives. The merge keys are those of the Kubernetes API types
-//! (`x-kubernetes-patch-merge-key` in their schema).
+//! directives. How each list merges comes from the schema
+//! (`x-kubernetes-patch-strategy`, `x-kubernetes-patch-merge-key`; see
+//! `patch_meta`); a list the schema says nothing about is replaced. The
+//! same merge, keyed by `x-kubernetes-list-map-keys`, lays an apply
+//! configuration over the live object.
 
 use serde_json::{Map, Value};
 
-/// How a list field merges.
-pub enum ListMerge {
-    /// Objects merged by this key.
-    ByKey(&'static str),
-    /// A primitive list merged as a set (finalizers).
-    Set,
-    /// Replaced as a whole.
-    Replace,
+use super::patch_meta::{ListMerge, SchemaNode};
+
+/// Which schema extensions decide how lists merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MergeRules {
+    /// Strategic merge patch: patch strategy and merge key.
+    Strategic,
+    /// Server-side apply: list type and list map keys.
+    Apply,
 }
 
-/// The merge strategy of a list field, from the field's name and its items.
-pub fn list_merge(field: &str, items: &[Value]) -> ListMerge {
-    match field {
-        "containers"
-        | "initContainers"
-        | "ephemeralContainers"
-        | "env"
-        | "volumes"
-        | "imagePullSecrets"
-        | "resourceClaims"
-        | "schedulingGates"
-        | "resizePolicy" => ListMerge::ByKey("name"),
-        "volumeMounts" => ListMerge::ByKey("mountPath"),
-        "volumeDevices" => ListMerge::ByKey("devicePath"),
-        "hostAliases" => ListMerge::ByKey("ip"),
-        "conditions" => ListMerge::ByKey("type"),
-        "readinessGates" => ListMerge::ByKey("conditionType"),
-        "ownerReferences" => ListMerge::ByKey("uid"),
-        "topologySpreadConstraints" => ListMerge::ByKey("topologyKey"),
-        "ports" => {
-            if items.iter().any(|i| i.get("containerPort").is_some()) {
-                ListMerge::ByKey("containerPort")
-            } else {
-                ListMerge::ByKey("port")
-            }
+impl MergeRules {
+    pub fn list_merge(self, node: &SchemaNode) -> ListMerge {
+        match self {
+            MergeRules::Strategic => node.patch_list_merge(),
+            MergeRules::Apply => node.apply_list_merge(),
         }
-        "finalizers" => ListMerge::Set,
-        _ => ListMerge::Replace,
     }
 }
 
-/// Applies `patch` to `doc` with strategic-merge semantics.
-pub fn strategic_merge(doc: &mut Value, patch: &Value) {
+/// Applies `patch` to `doc` with strategic-merge semantics, lists merging
+/// as `node` (the schema of `doc`) says.
+pub fn strategic_merge(doc: &mut Value, patch: &Value, node: SchemaNode, rules: MergeRules) {
     let Value::Object(p) = patch else {
         *doc = patch.clone();
         return;
@@ -84,20 +67,26 @@ pub fn strategic_merge(doc: &mut Value, patch: &Value) {
             }
             continue;
         }
+        let child = node.field(key);
         match value {
             Value::Null => {
                 d.remove(key);
             }
+            Value::Object(_) if child.replaces() => {
+                d.insert(key.clone(), clean(value.clone()));
+            }
             Value::Object(_) => {
                 let slot = d.entry(key.clone()).or_insert(Value::Null);
-                strategic_merge(slot, value);
+                strategic_merge(slot, value, child, rules);
                 if slot.is_null() {
                     d.remove(key);
                 }
             }
             Value::Array(items) => {
-                let merged = match (d.get(key), list_merge(key, items)) {
-                    (Some(Value::Array(existing)), ListMerge::ByKey(mk)) => merge_by_key(existing, items, mk),
+                let merged = match (d.get(key), rules.list_merge(&child)) {
+                    (Some(Value::Array(existing)), ListMerge::ByKey(keys)) => {
+                        merge_by_key(existing, items, &keys, child.items(), rules)
+                    }
                     (Some(Value::Array(existing)), ListMerge::Set) => {
                         let mut out = existing.clone();
                         for v in items {
@@ -121,6 +110,7 @@ pub fn strategic_merge(doc: &mut Value, patch: &Value) {
 fn clean(v: Value) -> Value {
     match v {
         Value::Object(m) => Value::Object(strip_directives(m)),
+        Value::Array(a) => Value::Array(a.into_iter().map(clean).collect()),
         other => other,
     }
 }
@@ -129,11 +119,21 @@ fn strip_directives(m: Map<String, Value>) -> Map<String, Value> {
     m.into_iter().filter(|(k, _)| !k.starts_with('$')).map(|(k, v)| (k, clean(v))).collect()
 }
 
-fn merge_by_key(existing: &[Value], patch: &[Value], key: &str) -> Vec<Value> {
+/// Whether two list items have the same values at every key.
+pub fn same_item(a: &Value, b: &Value, keys: &[String]) -> bool {
+    keys.iter().all(|k| a.get(k).is_some() && a.get(k) == b.get(k))
+}
+
+fn merge_by_key(
+    existing: &[Value],
+    patch: &[Value],
+    keys: &[String],
+    items: SchemaNode,
+    rules: MergeRules,
+) -> Vec<Value> {
     let mut out: Vec<Value> = existing.to_vec();
     for item in patch {
-        let id = item.get(key);
-        let pos = id.and_then(|id| out.iter().position(|e| e.get(key) == Some(id)));
+        let pos = out.iter().position(|e| same_item(item, e, keys));
         let directive = item.get("$patch").and_then(Value::as_str);
         match (pos, directive) {
             (Some(i), Some("delete")) => {
@@ -141,7 +141,7 @@ fn merge_by_key(existing: &[Value], patch: &[Value], key: &str) -> Vec<Value> {
             }
             (None, Some("delete")) => {}
             (Some(i), Some("replace")) => out[i] = clean(item.clone()),
-            (Some(i), _) => strategic_merge(&mut out[i], item),
+            (Some(i), _) => strategic_merge(&mut out[i], item, items, rules),
             (None, _) => out.push(clean(item.clone())),
         }
     }
@@ -151,7 +151,21 @@ fn merge_by_key(existing: &[Value], patch: &[Value], key: &str) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apiserver::patch_meta::SchemaSet;
     use serde_json::json;
+
+    fn schema<K: schemars::JsonSchema>() -> SchemaSet {
+        let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
+        let _ = generator.subschema_for::<K>();
+        let mut components = generator.take_definitions(true);
+        crate::apiserver::patch_meta::annotate(&mut components);
+        SchemaSet { root: K::schema_name().into_owned(), components }
+    }
+
+    fn smp<K: schemars::JsonSchema>(doc: &mut Value, patch: &Value) {
+        let set = schema::<K>();
+        strategic_merge(doc, patch, SchemaNode::root(&set), MergeRules::Strategic);
+    }
 
     #[test]
     fn containers_merge_by_name_and_env_too() {
@@ -164,7 +178,7 @@ mod tests {
             {"name": "b", "$patch": "delete"},
             {"name": "c", "image": "z"}
         ], "tolerations": [{"key": "other"}]}});
-        strategic_merge(&mut doc, &patch);
+        smp::<k8s_openapi::api::core::v1::Pod>(&mut doc, &patch);
         let cs = doc["spec"]["containers"].as_array().unwrap();
         assert_eq!(cs.len(), 2);
         assert_eq!(cs[0]["image"], "x:2");
@@ -176,10 +190,46 @@ mod tests {
     #[test]
     fn nulls_delete_and_finalizers_union() {
         let mut doc = json!({"metadata": {"labels": {"a": "1", "b": "2"}, "finalizers": ["x"]}});
-        strategic_merge(&mut doc, &json!({"metadata": {"labels": {"a": null}, "finalizers": ["y"]}}));
+        smp::<k8s_openapi::api::core::v1::Pod>(
+            &mut doc,
+            &json!({"metadata": {"labels": {"a": null}, "finalizers": ["y"]}}),
+        );
         assert_eq!(doc["metadata"]["labels"], json!({"b": "2"}));
         assert_eq!(doc["metadata"]["finalizers"], json!(["x", "y"]));
-        strategic_merge(&mut doc, &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["x"]}}));
+        smp::<k8s_openapi::api::core::v1::Pod>(
+            &mut doc,
+            &json!({"metadata": {"$deleteFromPrimitiveList/finalizers": ["x"]}}),
+        );
         assert_eq!(doc["metadata"]["finalizers"], json!(["y"]));
+    }
+
+    #[test]
+    fn ports_merge_by_their_own_key_in_each_type() {
+        // A Service's ports merge by port, a container's by containerPort.
+        let mut svc = json!({"spec": {"ports": [{"port": 80, "name": "http"}, {"port": 443, "name": "https"}]}});
+        smp::<k8s_openapi::api::core::v1::Service>(
+            &mut svc,
+            &json!({"spec": {"ports": [{"port": 80, "targetPort": 8080}]}}),
+        );
+        assert_eq!(svc["spec"]["ports"].as_array().map(Vec::len), Some(2), "{svc}");
+        assert_eq!(svc["spec"]["ports"][0]["targetPort"], 8080);
+        // An unknown field named like a merged list is replaced, not merged.
+        let mut cm = json!({"data": {"a": "1"}, "containers": [{"name": "x"}]});
+        smp::<k8s_openapi::api::core::v1::ConfigMap>(&mut cm, &json!({"containers": [{"name": "y"}]}));
+        assert_eq!(cm["containers"], json!([{"name": "y"}]));
+        // readinessGates have no merge key upstream: replaced.
+        let mut pod = json!({"spec": {"readinessGates": [{"conditionType": "a"}]}});
+        smp::<k8s_openapi::api::core::v1::Pod>(
+            &mut pod,
+            &json!({"spec": {"readinessGates": [{"conditionType": "b"}]}}),
+        );
+        assert_eq!(pod["spec"]["readinessGates"], json!([{"conditionType": "b"}]));
+        // A PodDisruptionBudget's selector is replaced whole (patchStrategy=replace).
+        let mut pdb = json!({"spec": {"selector": {"matchLabels": {"a": "1"}}}});
+        smp::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(
+            &mut pdb,
+            &json!({"spec": {"selector": {"matchLabels": {"b": "2"}}}}),
+        );
+        assert_eq!(pdb["spec"]["selector"], json!({"matchLabels": {"b": "2"}}));
     }
 }

@@ -10,6 +10,24 @@ pub fn milli_value(q: &Quantity) -> Option<i64> {
     scaled(&q.0, 1000)
 }
 
+/// Whether upstream's ParseQuantity reads `s`: a signed decimal number
+/// and an SI, binary or exponent suffix (`500m`, `1.5Gi`, `1e3`).
+pub fn is_valid(s: &str) -> bool {
+    let s = s.strip_prefix(['+', '-']).unwrap_or(s);
+    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (number, suffix) = s.split_at(end);
+    if number.is_empty() || number == "." || number.matches('.').count() > 1 {
+        return false;
+    }
+    match suffix {
+        "" | "n" | "u" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" => true,
+        e => e
+            .strip_prefix(['e', 'E'])
+            .map(|x| x.strip_prefix(['+', '-']).unwrap_or(x))
+            .is_some_and(|d| !d.is_empty() && d.len() <= 10 && d.bytes().all(|b| b.is_ascii_digit())),
+    }
+}
+
 /// The quantity in its unit (bytes for memory), rounded up.
 pub fn value(q: &Quantity) -> Option<i64> {
     scaled(&q.0, 1)
@@ -89,5 +107,15 @@ mod tests {
         assert_eq!(value(&q("1.5Gi")), Some(1536 * 1024 * 1024));
         assert_eq!(value(&q("abc")), None);
         assert_eq!(value(&q("1Qi")), None);
+    }
+
+    #[test]
+    fn quantity_syntax() {
+        for ok in ["1", "500m", "1.5Gi", "+2", "-1k", "1e3", "2E-2", ".5", "5."] {
+            assert!(is_valid(ok), "{ok}");
+        }
+        for bad in ["", "abc", "1..2", "1x", "Gi", "1e", "1 Gi", "1Gib", "."] {
+            assert!(!is_valid(bad), "{bad}");
+        }
     }
 }

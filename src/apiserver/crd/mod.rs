@@ -82,6 +82,15 @@ impl Strategy for CustomStrategy {
         Some(self.schema_name.clone())
     }
 
+    fn patch_schema(&self) -> Option<crate::apiserver::patch_meta::SharedSchema> {
+        let (root, components) = self.openapi_schemas()?;
+        Some(std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet { root, components }))
+    }
+
+    fn is_custom(&self) -> bool {
+        true
+    }
+
     fn columns(&self) -> Vec<Column> {
         if self.columns.is_empty() {
             return Vec::new();

@@ -5,9 +5,12 @@
 
 mod binding;
 mod eviction;
+mod options;
 mod patch;
 mod read;
 mod write;
+
+pub use patch::apply_json_patch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +21,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::auth::User;
+use super::field_order;
+use super::managed_fields;
+use super::patch_meta::SchemaNode;
 use super::registry::Resource;
 use super::request::ResourcePath;
 use super::status::{ApiError, ApiResult};
@@ -43,8 +49,9 @@ impl Call {
         self.query.get(key).map(String::as_str).filter(|s| !s.is_empty())
     }
 
+    /// A boolean parameter as upstream reads it: present and not "false" or "0".
     pub fn flag(&self, key: &str) -> bool {
-        matches!(self.param(key), Some("true") | Some("1"))
+        options::parse_bool(self.query.get(key).map(String::as_str))
     }
 
     pub fn dry_run(&self) -> bool {
@@ -60,6 +67,18 @@ impl Call {
         agent.split('/').next().unwrap_or("unknown").to_string()
     }
 
+    /// Records a non-apply write in `metadata.managedFields`.
+    pub fn record_update(&self, old: Option<&Value>, new: &mut Value, subresource: Option<&str>) {
+        let schema = self.resource.strategy.patch_schema();
+        let (manager, api_version) = (self.manager(), self.resource.api_version());
+        let writer = managed_fields::Writer {
+            manager: &manager,
+            api_version: &api_version,
+            schema: SchemaNode::of(schema.as_deref()),
+        };
+        managed_fields::record_update(old, new, &writer, subresource);
+    }
+
     pub fn namespace(&self) -> Option<&str> {
         self.path.namespace.as_deref()
     }
@@ -71,12 +90,12 @@ impl Call {
     /// A JSON (or YAML, when asked) answer.
     pub fn respond(&self, code: StatusCode, body: &Value) -> Response {
         let mut resp = if wants_yaml(self.accept()) {
-            match serde_yaml_ng::to_string(body) {
+            match serde_yaml_ng::to_string(&field_order::Ordered(body)) {
                 Ok(y) => (code, [(header::CONTENT_TYPE, "application/yaml")], y).into_response(),
                 Err(e) => ApiError::internal(e.to_string()).into_response(),
             }
         } else {
-            (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+            (code, [(header::CONTENT_TYPE, "application/json")], field_order::to_json(body)).into_response()
         };
         for w in &self.warnings {
             if let Ok(v) = header::HeaderValue::from_str(&format!("299 - {}", serde_json::Value::String(w.clone()))) {
@@ -92,9 +111,16 @@ fn wants_yaml(accept: &str) -> bool {
     first.starts_with("application/yaml")
 }
 
+/// The query string's parameters; of a repeated one the first counts, as
+/// upstream's conversions take `values[0]`.
 pub fn parse_query(raw: Option<&str>) -> HashMap<String, String> {
-    raw.map(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).unwrap_or_default().into_iter().collect())
-        .unwrap_or_default()
+    let mut out = HashMap::new();
+    for (k, v) in
+        raw.map(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).unwrap_or_default()).unwrap_or_default()
+    {
+        out.entry(k).or_insert(v);
+    }
+    out
 }
 
 /// Decodes a request body as JSON, YAML or Kubernetes protobuf, by its content type.
@@ -174,6 +200,7 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
         }
     };
     call.api.authorize(&call, verb)?;
+    options::check(&call, verb)?;
     if r.ephemeral {
         return match verb {
             "create" => crate::apiserver::auth::reviews::create(&mut call, body).await,
@@ -181,17 +208,25 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
         };
     }
     match (verb, sub.as_deref()) {
-        ("get", None | Some("status")) => read::get(&call).await,
+        // Subresources that read as the whole object, as upstream serves them.
+        ("get", None | Some("status") | Some("approval") | Some("ephemeralcontainers") | Some("resize")) => {
+            read::get(&call).await
+        }
         ("get", Some("scale")) => read::get_scale(&call).await,
         ("list", None) => read::list(&call).await,
         ("watch", None) => read::watch(call).await,
         ("create", None) => write::create(&mut call, body).await,
         ("create", Some("binding")) => binding::bind(&mut call, body).await,
         ("create", Some("token")) => crate::apiserver::auth::reviews::token_request(&mut call, body).await,
-        ("update", None | Some("status") | Some("approval") | Some("finalize")) => write::update(&mut call, body).await,
+        (
+            "update",
+            None | Some("status") | Some("approval") | Some("finalize") | Some("ephemeralcontainers") | Some("resize"),
+        ) => write::update(&mut call, body).await,
         ("create", Some("eviction")) => eviction::evict(&mut call, body).await,
         ("update", Some("scale")) => write::update_scale(&mut call, body).await,
-        ("patch", None | Some("status") | Some("approval")) => patch::patch(&mut call, body).await,
+        ("patch", None | Some("status") | Some("approval") | Some("ephemeralcontainers") | Some("resize")) => {
+            patch::patch(&mut call, body).await
+        }
         ("patch", Some("scale")) => patch::patch_scale(&mut call, body).await,
         ("delete", None) => write::delete(&mut call, body).await,
         ("deletecollection", None) => write::delete_collection(&mut call, body).await,

@@ -9,10 +9,11 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::read::{load, object_response, scale_of};
-use super::write::{admit_create, admit_update, set_replicas, store_new, store_update};
+use super::write::{admit_create, admit_update, replicas_of, set_replicas, store_new, store_update};
 use super::{decode_body, Call};
+use crate::apiserver::patch_meta::SchemaNode;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::strategic::strategic_merge;
+use crate::apiserver::strategic::{strategic_merge, MergeRules};
 use crate::apiserver::{managed_fields, meta};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,30 +35,62 @@ fn kind_of(call: &Call) -> ApiResult<Kind> {
     }
 }
 
-fn apply_patch(kind: Kind, doc: &Value, patch: &Value) -> ApiResult<Value> {
+/// A JSON patch (RFC 6902) applied to a copy of `doc`. The copy is thrown
+/// away on error, so the crate's undo (which panics when an undo step
+/// fails, as a `move` into itself makes it) is never needed.
+pub fn apply_json_patch(doc: &Value, patch: &Value) -> ApiResult<Value> {
+    let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
+        ApiError::bad_request(format!("the server rejected our request due to an error in our request: {e}"))
+    })?;
+    let mut doc = doc.clone();
+    json_patch::patch_unsafe(&mut doc, &ops).map_err(|e| {
+        ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}"))
+    })?;
+    Ok(doc)
+}
+
+fn apply_patch(kind: Kind, doc: &Value, patch: &Value, schema: SchemaNode) -> ApiResult<Value> {
     let mut doc = doc.clone();
     match kind {
-        Kind::Json => {
-            let ops: json_patch::Patch = serde_json::from_value(patch.clone()).map_err(|e| {
-                ApiError::bad_request(format!("the server rejected our request due to an error in our request: {e}"))
-            })?;
-            json_patch::patch(&mut doc, &ops).map_err(|e| {
-                ApiError::new(
-                    422,
-                    "Invalid",
-                    format!("the server rejected our request due to an error in our request: {e}"),
-                )
-            })?;
-        }
+        Kind::Json => doc = apply_json_patch(&doc, patch)?,
         Kind::Merge => json_patch::merge(&mut doc, patch),
         Kind::Strategic | Kind::Apply => {
             if !patch.is_object() {
                 return Err(ApiError::bad_request("the body of a strategic merge patch must be an object"));
             }
-            strategic_merge(&mut doc, patch);
+            strategic_merge(&mut doc, patch, schema, MergeRules::Strategic);
         }
     }
     Ok(doc)
+}
+
+/// An apply configuration is an object whose metadata, when given, is an
+/// object too (upstream decodes it into an Unstructured first).
+fn check_apply_body(call: &Call, patch: &Value) -> ApiResult<()> {
+    let shape = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    if !patch.is_object() {
+        return Err(ApiError::bad_request(format!(
+            "error decoding YAML: json: cannot unmarshal {} into Go value of type map[string]interface {{}}",
+            shape(patch)
+        )));
+    }
+    match patch.get("metadata") {
+        None | Some(Value::Object(_)) => Ok(()),
+        Some(other) => {
+            let r = &call.resource;
+            Err(ApiError::bad_request(format!(
+                "{} in version \"{}\" cannot be handled as a {}: json: cannot unmarshal {} into Go struct field {}.metadata of type v1.ObjectMeta",
+                r.kind, r.version, r.kind, shape(other), r.kind
+            )))
+        }
+    }
 }
 
 pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
@@ -68,9 +101,25 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
         ));
     }
+    if kind == Kind::Apply {
+        check_apply_body(call, &patch)?;
+    }
+    if kind == Kind::Strategic && call.resource.strategy.is_custom() {
+        return Err(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        ));
+    }
     let force = call.flag("force");
     let manager = call.manager();
     let api_version = call.resource.api_version();
+    let schema = call.resource.strategy.patch_schema();
+    let writer = managed_fields::Writer {
+        manager: &manager,
+        api_version: &api_version,
+        schema: SchemaNode::of(schema.as_deref()),
+    };
     for _ in 0..16 {
         let current = match load(call).await {
             Ok(c) => c,
@@ -80,7 +129,7 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
                 if let Some(name) = call.path.name.clone() {
                     meta::metadata_mut(&mut obj).insert("name".into(), json!(name));
                 }
-                let obj = managed_fields::apply(None, &obj, &manager, &api_version, force)?;
+                let obj = managed_fields::apply(None, &obj, &writer, force)?;
                 let obj = admit_create(call, obj).await?;
                 let (code, out) = store_new(call, obj).await?;
                 return Ok(object_response(call, code, out));
@@ -88,9 +137,9 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             Err(e) => return Err(e),
         };
         let patched = if kind == Kind::Apply {
-            managed_fields::apply(Some(&current.object), &patch, &manager, &api_version, force)?
+            managed_fields::apply(Some(&current.object), &patch, &writer, force)?
         } else {
-            apply_patch(kind, &current.object, &patch)?
+            apply_patch(kind, &current.object, &patch, writer.schema)?
         };
         if let Some(rv) = meta::str_at(&patch, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
             if rv != current.rev.to_string() {
@@ -111,7 +160,7 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             }
         } else {
             let sub = call.path.subresource.clone();
-            managed_fields::record_update(Some(&current.object), &mut new, &manager, &api_version, sub.as_deref());
+            call.record_update(Some(&current.object), &mut new, sub.as_deref());
         }
         match store_update(call, new, &current).await {
             Ok((code, out)) => return Ok(object_response(call, code, out)),
@@ -133,7 +182,7 @@ pub async fn patch_scale(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let patch = decode_body(&call.headers, &body)?;
     let current = load(call).await?;
     let scale = scale_of(call, &current.object);
-    let patched = apply_patch(kind, &scale, &patch)?;
-    let replicas = patched.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
+    let patched = apply_patch(kind, &scale, &patch, SchemaNode::none())?;
+    let replicas = replicas_of(&patched)?;
     set_replicas(call, replicas, None).await
 }

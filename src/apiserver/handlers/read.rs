@@ -118,7 +118,11 @@ impl Filters {
     fn of(call: &Call) -> ApiResult<Filters> {
         Ok(Filters {
             labels: LabelSelector::parse(call.param("labelSelector").unwrap_or_default())?,
-            fields: FieldSelector::parse(call.param("fieldSelector").unwrap_or_default())?,
+            fields: FieldSelector::parse(
+                call.param("fieldSelector").unwrap_or_default(),
+                &call.resource.group,
+                &call.resource.kind,
+            )?,
         })
     }
 
@@ -353,7 +357,7 @@ where
                 None => None,
                 Some(Ok(v)) => {
                     let is_error = v.get("type").and_then(Value::as_str) == Some("ERROR");
-                    let mut bytes = v.to_string().into_bytes();
+                    let mut bytes = crate::apiserver::field_order::to_json(&v).into_bytes();
                     bytes.push(b'\n');
                     Some((Ok(bytes), (lines, deadline, is_error)))
                 }

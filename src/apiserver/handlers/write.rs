@@ -42,6 +42,14 @@ fn check_type(call: &Call, obj: &mut Value) -> ApiResult<()> {
         }
         _ => {}
     }
+    if m.get("metadata").is_some_and(|v| !v.is_object() && !v.is_null()) {
+        let kind = &call.resource.kind;
+        return Err(ApiError::bad_request(format!(
+            "{kind} in version \"{}\" cannot be handled as a {kind}: json: cannot unmarshal {} into Go struct field {kind}.metadata of type v1.ObjectMeta",
+            call.resource.version,
+            if m.get("metadata").is_some_and(Value::is_array) { "array" } else { "value" },
+        )));
+    }
     m.insert("apiVersion".into(), json!(want_av));
     m.insert("kind".into(), json!(call.resource.kind));
     Ok(())
@@ -202,13 +210,7 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     if let Some(m) = obj.pointer_mut("/metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
     }
-    crate::apiserver::managed_fields::record_update(
-        None,
-        &mut obj,
-        &call.manager(),
-        &call.resource.api_version(),
-        None,
-    );
+    call.record_update(None, &mut obj, None);
     let (code, out) = store_new(call, obj).await?;
     Ok(object_response(call, code, out))
 }
@@ -403,21 +405,28 @@ pub async fn update(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     }
     let mut new = admit_update(call, new, &old.object).await?;
     let sub = call.path.subresource.clone();
-    crate::apiserver::managed_fields::record_update(
-        Some(&old.object),
-        &mut new,
-        &call.manager(),
-        &call.resource.api_version(),
-        sub.as_deref(),
-    );
+    call.record_update(Some(&old.object), &mut new, sub.as_deref());
     let (code, out) = store_update(call, new, &old).await?;
     Ok(object_response(call, code, out))
 }
 
 pub async fn update_scale(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let scale = decode_body(&call.headers, &body)?;
-    let replicas = scale.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0);
+    let replicas = replicas_of(&scale)?;
     set_replicas(call, replicas, meta::str_at(&scale, &["metadata", "resourceVersion"]).map(str::to_string)).await
+}
+
+/// `spec.replicas` of an `autoscaling/v1` Scale body, decoded as upstream
+/// does: absent is 0 (Go's zero value); anything but an int32 is refused.
+pub fn replicas_of(scale: &Value) -> ApiResult<i64> {
+    let typed: k8s_openapi::api::autoscaling::v1::Scale = serde_path_to_error::deserialize(scale).map_err(|e| {
+        ApiError::bad_request(format!(
+            "Scale in version \"v1\" cannot be handled as a Scale: {}: {}",
+            e.path(),
+            e.inner()
+        ))
+    })?;
+    Ok(typed.spec.and_then(|s| s.replicas).map(i64::from).unwrap_or(0))
 }
 
 /// Sets spec.replicas through the scale subresource. Without a
@@ -450,16 +459,15 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
             ));
         }
         let mut new = old.object.clone();
-        new["spec"]["replicas"] = json!(replicas);
+        match new.get_mut("spec") {
+            Some(Value::Object(spec)) => {
+                spec.insert("replicas".into(), json!(replicas));
+            }
+            _ => new["spec"] = json!({ "replicas": replicas }),
+        }
         call.path.subresource = None;
         let mut new = admit_update(call, new, &old.object).await?;
-        crate::apiserver::managed_fields::record_update(
-            Some(&old.object),
-            &mut new,
-            &call.manager(),
-            &r.api_version(),
-            Some("scale"),
-        );
+        call.record_update(Some(&old.object), &mut new, Some("scale"));
         match store_update(call, new, &old).await {
             Ok((_, out)) => return Ok(call.respond(StatusCode::OK, &scale_of(call, &out))),
             Err(e) if e.code == 409 && e.reason == "Conflict" && !pinned => continue,
@@ -586,7 +594,11 @@ pub async fn delete(call: &mut Call, body: Bytes) -> ApiResult<Response> {
 pub async fn delete_collection(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let opts = delete_options(call, &body)?;
     let labels = crate::apiserver::selector::LabelSelector::parse(call.param("labelSelector").unwrap_or_default())?;
-    let fields = crate::apiserver::selector::FieldSelector::parse(call.param("fieldSelector").unwrap_or_default())?;
+    let fields = crate::apiserver::selector::FieldSelector::parse(
+        call.param("fieldSelector").unwrap_or_default(),
+        &call.resource.group,
+        &call.resource.kind,
+    )?;
     let prefix = call.resource.list_prefix(call.namespace());
     let (items, _) = call.api.storage.list_all(&prefix).await?;
     let mut deleted = Vec::new();

@@ -66,6 +66,16 @@ pub trait Strategy: Send + Sync {
         None
     }
 
+    /// The schema set patches are merged by (built once, then shared).
+    fn patch_schema(&self) -> Option<crate::apiserver::patch_meta::SharedSchema> {
+        None
+    }
+
+    /// A custom resource: strategic merge patch is refused, as upstream.
+    fn is_custom(&self) -> bool {
+        false
+    }
+
     /// The component name alone (cheap; no schema is generated).
     fn openapi_name(&self) -> Option<String> {
         None
@@ -102,11 +112,12 @@ impl Default for Hooks {
 pub struct Typed<K> {
     hooks: Hooks,
     kind: PhantomData<fn() -> K>,
+    schema: std::sync::OnceLock<crate::apiserver::patch_meta::SharedSchema>,
 }
 
 impl<K> Typed<K> {
     pub fn new(hooks: Hooks) -> Self {
-        Typed { hooks, kind: PhantomData }
+        Typed { hooks, kind: PhantomData, schema: std::sync::OnceLock::new() }
     }
 }
 
@@ -115,9 +126,22 @@ where
     K: DeserializeOwned + Serialize + schemars::JsonSchema + 'static,
 {
     fn openapi_schemas(&self) -> Option<(String, serde_json::Map<String, Value>)> {
-        let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
-        let _ = generator.subschema_for::<K>();
-        Some((K::schema_name().into_owned(), generator.take_definitions(true)))
+        let set = self.patch_schema()?;
+        Some((set.root.clone(), set.components.clone()))
+    }
+
+    fn patch_schema(&self) -> Option<crate::apiserver::patch_meta::SharedSchema> {
+        let set = self.schema.get_or_init(|| {
+            let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
+            let _ = generator.subschema_for::<K>();
+            let mut components = generator.take_definitions(true);
+            crate::apiserver::patch_meta::annotate(&mut components);
+            std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet {
+                root: K::schema_name().into_owned(),
+                components,
+            })
+        });
+        Some(set.clone())
     }
 
     fn openapi_name(&self) -> Option<String> {
@@ -134,6 +158,15 @@ where
             }
         })?;
         let back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+        // Quantities are strings to serde; upstream refuses those that do not parse.
+        if let Some(set) = self.patch_schema() {
+            if let Some(path) = crate::apiserver::patch_meta::SchemaNode::root(&set).invalid_quantity(&back, "") {
+                return Err(format!(
+                    "{}: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                    path.trim_start_matches('.')
+                ));
+            }
+        }
         let mut unknown = Vec::new();
         unknown_fields(obj, &back, String::new(), &mut unknown);
         Ok((back, unknown))

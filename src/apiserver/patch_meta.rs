@@ -1,0 +1,345 @@
+//! How lists and maps merge, read from the schema, as upstream's PatchMeta:
+//! `x-kubernetes-patch-strategy` and `x-kubernetes-patch-merge-key` for
+//! strategic merge patch, `x-kubernetes-list-type` and
+//! `x-kubernetes-list-map-keys` for server-side apply. Never from a
+//! field's name: `ports` merge by `containerPort` in a Container and by
+//! `port` in a ServiceSpec, and `tolerations` do not merge at all.
+//!
+//! The `k8s-openapi` schemas carry no patch extensions, so the built-in
+//! types' strategies (upstream's `patchStrategy`/`patchMergeKey` struct
+//! tags of Kubernetes v1.33) are written into their schemas by
+//! [`annotate`]; the served OpenAPI documents then carry them too, as
+//! upstream's do. Custom resources bring theirs in the CRD's schema.
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+/// The components of an OpenAPI document and the name of a kind's root schema.
+#[derive(Debug, Default, Clone)]
+pub struct SchemaSet {
+    pub root: String,
+    pub components: Map<String, Value>,
+}
+
+/// `(component, property, x-kubernetes-patch-strategy, x-kubernetes-patch-merge-key)`
+/// of the built-in types ferrok serves.
+const PATCH_STRATEGIES: &[(&str, &str, &str, Option<&str>)] = &[
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "finalizers", "merge", None),
+    ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "ownerReferences", "merge", Some("uid")),
+    ("io.k8s.api.core.v1.Container", "ports", "merge", Some("containerPort")),
+    ("io.k8s.api.core.v1.Container", "env", "merge", Some("name")),
+    ("io.k8s.api.core.v1.Container", "volumeMounts", "merge", Some("mountPath")),
+    ("io.k8s.api.core.v1.Container", "volumeDevices", "merge", Some("devicePath")),
+    ("io.k8s.api.core.v1.EphemeralContainer", "ports", "merge", Some("containerPort")),
+    ("io.k8s.api.core.v1.EphemeralContainer", "env", "merge", Some("name")),
+    ("io.k8s.api.core.v1.EphemeralContainer", "volumeMounts", "merge", Some("mountPath")),
+    ("io.k8s.api.core.v1.EphemeralContainer", "volumeDevices", "merge", Some("devicePath")),
+    ("io.k8s.api.core.v1.ContainerStatus", "volumeMounts", "merge", Some("mountPath")),
+    ("io.k8s.api.core.v1.ContainerStatus", "allocatedResourcesStatus", "merge", Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "volumes", "merge,retainKeys", Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "initContainers", "merge", Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "containers", "merge", Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "ephemeralContainers", "merge", Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "imagePullSecrets", "merge", Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "hostAliases", "merge", Some("ip")),
+    ("io.k8s.api.core.v1.PodSpec", "topologySpreadConstraints", "merge", Some("topologyKey")),
+    ("io.k8s.api.core.v1.PodSpec", "schedulingGates", "merge", Some("name")),
+    ("io.k8s.api.core.v1.PodSpec", "resourceClaims", "merge,retainKeys", Some("name")),
+    ("io.k8s.api.core.v1.PodStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.core.v1.PodStatus", "hostIPs", "merge", Some("ip")),
+    ("io.k8s.api.core.v1.PodStatus", "podIPs", "merge", Some("ip")),
+    ("io.k8s.api.core.v1.PodStatus", "resourceClaimStatuses", "merge,retainKeys", Some("name")),
+    ("io.k8s.api.core.v1.PersistentVolumeClaimStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.core.v1.ReplicationControllerStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.core.v1.ServiceSpec", "ports", "merge", Some("port")),
+    ("io.k8s.api.core.v1.ServiceStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.core.v1.ServiceAccount", "secrets", "merge", Some("name")),
+    ("io.k8s.api.core.v1.NodeSpec", "podCIDRs", "merge", None),
+    ("io.k8s.api.core.v1.NodeStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.core.v1.NodeStatus", "addresses", "merge", Some("type")),
+    ("io.k8s.api.core.v1.NamespaceStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.core.v1.ComponentStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.apps.v1.StatefulSetStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.apps.v1.DeploymentSpec", "strategy", "retainKeys", None),
+    ("io.k8s.api.apps.v1.DeploymentStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.apps.v1.DaemonSetStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.apps.v1.ReplicaSetStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.autoscaling.v2.HorizontalPodAutoscalerStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.batch.v1.JobStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.flowcontrol.v1.FlowSchemaStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.flowcontrol.v1.PriorityLevelConfigurationStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.networking.v1.ServiceCIDRStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.policy.v1.PodDisruptionBudgetSpec", "selector", "replace", None),
+    ("io.k8s.api.policy.v1.PodDisruptionBudgetStatus", "conditions", "merge", Some("type")),
+    ("io.k8s.api.storage.v1.CSINodeSpec", "drivers", "merge", Some("name")),
+    ("io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicySpec", "matchConditions", "merge", Some("name")),
+    ("io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicySpec", "variables", "merge", Some("name")),
+    ("io.k8s.api.admissionregistration.v1.ValidatingWebhookConfiguration", "webhooks", "merge", Some("name")),
+    ("io.k8s.api.admissionregistration.v1.MutatingWebhookConfiguration", "webhooks", "merge", Some("name")),
+    ("io.k8s.api.admissionregistration.v1.ValidatingWebhook", "matchConditions", "merge", Some("name")),
+    ("io.k8s.api.admissionregistration.v1.MutatingWebhook", "matchConditions", "merge", Some("name")),
+];
+
+/// Writes the built-in patch strategies and list types into `components`.
+pub fn annotate(components: &mut Map<String, Value>) {
+    for (component, property, strategy, key) in PATCH_STRATEGIES {
+        let Some(p) = property_mut(components, component, property) else { continue };
+        p.insert("x-kubernetes-patch-strategy".into(), json!(strategy));
+        if let Some(k) = key {
+            p.insert("x-kubernetes-patch-merge-key".into(), json!(k));
+            p.insert("x-kubernetes-list-type".into(), json!("map"));
+            p.insert("x-kubernetes-list-map-keys".into(), json!([k]));
+        } else if strategy.contains("merge") {
+            p.insert("x-kubernetes-list-type".into(), json!("set"));
+        }
+    }
+}
+
+fn property_mut<'a>(
+    components: &'a mut Map<String, Value>,
+    component: &str,
+    property: &str,
+) -> Option<&'a mut Map<String, Value>> {
+    components.get_mut(component)?.get_mut("properties")?.get_mut(property)?.as_object_mut()
+}
+
+/// How a list merges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListMerge {
+    /// Items are objects, merged by these keys.
+    ByKey(Vec<String>),
+    /// A list of scalars merged as a set.
+    Set,
+    /// Replaced as a whole (atomic), the default.
+    Replace,
+}
+
+/// A place in a schema: the schema of one value, or none (unknown shape:
+/// every list atomic, as upstream treats fields without patch metadata).
+#[derive(Clone, Copy)]
+pub struct SchemaNode<'a> {
+    components: Option<&'a Map<String, Value>>,
+    schema: Option<&'a Value>,
+    /// The component last referenced on the way here.
+    component: Option<&'a str>,
+    /// The property's own schema before references were followed: where
+    /// the patch extensions of a referenced type's field sit.
+    declared: Option<&'a Value>,
+}
+
+impl<'a> SchemaNode<'a> {
+    /// No schema at all.
+    pub fn none() -> SchemaNode<'static> {
+        SchemaNode { components: None, schema: None, component: None, declared: None }
+    }
+
+    /// The root of a kind's schema, when it has one.
+    pub fn of(set: Option<&'a SchemaSet>) -> SchemaNode<'a> {
+        set.map(SchemaNode::root).unwrap_or(SchemaNode {
+            components: None,
+            schema: None,
+            component: None,
+            declared: None,
+        })
+    }
+
+    /// The root of a kind's schema.
+    pub fn root(set: &'a SchemaSet) -> SchemaNode<'a> {
+        let node = SchemaNode {
+            components: Some(&set.components),
+            schema: set.components.get(&set.root),
+            component: Some(set.root.as_str()),
+            declared: None,
+        };
+        node.resolved()
+    }
+
+    /// Follows `$ref` (and a single-element `allOf`, as generators wrap references).
+    fn resolved(self) -> SchemaNode<'a> {
+        let (mut schema, mut component) = (self.schema, self.component);
+        for _ in 0..16 {
+            let Some(s) = schema else { break };
+            if let Some(r) = s.get("$ref").and_then(Value::as_str) {
+                let name = r.rsplit('/').next().unwrap_or_default();
+                component = Some(name);
+                schema = self.components.and_then(|c| c.get(name));
+            } else if let Some([only]) = s.get("allOf").and_then(Value::as_array).map(Vec::as_slice) {
+                schema = Some(only);
+            } else {
+                break;
+            }
+        }
+        SchemaNode { components: self.components, schema, component, declared: self.declared }
+    }
+
+    fn child(self, schema: Option<&'a Value>) -> SchemaNode<'a> {
+        SchemaNode { components: self.components, schema, component: None, declared: schema }.resolved()
+    }
+
+    /// Whether this value is a `resource.Quantity`.
+    pub fn is_quantity(&self) -> bool {
+        self.component == Some("io.k8s.apimachinery.pkg.api.resource.Quantity")
+    }
+
+    /// The first quantity under `value` that does not parse, with its path.
+    pub fn invalid_quantity(self, value: &Value, path: &str) -> Option<String> {
+        match value {
+            Value::String(s) if self.is_quantity() && !crate::client::quantity::is_valid(s) => Some(path.to_string()),
+            Value::Object(m) if self.schema.is_some() => {
+                m.iter().find_map(|(k, v)| self.field(k).invalid_quantity(v, &format!("{path}.{k}")))
+            }
+            Value::Array(items) if self.schema.is_some() => {
+                items.iter().enumerate().find_map(|(i, v)| self.items().invalid_quantity(v, &format!("{path}[{i}]")))
+            }
+            _ => None,
+        }
+    }
+
+    fn extension(&self, name: &str) -> Option<&'a Value> {
+        self.declared.and_then(|d| d.get(name)).or_else(|| self.schema?.get(name))
+    }
+
+    /// The schema of an object's field (or of a map's values).
+    pub fn field(self, name: &str) -> SchemaNode<'a> {
+        let Some(s) = self.schema else { return self.child(None) };
+        let prop = s.get("properties").and_then(|p| p.get(name));
+        let prop = prop.or_else(|| s.get("additionalProperties").filter(|a| a.is_object()));
+        self.child(prop)
+    }
+
+    /// The schema of a list's items.
+    pub fn items(self) -> SchemaNode<'a> {
+        let Some(s) = self.schema else { return self.child(None) };
+        self.child(s.get("items"))
+    }
+
+    fn patch_strategy(&self) -> &'a str {
+        self.extension("x-kubernetes-patch-strategy").and_then(Value::as_str).unwrap_or_default()
+    }
+
+    /// Whether a strategic merge patch keeps only the keys it names (`retainKeys`).
+    pub fn retains_keys(&self) -> bool {
+        self.patch_strategy().split(',').any(|s| s == "retainKeys")
+    }
+
+    /// Whether a strategic merge patch replaces this value whole.
+    pub fn replaces(&self) -> bool {
+        self.patch_strategy().split(',').any(|s| s == "replace")
+    }
+
+    /// How a strategic merge patch merges this list: `x-kubernetes-patch-strategy`
+    /// with `x-kubernetes-patch-merge-key`; replaced otherwise.
+    pub fn patch_list_merge(&self) -> ListMerge {
+        if !self.patch_strategy().split(',').any(|s| s == "merge") {
+            return ListMerge::Replace;
+        }
+        match self.extension("x-kubernetes-patch-merge-key").and_then(Value::as_str) {
+            Some(k) => ListMerge::ByKey(vec![k.to_string()]),
+            None => ListMerge::Set,
+        }
+    }
+
+    /// How server-side apply merges this list: `x-kubernetes-list-type`
+    /// with `x-kubernetes-list-map-keys`; atomic otherwise.
+    pub fn apply_list_merge(&self) -> ListMerge {
+        match self.extension("x-kubernetes-list-type").and_then(Value::as_str) {
+            Some("map") => {
+                let keys: Vec<String> = self
+                    .extension("x-kubernetes-list-map-keys")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+                    .unwrap_or_default();
+                if keys.is_empty() {
+                    ListMerge::Replace
+                } else {
+                    ListMerge::ByKey(keys)
+                }
+            }
+            Some("set") => ListMerge::Set,
+            _ => ListMerge::Replace,
+        }
+    }
+}
+
+/// A kind's schema set, shared.
+pub type SharedSchema = Arc<SchemaSet>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod_schema() -> SchemaSet {
+        let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
+        let _ = generator.subschema_for::<k8s_openapi::api::core::v1::Pod>();
+        let mut components = generator.take_definitions(true);
+        annotate(&mut components);
+        SchemaSet { root: "io.k8s.api.core.v1.Pod".into(), components }
+    }
+
+    #[test]
+    fn merge_keys_come_from_the_schema_not_the_field_name() {
+        let set = pod_schema();
+        let spec = SchemaNode::root(&set).field("spec");
+        let containers = spec.field("containers");
+        assert_eq!(containers.patch_list_merge(), ListMerge::ByKey(vec!["name".into()]));
+        let ports = containers.items().field("ports");
+        assert_eq!(ports.patch_list_merge(), ListMerge::ByKey(vec!["containerPort".into()]));
+        assert_eq!(ports.apply_list_merge(), ListMerge::ByKey(vec!["containerPort".into()]));
+        assert_eq!(spec.field("tolerations").patch_list_merge(), ListMerge::Replace);
+        assert_eq!(spec.field("readinessGates").patch_list_merge(), ListMerge::Replace);
+        assert!(spec.field("volumes").items().field("name").schema.is_some());
+        let meta = SchemaNode::root(&set).field("metadata");
+        assert_eq!(meta.field("finalizers").patch_list_merge(), ListMerge::Set);
+        assert_eq!(meta.field("ownerReferences").patch_list_merge(), ListMerge::ByKey(vec!["uid".into()]));
+        let limits = containers.items().field("resources").field("limits");
+        assert!(limits.field("cpu").is_quantity());
+        let pod = json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "lots"}}}]}});
+        assert_eq!(
+            SchemaNode::root(&set).invalid_quantity(&pod, "").as_deref(),
+            Some(".spec.containers[0].resources.limits.cpu")
+        );
+        // A map's values: labels are strings, with no list strategy.
+        assert_eq!(meta.field("labels").field("anything").patch_list_merge(), ListMerge::Replace);
+    }
+
+    #[test]
+    fn every_table_entry_names_a_real_property() {
+        let mut components = Map::new();
+        macro_rules! add {
+            ($($t:ty),*) => {$({
+                let mut g = schemars::generate::SchemaSettings::openapi3().into_generator();
+                let _ = g.subschema_for::<$t>();
+                components.extend(g.take_definitions(true));
+            })*};
+        }
+        use k8s_openapi::api::*;
+        add!(
+            core::v1::Pod,
+            core::v1::Service,
+            core::v1::ServiceAccount,
+            core::v1::Node,
+            core::v1::Namespace,
+            core::v1::PersistentVolumeClaim,
+            core::v1::ReplicationController,
+            core::v1::ComponentStatus,
+            apps::v1::Deployment,
+            apps::v1::StatefulSet,
+            apps::v1::DaemonSet,
+            apps::v1::ReplicaSet,
+            autoscaling::v2::HorizontalPodAutoscaler,
+            batch::v1::Job,
+            flowcontrol::v1::FlowSchema,
+            flowcontrol::v1::PriorityLevelConfiguration,
+            networking::v1::ServiceCIDR,
+            policy::v1::PodDisruptionBudget,
+            storage::v1::CSINode,
+            admissionregistration::v1::ValidatingAdmissionPolicy,
+            admissionregistration::v1::ValidatingWebhookConfiguration,
+            admissionregistration::v1::MutatingWebhookConfiguration
+        );
+        for (component, property, _, _) in PATCH_STRATEGIES {
+            assert!(property_mut(&mut components, component, property).is_some(), "{component}.{property}");
+        }
+    }
+}
