@@ -7,10 +7,11 @@ use super::schema::{self, first_id};
 use super::writer::Writer;
 use crate::store::Result;
 
-/// Log rows looked at per compaction transaction.
-const COMPACT_BATCH: i64 = 2000;
-/// Pages handed back per vacuum step.
-const VACUUM_PAGES: i64 = 2048;
+/// Log rows looked at per compaction transaction: small enough that a
+/// write arriving meanwhile waits a few milliseconds at most.
+const COMPACT_BATCH: i64 = 500;
+/// Pages handed back per vacuum step (1 MiB of 4 KiB pages), likewise.
+const VACUUM_PAGES: i64 = 256;
 
 impl Writer {
     /// Sweeps one batch: a row at or below the compact revision makes the
@@ -25,6 +26,7 @@ impl Writer {
                 if cursor >= target {
                     tracing::debug!(revision = self.meta.compact_rev, "compaction finished");
                     self.vacuum_pending = true;
+                    self.measure();
                     self.wake_physical_waiters();
                 }
             }
@@ -100,6 +102,11 @@ impl Writer {
                     tracing::debug!(error = %e, "WAL checkpoint did not complete");
                 }
                 let _ = self.conn.busy_timeout(std::time::Duration::from_secs(10));
+                self.measure();
+                let head = self.meta.rev;
+                for reply in self.defrag_waiters.drain(..) {
+                    let _ = reply.send(Ok(head));
+                }
             }
             Ok(_) => {}
         }
