@@ -159,11 +159,11 @@ async fn a_full_store_refuses_writes_and_keeps_reads_and_deletes() {
     }
 
     // The operator's recovery: compact, disarm; writes come back.
-    let (ok, status, err) = common::etcdctl(&url, &["endpoint", "status", "-w", "json"], None);
-    assert!(ok, "{err}");
-    let status: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
-    let head = status[0]["Status"]["header"]["revision"].as_i64().expect("revision");
-    let (ok, out, err) = common::etcdctl(&url, &["compact", &head.to_string(), "--physical"], None);
+    let (ok, list) = kubectl(&s, &["get", "--raw", "/api/v1/namespaces/default/configmaps"]);
+    assert!(ok, "{list}");
+    let list: serde_json::Value = serde_json::from_str(&list).expect("list JSON");
+    let head = list["metadata"]["resourceVersion"].as_str().expect("resourceVersion").to_string();
+    let (ok, out, err) = common::etcdctl(&url, &["compact", &head, "--physical"], None);
     assert!(ok, "compaction under NOSPACE: {out} {err}");
     let (ok, out) = kubectl(&s, &["create", "configmap", "small", "--from-literal=a=b"]);
     assert!(!ok, "the alarm holds until disarmed: {out}");
