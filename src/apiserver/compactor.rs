@@ -21,7 +21,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::proto::compare::{CompareResult, CompareTarget, TargetUnion};
 use crate::store::proto::*;
 use crate::store::{Store, StoreError};
 
@@ -56,22 +55,12 @@ pub fn start(store: Arc<dyn Store>, interval: Duration) -> Option<tokio::task::J
     }))
 }
 
-fn version_is(version: i64) -> Compare {
-    Compare {
-        result: CompareResult::Equal as i32,
-        target: CompareTarget::Version as i32,
-        key: COMPACT_REV_KEY.to_vec(),
-        range_end: Vec::new(),
-        target_union: Some(TargetUnion::Version(version)),
-    }
-}
-
 /// One round: the handshake, then (when this server won it and knows a
 /// revision from the round before) the compaction. Answers the revision
 /// compacted to, if any.
 pub async fn compact(store: &dyn Store, state: &mut CompactState) -> Result<Option<i64>, StoreError> {
     let handshake = TxnRequest {
-        compare: vec![version_is(state.version)],
+        compare: vec![Compare::version_is(COMPACT_REV_KEY, state.version)],
         success: vec![RequestOp {
             request: Some(request_op::Request::RequestPut(PutRequest {
                 key: COMPACT_REV_KEY.to_vec(),

@@ -10,7 +10,6 @@ use futures_util::{Stream, StreamExt};
 use serde_json::Value;
 
 use super::status::{ApiError, ApiResult};
-use crate::store::proto::compare::{CompareResult, CompareTarget, TargetUnion};
 use crate::store::proto::*;
 use crate::store::{prefix_end, Store};
 
@@ -106,16 +105,6 @@ fn encode(object: &Value) -> ApiResult<Vec<u8>> {
     serde_json::to_vec(&copy).map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
 }
 
-fn mod_rev_is(key: &str, rev: i64) -> Compare {
-    Compare {
-        result: CompareResult::Equal as i32,
-        target: CompareTarget::Mod as i32,
-        key: key.as_bytes().to_vec(),
-        range_end: Vec::new(),
-        target_union: Some(TargetUnion::ModRevision(rev)),
-    }
-}
-
 fn put(key: &str, value: Vec<u8>, lease: i64) -> RequestOp {
     RequestOp {
         request: Some(request_op::Request::RequestPut(PutRequest {
@@ -192,7 +181,7 @@ impl Storage {
     pub async fn create(&self, key: &str, object: &Value) -> Result<Stored, WriteError> {
         let lease = self.lease_for(key).await?;
         let req = TxnRequest {
-            compare: vec![mod_rev_is(key, 0)],
+            compare: vec![Compare::mod_revision_is(key.as_bytes(), 0)],
             success: vec![put(key, encode(object)?, lease)],
             failure: vec![],
         };
@@ -210,7 +199,7 @@ impl Storage {
     pub async fn update(&self, key: &str, object: &Value, expected: i64) -> Result<Stored, WriteError> {
         let lease = self.lease_for(key).await?;
         let req = TxnRequest {
-            compare: vec![mod_rev_is(key, expected)],
+            compare: vec![Compare::mod_revision_is(key.as_bytes(), expected)],
             success: vec![put(key, encode(object)?, lease)],
             failure: vec![get_op(key)],
         };
@@ -227,7 +216,7 @@ impl Storage {
     /// Deletes `key` if it is still at `expected`; returns the delete revision.
     pub async fn delete(&self, key: &str, expected: i64) -> Result<i64, WriteError> {
         let req = TxnRequest {
-            compare: vec![mod_rev_is(key, expected)],
+            compare: vec![Compare::mod_revision_is(key.as_bytes(), expected)],
             success: vec![RequestOp {
                 request: Some(request_op::Request::RequestDeleteRange(DeleteRangeRequest {
                     key: key.as_bytes().to_vec(),
