@@ -125,7 +125,7 @@ async fn churn(
             }
             Err(e) => eprintln!("update {name}: {e}"),
         }
-        if n % 10 == 0 {
+        if n.is_multiple_of(10) {
             if let Err(e) = events.create(&PostParams::default(), &event(n)).await {
                 eprintln!("event: {e}");
             }

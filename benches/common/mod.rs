@@ -50,13 +50,8 @@ pub async fn client(kubeconfig: &std::path::Path) -> Result<kube::Client, kube::
     kube::Client::try_from(config)
 }
 
-/// Starts `ferrok server --disable-agent` and waits until /version answers;
-/// returns the server, a client, and how long that took.
-pub async fn start() -> (Server, kube::Client, Duration) {
-    start_with(&[]).await
-}
-
-/// As `start`, with more flags.
+/// Starts `ferrok server --disable-agent` with `extra` flags and waits until
+/// /version answers; returns the server, a client, and how long that took.
 pub async fn start_with(extra: &[&str]) -> (Server, kube::Client, Duration) {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();

@@ -120,7 +120,7 @@ impl Health {
     }
 
     fn hook_is_finished(&self, name: &str) -> bool {
-        self.finished_hooks.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|h| *h == name)
+        self.finished_hooks.lock().unwrap_or_else(|e| e.into_inner()).contains(&name)
     }
 
     /// Readiness turns red from now on: the process is stopping.
