@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{client, rss_kib, start};
+use common::{client, rss_kib, start_with};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, PostParams};
 
@@ -72,7 +72,7 @@ where
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let n = if quick { 200 } else { 1000 };
-    let (server, _client, ready) = start().await;
+    let (server, _client, ready) = start_with(&[]).await;
     println!("ready after {ready:?} (kubeconfig written and /version answered)");
     let pid = server.child.id();
     let kubeconfig = server.dir.path().join("kubeconfig.yaml");

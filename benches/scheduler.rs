@@ -22,7 +22,7 @@ use kube::runtime::watcher::{self, watcher, Event};
 use tokio::sync::Mutex;
 
 async fn start() -> (common::Server, kube::Client) {
-    let (server, client, _) = common::start().await;
+    let (server, client, _) = common::start_with(&[]).await;
     (server, client)
 }
 

@@ -23,7 +23,7 @@ impl Server {
     }
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
@@ -50,15 +50,16 @@ pub async fn client(kubeconfig: &std::path::Path) -> Result<kube::Client, kube::
     kube::Client::try_from(config)
 }
 
-/// Starts `ferrok server --disable-agent` and waits until /version answers;
-/// returns the server, a client, and how long that took.
-pub async fn start() -> (Server, kube::Client, Duration) {
+/// Starts `ferrok server --disable-agent` with `extra` flags and waits until
+/// /version answers; returns the server, a client, and how long that took.
+pub async fn start_with(extra: &[&str]) -> (Server, kube::Client, Duration) {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_ferrok"))
         .args(["server", "--disable-agent", "--bind-address", "127.0.0.1", "--data-dir"])
         .arg(dir.path())
         .args(["--https-listen-port", &port.to_string()])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

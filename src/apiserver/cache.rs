@@ -17,6 +17,8 @@ use super::storage::{Change, Storage};
 pub struct PrefixCache {
     prefix: String,
     objects: RwLock<HashMap<String, Value>>,
+    /// The first load has finished (upstream's informer HasSynced).
+    synced: std::sync::atomic::AtomicBool,
 }
 
 pub fn id_of(obj: &Value) -> String {
@@ -30,7 +32,11 @@ pub fn id_of(obj: &Value) -> String {
 
 impl PrefixCache {
     pub fn new(prefix: &str) -> Arc<Self> {
-        Arc::new(PrefixCache { prefix: prefix.to_string(), objects: RwLock::default() })
+        Arc::new(PrefixCache {
+            prefix: prefix.to_string(),
+            objects: RwLock::default(),
+            synced: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     /// Every cached object, in no particular order.
@@ -69,6 +75,7 @@ impl PrefixCache {
         let (items, rev) = storage.list_all(&self.prefix).await?;
         let all: HashMap<String, Value> = items.into_iter().map(|s| (id_of(&s.object), s.object)).collect();
         *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
+        self.synced.store(true, std::sync::atomic::Ordering::Release);
         Ok(rev)
     }
 
@@ -142,10 +149,8 @@ impl Default for Caches {
 }
 
 impl Caches {
-    /// Loads every cache and starts following them.
-    pub async fn start(&self, storage: &Storage) -> Result<Vec<tokio::task::JoinHandle<()>>, ApiError> {
-        let mut tasks = Vec::new();
-        for c in [
+    fn all(&self) -> [&Arc<PrefixCache>; 8] {
+        [
             &self.rbac,
             &self.namespaces,
             &self.mutating_webhooks,
@@ -154,9 +159,20 @@ impl Caches {
             &self.limit_ranges,
             &self.priority_classes,
             &self.storage_classes,
-        ] {
+        ]
+    }
+
+    /// Loads every cache and starts following them.
+    pub async fn start(&self, storage: &Storage) -> Result<Vec<tokio::task::JoinHandle<()>>, ApiError> {
+        let mut tasks = Vec::new();
+        for c in self.all() {
             tasks.push(c.start(storage.clone()).await?);
         }
         Ok(tasks)
+    }
+
+    /// Every cache has loaded once (readiness' `informer-sync`).
+    pub fn synced(&self) -> bool {
+        self.all().iter().all(|c| c.synced.load(std::sync::atomic::Ordering::Acquire))
     }
 }

@@ -10,11 +10,14 @@ pub mod allocator;
 pub mod auth;
 pub mod bootstrap;
 pub mod cache;
+pub mod compactor;
 pub mod crd;
 pub mod discovery;
 pub mod field_order;
 pub mod handlers;
+pub mod health;
 pub mod kinds;
+pub mod lease_manager;
 pub mod managed_fields;
 pub mod meta;
 pub mod openapi;
@@ -35,7 +38,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 
@@ -56,7 +59,12 @@ pub struct ApiConfig {
     pub cluster_domain: String,
     /// The node join token, accepted as a bearer token for bootstrapping.
     pub join_token: Option<String>,
+    /// How long Events live after their last write (`--event-ttl`).
+    pub event_ttl: std::time::Duration,
 }
+
+/// Where Events live, for both API groups that serve them; they expire.
+const EVENT_PREFIXES: &[&str] = &["/registry/events/", "/registry/events.k8s.io/events/"];
 
 /// The API server's shared state.
 pub struct Api {
@@ -69,7 +77,7 @@ pub struct Api {
     pub rbac: auth::rbac::RbacCache,
     /// Signs and checks service-account tokens.
     pub tokens: Option<auth::token::TokenSigner>,
-    ready: std::sync::atomic::AtomicBool,
+    pub health: health::Health,
 }
 
 impl Api {
@@ -86,11 +94,11 @@ impl Api {
             caches,
             rbac,
             registry: Registry::builtin(),
-            storage: Storage::new(store),
+            health: health::Health::new(store.clone()),
+            storage: Storage::new(store).with_ttl(EVENT_PREFIXES, config.event_ttl),
             config,
             allocator,
             tokens,
-            ready: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -135,14 +143,6 @@ impl Api {
         })
     }
 
-    pub fn set_ready(&self) {
-        self.ready.store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    fn is_ready(&self) -> bool {
-        self.ready.load(std::sync::atomic::Ordering::Acquire)
-    }
-
     /// Authorization: members of system:masters may do anything; RBAC for
     /// everyone else.
     pub fn authorize(&self, call: &handlers::Call, verb: &str) -> Result<(), ApiError> {
@@ -185,26 +185,6 @@ impl Api {
 /// authenticated users.
 pub fn router(api: Arc<Api>) -> Router {
     Router::new().fallback(handle).with_state(api).layer(axum::middleware::from_fn(recover::catch_panics))
-}
-
-fn health(api: &Api, path: &str, verbose: bool) -> Response {
-    let ok = path == "/livez" || api.is_ready();
-    let checks =
-        ["ping", "log", "etcd", "poststarthook/start-apiextensions-controllers", "poststarthook/bootstrap-controller"];
-    let body = if verbose {
-        let mut s = String::new();
-        for c in checks {
-            s.push_str(&format!("[{}]{c} {}\n", if ok { "+" } else { "-" }, if ok { "ok" } else { "failed" }));
-        }
-        s.push_str(&format!("{} check {}\n", path.trim_start_matches('/'), if ok { "passed" } else { "failed" }));
-        s
-    } else if ok {
-        "ok".into()
-    } else {
-        "[-]poststarthook/bootstrap-controller failed: not finished\n".into()
-    };
-    let code = if ok { StatusCode::OK } else { StatusCode::INTERNAL_SERVER_ERROR };
-    (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
 }
 
 /// `Impersonate-User` and `Impersonate-Group` (kubectl --as, --as-group):
@@ -261,16 +241,16 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     let query = parts.uri.query().map(str::to_string);
     let accept = parts.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     match path.as_str() {
-        "/healthz" | "/livez" | "/readyz" => {
-            let verbose =
-                query.as_deref().is_some_and(|q| q.split('&').any(|p| p == "verbose" || p.starts_with("verbose=")));
-            return health(&api, &path, verbose);
-        }
+        "/healthz" | "/livez" | "/readyz" => return health::serve(&api, &path, query.as_deref()).await,
         "/version" | "/version/" => return discovery::version(),
         _ => {}
     }
     if user.is_anonymous() {
         return ApiError::unauthorized().into_response();
+    }
+    if health::Endpoint::from_path(&path).is_some() {
+        // One check alone (`/readyz/etcd`): for authenticated users.
+        return health::serve(&api, &path, query.as_deref()).await;
     }
     match impersonate(&api, &user, &parts.headers) {
         Ok(Some(as_user)) => user = as_user,

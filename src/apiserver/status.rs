@@ -149,6 +149,12 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
+        if self.reason.is_empty() {
+            // StatusReasonUnknown is "", which upstream leaves out.
+            if let Some(m) = status.as_object_mut() {
+                m.remove("reason");
+            }
+        }
         let mut details = serde_json::Map::new();
         if !self.name.is_empty() {
             details.insert("name".into(), json!(self.name));
@@ -218,6 +224,9 @@ impl From<StoreError> for ApiError {
             }
             StoreError::RequestTooLarge => ApiError::too_large(),
             StoreError::Closed => ApiError::service_unavailable("the datastore is shutting down"),
+            // Upstream passes etcd's error through as it is: a 500 with no
+            // reason, whose message is etcd's own.
+            StoreError::NoSpace => ApiError::new(500, "", e.to_string()),
             other => ApiError::internal(other.to_string()),
         }
     }

@@ -10,7 +10,6 @@ use futures_util::{Stream, StreamExt};
 use serde_json::Value;
 
 use super::status::{ApiError, ApiResult};
-use crate::store::proto::compare::{CompareResult, CompareTarget, TargetUnion};
 use crate::store::proto::*;
 use crate::store::{prefix_end, Store};
 
@@ -40,6 +39,15 @@ impl From<ApiError> for WriteError {
 #[derive(Clone)]
 pub struct Storage {
     store: Arc<dyn Store>,
+    expiring: Option<Arc<Expiring>>,
+}
+
+/// Objects under some prefixes expire: each write attaches a store lease
+/// (upstream's TTLFunc of a resource, as Events have with `--event-ttl`).
+struct Expiring {
+    prefixes: Vec<String>,
+    ttl_seconds: i64,
+    leases: super::lease_manager::LeaseManager,
 }
 
 /// A page of a list.
@@ -97,21 +105,12 @@ fn encode(object: &Value) -> ApiResult<Vec<u8>> {
     serde_json::to_vec(&copy).map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
 }
 
-fn mod_rev_is(key: &str, rev: i64) -> Compare {
-    Compare {
-        result: CompareResult::Equal as i32,
-        target: CompareTarget::Mod as i32,
-        key: key.as_bytes().to_vec(),
-        range_end: Vec::new(),
-        target_union: Some(TargetUnion::ModRevision(rev)),
-    }
-}
-
-fn put(key: &str, value: Vec<u8>) -> RequestOp {
+fn put(key: &str, value: Vec<u8>, lease: i64) -> RequestOp {
     RequestOp {
         request: Some(request_op::Request::RequestPut(PutRequest {
             key: key.as_bytes().to_vec(),
             value,
+            lease,
             ..Default::default()
         })),
     }
@@ -142,7 +141,35 @@ fn found(resp: &TxnResponse) -> ApiResult<Option<Stored>> {
 
 impl Storage {
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Storage { store }
+        Storage { store, expiring: None }
+    }
+
+    /// Objects written under `prefixes` expire `ttl` after their last write.
+    pub fn with_ttl(mut self, prefixes: &[&str], ttl: std::time::Duration) -> Self {
+        let ttl_seconds = ttl.as_secs() as i64;
+        if ttl_seconds > 0 {
+            self.expiring = Some(Arc::new(Expiring {
+                prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
+                ttl_seconds,
+                leases: super::lease_manager::LeaseManager::new(self.store.clone()),
+            }));
+        }
+        self
+    }
+
+    /// The lease a write of `key` carries (0: none).
+    async fn lease_for(&self, key: &str) -> ApiResult<i64> {
+        match &self.expiring {
+            Some(e) if e.prefixes.iter().any(|p| key.starts_with(p.as_str())) => {
+                Ok(e.leases.lease_for(e.ttl_seconds).await?)
+            }
+            _ => Ok(0),
+        }
+    }
+
+    /// The store itself, for what is not about objects (health, compaction).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
     }
 
     pub async fn get(&self, key: &str) -> ApiResult<Option<Stored>> {
@@ -152,8 +179,12 @@ impl Storage {
 
     /// Creates `key`; fails with `Exists` when it is there.
     pub async fn create(&self, key: &str, object: &Value) -> Result<Stored, WriteError> {
-        let req =
-            TxnRequest { compare: vec![mod_rev_is(key, 0)], success: vec![put(key, encode(object)?)], failure: vec![] };
+        let lease = self.lease_for(key).await?;
+        let req = TxnRequest {
+            compare: vec![Compare::mod_revision_is(key.as_bytes(), 0)],
+            success: vec![put(key, encode(object)?, lease)],
+            failure: vec![],
+        };
         let resp = self.store.txn(req).await.map_err(ApiError::from)?;
         if !resp.succeeded {
             return Err(WriteError::Exists);
@@ -166,9 +197,10 @@ impl Storage {
 
     /// Replaces `key` if it is still at `expected`.
     pub async fn update(&self, key: &str, object: &Value, expected: i64) -> Result<Stored, WriteError> {
+        let lease = self.lease_for(key).await?;
         let req = TxnRequest {
-            compare: vec![mod_rev_is(key, expected)],
-            success: vec![put(key, encode(object)?)],
+            compare: vec![Compare::mod_revision_is(key.as_bytes(), expected)],
+            success: vec![put(key, encode(object)?, lease)],
             failure: vec![get_op(key)],
         };
         let resp = self.store.txn(req).await.map_err(ApiError::from)?;
@@ -184,7 +216,7 @@ impl Storage {
     /// Deletes `key` if it is still at `expected`; returns the delete revision.
     pub async fn delete(&self, key: &str, expected: i64) -> Result<i64, WriteError> {
         let req = TxnRequest {
-            compare: vec![mod_rev_is(key, expected)],
+            compare: vec![Compare::mod_revision_is(key.as_bytes(), expected)],
             success: vec![RequestOp {
                 request: Some(request_op::Request::RequestDeleteRange(DeleteRangeRequest {
                     key: key.as_bytes().to_vec(),

@@ -51,6 +51,11 @@ pub struct DatastoreArgs {
     /// The largest request accepted, in bytes.
     #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     max_request_bytes: usize,
+    /// Space quota in bytes, as etcd's flag: past it, writes fail with the
+    /// NOSPACE alarm until it is disarmed. 0 is etcd's default (2 GiB); a
+    /// negative value turns the quota off.
+    #[arg(long, value_name = "BYTES", default_value_t = 0, allow_negative_numbers = true)]
+    quota_backend_bytes: i64,
     /// How often watchers that asked for progress notifications get one.
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = super::duration::parse)]
     watch_progress_notify_interval: Duration,
@@ -117,6 +122,7 @@ pub async fn run(args: DatastoreArgs) -> anyhow::Result<()> {
                 Sync::Normal => SyncMode::Normal,
             };
             opts.max_request_bytes = args.max_request_bytes;
+            opts.quota_backend_bytes = args.quota_backend_bytes;
             opts.progress_notify_interval = args.watch_progress_notify_interval;
             opts.member_name = args.name.clone();
             opts.client_urls = advertised;

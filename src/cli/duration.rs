@@ -21,6 +21,16 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
+/// As `parse`, and zero (`0`, `0s`, ...) is allowed: for flags where zero
+/// turns something off.
+pub fn parse_or_zero(text: &str) -> Result<Duration, String> {
+    let digits = text.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    if digits.parse::<f64>().is_ok_and(|v| v == 0.0) {
+        return Ok(Duration::ZERO);
+    }
+    parse(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -32,5 +42,9 @@ mod tests {
         assert_eq!(parse("3"), Ok(Duration::from_secs(3)));
         assert!(parse("5y").is_err());
         assert!(parse("0s").is_err());
+        assert_eq!(parse_or_zero("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_or_zero("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_or_zero("5m"), Ok(Duration::from_secs(300)));
+        assert!(parse_or_zero("-1s").is_err());
     }
 }

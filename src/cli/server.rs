@@ -72,6 +72,18 @@ pub struct ServerArgs {
     /// Also serve the store as an etcd v3 endpoint at this URL (http://host:port).
     #[arg(long, value_name = "URL")]
     pub datastore_listen: Option<String>,
+    /// How often the store is compacted (to the revision seen one interval
+    /// earlier), as kube-apiserver's flag; 0 turns compaction off.
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = super::duration::parse_or_zero)]
+    pub etcd_compaction_interval: std::time::Duration,
+    /// How long Events are kept after their last write.
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = super::duration::parse)]
+    pub event_ttl: std::time::Duration,
+    /// Space quota of the embedded store in bytes, as etcd's flag: past it,
+    /// writes fail with etcd's NOSPACE alarm until it is disarmed. 0 is
+    /// etcd's default (2 GiB); a negative value turns the quota off.
+    #[arg(long, value_name = "BYTES", default_value_t = 0, allow_negative_numbers = true)]
+    pub quota_backend_bytes: i64,
     /// Argument for the embedded scheduler, as `key=value` (repeatable);
     /// `config=FILE` reads a KubeSchedulerConfiguration (profiles).
     #[arg(long, value_name = "KEY=VALUE")]
@@ -129,6 +141,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         None => {
             let mut opts = SqliteOptions::new(data_dir.join("server").join("db").join("state.db"));
             opts.sync = crate::store::sqlite::SyncMode::Full;
+            opts.quota_backend_bytes = args.quota_backend_bytes;
             let s = SqliteStore::open(opts)
                 .with_context(|| format!("cannot open the datastore in {}", data_dir.display()))?;
             sqlite = Some(s.clone());
@@ -171,6 +184,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         service_cidr: args.service_cidr,
         cluster_domain: args.cluster_domain.clone(),
         join_token: Some(pki.token.clone()),
+        event_ttl: args.event_ttl,
     };
     let issuer = format!("https://kubernetes.default.svc.{}", args.cluster_domain);
     let tokens =
@@ -180,17 +194,23 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let listener = apiserver::serve::bind(addr).await.context("--https-listen-port")?;
     let tls = apiserver::serve::tls_config(&pki.serving_cert, &pki.serving_key, &pki.client_ca_cert).context("TLS")?;
     tasks.push(tokio::spawn(apiserver::serve::serve(listener, tls, apiserver::router(api.clone()), stop_rx.clone())));
+    use apiserver::health::hooks;
     apiserver::bootstrap::run(&api).await.map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
+    api.health.hook_finished(hooks::BOOTSTRAP_CONTROLLER);
     apiserver::auth::bootstrap::run(&api.storage).await.map_err(|e| anyhow::anyhow!("default RBAC roles: {e}"))?;
+    api.health.hook_finished(hooks::RBAC_BOOTSTRAP_ROLES);
     // Followers of the store run until the process stops; they are aborted.
     let mut followers =
         api.caches.start(&api.storage).await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?;
+    api.health.hook_finished(hooks::START_INFORMERS);
     followers.push(
         apiserver::crd::start(api.clone())
             .await
             .map_err(|e| anyhow::anyhow!("loading CustomResourceDefinitions: {e}"))?,
     );
-    api.set_ready();
+    api.health.hook_finished(hooks::APIEXTENSIONS_CONTROLLERS);
+    api.health.hook_finished(hooks::CRD_INFORMER_SYNCED);
+    followers.extend(apiserver::compactor::start(store.clone(), args.etcd_compaction_interval));
     let controller_config = Arc::new(crate::controllers::ControllerConfig {
         server_ca_pem: Arc::new(std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?),
         cluster_cidr: (args.cluster_cidr.base, args.cluster_cidr.prefix),
@@ -240,6 +260,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     };
 
     shutdown.wait().await;
+    api.health.shutdown_initiated();
     if let Some(agent) = agent {
         agent.stop().await;
     }

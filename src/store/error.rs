@@ -31,6 +31,10 @@ pub enum StoreError {
     LeaseProvided,
     #[error("etcdserver: {0}")]
     InvalidArgument(String),
+    /// The space quota is reached (etcd's NOSPACE alarm): writes that would
+    /// add data are refused until the alarm is disarmed.
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
     #[error("datastore: sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("datastore: {0}")]
@@ -61,6 +65,7 @@ impl StoreError {
             | Self::InvalidArgument(_) => Code::InvalidArgument,
             Self::LeaseNotFound => Code::NotFound,
             Self::LeaseExists => Code::FailedPrecondition,
+            Self::NoSpace => Code::ResourceExhausted,
             Self::Closed => Code::Unavailable,
             Self::Sqlite(_) | Self::Io(_) | Self::Internal(_) => Code::Internal,
             Self::Remote(status) => status.code(),
@@ -83,6 +88,7 @@ impl StoreError {
             "etcdserver: key not found" => Self::KeyNotFound,
             "etcdserver: value is provided" => Self::ValueProvided,
             "etcdserver: lease is provided" => Self::LeaseProvided,
+            "etcdserver: mvcc: database space exceeded" => Self::NoSpace,
             _ => Self::Remote(status),
         }
     }
@@ -103,7 +109,7 @@ mod tests {
 
     #[test]
     fn status_round_trip_keeps_etcd_strings() {
-        for err in [StoreError::FutureRevision, StoreError::EmptyKey, StoreError::LeaseNotFound] {
+        for err in [StoreError::FutureRevision, StoreError::EmptyKey, StoreError::LeaseNotFound, StoreError::NoSpace] {
             let text = err.to_string();
             let status: Status = err.into();
             assert_eq!(status.message(), text);

@@ -7,6 +7,7 @@
 //! vocabulary is etcd's own wire types (`proto`), so the gRPC face and the
 //! external-etcd backend pass requests through without translation.
 
+pub mod compare;
 pub mod error;
 pub mod etcd;
 pub mod grpc;

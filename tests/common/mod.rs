@@ -80,9 +80,13 @@ async fn wait_ready(proc: &mut Proc) {
 
 /// A real etcd 3.4 (Debian's etcd-server) on free ports.
 pub async fn start_etcd() -> Proc {
+    start_etcd_in(tempfile::tempdir().expect("tempdir"), free_port(), free_port()).await
+}
+
+/// etcd with its data in `dir` on the given client and peer ports (the
+/// same ones again restart the same member).
+pub async fn start_etcd_in(dir: tempfile::TempDir, client: u16, peer: u16) -> Proc {
     let etcd = require("etcd");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (client, peer) = (free_port(), free_port());
     let child = Command::new(etcd)
         .args(["--name", "default", "--data-dir"])
         .arg(dir.path().join("etcd"))

@@ -1,6 +1,7 @@
 //! Serving a store as an etcd v3 gRPC endpoint, over HTTP or HTTPS (with
 //! client-certificate checks when a trusted CA is given).
 
+mod authority;
 mod services;
 
 use std::net::SocketAddr;
@@ -8,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 pub use services::EtcdFacade;
@@ -118,7 +120,9 @@ pub async fn serve(
         let mut stop = shutdown.clone();
         tracing::info!(url = %l.url, addr = %l.addr, "serving the etcd v3 API");
         // Small answers must not wait for Nagle's algorithm and delayed ACKs.
-        let incoming = tonic::transport::server::TcpIncoming::from(l.listener).with_nodelay(Some(true));
+        let incoming = tonic::transport::server::TcpIncoming::from(l.listener)
+            .with_nodelay(Some(true))
+            .map(|conn| conn.map(authority::AuthorityFix::new));
         tasks.push(tokio::spawn(router.serve_with_incoming_shutdown(incoming, async move {
             let _ = stop.wait_for(|s| *s).await;
         })));

@@ -3,14 +3,20 @@
 //! request is waiting, so that writers are never held up for long. Then the
 //! freed pages go back to the file system and the WAL is checkpointed.
 
+use std::time::{Duration, Instant};
+
 use super::schema::{self, first_id};
 use super::writer::Writer;
 use crate::store::Result;
 
-/// Log rows looked at per compaction transaction.
-const COMPACT_BATCH: i64 = 2000;
-/// Pages handed back per vacuum step.
-const VACUUM_PAGES: i64 = 2048;
+/// Log rows looked at per compaction transaction at the most.
+const COMPACT_BATCH: i64 = 500;
+/// Pages handed back per vacuum step at the most (1 MiB of 4 KiB pages).
+const VACUUM_PAGES: i64 = 256;
+/// How long one compaction or vacuum step may work before it commits, so
+/// that a write arriving meanwhile waits a few milliseconds at most, however
+/// slow the disk or the build.
+const STEP_BUDGET: Duration = Duration::from_millis(2);
 
 impl Writer {
     /// Sweeps one batch: a row at or below the compact revision makes the
@@ -25,6 +31,7 @@ impl Writer {
                 if cursor >= target {
                     tracing::debug!(revision = self.meta.compact_rev, "compaction finished");
                     self.vacuum_pending = true;
+                    self.measure();
                     self.wake_physical_waiters();
                 }
             }
@@ -37,6 +44,7 @@ impl Writer {
     }
 
     fn sweep(&mut self, from: i64, target: i64) -> Result<i64> {
+        let started = Instant::now();
         self.conn.execute_batch("BEGIN IMMEDIATE")?;
         let rows: Vec<(i64, i64, i64)> = {
             let mut stmt = self.conn.prepare_cached(
@@ -45,6 +53,7 @@ impl Writer {
             let rows = stmt.query_map((from, target, COMPACT_BATCH), |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect::<rusqlite::Result<_>>()?
         };
+        let mut swept = 0;
         {
             let mut delete = self.conn.prepare_cached("DELETE FROM log WHERE id = ?1")?;
             for &(id, prev_id, version) in &rows {
@@ -54,10 +63,14 @@ impl Writer {
                 if version == 0 {
                     delete.execute([id])?;
                 }
+                swept += 1;
+                if started.elapsed() >= STEP_BUDGET {
+                    break;
+                }
             }
         }
-        let cursor = match rows.last() {
-            Some(&(last, _, _)) if rows.len() as i64 == COMPACT_BATCH => last + 1,
+        let cursor = match rows.get(swept.max(1) - 1) {
+            Some(&(last, _, _)) if swept < rows.len() || rows.len() as i64 == COMPACT_BATCH => last + 1,
             _ => target,
         };
         let mut meta = self.meta;
@@ -73,12 +86,13 @@ impl Writer {
     pub(super) fn vacuum_step(&mut self) {
         let step = || -> rusqlite::Result<i64> {
             // incremental_vacuum frees one page per step of its statement:
-            // run it to completion, in one transaction.
+            // run it for the step's budget, in one transaction.
             self.conn.execute_batch("BEGIN IMMEDIATE")?;
             let freed = (|| {
                 let mut stmt = self.conn.prepare(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"))?;
                 let mut rows = stmt.query([])?;
-                while rows.next()?.is_some() {}
+                let started = Instant::now();
+                while rows.next()?.is_some() && started.elapsed() < STEP_BUDGET {}
                 Ok::<_, rusqlite::Error>(())
             })();
             match freed {
@@ -100,6 +114,11 @@ impl Writer {
                     tracing::debug!(error = %e, "WAL checkpoint did not complete");
                 }
                 let _ = self.conn.busy_timeout(std::time::Duration::from_secs(10));
+                self.measure();
+                let head = self.meta.rev;
+                for reply in self.defrag_waiters.drain(..) {
+                    let _ = reply.send(Ok(head));
+                }
             }
             Ok(_) => {}
         }

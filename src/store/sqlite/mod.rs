@@ -4,6 +4,7 @@
 
 mod compact;
 mod lease;
+mod quota;
 mod read;
 mod schema;
 mod watch;
@@ -21,6 +22,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 use tokio::sync::{broadcast, mpsc, oneshot};
 
+pub use quota::DEFAULT_QUOTA_BYTES;
 pub use schema::SyncMode;
 use writer::{Command, Writer};
 
@@ -47,6 +49,9 @@ pub struct SqliteOptions {
     /// How MemberList names this member and where clients reach it.
     pub member_name: String,
     pub client_urls: Vec<String>,
+    /// etcd's `--quota-backend-bytes`: 0 for etcd's default (2 GiB),
+    /// negative for no quota.
+    pub quota_backend_bytes: i64,
 }
 
 impl SqliteOptions {
@@ -59,6 +64,7 @@ impl SqliteOptions {
             progress_notify_interval: Duration::from_secs(600),
             member_name: "default".into(),
             client_urls: Vec::new(),
+            quota_backend_bytes: 0,
         }
     }
 }
@@ -75,6 +81,8 @@ pub struct Shared {
     compact_rev: AtomicI64,
     events: broadcast::Sender<Arc<Committed>>,
     leases: lease::Leases,
+    /// The alarms raised, as the writer last stored them.
+    alarms: Mutex<Vec<AlarmMember>>,
     cluster_id: u64,
     member_id: u64,
 }
@@ -90,6 +98,17 @@ impl Shared {
 
     fn compact_rev(&self) -> i64 {
         self.compact_rev.load(Ordering::Acquire)
+    }
+
+    fn set_alarms(&self, alarms: &[AlarmMember]) {
+        let mut held = self.alarms.lock().unwrap_or_else(|e| e.into_inner());
+        if held.as_slice() != alarms {
+            *held = alarms.to_vec();
+        }
+    }
+
+    fn alarms(&self) -> Vec<AlarmMember> {
+        self.alarms.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn publish_head(&self, rev: i64, compact_rev: i64) {
@@ -165,6 +184,7 @@ impl SqliteStore {
             compact_rev: AtomicI64::new(meta.compact_rev),
             events,
             leases: lease::Leases::default(),
+            alarms: Mutex::new(Vec::new()),
             cluster_id: meta.cluster_id,
             member_id: meta.member_id,
         });
@@ -179,7 +199,7 @@ impl SqliteStore {
         }
         tracing::info!(path = %opts.path.display(), revision = meta.rev, compact_revision = meta.compact_rev, "datastore opened");
         let (commands, rx) = mpsc::unbounded_channel();
-        let writer = Writer::new(conn, meta, shared.clone(), opts.min_lease_ttl);
+        let writer = Writer::new(conn, meta, shared.clone(), opts.min_lease_ttl, opts.quota_backend_bytes)?;
         let handle = std::thread::Builder::new().name("store-writer".into()).spawn(move || writer.run(rx))?;
         let readers = Arc::new(Readers { path: opts.path.clone(), idle: Mutex::new(Vec::new()) });
         let store = Arc::new(SqliteStore { opts, shared, readers, commands, writer: Mutex::new(Some(handle)) });
@@ -364,14 +384,15 @@ impl Store for SqliteStore {
             raft_index: head as u64,
             raft_term: 2,
             raft_applied_index: head as u64,
-            errors: Vec::new(),
+            errors: self.shared.alarms().iter().map(quota::describe).collect(),
             db_size_in_use: in_use,
             is_learner: false,
         })
     }
 
-    async fn alarm(&self, _req: AlarmRequest) -> Result<AlarmResponse> {
-        Ok(AlarmResponse { header: Some(self.shared.header(self.shared.head())), alarms: Vec::new() })
+    async fn alarm(&self, req: AlarmRequest) -> Result<AlarmResponse> {
+        let alarms = self.command(|reply| Command::Alarm { req, reply }).await?;
+        Ok(AlarmResponse { header: Some(self.shared.header(self.shared.head())), alarms })
     }
 
     async fn member_list(&self, _req: MemberListRequest) -> Result<MemberListResponse> {

@@ -14,7 +14,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::store::Result;
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 const SUB_BITS: u32 = 24;
 /// The most changes one revision may carry (a delete of a huge range or a
 /// lease revoke with more attached keys fails rather than wrap).
@@ -133,6 +133,19 @@ pub fn init(conn: &Connection, new_id: impl Fn() -> u64) -> Result<Meta> {
              COMMIT;",
         )?;
     }
+    if version < 2 {
+        // Version 2: the alarms raised (etcd's alarm bucket).
+        conn.execute_batch(
+            "BEGIN;
+             CREATE TABLE IF NOT EXISTS alarm (
+                 member_id INTEGER NOT NULL,
+                 alarm INTEGER NOT NULL,
+                 PRIMARY KEY (member_id, alarm)
+             );
+             PRAGMA user_version = 2;
+             COMMIT;",
+        )?;
+    }
     if let Some(meta) = read_meta(conn).optional()? {
         return Ok(meta);
     }
@@ -165,6 +178,15 @@ pub fn write_meta(conn: &Connection, meta: &Meta) -> rusqlite::Result<()> {
         meta.compact_cursor,
     ))?;
     Ok(())
+}
+
+/// The alarms raised, as etcd lists them.
+pub fn read_alarms(conn: &Connection) -> rusqlite::Result<Vec<crate::store::proto::AlarmMember>> {
+    let mut stmt = conn.prepare("SELECT member_id, alarm FROM alarm ORDER BY member_id, alarm")?;
+    let rows = stmt.query_map([], |r| {
+        Ok(crate::store::proto::AlarmMember { member_id: r.get::<_, i64>(0)? as u64, alarm: r.get(1)? })
+    })?;
+    rows.collect()
 }
 
 /// Size of the database in bytes and the part of it holding live pages.

@@ -158,6 +158,38 @@ async fn physical_compaction_removes_superseded_rows() {
     assert!(matches!(err, StoreError::Compacted { .. }));
 }
 
+#[tokio::test]
+async fn compaction_in_many_steps_keeps_the_newest_rows_and_lets_writes_through() {
+    let (_dir, s) = store().await;
+    // Several batches' worth of rows, each step cut short by its budget.
+    for i in 0..3000 {
+        s.put(put(&format!("k{}", i % 10), &i.to_string())).await.unwrap();
+    }
+    let head = get(&s, "k0", 0).await.header.unwrap().revision;
+    let compaction = {
+        let s = s.clone();
+        tokio::spawn(async move { s.compact(CompactionRequest { revision: head, physical: true }).await })
+    };
+    // Writes made while it sweeps: above the compact revision, all kept.
+    for i in 0..20 {
+        s.put(put(&format!("w{i}"), "during")).await.unwrap();
+    }
+    compaction.await.unwrap().unwrap();
+    s.defragment().await.unwrap();
+    let (rows, free): (i64, i64) = s
+        .read(|conn, _| {
+            let rows = conn.query_row("SELECT count(*) FROM log", [], |r| r.get(0))?;
+            let free = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+            Ok((rows, free))
+        })
+        .await
+        .unwrap();
+    assert_eq!(rows, 10 + 20);
+    assert_eq!(free, 0, "the vacuum handed every free page back");
+    assert_eq!(get(&s, "k9", 0).await.kvs[0].value, b"2999");
+    assert_eq!(get(&s, "w19", 0).await.kvs[0].value, b"during");
+}
+
 async fn watch(s: &SqliteStore, create: WatchCreateRequest) -> (mpsc::Sender<WatchRequest>, WatchResponseStream) {
     let (tx, rx) = mpsc::channel(4);
     tx.send(WatchRequest { request_union: Some(watch_request::RequestUnion::CreateRequest(create)) }).await.unwrap();
@@ -284,4 +316,60 @@ async fn expired_lease_deletes_its_keys_and_tells_watchers() {
     assert_eq!(ttl.ttl, -1);
     let err = s.lease_revoke(LeaseRevokeRequest { id: lease.id }).await.unwrap_err();
     assert!(matches!(err, StoreError::LeaseNotFound));
+}
+
+#[tokio::test]
+async fn quota_raises_nospace_and_disarm_lets_writes_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = SqliteOptions::new(dir.path().join("state.db"));
+    opts.quota_backend_bytes = 512 * 1024;
+    let s = SqliteStore::open(opts).expect("open");
+    let big = "x".repeat(8 * 1024);
+    let mut written = 0;
+    let err = loop {
+        match s.put(put(&format!("k{written}"), &big)).await {
+            Ok(_) => written += 1,
+            Err(e) => break e,
+        }
+        assert!(written < 1000, "the quota never tripped");
+    };
+    assert!(matches!(err, StoreError::NoSpace), "{err}");
+    assert_eq!(err.to_string(), "etcdserver: mvcc: database space exceeded");
+    let alarms = s.alarm(AlarmRequest::default()).await.expect("alarm list").alarms;
+    assert_eq!(alarms, vec![AlarmMember { member_id: s.shared.member_id, alarm: AlarmType::Nospace as i32 }]);
+    let status = s.status().await.expect("status");
+    assert_eq!(status.errors, vec![format!("memberID:{} alarm:NOSPACE ", s.shared.member_id)]);
+    // Small writes fail too while the alarm is raised; reads, deletes and
+    // compaction go on.
+    assert!(matches!(s.put(put("small", "v")).await, Err(StoreError::NoSpace)));
+    assert!(matches!(s.lease_grant(LeaseGrantRequest { ttl: 10, id: 0 }).await, Err(StoreError::NoSpace)));
+    assert_eq!(get(&s, "k0", 0).await.kvs.len(), 1);
+    let deleted = s
+        .delete_range(DeleteRangeRequest { key: b"k".to_vec(), range_end: b"l".to_vec(), prev_kv: false })
+        .await
+        .expect("delete under NOSPACE");
+    assert_eq!(deleted.deleted, written);
+    let head = deleted.header.expect("header").revision;
+    s.compact(CompactionRequest { revision: head, physical: true }).await.expect("compact under NOSPACE");
+    assert!(matches!(s.put(put("small", "v")).await, Err(StoreError::NoSpace)), "the alarm stays until disarmed");
+    let disarm = AlarmRequest {
+        action: alarm_request::AlarmAction::Deactivate as i32,
+        member_id: s.shared.member_id,
+        alarm: AlarmType::Nospace as i32,
+    };
+    assert_eq!(s.alarm(disarm).await.expect("disarm").alarms.len(), 1);
+    s.put(put("small", "v")).await.expect("a write after the disarm");
+    s.defragment().await.expect("defragment");
+    assert!(s.status().await.expect("status").errors.is_empty());
+    // The alarm is stored: it is still raised after a restart.
+    s.alarm(AlarmRequest {
+        action: alarm_request::AlarmAction::Activate as i32,
+        member_id: s.shared.member_id,
+        alarm: AlarmType::Nospace as i32,
+    })
+    .await
+    .expect("raise");
+    s.close().await;
+    let s = SqliteStore::open(SqliteOptions::new(dir.path().join("state.db"))).expect("reopen");
+    assert!(matches!(s.put(put("small", "v")).await, Err(StoreError::NoSpace)));
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
+use super::quota::{self, Admission, Quota};
 use super::read::{self, event_of, Row};
 use super::schema::{self, row_id, Meta, MAX_SUB};
 use super::{Committed, Shared};
@@ -41,6 +42,11 @@ pub enum Command {
     Defragment {
         reply: oneshot::Sender<Result<i64>>,
     },
+    /// etcd's Alarm: list, raise or disarm alarms.
+    Alarm {
+        req: AlarmRequest,
+        reply: oneshot::Sender<Result<Vec<AlarmMember>>>,
+    },
     /// Stop after the batch this arrives in.
     Shutdown {
         reply: oneshot::Sender<()>,
@@ -53,6 +59,7 @@ enum Done {
     Compact(oneshot::Sender<Result<i64>>, bool, Result<i64>),
     LeaseGrant(oneshot::Sender<Result<(i64, i64, i64)>>, Result<(i64, i64, i64)>),
     LeaseRevoke(Option<oneshot::Sender<Result<i64>>>, i64, Result<i64>),
+    Alarm(oneshot::Sender<Result<Vec<AlarmMember>>>, Result<Vec<AlarmMember>>),
 }
 
 impl Done {
@@ -61,6 +68,7 @@ impl Done {
             Done::Txn(_, r) => is_storage_error(r),
             Done::Compact(_, _, r) | Done::LeaseRevoke(_, _, r) => is_storage_error(r),
             Done::LeaseGrant(_, r) => is_storage_error(r),
+            Done::Alarm(_, r) => is_storage_error(r),
         }
     }
 
@@ -70,6 +78,7 @@ impl Done {
             Done::Txn(reply, _) => drop(reply.send(Err(err()))),
             Done::Compact(reply, _, _) => drop(reply.send(Err(err()))),
             Done::LeaseGrant(reply, _) => drop(reply.send(Err(err()))),
+            Done::Alarm(reply, _) => drop(reply.send(Err(err()))),
             Done::LeaseRevoke(reply, _, _) => {
                 if let Some(reply) = reply {
                     let _ = reply.send(Err(err()));
@@ -92,11 +101,97 @@ pub struct Writer {
     pub(super) physical_waiters: Vec<(i64, oneshot::Sender<Result<i64>>)>,
     /// Free pages left by compaction still to hand back to the file system.
     pub(super) vacuum_pending: bool,
+    /// Defragment requests waiting for the vacuum to finish.
+    pub(super) defrag_waiters: Vec<oneshot::Sender<Result<i64>>>,
+    quota: Quota,
+    /// The alarms raised, as stored.
+    alarms: Vec<AlarmMember>,
 }
 
 impl Writer {
-    pub fn new(conn: Connection, meta: Meta, shared: Arc<Shared>, min_lease_ttl: i64) -> Self {
-        Writer { conn, meta, shared, min_lease_ttl, physical_waiters: Vec::new(), vacuum_pending: false }
+    /// `quota_bytes`: 0 for etcd's default quota, negative for none.
+    pub fn new(conn: Connection, meta: Meta, shared: Arc<Shared>, min_lease_ttl: i64, quota_bytes: i64) -> Result<Self> {
+        let alarms = schema::read_alarms(&conn)?;
+        shared.set_alarms(&alarms);
+        let mut writer = Writer {
+            conn,
+            meta,
+            shared,
+            min_lease_ttl,
+            physical_waiters: Vec::new(),
+            vacuum_pending: false,
+            defrag_waiters: Vec::new(),
+            quota: Quota::new(quota_bytes),
+            alarms,
+        };
+        writer.measure();
+        Ok(writer)
+    }
+
+    /// Records the size in use for the quota.
+    pub(super) fn measure(&mut self) {
+        if !self.quota.enabled() {
+            return;
+        }
+        match schema::db_size(&self.conn) {
+            Ok((_, in_use)) => self.quota.measured(in_use),
+            Err(e) => tracing::warn!(error = %e, "cannot measure the database"),
+        }
+    }
+
+    /// Lets a request costing `cost` bytes through, or refuses it with
+    /// NOSPACE, raising the alarm when this request is the one that would
+    /// pass the quota.
+    fn admit(&mut self, cost: i64) -> Result<()> {
+        match self.quota.admit(cost, quota::nospace(&self.alarms)) {
+            Admission::Admitted => Ok(()),
+            Admission::Refused => Err(StoreError::NoSpace),
+            Admission::RaiseAlarm => {
+                let member_id = self.meta.member_id;
+                tracing::warn!(member_id, "database space exceeded: raising the NOSPACE alarm");
+                self.alarm(&AlarmRequest {
+                    action: alarm_request::AlarmAction::Activate as i32,
+                    member_id,
+                    alarm: AlarmType::Nospace as i32,
+                })?;
+                Err(StoreError::NoSpace)
+            }
+        }
+    }
+
+    /// etcd's Alarm: GET lists every alarm; ACTIVATE raises one and answers
+    /// it; DEACTIVATE disarms one and answers what it disarmed.
+    fn alarm(&mut self, req: &AlarmRequest) -> Result<Vec<AlarmMember>> {
+        use alarm_request::AlarmAction;
+        let member = AlarmMember { member_id: req.member_id, alarm: req.alarm };
+        let action = AlarmAction::try_from(req.action)
+            .map_err(|_| StoreError::InvalidArgument(format!("unknown alarm action {}", req.action)))?;
+        match action {
+            AlarmAction::Get => Ok(self.alarms.clone()),
+            AlarmAction::Activate => {
+                if req.alarm == AlarmType::None as i32 {
+                    return Ok(Vec::new());
+                }
+                self.conn
+                    .prepare_cached("INSERT OR IGNORE INTO alarm (member_id, alarm) VALUES (?1, ?2)")?
+                    .execute((req.member_id as i64, req.alarm))?;
+                if !self.alarms.contains(&member) {
+                    self.alarms.push(member);
+                }
+                Ok(vec![member])
+            }
+            AlarmAction::Deactivate => {
+                let removed = self
+                    .conn
+                    .prepare_cached("DELETE FROM alarm WHERE member_id = ?1 AND alarm = ?2")?
+                    .execute((req.member_id as i64, req.alarm))?;
+                self.alarms.retain(|a| a != &member);
+                if removed > 0 {
+                    tracing::info!(member_id = req.member_id, alarm = req.alarm, "alarm disarmed");
+                }
+                Ok(if removed > 0 { vec![member] } else { Vec::new() })
+            }
+        }
     }
 
     /// Runs until every sender of `rx` is gone, then checkpoints the WAL.
@@ -155,7 +250,9 @@ impl Writer {
         for cmd in batch {
             match cmd {
                 Command::Txn { req, reply } => {
-                    let res = self.in_savepoint(&mut events, |w, ev| w.apply_txn_request(&req, ev));
+                    let res = self
+                        .admit(quota::txn_cost(&req))
+                        .and_then(|_| self.in_savepoint(&mut events, |w, ev| w.apply_txn_request(&req, ev)));
                     done.push(Done::Txn(reply, res));
                 }
                 Command::Compact { rev, physical, reply } => {
@@ -163,12 +260,18 @@ impl Writer {
                     done.push(Done::Compact(reply, physical, res));
                 }
                 Command::LeaseGrant { id, ttl, reply } => {
-                    let res = self.in_savepoint(&mut events, |w, _| w.lease_grant(id, ttl));
+                    let res = self
+                        .admit(quota::LEASE_GRANT_COST)
+                        .and_then(|_| self.in_savepoint(&mut events, |w, _| w.lease_grant(id, ttl)));
                     done.push(Done::LeaseGrant(reply, res));
                 }
                 Command::LeaseRevoke { id, reply } => {
                     let res = self.in_savepoint(&mut events, |w, ev| w.lease_revoke(id, ev));
                     done.push(Done::LeaseRevoke(reply, id, res));
+                }
+                Command::Alarm { req, reply } => {
+                    let res = self.in_savepoint(&mut events, |w, _| w.alarm(&req));
+                    done.push(Done::Alarm(reply, res));
                 }
                 Command::Defragment { reply } => defrags.push(reply),
                 Command::Shutdown { reply } => shutdowns.push(reply),
@@ -187,14 +290,22 @@ impl Writer {
                 tracing::error!(error = %why, "write batch rolled back");
                 let _ = self.conn.execute_batch("ROLLBACK");
                 self.meta = start;
+                match schema::read_alarms(&self.conn) {
+                    Ok(alarms) => self.alarms = alarms,
+                    Err(e) => tracing::warn!(error = %e, "cannot read the alarms back"),
+                }
                 for d in done {
                     d.fail(&why);
                 }
             }
         }
-        for reply in defrags {
-            let res = self.conn.execute_batch("VACUUM; PRAGMA wal_checkpoint(TRUNCATE);");
-            let _ = reply.send(res.map(|_| self.meta.rev).map_err(StoreError::from));
+        self.shared.set_alarms(&self.alarms);
+        self.measure();
+        // A defragment is the vacuum run to its end, step by step between
+        // writes (never one long VACUUM that would hold every writer).
+        if !defrags.is_empty() {
+            self.defrag_waiters.extend(defrags);
+            self.vacuum_pending = true;
         }
         let stop = !shutdowns.is_empty();
         for reply in shutdowns {
@@ -223,6 +334,7 @@ impl Writer {
                     }
                     let _ = reply.send(res);
                 }
+                Done::Alarm(reply, res) => drop(reply.send(res)),
                 Done::LeaseRevoke(reply, id, res) => {
                     if res.is_ok() {
                         self.shared.leases.remove(id);
@@ -474,6 +586,7 @@ fn fail_command(cmd: Command, why: &str) {
         }
         Command::LeaseGrant { reply, .. } => drop(reply.send(Err(err()))),
         Command::Defragment { reply } => drop(reply.send(Err(err()))),
+        Command::Alarm { reply, .. } => drop(reply.send(Err(err()))),
         Command::Shutdown { reply } => drop(reply.send(())),
         Command::LeaseRevoke { reply: None, .. } => {}
     }
