@@ -9,7 +9,6 @@
 //! `cargo bench --bench node [-- --burst N --serial N --idle SECONDS]`
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod tcommon;
 
 use std::collections::HashMap;

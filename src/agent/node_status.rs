@@ -177,7 +177,7 @@ async fn images(cri: &Cri) -> Vec<ContainerImage> {
         })
         .filter(|i| i.names.as_ref().is_some_and(|n| !n.is_empty()))
         .collect();
-    list.sort_by(|a, b| b.size_bytes.cmp(&a.size_bytes));
+    list.sort_by_key(|i| std::cmp::Reverse(i.size_bytes));
     list.truncate(MAX_IMAGES);
     list
 }

@@ -332,9 +332,10 @@ pub fn generate(i: &StatusInputs<'_>) -> PodStatus {
             Some(format!("corresponding condition of pod readiness gate {:?} does not exist.", gates.first().cloned().unwrap_or_default())),
         )
     };
-    let initialized_condition = if done && incomplete.is_empty() {
-        condition("Initialized", true, None, None)
-    } else if initialized && incomplete.iter().all(|n| init.iter().any(|(k, s)| *k == ContainerKind::Sidecar && &s.name == n)) {
+    // Done, or initialized with only sidecars still running.
+    let sidecars_only =
+        || incomplete.iter().all(|n| init.iter().any(|(k, s)| *k == ContainerKind::Sidecar && &s.name == n));
+    let initialized_condition = if (done && incomplete.is_empty()) || (initialized && sidecars_only()) {
         condition("Initialized", true, None, None)
     } else {
         condition(

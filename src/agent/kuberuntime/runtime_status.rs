@@ -112,7 +112,7 @@ pub async fn read(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
             id: s.id,
         });
     }
-    out.sandboxes.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    out.sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
     if let Some(newest) = out.sandboxes.first_mut().filter(|s| s.ready) {
         match rt.pod_sandbox_status(api::PodSandboxStatusRequest { pod_sandbox_id: newest.id.clone(), verbose: false }).await {
             Ok(resp) => {
@@ -164,6 +164,6 @@ pub async fn read(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
             mounts: st.mounts,
         });
     }
-    out.containers.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    out.containers.sort_by_key(|c| std::cmp::Reverse(c.created_at));
     Ok(out)
 }

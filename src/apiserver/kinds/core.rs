@@ -300,48 +300,6 @@ fn pod_cells(pod: &Value) -> Vec<Value> {
     ]
 }
 
-#[cfg(test)]
-mod pod_table_tests {
-    use super::*;
-
-    #[test]
-    fn sidecars_count_and_init_containers_show_progress() {
-        let pod = json!({
-            "spec": {"initContainers": [{"name": "i"}, {"name": "s", "restartPolicy": "Always"}], "containers": [{"name": "a"}]},
-            "status": {"phase": "Pending", "initContainerStatuses": [
-                {"name": "i", "restartCount": 0, "state": {"running": {}}},
-                {"name": "s", "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}
-            ], "containerStatuses": [{"name": "a", "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}]}
-        });
-        assert_eq!(pod_summary(&pod), ("0/2".into(), "Init:0/2".into(), "0".into()));
-        let pod = json!({
-            "spec": {"initContainers": [{"name": "s", "restartPolicy": "Always"}], "containers": [{"name": "a"}]},
-            "status": {"phase": "Running", "conditions": [{"type": "Initialized", "status": "True"}],
-              "initContainerStatuses": [{"name": "s", "started": true, "ready": true, "restartCount": 0, "state": {"running": {}}}],
-              "containerStatuses": [{"name": "a", "ready": true, "restartCount": 2, "state": {"running": {}},
-                 "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2020-01-01T00:00:00Z"}}}]}
-        });
-        let (ready, status, restarts) = pod_summary(&pod);
-        assert_eq!((ready.as_str(), status.as_str()), ("2/2", "Running"));
-        assert!(restarts.starts_with("2 (") && restarts.ends_with(" ago)"), "{restarts}");
-    }
-
-    #[test]
-    fn crash_loops_and_terminating() {
-        let pod = json!({
-            "metadata": {"deletionTimestamp": "2020-01-01T00:00:00Z"},
-            "spec": {"containers": [{"name": "a"}]},
-            "status": {"phase": "Running", "containerStatuses": [{"name": "a", "restartCount": 0, "state": {"running": {}}}]}
-        });
-        assert_eq!(pod_summary(&pod).1, "Terminating");
-        let pod = json!({
-            "spec": {"containers": [{"name": "a"}]},
-            "status": {"phase": "Running", "containerStatuses": [{"name": "a", "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}
-        });
-        assert_eq!(pod_summary(&pod).1, "CrashLoopBackOff");
-    }
-}
-
 pub fn configmap_hooks() -> Hooks {
     Hooks {
         columns: || vec![Column::new("Data", "integer", 0), Column::age()],
@@ -601,4 +559,46 @@ pub fn node_hooks() -> Hooks {
 /// Ready / total of a workload, for its READY column.
 pub(crate) fn ready_of(o: &Value, ready_path: &[&str]) -> String {
     format!("{}/{}", int(o, ready_path), int(o, &["spec", "replicas"]))
+}
+
+#[cfg(test)]
+mod pod_table_tests {
+    use super::*;
+
+    #[test]
+    fn sidecars_count_and_init_containers_show_progress() {
+        let pod = json!({
+            "spec": {"initContainers": [{"name": "i"}, {"name": "s", "restartPolicy": "Always"}], "containers": [{"name": "a"}]},
+            "status": {"phase": "Pending", "initContainerStatuses": [
+                {"name": "i", "restartCount": 0, "state": {"running": {}}},
+                {"name": "s", "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}
+            ], "containerStatuses": [{"name": "a", "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}]}
+        });
+        assert_eq!(pod_summary(&pod), ("0/2".into(), "Init:0/2".into(), "0".into()));
+        let pod = json!({
+            "spec": {"initContainers": [{"name": "s", "restartPolicy": "Always"}], "containers": [{"name": "a"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Initialized", "status": "True"}],
+              "initContainerStatuses": [{"name": "s", "started": true, "ready": true, "restartCount": 0, "state": {"running": {}}}],
+              "containerStatuses": [{"name": "a", "ready": true, "restartCount": 2, "state": {"running": {}},
+                 "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2020-01-01T00:00:00Z"}}}]}
+        });
+        let (ready, status, restarts) = pod_summary(&pod);
+        assert_eq!((ready.as_str(), status.as_str()), ("2/2", "Running"));
+        assert!(restarts.starts_with("2 (") && restarts.ends_with(" ago)"), "{restarts}");
+    }
+
+    #[test]
+    fn crash_loops_and_terminating() {
+        let pod = json!({
+            "metadata": {"deletionTimestamp": "2020-01-01T00:00:00Z"},
+            "spec": {"containers": [{"name": "a"}]},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "a", "restartCount": 0, "state": {"running": {}}}]}
+        });
+        assert_eq!(pod_summary(&pod).1, "Terminating");
+        let pod = json!({
+            "spec": {"containers": [{"name": "a"}]},
+            "status": {"phase": "Running", "containerStatuses": [{"name": "a", "restartCount": 1, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}
+        });
+        assert_eq!(pod_summary(&pod).1, "CrashLoopBackOff");
+    }
 }
