@@ -1,6 +1,7 @@
 //! What a new cluster has before anyone asks: the namespaces default,
 //! kube-system, kube-public and kube-node-lease, and the `kubernetes`
-//! Service with its Endpoints and EndpointSlice pointing at this server.
+//! Service with its Endpoints and EndpointSlice pointing at this server,
+//! and the local APIService of each built-in group/version.
 //! Run at every start; what exists is kept, what is missing is made.
 
 use serde_json::{json, Value};
@@ -99,5 +100,20 @@ pub async fn run(api: &Api) -> ApiResult<()> {
     slice["ports"] = json!([{"name": "https", "port": cfg.https_port, "protocol": "TCP"}]);
     reconcile(api, "/registry/discovery.k8s.io/endpointslices/default/kubernetes", slice, &["endpoints", "ports"])
         .await?;
+
+    // A local APIService for each built-in group/version this server serves.
+    if let Some(apiservices) = api.registry.get("apiregistration.k8s.io", "v1", "apiservices") {
+        let now = meta::now_rfc3339();
+        let served: std::collections::BTreeSet<(String, String)> =
+            api.registry.all().iter().map(|r| (r.group.clone(), r.version.clone())).collect();
+        for (group, version) in served {
+            if let Some(mut obj) = super::kinds::local_apiservice(&group, &version, &now) {
+                obj["metadata"]["uid"] = json!(meta::new_uid());
+                obj["metadata"]["creationTimestamp"] = json!(now);
+                let name = format!("{version}.{group}");
+                ensure(api, &apiservices.key(None, &name), obj).await?;
+            }
+        }
+    }
     Ok(())
 }

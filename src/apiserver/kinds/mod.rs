@@ -3,6 +3,7 @@
 //! (or family of kinds). Kinds without a file here use the generic rules.
 
 mod admission;
+mod apiregistration;
 mod autoscaling;
 mod cluster;
 mod core;
@@ -14,6 +15,7 @@ mod storage;
 mod workloads;
 
 pub use self::admission::*;
+pub use self::apiregistration::*;
 pub use self::autoscaling::*;
 pub use self::cluster::*;
 pub use self::core::*;

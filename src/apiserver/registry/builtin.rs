@@ -8,6 +8,7 @@ use k8s_openapi::api::{
     policy::v1 as policy, rbac::v1 as rbac, scheduling::v1 as scheduling, storage::v1 as storage,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1 as apiregistration;
 use k8s_openapi::{ClusterResourceScope, ListableResource, NamespaceResourceScope};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -323,6 +324,13 @@ pub fn resources() -> Vec<Resource> {
             categories: &["api-extensions"],
             status: true,
             hooks: crate::apiserver::crd::crd_hooks(),
+            ..Default::default()
+        }),
+        // apiregistration.k8s.io/v1
+        resource::<apiregistration::APIService>(Spec {
+            categories: &["api-extensions"],
+            status: true,
+            hooks: with_generation(kinds::apiservice_hooks()),
             ..Default::default()
         }),
         // authorization.k8s.io/v1 and authentication.k8s.io/v1: reviews
