@@ -11,6 +11,7 @@ pub mod auth;
 pub mod bootstrap;
 pub mod cache;
 pub mod compactor;
+pub mod component_status;
 pub mod crd;
 pub mod discovery;
 pub mod field_order;
