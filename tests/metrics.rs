@@ -155,7 +155,10 @@ fn kubectl_get_componentstatuses_lists_healthy_components() {
     for name in ["scheduler", "controller-manager", "etcd-0"] {
         assert!(out.lines().any(|l| l.starts_with(&format!("{name} ")) && l.contains("Healthy")), "{name}\n{out}");
     }
-    let (ok, out) = kubectl(&s, &["get", "componentstatus", "etcd-0", "-o", "jsonpath={.conditions[0].type}={.conditions[0].status}"]);
+    let (ok, out) = kubectl(
+        &s,
+        &["get", "componentstatus", "etcd-0", "-o", "jsonpath={.conditions[0].type}={.conditions[0].status}"],
+    );
     assert!(ok, "{out}");
     assert!(out.starts_with("Healthy=True"), "{out}");
 }

@@ -88,7 +88,10 @@ mod tests {
         let renewed = parse_rfc3339("2026-01-01T00:00:00Z").unwrap_or_default();
         assert!(lease_held(&lease, renewed + 10));
         assert!(!lease_held(&lease, renewed + 16));
-        assert!(!lease_held(&json!({"spec": {"renewTime": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 15}}), renewed));
+        assert!(!lease_held(
+            &json!({"spec": {"renewTime": "2026-01-01T00:00:00Z", "leaseDurationSeconds": 15}}),
+            renewed
+        ));
         assert!(!lease_held(&json!({}), renewed));
     }
 

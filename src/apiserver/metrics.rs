@@ -130,7 +130,13 @@ struct RequestSeries {
 impl RequestSeries {
     fn matches(&self, l: &RequestLabels<'_>) -> bool {
         let o = &self.owned;
-        o.0 == l.verb && o.1 == l.dry_run && o.2 == l.group && o.3 == l.version && o.4 == l.resource && o.5 == l.subresource && o.6 == l.scope
+        o.0 == l.verb
+            && o.1 == l.dry_run
+            && o.2 == l.group
+            && o.3 == l.version
+            && o.4 == l.resource
+            && o.5 == l.subresource
+            && o.6 == l.scope
     }
 }
 
@@ -253,7 +259,9 @@ impl ApiMetrics {
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
                 .entry(t.to_string())
-                .or_insert_with(|| Arc::new(EtcdSeries(Operation::ALL.map(|_| Histogram::new(metrics::APISERVER_BUCKETS)))))
+                .or_insert_with(|| {
+                    Arc::new(EtcdSeries(Operation::ALL.map(|_| Histogram::new(metrics::APISERVER_BUCKETS))))
+                })
                 .clone(),
         };
         series.0[op as usize].observe(elapsed);
@@ -264,7 +272,9 @@ impl ApiMetrics {
         let map = self.requests.read().unwrap_or_else(|e| e.into_inner());
         map.get(&labels.key())
             .and_then(|v| v.iter().find(|s| s.matches(labels)).cloned())
-            .and_then(|s| s.codes.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(c, _)| *c == code).map(|p| p.1))
+            .and_then(|s| {
+                s.codes.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(c, _)| *c == code).map(|p| p.1)
+            })
             .unwrap_or(0)
     }
 
@@ -314,7 +324,11 @@ impl ApiMetrics {
             for op in Operation::ALL {
                 let h = &s.0[op as usize];
                 if h.count() > 0 {
-                    h.write(out, "etcd_request_duration_seconds", &metrics::labels(&[("operation", op.name()), ("type", t)]));
+                    h.write(
+                        out,
+                        "etcd_request_duration_seconds",
+                        &metrics::labels(&[("operation", op.name()), ("type", t)]),
+                    );
                 }
             }
         }
@@ -333,7 +347,15 @@ fn new_series(l: &RequestLabels<'_>) -> RequestSeries {
         ("component", COMPONENT),
     ]);
     RequestSeries {
-        owned: (l.verb, l.dry_run, l.group.to_string(), l.version.to_string(), l.resource.to_string(), l.subresource, l.scope),
+        owned: (
+            l.verb,
+            l.dry_run,
+            l.group.to_string(),
+            l.version.to_string(),
+            l.resource.to_string(),
+            l.subresource,
+            l.scope,
+        ),
         labels,
         codes: Mutex::new(Vec::new()),
         duration: Histogram::new(metrics::APISERVER_BUCKETS),
@@ -426,12 +448,18 @@ mod tests {
     fn store_keys_name_their_type() {
         assert_eq!(storage_type("/registry/pods/default/a"), "pods");
         assert_eq!(etcd_type_label(storage_type("/registry/apps/deployments/x/y")), "deployments.apps");
-        assert_eq!(etcd_type_label(storage_type("/registry/rbac.authorization.k8s.io/clusterroles/")), "clusterroles.rbac.authorization.k8s.io");
+        assert_eq!(
+            etcd_type_label(storage_type("/registry/rbac.authorization.k8s.io/clusterroles/")),
+            "clusterroles.rbac.authorization.k8s.io"
+        );
         assert_eq!(storage_type("/registry/health"), "health");
         let m = ApiMetrics::default();
         m.observe_storage(Operation::Get, "/registry/apps/deployments/x/y", Duration::from_millis(2));
         let mut out = String::new();
         m.write_storage(&mut out);
-        assert!(out.contains("etcd_request_duration_seconds_count{operation=\"get\",type=\"deployments.apps\"} 1\n"), "{out}");
+        assert!(
+            out.contains("etcd_request_duration_seconds_count{operation=\"get\",type=\"deployments.apps\"} 1\n"),
+            "{out}"
+        );
     }
 }

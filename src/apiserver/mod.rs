@@ -293,12 +293,17 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         Target::Resource(p) => {
             let started = std::time::Instant::now();
             let served = api.registry.get(&p.group, &p.version, &p.plural).is_some();
-            let content_type =
-                parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+            let apply = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|ct| ct.starts_with("application/apply-patch"));
+            let content_type = if apply { "application/apply-patch+yaml" } else { "" };
             let path = p.clone();
             let method = parts.method.clone();
-            let resp = handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await;
-            let labels = metrics::RequestLabels::of(&path, &method, query.as_deref(), &content_type, served);
+            let resp =
+                handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await;
+            let labels = metrics::RequestLabels::of(&path, &method, query.as_deref(), content_type, served);
             metrics::global().observe_request(&labels, resp.status().as_u16(), started.elapsed());
             resp
         }

@@ -169,7 +169,12 @@ impl Storage {
         }
     }
 
-    async fn timed_txn(&self, op: Operation, key: &str, req: TxnRequest) -> ApiResult<crate::store::proto::TxnResponse> {
+    async fn timed_txn(
+        &self,
+        op: Operation,
+        key: &str,
+        req: TxnRequest,
+    ) -> ApiResult<crate::store::proto::TxnResponse> {
         let started = Instant::now();
         let resp = self.store.txn(req).await;
         metrics::global().observe_storage(op, key, started.elapsed());
