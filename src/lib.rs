@@ -9,6 +9,7 @@ pub mod cli;
 pub mod client;
 pub mod controllers;
 pub mod host;
+pub mod metrics;
 pub mod network;
 pub mod pki;
 pub mod scheduler;

@@ -131,7 +131,7 @@ impl Health {
     /// Reads from the store within the timeout. Probes are spaced at least
     /// half the timeout apart, as upstream's; a request in between gets the
     /// last probe's answer.
-    async fn store_answers(&self) -> Result<(), String> {
+    pub async fn store_answers(&self) -> Result<(), String> {
         let mut last = self.probe.lock().await;
         if let Some((at, result)) = last.as_ref() {
             if at.elapsed() < STORE_CHECK_TIMEOUT / 2 {

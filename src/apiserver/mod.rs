@@ -11,6 +11,7 @@ pub mod auth;
 pub mod bootstrap;
 pub mod cache;
 pub mod compactor;
+pub mod component_status;
 pub mod crd;
 pub mod discovery;
 pub mod field_order;
@@ -20,6 +21,7 @@ pub mod kinds;
 pub mod lease_manager;
 pub mod managed_fields;
 pub mod meta;
+pub mod metrics;
 pub mod openapi;
 pub mod patch_meta;
 pub mod protobuf;
@@ -226,6 +228,21 @@ fn impersonate(api: &Api, user: &User, headers: &axum::http::HeaderMap) -> Resul
     Ok(Some(User { name: name.to_string(), groups: all }))
 }
 
+/// `GET /metrics` for callers RBAC lets `get` that path (upstream's
+/// `system:monitoring`); 403 for everyone else, anonymous included.
+async fn serve_metrics(api: &Api, user: &User, method: &axum::http::Method) -> Response {
+    if method != axum::http::Method::GET {
+        return ApiError::method_not_allowed("the server does not allow this method on the requested resource")
+            .into_response();
+    }
+    let attrs = auth::rbac::Attributes { verb: "get".into(), path: Some("/metrics".into()), ..Default::default() };
+    if !api.allowed(user, &attrs) {
+        return ApiError::forbidden(format!("forbidden: User \"{}\" cannot get path \"/metrics\"", user.name))
+            .into_response();
+    }
+    metrics::serve(api).await
+}
+
 async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let mut user = parts.extensions.get::<User>().cloned().unwrap_or_else(User::anonymous);
@@ -244,6 +261,9 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         "/healthz" | "/livez" | "/readyz" => return health::serve(&api, &path, query.as_deref()).await,
         "/version" | "/version/" => return discovery::version(),
         _ => {}
+    }
+    if path == "/metrics" {
+        return serve_metrics(&api, &user, &parts.method).await;
     }
     if user.is_anonymous() {
         return ApiError::unauthorized().into_response();
@@ -271,7 +291,21 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         Target::Group(g) => discovery::group(&api.registry, &g),
         Target::Resources { group, version } => discovery::resources(&api.registry, &group, &version),
         Target::Resource(p) => {
-            handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await
+            let started = std::time::Instant::now();
+            let served = api.registry.get(&p.group, &p.version, &p.plural).is_some();
+            let apply = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|ct| ct.starts_with("application/apply-patch"));
+            let content_type = if apply { "application/apply-patch+yaml" } else { "" };
+            let path = p.clone();
+            let method = parts.method.clone();
+            let resp =
+                handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await;
+            let labels = metrics::RequestLabels::of(&path, &method, query.as_deref(), content_type, served);
+            metrics::global().observe_request(&labels, resp.status().as_u16(), started.elapsed());
+            resp
         }
         Target::Other => match openapi::serve(&api.registry, &api.openapi, &path, &accept) {
             Some(resp) => resp,

@@ -4,11 +4,13 @@
 //! shapes as upstream's apiserver, so a stale write fails as a conflict.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use base64::Engine;
 use futures_util::{Stream, StreamExt};
 use serde_json::Value;
 
+use super::metrics::{self, Operation};
 use super::status::{ApiError, ApiResult};
 use crate::store::proto::*;
 use crate::store::{prefix_end, Store};
@@ -167,13 +169,39 @@ impl Storage {
         }
     }
 
+    async fn timed_txn(
+        &self,
+        op: Operation,
+        key: &str,
+        req: TxnRequest,
+    ) -> ApiResult<crate::store::proto::TxnResponse> {
+        let started = Instant::now();
+        let resp = self.store.txn(req).await;
+        metrics::global().observe_storage(op, key, started.elapsed());
+        resp.map_err(ApiError::from)
+    }
+
+    /// How many keys are under `prefix` now.
+    pub async fn count(&self, prefix: &str) -> ApiResult<i64> {
+        let req = RangeRequest {
+            key: prefix.as_bytes().to_vec(),
+            range_end: prefix_end(prefix.as_bytes()),
+            count_only: true,
+            ..Default::default()
+        };
+        Ok(self.store.range(req).await?.count)
+    }
+
     /// The store itself, for what is not about objects (health, compaction).
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }
 
     pub async fn get(&self, key: &str) -> ApiResult<Option<Stored>> {
-        let resp = self.store.range(RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() }).await?;
+        let started = Instant::now();
+        let resp = self.store.range(RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() }).await;
+        metrics::global().observe_storage(Operation::Get, key, started.elapsed());
+        let resp = resp?;
         resp.kvs.first().map(decode).transpose()
     }
 
@@ -185,7 +213,7 @@ impl Storage {
             success: vec![put(key, encode(object)?, lease)],
             failure: vec![],
         };
-        let resp = self.store.txn(req).await.map_err(ApiError::from)?;
+        let resp = self.timed_txn(Operation::Create, key, req).await?;
         if !resp.succeeded {
             return Err(WriteError::Exists);
         }
@@ -203,7 +231,7 @@ impl Storage {
             success: vec![put(key, encode(object)?, lease)],
             failure: vec![get_op(key)],
         };
-        let resp = self.store.txn(req).await.map_err(ApiError::from)?;
+        let resp = self.timed_txn(Operation::Update, key, req).await?;
         if !resp.succeeded {
             return Err(WriteError::Changed(found(&resp)?));
         }
@@ -226,7 +254,7 @@ impl Storage {
             }],
             failure: vec![get_op(key)],
         };
-        let resp = self.store.txn(req).await.map_err(ApiError::from)?;
+        let resp = self.timed_txn(Operation::Delete, key, req).await?;
         if !resp.succeeded {
             return Err(WriteError::Changed(found(&resp)?));
         }
@@ -248,7 +276,10 @@ impl Storage {
             revision,
             ..Default::default()
         };
-        let resp = self.store.range(req).await.map_err(|e| match e {
+        let started = Instant::now();
+        let resp = self.store.range(req).await;
+        metrics::global().observe_storage(Operation::List, prefix, started.elapsed());
+        let resp = resp.map_err(|e| match e {
             crate::store::StoreError::Compacted { .. } => {
                 ApiError::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.")
             }

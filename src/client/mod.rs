@@ -9,6 +9,7 @@ pub mod labels;
 pub mod leader;
 pub mod quantity;
 pub mod scheduling;
+pub mod workqueue_metrics;
 
 use std::sync::Arc;
 

@@ -23,6 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use super::controller_utils::controller_of;
 use super::ControllerError;
 use crate::client::labels;
+use crate::client::workqueue_metrics::WorkQueueMetrics;
 
 /// A reconcile request, or why the watch feeding it failed.
 pub type Trigger<K> = BoxStream<'static, Result<ReconcileRequest<K>, watcher::Error>>;
@@ -196,12 +197,34 @@ pub async fn run<K, Ctx, F, Fut>(
     F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<Action, ControllerError>> + Send + 'static,
 {
-    let queue = stream::select_all(triggers);
+    let queue_metrics = WorkQueueMetrics::named(name);
+    let (waiting, cached) = (queue_metrics.clone(), store.clone());
+    // Requests for objects the cache does not hold are dropped by the
+    // applier unseen, so they are not counted as adds.
+    let queue = stream::select_all(triggers).inspect(move |request| {
+        if let Ok(r) = request {
+            if cached.get(&r.obj_ref).is_some() {
+                waiting.add(&queue_key(r.obj_ref.namespace.as_deref(), &r.obj_ref.name));
+            }
+        }
+    });
+    let retries = queue_metrics.clone();
     let error_policy = move |obj: Arc<K>, err: &ControllerError, _ctx: Arc<Ctx>| {
         tracing::warn!(controller = name, object = ?obj.meta().name, error = %err, "reconcile failed; retrying");
+        retries.retry();
         Action::requeue(Duration::from_secs(2))
     };
-    applier(move |obj, ctx| Box::pin(reconcile(obj, ctx)), error_policy, ctx, store, queue, Config::default())
+    let instrumented = move |obj: Arc<K>, ctx: Arc<Ctx>| {
+        let meta = obj.meta();
+        let key = queue_key(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default());
+        let metrics = queue_metrics.clone();
+        let sync = reconcile(obj, ctx);
+        Box::pin(async move {
+            let _timer = metrics.start(&key);
+            sync.await
+        }) as futures_util::future::BoxFuture<'static, Result<Action, ControllerError>>
+    };
+    applier(instrumented, error_policy, ctx, store, queue, Config::default())
         .for_each(|result| {
             if let Err(e) = result {
                 tracing::debug!(controller = name, error = %e, "controller queue error");
@@ -209,6 +232,14 @@ pub async fn run<K, Ctx, F, Fut>(
             std::future::ready(())
         })
         .await;
+}
+
+/// A work queue key as client-go's `MetaNamespaceKeyFunc` makes it.
+fn queue_key(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
+        _ => name.to_string(),
+    }
 }
 
 /// Waits until every given cache has its first full list.

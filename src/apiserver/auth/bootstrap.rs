@@ -197,6 +197,13 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
             true,
         ),
         cluster_role(
+            "system:monitoring",
+            vec![
+                json!({"nonResourceURLs": ["/healthz", "/healthz/*", "/livez", "/livez/*", "/metrics", "/metrics/slis", "/readyz", "/readyz/*"], "verbs": ["get"]}),
+            ],
+            true,
+        ),
+        cluster_role(
             "system:node-bootstrapper",
             vec![rule(&["certificates.k8s.io"], &["certificatesigningrequests"], &["create", "get", "list", "watch"])],
             true,
@@ -218,6 +225,7 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         binding("cluster-admin", "cluster-admin", &["system:masters"]),
         binding("system:discovery", "system:discovery", &["system:authenticated"]),
         binding("system:basic-user", "system:basic-user", &["system:authenticated"]),
+        binding("system:monitoring", "system:monitoring", &["system:monitoring"]),
         binding("system:node-bootstrapper", "system:node-bootstrapper", &["system:bootstrappers"]),
         binding(
             "system:public-info-viewer",

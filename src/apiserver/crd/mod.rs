@@ -188,6 +188,7 @@ pub fn resources_of(crd: &Value) -> Vec<Resource> {
             scale,
             subresources: Vec::new(),
             ephemeral: false,
+            computed: false,
             strategy: Arc::new(CustomStrategy {
                 schema_name: format!("{}.{}.{}", group.split('.').rev().collect::<Vec<_>>().join("."), version, kind),
                 schema,

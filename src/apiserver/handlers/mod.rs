@@ -4,6 +4,7 @@
 //! JSON, YAML or a Table.
 
 mod binding;
+mod computed;
 mod eviction;
 mod options;
 mod patch;
@@ -201,6 +202,9 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
     };
     call.api.authorize(&call, verb)?;
     options::check(&call, verb)?;
+    if r.computed {
+        return computed::serve(&mut call, verb).await;
+    }
     if r.ephemeral {
         return match verb {
             "create" => crate::apiserver::auth::reviews::create(&mut call, body).await,

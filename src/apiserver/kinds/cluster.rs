@@ -1,4 +1,4 @@
-//! Cluster-wide plumbing: Leases, PriorityClasses, RuntimeClasses,
+//! Cluster-wide plumbing: Leases, ComponentStatuses, PriorityClasses, RuntimeClasses,
 //! CertificateSigningRequests, and API Priority and Fairness (FlowSchemas,
 //! PriorityLevelConfigurations): their `kubectl get` columns.
 
@@ -13,6 +13,34 @@ pub fn lease_hooks() -> Hooks {
     Hooks {
         columns: || vec![Column::new("Holder", "string", 0), Column::age()],
         cells: |o| vec![json!(str_at(o, &["spec", "holderIdentity"]).unwrap_or_default()), json!(age(o))],
+        ..Hooks::default()
+    }
+}
+
+/// ComponentStatuses as `kubectl get cs` shows them: STATUS from the
+/// Healthy condition, its MESSAGE and ERROR; no AGE.
+pub fn componentstatus_hooks() -> Hooks {
+    Hooks {
+        columns: || {
+            vec![
+                Column::new("Status", "string", 0),
+                Column::new("Message", "string", 0),
+                Column::new("Error", "string", 0),
+            ]
+        },
+        cells: |o| {
+            let healthy = o["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == "Healthy"))
+                .cloned()
+                .unwrap_or(Value::Null);
+            let status = if healthy["status"] == "True" { "Healthy" } else { "Unhealthy" };
+            vec![
+                json!(status),
+                json!(healthy["message"].as_str().unwrap_or_default()),
+                json!(healthy["error"].as_str().unwrap_or_default()),
+            ]
+        },
         ..Hooks::default()
     }
 }

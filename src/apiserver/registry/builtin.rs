@@ -63,6 +63,7 @@ where
         scale,
         subresources: spec.sub.iter().map(|s| s.to_string()).collect(),
         ephemeral: false,
+        computed: false,
         strategy: std::sync::Arc::new(Typed::<K>::new(spec.hooks)),
     }
 }
@@ -91,6 +92,7 @@ where
         scale: None,
         subresources: Vec::new(),
         ephemeral: true,
+        computed: false,
         strategy: std::sync::Arc::new(Typed::<K>::new(Hooks::default())),
     }
 }
@@ -139,6 +141,15 @@ pub fn resources() -> Vec<Resource> {
             hooks: kinds::node_hooks(),
             ..Default::default()
         }),
+        Resource {
+            verbs: vec!["get".into(), "list".into()],
+            computed: true,
+            ..resource::<core::ComponentStatus>(Spec {
+                short: &["cs"],
+                hooks: kinds::componentstatus_hooks(),
+                ..Default::default()
+            })
+        },
         resource::<core::Event>(Spec { short: &["ev"], hooks: kinds::event_hooks(), ..Default::default() }),
         resource::<core::PersistentVolume>(Spec {
             short: &["pv"],

@@ -34,6 +34,9 @@ pub struct Resource {
     pub subresources: Vec<String>,
     /// Create-only and never stored (the review APIs).
     pub ephemeral: bool,
+    /// Read-only and never stored: computed from the cluster's state on
+    /// every get and list (`componentstatuses`).
+    pub computed: bool,
     pub strategy: Arc<dyn Strategy>,
 }
 
