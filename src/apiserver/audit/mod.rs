@@ -139,12 +139,17 @@ fn source_ips(req: &Request) -> Vec<String> {
     ips
 }
 
-/// A JSON body as a value; other encodings (protobuf) are not recorded.
-fn json_body(bytes: &[u8]) -> Option<Value> {
+/// A body in whichever encoding `content_type` names (JSON, YAML,
+/// Kubernetes protobuf), as the JSON the log records.
+fn decode(content_type: Option<&HeaderValue>, bytes: &Bytes) -> Option<Value> {
     if bytes.is_empty() || bytes.len() > MAX_RECORDED_BODY {
         return None;
     }
-    serde_json::from_slice(bytes).ok()
+    let mut headers = axum::http::HeaderMap::new();
+    if let Some(ct) = content_type {
+        headers.insert(header::CONTENT_TYPE, ct.clone());
+    }
+    super::handlers::decode_body(&headers, bytes).ok()
 }
 
 /// Emits ResponseComplete when a streamed body ends or its client goes.
@@ -180,6 +185,7 @@ pub async fn audit(State(auditor): State<Arc<Auditor>>, mut req: Request, next: 
     let user_agent =
         req.headers().get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     let ips = source_ips(&req);
+    let content_type = req.headers().get(header::CONTENT_TYPE).cloned();
     let connection_user = req.extensions().get::<User>().cloned().unwrap_or_else(User::anonymous);
     let slot = AuditSlot::default();
     req.extensions_mut().insert(slot.clone());
@@ -218,25 +224,27 @@ pub async fn audit(State(auditor): State<Arc<Auditor>>, mut req: Request, next: 
         annotations.insert("authorization.k8s.io/decision".into(), decided.into());
         annotations.insert("authorization.k8s.io/reason".into(), String::new().into());
     }
-    let request_object =
-        (decision.level >= Level::Request).then(|| known.body.as_deref().and_then(json_body)).flatten().map(|mut v| {
-            if decision.omit_managed_fields {
-                event::omit_managed_fields(&mut v);
-            }
-            v
-        });
+    // A create names its object in the body: decoded for the objectRef at
+    // every level, recorded from Request up.
+    let decoded = (decision.level >= Level::Request || info.verb == "create")
+        .then(|| known.body.as_ref().and_then(|b| decode(content_type.as_ref(), b)))
+        .flatten();
+    let created_name = decoded
+        .as_ref()
+        .and_then(|o| o.pointer("/metadata/name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let request_object = decoded.filter(|_| decision.level >= Level::Request).map(|mut v| {
+        if decision.omit_managed_fields {
+            event::omit_managed_fields(&mut v);
+        }
+        v
+    });
     let object_ref = info.resource.as_ref().map(|p| ObjectReference {
         resource: p.plural.clone(),
         namespace: p.namespace.clone().unwrap_or_default(),
-        name: p.name.clone().unwrap_or_else(|| {
-            // A create names its object in the body.
-            request_object
-                .as_ref()
-                .and_then(|o| o.pointer("/metadata/name"))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        }),
+        name: p.name.clone().unwrap_or_else(|| created_name.clone()),
         api_group: p.group.clone(),
         api_version: p.version.clone(),
         subresource: p.subresource.clone().unwrap_or_default(),
@@ -314,7 +322,7 @@ async fn buffer_body(response: Response) -> (Response, Option<Value>) {
     let (parts, body) = response.into_parts();
     match axum::body::to_bytes(body, MAX_RECORDED_BODY).await {
         Ok(bytes) => {
-            let value = json_body(&bytes);
+            let value = decode(parts.headers.get(header::CONTENT_TYPE), &bytes);
             (Response::from_parts(parts, Body::from(bytes)), value)
         }
         Err(e) => {
