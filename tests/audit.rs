@@ -180,3 +180,43 @@ fn audit_log_rotates_by_size_and_keeps_maxbackup_files() {
         assert!(!events(&path).is_empty(), "{n} holds whole events");
     }
 }
+
+/// The ReplicaSet controller acts as its own service account, bound by
+/// `system:controller:replicaset-controller`: without the binding its pod
+/// creates are refused (and audited as such); with it back, pods come.
+#[test]
+fn replicaset_controller_is_refused_by_rbac_without_its_binding() {
+    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  users: [\"system:serviceaccount:kube-system:replicaset-controller\"]\n  resources:\n  - group: \"\"\n    resources: [pods]\n";
+    let (s, log) = start(policy, &[]);
+    let (ok, out) = kubectl(&s, &["delete", "clusterrolebinding", "system:controller:replicaset-controller"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&s, &["create", "deployment", "web", "--image=busybox:1.36", "--replicas=2"]);
+    assert!(ok, "{out}");
+    eventually("a refused pod create by the replicaset-controller", || {
+        events(&log).iter().any(|e| {
+            e["verb"] == "create"
+                && e["user"]["username"] == "system:serviceaccount:kube-system:replicaset-controller"
+                && e["responseStatus"]["code"] == 403
+                && e["responseStatus"]["reason"] == "Forbidden"
+        })
+    });
+    // The Deployment's ReplicaSet exists (the deployment controller is
+    // allowed) but has no pods.
+    let (ok, out) = kubectl(&s, &["get", "rs", "-l", "app=web", "-o", "name"]);
+    assert!(ok && out.contains("replicaset.apps/web-"), "{out}");
+    let (_, pods) = kubectl(&s, &["get", "pods", "-l", "app=web", "-o", "name"]);
+    assert!(pods.trim().is_empty() || pods.contains("No resources"), "pods created without RBAC: {pods}");
+    // The binding back: the controller's retries succeed.
+    let (ok, out) = kubectl(
+        &s,
+        &[
+            "create",
+            "clusterrolebinding",
+            "system:controller:replicaset-controller",
+            "--clusterrole=system:controller:replicaset-controller",
+            "--serviceaccount=kube-system:replicaset-controller",
+        ],
+    );
+    assert!(ok, "{out}");
+    eventually("two pods", || kubectl(&s, &["get", "pods", "-l", "app=web", "-o", "name"]).1.lines().count() == 2);
+}

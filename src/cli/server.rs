@@ -260,8 +260,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     });
     let manager = crate::client::in_process(api.clone(), crate::client::controller_manager());
     let election = crate::client::leader::LeaderElection::new(manager.clone(), "kube-controller-manager", &node_name);
+    let for_controllers = api.clone();
+    let client_for: crate::client::ClientFor = Arc::new(move |name: &str| {
+        crate::client::in_process(for_controllers.clone(), crate::client::controller_service_account(name))
+    });
     followers.push(tokio::spawn(
-        election.run(move || crate::controllers::start(manager.clone(), controller_config.clone())),
+        election.run(move || crate::controllers::start(manager.clone(), client_for.clone(), controller_config.clone())),
     ));
     let profiles: Vec<_> = scheduler_profiles(&args.kube_scheduler_arg)?.into_iter().map(Arc::new).collect();
     let scheduler = crate::client::in_process(api.clone(), crate::client::scheduler());

@@ -29,6 +29,23 @@ pub fn controller_manager() -> User {
     }
 }
 
+/// The identity a controller acts as when it runs under its own service
+/// account in kube-system (upstream's `--use-service-account-credentials`).
+pub fn controller_service_account(name: &str) -> User {
+    User {
+        name: format!("system:serviceaccount:kube-system:{name}"),
+        groups: vec![
+            "system:serviceaccounts".into(),
+            "system:serviceaccounts:kube-system".into(),
+            "system:authenticated".into(),
+        ],
+    }
+}
+
+/// Builds the client a controller (named as upstream names it, e.g.
+/// `replicaset-controller`) acts through.
+pub type ClientFor = Arc<dyn Fn(&str) -> kube::Client + Send + Sync>;
+
 /// The identity ferrok's scheduler uses in process.
 pub fn scheduler() -> User {
     User { name: "system:kube-scheduler".into(), groups: vec!["system:masters".into(), "system:authenticated".into()] }

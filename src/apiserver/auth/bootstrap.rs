@@ -13,7 +13,7 @@ use crate::apiserver::storage::{Storage, WriteError};
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &["create", "delete", "deletecollection", "patch", "update"];
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
+pub(super) fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
     json!({"apiGroups": groups, "resources": resources, "verbs": verbs})
 }
 
@@ -210,6 +210,10 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
             true,
         ),
     ];
+    let controllers = super::controller_roles::roles();
+    let roles = roles.into_iter().chain(
+        controllers.iter().map(|(name, rules)| cluster_role(&format!("system:controller:{name}"), rules.clone(), true)),
+    );
     for r in roles {
         let key = format!("/registry/rbac.authorization.k8s.io/clusterroles/{}", meta::name_of(&r));
         reconcile(storage, &key, r, "rules").await?;
@@ -225,6 +229,8 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
             &["system:authenticated", "system:unauthenticated"],
         ),
     ];
+    let bindings =
+        bindings.into_iter().chain(controllers.iter().map(|(name, _)| super::controller_roles::binding(name)));
     for b in bindings {
         let key = format!("/registry/rbac.authorization.k8s.io/clusterrolebindings/{}", meta::name_of(&b));
         reconcile(storage, &key, b, "subjects").await?;
