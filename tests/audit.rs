@@ -220,3 +220,41 @@ fn replicaset_controller_is_refused_by_rbac_without_its_binding() {
     assert!(ok, "{out}");
     eventually("two pods", || kubectl(&s, &["get", "pods", "-l", "app=web", "-o", "name"]).1.lines().count() == 2);
 }
+
+/// The scheduler acts as `system:kube-scheduler`, bound by the role of that
+/// name and no longer in system:masters: without its binding it cannot
+/// bind pods.
+#[test]
+fn scheduler_is_refused_by_rbac_without_its_binding() {
+    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  users: [\"system:kube-scheduler\"]\n  resources:\n  - group: \"\"\n    resources: [pods/binding]\n";
+    let (s, log) = start(policy, &[]);
+    let (ok, out) = kubectl(&s, &["delete", "clusterrolebinding", "system:kube-scheduler"]);
+    assert!(ok, "{out}");
+    let node = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1","labels":{"kubernetes.io/hostname":"n1"}},
+        "status":{"allocatable":{"cpu":"4","memory":"8Gi","pods":"110"},"capacity":{"cpu":"4","memory":"8Gi","pods":"110"},
+        "conditions":[{"type":"Ready","status":"True"}]}}"#;
+    common::create(&s, node);
+    let (ok, out) = kubectl(&s, &["run", "p", "--image=busybox:1.36"]);
+    assert!(ok, "{out}");
+    eventually("a refused binding by the scheduler", || {
+        events(&log).iter().any(|e| {
+            e["objectRef"]["subresource"] == "binding"
+                && e["user"]["username"] == "system:kube-scheduler"
+                && e["responseStatus"]["code"] == 403
+        })
+    });
+    let node_of = || kubectl(&s, &["get", "pod", "p", "-o", "jsonpath={.spec.nodeName}"]).1;
+    assert_eq!(node_of(), "", "bound without RBAC");
+    let (ok, out) = kubectl(
+        &s,
+        &[
+            "create",
+            "clusterrolebinding",
+            "system:kube-scheduler",
+            "--clusterrole=system:kube-scheduler",
+            "--user=system:kube-scheduler",
+        ],
+    );
+    assert!(ok, "{out}");
+    eventually("the pod bound", || node_of() == "n1");
+}

@@ -46,9 +46,10 @@ pub fn controller_service_account(name: &str) -> User {
 /// `replicaset-controller`) acts through.
 pub type ClientFor = Arc<dyn Fn(&str) -> kube::Client + Send + Sync>;
 
-/// The identity ferrok's scheduler uses in process.
+/// The identity ferrok's scheduler uses in process, bound by the
+/// `system:kube-scheduler` and `system:volume-scheduler` roles.
 pub fn scheduler() -> User {
-    User { name: "system:kube-scheduler".into(), groups: vec!["system:masters".into(), "system:authenticated".into()] }
+    User { name: "system:kube-scheduler".into(), groups: vec!["system:authenticated".into()] }
 }
 
 /// The identity the server's own node role uses in process: the node's

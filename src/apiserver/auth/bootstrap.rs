@@ -133,6 +133,14 @@ fn cluster_role(name: &str, rules: Vec<Value>, bootstrap: bool) -> Value {
 fn binding(name: &str, role: &str, groups: &[&str]) -> Value {
     let subjects: Vec<Value> =
         groups.iter().map(|g| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": g})).collect();
+    binding_to(name, role, subjects)
+}
+
+fn user_binding(name: &str, role: &str, user: &str) -> Value {
+    binding_to(name, role, vec![json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user})])
+}
+
+fn binding_to(name: &str, role: &str, subjects: Vec<Value>) -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
@@ -210,8 +218,12 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
             true,
         ),
     ];
+    let roles = roles.into_iter().chain([
+        cluster_role("system:kube-scheduler", super::component_roles::kube_scheduler(), true),
+        cluster_role("system:volume-scheduler", super::component_roles::volume_scheduler(), true),
+    ]);
     let controllers = super::controller_roles::roles();
-    let roles = roles.into_iter().chain(
+    let roles = roles.chain(
         controllers.iter().map(|(name, rules)| cluster_role(&format!("system:controller:{name}"), rules.clone(), true)),
     );
     for r in roles {
@@ -223,6 +235,8 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         binding("system:discovery", "system:discovery", &["system:authenticated"]),
         binding("system:basic-user", "system:basic-user", &["system:authenticated"]),
         binding("system:node-bootstrapper", "system:node-bootstrapper", &["system:bootstrappers"]),
+        user_binding("system:kube-scheduler", "system:kube-scheduler", "system:kube-scheduler"),
+        user_binding("system:volume-scheduler", "system:volume-scheduler", "system:kube-scheduler"),
         binding(
             "system:public-info-viewer",
             "system:public-info-viewer",
