@@ -316,7 +316,7 @@ pub async fn audit(State(auditor): State<Arc<Auditor>>, mut req: Request, next: 
 /// A response whose body is in memory, read as JSON (and put back).
 async fn buffer_body(response: Response) -> (Response, Option<Value>) {
     let size = axum::body::HttpBody::size_hint(response.body()).exact();
-    if !size.is_some_and(|s| s as usize <= MAX_RECORDED_BODY) {
+    if size.is_none_or(|s| s as usize > MAX_RECORDED_BODY) {
         return (response, None);
     }
     let (parts, body) = response.into_parts();
