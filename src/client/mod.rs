@@ -21,7 +21,10 @@ pub fn in_process(api: Arc<Api>, user: User) -> kube::Client {
     kube::Client::new(service, "default")
 }
 
-/// The identity ferrok's controllers use in process.
+/// The identity ferrok's controllers use in process (the shared informers,
+/// and the controllers not yet under their own service account: see
+/// `controller_service_account`). Still in system:masters until every
+/// controller has its `system:controller:<name>` role.
 pub fn controller_manager() -> User {
     User {
         name: "system:kube-controller-manager".into(),
