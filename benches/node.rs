@@ -141,7 +141,8 @@ async fn wait_all(seen: &Mutex<HashMap<String, Instant>>, names: &[String], limi
         if Instant::now() >= deadline {
             let pods = node.kubectl(&["get", "pods", "-A", "-o", "wide"]).1;
             let events = node.kubectl(&["get", "events", "-A"]).1;
-            let log: Vec<String> = node.log().lines().filter(|l| !l.contains("apiserver: request")).map(String::from).collect();
+            let log: Vec<String> =
+                node.log().lines().filter(|l| !l.contains("apiserver: request")).map(String::from).collect();
             panic!(
                 "pods not Running in {limit:?}\n{pods}\n{events}\n{}",
                 log[log.len().saturating_sub(60)..].join("\n")
@@ -166,7 +167,8 @@ fn cpu_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
     let f: Vec<&str> = rest.split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
 }
 
 /// Pids of processes whose command line contains `needle`.
@@ -187,10 +189,13 @@ fn memory_line(what: &str, node: &TestNode) {
     let config = node.dir.path().join("agent/etc/containerd/config.toml");
     let containerd: f64 = pids_with(&format!("--config\0{}", config.display())).into_iter().map(rss_mib).sum();
     let sock = node.socket();
-    let shims: Vec<u32> = pids_with(&format!("{}", sock.display())).into_iter().filter(|p| {
-        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-        String::from_utf8_lossy(&cmd).contains("containerd-shim")
-    }).collect();
+    let shims: Vec<u32> = pids_with(&format!("{}", sock.display()))
+        .into_iter()
+        .filter(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains("containerd-shim")
+        })
+        .collect();
     let shim_rss: f64 = shims.iter().map(|p| rss_mib(*p)).sum();
     println!(
         "resident memory, {what}: ferrok {ferrok:.1} MiB; containerd {containerd:.1} MiB; {} shims {shim_rss:.1} MiB",
@@ -254,14 +259,20 @@ fn main() {
             let before = cpu_ticks(pid);
             tokio::time::sleep(Duration::from_secs(idle)).await;
             let used = (cpu_ticks(pid) - before) as f64 / hz;
-            println!("ferrok CPU at rest with {burst} pods over {idle} s: {:.2} % of a core", used / idle as f64 * 100.0);
+            println!(
+                "ferrok CPU at rest with {burst} pods over {idle} s: {:.2} % of a core",
+                used / idle as f64 * 100.0
+            );
         }
 
         // Pods one after another.
         let ns = "serial";
         let nsapi: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.clone());
         let _ = nsapi
-            .create(&PostParams::default(), &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).expect("ns"))
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).expect("ns"),
+            )
             .await;
         let seen = watch_running(c.clone(), ns);
         let api: Api<Pod> = Api::namespaced(c.clone(), ns);

@@ -63,14 +63,19 @@ async fn malformed_values_get_upstreams_errors() {
     // generateName with a multi-byte character across byte 58 (where the
     // prefix is cut): the cut keeps whole characters, the name is valid.
     let prefix = hostile::straddling(70, 58, 'é');
-    let (code, body) =
-        json_req(&c, "POST", CMS, &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": prefix}}))
-            .await;
+    let (code, body) = json_req(
+        &c,
+        "POST",
+        CMS,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": prefix}}),
+    )
+    .await;
     assert_eq!(code, 201, "{body}");
     let generated = body["metadata"]["name"].as_str().unwrap_or_default();
     assert!(generated.starts_with(&"a".repeat(57)) && generated.len() == 62, "{body}");
     // One that stays in the name is a 422 naming metadata.name.
-    let (code, body) = json_req(&c, "POST", CMS, &json!({"metadata": {"generateName": hostile::straddling(20, 10, '日')}})).await;
+    let (code, body) =
+        json_req(&c, "POST", CMS, &json!({"metadata": {"generateName": hostile::straddling(20, 10, '日')}})).await;
     assert_eq!(code, 422, "{body}");
     assert_eq!(body["details"]["causes"][0]["field"], "metadata.name", "{body}");
     let (code, body) =

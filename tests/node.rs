@@ -68,8 +68,7 @@ spec:
     let pods = node.get(&["pods", "-n", "app", "-l", "app=web"], "{.items[*].metadata.name}");
     let pods: Vec<&str> = pods.split_whitespace().collect();
     assert_eq!(pods.len(), 2);
-    let ips: HashSet<String> =
-        pods.iter().map(|p| node.get(&["pod", "-n", "app", p], "{.status.podIP}")).collect();
+    let ips: HashSet<String> = pods.iter().map(|p| node.get(&["pod", "-n", "app", p], "{.status.podIP}")).collect();
     assert_eq!(ips.len(), 2, "each pod has its own address: {ips:?}");
     for ip in &ips {
         assert!(ip.starts_with("10.42."), "pod IP {ip} is from the node's podCIDR");
@@ -103,7 +102,10 @@ spec:
     let (ok, out) = node.kubectl(&["rollout", "status", "deploy/web", "-n", "app", "--timeout=60s"]);
     assert!(ok, "second rollout: {out}");
     // Old pods may still be terminating; the ones not being deleted are all new.
-    let listing = node.get(&["pods", "-n", "app", "-l", "app=web"], "{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{\"\\n\"}{end}");
+    let listing = node.get(
+        &["pods", "-n", "app", "-l", "app=web"],
+        "{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
+    );
     let live: Vec<&str> = listing.lines().filter(|l| l.split_whitespace().count() == 1).collect();
     assert_eq!(live.len(), 2, "{listing}");
     assert!(live.iter().all(|p| !pods.contains(&p.trim())), "old pods remain: {listing}");
@@ -149,10 +151,13 @@ spec:
     assert_eq!(node.exec("vol", "reader", "c", "cat /etc/settings/mode").trim(), "one");
     node.exec("vol", "reader", "c", "echo data > /scratch/f");
     node.ok(&["patch", "configmap", "settings", "-n", "vol", "--type=merge", "-p", r#"{"data":{"mode":"two"}}"#]);
-    node.eventually("the new value in the volume", 30, || node.exec("vol", "reader", "c", "cat /etc/settings/mode").trim() == "two");
+    node.eventually("the new value in the volume", 30, || {
+        node.exec("vol", "reader", "c", "cat /etc/settings/mode").trim() == "two"
+    });
     // The pod missing its ConfigMap waits with upstream's event.
     node.eventually("FailedMount event", 30, || {
-        let ev = node.get(&["events", "-n", "vol", "--field-selector", "involvedObject.name=waiting"], "{.items[*].message}");
+        let ev = node
+            .get(&["events", "-n", "vol", "--field-selector", "involvedObject.name=waiting"], "{.items[*].message}");
         ev.contains("MountVolume.SetUp failed for volume \"s\" : configmap \"not-there\" not found")
     });
     assert_eq!(phase(&node, "vol", "waiting"), "Pending");
@@ -202,11 +207,14 @@ spec:
     assert_eq!(term.trim(), "Completed/finished");
 
     node.eventually("crash loop back-off", 60, || {
-        node.get(&["pod", "-n", "life", "crasher"], "{.status.containerStatuses[0].state.waiting.reason}") == "CrashLoopBackOff"
+        node.get(&["pod", "-n", "life", "crasher"], "{.status.containerStatuses[0].state.waiting.reason}")
+            == "CrashLoopBackOff"
     });
-    let restarts: i32 = node.get(&["pod", "-n", "life", "crasher"], "{.status.containerStatuses[0].restartCount}").parse().unwrap_or(0);
+    let restarts: i32 =
+        node.get(&["pod", "-n", "life", "crasher"], "{.status.containerStatuses[0].restartCount}").parse().unwrap_or(0);
     assert!(restarts >= 1, "restarted before backing off: {restarts}");
-    let last = node.get(&["pod", "-n", "life", "crasher"], "{.status.containerStatuses[0].lastState.terminated.exitCode}");
+    let last =
+        node.get(&["pod", "-n", "life", "crasher"], "{.status.containerStatuses[0].lastState.terminated.exitCode}");
     assert_eq!(last, "3");
     let msg = node.get(&["pod", "-n", "life", "crasher"], "{.status.containerStatuses[0].state.waiting.message}");
     assert!(msg.starts_with("back-off ") && msg.contains("restarting failed container=c pod=crasher_life("), "{msg}");
@@ -216,7 +224,10 @@ spec:
     node.eventually("a liveness restart", 60, || {
         node.get(&["pod", "-n", "life", "sick"], "{.status.containerStatuses[0].restartCount}") == "1"
     });
-    let events = node.get(&["events", "-n", "life", "--field-selector", "involvedObject.name=sick"], "{range .items[*]}{.reason}: {.message}{\"\\n\"}{end}");
+    let events = node.get(
+        &["events", "-n", "life", "--field-selector", "involvedObject.name=sick"],
+        "{range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
+    );
     assert!(events.contains("Unhealthy: Liveness probe failed"), "{events}");
     assert!(events.contains("Killing: Container c failed liveness probe, will be restarted"), "{events}");
 }
@@ -246,12 +257,17 @@ spec:
     node.eventually("the pod ready", 60, || {
         node.get(&["pod", "-n", "side", "p"], "{.status.conditions[?(@.type==\"Ready\")].status}") == "True"
     });
-    let ready = node.get(&["pod", "-n", "side", "p"], "{.status.initContainerStatuses[1].ready}/{.status.initContainerStatuses[1].started}");
+    let ready = node.get(
+        &["pod", "-n", "side", "p"],
+        "{.status.initContainerStatuses[1].ready}/{.status.initContainerStatuses[1].started}",
+    );
     assert_eq!(ready, "true/true");
     let setup = node.get(&["pod", "-n", "side", "p"], "{.status.initContainerStatuses[0].state.terminated.reason}");
     assert_eq!(setup, "Completed");
     assert_eq!(node.exec("side", "p", "app", "cat /work/ready").trim(), "prepared");
-    node.eventually("the sidecar writing", 20, || node.exec("side", "p", "app", "wc -l < /work/log").trim().parse::<u32>().unwrap_or(0) >= 2);
+    node.eventually("the sidecar writing", 20, || {
+        node.exec("side", "p", "app", "wc -l < /work/log").trim().parse::<u32>().unwrap_or(0) >= 2
+    });
     let (_, out) = node.kubectl(&["get", "pod", "-n", "side", "p", "--no-headers"]);
     assert!(out.contains("2/2"), "kubectl counts the sidecar: {out}");
 }
@@ -267,9 +283,13 @@ fn static_pods_run_from_manifests_with_mirror_pods() {
     .expect("write manifest");
     let mirror = format!("static-web-{}", node.name);
     node.eventually("the mirror pod running", 60, || phase(&node, "kube-system", &mirror) == "Running");
-    let ann = node.get(&["pod", "-n", "kube-system", &mirror], "{.metadata.annotations.kubernetes\\.io/config\\.mirror}");
+    let ann =
+        node.get(&["pod", "-n", "kube-system", &mirror], "{.metadata.annotations.kubernetes\\.io/config\\.mirror}");
     assert_eq!(ann.len(), 32, "config.mirror hash: {ann}");
-    let owner = node.get(&["pod", "-n", "kube-system", &mirror], "{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}");
+    let owner = node.get(
+        &["pod", "-n", "kube-system", &mirror],
+        "{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
+    );
     assert_eq!(owner, format!("Node/{}", node.name));
     let id = node.container_id("kube-system", &mirror, "c");
     // Deleting the mirror does not stop the static pod; the mirror comes back.
@@ -312,7 +332,8 @@ spec:
     }
     let ids = |node: &Node, ns: &str| -> Vec<String> {
         let out = node.get(&["pods", "-n", ns], "{.items[*].status.containerStatuses[0].containerID}");
-        let mut v: Vec<String> = out.split_whitespace().map(|s| s.trim_start_matches("containerd://").to_string()).collect();
+        let mut v: Vec<String> =
+            out.split_whitespace().map(|s| s.trim_start_matches("containerd://").to_string()).collect();
         v.sort();
         v
     };
@@ -325,7 +346,10 @@ spec:
     node.restart(true);
     node.eventually("statuses after the restart", 30, || {
         ids(&node, "keep") == keep_before
-            && node.get(&["pods", "-n", "keep"], "{.items[*].status.containerStatuses[0].restartCount}").split_whitespace().all(|r| r == "0")
+            && node
+                .get(&["pods", "-n", "keep"], "{.items[*].status.containerStatuses[0].restartCount}")
+                .split_whitespace()
+                .all(|r| r == "0")
     });
     let pids_after = node.container_pids();
     for p in &pids_before {
@@ -344,7 +368,9 @@ spec:
         assert!(!pod_dir.exists(), "{} remains", pod_dir.display());
         assert!(common::node::mounts_under(&pod_dir).is_empty(), "mounts of {uid} remain");
         for q in ["", "besteffort/", "burstable/"] {
-            let cg = std::path::Path::new("/sys/fs/cgroup/memory").join(node.cgroup_root.trim_start_matches('/')).join(format!("{q}pod{uid}"));
+            let cg = std::path::Path::new("/sys/fs/cgroup/memory")
+                .join(node.cgroup_root.trim_start_matches('/'))
+                .join(format!("{q}pod{uid}"));
             assert!(!cg.exists(), "{} remains", cg.display());
         }
         let logs = std::fs::read_dir(node.dir.path().join("agent").join("logs").join("pods")).expect("logs dir");
@@ -379,7 +405,11 @@ fn a_pod_deleted_while_ferrok_is_down_is_cleaned_up_when_it_returns() {
         .spawn()
         .expect("start the API alone");
     let kubectl = |args: &[&str]| {
-        std::process::Command::new("kubectl").env("KUBECONFIG", dir.join("api-only.yaml")).args(args).output().expect("kubectl")
+        std::process::Command::new("kubectl")
+            .env("KUBECONFIG", dir.join("api-only.yaml"))
+            .args(args)
+            .output()
+            .expect("kubectl")
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while !kubectl(&["delete", "pod", "doomed", "--grace-period=0", "--force"]).status.success() {
@@ -401,7 +431,12 @@ fn images_pull_from_a_local_registry_with_and_without_a_pull_secret() {
     use common::images::{busybox_oci_tar, Registry};
     let mut node = Node::new(&[]);
     let open = Registry::start_at(&node.dir.path().join("reg-open"), None, &node.ip, Some(&node.netns));
-    let locked = Registry::start_at(&node.dir.path().join("reg-locked"), Some(("puller", "s3cret")), &node.ip, Some(&node.netns));
+    let locked = Registry::start_at(
+        &node.dir.path().join("reg-locked"),
+        Some(("puller", "s3cret")),
+        &node.ip,
+        Some(&node.netns),
+    );
     let tar = node.dir.path().join("push.tar");
     busybox_oci_tar(&tar, "docker.io/library/busybox:push");
     open.push(&tar, "library/busybox:pushed");
@@ -426,9 +461,13 @@ fn images_pull_from_a_local_registry_with_and_without_a_pull_secret() {
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: pull}}\nspec:\n{secrets}  containers: [{{name: c, image: \"{image}\", command: [\"sleep\", \"100000\"]}}]\n"
         ));
     };
-    let waiting = |name: &str| node.get(&["pod", "-n", "pull", name], "{.status.containerStatuses[0].state.waiting.reason}");
+    let waiting =
+        |name: &str| node.get(&["pod", "-n", "pull", name], "{.status.containerStatuses[0].state.waiting.reason}");
     let events = |name: &str| {
-        node.get(&["events", "-n", "pull", "--field-selector", &format!("involvedObject.name={name}")], "{range .items[*]}{.reason}: {.message}{\"\\n\"}{end}")
+        node.get(
+            &["events", "-n", "pull", "--field-selector", &format!("involvedObject.name={name}")],
+            "{range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
+        )
     };
 
     pod("anonymous", &format!("{}/library/busybox:pushed", open.host()), None);
@@ -446,8 +485,15 @@ fn images_pull_from_a_local_registry_with_and_without_a_pull_secret() {
     assert!(ev.contains("BackOff: Back-off pulling image"), "{ev}");
 
     node.ok(&[
-        "create", "secret", "docker-registry", "regcred", "-n", "pull",
-        &format!("--docker-server={}", locked.host()), "--docker-username=puller", "--docker-password=s3cret",
+        "create",
+        "secret",
+        "docker-registry",
+        "regcred",
+        "-n",
+        "pull",
+        &format!("--docker-server={}", locked.host()),
+        "--docker-username=puller",
+        "--docker-password=s3cret",
     ]);
     pod("with-secret", &private, Some("regcred"));
     node.eventually("the private image running", 60, || phase(&node, "pull", "with-secret") == "Running");
@@ -621,7 +667,10 @@ spec:
     let started = std::time::Instant::now();
     node.ok(&["delete", "pod", "-n", "sec", "locked-down"]);
     let took = started.elapsed();
-    assert!(took >= std::time::Duration::from_secs(2) && took < std::time::Duration::from_secs(15), "deletion took {took:?}");
+    assert!(
+        took >= std::time::Duration::from_secs(2) && took < std::time::Duration::from_secs(15),
+        "deletion took {took:?}"
+    );
     assert_eq!(std::fs::read_to_string(host_dir.join("pre-stop")).expect("preStop ran").trim(), "stopping");
     node.ok(&["delete", "pod", "-n", "sec", "wants-non-root", "--grace-period=1"]);
     node.ok(&["delete", "pvc", "-n", "sec", "data"]);

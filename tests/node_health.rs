@@ -93,12 +93,8 @@ fn numbers(text: &str) -> Vec<u64> {
 
 #[test]
 fn container_logs_rotate_gzip_and_stay_bounded() {
-    let node = Node::start(&[
-        "--kubelet-arg",
-        "container-log-max-size=1Mi",
-        "--kubelet-arg",
-        "container-log-max-files=3",
-    ]);
+    let node =
+        Node::start(&["--kubelet-arg", "container-log-max-size=1Mi", "--kubelet-arg", "container-log-max-files=3"]);
     // About 200 KB/s of numbered 100-byte lines.
     let script = r#"n=0; while :; do n=$((n+1)); echo "$n xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"; [ $((n % 20)) -eq 0 ] && usleep 10000; done"#;
     node.apply(&format!(

@@ -255,7 +255,8 @@ impl KubeletConfig {
                     for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
                         let (name, d) =
                             part.split_once('=').ok_or_else(|| err(format!("{part:?}: expected SIGNAL=DURATION")))?;
-                        let signal = Signal::parse(name).ok_or_else(|| err(format!("unknown eviction signal {name:?}")))?;
+                        let signal =
+                            Signal::parse(name).ok_or_else(|| err(format!("unknown eviction signal {name:?}")))?;
                         self.eviction_soft_grace_period.insert(signal, duration(d).map_err(err)?);
                     }
                 }
@@ -318,7 +319,10 @@ mod tests {
         assert_eq!(c.max_pods, 110);
         assert_eq!(c.container_log_max_size, 10 << 20);
         assert_eq!(c.container_log_max_files, 5);
-        assert_eq!(c.eviction_hard[0], Threshold { signal: Signal::MemoryAvailable, value: ThresholdValue::Quantity(100 << 20) });
+        assert_eq!(
+            c.eviction_hard[0],
+            Threshold { signal: Signal::MemoryAvailable, value: ThresholdValue::Quantity(100 << 20) }
+        );
         for signal in [Signal::NodeFsAvailable, Signal::ImageFsAvailable] {
             let t = c.eviction_hard.iter().find(|t| t.signal == signal).expect("a disk threshold");
             assert_eq!(t.value, ThresholdValue::Percentage(0.05));

@@ -77,7 +77,10 @@ use crate::host::is_executable;
 
 /// The folder holding the host's CNI plugins.
 pub fn cni_bin_dir() -> Option<PathBuf> {
-    ["/usr/lib/cni", "/opt/cni/bin", "/usr/libexec/cni"].map(PathBuf::from).into_iter().find(|d| is_executable(&d.join("bridge")))
+    ["/usr/lib/cni", "/opt/cni/bin", "/usr/libexec/cni"]
+        .map(PathBuf::from)
+        .into_iter()
+        .find(|d| is_executable(&d.join("bridge")))
 }
 
 /// Checks that what a node needs from the host is installed: containerd,
@@ -99,7 +102,9 @@ pub fn check_host(external_runtime: bool) -> Result<(Vec<RuntimeHandler>, PathBu
     if let Some(crun) = find_binary("crun") {
         match crun_unusable_because() {
             None => handlers.push(RuntimeHandler { name: "crun".into(), binary: crun }),
-            Some(why) => tracing::warn!("crun is installed but cannot run containers here ({why}); no crun RuntimeClass"),
+            Some(why) => {
+                tracing::warn!("crun is installed but cannot run containers here ({why}); no crun RuntimeClass")
+            }
         }
     }
     Ok((handlers, cni))
@@ -287,14 +292,16 @@ fn spawn(p: &ContainerdPaths) -> Result<Child, ContainerdError> {
         .append(true)
         .open(&log_path)
         .map_err(|source| ContainerdError::Io { action: "open", path: log_path.clone(), source })?;
-    let err = log.try_clone().map_err(|source| ContainerdError::Io { action: "open", path: log_path.clone(), source })?;
+    let err =
+        log.try_clone().map_err(|source| ContainerdError::Io { action: "open", path: log_path.clone(), source })?;
     let binary = find_binary("containerd")
         .ok_or(ContainerdError::Missing { binary: "containerd".into(), package: "containerd" })?;
     let mut cmd = Command::new(binary);
     cmd.arg("--config").arg(&p.config).stdin(Stdio::null()).stdout(log).stderr(err).kill_on_drop(false);
     // Its own process group, so a ^C meant for ferrok does not reach it first.
     cmd.process_group(0);
-    let child = cmd.spawn().map_err(|source| ContainerdError::Io { action: "start", path: p.config.clone(), source })?;
+    let child =
+        cmd.spawn().map_err(|source| ContainerdError::Io { action: "start", path: p.config.clone(), source })?;
     if let Some(pid) = child.id() {
         let _ = std::fs::write(p.pid_file(), pid.to_string());
     }

@@ -141,7 +141,9 @@ pub fn hosts_file(pod: &Pod, pod_ips: &[String], cluster_domain: &str, host_host
     } else {
         out.push_str("# Kubernetes-managed hosts file.\n");
         out.push_str("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
-        out.push_str("fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n");
+        out.push_str(
+            "fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n",
+        );
         let hostname = pod_util::hostname(pod);
         let names = match spec.subdomain.as_deref().filter(|s| !s.is_empty()) {
             Some(sub) => format!("{hostname}.{sub}.{}.svc.{cluster_domain}\t{hostname}", pod_util::namespace(pod)),
@@ -154,7 +156,11 @@ pub fn hosts_file(pod: &Pod, pod_ips: &[String], cluster_domain: &str, host_host
     if let Some(aliases) = spec.host_aliases.as_ref().filter(|a| !a.is_empty()) {
         out.push_str("\n# Entries added by HostAliases.\n");
         for a in aliases {
-            out.push_str(&format!("{}\t{}\n", a.ip, a.hostnames.iter().flatten().cloned().collect::<Vec<_>>().join("\t")));
+            out.push_str(&format!(
+                "{}\t{}\n",
+                a.ip,
+                a.hostnames.iter().flatten().cloned().collect::<Vec<_>>().join("\t")
+            ));
         }
     }
     out
@@ -210,13 +216,18 @@ mod tests {
 
     #[test]
     fn dns_config_options_override_by_name() {
-        let c = pod_dns_config(&pod(json!({"dnsConfig": {"options": [{"name": "ndots", "value": "1"}]}, "containers": []})), &settings());
+        let c = pod_dns_config(
+            &pod(json!({"dnsConfig": {"options": [{"name": "ndots", "value": "1"}]}, "containers": []})),
+            &settings(),
+        );
         assert_eq!(c.options, ["ndots:1"]);
     }
 
     #[test]
     fn hosts_file_names_the_pod_and_aliases() {
-        let p = pod(json!({"hostname": "h", "subdomain": "s", "hostAliases": [{"ip": "1.2.3.4", "hostnames": ["a", "b"]}], "containers": []}));
+        let p = pod(
+            json!({"hostname": "h", "subdomain": "s", "hostAliases": [{"ip": "1.2.3.4", "hostnames": ["a", "b"]}], "containers": []}),
+        );
         let text = hosts_file(&p, &["10.42.0.9".to_string()], "cluster.local", None);
         assert!(text.starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"));
         assert!(text.contains("10.42.0.9\th.s.shop.svc.cluster.local\th\n"));

@@ -103,11 +103,15 @@ pub fn service_links(services: &[Service]) -> Vec<(String, String)> {
 }
 
 /// A pod field by path, as the downward API reads it.
-pub fn pod_field(pod: &Pod, path: &str, ctx_pod_ips: &[String], host_ips: &[String], node_name: &str) -> Option<String> {
+pub fn pod_field(
+    pod: &Pod,
+    path: &str,
+    ctx_pod_ips: &[String],
+    host_ips: &[String],
+    node_name: &str,
+) -> Option<String> {
     let meta = &pod.metadata;
-    let map_key = |prefix: &str| {
-        path.strip_prefix(prefix).and_then(|r| r.strip_suffix("']")).map(str::to_string)
-    };
+    let map_key = |prefix: &str| path.strip_prefix(prefix).and_then(|r| r.strip_suffix("']")).map(str::to_string);
     if let Some(k) = map_key("metadata.labels['") {
         return Some(meta.labels.as_ref().and_then(|l| l.get(&k)).cloned().unwrap_or_default());
     }
@@ -148,7 +152,8 @@ pub fn resource_field(
     divisor: Option<&Quantity>,
     allocatable: &BTreeMap<String, Quantity>,
 ) -> Result<String, String> {
-    let (kind, name) = resource.split_once('.').ok_or_else(|| format!("unsupported container resource : {resource}"))?;
+    let (kind, name) =
+        resource.split_once('.').ok_or_else(|| format!("unsupported container resource : {resource}"))?;
     let res = c.resources.as_ref();
     let pick = |m: Option<&BTreeMap<String, Quantity>>| m.and_then(|m| m.get(name)).cloned();
     let value = match kind {
@@ -160,7 +165,8 @@ pub fn resource_field(
     };
     let one = Quantity("1".into());
     let divisor = divisor.unwrap_or(&one);
-    let d = quantity::milli_value(divisor).filter(|d| *d > 0).ok_or_else(|| format!("invalid divisor {}", divisor.0))?;
+    let d =
+        quantity::milli_value(divisor).filter(|d| *d > 0).ok_or_else(|| format!("invalid divisor {}", divisor.0))?;
     let Some(v) = value else {
         // A request that is not set reads as 0 (cpu requests default to 0).
         return Ok("0".into());
@@ -268,7 +274,10 @@ pub async fn make_environment(
                         Some(v) => v.clone(),
                         None if r.optional == Some(true) => continue,
                         None => {
-                            return Err(EnvError::Config(format!("couldn't find key {} in ConfigMap {ns}/{name}", r.key)))
+                            return Err(EnvError::Config(format!(
+                                "couldn't find key {} in ConfigMap {ns}/{name}",
+                                r.key
+                            )))
                         }
                     },
                     None if r.optional == Some(true) => continue,
@@ -280,7 +289,9 @@ pub async fn make_environment(
                     Some(s) => match secret_data(&s).get(&r.key) {
                         Some(v) => v.clone(),
                         None if r.optional == Some(true) => continue,
-                        None => return Err(EnvError::Config(format!("couldn't find key {} in Secret {ns}/{name}", r.key))),
+                        None => {
+                            return Err(EnvError::Config(format!("couldn't find key {} in Secret {ns}/{name}", r.key)))
+                        }
                     },
                     None if r.optional == Some(true) => continue,
                     None => return Err(EnvError::Config(format!("secret \"{name}\" not found"))),

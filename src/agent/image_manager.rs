@@ -99,10 +99,16 @@ impl ImageManager {
 
     /// The image as CRI knows it, if present.
     pub async fn status(&self, image: &str) -> Result<Option<api::Image>, ImageError> {
-        let req = api::ImageStatusRequest { image: Some(api::ImageSpec { image: image.into(), ..Default::default() }), verbose: false };
+        let req = api::ImageStatusRequest {
+            image: Some(api::ImageSpec { image: image.into(), ..Default::default() }),
+            verbose: false,
+        };
         match self.cri.images().image_status(req).await {
             Ok(resp) => Ok(resp.into_inner().image),
-            Err(status) => Err(ImageError { reason: "ErrImageInspect", message: format!("Failed to inspect image {image:?}: {}", status.message()) }),
+            Err(status) => Err(ImageError {
+                reason: "ErrImageInspect",
+                message: format!("Failed to inspect image {image:?}: {}", status.message()),
+            }),
         }
     }
 
@@ -127,7 +133,12 @@ impl ImageManager {
         out
     }
 
-    async fn pull(&self, image: &str, auths: &[api::AuthConfig], sandbox: Option<&api::PodSandboxConfig>) -> Result<String, String> {
+    async fn pull(
+        &self,
+        image: &str,
+        auths: &[api::AuthConfig],
+        sandbox: Option<&api::PodSandboxConfig>,
+    ) -> Result<String, String> {
         let mut last = String::new();
         let attempts: Vec<Option<api::AuthConfig>> =
             if auths.is_empty() { vec![None] } else { auths.iter().cloned().map(Some).collect() };
@@ -158,7 +169,9 @@ impl ImageManager {
         if image.trim().is_empty() {
             return Err(ImageError {
                 reason: "InvalidImageName",
-                message: "Failed to apply default image tag \"\": couldn't parse image name \"\": invalid reference format".into(),
+                message:
+                    "Failed to apply default image tag \"\": couldn't parse image name \"\": invalid reference format"
+                        .into(),
             });
         }
         let policy = pull_policy(c);

@@ -15,6 +15,7 @@ use kube::runtime::reflector::Store;
 
 use super::config::AgentConfig;
 use super::cri::{api, CriError};
+use super::dns;
 use super::env::{self, EnvContext};
 use super::events::Events;
 use super::kuberuntime::actions::{self, ProbeState};
@@ -26,7 +27,6 @@ use super::pod_status::{self, PodFailure, StatusInputs, Waiting};
 use super::pod_util::{self, ContainerKind};
 use super::status_manager::StatusManager;
 use super::volume_manager::{PodVolumes, VolumeManager};
-use super::dns;
 use crate::client::events::EventType;
 
 /// What the prober knows, for actions and status.
@@ -96,7 +96,12 @@ impl Kubelet {
     }
 
     fn pod_log_dir(&self, pod: &Pod) -> PathBuf {
-        sandbox::pod_log_dir(&self.runtime.pod_logs_dir, pod_util::namespace(pod), pod_util::name(pod), pod_util::uid(pod))
+        sandbox::pod_log_dir(
+            &self.runtime.pod_logs_dir,
+            pod_util::namespace(pod),
+            pod_util::name(pod),
+            pod_util::uid(pod),
+        )
     }
 
     /// How long the pod's containers get to stop when it is deleted.
@@ -213,7 +218,8 @@ impl Kubelet {
         let mut rt = self.read(&uid).await?;
         let mut next: Option<Duration> = None;
         // Exits the PLEG announced but CRI has not caught up with yet.
-        st.expected_exits.retain(|id| rt.containers.iter().any(|c| &c.id == id && c.state == ContainerRunState::Running));
+        st.expected_exits
+            .retain(|id| rt.containers.iter().any(|c| &c.id == id && c.state == ContainerRunState::Running));
         if !st.expected_exits.is_empty() {
             next = Some(Duration::from_millis(100));
         }
@@ -267,7 +273,12 @@ impl Kubelet {
                 return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
             }
             if !rt.sandboxes.is_empty() {
-                self.events.pod(pod, EventType::Normal, "SandboxChanged", "Pod sandbox changed, it will be killed and re-created.");
+                self.events.pod(
+                    pod,
+                    EventType::Normal,
+                    "SandboxChanged",
+                    "Pod sandbox changed, it will be killed and re-created.",
+                );
             }
             match self.runtime.create_sandbox(pod, acts.attempt).await {
                 Ok((id, cfg)) => {
@@ -330,7 +341,13 @@ impl Kubelet {
     }
 
     /// Publishes the status while the pod waits for something (volumes, a sandbox).
-    async fn publish_waiting(&self, pod: &Pod, rt: &RuntimePod, st: &PodState, next: Option<Duration>) -> Result<SyncResult, CriError> {
+    async fn publish_waiting(
+        &self,
+        pod: &Pod,
+        rt: &RuntimePod,
+        st: &PodState,
+        next: Option<Duration>,
+    ) -> Result<SyncResult, CriError> {
         let status = self.status_of(pod, rt, st, false).await;
         self.publish(pod, &status);
         Ok(SyncResult { next, terminal: false })
@@ -368,7 +385,10 @@ impl Kubelet {
         let cref = Events::container_ref(pod, kind, &c.name);
         let fail = |reason: &str, message: String| {
             self.events.container(&cref, EventType::Warning, "Failed", &format!("Error: {message}"));
-            StartFailure { waiting: Waiting { reason: reason.into(), message }, retry_after: Some(Duration::from_secs(10)) }
+            StartFailure {
+                waiting: Waiting { reason: reason.into(), message },
+                retry_after: Some(Duration::from_secs(10)),
+            }
         };
         let services = self.services_for(pod_util::namespace(pod));
         let ctx = EnvContext {
@@ -400,7 +420,10 @@ impl Kubelet {
             });
         }
         let pod_ip = pod_ips.first().and_then(|ip| ip.parse().ok());
-        self.runtime.start_container(pod, kind, c, rt, sandbox_id, cfg, &envs, container_mounts, pod_ip).await.map(|_| ())
+        self.runtime
+            .start_container(pod, kind, c, rt, sandbox_id, cfg, &envs, container_mounts, pod_ip)
+            .await
+            .map(|_| ())
     }
 
     /// Stops every container of the pod and its sandbox, then writes the
@@ -474,9 +497,10 @@ impl Kubelet {
 
     fn orphan_log_dir(&self, uid: &str) -> Option<PathBuf> {
         let entries = std::fs::read_dir(&self.runtime.pod_logs_dir).ok()?;
-        entries.filter_map(Result::ok).map(|e| e.path()).find(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(&format!("_{uid}")))
-        })
+        entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(&format!("_{uid}"))))
     }
 
     /// Every pod uid the runtime or the disk has something of.
@@ -495,4 +519,3 @@ impl Kubelet {
         Ok(out)
     }
 }
-

@@ -252,7 +252,13 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     };
     let volumes = volume_manager::VolumeManager::new(client.clone(), config.dir.join("pods"), config.node_name.clone());
     let quantity = |name: &str, milli: bool| {
-        allocatable.get(name).and_then(|q| if milli { crate::client::quantity::milli_value(q) } else { crate::client::quantity::value(q) })
+        allocatable.get(name).and_then(|q| {
+            if milli {
+                crate::client::quantity::milli_value(q)
+            } else {
+                crate::client::quantity::value(q)
+            }
+        })
     };
     volumes.set_node_allocatable(volume_manager::NodeAllocatable {
         cpu_millis: quantity("cpu", true).unwrap_or(0),
@@ -276,7 +282,9 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     // Tarballs in the images folder are imported before any pod starts,
     // then whenever one lands there.
     let (images_dir, imported) =
-        images::ImagesDir::for_agent(&config.dir, cri.clone(), Some(Arc::new(NodePuller(kubelet.clone())))).start().await?;
+        images::ImagesDir::for_agent(&config.dir, cri.clone(), Some(Arc::new(NodePuller(kubelet.clone()))))
+            .start()
+            .await?;
     for (file, outcome) in imported {
         match outcome {
             Ok(o) => tracing::debug!(file = %file.display(), outcome = ?o, "images folder"),

@@ -152,10 +152,9 @@ async fn runtime_not_ready(cri: &Cri) -> Option<String> {
     for (kind, what) in [("RuntimeReady", "container runtime"), ("NetworkReady", "container runtime network")] {
         match cri::condition(&status, kind) {
             Some(c) if c.status => {}
-            Some(c) => problems.push(format!(
-                "{what} not ready: {kind}=false reason:{} message:{}",
-                c.reason, c.message
-            )),
+            Some(c) => {
+                problems.push(format!("{what} not ready: {kind}=false reason:{} message:{}", c.reason, c.message))
+            }
             None => problems.push(format!("{what} not ready: {kind} is not reported")),
         }
     }
@@ -196,7 +195,12 @@ pub async fn current_status(inputs: &StatusInputs) -> NodeStatus {
     };
     let conditions = vec![
         if pressure.memory {
-            condition("MemoryPressure", true, "KubeletHasInsufficientMemory", "kubelet has insufficient memory available")
+            condition(
+                "MemoryPressure",
+                true,
+                "KubeletHasInsufficientMemory",
+                "kubelet has insufficient memory available",
+            )
         } else {
             condition("MemoryPressure", false, "KubeletHasSufficientMemory", "kubelet has sufficient memory available")
         },
@@ -214,7 +218,10 @@ pub async fn current_status(inputs: &StatusInputs) -> NodeStatus {
     ];
     let mut runtime_handlers = vec![NodeRuntimeHandler {
         name: Some(String::new()),
-        features: Some(NodeRuntimeHandlerFeatures { recursive_read_only_mounts: Some(false), user_namespaces: Some(false) }),
+        features: Some(NodeRuntimeHandlerFeatures {
+            recursive_read_only_mounts: Some(false),
+            user_namespaces: Some(false),
+        }),
     }];
     for h in &inputs.handlers {
         runtime_handlers.push(NodeRuntimeHandler {
@@ -256,7 +263,11 @@ pub async fn current_status(inputs: &StatusInputs) -> NodeStatus {
 
 /// Creates the Node, or takes over an existing one of the same name (a
 /// restart), reconciling its labels; returns the stored Node.
-pub async fn register(client: &kube::Client, config: &AgentConfig, status: NodeStatus) -> Result<Node, NodeStatusError> {
+pub async fn register(
+    client: &kube::Client,
+    config: &AgentConfig,
+    status: NodeStatus,
+) -> Result<Node, NodeStatusError> {
     let api: Api<Node> = Api::all(client.clone());
     let wanted = node_to_register(config, status);
     match api.create(&PostParams::default(), &wanted).await {

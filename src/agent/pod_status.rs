@@ -110,7 +110,8 @@ fn container_status(
     let pending = i.waiting.get(&spec.name);
     match latest {
         None => {
-            let (reason, message) = pending.map(|w| (w.reason.as_str(), Some(w.message.as_str()))).unwrap_or((default_waiting, None));
+            let (reason, message) =
+                pending.map(|w| (w.reason.as_str(), Some(w.message.as_str()))).unwrap_or((default_waiting, None));
             status.state = Some(waiting(reason, message));
         }
         Some(c) => {
@@ -147,9 +148,15 @@ fn container_status(
                         }
                         None => {
                             status.state = Some(ContainerState { terminated: Some(term), ..Default::default() });
-                            if let Some(prev) = i.rt.previous(&spec.name).filter(|p| p.state == ContainerRunState::Exited) {
+                            if let Some(prev) =
+                                i.rt.previous(&spec.name).filter(|p| p.state == ContainerRunState::Exited)
+                            {
                                 status.last_state = Some(ContainerState {
-                                    terminated: Some(terminated(prev, i.runtime_name, i.termination_messages.get(&prev.id))),
+                                    terminated: Some(terminated(
+                                        prev,
+                                        i.runtime_name,
+                                        i.termination_messages.get(&prev.id),
+                                    )),
                                     ..Default::default()
                                 });
                             }
@@ -181,7 +188,12 @@ fn last_exit(s: &ContainerStatus) -> Option<i32> {
 }
 
 /// Upstream's getPhase.
-pub fn phase(pod: &Pod, init: &[(ContainerKind, ContainerStatus)], regular: &[ContainerStatus], terminal: bool) -> &'static str {
+pub fn phase(
+    pod: &Pod,
+    init: &[(ContainerKind, ContainerStatus)],
+    regular: &[ContainerStatus],
+    terminal: bool,
+) -> &'static str {
     let policy = pod_util::restart_policy(pod);
     let mut pending_init = 0;
     let mut failed_init = 0;
@@ -280,11 +292,8 @@ pub fn generate(i: &StatusInputs<'_>) -> PodStatus {
     }
     let sandbox = i.rt.sandboxes.first();
     let host_network = spec.host_network == Some(true);
-    let pod_ips: Vec<String> = if host_network {
-        i.host_ips.to_vec()
-    } else {
-        sandbox.map(|s| s.ips.clone()).unwrap_or_default()
-    };
+    let pod_ips: Vec<String> =
+        if host_network { i.host_ips.to_vec() } else { sandbox.map(|s| s.ips.clone()).unwrap_or_default() };
     let sandbox_ready = i.rt.ready_sandbox().is_some();
 
     let mut unready: Vec<String> = regular.iter().filter(|s| !s.ready).map(|s| s.name.clone()).collect();
@@ -323,13 +332,21 @@ pub fn generate(i: &StatusInputs<'_>) -> PodStatus {
     let ready = if done {
         condition("Ready", false, Some("PodCompleted"), None)
     } else if !unready.is_empty() {
-        condition("Ready", false, Some("ContainersNotReady"), Some(format!("containers with unready status: {}", list(&unready))))
+        condition(
+            "Ready",
+            false,
+            Some("ContainersNotReady"),
+            Some(format!("containers with unready status: {}", list(&unready))),
+        )
     } else {
         condition(
             "Ready",
             gates.is_empty(),
             Some("ReadinessGatesNotReady"),
-            Some(format!("corresponding condition of pod readiness gate {:?} does not exist.", gates.first().cloned().unwrap_or_default())),
+            Some(format!(
+                "corresponding condition of pod readiness gate {:?} does not exist.",
+                gates.first().cloned().unwrap_or_default()
+            )),
         )
     };
     // Done, or initialized with only sidecars still running.
@@ -467,7 +484,10 @@ mod tests {
     fn crash_loop_shows_waiting_with_the_last_exit() {
         let p = pod(json!({"containers": [{"name": "a"}]}));
         let rt = RuntimePod { sandboxes: vec![sandbox()], containers: vec![rc("a", ContainerRunState::Exited, 3, 2)] };
-        let w = HashMap::from([("a".to_string(), Waiting { reason: "CrashLoopBackOff".into(), message: "back-off 10s".into() })]);
+        let w = HashMap::from([(
+            "a".to_string(),
+            Waiting { reason: "CrashLoopBackOff".into(), message: "back-off 10s".into() },
+        )]);
         let s = gen(&p, &rt, &w, &[], false);
         let c = &s.container_statuses.as_ref().unwrap()[0];
         assert_eq!(c.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("CrashLoopBackOff"));
@@ -511,7 +531,8 @@ mod tests {
     #[test]
     fn a_new_pod_waits_in_container_creating_with_pull_errors_shown() {
         let p = pod(json!({"containers": [{"name": "a", "image": "nope:1"}]}));
-        let w = HashMap::from([("a".to_string(), Waiting { reason: "ErrImagePull".into(), message: "not found".into() })]);
+        let w =
+            HashMap::from([("a".to_string(), Waiting { reason: "ErrImagePull".into(), message: "not found".into() })]);
         let s = gen(&p, &RuntimePod::default(), &w, &[], false);
         assert_eq!(s.phase.as_deref(), Some("Pending"));
         let c = &s.container_statuses.as_ref().unwrap()[0];
@@ -522,7 +543,8 @@ mod tests {
     #[test]
     fn other_conditions_are_kept() {
         let mut p = pod(json!({"containers": [{"name": "a"}]}));
-        p.status = Some(serde_json::from_value(json!({"conditions": [{"type": "PodScheduled", "status": "True"}]})).unwrap());
+        p.status =
+            Some(serde_json::from_value(json!({"conditions": [{"type": "PodScheduled", "status": "True"}]})).unwrap());
         let s = gen(&p, &RuntimePod::default(), &HashMap::new(), &[], false);
         assert_eq!(cond(&s, "PodScheduled").status, "True");
     }

@@ -193,7 +193,9 @@ mod tests {
     fn qos_classes() {
         let be = pod(json!({"spec": {"containers": [{"name": "a"}]}}));
         assert_eq!(qos_class(&be), "BestEffort");
-        let g = pod(json!({"spec": {"containers": [{"name": "a", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}}));
+        let g = pod(
+            json!({"spec": {"containers": [{"name": "a", "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}}),
+        );
         assert_eq!(qos_class(&g), "Guaranteed");
         let b = pod(json!({"spec": {"containers": [{"name": "a", "resources": {"requests": {"cpu": "100m"}}}]}}));
         assert_eq!(qos_class(&b), "Burstable");

@@ -128,7 +128,10 @@ impl PodWorkers {
         let wake = Arc::new(Notify::new());
         let exits = Arc::new(Mutex::new(Vec::new()));
         let eviction = Arc::new(Mutex::new(rejected));
-        workers.insert(uid.clone(), Worker { update: tx, wake: wake.clone(), state: exits.clone(), eviction: eviction.clone() });
+        workers.insert(
+            uid.clone(),
+            Worker { update: tx, wake: wake.clone(), state: exits.clone(), eviction: eviction.clone() },
+        );
         let kubelet = self.kubelet.clone();
         let me = self.me.clone();
         tokio::spawn(async move {
@@ -199,7 +202,9 @@ impl PodWorkers {
             .filter(|w| w.eviction.lock().unwrap_or_else(|e| e.into_inner()).is_none())
             .map(|w| w.update.borrow().clone())
             .filter(|u| !u.removed && u.pod.metadata.deletion_timestamp.is_none())
-            .filter(|u| !matches!(u.pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed")))
+            .filter(|u| {
+                !matches!(u.pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed"))
+            })
             .map(|u| u.pod)
             .collect()
     }

@@ -71,7 +71,8 @@ impl ProbeResults for KubeletProber {
         for c in rt.containers.iter().filter(|c| c.state == ContainerRunState::Running) {
             if !self.tracks(uid, &c.name, &c.id) {
                 // Not probed (yet): no startup probe can hold it back.
-                let has_startup = pod_util::find_container(pod, &c.name).is_some_and(|(_, s)| s.startup_probe.is_some());
+                let has_startup =
+                    pod_util::find_container(pod, &c.name).is_some_and(|(_, s)| s.startup_probe.is_some());
                 if !has_startup {
                     started.insert(c.id.clone());
                 }
@@ -82,7 +83,8 @@ impl ProbeResults for KubeletProber {
             }
             for (t, word) in [(ProbeType::Liveness, "liveness"), (ProbeType::Startup, "startup")] {
                 if self.manager.result(uid, &c.name, t) == Some(ProbeOutcome::Failure) {
-                    must_restart.insert(c.id.clone(), format!("Container {} failed {word} probe, will be restarted", c.name));
+                    must_restart
+                        .insert(c.id.clone(), format!("Container {} failed {word} probe, will be restarted", c.name));
                 }
             }
         }
@@ -111,7 +113,13 @@ pub struct CriHooks {
 
 #[async_trait::async_trait]
 impl HookRunner for CriHooks {
-    async fn run(&self, pod: &Pod, container: &Container, container_id: &str, handler: &LifecycleHandler) -> Result<(), String> {
+    async fn run(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        container_id: &str,
+        handler: &LifecycleHandler,
+    ) -> Result<(), String> {
         super::lifecycle::run_handler(&self.cri, pod, container, container_id, handler).await
     }
 }

@@ -53,7 +53,8 @@ pub fn read_manifest(path: &Path, node: &str) -> Result<Pod, ManifestError> {
         return Err(bad("a static pod manifest must be one object of kind Pod".into()));
     }
     let mut pod: Pod = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
-    let name = pod.metadata.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| bad("metadata.name is required".into()))?;
+    let name =
+        pod.metadata.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| bad("metadata.name is required".into()))?;
     if pod.spec.as_ref().is_none_or(|s| s.containers.is_empty()) {
         return Err(bad("spec.containers must not be empty".into()));
     }
@@ -65,7 +66,8 @@ pub fn read_manifest(path: &Path, node: &str) -> Result<Pod, ManifestError> {
     let uid: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
     pod.metadata.uid = Some(uid.clone());
     pod.metadata.name = Some(format!("{name}-{node}"));
-    pod.metadata.namespace = Some(pod.metadata.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".into()));
+    pod.metadata.namespace =
+        Some(pod.metadata.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".into()));
     let annotations = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
     annotations.insert(CONFIG_HASH.into(), uid);
     annotations.insert(CONFIG_SOURCE.into(), "file".into());
@@ -164,7 +166,8 @@ pub async fn ensure_mirror(client: &kube::Client, mirrors: &Mirrors, pod: &Pod, 
     // Whatever holds the name and is not the current mirror goes first.
     match api.get_opt(pod_util::name(pod)).await {
         Ok(Some(existing)) => {
-            let current = existing.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_MIRROR)).map(String::as_str) == Some(hash);
+            let current = existing.metadata.annotations.as_ref().and_then(|a| a.get(CONFIG_MIRROR)).map(String::as_str)
+                == Some(hash);
             if current && existing.metadata.deletion_timestamp.is_none() {
                 mirrors.seen(Arc::new(existing));
                 return;

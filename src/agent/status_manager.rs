@@ -51,7 +51,9 @@ fn by_kubelet(c: &Value) -> bool {
 fn ours(status: &PodStatus) -> Value {
     let mut v = serde_json::to_value(status).unwrap_or_else(|_| json!({}));
     if let Some(conds) = v.get_mut("conditions").and_then(Value::as_array_mut) {
-        conds.retain(|c| c.get("type").and_then(Value::as_str).is_some_and(|t| OWN_CONDITIONS.contains(&t)) || by_kubelet(c));
+        conds.retain(|c| {
+            c.get("type").and_then(Value::as_str).is_some_and(|t| OWN_CONDITIONS.contains(&t)) || by_kubelet(c)
+        });
     }
     v
 }

@@ -7,6 +7,7 @@
 
 pub mod admission;
 pub mod allocator;
+pub mod audit;
 pub mod auth;
 pub mod bootstrap;
 pub mod cache;
@@ -63,6 +64,8 @@ pub struct ApiConfig {
     pub join_token: Option<String>,
     /// How long Events live after their last write (`--event-ttl`).
     pub event_ttl: std::time::Duration,
+    /// The audit policy and log (`--audit-policy-file`, `--audit-log-path`).
+    pub audit: Option<Arc<audit::Auditor>>,
 }
 
 /// Where Events live, for both API groups that serve them; they expire.
@@ -186,7 +189,12 @@ impl Api {
 /// The router: health and version for anyone, everything else for
 /// authenticated users.
 pub fn router(api: Arc<Api>) -> Router {
-    Router::new().fallback(handle).with_state(api).layer(axum::middleware::from_fn(recover::catch_panics))
+    let auditor = api.config.audit.clone();
+    let router = Router::new().fallback(handle).with_state(api).layer(axum::middleware::from_fn(recover::catch_panics));
+    match auditor {
+        Some(a) => router.layer(axum::middleware::from_fn_with_state(a, audit::audit)),
+        None => router,
+    }
 }
 
 /// `Impersonate-User` and `Impersonate-Group` (kubectl --as, --as-group):
@@ -272,10 +280,25 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         // One check alone (`/readyz/etcd`): for authenticated users.
         return health::serve(&api, &path, query.as_deref()).await;
     }
+    let audit_slot = parts.extensions.get::<audit::AuditSlot>();
     match impersonate(&api, &user, &parts.headers) {
-        Ok(Some(as_user)) => user = as_user,
-        Ok(None) => {}
-        Err(e) => return e.into_response(),
+        Ok(Some(as_user)) => {
+            if let Some(slot) = audit_slot {
+                slot.set_user(&user, Some(&as_user));
+            }
+            user = as_user
+        }
+        Ok(None) => {
+            if let Some(slot) = audit_slot {
+                slot.set_user(&user, None);
+            }
+        }
+        Err(e) => {
+            if let Some(slot) = audit_slot {
+                slot.set_user(&user, None);
+            }
+            return e.into_response();
+        }
     }
     if let Some(slot) = parts.extensions.get::<recover::RequestUser>() {
         slot.set(&user.name);
@@ -284,6 +307,9 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         Ok(b) => b,
         Err(_) => return ApiError::too_large().into_response(),
     };
+    if let Some(slot) = audit_slot {
+        slot.set_body(&bytes);
+    }
     tracing::debug!(method = %parts.method, %path, user = %user.name, "request");
     match request::parse(&path) {
         Target::CoreVersions => discovery::core_versions(&api.registry, &accept, &api.config.advertise),

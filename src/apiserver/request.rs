@@ -31,6 +31,23 @@ pub enum Target {
     Other,
 }
 
+/// The verb of a resource request, as upstream's RequestInfo names it;
+/// `None` for a method the resource path does not take.
+pub fn verb(method: &axum::http::Method, named: bool, watching: bool) -> Option<&'static str> {
+    use axum::http::Method;
+    Some(match (method, named, watching) {
+        (&Method::GET, _, true) => "watch",
+        (&Method::GET, true, false) => "get",
+        (&Method::GET, false, false) => "list",
+        (&Method::POST, _, _) => "create",
+        (&Method::PUT, true, _) => "update",
+        (&Method::PATCH, true, _) => "patch",
+        (&Method::DELETE, true, _) => "delete",
+        (&Method::DELETE, false, _) => "deletecollection",
+        _ => return None,
+    })
+}
+
 fn segments(path: &str) -> Vec<&str> {
     path.split('/').filter(|s| !s.is_empty()).collect()
 }

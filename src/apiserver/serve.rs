@@ -102,7 +102,7 @@ pub async fn serve(
                 .and_then(|chain| chain.first())
                 .and_then(|c| User::from_certificate(c.as_ref()))
                 .unwrap_or_else(User::anonymous);
-            let service = tower_service(app, user);
+            let service = tower_service(app, user, peer);
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
             tokio::pin!(conn);
@@ -124,10 +124,14 @@ pub async fn serve(
     }
 }
 
-/// The router as a hyper service that tags each request with `user`.
+/// The router as a hyper service that tags each request with `user` and
+/// the address it came from.
 fn tower_service(
     app: Router,
     user: User,
+    peer: SocketAddr,
 ) -> hyper_util::service::TowerToHyperService<axum::routing::RouterIntoService<hyper::body::Incoming>> {
-    hyper_util::service::TowerToHyperService::new(app.layer(axum::Extension(user)).into_service())
+    hyper_util::service::TowerToHyperService::new(
+        app.layer(axum::Extension(user)).layer(axum::Extension(super::audit::PeerAddr(peer))).into_service(),
+    )
 }

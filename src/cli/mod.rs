@@ -71,12 +71,8 @@ pub struct ShutdownSignal {
 impl ShutdownSignal {
     pub fn install() -> ShutdownSignal {
         use tokio::signal::unix::{signal, SignalKind};
-        let term = signal(SignalKind::terminate())
-            .map_err(|e| tracing::warn!(error = %e, "cannot catch SIGTERM"))
-            .ok();
-        let int = signal(SignalKind::interrupt())
-            .map_err(|e| tracing::warn!(error = %e, "cannot catch SIGINT"))
-            .ok();
+        let term = signal(SignalKind::terminate()).map_err(|e| tracing::warn!(error = %e, "cannot catch SIGTERM")).ok();
+        let int = signal(SignalKind::interrupt()).map_err(|e| tracing::warn!(error = %e, "cannot catch SIGINT")).ok();
         ShutdownSignal { term, int }
     }
 

@@ -88,6 +88,22 @@ pub struct ServerArgs {
     /// `config=FILE` reads a KubeSchedulerConfiguration (profiles).
     #[arg(long, value_name = "KEY=VALUE")]
     pub kube_scheduler_arg: Vec<String>,
+    /// Where the audit log is written; `-` is standard output. Auditing
+    /// needs --audit-policy-file too.
+    #[arg(long, value_name = "PATH")]
+    pub audit_log_path: Option<PathBuf>,
+    /// The audit policy (audit.k8s.io/v1 Policy, YAML or JSON).
+    #[arg(long, value_name = "FILE")]
+    pub audit_policy_file: Option<PathBuf>,
+    /// Size in megabytes past which the audit log is rotated (0: 100).
+    #[arg(long, value_name = "MB", default_value_t = 0)]
+    pub audit_log_maxsize: u64,
+    /// Rotated audit logs kept (0: all, unless too old).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub audit_log_maxbackup: usize,
+    /// Days a rotated audit log is kept (0: no limit).
+    #[arg(long, value_name = "DAYS", default_value_t = 0)]
+    pub audit_log_maxage: u64,
     #[command(flatten)]
     pub node: super::node_args::NodeArgs,
     /// Config file (YAML; keys are the long flag names).
@@ -103,6 +119,31 @@ fn parse_mode(s: &str) -> Result<u32, String> {
 }
 
 use crate::host::{host_ip, hostname};
+
+/// The auditor `--audit-policy-file` and `--audit-log-path` ask for, if any.
+fn auditor(args: &ServerArgs) -> anyhow::Result<Option<Arc<apiserver::audit::Auditor>>> {
+    use apiserver::audit::{backend, policy::Policy, rotate::RotateOptions, Auditor};
+    let (Some(path), Some(policy)) = (&args.audit_log_path, &args.audit_policy_file) else {
+        if args.audit_log_path.is_some() {
+            tracing::warn!("--audit-log-path without --audit-policy-file: nothing is audited");
+        }
+        return Ok(None);
+    };
+    let policy = Policy::load(policy)?;
+    let sink = if path.as_os_str() == "-" {
+        backend::Sink::Stdout
+    } else {
+        backend::Sink::File {
+            path: path.clone(),
+            rotate: RotateOptions {
+                max_size: args.audit_log_maxsize.saturating_mul(1024 * 1024),
+                max_backups: args.audit_log_maxbackup,
+                max_age: std::time::Duration::from_secs(args.audit_log_maxage.saturating_mul(86_400)),
+            },
+        }
+    };
+    Ok(Some(Auditor::new(policy, backend::Backend::start(sink)?)))
+}
 
 /// The scheduler's profiles from `--kube-scheduler-arg config=FILE`.
 fn scheduler_profiles(args: &[String]) -> anyhow::Result<Vec<crate::scheduler::profile::Profile>> {
@@ -185,6 +226,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         cluster_domain: args.cluster_domain.clone(),
         join_token: Some(pki.token.clone()),
         event_ttl: args.event_ttl,
+        audit: auditor(&args).context("audit")?,
     };
     let issuer = format!("https://kubernetes.default.svc.{}", args.cluster_domain);
     let tokens =
@@ -218,8 +260,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     });
     let manager = crate::client::in_process(api.clone(), crate::client::controller_manager());
     let election = crate::client::leader::LeaderElection::new(manager.clone(), "kube-controller-manager", &node_name);
+    let for_controllers = api.clone();
+    let client_for: crate::client::ClientFor = Arc::new(move |name: &str| {
+        crate::client::in_process(for_controllers.clone(), crate::client::controller_service_account(name))
+    });
     followers.push(tokio::spawn(
-        election.run(move || crate::controllers::start(manager.clone(), controller_config.clone())),
+        election.run(move || crate::controllers::start(manager.clone(), client_for.clone(), controller_config.clone())),
     ));
     let profiles: Vec<_> = scheduler_profiles(&args.kube_scheduler_arg)?.into_iter().map(Arc::new).collect();
     let scheduler = crate::client::in_process(api.clone(), crate::client::scheduler());
@@ -252,9 +298,16 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let agent = if args.disable_agent {
         None
     } else {
-        let config = args
-            .node
-            .agent_config(&data_dir, &node_name, advertise_ip, true, &args.cluster_dns, &args.cluster_domain, &args.cluster_cidr, args.data_dir.is_none())?;
+        let config = args.node.agent_config(
+            &data_dir,
+            &node_name,
+            advertise_ip,
+            true,
+            &args.cluster_dns,
+            &args.cluster_domain,
+            &args.cluster_cidr,
+            args.data_dir.is_none(),
+        )?;
         let client = crate::client::in_process(api.clone(), crate::client::node(&node_name));
         Some(crate::agent::start(config, client).await.context("the node role")?)
     };
@@ -270,6 +323,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     for t in tasks {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
+    }
+    if let Some(a) = &api.config.audit {
+        a.shutdown().await;
     }
     if let Some(s) = sqlite {
         s.close().await;

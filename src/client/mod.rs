@@ -22,7 +22,10 @@ pub fn in_process(api: Arc<Api>, user: User) -> kube::Client {
     kube::Client::new(service, "default")
 }
 
-/// The identity ferrok's controllers use in process.
+/// The identity ferrok's controllers use in process (the shared informers,
+/// and the controllers not yet under their own service account: see
+/// `controller_service_account`). Still in system:masters until every
+/// controller has its `system:controller:<name>` role.
 pub fn controller_manager() -> User {
     User {
         name: "system:kube-controller-manager".into(),
@@ -30,9 +33,27 @@ pub fn controller_manager() -> User {
     }
 }
 
-/// The identity ferrok's scheduler uses in process.
+/// The identity a controller acts as when it runs under its own service
+/// account in kube-system (upstream's `--use-service-account-credentials`).
+pub fn controller_service_account(name: &str) -> User {
+    User {
+        name: format!("system:serviceaccount:kube-system:{name}"),
+        groups: vec![
+            "system:serviceaccounts".into(),
+            "system:serviceaccounts:kube-system".into(),
+            "system:authenticated".into(),
+        ],
+    }
+}
+
+/// Builds the client a controller (named as upstream names it, e.g.
+/// `replicaset-controller`) acts through.
+pub type ClientFor = Arc<dyn Fn(&str) -> kube::Client + Send + Sync>;
+
+/// The identity ferrok's scheduler uses in process, bound by the
+/// `system:kube-scheduler` and `system:volume-scheduler` roles.
 pub fn scheduler() -> User {
-    User { name: "system:kube-scheduler".into(), groups: vec!["system:masters".into(), "system:authenticated".into()] }
+    User { name: "system:kube-scheduler".into(), groups: vec!["system:authenticated".into()] }
 }
 
 /// The identity the server's own node role uses in process: the node's

@@ -65,7 +65,14 @@ pub struct ControllerConfig {
 }
 
 /// Starts every controller; they run until aborted.
-pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::task::JoinHandle<()>> {
+/// `client` acts as system:kube-controller-manager (the shared informers and
+/// the controllers not yet moved to their own identity); `client_for` gives
+/// a controller its own service account's client.
+pub fn start(
+    client: kube::Client,
+    client_for: crate::client::ClientFor,
+    config: Arc<ControllerConfig>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     // Informers shared by the workload controllers: one watch and one cache per kind.
     let mut pods = informers::SharedInformer::<Pod>::new(Api::all(client.clone()), watcher::Config::default());
     let mut revisions =
@@ -90,7 +97,7 @@ pub fn start(client: kube::Client, config: Arc<ControllerConfig>) -> Vec<tokio::
         tokio::spawn(endpointslice::run(client.clone(), pods.subscribe())),
         tokio::spawn(disruption::run(client.clone(), pods.subscribe())),
         tokio::spawn(persistentvolume::run(client.clone(), pods.subscribe())),
-        tokio::spawn(replicaset::run(client.clone())),
+        tokio::spawn(replicaset::run(client_for("replicaset-controller"))),
         tokio::spawn(deployment::run(client.clone())),
         tokio::spawn(resourcequota::run(client, pods.subscribe())),
     ];

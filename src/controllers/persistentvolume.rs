@@ -173,7 +173,11 @@ fn claimed_by(volume: &PersistentVolume, claim: &PersistentVolumeClaim) -> bool 
 }
 
 /// The volume to bind `claim` to: pre-bound first, then the smallest that fits.
-fn choose<'a>(claim: &PersistentVolumeClaim, volumes: &'a [Arc<PersistentVolume>], node: Option<&Node>) -> Option<&'a Arc<PersistentVolume>> {
+fn choose<'a>(
+    claim: &PersistentVolumeClaim,
+    volumes: &'a [Arc<PersistentVolume>],
+    node: Option<&Node>,
+) -> Option<&'a Arc<PersistentVolume>> {
     if let Some(v) = volumes.iter().find(|v| claimed_by(v, claim) && fits(claim, v)) {
         return Some(v);
     }
@@ -193,9 +197,10 @@ fn consumer_node(ctx: &Context, claim: &PersistentVolumeClaim) -> Option<String>
     let (ns, name) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref()?);
     ctx.pods.state().iter().find_map(|p| {
         let uses = p.metadata.namespace.as_deref() == ns
-            && p.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| {
-                v.persistent_volume_claim.as_ref().is_some_and(|c| c.claim_name == name)
-            });
+            && p.spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| c.claim_name == name));
         if uses {
             p.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty())
         } else {
@@ -214,7 +219,9 @@ async fn bind_claim(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Res
     let chosen = match claim_volume(&claim) {
         // Asked for a volume by name: bind it when it is free or ours.
         Some(wanted) => match volumes.iter().find(|v| v.metadata.name.as_deref() == Some(wanted)) {
-            Some(v) if claimed_by(v, &claim) || v.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).is_none() => v.clone(),
+            Some(v) if claimed_by(v, &claim) || v.spec.as_ref().and_then(|s| s.claim_ref.as_ref()).is_none() => {
+                v.clone()
+            }
             Some(_) => return Ok(Action::await_change()),
             None => {
                 let msg = format!("volume {wanted:?} not found");
@@ -223,7 +230,8 @@ async fn bind_claim(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Res
             }
         },
         None => {
-            let class = ctx.classes.state().into_iter().find(|c| c.metadata.name.as_deref() == Some(claim_class(&claim)));
+            let class =
+                ctx.classes.state().into_iter().find(|c| c.metadata.name.as_deref() == Some(claim_class(&claim)));
             let wait = class.as_ref().and_then(|c| c.volume_binding_mode.as_deref()) == Some("WaitForFirstConsumer");
             let node_name = if wait {
                 match consumer_node(&ctx, &claim) {
@@ -241,13 +249,16 @@ async fn bind_claim(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Res
             } else {
                 None
             };
-            let node = node_name.and_then(|n| ctx.nodes.state().into_iter().find(|x| x.metadata.name.as_deref() == Some(&n)));
+            let node =
+                node_name.and_then(|n| ctx.nodes.state().into_iter().find(|x| x.metadata.name.as_deref() == Some(&n)));
             match choose(&claim, &volumes, node.as_deref()) {
                 Some(v) => v.clone(),
                 None => {
                     // Upstream's words for each case.
                     let msg = match (claim_class(&claim), &class) {
-                        ("", _) => "no persistent volumes available for this claim and no storage class is set".to_string(),
+                        ("", _) => {
+                            "no persistent volumes available for this claim and no storage class is set".to_string()
+                        }
                         (c, None) => format!("storageclass.storage.k8s.io {c:?} not found"),
                         (_, Some(_)) => "no persistent volumes available for this claim".to_string(),
                     };
@@ -277,7 +288,9 @@ async fn bind_claim(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Res
         match pvs.patch(&volume_name, &PatchParams::default(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
             // Someone else changed it first: look again.
-            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Action::requeue(std::time::Duration::from_millis(200))),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                return Ok(Action::requeue(std::time::Duration::from_millis(200)))
+            }
             Err(e) => return Err(e.into()),
         }
         pvs.patch_status(&volume_name, &PatchParams::default(), &Patch::Merge(&json!({"status": {"phase": "Bound"}})))
@@ -308,9 +321,11 @@ async fn sync_volume(volume: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result
     let wanted = match &spec.claim_ref {
         None => "Available",
         Some(r) => {
-            let claim = ctx.claims.state().into_iter().find(|c| {
-                c.metadata.name == r.name && c.metadata.namespace == r.namespace
-            });
+            let claim = ctx
+                .claims
+                .state()
+                .into_iter()
+                .find(|c| c.metadata.name == r.name && c.metadata.namespace == r.namespace);
             match claim {
                 Some(c) if r.uid.is_none() || c.metadata.uid == r.uid => {
                     if claim_volume(&c) == Some(name.as_str()) {
@@ -368,7 +383,11 @@ mod tests {
 
     #[test]
     fn the_smallest_fitting_volume_wins() {
-        let vols = vec![pv("big", "10Gi", "", &["ReadWriteOnce"]), pv("small", "1Gi", "", &["ReadWriteOnce"]), pv("tiny", "100Mi", "", &["ReadWriteOnce"])];
+        let vols = vec![
+            pv("big", "10Gi", "", &["ReadWriteOnce"]),
+            pv("small", "1Gi", "", &["ReadWriteOnce"]),
+            pv("tiny", "100Mi", "", &["ReadWriteOnce"]),
+        ];
         let claim = pvc("500Mi", "", &["ReadWriteOnce"]);
         assert_eq!(choose(&claim, &vols, None).and_then(|v| v.metadata.name.clone()).as_deref(), Some("small"));
         let claim = pvc("500Mi", "", &["ReadWriteMany"]);

@@ -11,9 +11,9 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub use k8s_cri::v1 as api;
 use api::image_service_client::ImageServiceClient;
 use api::runtime_service_client::RuntimeServiceClient;
+pub use k8s_cri::v1 as api;
 
 /// containerd's namespace for everything CRI does.
 pub const K8S_NAMESPACE: &str = "k8s.io";

@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::reference::{Reference, DEFAULT_DOMAIN};
-use crate::agent::cri::api::AuthConfig;
 use crate::agent::containerd::toml_str;
+use crate::agent::cri::api::AuthConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistriesError {

@@ -50,7 +50,6 @@ pub struct ProbeState {
     pub started: HashSet<String>,
 }
 
-
 /// Computes the next actions for `pod` given the runtime's view `rt`.
 pub fn compute(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> PodActions {
     let mut actions = PodActions::default();
@@ -208,9 +207,8 @@ fn new_sandbox(pod: &Pod, rt: &RuntimePod) -> PodActions {
         actions.start.push(ToStart { kind, name: first.name.clone() });
         return actions;
     }
-    let succeeded = |name: &str| {
-        rt.latest(name).is_some_and(|c| c.state == ContainerRunState::Exited && c.exit_code == 0)
-    };
+    let succeeded =
+        |name: &str| rt.latest(name).is_some_and(|c| c.state == ContainerRunState::Exited && c.exit_code == 0);
     for c in &spec.containers {
         if pod_util::restart_policy(pod) == "OnFailure" && succeeded(&c.name) {
             continue;
@@ -274,14 +272,23 @@ mod tests {
         let p = pod(json!({"initContainers": [{"name": "i1"}, {"name": "i2"}], "containers": [{"name": "a"}]}));
         let a = compute(&p, &RuntimePod::default(), &ProbeState::default());
         assert_eq!(names(&a), ["i1"]);
-        let rt = RuntimePod { sandboxes: vec![sandbox(true)], containers: vec![container(&p, "i1", ContainerRunState::Running, 0)] };
+        let rt = RuntimePod {
+            sandboxes: vec![sandbox(true)],
+            containers: vec![container(&p, "i1", ContainerRunState::Running, 0)],
+        };
         let a = compute(&p, &rt, &ProbeState::default());
         assert!(a.start.is_empty() && !a.initialized);
-        let rt = RuntimePod { sandboxes: vec![sandbox(true)], containers: vec![container(&p, "i1", ContainerRunState::Exited, 0)] };
+        let rt = RuntimePod {
+            sandboxes: vec![sandbox(true)],
+            containers: vec![container(&p, "i1", ContainerRunState::Exited, 0)],
+        };
         assert_eq!(names(&compute(&p, &rt, &ProbeState::default())), ["i2"]);
         let rt = RuntimePod {
             sandboxes: vec![sandbox(true)],
-            containers: vec![container(&p, "i2", ContainerRunState::Exited, 0), container(&p, "i1", ContainerRunState::Exited, 0)],
+            containers: vec![
+                container(&p, "i2", ContainerRunState::Exited, 0),
+                container(&p, "i1", ContainerRunState::Exited, 0),
+            ],
         };
         let a = compute(&p, &rt, &ProbeState::default());
         assert!(a.initialized);
@@ -292,7 +299,10 @@ mod tests {
     fn a_failed_init_container_fails_a_never_pod_and_restarts_otherwise() {
         let spec = json!({"restartPolicy": "Never", "initContainers": [{"name": "i"}], "containers": [{"name": "a"}]});
         let p = pod(spec);
-        let rt = RuntimePod { sandboxes: vec![sandbox(true)], containers: vec![container(&p, "i", ContainerRunState::Exited, 1)] };
+        let rt = RuntimePod {
+            sandboxes: vec![sandbox(true)],
+            containers: vec![container(&p, "i", ContainerRunState::Exited, 1)],
+        };
         let a = compute(&p, &rt, &ProbeState::default());
         assert!(a.kill_pod && a.start.is_empty());
         let p = pod(json!({"initContainers": [{"name": "i"}], "containers": [{"name": "a"}]}));
@@ -301,8 +311,13 @@ mod tests {
 
     #[test]
     fn sidecars_must_start_before_the_next_init_container() {
-        let p = pod(json!({"initContainers": [{"name": "s", "restartPolicy": "Always"}, {"name": "i"}], "containers": [{"name": "a"}]}));
-        let rt = RuntimePod { sandboxes: vec![sandbox(true)], containers: vec![container(&p, "s", ContainerRunState::Running, 0)] };
+        let p = pod(
+            json!({"initContainers": [{"name": "s", "restartPolicy": "Always"}, {"name": "i"}], "containers": [{"name": "a"}]}),
+        );
+        let rt = RuntimePod {
+            sandboxes: vec![sandbox(true)],
+            containers: vec![container(&p, "s", ContainerRunState::Running, 0)],
+        };
         let mut probes = ProbeState::default();
         assert!(compute(&p, &rt, &probes).start.is_empty());
         probes.started.insert("id-s".into());
@@ -310,18 +325,26 @@ mod tests {
         // Later, a dead sidecar is restarted beside running containers.
         let rt = RuntimePod {
             sandboxes: vec![sandbox(true)],
-            containers: vec![container(&p, "a", ContainerRunState::Running, 0), container(&p, "s", ContainerRunState::Exited, 1)],
+            containers: vec![
+                container(&p, "a", ContainerRunState::Running, 0),
+                container(&p, "s", ContainerRunState::Exited, 1),
+            ],
         };
         assert_eq!(names(&compute(&p, &rt, &probes)), ["s"]);
     }
 
     #[test]
     fn restart_policy_decides_on_exit() {
-        for (policy, exit, restart) in [("Always", 0, true), ("OnFailure", 0, false), ("OnFailure", 2, true), ("Never", 2, false)] {
+        for (policy, exit, restart) in
+            [("Always", 0, true), ("OnFailure", 0, false), ("OnFailure", 2, true), ("Never", 2, false)]
+        {
             let p = pod(json!({"restartPolicy": policy, "containers": [{"name": "a"}, {"name": "b"}]}));
             let rt = RuntimePod {
                 sandboxes: vec![sandbox(true)],
-                containers: vec![container(&p, "a", ContainerRunState::Exited, exit), container(&p, "b", ContainerRunState::Running, 0)],
+                containers: vec![
+                    container(&p, "a", ContainerRunState::Exited, exit),
+                    container(&p, "b", ContainerRunState::Running, 0),
+                ],
             };
             let a = compute(&p, &rt, &ProbeState::default());
             assert_eq!(names(&a) == ["a"], restart, "{policy} exit {exit}");
@@ -331,7 +354,10 @@ mod tests {
     #[test]
     fn a_finished_pod_is_killed_not_restarted() {
         let p = pod(json!({"restartPolicy": "Never", "containers": [{"name": "a"}]}));
-        let rt = RuntimePod { sandboxes: vec![sandbox(true)], containers: vec![container(&p, "a", ContainerRunState::Exited, 0)] };
+        let rt = RuntimePod {
+            sandboxes: vec![sandbox(true)],
+            containers: vec![container(&p, "a", ContainerRunState::Exited, 0)],
+        };
         let a = compute(&p, &rt, &ProbeState::default());
         assert!(a.kill_pod && a.start.is_empty());
         // And its sandbox is not made again.
@@ -362,7 +388,8 @@ mod tests {
         let p = pod(json!({"containers": [{"name": "a"}]}));
         let mut sb = sandbox(false);
         sb.attempt = 2;
-        let rt = RuntimePod { sandboxes: vec![sb], containers: vec![container(&p, "a", ContainerRunState::Exited, 137)] };
+        let rt =
+            RuntimePod { sandboxes: vec![sb], containers: vec![container(&p, "a", ContainerRunState::Exited, 137)] };
         let a = compute(&p, &rt, &ProbeState::default());
         assert!(a.create_sandbox);
         assert_eq!(a.attempt, 3);

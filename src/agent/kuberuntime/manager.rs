@@ -32,7 +32,13 @@ const MIN_GRACE_SECONDS: i64 = 2;
 /// Runs lifecycle hooks (postStart, preStop) in a container.
 #[async_trait::async_trait]
 pub trait HookRunner: Send + Sync {
-    async fn run(&self, pod: &Pod, container: &Container, container_id: &str, handler: &LifecycleHandler) -> Result<(), String>;
+    async fn run(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        container_id: &str,
+        handler: &LifecycleHandler,
+    ) -> Result<(), String>;
 }
 
 /// What the prober is told about containers' lives.
@@ -67,10 +73,8 @@ pub struct RuntimeManager {
 
 /// The Instant a wall-clock time in nanoseconds corresponds to.
 fn instant_of(unix_nanos: i64) -> Instant {
-    let now_unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0);
+    let now_unix =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i64).unwrap_or(0);
     let ago = Duration::from_nanos(now_unix.saturating_sub(unix_nanos).max(0) as u64);
     Instant::now().checked_sub(ago).unwrap_or_else(Instant::now)
 }
@@ -172,11 +176,8 @@ impl RuntimeManager {
             let now = Instant::now();
             if let Some(left) = self.crash_backoff.remaining_since(&key, instant_of(l.finished_at), now) {
                 let delay = self.crash_backoff.get(&key, now).unwrap_or(left);
-                let msg = format!(
-                    "Back-off restarting failed container {} in pod {}",
-                    c.name,
-                    pod_util::full_name(pod)
-                );
+                let msg =
+                    format!("Back-off restarting failed container {} in pod {}", c.name, pod_util::full_name(pod));
                 self.events.container(&cref, EventType::Warning, "BackOff", &msg);
                 return Err(StartFailure {
                     waiting: Waiting {
@@ -226,7 +227,13 @@ impl RuntimeManager {
         });
         let log_dir = PathBuf::from(&sandbox_config.log_directory).join(&c.name);
         if let Err(e) = std::fs::create_dir_all(&log_dir) {
-            return Err(self.fail(pod, kind, &c.name, "CreateContainerError", format!("create container log directory for container {} failed: {e}", c.name)));
+            return Err(self.fail(
+                pod,
+                kind,
+                &c.name,
+                "CreateContainerError",
+                format!("create container log directory for container {} failed: {e}", c.name),
+            ));
         }
         let req = api::CreateContainerRequest {
             pod_sandbox_id: sandbox_id.to_string(),
@@ -239,7 +246,9 @@ impl RuntimeManager {
         };
         self.index.insert(&id, uid);
         self.events.container(&cref, EventType::Normal, "Created", &format!("Created container: {}", c.name));
-        if let Err(s) = self.cri.runtime().start_container(api::StartContainerRequest { container_id: id.clone() }).await {
+        if let Err(s) =
+            self.cri.runtime().start_container(api::StartContainerRequest { container_id: id.clone() }).await
+        {
             return Err(self.fail(pod, kind, &c.name, "RunContainerError", s.message().to_string()));
         }
         self.events.container(&cref, EventType::Normal, "Started", &format!("Started container {}", c.name));
@@ -309,7 +318,10 @@ impl RuntimeManager {
         let is_sidecar = |name: &str| matches!(pod_util::find_container(pod, name), Some((ContainerKind::Sidecar, _)));
         for sidecars in [false, true] {
             let group = running.iter().filter(|c| is_sidecar(&c.name) == sidecars);
-            futures_util::future::join_all(group.map(|c| self.kill_container(pod, &c.id, &c.name, grace_seconds, None))).await;
+            futures_util::future::join_all(
+                group.map(|c| self.kill_container(pod, &c.id, &c.name, grace_seconds, None)),
+            )
+            .await;
         }
         for s in rt.sandboxes.iter().filter(|s| s.ready) {
             let req = api::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() };
@@ -369,7 +381,9 @@ impl RuntimeManager {
                 match self.cri.runtime().remove_container(req).await {
                     // containerd leaves the log files: they go with the container.
                     Ok(_) => crate::agent::logs::remove_container_logs(&c.log_path),
-                    Err(s) => tracing::debug!(container = %c.id, error = %s.message(), "cannot remove a dead container"),
+                    Err(s) => {
+                        tracing::debug!(container = %c.id, error = %s.message(), "cannot remove a dead container")
+                    }
                 }
             }
         }
@@ -378,7 +392,8 @@ impl RuntimeManager {
     /// The termination message a container left (file, or log tail on error).
     pub fn termination_message(&self, c: &super::runtime_status::RuntimeContainer) -> Option<String> {
         let path = c.annotations.get(labels::CONTAINER_TERMINATION_MESSAGE_PATH)?;
-        let policy = c.annotations.get(labels::CONTAINER_TERMINATION_MESSAGE_POLICY).map(String::as_str).unwrap_or("File");
+        let policy =
+            c.annotations.get(labels::CONTAINER_TERMINATION_MESSAGE_POLICY).map(String::as_str).unwrap_or("File");
         let mount = c.mounts.iter().find(|m| &m.container_path == path);
         let from_file = mount.and_then(|m| read_at_most(&m.host_path, 4096)).unwrap_or_default();
         if !from_file.is_empty() {
@@ -450,7 +465,11 @@ mod tests {
     fn log_tail_keeps_text_only() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("0.log");
-        std::fs::write(&p, "2026-01-01T00:00:00Z stdout F one\n2026-01-01T00:00:00Z stderr P tw\n2026-01-01T00:00:00Z stderr F o\n").unwrap();
+        std::fs::write(
+            &p,
+            "2026-01-01T00:00:00Z stdout F one\n2026-01-01T00:00:00Z stderr P tw\n2026-01-01T00:00:00Z stderr F o\n",
+        )
+        .unwrap();
         assert_eq!(log_tail(p.to_str().unwrap(), 80, 2048), "one\ntwo\n");
         assert_eq!(log_tail(p.to_str().unwrap(), 80, 4), "two\n");
     }

@@ -57,12 +57,18 @@ pub fn oom_score_adj(pod: &Pod, c: &Container, memory_capacity: i64) -> i64 {
 /// The container's LinuxContainerResources.
 pub fn container_resources(pod: &Pod, c: &Container, memory_capacity: i64) -> api::LinuxContainerResources {
     let res = c.resources.as_ref();
-    let get = |m: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
-               k: &str| m.and_then(|m| m.get(k)).cloned();
+    let get =
+        |m: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+         k: &str| m.and_then(|m| m.get(k)).cloned();
     let cpu_limit = get(res.and_then(|r| r.limits.as_ref()), "cpu").and_then(|q| quantity::milli_value(&q));
-    let cpu_request = get(res.and_then(|r| r.requests.as_ref()), "cpu").and_then(|q| quantity::milli_value(&q)).or(cpu_limit);
+    let cpu_request =
+        get(res.and_then(|r| r.requests.as_ref()), "cpu").and_then(|q| quantity::milli_value(&q)).or(cpu_limit);
     let memory_limit = get(res.and_then(|r| r.limits.as_ref()), "memory").and_then(|q| quantity::value(&q));
-    let shares = if pod_util::qos_class(pod) == "BestEffort" { MIN_SHARES } else { milli_cpu_to_shares(cpu_request.unwrap_or(0)) };
+    let shares = if pod_util::qos_class(pod) == "BestEffort" {
+        MIN_SHARES
+    } else {
+        milli_cpu_to_shares(cpu_request.unwrap_or(0))
+    };
     let mut out = api::LinuxContainerResources {
         cpu_shares: shares,
         oom_score_adj: oom_score_adj(pod, c, memory_capacity),
@@ -157,7 +163,9 @@ mod tests {
         assert_eq!(r.memory_limit_in_bytes, 64 << 20);
         assert_eq!(r.oom_score_adj, -997);
         assert_eq!(pod_cgroup_parent(&pod, "/kubepods"), "/kubepods/podu1");
-        let be: Pod = serde_json::from_value(json!({"metadata": {"uid": "u2"}, "spec": {"containers": [{"name": "a"}]}})).unwrap();
+        let be: Pod =
+            serde_json::from_value(json!({"metadata": {"uid": "u2"}, "spec": {"containers": [{"name": "a"}]}}))
+                .unwrap();
         assert_eq!(pod_cgroup_parent(&be, "/kubepods"), "/kubepods/besteffort/podu2");
         assert_eq!(container_resources(&be, &be.spec.as_ref().unwrap().containers[0], 1 << 30).oom_score_adj, 1000);
     }

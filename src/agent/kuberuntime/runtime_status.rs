@@ -114,7 +114,10 @@ pub async fn read(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
     }
     out.sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
     if let Some(newest) = out.sandboxes.first_mut().filter(|s| s.ready) {
-        match rt.pod_sandbox_status(api::PodSandboxStatusRequest { pod_sandbox_id: newest.id.clone(), verbose: false }).await {
+        match rt
+            .pod_sandbox_status(api::PodSandboxStatusRequest { pod_sandbox_id: newest.id.clone(), verbose: false })
+            .await
+        {
             Ok(resp) => {
                 if let Some(net) = resp.into_inner().status.and_then(|s| s.network) {
                     if !net.ip.is_empty() {
@@ -131,12 +134,14 @@ pub async fn read(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
         .list_containers(Some(api::ContainerFilter { label_selector: uid_filter(uid), ..Default::default() }))
         .await?;
     for c in containers {
-        let status = match rt.container_status(api::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await {
-            Ok(resp) => resp.into_inner().status,
-            // Removed between the list and now.
-            Err(status) if status.code() == tonic::Code::NotFound => continue,
-            Err(status) => return Err(CriError::Call { call: "ContainerStatus", status }),
-        };
+        let status =
+            match rt.container_status(api::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await
+            {
+                Ok(resp) => resp.into_inner().status,
+                // Removed between the list and now.
+                Err(status) if status.code() == tonic::Code::NotFound => continue,
+                Err(status) => return Err(CriError::Call { call: "ContainerStatus", status }),
+            };
         let Some(st) = status else { continue };
         let name = c.labels.get(labels::CONTAINER_NAME).cloned().unwrap_or_default();
         let restart_count = st

@@ -72,8 +72,7 @@ pub struct SandboxInputs<'a> {
 
 pub fn sandbox_config(pod: &Pod, attempt: u32, inputs: &SandboxInputs<'_>) -> api::PodSandboxConfig {
     let meta = &pod.metadata;
-    let mut sandbox_labels: HashMap<String, String> =
-        meta.labels.clone().unwrap_or_default().into_iter().collect();
+    let mut sandbox_labels: HashMap<String, String> = meta.labels.clone().unwrap_or_default().into_iter().collect();
     sandbox_labels.extend(pod_labels(pod));
     let spec = pod_util::spec(pod);
     let sysctls: HashMap<String, String> = spec
@@ -92,9 +91,14 @@ pub fn sandbox_config(pod: &Pod, attempt: u32, inputs: &SandboxInputs<'_>) -> ap
             attempt,
         }),
         hostname: sandbox_hostname(pod, &inputs.dns.cluster_domain),
-        log_directory: pod_log_dir(inputs.pod_logs_dir, pod_util::namespace(pod), pod_util::name(pod), pod_util::uid(pod))
-            .to_string_lossy()
-            .into_owned(),
+        log_directory: pod_log_dir(
+            inputs.pod_logs_dir,
+            pod_util::namespace(pod),
+            pod_util::name(pod),
+            pod_util::uid(pod),
+        )
+        .to_string_lossy()
+        .into_owned(),
         dns_config: Some(dns::pod_dns_config(pod, inputs.dns)),
         port_mappings: port_mappings(pod),
         labels: sandbox_labels,
@@ -122,7 +126,11 @@ mod tests {
         }))
         .unwrap();
         let dns = DnsSettings { cluster_dns: vec![], cluster_domain: "cluster.local".into(), host: Default::default() };
-        let c = sandbox_config(&pod, 2, &SandboxInputs { pod_logs_dir: Path::new("/logs"), cgroup_root: "/kubepods", dns: &dns });
+        let c = sandbox_config(
+            &pod,
+            2,
+            &SandboxInputs { pod_logs_dir: Path::new("/logs"), cgroup_root: "/kubepods", dns: &dns },
+        );
         let m = c.metadata.unwrap();
         assert_eq!((m.name.as_str(), m.namespace.as_str(), m.uid.as_str(), m.attempt), ("web", "shop", "u1", 2));
         assert_eq!(c.hostname, "web");

@@ -56,7 +56,10 @@ fn seccomp(profile: Option<&SeccompProfile>) -> Option<api::SecurityProfile> {
 }
 
 fn unconfined() -> api::SecurityProfile {
-    api::SecurityProfile { profile_type: api::security_profile::ProfileType::Unconfined as i32, localhost_ref: String::new() }
+    api::SecurityProfile {
+        profile_type: api::security_profile::ProfileType::Unconfined as i32,
+        localhost_ref: String::new(),
+    }
 }
 
 /// Whether any container of the pod is privileged (then its sandbox must be).
@@ -96,9 +99,15 @@ pub fn run_as_user(pod: &Pod, c: &Container) -> Option<i64> {
 }
 
 /// upstream's verifyRunAsNonRoot, given the image's user (uid, or name).
-pub fn verify_run_as_non_root(pod: &Pod, c: &Container, image_uid: Option<i64>, image_user: &str) -> Result<(), String> {
+pub fn verify_run_as_non_root(
+    pod: &Pod,
+    c: &Container,
+    image_uid: Option<i64>,
+    image_user: &str,
+) -> Result<(), String> {
     let psc = pod_util::spec(pod).security_context.as_ref();
-    let non_root = c.security_context.as_ref().and_then(|s| s.run_as_non_root).or_else(|| psc.and_then(|s| s.run_as_non_root));
+    let non_root =
+        c.security_context.as_ref().and_then(|s| s.run_as_non_root).or_else(|| psc.and_then(|s| s.run_as_non_root));
     if non_root != Some(true) {
         return Ok(());
     }
@@ -131,9 +140,8 @@ pub fn container_security_context(pod: &Pod, c: &Container) -> api::LinuxContain
     let privileged = sc.and_then(|s| s.privileged) == Some(true);
     let unmasked = sc.and_then(|s| s.proc_mount.as_deref()) == Some("Unmasked");
     let caps = sc.and_then(|s| s.capabilities.as_ref());
-    let seccomp_profile = sc
-        .and_then(|s| s.seccomp_profile.as_ref())
-        .or_else(|| psc.and_then(|s| s.seccomp_profile.as_ref()));
+    let seccomp_profile =
+        sc.and_then(|s| s.seccomp_profile.as_ref()).or_else(|| psc.and_then(|s| s.seccomp_profile.as_ref()));
     api::LinuxContainerSecurityContext {
         capabilities: caps.map(|c| api::Capability {
             add_capabilities: c.add.clone().unwrap_or_default(),
@@ -150,7 +158,11 @@ pub fn container_security_context(pod: &Pod, c: &Container) -> api::LinuxContain
         readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem) == Some(true),
         supplemental_groups: supplemental_groups(pod),
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
-        masked_paths: if privileged || unmasked { Vec::new() } else { MASKED_PATHS.iter().map(|s| s.to_string()).collect() },
+        masked_paths: if privileged || unmasked {
+            Vec::new()
+        } else {
+            MASKED_PATHS.iter().map(|s| s.to_string()).collect()
+        },
         readonly_paths: if privileged || unmasked {
             Vec::new()
         } else {
@@ -199,7 +211,8 @@ mod tests {
         assert!(verify_run_as_non_root(&p, c, Some(0), "").unwrap_err().contains("image will run as root"));
         assert!(verify_run_as_non_root(&p, c, None, "nobody").unwrap_err().contains("non-numeric user (nobody)"));
         assert!(verify_run_as_non_root(&p, c, Some(65534), "").is_ok());
-        let p = pod(json!({"securityContext": {"runAsNonRoot": true, "runAsUser": 1000}, "containers": [{"name": "a"}]}));
+        let p =
+            pod(json!({"securityContext": {"runAsNonRoot": true, "runAsUser": 1000}, "containers": [{"name": "a"}]}));
         assert!(verify_run_as_non_root(&p, &p.spec.as_ref().unwrap().containers[0], Some(0), "").is_ok());
     }
 

@@ -12,8 +12,8 @@ use super::allocatable::NodeAllocatable;
 use super::atomic_writer::{FileProjection, Payload};
 use super::error::SetUpError;
 use super::projection::file_mode;
-use crate::client::quantity;
 use crate::agent::prober::text::quote;
+use crate::client::quantity;
 
 /// The files of a downwardAPI volume (or projected source).
 pub fn collect_data(

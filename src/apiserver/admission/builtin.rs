@@ -84,10 +84,8 @@ async fn service_account_token_volume(call: &Call, pod: &mut Value) -> ApiResult
         })
     };
     let containers = ["containers", "initContainers"];
-    let all_mounted = containers
-        .iter()
-        .flat_map(|k| spec.get(*k).and_then(Value::as_array).into_iter().flatten())
-        .all(mounted);
+    let all_mounted =
+        containers.iter().flat_map(|k| spec.get(*k).and_then(Value::as_array).into_iter().flatten()).all(mounted);
     if all_mounted {
         return Ok(());
     }

@@ -13,7 +13,7 @@ use crate::apiserver::storage::{Storage, WriteError};
 const READ: &[&str] = &["get", "list", "watch"];
 const WRITE: &[&str] = &["create", "delete", "deletecollection", "patch", "update"];
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
+pub(super) fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
     json!({"apiGroups": groups, "resources": resources, "verbs": verbs})
 }
 
@@ -133,6 +133,14 @@ fn cluster_role(name: &str, rules: Vec<Value>, bootstrap: bool) -> Value {
 fn binding(name: &str, role: &str, groups: &[&str]) -> Value {
     let subjects: Vec<Value> =
         groups.iter().map(|g| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": g})).collect();
+    binding_to(name, role, subjects)
+}
+
+fn user_binding(name: &str, role: &str, user: &str) -> Value {
+    binding_to(name, role, vec![json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user})])
+}
+
+fn binding_to(name: &str, role: &str, subjects: Vec<Value>) -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",
@@ -217,6 +225,14 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
             true,
         ),
     ];
+    let roles = roles.into_iter().chain([
+        cluster_role("system:kube-scheduler", super::component_roles::kube_scheduler(), true),
+        cluster_role("system:volume-scheduler", super::component_roles::volume_scheduler(), true),
+    ]);
+    let controllers = super::controller_roles::roles();
+    let roles = roles.chain(
+        controllers.iter().map(|(name, rules)| cluster_role(&format!("system:controller:{name}"), rules.clone(), true)),
+    );
     for r in roles {
         let key = format!("/registry/rbac.authorization.k8s.io/clusterroles/{}", meta::name_of(&r));
         reconcile(storage, &key, r, "rules").await?;
@@ -227,12 +243,16 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         binding("system:basic-user", "system:basic-user", &["system:authenticated"]),
         binding("system:monitoring", "system:monitoring", &["system:monitoring"]),
         binding("system:node-bootstrapper", "system:node-bootstrapper", &["system:bootstrappers"]),
+        user_binding("system:kube-scheduler", "system:kube-scheduler", "system:kube-scheduler"),
+        user_binding("system:volume-scheduler", "system:volume-scheduler", "system:kube-scheduler"),
         binding(
             "system:public-info-viewer",
             "system:public-info-viewer",
             &["system:authenticated", "system:unauthenticated"],
         ),
     ];
+    let bindings =
+        bindings.into_iter().chain(controllers.iter().map(|(name, _)| super::controller_roles::binding(name)));
     for b in bindings {
         let key = format!("/registry/rbac.authorization.k8s.io/clusterrolebindings/{}", meta::name_of(&b));
         reconcile(storage, &key, b, "subjects").await?;

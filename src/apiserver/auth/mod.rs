@@ -4,6 +4,8 @@
 //! `kubectl auth whoami`, `kubectl create token`).
 
 pub mod bootstrap;
+pub mod component_roles;
+pub mod controller_roles;
 pub mod rbac;
 pub mod reviews;
 pub mod token;

@@ -6,7 +6,7 @@
 mod binding;
 mod computed;
 mod eviction;
-mod options;
+pub(crate) mod options;
 mod patch;
 mod read;
 mod write;
@@ -187,18 +187,8 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
             return Err(ApiError::new(404, "NotFound", "the server could not find the requested resource"));
         }
     }
-    let verb = match (&method, call.path.name.is_some(), watching) {
-        (&Method::GET, _, true) => "watch",
-        (&Method::GET, true, false) => "get",
-        (&Method::GET, false, false) => "list",
-        (&Method::POST, _, _) => "create",
-        (&Method::PUT, true, _) => "update",
-        (&Method::PATCH, true, _) => "patch",
-        (&Method::DELETE, true, _) => "delete",
-        (&Method::DELETE, false, _) => "deletecollection",
-        _ => {
-            return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"))
-        }
+    let Some(verb) = super::request::verb(&method, call.path.name.is_some(), watching) else {
+        return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
     };
     call.api.authorize(&call, verb)?;
     options::check(&call, verb)?;

@@ -172,7 +172,9 @@ fn pod_summary(pod: &Value) -> (String, String, String) {
     if gated {
         reason = "SchedulingGated".into();
     }
-    let finished = |c: &Value| at(c, &["lastState", "terminated", "finishedAt"]).and_then(Value::as_str).and_then(meta::parse_rfc3339);
+    let finished = |c: &Value| {
+        at(c, &["lastState", "terminated", "finishedAt"]).and_then(Value::as_str).and_then(meta::parse_rfc3339)
+    };
     let (mut restarts, mut last_restart) = (0i64, None::<i64>);
     let (mut sidecar_restarts, mut sidecar_last) = (0i64, None::<i64>);
     let later = |a: Option<i64>, b: Option<i64>| a.max(b);
@@ -216,7 +218,8 @@ fn pod_summary(pod: &Value) -> (String, String, String) {
         break;
     }
     let initialized = array(&["status", "conditions"]).iter().any(|c| {
-        c.get("type").and_then(Value::as_str) == Some("Initialized") && c.get("status").and_then(Value::as_str) == Some("True")
+        c.get("type").and_then(Value::as_str) == Some("Initialized")
+            && c.get("status").and_then(Value::as_str) == Some("True")
     });
     if !initializing || initialized {
         restarts = sidecar_restarts;
@@ -244,7 +247,8 @@ fn pod_summary(pod: &Value) -> (String, String, String) {
         }
         if reason == "Completed" && running {
             let has_ready = array(&["status", "conditions"]).iter().any(|c| {
-                c.get("type").and_then(Value::as_str) == Some("Ready") && c.get("status").and_then(Value::as_str) == Some("True")
+                c.get("type").and_then(Value::as_str) == Some("Ready")
+                    && c.get("status").and_then(Value::as_str) == Some("True")
             });
             reason = if has_ready { "Running".into() } else { "NotReady".into() };
         }

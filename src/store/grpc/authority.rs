@@ -145,8 +145,7 @@ impl HeaderRewriter {
             priority = Some([fields[0], fields[1], fields[2], fields[3], fields[4]]);
             body = &body[5..];
         }
-        self.block =
-            Some(Block { stream_id, end_stream: flags & END_STREAM != 0, priority, fragment: body.to_vec() });
+        self.block = Some(Block { stream_id, end_stream: flags & END_STREAM != 0, priority, fragment: body.to_vec() });
         if flags & END_HEADERS != 0 {
             self.finish(output)?;
         }

@@ -110,7 +110,13 @@ pub struct Writer {
 
 impl Writer {
     /// `quota_bytes`: 0 for etcd's default quota, negative for none.
-    pub fn new(conn: Connection, meta: Meta, shared: Arc<Shared>, min_lease_ttl: i64, quota_bytes: i64) -> Result<Self> {
+    pub fn new(
+        conn: Connection,
+        meta: Meta,
+        shared: Arc<Shared>,
+        min_lease_ttl: i64,
+        quota_bytes: i64,
+    ) -> Result<Self> {
         let alarms = schema::read_alarms(&conn)?;
         shared.set_alarms(&alarms);
         let mut writer = Writer {

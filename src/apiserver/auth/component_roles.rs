@@ -1,0 +1,42 @@
+//! The roles of the control-plane components that act as users of their
+//! own: `system:kube-scheduler` and `system:volume-scheduler` (bound to the
+//! user `system:kube-scheduler`), as upstream's bootstrap policy grants.
+
+use serde_json::{json, Value};
+
+use super::bootstrap::rule;
+
+const READ: &[&str] = &["get", "list", "watch"];
+
+fn named(groups: &[&str], resources: &[&str], names: &[&str], verbs: &[&str]) -> Value {
+    json!({"apiGroups": groups, "resources": resources, "resourceNames": names, "verbs": verbs})
+}
+
+pub fn kube_scheduler() -> Vec<Value> {
+    vec![
+        rule(&["", "events.k8s.io"], &["events"], &["create", "patch", "update"]),
+        rule(&["coordination.k8s.io"], &["leases"], &["create"]),
+        named(&["coordination.k8s.io"], &["leases"], &["kube-scheduler"], &["get", "update"]),
+        rule(&[""], &["nodes"], READ),
+        rule(&[""], &["namespaces"], READ),
+        rule(&[""], &["pods"], &["delete", "get", "list", "watch"]),
+        rule(&[""], &["bindings", "pods/binding"], &["create"]),
+        rule(&[""], &["pods/status"], &["patch", "update"]),
+        rule(&[""], &["replicationcontrollers", "services"], READ),
+        rule(&["apps", "extensions"], &["replicasets"], READ),
+        rule(&["apps"], &["statefulsets"], READ),
+        rule(&["policy"], &["poddisruptionbudgets"], READ),
+        rule(&[""], &["persistentvolumeclaims", "persistentvolumes"], READ),
+        rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+        rule(&["authorization.k8s.io"], &["subjectaccessreviews"], &["create"]),
+        rule(&["storage.k8s.io"], &["csinodes", "csidrivers", "csistoragecapacities"], READ),
+    ]
+}
+
+pub fn volume_scheduler() -> Vec<Value> {
+    vec![
+        rule(&[""], &["persistentvolumes"], &["get", "list", "patch", "update", "watch"]),
+        rule(&["storage.k8s.io"], &["storageclasses"], READ),
+        rule(&[""], &["persistentvolumeclaims"], &["get", "list", "patch", "update", "watch"]),
+    ]
+}

@@ -1,0 +1,260 @@
+//! Auditing: `--audit-policy-file` decides per request what
+//! `--audit-log-path` records, as audit.k8s.io/v1 Events in JSON lines, and
+//! `--audit-log-maxsize`/`--audit-log-maxbackup` keep the log bounded.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{eventually, free_port, kubectl, ApiServer};
+use serde_json::Value;
+
+const POLICY: &str = r#"
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  resources:
+  - group: ""
+    resources: [configmaps]
+    resourceNames: [quiet]
+- level: RequestResponse
+  resources:
+  - group: ""
+    resources: [configmaps]
+- level: Metadata
+  resources:
+  - group: ""
+    resources: [secrets]
+- level: Request
+  resources:
+  - group: ""
+    resources: [pods]
+  omitStages: [ResponseComplete]
+- level: None
+"#;
+
+/// A server auditing with `policy` into `<dir>/logs/audit.log`.
+fn start(policy: &str, extra: &[&str]) -> (ApiServer, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let policy_file = dir.path().join("policy.yaml");
+    std::fs::write(&policy_file, policy).expect("policy");
+    let log = dir.path().join("logs").join("audit.log");
+    let (policy_arg, log_arg) = (policy_file.display().to_string(), log.display().to_string());
+    let mut args = vec!["--audit-policy-file", policy_arg.as_str(), "--audit-log-path", log_arg.as_str()];
+    args.extend_from_slice(extra);
+    (ApiServer::start_with(dir, free_port(), &args), log)
+}
+
+/// Every Event in the log (torn or foreign lines fail the test).
+fn events(log: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect()
+}
+
+fn about<'a>(events: &'a [Value], resource: &str, name: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["objectRef"]["resource"] == resource && e["objectRef"]["name"] == name).collect()
+}
+
+#[test]
+fn audit_log_records_each_request_at_the_policys_level() {
+    let (s, log) = start(POLICY, &[]);
+    assert!(kubectl(&s, &["create", "configmap", "loud", "--from-literal=a=b"]).0);
+    assert!(kubectl(&s, &["create", "configmap", "quiet", "--from-literal=a=b"]).0);
+    assert!(kubectl(&s, &["get", "configmap", "quiet"]).0);
+    assert!(kubectl(&s, &["create", "secret", "generic", "hidden", "--from-literal=k=v"]).0);
+    assert!(kubectl(&s, &["get", "secret", "absent"]).1.contains("NotFound"));
+    for watched in ["pods", "secrets"] {
+        let uri = format!("/api/v1/namespaces/default/{watched}?watch=true&timeoutSeconds=1");
+        let (ok, out) = kubectl(&s, &["get", "--raw", &uri]);
+        assert!(ok, "{out}");
+    }
+    // The writer runs behind the requests: wait for the last one.
+    eventually("the secrets watch's ResponseComplete", || {
+        events(&log).iter().any(|e| {
+            e["verb"] == "watch" && e["stage"] == "ResponseComplete" && e["objectRef"]["namespace"] == "default"
+        })
+    });
+    let all = events(&log);
+    for e in &all {
+        assert_eq!((e["kind"].as_str(), e["apiVersion"].as_str()), (Some("Event"), Some("audit.k8s.io/v1")), "{e}");
+        assert_ne!(e["stage"], "RequestReceived", "the policy omits RequestReceived: {e}");
+        assert!(e["auditID"].as_str().is_some_and(|id| id.len() == 36), "{e}");
+        assert!(e["requestReceivedTimestamp"].is_string() && e["stageTimestamp"].is_string(), "{e}");
+    }
+
+    // RequestResponse: the request and the stored object.
+    let loud = about(&all, "configmaps", "loud");
+    assert_eq!(loud.len(), 1, "{loud:?}");
+    let e = loud[0];
+    assert_eq!(
+        (e["level"].as_str(), e["verb"].as_str(), e["stage"].as_str()),
+        (Some("RequestResponse"), Some("create"), Some("ResponseComplete"))
+    );
+    assert_eq!(e["requestURI"].as_str().map(|u| u.starts_with("/api/v1/namespaces/default/configmaps")), Some(true));
+    assert_eq!(e["objectRef"]["namespace"], "default");
+    assert_eq!(e["objectRef"]["apiVersion"], "v1");
+    assert_eq!(e["responseStatus"]["code"], 201);
+    assert_eq!(e["requestObject"]["data"]["a"], "b");
+    assert!(e["responseObject"]["metadata"]["uid"].is_string(), "{e}");
+    assert!(e["user"]["username"].is_string() && e["sourceIPs"][0] == "127.0.0.1", "{e}");
+    assert!(e["userAgent"].as_str().is_some_and(|a| a.starts_with("kubectl")), "{e}");
+    assert_eq!(e["annotations"]["authorization.k8s.io/decision"], "allow");
+
+    // None for requests naming "quiet"; its create names no object in
+    // its path, so (as upstream) resourceNames do not match it.
+    let quiet: Vec<_> = about(&all, "configmaps", "quiet").iter().map(|e| e["verb"].as_str()).collect();
+    assert_eq!(quiet, [Some("create")]);
+
+    // Metadata: neither object.
+    let hidden = about(&all, "secrets", "hidden");
+    assert_eq!(hidden.len(), 1, "{hidden:?}");
+    assert_eq!(hidden[0]["level"], "Metadata");
+    assert!(hidden[0].get("requestObject").is_none() && hidden[0].get("responseObject").is_none());
+    let absent = about(&all, "secrets", "absent");
+    assert_eq!(absent.len(), 1);
+    assert_eq!((absent[0]["verb"].as_str(), absent[0]["responseStatus"]["code"].as_i64()), (Some("get"), Some(404)));
+    assert_eq!(absent[0]["responseStatus"]["reason"], "NotFound");
+
+    // A watch starts and completes; the pods rule omits ResponseComplete,
+    // so only its start is written.
+    let watch_stages = |resource: &str| -> Vec<&str> {
+        all.iter()
+            .filter(|e| e["verb"] == "watch" && e["objectRef"]["resource"] == resource)
+            .filter(|e| e["userAgent"].as_str().is_some_and(|a| a.starts_with("kubectl")))
+            .filter_map(|e| e["stage"].as_str())
+            .collect()
+    };
+    assert_eq!(watch_stages("secrets"), ["ResponseStarted", "ResponseComplete"]);
+    assert_eq!(watch_stages("pods"), ["ResponseStarted"]);
+}
+
+#[test]
+fn forbidden_requests_carry_the_decision_and_the_impersonated_user() {
+    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n  users: [mallory]\n";
+    let (s, log) = start(policy, &[]);
+    let (ok, out) = kubectl(&s, &["get", "secrets", "--as=mallory"]);
+    assert!(!ok && out.contains("Forbidden"), "{out}");
+    eventually("mallory's ResponseComplete", || {
+        events(&log).iter().any(|e| e["impersonatedUser"]["username"] == "mallory" && e["stage"] == "ResponseComplete")
+    });
+    let all: Vec<Value> = events(&log).into_iter().filter(|e| e["objectRef"]["resource"] == "secrets").collect();
+    let stages: Vec<_> = all.iter().map(|e| e["stage"].as_str().unwrap_or_default()).collect();
+    assert_eq!(stages, ["RequestReceived", "ResponseComplete"], "{all:?}");
+    let e = &all[1];
+    assert_eq!(e["responseStatus"]["code"], 403);
+    assert_eq!(e["annotations"]["authorization.k8s.io/decision"], "forbid");
+    assert_eq!(e["verb"], "list");
+    assert_eq!(all[0]["auditID"], e["auditID"]);
+}
+
+#[test]
+fn audit_log_rotates_by_size_and_keeps_maxbackup_files() {
+    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: RequestResponse\n  resources:\n  - group: \"\"\n    resources: [configmaps]\n";
+    let (s, log) = start(policy, &["--audit-log-maxsize", "1", "--audit-log-maxbackup", "1"]);
+    let big = s.dir.path().join("big.txt");
+    std::fs::write(&big, "x".repeat(300 * 1024)).expect("big file");
+    let from_file = format!("--from-file=big={}", big.display());
+    // Each create is a ~600 KiB line (the data in the request and the response).
+    for i in 0..8 {
+        let (ok, out) = kubectl(&s, &["create", "configmap", &format!("big-{i}"), &from_file]);
+        assert!(ok, "{out}");
+    }
+    eventually("the last create in the current log", || {
+        events(&log).iter().any(|e| e["objectRef"]["name"] == "big-7" && e["stage"] == "ResponseComplete")
+    });
+    let dir = log.parent().expect("log dir");
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 2, "the log and one backup: {names:?}");
+    assert_eq!(names[1], "audit.log");
+    assert!(names[0].starts_with("audit-") && names[0].ends_with(".log"), "{names:?}");
+    for n in &names {
+        let path = dir.join(n);
+        let size = std::fs::metadata(&path).expect("size").len();
+        assert!(size <= 1024 * 1024, "{n} is {size} bytes, over --audit-log-maxsize");
+        assert!(!events(&path).is_empty(), "{n} holds whole events");
+    }
+}
+
+/// The ReplicaSet controller acts as its own service account, bound by
+/// `system:controller:replicaset-controller`: without the binding its pod
+/// creates are refused (and audited as such); with it back, pods come.
+#[test]
+fn replicaset_controller_is_refused_by_rbac_without_its_binding() {
+    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  users: [\"system:serviceaccount:kube-system:replicaset-controller\"]\n  resources:\n  - group: \"\"\n    resources: [pods]\n";
+    let (s, log) = start(policy, &[]);
+    let (ok, out) = kubectl(&s, &["delete", "clusterrolebinding", "system:controller:replicaset-controller"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&s, &["create", "deployment", "web", "--image=busybox:1.36", "--replicas=2"]);
+    assert!(ok, "{out}");
+    eventually("a refused pod create by the replicaset-controller", || {
+        events(&log).iter().any(|e| {
+            e["verb"] == "create"
+                && e["user"]["username"] == "system:serviceaccount:kube-system:replicaset-controller"
+                && e["responseStatus"]["code"] == 403
+                && e["responseStatus"]["reason"] == "Forbidden"
+        })
+    });
+    // The Deployment's ReplicaSet exists (the deployment controller is
+    // allowed) but has no pods.
+    let (ok, out) = kubectl(&s, &["get", "rs", "-l", "app=web", "-o", "name"]);
+    assert!(ok && out.contains("replicaset.apps/web-"), "{out}");
+    let (_, pods) = kubectl(&s, &["get", "pods", "-l", "app=web", "-o", "name"]);
+    assert!(pods.trim().is_empty() || pods.contains("No resources"), "pods created without RBAC: {pods}");
+    // The binding back: the controller's retries succeed.
+    let (ok, out) = kubectl(
+        &s,
+        &[
+            "create",
+            "clusterrolebinding",
+            "system:controller:replicaset-controller",
+            "--clusterrole=system:controller:replicaset-controller",
+            "--serviceaccount=kube-system:replicaset-controller",
+        ],
+    );
+    assert!(ok, "{out}");
+    eventually("two pods", || kubectl(&s, &["get", "pods", "-l", "app=web", "-o", "name"]).1.lines().count() == 2);
+}
+
+/// The scheduler acts as `system:kube-scheduler`, bound by the role of that
+/// name and no longer in system:masters: without its binding it cannot
+/// bind pods.
+#[test]
+fn scheduler_is_refused_by_rbac_without_its_binding() {
+    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  users: [\"system:kube-scheduler\"]\n  resources:\n  - group: \"\"\n    resources: [pods/binding]\n";
+    let (s, log) = start(policy, &[]);
+    let (ok, out) = kubectl(&s, &["delete", "clusterrolebinding", "system:kube-scheduler"]);
+    assert!(ok, "{out}");
+    let node = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1","labels":{"kubernetes.io/hostname":"n1"}},
+        "status":{"allocatable":{"cpu":"4","memory":"8Gi","pods":"110"},"capacity":{"cpu":"4","memory":"8Gi","pods":"110"},
+        "conditions":[{"type":"Ready","status":"True"}]}}"#;
+    common::create(&s, node);
+    let (ok, out) = kubectl(&s, &["run", "p", "--image=busybox:1.36"]);
+    assert!(ok, "{out}");
+    eventually("a refused binding by the scheduler", || {
+        events(&log).iter().any(|e| {
+            e["objectRef"]["subresource"] == "binding"
+                && e["user"]["username"] == "system:kube-scheduler"
+                && e["responseStatus"]["code"] == 403
+        })
+    });
+    let node_of = || kubectl(&s, &["get", "pod", "p", "-o", "jsonpath={.spec.nodeName}"]).1;
+    assert_eq!(node_of(), "", "bound without RBAC");
+    let (ok, out) = kubectl(
+        &s,
+        &[
+            "create",
+            "clusterrolebinding",
+            "system:kube-scheduler",
+            "--clusterrole=system:kube-scheduler",
+            "--user=system:kube-scheduler",
+        ],
+    );
+    assert!(ok, "{out}");
+    eventually("the pod bound", || node_of() == "n1");
+}
