@@ -119,10 +119,15 @@ fn a_new_cluster_has_its_builtin_objects() {
     let apiservices = ok(k, &s, &["get", "apiservices", "--no-headers"]);
     for name in ["v1.", "v1.apps", "v2.autoscaling", "v1.apiregistration.k8s.io", "v1.flowcontrol.apiserver.k8s.io"] {
         let line = apiservices.lines().find(|l| l.split_whitespace().next() == Some(name));
-        let columns: Vec<&str> = line.unwrap_or_else(|| panic!("no {name} in {apiservices}")).split_whitespace().collect();
+        let columns: Vec<&str> =
+            line.unwrap_or_else(|| panic!("no {name} in {apiservices}")).split_whitespace().collect();
         assert_eq!(columns[1..3], ["Local", "True"], "{apiservices}");
     }
-    let apps = ok(k, &s, &["get", "apiservice", "v1.apps", "-o", "jsonpath={.spec.groupPriorityMinimum}/{.spec.versionPriority}"]);
+    let apps = ok(
+        k,
+        &s,
+        &["get", "apiservice", "v1.apps", "-o", "jsonpath={.spec.groupPriorityMinimum}/{.spec.versionPriority}"],
+    );
     assert_eq!(apps, "17800/15");
     // One of an extension server's is stored; a misnamed one is refused.
     let apiservice = |name: &str| {
@@ -135,7 +140,10 @@ fn a_new_cluster_has_its_builtin_objects() {
     let service = ok(k, &s, &["get", "apiservice", "v1beta1.metrics.k8s.io", "--no-headers"]);
     assert!(service.contains("kube-system/metrics-server"), "{service}");
     let err = fails(k, &s, &["apply", "-f", "-"], Some(&apiservice("v1beta1.wrong")));
-    assert!(err.contains("metadata.name: Invalid value") || err.contains("must be `spec.version+\".\"+spec.group`"), "{err}");
+    assert!(
+        err.contains("metadata.name: Invalid value") || err.contains("must be `spec.version+\".\"+spec.group`"),
+        "{err}"
+    );
 }
 
 #[test]

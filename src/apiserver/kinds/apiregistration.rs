@@ -79,12 +79,18 @@ fn validate(o: &Value) -> Vec<Cause> {
         causes.push(Cause::required("spec.version"));
     }
     if name != format!("{version}.{group}") {
-        causes.push(Cause::invalid("metadata.name", format!("must be `spec.version+\".\"+spec.group`: {:?}", format!("{version}.{group}"))));
+        causes.push(Cause::invalid(
+            "metadata.name",
+            format!("must be `spec.version+\".\"+spec.group`: {:?}", format!("{version}.{group}")),
+        ));
     }
     for field in ["groupPriorityMinimum", "versionPriority"] {
         let value = at(o, &["spec", field]).and_then(Value::as_i64).unwrap_or(0);
         if value <= 0 {
-            causes.push(Cause::invalid(format!("spec.{field}"), format!("{value}: must be positive and less than 1000000")));
+            causes.push(Cause::invalid(
+                format!("spec.{field}"),
+                format!("{value}: must be positive and less than 1000000"),
+            ));
         }
     }
     if let Some(service) = at(o, &["spec", "service"]).filter(|s| !s.is_null()) {
@@ -102,13 +108,7 @@ pub fn apiservice_hooks() -> Hooks {
         validate,
         // `v1.` (the core group's) is not a DNS subdomain.
         name_rule: NameRule::PathSegment,
-        columns: || {
-            vec![
-                Column::new("Service", "string", 0),
-                Column::new("Available", "string", 0),
-                Column::age(),
-            ]
-        },
+        columns: || vec![Column::new("Service", "string", 0), Column::new("Available", "string", 0), Column::age()],
         cells: |o| {
             let service = match at(o, &["spec", "service"]).filter(|s| !s.is_null()) {
                 Some(s) => format!(
