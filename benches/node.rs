@@ -28,9 +28,7 @@ fn arg(name: &str, default: u64) -> u64 {
 }
 
 async fn client(node: &TestNode) -> kube::Client {
-    let config = kube::config::Kubeconfig::read_from(node.kubeconfig()).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(config, &Default::default()).await.expect("config");
-    kube::Client::try_from(config).expect("client")
+    tcommon::kube_client(&node.kubeconfig()).await
 }
 
 fn node_ready(n: &Node) -> bool {

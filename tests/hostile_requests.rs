@@ -18,9 +18,7 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
 async fn client(server: &ApiServer) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(server.kubeconfig()).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
-    kube::Client::try_from(config).expect("client")
+    common::kube_client(&server.kubeconfig()).await
 }
 
 /// One request; the status and body, or the transport error (a dropped connection).

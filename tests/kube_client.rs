@@ -13,9 +13,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, W
 /// A server and a `kube` client for it.
 async fn start() -> (common::ApiServer, kube::Client) {
     let server = tokio::task::spawn_blocking(common::ApiServer::start).await.expect("start");
-    let kc = kube::config::Kubeconfig::read_from(server.kubeconfig()).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
-    let client = kube::Client::try_from(config).expect("client");
+    let client = common::kube_client(&server.kubeconfig()).await;
     (server, client)
 }
 

@@ -28,9 +28,7 @@ async fn kv(url: &str) -> KvClient<Channel> {
 }
 
 async fn client(s: &ApiServer) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(s.kubeconfig()).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
-    kube::Client::try_from(config).expect("client")
+    common::kube_client(&s.kubeconfig()).await
 }
 
 fn config_map(name: &str, bytes: usize) -> ConfigMap {

@@ -166,6 +166,13 @@ impl Drop for ApiServer {
     }
 }
 
+/// A `kube` client from a kubeconfig file the server wrote.
+pub async fn kube_client(kubeconfig: &std::path::Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
+    kube::Client::try_from(config).expect("client")
+}
+
 impl ApiServer {
     pub fn start_in(dir: tempfile::TempDir, port: u16) -> ApiServer {
         ApiServer::start_with(dir, port, &[])
