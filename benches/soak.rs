@@ -15,7 +15,12 @@
 //! Flags: `--minutes N` (per run, default 30), `--sample SECS` (default 60),
 //! `--rate N` updates a minute (default 1000), `--keys N` ConfigMaps updated
 //! in turn (default 100), `--compaction-interval D` and `--event-ttl D`
-//! (passed to the server; its defaults when not given), `--only idle|churn`.
+//! (passed to the server; its defaults when not given), `--only idle|churn`,
+//! `--node` (the whole single-node cluster: the server with its node role in
+//! a network namespace of its own, as the node tests run it, with `--pods N`
+//! sleeping pods, default 10; needs root, containerd, runc and the CNI
+//! plugins; the node's Lease and status add their own revisions).
+//! `FERROK_BIN` runs another build of the binary (e.g. a release copy).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,11 +28,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code)]
+mod tcommon;
 
 use common::{free_port, rss_kib, start_with};
 use ferrok::store::proto::maintenance_client::MaintenanceClient;
 use ferrok::store::proto::StatusRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Event, ObjectReference};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, ObjectReference, Pod};
 use kube::api::{Api, PostParams};
 
 struct Options {
@@ -37,6 +45,8 @@ struct Options {
     keys: usize,
     server_flags: Vec<String>,
     only: Option<String>,
+    node: bool,
+    pods: usize,
 }
 
 fn options() -> Options {
@@ -57,6 +67,8 @@ fn options() -> Options {
         keys: number("--keys", 100) as usize,
         server_flags,
         only: value("--only"),
+        node: args.iter().any(|a| a == "--node"),
+        pods: number("--pods", 10) as usize,
     }
 }
 
@@ -133,14 +145,83 @@ async fn churn(
     }
 }
 
+/// What runs under the soak: the control plane alone, or the whole
+/// single-node cluster with its node role in a namespace of its own.
+enum Cluster {
+    ControlPlane(common::Server),
+    Node(Box<tcommon::node::Node>),
+}
+
+impl Cluster {
+    fn pid(&self) -> u32 {
+        match self {
+            Cluster::ControlPlane(s) => s.child.id(),
+            Cluster::Node(n) => n.pid().unwrap_or(0),
+        }
+    }
+
+    fn data_dir(&self) -> &Path {
+        match self {
+            Cluster::ControlPlane(s) => s.dir.path(),
+            Cluster::Node(n) => n.dir.path(),
+        }
+    }
+}
+
+/// `count` pods that sleep, all Running before the soak's clock starts.
+async fn sleeping_pods(client: &kube::Client, count: usize) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for i in 0..count {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("idle-{i}")},
+            "spec": {"terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "c", "image": tcommon::node::BUSYBOX, "command": ["sleep", "1000000"]}]}
+        }))
+        .expect("pod");
+        if let Err(e) = pods.create(&PostParams::default(), &pod).await {
+            eprintln!("create idle-{i}: {e}");
+        }
+    }
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(120) {
+        let list = pods.list(&Default::default()).await.map(|l| l.items).unwrap_or_default();
+        let running = list.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"));
+        if running.count() >= count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("not all {count} pods Running after 120 s; soaking anyway");
+}
+
+async fn start(opts: &Options) -> (Cluster, kube::Client, String) {
+    if !opts.node {
+        let etcd_url = format!("http://127.0.0.1:{}", free_port());
+        let mut flags: Vec<&str> = vec!["--datastore-listen", &etcd_url];
+        flags.extend(opts.server_flags.iter().map(String::as_str));
+        let (server, client, _) = start_with(&flags).await;
+        return (Cluster::ControlPlane(server), client, etcd_url);
+    }
+    let mut node = tcommon::node::Node::new(&[]);
+    let etcd_url = format!("http://{}:2379", node.ip);
+    node.extra.extend(["--datastore-listen".to_string(), etcd_url.clone()]);
+    node.extra.extend(opts.server_flags.iter().cloned());
+    let node = tokio::task::spawn_blocking(move || {
+        node.launch();
+        node
+    })
+    .await
+    .expect("start the node");
+    let client = tcommon::kube_client(&node.kubeconfig()).await;
+    sleeping_pods(&client, opts.pods).await;
+    (Cluster::Node(Box::new(node)), client, etcd_url)
+}
+
 async fn run(label: &str, opts: &Options, with_churn: bool) {
-    let etcd_url = format!("http://127.0.0.1:{}", free_port());
-    let mut flags: Vec<&str> = vec!["--datastore-listen", &etcd_url];
-    flags.extend(opts.server_flags.iter().map(String::as_str));
-    let (server, client, _) = start_with(&flags).await;
-    let pid = server.child.id();
-    let db = server.dir.path().join("server/db/state.db");
-    let wal = server.dir.path().join("server/db/state.db-wal");
+    let (server, client, etcd_url) = start(opts).await;
+    let pid = server.pid();
+    let db = server.data_dir().join("server/db/state.db");
+    let wal = server.data_dir().join("server/db/state.db-wal");
     let mut maintenance = match tonic::transport::Endpoint::from_shared(etcd_url.clone()) {
         Ok(ep) => match ep.connect().await {
             Ok(ch) => Some(MaintenanceClient::new(ch)),
@@ -155,8 +236,11 @@ async fn run(label: &str, opts: &Options, with_churn: bool) {
         }
     };
     println!(
-        "\n== {label}: {} min, sample every {:?}, server flags {:?}",
-        opts.minutes, opts.sample, opts.server_flags
+        "\n== {label}: {} min, sample every {:?}, server flags {:?}, {}",
+        opts.minutes,
+        opts.sample,
+        opts.server_flags,
+        if opts.node { format!("node role with {} pods", opts.pods) } else { "control plane alone".into() }
     );
     println!(
         "{:>6} {:>9} {:>9} {:>10} {:>9} {:>9} {:>8} {:>9} {:>10}",

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue};
-use ferrok::apiserver::handlers::{apply_json_patch, decode_body};
+use ferrok::apiserver::call::decode_body;
+use ferrok::apiserver::handlers::apply_json_patch;
 use ferrok::apiserver::managed_fields::{self, Writer};
 use ferrok::apiserver::patch_meta::SchemaNode;
 use ferrok::apiserver::registry::Registry;

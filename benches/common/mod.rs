@@ -55,7 +55,8 @@ pub async fn client(kubeconfig: &std::path::Path) -> Result<kube::Client, kube::
 pub async fn start_with(extra: &[&str]) -> (Server, kube::Client, Duration) {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_ferrok"))
+    let bin = std::env::var("FERROK_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ferrok").to_string());
+    let child = Command::new(bin)
         .args(["server", "--disable-agent", "--bind-address", "127.0.0.1", "--data-dir"])
         .arg(dir.path())
         .args(["--https-listen-port", &port.to_string()])

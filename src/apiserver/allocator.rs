@@ -1,12 +1,15 @@
 //! ClusterIP and NodePort allocation for Services. Addresses in use are
-//! read from the stored Services, and allocation plus create happen under
-//! one lock, so two Services never get the same address.
+//! read from the stored Services, and allocation plus the write happen under
+//! one lock (the Service resource's `BeginWrite`), so two Services never get
+//! the same address.
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
 
+use futures_util::future::BoxFuture;
 use serde_json::Value;
 
+use super::resource::{BeginWrite, WriteGuard};
 use super::status::{ApiError, ApiResult};
 use super::storage::Storage;
 
@@ -58,7 +61,8 @@ pub const NODE_PORT_RANGE: std::ops::RangeInclusive<i64> = 30000..=32767;
 
 pub struct ServiceAllocator {
     pub cidr: Cidr,
-    lock: tokio::sync::Mutex<()>,
+    storage: Storage,
+    lock: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// What Services already hold.
@@ -68,19 +72,14 @@ struct InUse {
 }
 
 impl ServiceAllocator {
-    pub fn new(cidr: Cidr) -> Self {
-        ServiceAllocator { cidr, lock: tokio::sync::Mutex::new(()) }
+    pub fn new(cidr: Cidr, storage: Storage) -> Self {
+        ServiceAllocator { cidr, storage, lock: Default::default() }
     }
 
-    /// Held while a Service is allocated and stored.
-    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.lock.lock().await
-    }
-
-    async fn in_use(&self, storage: &Storage, except_key: Option<&str>) -> ApiResult<InUse> {
+    async fn in_use(&self, except_key: Option<&str>) -> ApiResult<InUse> {
         let mut used = InUse { ips: HashSet::new(), ports: HashSet::new() };
         let prefix = "/registry/services/";
-        let (services, _) = storage.list_all(prefix).await?;
+        let (services, _) = self.storage.list_all(prefix).await?;
         for s in &services {
             let ns = s.object.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
             let name = s.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
@@ -103,9 +102,9 @@ impl ServiceAllocator {
     }
 
     /// Fills in clusterIP(s) and nodePorts of a Service about to be stored;
-    /// refuses addresses and ports already taken. Call under `lock()`.
-    pub async fn allocate(&self, storage: &Storage, svc: &mut Value, key: &str, old: Option<&Value>) -> ApiResult<()> {
-        let used = self.in_use(storage, Some(key)).await?;
+    /// refuses addresses and ports already taken. Call under `lock`.
+    async fn allocate(&self, svc: &mut Value, key: &str, old: Option<&Value>) -> ApiResult<()> {
+        let used = self.in_use(Some(key)).await?;
         let name = svc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
         let invalid = |field: &str, msg: String| {
             ApiError::invalid("", "Service", &name, vec![super::status::Cause::invalid(field, msg)])
@@ -215,6 +214,21 @@ impl ServiceAllocator {
             }
         }
         Ok(())
+    }
+}
+
+impl BeginWrite for ServiceAllocator {
+    fn begin<'a>(
+        &'a self,
+        svc: &'a mut Value,
+        key: &'a str,
+        old: Option<&'a Value>,
+    ) -> BoxFuture<'a, ApiResult<WriteGuard>> {
+        Box::pin(async move {
+            let held = self.lock.clone().lock_owned().await;
+            self.allocate(svc, key, old).await?;
+            Ok(Box::new(held) as WriteGuard)
+        })
     }
 }
 

@@ -414,10 +414,9 @@ mod tests {
     }
 
     fn deployment_schema() -> crate::apiserver::patch_meta::SchemaSet {
-        use crate::apiserver::registry::Strategy;
-        let strategy = crate::apiserver::registry::strategy::Typed::<k8s_openapi::api::apps::v1::Deployment>::new(
-            Default::default(),
-        );
+        use crate::apiserver::strategy::Strategy;
+        let strategy =
+            crate::apiserver::strategy::Typed::<k8s_openapi::api::apps::v1::Deployment>::new(Default::default());
         std::sync::Arc::unwrap_or_clone(strategy.patch_schema().expect("schema"))
     }
 

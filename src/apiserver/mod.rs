@@ -11,6 +11,7 @@ pub mod audit;
 pub mod auth;
 pub mod bootstrap;
 pub mod cache;
+pub mod call;
 pub mod compactor;
 pub mod component_status;
 pub mod crd;
@@ -29,12 +30,14 @@ pub mod protobuf;
 pub mod recover;
 pub mod registry;
 pub mod request;
+pub mod resource;
 pub mod selectable_fields;
 pub mod selector;
 pub mod serve;
 pub mod status;
 pub mod storage;
 pub mod strategic;
+pub mod strategy;
 pub mod table;
 
 use std::net::IpAddr;
@@ -76,7 +79,6 @@ pub struct Api {
     pub registry: Registry,
     pub storage: Storage,
     pub config: ApiConfig,
-    pub allocator: allocator::ServiceAllocator,
     pub caches: cache::Caches,
     pub openapi: openapi::DocumentCache,
     pub rbac: auth::rbac::RbacCache,
@@ -91,18 +93,21 @@ impl Api {
         config: ApiConfig,
         tokens: Option<auth::token::TokenSigner>,
     ) -> Arc<Api> {
-        let allocator = allocator::ServiceAllocator::new(config.service_cidr);
+        let storage = Storage::new(store.clone()).with_ttl(EVENT_PREFIXES, config.event_ttl);
+        let registry = Registry::builtin();
+        let services: Arc<dyn resource::BeginWrite> =
+            Arc::new(allocator::ServiceAllocator::new(config.service_cidr, storage.clone()));
+        registry.decorate("", "services", |r| r.begin_write = Some(services.clone()));
         let caches = cache::Caches::default();
         let rbac = auth::rbac::RbacCache::new(caches.rbac.clone());
         Arc::new(Api {
             openapi: openapi::DocumentCache::default(),
             caches,
             rbac,
-            registry: Registry::builtin(),
-            health: health::Health::new(store.clone()),
-            storage: Storage::new(store).with_ttl(EVENT_PREFIXES, config.event_ttl),
+            registry,
+            health: health::Health::new(store),
+            storage,
             config,
-            allocator,
             tokens,
         })
     }
@@ -150,7 +155,7 @@ impl Api {
 
     /// Authorization: members of system:masters may do anything; RBAC for
     /// everyone else.
-    pub fn authorize(&self, call: &handlers::Call, verb: &str) -> Result<(), ApiError> {
+    pub fn authorize(&self, call: &call::Call, verb: &str) -> Result<(), ApiError> {
         let r = &call.resource;
         let attrs = auth::rbac::Attributes {
             verb: verb.to_string(),
@@ -303,7 +308,7 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     if let Some(slot) = parts.extensions.get::<recover::RequestUser>() {
         slot.set(&user.name);
     }
-    let bytes = match axum::body::to_bytes(body, handlers::MAX_BODY_BYTES).await {
+    let bytes = match axum::body::to_bytes(body, call::MAX_BODY_BYTES).await {
         Ok(b) => b,
         Err(_) => return ApiError::too_large().into_response(),
     };

@@ -10,7 +10,8 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::registry::{Registry, Resource};
+use super::registry::Registry;
+use super::resource::Resource;
 
 fn gv_path(group: &str, version: &str) -> String {
     if group.is_empty() {

@@ -13,6 +13,28 @@ pub struct ResourcePath {
     pub watch_prefix: bool,
 }
 
+/// The query string's parameters; of a repeated one the first counts, as
+/// upstream's conversions take `values[0]`.
+pub fn parse_query(raw: Option<&str>) -> std::collections::HashMap<String, String> {
+    use std::collections::HashMap;
+    let mut out = HashMap::new();
+    for (k, v) in
+        raw.map(|q| serde_urlencoded::from_str::<Vec<(String, String)>>(q).unwrap_or_default()).unwrap_or_default()
+    {
+        out.entry(k).or_insert(v);
+    }
+    out
+}
+
+/// Upstream's Convert_Slice_string_To_bool: present and not "false" or "0"
+/// (in any case) is true, the empty string included.
+pub fn parse_bool(value: Option<&str>) -> bool {
+    match value {
+        None => false,
+        Some(v) => !matches!(v.to_ascii_lowercase().as_str(), "false" | "0"),
+    }
+}
+
 /// What a path names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {

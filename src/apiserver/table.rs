@@ -4,7 +4,6 @@
 use serde_json::{json, Value};
 
 use super::meta;
-use super::registry::Resource;
 
 /// A column of a table.
 #[derive(Debug, Clone)]
@@ -42,12 +41,11 @@ pub fn wants_table(accept: &str) -> bool {
     })
 }
 
-fn definitions(resource: &Resource) -> Vec<Value> {
+fn definitions(mut own: Vec<Column>) -> Vec<Value> {
     let mut cols = vec![json!({
         "name": "Name", "type": "string", "format": "name", "priority": 0,
         "description": "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names"
     })];
-    let mut own = resource.strategy.columns();
     if own.is_empty() {
         own.push(Column::age());
     }
@@ -57,13 +55,12 @@ fn definitions(resource: &Resource) -> Vec<Value> {
     cols
 }
 
-fn row(resource: &Resource, obj: &Value, include: &str) -> Value {
+fn row(own_columns: bool, cells_of: &dyn Fn(&Value) -> Vec<Value>, obj: &Value, include: &str) -> Value {
     let mut cells = vec![json!(meta::name_of(obj))];
-    let own = resource.strategy.cells(obj);
-    if resource.strategy.columns().is_empty() {
-        cells.push(json!(meta::age(obj)));
+    if own_columns {
+        cells.extend(cells_of(obj));
     } else {
-        cells.extend(own);
+        cells.push(json!(meta::age(obj)));
     }
     let object = match include {
         "None" => Value::Null,
@@ -81,14 +78,23 @@ fn row(resource: &Resource, obj: &Value, include: &str) -> Value {
     r
 }
 
-/// A Table of `objects`; `list_meta` is the list's metadata.
-pub fn table(resource: &Resource, objects: &[Value], list_meta: Value, include: &str) -> Value {
+/// A Table of `objects` with a kind's own `columns` (after NAME; AGE alone
+/// when it has none) and `cells_of` each object; `list_meta` is the list's
+/// metadata.
+pub fn table(
+    columns: Vec<Column>,
+    cells_of: &dyn Fn(&Value) -> Vec<Value>,
+    objects: &[Value],
+    list_meta: Value,
+    include: &str,
+) -> Value {
+    let own_columns = !columns.is_empty();
     json!({
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": list_meta,
-        "columnDefinitions": definitions(resource),
-        "rows": objects.iter().map(|o| row(resource, o, include)).collect::<Vec<_>>(),
+        "columnDefinitions": definitions(columns),
+        "rows": objects.iter().map(|o| row(own_columns, cells_of, o, include)).collect::<Vec<_>>(),
     })
 }
 

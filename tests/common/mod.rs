@@ -104,8 +104,11 @@ pub async fn start_etcd_in(dir: tempfile::TempDir, client: u16, peer: u16) -> Pr
     p
 }
 
+/// The binary under test: this build's, or `FERROK_BIN` when set (the
+/// benchmarks run a release copy that a rebuild cannot replace mid-run).
 pub fn ferrok_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_ferrok")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| std::env::var("FERROK_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_ferrok").to_string()))
 }
 
 /// `ferrok datastore` on a free port, in `dir` (a new temporary dir when None).

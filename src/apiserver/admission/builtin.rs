@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 
 use super::Operation;
-use crate::apiserver::handlers::Call;
+use crate::apiserver::call::Call;
 use crate::apiserver::status::{ApiError, ApiResult};
 
 fn is(call: &Call, group: &str, plural: &str) -> bool {

@@ -9,7 +9,7 @@ pub mod webhook;
 
 use serde_json::Value;
 
-use super::handlers::Call;
+use super::call::Call;
 use super::status::ApiResult;
 
 /// What kind of write is being admitted.

@@ -15,7 +15,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
 
 use super::Operation;
-use crate::apiserver::handlers::Call;
+use crate::apiserver::call::Call;
 use crate::apiserver::selector::LabelSelector;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::storage::ReadAt;

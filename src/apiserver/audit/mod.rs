@@ -107,7 +107,7 @@ fn request_info(method: &Method, path: &str, query: Option<&str>) -> RequestInfo
             serde_urlencoded::from_str::<Vec<(String, String)>>(q)
                 .unwrap_or_default()
                 .into_iter()
-                .any(|(k, v)| k == "watch" && super::handlers::options::parse_bool(Some(&v)))
+                .any(|(k, v)| k == "watch" && super::request::parse_bool(Some(&v)))
         })
         .unwrap_or(false);
     let watching = p.watch_prefix || watch_param;
@@ -149,7 +149,7 @@ fn decode(content_type: Option<&HeaderValue>, bytes: &Bytes) -> Option<Value> {
     if let Some(ct) = content_type {
         headers.insert(header::CONTENT_TYPE, ct.clone());
     }
-    super::handlers::decode_body(&headers, bytes).ok()
+    super::call::decode_body(&headers, bytes).ok()
 }
 
 /// Emits ResponseComplete when a streamed body ends or its client goes.

@@ -7,7 +7,6 @@ pub mod bootstrap;
 pub mod component_roles;
 pub mod controller_roles;
 pub mod rbac;
-pub mod reviews;
 pub mod token;
 pub mod user;
 

@@ -12,10 +12,10 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use super::meta;
-use super::registry::strategy::Strategy;
-use super::registry::{Resource, ScalePaths, CRUD_VERBS};
+use super::resource::{Resource, ScalePaths, CRUD_VERBS};
 use super::status::Cause;
 use super::storage::{Change, ReadAt};
+use super::strategy::Strategy;
 use super::table::Column;
 use super::Api;
 
@@ -189,6 +189,7 @@ pub fn resources_of(crd: &Value) -> Vec<Resource> {
             subresources: Vec::new(),
             ephemeral: false,
             computed: false,
+            begin_write: None,
             strategy: Arc::new(CustomStrategy {
                 schema_name: format!("{}.{}.{}", group.split('.').rev().collect::<Vec<_>>().join("."), version, kind),
                 schema,
@@ -337,77 +338,5 @@ async fn follow(api: Arc<Api>, mut from: i64) {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
         }
-    }
-}
-
-/// Defaulting and validation of CustomResourceDefinition objects.
-pub fn crd_hooks() -> super::registry::strategy::Hooks {
-    use super::registry::strategy::Hooks;
-    Hooks {
-        generation: true,
-        default: |o| {
-            let fins = meta::metadata_mut(o).entry("finalizers").or_insert_with(|| json!([]));
-            if let Some(list) = fins.as_array_mut() {
-                if !list.iter().any(|f| f == "customresourcecleanup.apiextensions.k8s.io") {
-                    list.push(json!("customresourcecleanup.apiextensions.k8s.io"));
-                }
-            }
-            if let Some(names) = o.pointer_mut("/spec/names") {
-                if names.get("singular").is_none() {
-                    let kind = names["kind"].as_str().unwrap_or_default().to_ascii_lowercase();
-                    names["singular"] = json!(kind);
-                }
-                if names.get("listKind").is_none() {
-                    let kind = names["kind"].as_str().unwrap_or_default();
-                    names["listKind"] = json!(format!("{kind}List"));
-                }
-            }
-        },
-        validate: |o| {
-            let mut causes = Vec::new();
-            let group = o.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
-            let plural = o.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default();
-            if group.is_empty() {
-                causes.push(Cause::required("spec.group"));
-            }
-            if plural.is_empty() {
-                causes.push(Cause::required("spec.names.plural"));
-            }
-            if o.pointer("/spec/names/kind").and_then(Value::as_str).unwrap_or_default().is_empty() {
-                causes.push(Cause::required("spec.names.kind"));
-            }
-            let want = format!("{plural}.{group}");
-            if meta::name_of(o) != want {
-                causes.push(Cause::invalid(
-                    "metadata.name",
-                    format!("Invalid value: {:?}: must be spec.names.plural+\".\"+spec.group", meta::name_of(o)),
-                ));
-            }
-            let versions = o.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
-            if versions.is_empty() {
-                causes.push(Cause::required("spec.versions"));
-            }
-            if versions.iter().filter(|v| v["storage"] == true).count() != 1 && !versions.is_empty() {
-                causes.push(Cause::invalid(
-                    "spec.versions",
-                    "Invalid value: must have exactly one version marked as storage version",
-                ));
-            }
-            match o.pointer("/spec/scope").and_then(Value::as_str) {
-                Some("Namespaced") | Some("Cluster") => {}
-                other => causes.push(Cause {
-                    reason: "FieldValueNotSupported",
-                    message: format!(
-                        "Unsupported value: {:?}: supported values: \"Cluster\", \"Namespaced\"",
-                        other.unwrap_or("")
-                    ),
-                    field: "spec.scope".into(),
-                }),
-            }
-            causes
-        },
-        columns: || vec![Column { name: "Created At", kind: "date", format: "", description: "", priority: 0 }],
-        cells: |o| vec![json!(meta::str_at(o, &["metadata", "creationTimestamp"]).unwrap_or_default())],
-        ..Hooks::default()
     }
 }

@@ -6,7 +6,6 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::read::load;
 use super::write::write_error;
 use super::{decode_body, Call};
 use crate::apiserver::meta;
@@ -24,7 +23,7 @@ pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             vec![Cause::required("target.name")],
         ));
     }
-    let old = load(call).await?;
+    let old = call.load_object().await?;
     let name = call.path.name.clone().unwrap_or_default();
     if let Some(node) = meta::str_at(&old.object, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
         return Err(ApiError::conflict("", "pods", &name, &format!("pod {name} is already assigned to node {node:?}")));

@@ -9,7 +9,7 @@ use super::read::{object_response, typed};
 use super::Call;
 use crate::apiserver::component_status;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::table::{table, wants_table};
+use crate::apiserver::table::wants_table;
 
 pub async fn serve(call: &mut Call, verb: &str) -> ApiResult<Response> {
     let r = call.resource.clone();
@@ -32,7 +32,7 @@ pub async fn serve(call: &mut Call, verb: &str) -> ApiResult<Response> {
             let objs: Vec<_> = items.into_iter().map(|o| typed(call, o)).collect();
             let meta = json!({"resourceVersion": ""});
             if wants_table(call.accept()) {
-                let t = table(&r, &objs, meta, call.param("includeObject").unwrap_or("Metadata"));
+                let t = r.table(&objs, meta, call.param("includeObject").unwrap_or("Metadata"));
                 return Ok(call.respond(StatusCode::OK, &t));
             }
             let list = json!({"kind": r.list_kind, "apiVersion": r.api_version(), "metadata": meta, "items": objs});

@@ -5,7 +5,6 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::read::load;
 use super::write::delete_object;
 use super::{decode_body, Call};
 use crate::apiserver::meta;
@@ -15,7 +14,7 @@ use crate::apiserver::status::{ApiError, ApiResult, Cause};
 /// selects it allows no more disruptions.
 pub async fn evict(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let eviction = decode_body(&call.headers, &body)?;
-    let pod = load(call).await?;
+    let pod = call.load_object().await?;
     let ns = call.namespace().unwrap_or_default().to_string();
     let labels = pod.object.pointer("/metadata/labels").cloned();
     let pdbs = call

@@ -26,15 +26,6 @@ pub fn parse_int(value: &str) -> ApiResult<i64> {
     })
 }
 
-/// Upstream's Convert_Slice_string_To_bool: present and not "false" or "0"
-/// (in any case) is true, the empty string included.
-pub fn parse_bool(value: Option<&str>) -> bool {
-    match value {
-        None => false,
-        Some(v) => !matches!(v.to_ascii_lowercase().as_str(), "false" | "0"),
-    }
-}
-
 /// `field: Unsupported value: "x": supported values: "a", "b"` as a 422
 /// of the options kind.
 fn unsupported(options: &str, field: &str, shown: String, supported: &[&str]) -> ApiError {
@@ -89,6 +80,7 @@ pub fn check(call: &Call, verb: &str) -> ApiResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apiserver::request::parse_bool;
 
     #[test]
     fn integers_and_bools_as_upstream_decodes_them() {

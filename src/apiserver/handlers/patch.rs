@@ -8,7 +8,7 @@ use axum::http::header;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::read::{load, object_response, scale_of};
+use super::read::{object_response, scale_of};
 use super::write::{admit_create, admit_update, replicas_of, set_replicas, store_new, store_update};
 use super::{decode_body, Call};
 use crate::apiserver::patch_meta::SchemaNode;
@@ -121,7 +121,7 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         schema: SchemaNode::of(schema.as_deref()),
     };
     for _ in 0..16 {
-        let current = match load(call).await {
+        let current = match call.load_object().await {
             Ok(c) => c,
             Err(e) if e.code == 404 && kind == Kind::Apply => {
                 // Apply creates what does not exist yet.
@@ -180,7 +180,7 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
 pub async fn patch_scale(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let kind = kind_of(call)?;
     let patch = decode_body(&call.headers, &body)?;
-    let current = load(call).await?;
+    let current = call.load_object().await?;
     let scale = scale_of(call, &current.object);
     let patched = apply_patch(kind, &scale, &patch, SchemaNode::none())?;
     let replicas = replicas_of(&patched)?;

@@ -11,19 +11,8 @@ use serde_json::{json, Value};
 use super::Call;
 use crate::apiserver::selector::{FieldSelector, LabelSelector};
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::storage::{decode_continue, encode_continue, Change, ReadAt, Stored};
-use crate::apiserver::table::{table, wants_table};
-
-/// The object a request names, or NotFound.
-pub async fn load(call: &Call) -> ApiResult<Stored> {
-    let name = call.path.name.as_deref().unwrap_or_default();
-    let key = call.resource.key(call.namespace(), name);
-    call.api
-        .storage
-        .get(&key)
-        .await?
-        .ok_or_else(|| ApiError::not_found(&call.resource.group, &call.resource.plural, name))
-}
+use crate::apiserver::storage::{decode_continue, encode_continue, Change, ReadAt};
+use crate::apiserver::table::wants_table;
 
 /// Fills in apiVersion and kind, which every answer carries.
 pub fn typed(call: &Call, mut obj: Value) -> Value {
@@ -57,8 +46,7 @@ pub fn object_response(call: &Call, code: StatusCode, obj: Value) -> Response {
     }
     if wants_table(call.accept()) {
         let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
-        let t = table(
-            &call.resource,
+        let t = call.resource.table(
             std::slice::from_ref(&obj),
             json!({"resourceVersion": rv}),
             call.param("includeObject").unwrap_or("Metadata"),
@@ -69,12 +57,12 @@ pub fn object_response(call: &Call, code: StatusCode, obj: Value) -> Response {
 }
 
 pub async fn get(call: &Call) -> ApiResult<Response> {
-    let stored = load(call).await?;
+    let stored = call.load_object().await?;
     Ok(object_response(call, StatusCode::OK, stored.object))
 }
 
 pub async fn get_scale(call: &Call) -> ApiResult<Response> {
-    let stored = load(call).await?;
+    let stored = call.load_object().await?;
     Ok(call.respond(StatusCode::OK, &scale_of(call, &stored.object)))
 }
 
@@ -209,7 +197,7 @@ pub async fn list(call: &Call) -> ApiResult<Response> {
     }
     if wants_table(call.accept()) {
         let objs: Vec<Value> = items.into_iter().map(|o| super::read::typed(call, o)).collect();
-        let t = table(r, &objs, meta, call.param("includeObject").unwrap_or("Metadata"));
+        let t = r.table(&objs, meta, call.param("includeObject").unwrap_or("Metadata"));
         return Ok(call.respond(StatusCode::OK, &t));
     }
     if wants_metadata(call.accept()) {
@@ -234,8 +222,7 @@ fn event(call: &Call, kind: &str, obj: Value, as_table: bool) -> Value {
     }
     if as_table {
         let rv = obj.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""));
-        let t = table(
-            &call.resource,
+        let t = call.resource.table(
             std::slice::from_ref(&obj),
             json!({"resourceVersion": rv}),
             call.param("includeObject").unwrap_or("Metadata"),

@@ -7,13 +7,13 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::read::{load, object_response, scale_of, typed};
+use super::read::{object_response, scale_of, typed};
 use super::{decode_body, Call};
 use crate::apiserver::admission::{self, Operation};
 use crate::apiserver::meta::{self, metadata_mut, name_of};
-use crate::apiserver::registry::strategy::check_name;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::storage::{Stored, WriteError};
+use crate::apiserver::strategy::check_name;
 
 /// Metadata fields only the server sets.
 const SERVER_OWNED: &[&str] =
@@ -218,14 +218,8 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
 /// Stores a prepared new object (retrying generated names that collide).
 pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<(StatusCode, Value)> {
     let r = &call.resource;
-    let _held = if is_service(call) {
-        let guard = call.api.allocator.lock().await;
-        let key = r.key(meta::namespace_of(&obj), name_of(&obj));
-        call.api.allocator.allocate(&call.api.storage, &mut obj, &key, None).await?;
-        Some(guard)
-    } else {
-        None
-    };
+    let key = r.key(meta::namespace_of(&obj), name_of(&obj));
+    let _held = r.begin_write(&mut obj, &key, None).await?;
     if call.dry_run() {
         return Ok((StatusCode::CREATED, obj));
     }
@@ -276,12 +270,11 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
         }
     }
     let mut new = decode(call, &new)?;
-    // approval (CSRs) and finalize (namespaces) write status-like parts only.
+    // status (and a CSR's approval) write the status part only; other
+    // subresources write what their kind says.
     let status_only = matches!(call.path.subresource.as_deref(), Some("status") | Some("approval"));
-    if call.path.subresource.as_deref() == Some("finalize") {
-        let mut merged = old.clone();
-        merged["spec"]["finalizers"] = new.pointer("/spec/finalizers").cloned().unwrap_or(json!([]));
-        new = merged;
+    if let Some(sub) = call.path.subresource.as_deref().filter(|_| !status_only) {
+        new = r.strategy.subresource_update(sub, new, old);
     }
     if status_only {
         // Only status (and, as upstream allows, labels and annotations) change.
@@ -335,22 +328,10 @@ pub async fn store_update(call: &Call, mut new: Value, old: &Stored) -> ApiResul
     let r = &call.resource;
     let name = name_of(&new).to_string();
     let key = r.key(meta::namespace_of(&new), &name);
-    let _held = if is_service(call) {
-        let guard = call.api.allocator.lock().await;
-        call.api.allocator.allocate(&call.api.storage, &mut new, &key, Some(&old.object)).await?;
-        Some(guard)
-    } else {
-        None
-    };
-    let no_finalizers = |path: &str| new.pointer(path).and_then(Value::as_array).is_none_or(|f| f.is_empty());
-    // A namespace also waits for its spec.finalizers (emptied through /finalize).
-    let namespace_waits = r.group.is_empty() && r.plural == "namespaces" && !no_finalizers("/spec/finalizers");
+    let _held = r.begin_write(&mut new, &key, Some(&old.object)).await?;
     let finished = new.pointer("/metadata/deletionTimestamp").is_some()
-        && no_finalizers("/metadata/finalizers")
-        && !namespace_waits
-        && !(r.plural == "pods"
-            && r.group.is_empty()
-            && new.pointer("/metadata/deletionGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(0) > 0);
+        && new.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty())
+        && !(r.strategy.delete_rules().waits)(&new);
     if call.dry_run() {
         return Ok((StatusCode::OK, new));
     }
@@ -367,10 +348,6 @@ pub async fn store_update(call: &Call, mut new: Value, old: &Stored) -> ApiResul
         Ok(stored) => Ok((StatusCode::OK, stored.object)),
         Err(e) => Err(write_error(call, &name, e)),
     }
-}
-
-fn is_service(call: &Call) -> bool {
-    call.resource.group.is_empty() && call.resource.plural == "services"
 }
 
 pub fn write_error(call: &Call, name: &str, e: WriteError) -> ApiError {
@@ -390,7 +367,7 @@ pub fn write_error(call: &Call, name: &str, e: WriteError) -> ApiError {
 
 pub async fn update(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let new = decode_body(&call.headers, &body)?;
-    let old = load(call).await?;
+    let old = call.load_object().await?;
     let name = call.path.name.clone().unwrap_or_default();
     if let Some(rv) = meta::str_at(&new, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
         if rv != old.rev.to_string() {
@@ -449,7 +426,7 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
         ));
     }
     for _ in 0..16 {
-        let old = load(call).await?;
+        let old = call.load_object().await?;
         if pinned && rv.as_deref() != Some(old.rev.to_string().as_str()) {
             return Err(ApiError::conflict(
                 &r.group,
@@ -521,18 +498,10 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
         }
     }
     admission::validate(call, &old.object, Some(&old.object), Operation::Delete).await?;
-    let is_pod = r.group.is_empty() && r.plural == "pods";
-    let is_namespace = r.group.is_empty() && r.plural == "namespaces";
+    let rules = r.strategy.delete_rules();
     let finalizers =
         old.object.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
-    let on_node = is_pod && meta::str_at(&old.object, &["spec", "nodeName"]).is_some_and(|n| !n.is_empty());
-    let grace = opts.get("gracePeriodSeconds").and_then(Value::as_i64).unwrap_or_else(|| {
-        if is_pod {
-            old.object.pointer("/spec/terminationGracePeriodSeconds").and_then(Value::as_i64).unwrap_or(30)
-        } else {
-            0
-        }
-    });
+    let grace = (rules.grace_period)(&old.object, opts.get("gracePeriodSeconds").and_then(Value::as_i64));
     // Foreground and Orphan propagation hand the object to the garbage
     // collector through a finalizer, as upstream does; Background (the
     // default) deletes now and leaves the dependents to the collector.
@@ -549,7 +518,7 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
             return Err(ApiError::invalid(&r.group, "DeleteOptions", &name, vec![cause]));
         }
     };
-    let graceful = finalizers || is_namespace || (on_node && grace > 0) || propagation_finalizer.is_some();
+    let graceful = finalizers || rules.terminate.is_some() || grace.is_some() || propagation_finalizer.is_some();
     if !graceful {
         if !call.dry_run() {
             let key = r.key(meta::namespace_of(&old.object), &name);
@@ -563,8 +532,9 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
     let mut new = old.object.clone();
     let now = meta::unix_now();
     let m = metadata_mut(&mut new);
-    m.insert("deletionTimestamp".into(), json!(meta::rfc3339(now + if on_node { grace } else { 0 })));
-    m.insert("deletionGracePeriodSeconds".into(), json!(if on_node { grace } else { 0 }));
+    let grace = grace.unwrap_or(0);
+    m.insert("deletionTimestamp".into(), json!(meta::rfc3339(now + grace)));
+    m.insert("deletionGracePeriodSeconds".into(), json!(grace));
     if let Some(f) = propagation_finalizer {
         let list = m.entry("finalizers").or_insert_with(|| json!([]));
         if let Some(a) = list.as_array_mut() {
@@ -573,8 +543,8 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
             }
         }
     }
-    if is_namespace {
-        new["status"]["phase"] = json!("Terminating");
+    if let Some(terminate) = rules.terminate {
+        terminate(&mut new);
     }
     if call.dry_run() {
         return Ok((StatusCode::OK, typed(call, new)));
@@ -586,7 +556,7 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
 
 pub async fn delete(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let opts = delete_options(call, &body)?;
-    let old = load(call).await?;
+    let old = call.load_object().await?;
     let (code, out) = delete_object(call, old, &opts).await?;
     Ok(call.respond(code, &out))
 }

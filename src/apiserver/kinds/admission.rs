@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::{len, str_list};
 use crate::apiserver::meta::{age, at, str_at};
-use crate::apiserver::registry::strategy::Hooks;
+use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
 /// Mutating and Validating webhook configurations.

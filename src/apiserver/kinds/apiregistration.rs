@@ -8,8 +8,8 @@
 use serde_json::{json, Value};
 
 use crate::apiserver::meta::{age, at, str_at};
-use crate::apiserver::registry::strategy::{Hooks, NameRule};
 use crate::apiserver::status::Cause;
+use crate::apiserver::strategy::{Hooks, NameRule};
 use crate::apiserver::table::Column;
 
 /// The label upstream puts on the APIServices it registers at start.

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::int;
 use crate::apiserver::meta::{age, at, str_at};
-use crate::apiserver::registry::strategy::Hooks;
+use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
 pub fn horizontalpodautoscaler_hooks() -> Hooks {

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::int;
 use crate::apiserver::meta::{age, at, human_duration, str_at};
-use crate::apiserver::registry::strategy::Hooks;
+use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
 pub fn lease_hooks() -> Hooks {

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::since;
 use crate::apiserver::meta::{at, str_at};
-use crate::apiserver::registry::strategy::Hooks;
+use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
 /// Where an Event version keeps the fields the table shows.

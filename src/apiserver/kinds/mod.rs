@@ -3,24 +3,28 @@
 //! (or family of kinds). Kinds without a file here use the generic rules.
 
 mod admission;
+mod apiextensions;
 mod apiregistration;
 mod autoscaling;
 mod cluster;
 mod core;
 mod events;
 mod networking;
+mod pod;
 mod policy;
 mod rbac;
 mod storage;
 mod workloads;
 
 pub use self::admission::*;
+pub use self::apiextensions::*;
 pub use self::apiregistration::*;
 pub use self::autoscaling::*;
 pub use self::cluster::*;
 pub use self::core::*;
 pub use self::events::*;
 pub use self::networking::*;
+pub use self::pod::*;
 pub use self::policy::*;
 pub use self::rbac::*;
 pub use self::storage::*;
@@ -29,7 +33,7 @@ pub use self::workloads::*;
 use serde_json::{json, Value};
 
 use super::meta;
-use super::registry::strategy::Hooks;
+use super::strategy::Hooks;
 use super::table::Column;
 
 /// An integer at `path`, or 0.

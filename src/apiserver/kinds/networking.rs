@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::{selector_string, str_list};
 use crate::apiserver::meta::{age, at, str_at};
-use crate::apiserver::registry::strategy::Hooks;
+use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
 /// How many items a list cell shows before `+ N more...`.

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::{created_at_hooks, int};
 use crate::apiserver::meta::{age, at};
-use crate::apiserver::registry::strategy::Hooks;
+use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
 /// An int-or-string as upstream prints it, `N/A` when unset.

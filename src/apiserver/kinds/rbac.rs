@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::created_at_hooks;
 use crate::apiserver::meta::{age, at, str_at};
-use crate::apiserver::registry::strategy::{Hooks, NameRule};
+use crate::apiserver::strategy::{Hooks, NameRule};
 use crate::apiserver::table::Column;
 
 /// Roles and ClusterRoles: upstream has no printer, so NAME and CREATED AT.

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 use super::{len, str_list};
 use crate::apiserver::meta::{age, at, str_at};
-use crate::apiserver::registry::strategy::Hooks;
+use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
 /// The annotation that, when present, names a volume's or claim's class.

@@ -3,11 +3,12 @@
 
 use serde_json::{json, Value};
 
-use super::core::{default_pod_spec, ready_of, validate_pod_spec};
+use super::core::ready_of;
+use super::pod::{default_pod_spec, validate_pod_spec};
 use super::{default_field, int, map_selector_string, selector_string};
 use crate::apiserver::meta::{age, at, str_at};
-use crate::apiserver::registry::strategy::Hooks;
 use crate::apiserver::status::Cause;
+use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
 fn default_template(spec: &mut Value) {

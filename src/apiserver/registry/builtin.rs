@@ -13,9 +13,9 @@ use k8s_openapi::{ClusterResourceScope, ListableResource, NamespaceResourceScope
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::strategy::{Hooks, Typed};
-use super::{Resource, ScalePaths, CRUD_VERBS};
 use crate::apiserver::kinds;
+use crate::apiserver::resource::{Resource, ScalePaths, CRUD_VERBS};
+use crate::apiserver::strategy::{Hooks, Typed};
 
 /// Whether a `k8s-openapi` scope is namespaced.
 trait Scope {
@@ -64,6 +64,7 @@ where
         subresources: spec.sub.iter().map(|s| s.to_string()).collect(),
         ephemeral: false,
         computed: false,
+        begin_write: None,
         strategy: std::sync::Arc::new(Typed::<K>::new(spec.hooks)),
     }
 }
@@ -93,6 +94,7 @@ where
         subresources: Vec::new(),
         ephemeral: true,
         computed: false,
+        begin_write: None,
         strategy: std::sync::Arc::new(Typed::<K>::new(Hooks::default())),
     }
 }
@@ -334,7 +336,7 @@ pub fn resources() -> Vec<Resource> {
             short: &["crd", "crds"],
             categories: &["api-extensions"],
             status: true,
-            hooks: crate::apiserver::crd::crd_hooks(),
+            hooks: kinds::crd_hooks(),
             ..Default::default()
         }),
         // apiregistration.k8s.io/v1

@@ -4,83 +4,11 @@
 //! status. Every request goes through one generic path driven by this.
 
 mod builtin;
-pub mod strategy;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-pub use strategy::Strategy;
-
-/// The verbs of a resource that stores objects.
-pub const CRUD_VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
-
-/// One served resource.
-pub struct Resource {
-    pub group: String,
-    pub version: String,
-    pub kind: String,
-    pub list_kind: String,
-    pub plural: String,
-    pub singular: String,
-    pub namespaced: bool,
-    pub verbs: Vec<String>,
-    pub short_names: Vec<String>,
-    pub categories: Vec<String>,
-    /// Has a `status` subresource: the main resource ignores status changes.
-    pub status: bool,
-    /// Has a `scale` subresource; the paths of replicas in spec and status.
-    pub scale: Option<ScalePaths>,
-    /// Other subresources served (`binding`, `eviction`, `token`, ...).
-    pub subresources: Vec<String>,
-    /// Create-only and never stored (the review APIs).
-    pub ephemeral: bool,
-    /// Read-only and never stored: computed from the cluster's state on
-    /// every get and list (`componentstatuses`).
-    pub computed: bool,
-    pub strategy: Arc<dyn Strategy>,
-}
-
-#[derive(Debug, Clone)]
-pub struct ScalePaths {
-    pub spec_replicas: String,
-    pub status_replicas: String,
-    pub label_selector: Option<String>,
-}
-
-impl Resource {
-    pub fn api_version(&self) -> String {
-        if self.group.is_empty() {
-            self.version.clone()
-        } else {
-            format!("{}/{}", self.group, self.version)
-        }
-    }
-
-    /// Where objects of this resource live: `/registry/<plural>/` for the
-    /// core group, `/registry/<group>/<plural>/` for the others.
-    pub fn key_prefix(&self) -> String {
-        if self.group.is_empty() {
-            format!("/registry/{}/", self.plural)
-        } else {
-            format!("/registry/{}/{}/", self.group, self.plural)
-        }
-    }
-
-    pub fn key(&self, namespace: Option<&str>, name: &str) -> String {
-        match namespace {
-            Some(ns) if self.namespaced => format!("{}{ns}/{name}", self.key_prefix()),
-            _ => format!("{}{name}", self.key_prefix()),
-        }
-    }
-
-    /// The prefix a list reads: one namespace or all of them.
-    pub fn list_prefix(&self, namespace: Option<&str>) -> String {
-        match namespace {
-            Some(ns) if self.namespaced => format!("{}{ns}/", self.key_prefix()),
-            _ => self.key_prefix(),
-        }
-    }
-}
+use super::resource::Resource;
 
 /// A group's versions, newest preferred first.
 #[derive(Debug, Clone)]
@@ -133,6 +61,24 @@ impl Registry {
         });
         inner.order.push(r.clone());
         inner.by_path.insert(key, r);
+    }
+
+    /// Replaces every served version of `group`/`plural` with a copy that
+    /// `f` changed, in place (how the API server hands a kind state only it
+    /// holds, such as the Service allocator).
+    pub fn decorate(&self, group: &str, plural: &str, f: impl Fn(&mut Resource)) {
+        self.changed();
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut replaced = Vec::new();
+        for slot in inner.order.iter_mut().filter(|r| r.group == group && r.plural == plural) {
+            let mut r = Resource::clone(slot);
+            f(&mut r);
+            *slot = Arc::new(r);
+            replaced.push(slot.clone());
+        }
+        for r in replaced {
+            inner.by_path.insert((r.group.clone(), r.version.clone(), r.plural.clone()), r);
+        }
     }
 
     pub fn remove(&self, group: &str, plural: &str) {

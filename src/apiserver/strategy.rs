@@ -80,6 +80,42 @@ pub trait Strategy: Send + Sync {
     fn openapi_name(&self) -> Option<String> {
         None
     }
+
+    /// How the kind's objects are deleted.
+    fn delete_rules(&self) -> DeleteRules {
+        DeleteRules::default()
+    }
+
+    /// The object an update through `subresource` stores, from the request's
+    /// object and the stored one (a namespace's `finalize` takes only
+    /// spec.finalizers); the request's object itself by default.
+    fn subresource_update(&self, _subresource: &str, new: Value, _old: &Value) -> Value {
+        new
+    }
+}
+
+/// How objects of a kind are deleted beyond what every kind shares
+/// (preconditions, metadata.finalizers, propagation): upstream's
+/// RESTGracefulDeleteStrategy and the namespace's own delete.
+#[derive(Clone, Copy)]
+pub struct DeleteRules {
+    /// The grace period when deleting `obj` must wait for something to stop
+    /// first (a pod on a node), given DeleteOptions.gracePeriodSeconds;
+    /// None deletes at once.
+    pub grace_period: fn(obj: &Value, requested: Option<i64>) -> Option<i64>,
+    /// Marks the object when its delete always begins with a terminating
+    /// phase (a namespace); None when the kind has none.
+    pub terminate: Option<fn(&mut Value)>,
+    /// Whether an object marked for deletion still waits once its
+    /// metadata.finalizers are gone (a namespace on spec.finalizers, a pod
+    /// on its grace period).
+    pub waits: fn(&Value) -> bool,
+}
+
+impl Default for DeleteRules {
+    fn default() -> Self {
+        DeleteRules { grace_period: |_, _| None, terminate: None, waits: |_| false }
+    }
 }
 
 /// Kind-specific hooks of a typed strategy.
@@ -92,6 +128,8 @@ pub struct Hooks {
     pub initial_status: fn(&Value) -> Option<Value>,
     pub columns: fn() -> Vec<Column>,
     pub cells: fn(&Value) -> Vec<Value>,
+    pub delete: DeleteRules,
+    pub subresource_update: fn(&str, Value, &Value) -> Value,
 }
 
 impl Default for Hooks {
@@ -104,6 +142,8 @@ impl Default for Hooks {
             initial_status: |_| None,
             columns: Vec::new,
             cells: |_| Vec::new(),
+            delete: DeleteRules::default(),
+            subresource_update: |_, new, _| new,
         }
     }
 }
@@ -198,6 +238,14 @@ where
 
     fn cells(&self, obj: &Value) -> Vec<Value> {
         (self.hooks.cells)(obj)
+    }
+
+    fn delete_rules(&self) -> DeleteRules {
+        self.hooks.delete
+    }
+
+    fn subresource_update(&self, subresource: &str, new: Value, old: &Value) -> Value {
+        (self.hooks.subresource_update)(subresource, new, old)
     }
 }
 

@@ -9,10 +9,10 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::rbac::Attributes;
-use super::token::Claims;
-use super::User;
-use crate::apiserver::handlers::{decode_body, Call};
+use super::{decode_body, Call};
+use crate::apiserver::auth::rbac::Attributes;
+use crate::apiserver::auth::token::Claims;
+use crate::apiserver::auth::User;
 use crate::apiserver::meta;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 
@@ -122,7 +122,7 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
 /// `serviceaccounts/<name>/token`: a TokenRequest.
 pub async fn token_request(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let req = decode_body(&call.headers, &body)?;
-    let sa = crate::apiserver::handlers::load_object(call).await?;
+    let sa = call.load_object().await?;
     let ns = call.namespace().unwrap_or_default().to_string();
     let name = call.path.name.clone().unwrap_or_default();
     let signer =

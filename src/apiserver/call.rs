@@ -1,0 +1,142 @@
+//! One resource request as the handlers, admission and the review APIs
+//! see it (`Call`): who asks, for which resource and path, with which
+//! query and headers; how its body is decoded and its answer encoded.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use super::auth::User;
+use super::field_order;
+use super::managed_fields;
+use super::patch_meta::SchemaNode;
+use super::request::ResourcePath;
+use super::resource::Resource;
+use super::status::{ApiError, ApiResult};
+use super::storage::Stored;
+use super::Api;
+
+/// The largest body accepted, as upstream's 3 MiB.
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Everything a handler needs to know about one request.
+pub struct Call {
+    pub api: Arc<Api>,
+    pub user: User,
+    pub resource: Arc<Resource>,
+    pub path: ResourcePath,
+    pub query: HashMap<String, String>,
+    pub headers: HeaderMap,
+    /// Warnings for the `Warning` header (unknown fields with fieldValidation=Warn).
+    pub warnings: Vec<String>,
+}
+
+impl Call {
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.query.get(key).map(String::as_str).filter(|s| !s.is_empty())
+    }
+
+    /// A boolean parameter as upstream reads it: present and not "false" or "0".
+    pub fn flag(&self, key: &str) -> bool {
+        super::request::parse_bool(self.query.get(key).map(String::as_str))
+    }
+
+    pub fn dry_run(&self) -> bool {
+        self.param("dryRun") == Some("All")
+    }
+
+    /// Who is writing: `fieldManager`, else the client's program name.
+    pub fn manager(&self) -> String {
+        if let Some(m) = self.param("fieldManager") {
+            return m.to_string();
+        }
+        let agent = self.headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("unknown");
+        agent.split('/').next().unwrap_or("unknown").to_string()
+    }
+
+    /// Records a non-apply write in `metadata.managedFields`.
+    pub fn record_update(&self, old: Option<&Value>, new: &mut Value, subresource: Option<&str>) {
+        let schema = self.resource.strategy.patch_schema();
+        let (manager, api_version) = (self.manager(), self.resource.api_version());
+        let writer = managed_fields::Writer {
+            manager: &manager,
+            api_version: &api_version,
+            schema: SchemaNode::of(schema.as_deref()),
+        };
+        managed_fields::record_update(old, new, &writer, subresource);
+    }
+
+    /// The object the request's path names, or NotFound.
+    pub async fn load_object(&self) -> ApiResult<Stored> {
+        let name = self.path.name.as_deref().unwrap_or_default();
+        let key = self.resource.key(self.namespace(), name);
+        self.api
+            .storage
+            .get(&key)
+            .await?
+            .ok_or_else(|| ApiError::not_found(&self.resource.group, &self.resource.plural, name))
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        self.path.namespace.as_deref()
+    }
+
+    pub fn accept(&self) -> &str {
+        self.headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("application/json")
+    }
+
+    /// A JSON (or YAML, when asked) answer.
+    pub fn respond(&self, code: StatusCode, body: &Value) -> Response {
+        let mut resp = if wants_yaml(self.accept()) {
+            match serde_yaml_ng::to_string(&field_order::Ordered(body)) {
+                Ok(y) => (code, [(header::CONTENT_TYPE, "application/yaml")], y).into_response(),
+                Err(e) => ApiError::internal(e.to_string()).into_response(),
+            }
+        } else {
+            (code, [(header::CONTENT_TYPE, "application/json")], field_order::to_json(body)).into_response()
+        };
+        for w in &self.warnings {
+            if let Ok(v) = header::HeaderValue::from_str(&format!("299 - {}", serde_json::Value::String(w.clone()))) {
+                resp.headers_mut().append(header::WARNING, v);
+            }
+        }
+        resp
+    }
+}
+
+fn wants_yaml(accept: &str) -> bool {
+    let first = accept.split(',').next().unwrap_or_default().trim();
+    first.starts_with("application/yaml")
+}
+
+/// Decodes a request body as JSON, YAML or Kubernetes protobuf, by its content type.
+pub fn decode_body(headers: &HeaderMap, body: &Bytes) -> ApiResult<Value> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(ApiError::too_large());
+    }
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json");
+    let media = ct.split(';').next().unwrap_or_default().trim();
+    let value: Value = match media {
+        "application/json"
+        | ""
+        | "*/*"
+        | "application/json-patch+json"
+        | "application/merge-patch+json"
+        | "application/strategic-merge-patch+json" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the body of the request could not be decoded as JSON: {e}")))?,
+        "application/yaml" | "application/apply-patch+yaml" | "text/yaml" | "application/x-yaml" => {
+            serde_yaml_ng::from_slice(body).map_err(|e| {
+                ApiError::bad_request(format!("the body of the request could not be decoded as YAML: {e}"))
+            })?
+        }
+        "application/vnd.kubernetes.protobuf" => super::protobuf::decode(body).map_err(|e| {
+            ApiError::bad_request(format!("the body of the request could not be decoded as protobuf: {e}"))
+        })?,
+        other => return Err(ApiError::unsupported_media_type(other)),
+    };
+    Ok(value)
+}
