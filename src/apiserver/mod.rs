@@ -20,6 +20,7 @@ pub mod field_order;
 pub mod handlers;
 pub mod health;
 pub mod kinds;
+pub mod label_parser;
 pub mod lease_manager;
 pub mod managed_fields;
 pub mod meta;
@@ -39,6 +40,7 @@ pub mod storage;
 pub mod strategic;
 pub mod strategy;
 pub mod table;
+pub mod validation;
 
 use std::net::IpAddr;
 use std::sync::Arc;

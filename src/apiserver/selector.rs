@@ -2,6 +2,7 @@
 
 use serde_json::Value;
 
+use super::label_parser::{self, Operator};
 use super::selectable_fields::{self, SelectableField};
 use super::status::ApiError;
 
@@ -29,68 +30,29 @@ pub struct LabelSelector {
     reqs: Vec<Requirement>,
 }
 
-/// Splits at commas that are not inside parentheses.
-fn split_top(s: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut depth = 0;
-    let mut start = 0;
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
-}
-
-fn valid_key(k: &str) -> bool {
-    !k.is_empty() && k.len() <= 317 && k.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
-}
-
-fn set_values(s: &str) -> Option<Vec<String>> {
-    let inner = s.trim().strip_prefix('(')?.strip_suffix(')')?;
-    Some(inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect())
-}
-
 impl LabelSelector {
+    /// Parses a `labelSelector` parameter; a bad one is upstream's 400
+    /// with the parser's words.
     pub fn parse(s: &str) -> Result<Self, ApiError> {
-        let bad = |why: &str| ApiError::bad_request(format!("unable to parse requirement: {why}"));
-        let mut reqs = Vec::new();
-        for part in split_top(s) {
-            let part = part.trim();
-            if part.is_empty() {
-                continue;
-            }
-            let req = if let Some(key) = part.strip_prefix('!') {
-                Requirement { key: key.trim().into(), op: Op::NotExists }
-            } else if let Some((k, v)) = part.split_once("!=") {
-                Requirement { key: k.trim().into(), op: Op::NotEq(v.trim().into()) }
-            } else if let Some((k, v)) = part.split_once("==") {
-                Requirement { key: k.trim().into(), op: Op::Eq(v.trim().into()) }
-            } else if let Some((k, v)) = part.split_once('=') {
-                Requirement { key: k.trim().into(), op: Op::Eq(v.trim().into()) }
-            } else if let Some((k, v)) = part.split_once(" notin ") {
-                Requirement { key: k.trim().into(), op: Op::NotIn(set_values(v).ok_or_else(|| bad(part))?) }
-            } else if let Some((k, v)) = part.split_once(" in ") {
-                Requirement { key: k.trim().into(), op: Op::In(set_values(v).ok_or_else(|| bad(part))?) }
-            } else if let Some((k, v)) = part.split_once('>') {
-                Requirement { key: k.trim().into(), op: Op::Gt(v.trim().parse().map_err(|_| bad(part))?) }
-            } else if let Some((k, v)) = part.split_once('<') {
-                Requirement { key: k.trim().into(), op: Op::Lt(v.trim().parse().map_err(|_| bad(part))?) }
-            } else {
-                Requirement { key: part.into(), op: Op::Exists }
-            };
-            if !valid_key(&req.key) {
-                return Err(bad(&format!("invalid label key {:?}", req.key)));
-            }
-            reqs.push(req);
-        }
+        let parsed = label_parser::parse(s).map_err(ApiError::bad_request)?;
+        let reqs = parsed
+            .into_iter()
+            .map(|r| {
+                let first = r.values.first().cloned().unwrap_or_default();
+                let number = first.parse().unwrap_or_default();
+                let op = match r.op {
+                    Operator::In => Op::In(r.values),
+                    Operator::NotIn => Op::NotIn(r.values),
+                    Operator::Equals | Operator::DoubleEquals => Op::Eq(first),
+                    Operator::NotEquals => Op::NotEq(first),
+                    Operator::GreaterThan => Op::Gt(number),
+                    Operator::LessThan => Op::Lt(number),
+                    Operator::Exists => Op::Exists,
+                    Operator::DoesNotExist => Op::NotExists,
+                };
+                Requirement { key: r.key, op }
+            })
+            .collect();
         Ok(LabelSelector { reqs })
     }
 
@@ -212,6 +174,7 @@ mod tests {
         assert!(m("n>3") && !m("n<3"));
         assert!(m(""));
         assert!(LabelSelector::parse("a in b").is_err());
+        assert!(m("n notin (5)") == false && m("missing notin (x)") && m("missing!=x"));
     }
 
     #[test]

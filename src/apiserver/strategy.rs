@@ -302,14 +302,7 @@ pub fn check_name(rule: NameRule, name: &str) -> Vec<String> {
                 errs.push("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')".into());
             }
         }
-        NameRule::Subdomain => {
-            if name.len() > 253 {
-                errs.push("must be no more than 253 characters".into());
-            }
-            if name.is_empty() || !name.split('.').all(is_label) {
-                errs.push("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')".into());
-            }
-        }
+        NameRule::Subdomain => errs.extend(crate::apiserver::validation::dns1123_subdomain(name)),
     }
     errs
 }

@@ -136,6 +136,7 @@ fn validate(call: &Call, obj: &mut Value) -> ApiResult<()> {
     if r.namespaced && meta::namespace_of(obj).is_none() {
         causes.push(Cause::required("metadata.namespace"));
     }
+    causes.extend(crate::apiserver::validation::object_meta_maps(obj));
     causes.extend(r.strategy.validate(obj));
     if !causes.is_empty() {
         return Err(ApiError::invalid(&r.group, &r.kind, &name, causes));
