@@ -27,6 +27,29 @@ fn wants_aggregated(accept: &str) -> bool {
 /// A subresource's group, version and kind when it differs from its parent's.
 type SubKind = Option<(&'static str, &'static str, &'static str)>;
 
+/// Whether `r` (or its subresource `sub`) is served for `verb`: the verbs
+/// discovery lists are the only ones routed.
+pub fn serves_verb(r: &Resource, sub: Option<&str>, verb: &str) -> bool {
+    match sub {
+        None => r.verbs.iter().any(|v| v == verb),
+        Some(sub) => subresources(r).iter().any(|(s, verbs, _)| s == sub && verbs.contains(&verb)),
+    }
+}
+
+/// The options kind of a connect subresource (`pods/proxy` takes PodProxyOptions).
+fn options_kind(r: &Resource, what: &str) -> SubKind {
+    let kind = match (r.kind.as_str(), what) {
+        ("Pod", "Attach") => "PodAttachOptions",
+        ("Pod", "Exec") => "PodExecOptions",
+        ("Pod", "PortForward") => "PodPortForwardOptions",
+        ("Pod", "Proxy") => "PodProxyOptions",
+        ("Node", "Proxy") => "NodeProxyOptions",
+        ("Service", "Proxy") => "ServiceProxyOptions",
+        _ => return None,
+    };
+    Some(("", "v1", kind))
+}
+
 /// Subresources and the verbs they take.
 fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, SubKind)> {
     let mut out = Vec::new();
@@ -42,8 +65,10 @@ fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, SubKind)> {
             "eviction" => (vec!["create"], Some(("policy", "v1", "Eviction"))),
             "token" => (vec!["create"], Some(("authentication.k8s.io", "v1", "TokenRequest"))),
             "log" => (vec!["get"], None),
-            "exec" | "attach" | "portforward" => (vec!["create", "get"], Some(("", "v1", "PodExecOptions"))),
-            "proxy" => (vec!["create", "delete", "get", "patch", "update"], None),
+            "exec" => (vec!["create", "get"], options_kind(r, "Exec")),
+            "attach" => (vec!["create", "get"], options_kind(r, "Attach")),
+            "portforward" => (vec!["create", "get"], options_kind(r, "PortForward")),
+            "proxy" => (vec!["create", "delete", "get", "patch", "update"], options_kind(r, "Proxy")),
             "finalize" => (vec!["update"], None),
             "approval" | "ephemeralcontainers" | "resize" => (vec!["get", "patch", "update"], None),
             _ => (vec!["get"], None),
