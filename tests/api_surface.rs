@@ -27,9 +27,11 @@ const NOT_SERVED: &[(&str, &str)] = &[
     ("autoscaling/v1", "no autoscaling/v1 <-> v2 conversion"),
 ];
 
-/// Subresources answered by the node (upstream's connect subresources, run
-/// through the kubelet): listed by discovery, but this test, which runs no
-/// node, does not exercise their verbs.
+/// Upstream's connect subresources, answered by proxying to the node's
+/// kubelet API (logs, exec, attach, port-forward) or to the object (proxy).
+/// Discovery lists them, and the test compares that listing, but their verbs
+/// are not exercised here: this tree has no proxy from the API server to a
+/// node yet, so they answer 405 (a known gap, not a shape to keep).
 const THROUGH_THE_NODE: &[&str] = &["log", "exec", "attach", "portforward", "proxy"];
 
 const ALL_VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
@@ -441,6 +443,18 @@ async fn field_selectors_match_upstream_v1_33() {
     post(&c, jobs, json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "pause"}]}}}})).await;
     assert!(names_selected(&c, jobs, "status.successful%3D0").await.contains("j"));
     assert!(names_selected(&c, "/api/v1/namespaces", "status.phase%3DActive").await.contains("default"));
+    let services = "/api/v1/namespaces/default/services";
+    post(&c, services, json!({"metadata": {"name": "svc"}, "spec": {"ports": [{"port": 80}]}})).await;
+    assert!(names_selected(&c, services, "spec.type%3DClusterIP").await.contains("svc"));
+    let rcs = "/api/v1/namespaces/default/replicationcontrollers";
+    post(&c, rcs, json!({"metadata": {"name": "rc"}, "spec": {"replicas": 0, "selector": {"app": "rc"}, "template": {"metadata": {"labels": {"app": "rc"}}, "spec": {"containers": [{"name": "c", "image": "pause"}]}}}})).await;
+    assert!(names_selected(&c, rcs, "status.replicas%3D0").await.contains("rc"));
+    let csrs = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
+    post(&c, csrs, json!({"metadata": {"name": "csr-1"}, "spec": {"request": "eA==", "signerName": "example.com/s", "usages": ["client auth"]}})).await;
+    assert_eq!(
+        names_selected(&c, csrs, "spec.signerName%3Dexample.com/s").await,
+        BTreeSet::from(["csr-1".to_string()])
+    );
     // A core Event without a source selects by its reporting controller.
     let events = "/api/v1/namespaces/default/events";
     post(

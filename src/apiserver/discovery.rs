@@ -229,3 +229,24 @@ pub fn version() -> Response {
         "platform": format!("linux/{}", if cfg!(target_arch = "x86_64") { "amd64" } else if cfg!(target_arch = "aarch64") { "arm64" } else { std::env::consts::ARCH }),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_listed_verbs_are_served() {
+        let registry = Registry::builtin();
+        let ns = registry.get("", "v1", "namespaces").expect("namespaces");
+        assert!(serves_verb(&ns, None, "delete") && !serves_verb(&ns, None, "deletecollection"));
+        assert!(serves_verb(&ns, Some("finalize"), "update") && !serves_verb(&ns, Some("finalize"), "get"));
+        let pods = registry.get("", "v1", "pods").expect("pods");
+        assert!(serves_verb(&pods, Some("ephemeralcontainers"), "get"));
+        assert!(!serves_verb(&pods, Some("status"), "create") && !serves_verb(&pods, Some("nonsense"), "get"));
+        let kinds: Vec<(String, SubKind)> = subresources(&pods).into_iter().map(|(s, _, k)| (s, k)).collect();
+        assert!(kinds.contains(&("attach".into(), Some(("", "v1", "PodAttachOptions")))));
+        assert!(kinds.contains(&("proxy".into(), Some(("", "v1", "PodProxyOptions")))));
+        let bindings = registry.get("", "v1", "bindings").expect("bindings");
+        assert_eq!((bindings.verbs.as_slice(), bindings.singular.as_str()), (&["create".to_string()][..], "binding"));
+    }
+}
