@@ -28,6 +28,29 @@ fn wants_aggregated(accept: &str) -> bool {
 /// A subresource's group, version and kind when it differs from its parent's.
 type SubKind = Option<(&'static str, &'static str, &'static str)>;
 
+/// Whether `r` (or its subresource `sub`) is served for `verb`: the verbs
+/// discovery lists are the only ones routed.
+pub fn serves_verb(r: &Resource, sub: Option<&str>, verb: &str) -> bool {
+    match sub {
+        None => r.verbs.iter().any(|v| v == verb),
+        Some(sub) => subresources(r).iter().any(|(s, verbs, _)| s == sub && verbs.contains(&verb)),
+    }
+}
+
+/// The options kind of a connect subresource (`pods/proxy` takes PodProxyOptions).
+fn options_kind(r: &Resource, what: &str) -> SubKind {
+    let kind = match (r.kind.as_str(), what) {
+        ("Pod", "Attach") => "PodAttachOptions",
+        ("Pod", "Exec") => "PodExecOptions",
+        ("Pod", "PortForward") => "PodPortForwardOptions",
+        ("Pod", "Proxy") => "PodProxyOptions",
+        ("Node", "Proxy") => "NodeProxyOptions",
+        ("Service", "Proxy") => "ServiceProxyOptions",
+        _ => return None,
+    };
+    Some(("", "v1", kind))
+}
+
 /// Subresources and the verbs they take.
 fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, SubKind)> {
     let mut out = Vec::new();
@@ -43,8 +66,10 @@ fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, SubKind)> {
             "eviction" => (vec!["create"], Some(("policy", "v1", "Eviction"))),
             "token" => (vec!["create"], Some(("authentication.k8s.io", "v1", "TokenRequest"))),
             "log" => (vec!["get"], None),
-            "exec" | "attach" | "portforward" => (vec!["create", "get"], Some(("", "v1", "PodExecOptions"))),
-            "proxy" => (vec!["create", "delete", "get", "patch", "update"], None),
+            "exec" => (vec!["create", "get"], options_kind(r, "Exec")),
+            "attach" => (vec!["create", "get"], options_kind(r, "Attach")),
+            "portforward" => (vec!["create", "get"], options_kind(r, "PortForward")),
+            "proxy" => (vec!["create", "delete", "get", "patch", "update"], options_kind(r, "Proxy")),
             "finalize" => (vec!["update"], None),
             "approval" | "ephemeralcontainers" | "resize" => (vec!["get", "patch", "update"], None),
             _ => (vec!["get"], None),
@@ -204,4 +229,25 @@ pub fn version() -> Response {
         "buildDate": "1970-01-01T00:00:00Z", "goVersion": "rust", "compiler": "rustc",
         "platform": format!("linux/{}", if cfg!(target_arch = "x86_64") { "amd64" } else if cfg!(target_arch = "aarch64") { "arm64" } else { std::env::consts::ARCH }),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_listed_verbs_are_served() {
+        let registry = Registry::builtin();
+        let ns = registry.get("", "v1", "namespaces").expect("namespaces");
+        assert!(serves_verb(&ns, None, "delete") && !serves_verb(&ns, None, "deletecollection"));
+        assert!(serves_verb(&ns, Some("finalize"), "update") && !serves_verb(&ns, Some("finalize"), "get"));
+        let pods = registry.get("", "v1", "pods").expect("pods");
+        assert!(serves_verb(&pods, Some("ephemeralcontainers"), "get"));
+        assert!(!serves_verb(&pods, Some("status"), "create") && !serves_verb(&pods, Some("nonsense"), "get"));
+        let kinds: Vec<(String, SubKind)> = subresources(&pods).into_iter().map(|(s, _, k)| (s, k)).collect();
+        assert!(kinds.contains(&("attach".into(), Some(("", "v1", "PodAttachOptions")))));
+        assert!(kinds.contains(&("proxy".into(), Some(("", "v1", "PodProxyOptions")))));
+        let bindings = registry.get("", "v1", "bindings").expect("bindings");
+        assert_eq!((bindings.verbs.as_slice(), bindings.singular.as_str()), (&["create".to_string()][..], "binding"));
+    }
 }

@@ -22,12 +22,24 @@ pub enum Unset {
 pub struct SelectableField {
     pub label: &'static str,
     /// JSON path of the value in the object.
+    /// An empty path: the label is accepted but upstream's field set has
+    /// no value for it, so it always reads as "".
     pub path: &'static [&'static str],
     pub unset: Unset,
+    /// Where the value comes from when `path` is unset or empty.
+    pub fallback: &'static [&'static str],
 }
 
 const fn field(label: &'static str, path: &'static [&'static str], unset: Unset) -> SelectableField {
-    SelectableField { label, path, unset }
+    SelectableField { label, path, unset, fallback: &[] }
+}
+
+const fn field_or(
+    label: &'static str,
+    path: &'static [&'static str],
+    fallback: &'static [&'static str],
+) -> SelectableField {
+    SelectableField { label, path, unset: Unset::Empty, fallback }
 }
 
 const NAME: SelectableField = field("metadata.name", &["metadata", "name"], Unset::Empty);
@@ -43,8 +55,9 @@ const POD: &[SelectableField] = &[
     field("spec.hostNetwork", &["spec", "hostNetwork"], Unset::False),
     field("status.phase", &["status", "phase"], Unset::Empty),
     // The first pod IP, as upstream's podIP field set.
-    field("status.podIP", &["status", "podIPs", "0", "ip"], Unset::Empty),
-    field("status.podIPs", &["status", "podIPs", "0", "ip"], Unset::Empty),
+    field_or("status.podIP", &["status", "podIPs", "0", "ip"], &["status", "podIP"]),
+    // Accepted by the conversion, absent from upstream's field set: always "".
+    field("status.podIPs", &[], Unset::Empty),
     field("status.nominatedNodeName", &["status", "nominatedNodeName"], Unset::Empty),
 ];
 const NODE: &[SelectableField] = &[NAME, field("spec.unschedulable", &["spec", "unschedulable"], Unset::False)];
@@ -60,7 +73,25 @@ const EVENT: &[SelectableField] = &[
     field("involvedObject.fieldPath", &["involvedObject", "fieldPath"], Unset::Empty),
     field("reason", &["reason"], Unset::Empty),
     field("reportingComponent", &["reportingComponent"], Unset::Empty),
-    field("source", &["source", "component"], Unset::Empty),
+    // The source component, else the reporting controller.
+    field_or("source", &["source", "component"], &["reportingComponent"]),
+    field("type", &["type"], Unset::Empty),
+    NAMESPACE,
+    NAME,
+];
+/// events.k8s.io/v1 Events share the core Event's field set under the
+/// new names (`regarding.*`, `reportingController`).
+const EVENTS_V1_EVENT: &[SelectableField] = &[
+    field("reason", &["reason"], Unset::Empty),
+    field("regarding.kind", &["regarding", "kind"], Unset::Empty),
+    field("regarding.namespace", &["regarding", "namespace"], Unset::Empty),
+    field("regarding.name", &["regarding", "name"], Unset::Empty),
+    field("regarding.uid", &["regarding", "uid"], Unset::Empty),
+    field("regarding.apiVersion", &["regarding", "apiVersion"], Unset::Empty),
+    field("regarding.resourceVersion", &["regarding", "resourceVersion"], Unset::Empty),
+    field("regarding.fieldPath", &["regarding", "fieldPath"], Unset::Empty),
+    field("reportingController", &["reportingController"], Unset::Empty),
+    field_or("source", &["deprecatedSource", "component"], &["reportingController"]),
     field("type", &["type"], Unset::Empty),
     NAMESPACE,
     NAME,
@@ -73,57 +104,76 @@ const SERVICE: &[SelectableField] = &[
     field("spec.clusterIP", &["spec", "clusterIP"], Unset::Empty),
     field("spec.type", &["spec", "type"], Unset::Empty),
 ];
-const REPLICA_SET: &[SelectableField] =
-    &[NAME, NAMESPACE, field("status.replicas", &["status", "replicas"], Unset::Zero)];
 // The label says "successful"; the value is status.succeeded.
 const JOB: &[SelectableField] = &[NAME, NAMESPACE, field("status.successful", &["status", "succeeded"], Unset::Zero)];
 const CSR: &[SelectableField] = &[NAME, field("spec.signerName", &["spec", "signerName"], Unset::Empty)];
 /// Every other kind: upstream's DefaultMetaV1FieldSelectorConversion.
 const DEFAULT: &[SelectableField] = &[NAME, NAMESPACE];
 
-/// The kinds with their own field label conversion: `(group, kind, fields)`.
-pub const CONVERSIONS: &[(&str, &str, &[SelectableField])] = &[
-    ("", "Pod", POD),
-    ("", "Node", NODE),
-    ("", "ReplicationController", REPLICATION_CONTROLLER),
-    ("", "Event", EVENT),
-    ("", "Namespace", NAMESPACE_KIND),
-    ("", "Secret", SECRET),
-    ("", "Service", SERVICE),
-    ("apps", "ReplicaSet", REPLICA_SET),
-    ("batch", "Job", JOB),
-    ("certificates.k8s.io", "CertificateSigningRequest", CSR),
+/// How a kind's field label conversion words a label it refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `field label not supported: X` (core, certificates, events).
+    NotSupported,
+    /// `field label "X" not supported for batchv1.Job`.
+    NotSupportedFor(&'static str),
+    /// upstream's DefaultMetaV1FieldSelectorConversion.
+    NotKnown,
+}
+
+/// The kinds with their own field label conversion: `(group, kind, fields,
+/// refusal)`. Every other kind (apps/v1 ReplicaSet included: apps/v1
+/// registers no conversion) takes upstream's default.
+pub const CONVERSIONS: &[(&str, &str, &[SelectableField], Refusal)] = &[
+    ("", "Pod", POD, Refusal::NotSupported),
+    ("", "Node", NODE, Refusal::NotSupported),
+    ("", "ReplicationController", REPLICATION_CONTROLLER, Refusal::NotSupported),
+    ("", "Event", EVENT, Refusal::NotSupported),
+    ("", "Namespace", NAMESPACE_KIND, Refusal::NotSupported),
+    ("", "Secret", SECRET, Refusal::NotSupported),
+    ("", "Service", SERVICE, Refusal::NotSupported),
+    ("batch", "Job", JOB, Refusal::NotSupportedFor("batchv1.Job")),
+    ("certificates.k8s.io", "CertificateSigningRequest", CSR, Refusal::NotSupported),
+    ("events.k8s.io", "Event", EVENTS_V1_EVENT, Refusal::NotSupported),
 ];
 
-/// The selectable fields of a kind, and whether it has its own conversion.
-pub fn of(group: &str, kind: &str) -> (&'static [SelectableField], bool) {
+/// The selectable fields of a kind, and how its conversion refuses others.
+pub fn of(group: &str, kind: &str) -> (&'static [SelectableField], Refusal) {
     CONVERSIONS
         .iter()
-        .find(|(g, k, _)| *g == group && *k == kind)
-        .map(|(_, _, f)| (*f, true))
-        .unwrap_or((DEFAULT, false))
+        .find(|(g, k, _, _)| *g == group && *k == kind)
+        .map(|(_, _, f, r)| (*f, *r))
+        .unwrap_or((DEFAULT, Refusal::NotKnown))
 }
 
 /// Why a label cannot be selected by, in upstream's words.
-pub fn unsupported(label: &str, own_conversion: bool) -> String {
-    if own_conversion {
-        format!("field label not supported: {label}")
-    } else {
-        format!("{label:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\"")
+pub fn unsupported(label: &str, refusal: Refusal) -> String {
+    match refusal {
+        Refusal::NotSupported => format!("field label not supported: {label}"),
+        Refusal::NotSupportedFor(kind) => format!("field label {label:?} not supported for {kind}"),
+        Refusal::NotKnown => {
+            format!("{label:?} is not a known field selector: only \"metadata.name\", \"metadata.namespace\"")
+        }
     }
 }
 
 impl SelectableField {
     /// The field's value in `obj` as a selector compares it.
     pub fn value_in(&self, obj: &Value) -> String {
-        let mut v = Some(obj);
-        for p in self.path {
-            v = v.and_then(|x| match x {
-                Value::Array(a) => p.parse::<usize>().ok().and_then(|i| a.get(i)),
-                _ => x.get(p),
-            });
-        }
-        match v {
+        let at = |path: &[&str]| {
+            if path.is_empty() {
+                return None;
+            }
+            let mut v = Some(obj);
+            for p in path {
+                v = v.and_then(|x| match x {
+                    Value::Array(a) => p.parse::<usize>().ok().and_then(|i| a.get(i)),
+                    _ => x.get(p),
+                });
+            }
+            v.filter(|v| !v.is_null() && v.as_str() != Some(""))
+        };
+        match at(self.path).or_else(|| at(self.fallback)) {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Bool(b)) => b.to_string(),
             Some(Value::Number(n)) => n.to_string(),
@@ -143,8 +193,8 @@ mod tests {
 
     #[test]
     fn unset_fields_read_as_their_zero_value() {
-        let (node, own) = of("", "Node");
-        assert!(own);
+        let (node, refusal) = of("", "Node");
+        assert_eq!(refusal, Refusal::NotSupported);
         let unschedulable = node.iter().find(|f| f.label == "spec.unschedulable").expect("field");
         assert_eq!(unschedulable.value_in(&json!({"spec": {}})), "false");
         assert_eq!(unschedulable.value_in(&json!({"spec": {"unschedulable": true}})), "true");
@@ -155,7 +205,19 @@ mod tests {
         let (pod, _) = of("", "Pod");
         let ip = pod.iter().find(|f| f.label == "status.podIP").expect("field");
         assert_eq!(ip.value_in(&json!({"status": {"podIPs": [{"ip": "10.42.0.5"}]}})), "10.42.0.5");
-        assert_eq!(of("", "ConfigMap"), (DEFAULT, false));
-        assert!(unsupported("spec.x", false).starts_with("\"spec.x\" is not a known field selector"));
+        assert!(pod.iter().any(
+            |f| f.label == "status.podIPs" && f.value_in(&json!({"status": {"podIPs": [{"ip": "1"}]}})).is_empty()
+        ));
+        assert_eq!(of("", "ConfigMap"), (DEFAULT, Refusal::NotKnown));
+        assert_eq!(of("apps", "ReplicaSet"), (DEFAULT, Refusal::NotKnown));
+        assert!(unsupported("spec.x", Refusal::NotKnown).starts_with("\"spec.x\" is not a known field selector"));
+        assert_eq!(
+            unsupported("status.active", of("batch", "Job").1),
+            "field label \"status.active\" not supported for batchv1.Job"
+        );
+        let (event, _) = of("", "Event");
+        let source = event.iter().find(|f| f.label == "source").expect("field");
+        assert_eq!(source.value_in(&json!({"reportingComponent": "kubelet"})), "kubelet");
+        assert_eq!(source.value_in(&json!({"source": {"component": "sched"}, "reportingComponent": "x"})), "sched");
     }
 }

@@ -121,7 +121,7 @@ impl FieldSelector {
     /// Parses `s` for a kind of `group`: a label the kind has no field for
     /// is refused, as upstream's field label conversion refuses it.
     pub fn parse(s: &str, group: &str, kind: &str) -> Result<Self, ApiError> {
-        let (fields, own) = selectable_fields::of(group, kind);
+        let (fields, refusal) = selectable_fields::of(group, kind);
         let mut reqs = Vec::new();
         for part in s.split(',') {
             let part = part.trim();
@@ -141,7 +141,7 @@ impl FieldSelector {
             // Pods still accept the v1 clients' spec.host for spec.nodeName.
             let label = if label == "spec.host" && group.is_empty() && kind == "Pod" { "spec.nodeName" } else { label };
             let Some(field) = fields.iter().find(|f| f.label == label) else {
-                return Err(ApiError::bad_request(selectable_fields::unsupported(label, own)));
+                return Err(ApiError::bad_request(selectable_fields::unsupported(label, refusal)));
             };
             reqs.push((*field, equal, value.trim().to_string()));
         }

@@ -11,6 +11,22 @@ use super::{decode_body, Call};
 use crate::apiserver::meta;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 
+/// `POST namespaces/<ns>/bindings`: the same as `pods/<name>/binding` for
+/// the pod the Binding's `metadata.name` names.
+pub async fn bind_named(call: &mut Call, body: Bytes) -> ApiResult<Response> {
+    let binding = decode_body(&call.headers, &body)?;
+    let name = meta::str_at(&binding, &["metadata", "name"]).unwrap_or_default().to_string();
+    if name.is_empty() {
+        return Err(ApiError::invalid("", "Binding", "", vec![Cause::required("metadata.name")]));
+    }
+    let pods = call.api.registry.get("", "v1", "pods").ok_or_else(|| ApiError::internal("pods are not served"))?;
+    call.resource = pods;
+    call.path.plural = "pods".into();
+    call.path.name = Some(name);
+    call.path.subresource = Some("binding".into());
+    bind(call, body).await
+}
+
 /// `pods/binding`: sets spec.nodeName of a pod that has none.
 pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let binding = decode_body(&call.headers, &body)?;

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
-use super::read::{object_response, typed};
+use super::read::{object_response, typed, Filters};
 use super::Call;
 use crate::apiserver::component_status;
 use crate::apiserver::status::{ApiError, ApiResult};
@@ -28,8 +28,9 @@ pub async fn serve(call: &mut Call, verb: &str) -> ApiResult<Response> {
             }
         }
         "list" => {
+            let filters = Filters::of(call)?;
             let items = component_status::list(&call.api).await;
-            let objs: Vec<_> = items.into_iter().map(|o| typed(call, o)).collect();
+            let objs: Vec<_> = items.into_iter().filter(|o| filters.matches(o)).map(|o| typed(call, o)).collect();
             let meta = json!({"resourceVersion": ""});
             if wants_table(call.accept()) {
                 let t = r.table(&objs, meta, call.param("includeObject").unwrap_or("Metadata"));

@@ -64,6 +64,11 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
     let Some(verb) = super::request::verb(&method, call.path.name.is_some(), watching) else {
         return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
     };
+    // Only the verbs discovery lists (a namespace has no deletecollection,
+    // a status no create): upstream routes no others.
+    if !super::discovery::serves_verb(&r, sub.as_deref(), verb) {
+        return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
+    }
     call.api.authorize(&call, verb)?;
     options::check(&call, verb)?;
     if r.computed {
@@ -71,6 +76,8 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
     }
     if r.ephemeral {
         return match verb {
+            // The legacy `bindings` collection: pods/binding of the pod the body names.
+            "create" if r.group.is_empty() && r.plural == "bindings" => binding::bind_named(&mut call, body).await,
             "create" => reviews::create(&mut call, body).await,
             _ => Err(ApiError::method_not_allowed(format!("{verb} is not supported on {}", r.plural))),
         };

@@ -97,13 +97,14 @@ pub fn scale_of(call: &Call, obj: &Value) -> Value {
     })
 }
 
-struct Filters {
+/// A request's label and field selectors.
+pub(super) struct Filters {
     labels: LabelSelector,
     fields: FieldSelector,
 }
 
 impl Filters {
-    fn of(call: &Call) -> ApiResult<Filters> {
+    pub(super) fn of(call: &Call) -> ApiResult<Filters> {
         Ok(Filters {
             labels: LabelSelector::parse(call.param("labelSelector").unwrap_or_default())?,
             fields: FieldSelector::parse(
@@ -114,7 +115,7 @@ impl Filters {
         })
     }
 
-    fn matches(&self, obj: &Value) -> bool {
+    pub(super) fn matches(&self, obj: &Value) -> bool {
         self.labels.matches_object(obj) && self.fields.matches(obj)
     }
 

@@ -84,7 +84,7 @@ where
         kind: K::KIND.into(),
         list_kind: String::new(),
         plural: K::URL_PATH_SEGMENT.into(),
-        singular: String::new(),
+        singular: K::KIND.to_ascii_lowercase(),
         namespaced,
         verbs: vec!["create".into()],
         short_names: Vec::new(),
@@ -108,19 +108,33 @@ pub fn resources() -> Vec<Resource> {
             short: &["po"],
             categories: ALL,
             status: true,
-            sub: &["binding", "eviction", "log", "exec", "attach", "portforward", "ephemeralcontainers", "resize"],
+            sub: &[
+                "binding",
+                "eviction",
+                "log",
+                "exec",
+                "attach",
+                "portforward",
+                "proxy",
+                "ephemeralcontainers",
+                "resize",
+            ],
             hooks: kinds::pod_hooks(),
             ..Default::default()
         }),
         resource::<core::ConfigMap>(Spec { short: &["cm"], hooks: kinds::configmap_hooks(), ..Default::default() }),
         resource::<core::Secret>(Spec { hooks: kinds::secret_hooks(), ..Default::default() }),
-        resource::<core::Namespace>(Spec {
-            short: &["ns"],
-            status: true,
-            sub: &["finalize"],
-            hooks: kinds::namespace_hooks(),
-            ..Default::default()
-        }),
+        // Namespaces are deleted one by one (no deletecollection), as upstream.
+        Resource {
+            verbs: CRUD_VERBS.iter().filter(|v| **v != "deletecollection").map(|v| v.to_string()).collect(),
+            ..resource::<core::Namespace>(Spec {
+                short: &["ns"],
+                status: true,
+                sub: &["finalize"],
+                hooks: kinds::namespace_hooks(),
+                ..Default::default()
+            })
+        },
         resource::<core::Service>(Spec {
             short: &["svc"],
             categories: ALL,
@@ -153,6 +167,8 @@ pub fn resources() -> Vec<Resource> {
             })
         },
         resource::<core::Event>(Spec { short: &["ev"], hooks: kinds::event_hooks(), ..Default::default() }),
+        // The legacy collection form of pods/binding: create only, never stored.
+        review::<core::Binding>(true),
         resource::<core::PersistentVolume>(Spec {
             short: &["pv"],
             status: true,
