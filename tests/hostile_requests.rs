@@ -110,12 +110,26 @@ async fn malformed_values_get_upstreams_errors() {
         "{body}"
     );
 
+    // Labels and annotations are checked as upstream's ValidateObjectMeta checks them.
+    let cm = json!({"metadata": {"name": "badlabel", "labels": {"a b": "ok", "app": "-x"}}});
+    let (code, body) = json_req(&c, "POST", CMS, &cm).await;
+    assert_eq!(code, 422, "{body}");
+    let causes = body["details"]["causes"].as_array().cloned().unwrap_or_default();
+    assert_eq!(causes.len(), 2, "{body}");
+    assert!(causes.iter().all(|c| c["field"] == "metadata.labels"), "{body}");
+    assert!(message(&body).contains("metadata.labels: Invalid value: \"a b\": name part must consist"), "{body}");
+    let cm = json!({"metadata": {"name": "badnote", "annotations": {"x/y/z": ""}}});
+    assert_eq!(json_req(&c, "POST", CMS, &cm).await.0, 422);
+
     // Query strings: unparsable integers are 400s with upstream's text.
     for (query, want) in [
         ("limit=abc", "strconv.ParseInt: parsing \"abc\": invalid syntax"),
         ("timeoutSeconds=x", "strconv.ParseInt: parsing \"x\": invalid syntax"),
-        ("labelSelector=a%20in%20b", "unable to parse requirement"),
-        ("labelSelector=%3D%3D", "unable to parse requirement"),
+        ("labelSelector=a%20in%20b", "unable to parse requirement: found 'b' expected: '('"),
+        ("labelSelector=%3D%3D", "found '==', expected: !, identifier, or 'end of string'"),
+        ("labelSelector=a%20in%20(b", "unable to parse requirement: found '', expected: ',' or ')'"),
+        ("labelSelector=app%3D-x", "unable to parse requirement: values[0][app]: Invalid value: \"-x\": a valid label"),
+        ("labelSelector=a%24b", "unable to parse requirement: <nil>: Invalid value: \"a$b\": name part must"),
         ("fieldSelector=spec.bogus%3D1", "field label not supported: spec.bogus"),
         ("fieldSelector=nonsense", "invalid selector"),
     ] {

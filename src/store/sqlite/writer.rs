@@ -4,18 +4,19 @@
 //! and only after the commit answers the callers and hands the events to
 //! the watchers.
 
+mod txn;
+
 use std::sync::Arc;
 
 use rusqlite::Connection;
 use tokio::sync::{mpsc, oneshot};
 
 use super::quota::{self, Admission, Quota};
-use super::read::{self, event_of, Row};
-use super::schema::{self, row_id, Meta, MAX_SUB};
+use super::read;
+use super::schema::{self, Meta};
 use super::{Committed, Shared};
-use crate::store::proto::compare::{CompareResult, CompareTarget, TargetUnion};
-use crate::store::proto::{request_op::Request, response_op::Response, *};
-use crate::store::{KeyRange, Result, StoreError, MAX_LEASE_TTL};
+use crate::store::proto::*;
+use crate::store::{Result, StoreError, MAX_LEASE_TTL};
 
 /// Requests applied in one group commit, at most.
 const MAX_BATCH: usize = 256;
@@ -380,152 +381,9 @@ impl Writer {
         self.shared.events.receiver_count() > 0
     }
 
-    fn apply_txn_request(&mut self, req: &TxnRequest, events: &mut Vec<Event>) -> Result<TxnResponse> {
-        let rev = self.meta.rev + 1;
-        let mut sub = 0;
-        let mut resp = self.apply_txn(req, rev, &mut sub, events)?;
-        if sub > 0 {
-            self.meta.rev = rev;
-        }
-        resp.header = Some(self.shared.header(self.meta.rev));
-        Ok(resp)
-    }
-
-    fn apply_txn(&mut self, req: &TxnRequest, rev: i64, sub: &mut i64, events: &mut Vec<Event>) -> Result<TxnResponse> {
-        let mut succeeded = true;
-        for c in &req.compare {
-            if !self.compare(c)? {
-                succeeded = false;
-                break;
-            }
-        }
-        let ops = if succeeded { &req.success } else { &req.failure };
-        let mut responses = Vec::with_capacity(ops.len());
-        for op in ops {
-            let response = match &op.request {
-                Some(Request::RequestRange(r)) => {
-                    let head = if *sub > 0 { rev } else { self.meta.rev };
-                    let mut resp = read::range(&self.conn, r, head, self.meta.compact_rev)?;
-                    resp.header = Some(ResponseHeader { revision: head, ..Default::default() });
-                    Response::ResponseRange(resp)
-                }
-                Some(Request::RequestPut(p)) => Response::ResponsePut(self.put(p, rev, sub, events)?),
-                Some(Request::RequestDeleteRange(d)) => {
-                    Response::ResponseDeleteRange(self.delete_range(d, rev, sub, events)?)
-                }
-                Some(Request::RequestTxn(t)) => {
-                    let mut inner = self.apply_txn(t, rev, sub, events)?;
-                    let head = if *sub > 0 { rev } else { self.meta.rev };
-                    inner.header = Some(ResponseHeader { revision: head, ..Default::default() });
-                    Response::ResponseTxn(inner)
-                }
-                None => continue,
-            };
-            responses.push(ResponseOp { response: Some(response) });
-        }
-        Ok(TxnResponse { header: None, succeeded, responses })
-    }
-
-    fn compare(&self, c: &Compare) -> Result<bool> {
-        let target = CompareTarget::try_from(c.target).unwrap_or(CompareTarget::Version);
-        let range = KeyRange::new(&c.key, &c.range_end);
-        let rows = match &range {
-            KeyRange::Single(key) => read::get_current(&self.conn, key)?.into_iter().collect(),
-            _ => read::current_in_range(&self.conn, &range, None, target != CompareTarget::Value)?,
-        };
-        if rows.is_empty() {
-            if target == CompareTarget::Value {
-                return Ok(false);
-            }
-            return Ok(compare_row(
-                c,
-                target,
-                &Row { id: 0, key: Vec::new(), create_rev: 0, version: 0, lease: 0, value: Vec::new() },
-            ));
-        }
-        Ok(rows.iter().all(|row| compare_row(c, target, row)))
-    }
-
-    fn lease_exists(&self, id: i64) -> Result<bool> {
+    pub(super) fn lease_exists(&self, id: i64) -> Result<bool> {
         let mut stmt = self.conn.prepare_cached("SELECT 1 FROM lease WHERE id = ?1")?;
         Ok(stmt.exists([id])?)
-    }
-
-    fn next_id(rev: i64, sub: &mut i64) -> Result<i64> {
-        if *sub > MAX_SUB {
-            return Err(StoreError::InvalidArgument("too many changes in one revision".into()));
-        }
-        let id = row_id(rev, *sub);
-        *sub += 1;
-        Ok(id)
-    }
-
-    fn put(&mut self, p: &PutRequest, rev: i64, sub: &mut i64, events: &mut Vec<Event>) -> Result<PutResponse> {
-        let prev = read::get_current(&self.conn, &p.key)?;
-        if (p.ignore_value || p.ignore_lease) && prev.is_none() {
-            return Err(StoreError::KeyNotFound);
-        }
-        let lease = match (&prev, p.ignore_lease) {
-            (Some(prev), true) => prev.lease,
-            _ => p.lease,
-        };
-        if lease != 0 && !self.lease_exists(lease)? {
-            return Err(StoreError::LeaseNotFound);
-        }
-        let value = match (&prev, p.ignore_value) {
-            (Some(prev), true) => prev.value.clone(),
-            _ => p.value.clone(),
-        };
-        let (create_rev, version) = prev.as_ref().map_or((rev, 1), |r| (r.create_rev, r.version + 1));
-        let id = Self::next_id(rev, sub)?;
-        let prev_id = prev.as_ref().map_or(0, |r| r.id);
-        self.conn
-            .prepare_cached(
-                "INSERT INTO log (id, key, create_rev, version, lease, value, prev_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )?
-            .execute((id, &p.key, create_rev, version, lease, &value, prev_id))?;
-        self.conn
-            .prepare_cached(
-                "INSERT INTO current (key, id) VALUES (?1, ?2) ON CONFLICT (key) DO UPDATE SET id = excluded.id",
-            )?
-            .execute((&p.key, id))?;
-        let prev_kv = if p.prev_kv { prev.as_ref().map(Row::to_kv) } else { None };
-        if self.want_events() {
-            let row = Row { id, key: p.key.clone(), create_rev, version, lease, value };
-            events.push(event_of(row, prev));
-        }
-        Ok(PutResponse { header: Some(ResponseHeader { revision: rev, ..Default::default() }), prev_kv })
-    }
-
-    fn delete_range(
-        &mut self,
-        d: &DeleteRangeRequest,
-        rev: i64,
-        sub: &mut i64,
-        events: &mut Vec<Event>,
-    ) -> Result<DeleteRangeResponse> {
-        let range = KeyRange::new(&d.key, &d.range_end);
-        let want_events = self.want_events();
-        let rows = read::current_in_range(&self.conn, &range, None, !(d.prev_kv || want_events))?;
-        for row in &rows {
-            let id = Self::next_id(rev, sub)?;
-            self.conn
-                .prepare_cached(
-                    "INSERT INTO log (id, key, create_rev, version, lease, value, prev_id) VALUES (?1, ?2, 0, 0, 0, x'', ?3)",
-                )?
-                .execute((id, &row.key, row.id))?;
-            self.conn.prepare_cached("DELETE FROM current WHERE key = ?1")?.execute([&row.key])?;
-            if want_events {
-                let tomb = Row { id, key: row.key.clone(), create_rev: 0, version: 0, lease: 0, value: Vec::new() };
-                events.push(event_of(tomb, Some(row.clone())));
-            }
-        }
-        let head = if *sub > 0 { rev } else { self.meta.rev };
-        Ok(DeleteRangeResponse {
-            header: Some(ResponseHeader { revision: head, ..Default::default() }),
-            deleted: rows.len() as i64,
-            prev_kvs: if d.prev_kv { rows.into_iter().map(Row::into_kv).collect() } else { Vec::new() },
-        })
     }
 
     fn lease_grant(&mut self, id: i64, ttl: i64) -> Result<(i64, i64, i64)> {
@@ -595,33 +453,5 @@ fn fail_command(cmd: Command, why: &str) {
         Command::Alarm { reply, .. } => drop(reply.send(Err(err()))),
         Command::Shutdown { reply } => drop(reply.send(())),
         Command::LeaseRevoke { reply: None, .. } => {}
-    }
-}
-
-fn compare_row(c: &Compare, target: CompareTarget, row: &Row) -> bool {
-    use std::cmp::Ordering;
-    let ord = match (target, &c.target_union) {
-        (CompareTarget::Value, Some(TargetUnion::Value(v))) => row.value.as_slice().cmp(v.as_slice()),
-        (CompareTarget::Value, _) => row.value.as_slice().cmp(&[][..]),
-        (CompareTarget::Version, u) => row.version.cmp(&int_of(u)),
-        (CompareTarget::Create, u) => row.create_rev.cmp(&int_of(u)),
-        (CompareTarget::Mod, u) => schema::rev_of(row.id).cmp(&int_of(u)),
-        (CompareTarget::Lease, u) => row.lease.cmp(&int_of(u)),
-    };
-    match CompareResult::try_from(c.result).unwrap_or(CompareResult::Equal) {
-        CompareResult::Equal => ord == Ordering::Equal,
-        CompareResult::Greater => ord == Ordering::Greater,
-        CompareResult::Less => ord == Ordering::Less,
-        CompareResult::NotEqual => ord != Ordering::Equal,
-    }
-}
-
-fn int_of(u: &Option<TargetUnion>) -> i64 {
-    match u {
-        Some(TargetUnion::Version(v))
-        | Some(TargetUnion::CreateRevision(v))
-        | Some(TargetUnion::ModRevision(v))
-        | Some(TargetUnion::Lease(v)) => *v,
-        _ => 0,
     }
 }
