@@ -146,7 +146,24 @@ fn forbidden_requests_carry_the_decision_and_the_impersonated_user() {
     assert_eq!(e["responseStatus"]["code"], 403);
     assert_eq!(e["annotations"]["authorization.k8s.io/decision"], "forbid");
     assert_eq!(e["verb"], "list");
+    assert_eq!(e["annotations"]["authorization.k8s.io/reason"], "");
     assert_eq!(all[0]["auditID"], e["auditID"]);
+
+    // Allowed by RBAC: the reason names the binding, as upstream's does.
+    let (ok, out) =
+        kubectl(&s, &["create", "clusterrolebinding", "mallory-view", "--clusterrole=view", "--user=mallory"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&s, &["get", "configmaps", "--as=mallory"]);
+    assert!(ok, "{out}");
+    let reason = "RBAC: allowed by ClusterRoleBinding \"mallory-view\" of ClusterRole \"view\" to User \"mallory\"";
+    eventually("mallory's allowed list", || {
+        events(&log).iter().any(|e| {
+            e["objectRef"]["resource"] == "configmaps"
+                && e["stage"] == "ResponseComplete"
+                && e["annotations"]["authorization.k8s.io/decision"] == "allow"
+                && e["annotations"]["authorization.k8s.io/reason"] == reason
+        })
+    });
 }
 
 #[test]

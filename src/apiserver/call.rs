@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
-use super::auth::User;
+use super::auth::{DecisionRecord, User};
 use super::field_order;
 use super::managed_fields;
 use super::patch_meta::SchemaNode;
@@ -33,6 +33,8 @@ pub struct Call {
     pub headers: HeaderMap,
     /// Warnings for the `Warning` header (unknown fields with fieldValidation=Warn).
     pub warnings: Vec<String>,
+    /// Where the authorization decision goes for the audit log (when auditing).
+    pub decision: Option<DecisionRecord>,
 }
 
 impl Call {

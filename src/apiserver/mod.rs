@@ -114,10 +114,35 @@ impl Api {
         })
     }
 
-    /// Whether `user` may do what `attrs` describe: system:masters may do
-    /// anything; everyone else as RBAC allows.
+    /// Whether `user` may do what `attrs` describe, and why: system:masters
+    /// may do anything (upstream's privileged-group authorizer, which gives
+    /// no reason); everyone else as RBAC allows.
+    pub fn decide(&self, user: &User, attrs: &auth::rbac::Attributes) -> auth::Decision {
+        if user.in_group("system:masters") {
+            return auth::Decision { allowed: true, reason: String::new() };
+        }
+        match self.rbac.allowed_by(user, attrs) {
+            Some(by) => auth::Decision { allowed: true, reason: format!("RBAC: allowed by {by}") },
+            None => auth::Decision { allowed: false, reason: String::new() },
+        }
+    }
+
+    /// `decide`, recorded for the audit log when `record` is given.
+    pub fn allowed_recorded(
+        &self,
+        user: &User,
+        attrs: &auth::rbac::Attributes,
+        record: Option<&auth::DecisionRecord>,
+    ) -> bool {
+        let decision = self.decide(user, attrs);
+        if let Some(r) = record {
+            r.set(&decision);
+        }
+        decision.allowed
+    }
+
     pub fn allowed(&self, user: &User, attrs: &auth::rbac::Attributes) -> bool {
-        user.in_group("system:masters") || self.rbac.allows(user, attrs)
+        self.decide(user, attrs).allowed
     }
 
     /// The user a bearer token names: a service-account token whose
@@ -168,7 +193,7 @@ impl Api {
             name: call.path.name.clone().unwrap_or_default(),
             path: None,
         };
-        if self.allowed(&call.user, &attrs) {
+        if self.allowed_recorded(&call.user, &attrs, call.decision.as_ref()) {
             return Ok(());
         }
         let scope = match call.namespace() {
@@ -206,7 +231,12 @@ pub fn router(api: Arc<Api>) -> Router {
 
 /// `Impersonate-User` and `Impersonate-Group` (kubectl --as, --as-group):
 /// allowed when the caller may `impersonate` those users and groups.
-fn impersonate(api: &Api, user: &User, headers: &axum::http::HeaderMap) -> Result<Option<User>, ApiError> {
+fn impersonate(
+    api: &Api,
+    user: &User,
+    headers: &axum::http::HeaderMap,
+    record: Option<&auth::DecisionRecord>,
+) -> Result<Option<User>, ApiError> {
     let Some(name) = headers.get("Impersonate-User").and_then(|v| v.to_str().ok()) else {
         return Ok(None);
     };
@@ -219,7 +249,7 @@ fn impersonate(api: &Api, user: &User, headers: &axum::http::HeaderMap) -> Resul
             name: target.into(),
             ..Default::default()
         };
-        if api.allowed(user, &attrs) {
+        if api.allowed_recorded(user, &attrs, record) {
             Ok(())
         } else {
             Err(ApiError::forbidden(format!("{resource} \"{target}\" is forbidden: User \"{}\" cannot impersonate resource \"{resource}\" in API group \"\" at the cluster scope", user.name)))
@@ -245,13 +275,18 @@ fn impersonate(api: &Api, user: &User, headers: &axum::http::HeaderMap) -> Resul
 
 /// `GET /metrics` for callers RBAC lets `get` that path (upstream's
 /// `system:monitoring`); 403 for everyone else, anonymous included.
-async fn serve_metrics(api: &Api, user: &User, method: &axum::http::Method) -> Response {
+async fn serve_metrics(
+    api: &Api,
+    user: &User,
+    method: &axum::http::Method,
+    record: Option<&auth::DecisionRecord>,
+) -> Response {
     if method != axum::http::Method::GET {
         return ApiError::method_not_allowed("the server does not allow this method on the requested resource")
             .into_response();
     }
     let attrs = auth::rbac::Attributes { verb: "get".into(), path: Some("/metrics".into()), ..Default::default() };
-    if !api.allowed(user, &attrs) {
+    if !api.allowed_recorded(user, &attrs, record) {
         return ApiError::forbidden(format!("forbidden: User \"{}\" cannot get path \"/metrics\"", user.name))
             .into_response();
     }
@@ -278,7 +313,7 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         _ => {}
     }
     if path == "/metrics" {
-        return serve_metrics(&api, &user, &parts.method).await;
+        return serve_metrics(&api, &user, &parts.method, parts.extensions.get::<auth::DecisionRecord>()).await;
     }
     if user.is_anonymous() {
         return ApiError::unauthorized().into_response();
@@ -288,7 +323,7 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         return health::serve(&api, &path, query.as_deref()).await;
     }
     let audit_slot = parts.extensions.get::<audit::AuditSlot>();
-    match impersonate(&api, &user, &parts.headers) {
+    match impersonate(&api, &user, &parts.headers, parts.extensions.get::<auth::DecisionRecord>()) {
         Ok(Some(as_user)) => {
             if let Some(slot) = audit_slot {
                 slot.set_user(&user, Some(&as_user));
@@ -334,8 +369,7 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
             let content_type = if apply { "application/apply-patch+yaml" } else { "" };
             let path = p.clone();
             let method = parts.method.clone();
-            let resp =
-                handlers::serve(api.clone(), user, p, parts.method, parts.headers, query.as_deref(), bytes).await;
+            let resp = handlers::serve(api.clone(), user, p, parts, bytes).await;
             let labels = metrics::RequestLabels::of(&path, &method, query.as_deref(), content_type, served);
             metrics::global().observe_request(&labels, resp.status().as_u16(), started.elapsed());
             resp

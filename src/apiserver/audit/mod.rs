@@ -189,6 +189,8 @@ pub async fn audit(State(auditor): State<Arc<Auditor>>, mut req: Request, next: 
     let connection_user = req.extensions().get::<User>().cloned().unwrap_or_else(User::anonymous);
     let slot = AuditSlot::default();
     req.extensions_mut().insert(slot.clone());
+    let authorization = crate::apiserver::auth::DecisionRecord::default();
+    req.extensions_mut().insert(authorization.clone());
 
     let mut response = next.run(req).await;
     if let Ok(v) = HeaderValue::from_str(&audit_id) {
@@ -219,10 +221,15 @@ pub async fn audit(State(auditor): State<Arc<Auditor>>, mut req: Request, next: 
 
     let code = response.status().as_u16();
     let mut annotations = serde_json::Map::new();
+    // The authorizer's own decision and reason; requests no authorizer saw
+    // (discovery, which every authenticated user may read) read as allowed.
+    let decided = authorization
+        .get()
+        .unwrap_or_else(|| crate::apiserver::auth::Decision { allowed: code != 403, reason: String::new() });
     if code != 401 {
-        let decided = if code == 403 { "forbid" } else { "allow" };
-        annotations.insert("authorization.k8s.io/decision".into(), decided.into());
-        annotations.insert("authorization.k8s.io/reason".into(), String::new().into());
+        let word = if decided.allowed { "allow" } else { "forbid" };
+        annotations.insert("authorization.k8s.io/decision".into(), word.into());
+        annotations.insert("authorization.k8s.io/reason".into(), decided.reason.into());
     }
     // A create names its object in the body: decoded for the objectRef at
     // every level, recorded from Request up.

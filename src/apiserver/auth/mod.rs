@@ -6,8 +6,10 @@
 pub mod bootstrap;
 pub mod component_roles;
 pub mod controller_roles;
+pub mod decision;
 pub mod rbac;
 pub mod token;
 pub mod user;
 
+pub use decision::{Decision, DecisionRecord};
 pub use user::User;

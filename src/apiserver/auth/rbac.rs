@@ -72,6 +72,25 @@ pub fn rule_allows(rule: &Value, a: &Attributes) -> bool {
     }
 }
 
+/// A binding that allowed a request, as upstream's RBAC authorizer names it.
+fn describe(binding: &Value, namespace: Option<&str>, subject: &Value) -> String {
+    let name = binding.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+    let role_kind = binding.pointer("/roleRef/kind").and_then(Value::as_str).unwrap_or_default();
+    let role = binding.pointer("/roleRef/name").and_then(Value::as_str).unwrap_or_default();
+    let subject_kind = subject["kind"].as_str().unwrap_or_default();
+    let subject_name = subject["name"].as_str().unwrap_or_default();
+    let who = if subject_kind == "ServiceAccount" {
+        let ns = subject["namespace"].as_str().filter(|n| !n.is_empty()).or(namespace).unwrap_or_default();
+        format!("{subject_kind} {:?}", format!("{subject_name}/{ns}"))
+    } else {
+        format!("{subject_kind} {subject_name:?}")
+    };
+    match namespace {
+        Some(ns) => format!("RoleBinding {:?} of {role_kind} {role:?} to {who}", format!("{name}/{ns}")),
+        None => format!("ClusterRoleBinding {name:?} of {role_kind} {role:?} to {who}"),
+    }
+}
+
 /// RBAC decisions over the watch-fed cache of RBAC objects.
 pub struct RbacCache {
     objects: Arc<PrefixCache>,
@@ -112,8 +131,35 @@ impl RbacCache {
         refs.iter().flat_map(|(r, ns)| self.role_rules(r, ns.as_deref())).collect()
     }
 
+    /// The binding, role and subject that allow the request, in upstream's
+    /// words (`ClusterRoleBinding "x" of ClusterRole "y" to Group "z"`);
+    /// None when nothing does. ClusterRoleBindings are tried first, then
+    /// the RoleBindings of the request's namespace, as upstream visits them.
+    pub fn allowed_by(&self, user: &User, a: &Attributes) -> Option<String> {
+        let objects = self.objects.all();
+        for namespaced in [false, true] {
+            for obj in &objects {
+                let kind = if namespaced { "RoleBinding" } else { "ClusterRoleBinding" };
+                if obj["kind"].as_str() != Some(kind) {
+                    continue;
+                }
+                let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+                if namespaced && (a.namespace.is_empty() || ns != a.namespace) {
+                    continue;
+                }
+                let subjects = obj["subjects"].as_array().map(Vec::as_slice).unwrap_or_default();
+                let Some(subject) = subjects.iter().find(|s| subject_matches(s, user, ns)) else { continue };
+                let rules = self.role_rules(&obj["roleRef"], namespaced.then_some(ns));
+                if rules.iter().any(|r| rule_allows(r, a)) {
+                    return Some(describe(obj, namespaced.then_some(ns), subject));
+                }
+            }
+        }
+        None
+    }
+
     pub fn allows(&self, user: &User, a: &Attributes) -> bool {
-        self.rules_for(user, &a.namespace).iter().any(|r| rule_allows(r, a))
+        self.allowed_by(user, a).is_some()
     }
 }
 
@@ -141,5 +187,21 @@ mod tests {
         let mut n = a("get", "", "");
         n.path = Some("/api/v1".into());
         assert!(rule_allows(&urls, &n));
+    }
+
+    #[test]
+    fn bindings_are_described_as_upstream_does() {
+        let rb = json!({"metadata": {"name": "edit-me", "namespace": "dev"}, "roleRef": {"kind": "ClusterRole", "name": "edit"}});
+        let sa = json!({"kind": "ServiceAccount", "name": "bot"});
+        assert_eq!(
+            describe(&rb, Some("dev"), &sa),
+            "RoleBinding \"edit-me/dev\" of ClusterRole \"edit\" to ServiceAccount \"bot/dev\""
+        );
+        let crb = json!({"metadata": {"name": "all"}, "roleRef": {"kind": "ClusterRole", "name": "view"}});
+        let group = json!({"kind": "Group", "name": "system:authenticated"});
+        assert_eq!(
+            describe(&crb, None, &group),
+            "ClusterRoleBinding \"all\" of ClusterRole \"view\" to Group \"system:authenticated\""
+        );
     }
 }

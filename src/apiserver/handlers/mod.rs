@@ -17,30 +17,32 @@ pub use patch::apply_json_patch;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::http::{HeaderMap, Method};
+use axum::http::request::Parts;
+use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
-use super::auth::User;
+use super::auth::{DecisionRecord, User};
 use super::call::{decode_body, Call};
 use super::request::{parse_query, ResourcePath};
 use super::status::{ApiError, ApiResult};
 use super::Api;
 
 /// Serves one resource request.
-pub async fn serve(
-    api: Arc<Api>,
-    user: User,
-    path: ResourcePath,
-    method: Method,
-    headers: HeaderMap,
-    query: Option<&str>,
-    body: Bytes,
-) -> Response {
+pub async fn serve(api: Arc<Api>, user: User, path: ResourcePath, parts: Parts, body: Bytes) -> Response {
     let Some(resource) = api.registry.get(&path.group, &path.version, &path.plural) else {
         return ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response();
     };
-    let call = Call { api, user, resource, path, query: parse_query(query), headers, warnings: Vec::new() };
-    match dispatch(call, method, body).await {
+    let call = Call {
+        api,
+        user,
+        resource,
+        path,
+        query: parse_query(parts.uri.query()),
+        decision: parts.extensions.get::<DecisionRecord>().cloned(),
+        headers: parts.headers,
+        warnings: Vec::new(),
+    };
+    match dispatch(call, parts.method, body).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
