@@ -88,6 +88,16 @@ fn served_group_versions(fx: &Value) -> Vec<&Value> {
         .collect()
 }
 
+/// A fixture group/version's resources by name, as discovery should list them.
+fn expected_resources(gv: &Value) -> BTreeMap<String, Value> {
+    gv["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| (r["name"].as_str().unwrap_or_default().to_string(), expected_resource(r)))
+        .collect()
+}
+
 /// One resource's facts in a comparable shape, from the fixture.
 fn expected_resource(r: &Value) -> Value {
     let subs: BTreeMap<String, Value> = r["subresources"]
@@ -165,13 +175,7 @@ async fn discovery_matches_upstream_v1_33() {
             gaps.push(format!("{name}: not served ({code})"));
             continue;
         }
-        let expected: BTreeMap<String, Value> = gv["resources"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| (r["name"].as_str().unwrap_or_default().to_string(), expected_resource(r)))
-            .collect();
-        compare(name, &expected, &served_resources(&list), &mut gaps);
+        compare(name, &expected_resources(gv), &served_resources(&list), &mut gaps);
     }
     // Alpha and beta group/versions (off in a default upstream server) need
     // not be served; one that is served must match upstream's too.
@@ -181,13 +185,7 @@ async fn discovery_matches_upstream_v1_33() {
         if code == 404 {
             continue;
         }
-        let expected: BTreeMap<String, Value> = gv["resources"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| (r["name"].as_str().unwrap_or_default().to_string(), expected_resource(r)))
-            .collect();
-        compare(name, &expected, &served_resources(&list), &mut gaps);
+        compare(name, &expected_resources(gv), &served_resources(&list), &mut gaps);
     }
     // Nothing served beyond upstream's group/versions.
     let (_, groups) = get(&c, "/apis").await;
