@@ -19,6 +19,7 @@ use kube::runtime::watcher;
 
 use super::controller_utils::is_pod_ready;
 use super::informers::reflected;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::client::labels;
 
@@ -310,15 +311,22 @@ async fn delete_orphaned(ep: Arc<Endpoints>, ctx: Arc<Cleanup>) -> Result<Action
 pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
     let (pods, pod_events) = pod_informer.into_parts();
     let (endpoints, endpoint_events) = reflected(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
-    let controller = Controller::new(Api::<Service>::all(client.clone()), watcher::Config::default());
-    let by_pod = controller.store();
-    let sync = controller
-        .watches_stream(pod_events, move |pod: Pod| services_selecting(&pod, &by_pod))
-        .watches_stream(endpoint_events, |ep: Endpoints| {
-            Some(ObjectRef::<Service>::new(ep.metadata.name.as_deref()?).within(ep.metadata.namespace.as_deref()?))
-        })
-        .run(reconcile, error_policy, Arc::new(Context { client: client.clone(), pods, endpoints }))
-        .for_each(|_| std::future::ready(()));
+    let (by_pod, own_events) = reflected(Api::<Service>::all(client.clone()), watcher::Config::default());
+    let queue = QueueMetrics::new("endpoint", by_pod.clone());
+    let selecting = by_pod.clone();
+    let sync = Controller::for_stream(queue.primary(own_events), by_pod)
+        .watches_stream(pod_events, queue.mapped(move |pod: Pod| services_selecting(&pod, &selecting)))
+        .watches_stream(
+            endpoint_events,
+            queue.mapped(|ep: Endpoints| {
+                Some(ObjectRef::<Service>::new(ep.metadata.name.as_deref()?).within(ep.metadata.namespace.as_deref()?))
+            }),
+        )
+        .run(
+            queue.timed(reconcile),
+            queue.retried(error_policy),
+            Arc::new(Context { client: client.clone(), pods, endpoints }),
+        );
     // The Service's own events trigger the cleanup, from a cache written first.
     let (services, service_events) = reflected(Api::<Service>::all(client.clone()), watcher::Config::default());
     let cleanup = Controller::new(Api::<Endpoints>::all(client.clone()), watcher::Config::default())
@@ -327,5 +335,5 @@ pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<
         })
         .run(delete_orphaned, error_policy, Arc::new(Cleanup { client, services }))
         .for_each(|_| std::future::ready(()));
-    tokio::join!(sync, cleanup);
+    tokio::join!(drain("endpoint", sync), cleanup);
 }
