@@ -258,3 +258,66 @@ fn scheduler_is_refused_by_rbac_without_its_binding() {
     assert!(ok, "{out}");
     eventually("the pod bound", || node_of() == "n1");
 }
+
+/// Every controller acts as its own service account in kube-system (which
+/// exists, for all to see), bound by `system:controller:<name>`: without
+/// the deployment-controller's binding a Deployment gets no ReplicaSet,
+/// and the refusal is audited under that name; with it back, the
+/// Deployment progresses. The controller manager itself, whose shared
+/// informers and Lease are audited here too, is not in system:masters.
+#[test]
+fn deployment_controller_is_refused_by_rbac_without_its_binding() {
+    let sa = "system:serviceaccount:kube-system:deployment-controller";
+    let policy = format!(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  users: [\"{sa}\"]\n  resources:\n  - group: apps\n    resources: [replicasets]\n- level: Metadata\n  users: [\"system:kube-controller-manager\"]\n  resources:\n  - group: coordination.k8s.io\n    resources: [leases]\n"
+    );
+    let (s, log) = start(&policy, &[]);
+    for name in ["deployment-controller", "replicaset-controller", "node-controller", "generic-garbage-collector"] {
+        let (ok, out) = kubectl(&s, &["-n", "kube-system", "get", "serviceaccount", name, "-o", "name"]);
+        assert!(ok && out.contains(name), "{out}");
+    }
+    let (ok, out) = kubectl(&s, &["delete", "clusterrolebinding", "system:controller:deployment-controller"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&s, &["create", "deployment", "web", "--image=busybox:1.36", "--replicas=1"]);
+    assert!(ok, "{out}");
+    eventually("a refused ReplicaSet create by the deployment-controller", || {
+        events(&log).iter().any(|e| {
+            e["verb"] == "create"
+                && e["user"]["username"] == sa
+                && e["objectRef"]["resource"] == "replicasets"
+                && e["responseStatus"]["code"] == 403
+                && e["annotations"]["authorization.k8s.io/decision"] == "forbid"
+        })
+    });
+    let replicasets = || kubectl(&s, &["get", "rs", "-l", "app=web", "-o", "name"]).1;
+    assert!(!replicasets().contains("replicaset.apps/web-"), "a ReplicaSet made without RBAC");
+    let (ok, out) = kubectl(
+        &s,
+        &[
+            "create",
+            "clusterrolebinding",
+            "system:controller:deployment-controller",
+            "--clusterrole=system:controller:deployment-controller",
+            "--serviceaccount=kube-system:deployment-controller",
+        ],
+    );
+    assert!(ok, "{out}");
+    common::eventually_within("the Deployment's ReplicaSet", std::time::Duration::from_secs(60), || {
+        replicasets().contains("replicaset.apps/web-")
+    });
+    eventually("the ReplicaSet's create allowed and audited", || {
+        events(&log).iter().any(|e| {
+            e["verb"] == "create" && e["user"]["username"] == sa && e["responseStatus"]["code"] == 201
+        })
+    });
+
+    // The controller manager's own requests: its name, not system:masters.
+    eventually("the controller manager's Lease in the audit log", || {
+        events(&log).iter().any(|e| e["user"]["username"] == "system:kube-controller-manager")
+    });
+    for e in events(&log).iter().filter(|e| e["user"]["username"] == "system:kube-controller-manager") {
+        let groups = e["user"]["groups"].as_array().cloned().unwrap_or_default();
+        assert!(!groups.iter().any(|g| g == "system:masters"), "the controller manager is in system:masters: {e}");
+        assert_eq!(e["annotations"]["authorization.k8s.io/decision"], "allow", "{e}");
+    }
+}
