@@ -98,6 +98,13 @@ fn assert_histograms_well_formed(body: &str, samples: &HashMap<String, f64>) {
 #[test]
 fn metrics_count_requests_and_are_for_monitoring_only() {
     let s = ApiServer::start();
+    // The root CA publisher creates a ConfigMap in each namespace at start;
+    // let it finish before counting creates.
+    eventually("kube-root-ca.crt in the four namespaces", || {
+        let (_, out) =
+            kubectl(&s, &["get", "cm", "-A", "--field-selector=metadata.name=kube-root-ca.crt", "-o", "name"]);
+        out.lines().count() == 4
+    });
     let (_, before) = scrape(&s);
     let created = request_series("POST", "", "v1", "configmaps", "resource", 201);
     let missing = request_series("GET", "", "v1", "configmaps", "resource", 404);
