@@ -136,6 +136,25 @@ fn metrics_count_requests_and_are_for_monitoring_only() {
     for family in ["workqueue_depth", "workqueue_retries_total", "workqueue_queue_duration_seconds_count"] {
         assert!(now.contains_key(&format!("{family}{{name=\"job\"}}")), "{family}\n{body}");
     }
+    // The controllers on kube-runtime's own queue report under upstream's
+    // queue names too: a Deployment moves the deployment and replicaset
+    // queues; the namespaces at start moved the others.
+    assert!(kubectl(&s, &["create", "deployment", "queued", "--image=busybox"]).0);
+    let names = ["deployment", "replicaset", "namespace", "serviceaccount", "root_ca_cert_publisher"];
+    eventually("the kube-runtime controllers' work queues", || {
+        let (_, now) = scrape(&s);
+        names.iter().all(|n| {
+            now.get(&format!("workqueue_adds_total{{name=\"{n}\"}}")).copied().unwrap_or(0.0) >= 1.0
+                && now.get(&format!("workqueue_work_duration_seconds_count{{name=\"{n}\"}}")).copied().unwrap_or(0.0)
+                    >= 1.0
+        })
+    });
+    let (body, now) = scrape(&s);
+    for n in names {
+        for family in ["workqueue_depth", "workqueue_retries_total"] {
+            assert!(now.contains_key(&format!("{family}{{name=\"{n}\"}}")), "{family} {n}\n{body}");
+        }
+    }
 
     // Anonymous and unprivileged users are refused; system:monitoring reads.
     let (code, body, _) = curl(&s, "/metrics", &[]);

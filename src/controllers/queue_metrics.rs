@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use futures_util::{Stream, StreamExt};
+use futures_util::{FutureExt, Stream, StreamExt};
 use kube::runtime::controller::{Action, ReconcileRequest};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Resource;
@@ -52,7 +52,15 @@ where
         }
     }
 
+    /// Whether the cache is still taking its initial list (and shows none
+    /// of it yet).
+    fn listing(&self) -> bool {
+        self.store.wait_until_ready().now_or_never().is_none()
+    }
+
     /// The controller's own watch: each object seen is a request for itself.
+    /// Objects of the initial list are counted although the cache shows
+    /// them only once the list is complete.
     pub fn primary<E>(
         &self,
         events: impl Stream<Item = Result<K, E>> + Send + 'static,
@@ -60,12 +68,18 @@ where
         let this = self.clone();
         events.inspect(move |e| {
             if let Ok(obj) = e {
-                this.add(&ObjectRef::from_obj(obj));
+                let r = ObjectRef::from_obj(obj);
+                if this.listing() {
+                    this.metrics.add(&key_of(&r));
+                } else {
+                    this.add(&r);
+                }
             }
         })
     }
 
-    /// Requests already made (for an `applier` fed directly).
+    /// Requests already made (for an `applier` fed directly); those made
+    /// during the initial list are counted, as `primary` counts them.
     pub fn requests<E>(
         &self,
         requests: impl Stream<Item = Result<ReconcileRequest<K>, E>> + Send + 'static,
@@ -73,7 +87,11 @@ where
         let this = self.clone();
         requests.inspect(move |r| {
             if let Ok(r) = r {
-                this.add(&r.obj_ref);
+                if this.listing() {
+                    this.metrics.add(&key_of(&r.obj_ref));
+                } else {
+                    this.add(&r.obj_ref);
+                }
             }
         })
     }
