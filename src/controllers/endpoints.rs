@@ -267,7 +267,8 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
             match api.create(&PostParams::default(), &ep).await {
                 Ok(_) => tracing::debug!(service = %name, namespace = %ns, "created Endpoints"),
                 Err(kube::Error::Api(s)) if s.code == 409 => return Ok(Action::requeue(Duration::from_millis(200))),
-                Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) if super::controller_utils::namespace_terminating(&e) => {}
                 Err(e) => return Err(e.into()),
             }
         }

@@ -244,7 +244,8 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
                 };
                 match api.create(&PostParams::default(), &slice).await {
                     Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) if super::controller_utils::namespace_terminating(&e) => {}
                     Err(e) => return Err(e.into()),
                 }
             }

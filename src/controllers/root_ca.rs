@@ -59,7 +59,8 @@ async fn reconcile(ns: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Cont
     match written {
         Ok(()) => {}
         // A namespace being deleted refuses new objects; it will go.
-        Err(kube::Error::Api(s)) if s.code == 404 || (s.code == 403 && s.message.contains("terminat")) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {}
+        Err(e) if super::controller_utils::namespace_terminating(&e) => {}
         Err(e) => return Err(e.into()),
     }
     Ok(Action::await_change())

@@ -37,7 +37,10 @@ async fn reconcile(ns: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, Cont
             .await
         {
             Ok(_) => tracing::debug!(namespace = %name, "created the default ServiceAccount"),
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 403 || s.code == 404 => {}
+            // Already there, or the namespace is going; a refusal by RBAC
+            // is an error, retried.
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+            Err(e) if super::controller_utils::namespace_terminating(&e) => {}
             Err(e) => return Err(e.into()),
         }
     }
