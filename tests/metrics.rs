@@ -138,9 +138,17 @@ fn metrics_count_requests_and_are_for_monitoring_only() {
     }
     // The controllers on kube-runtime's own queue report under upstream's
     // queue names too: a Deployment moves the deployment and replicaset
-    // queues; the namespaces at start moved the others.
+    // queues (and the garbage collector looks at its owned objects); the
+    // namespaces at start moved the others.
     assert!(kubectl(&s, &["create", "deployment", "queued", "--image=busybox"]).0);
-    let names = ["deployment", "replicaset", "namespace", "serviceaccount", "root_ca_cert_publisher"];
+    let names = [
+        "deployment",
+        "replicaset",
+        "namespace",
+        "serviceaccount",
+        "root_ca_cert_publisher",
+        "garbage_collector_attempt_to_delete",
+    ];
     eventually("the kube-runtime controllers' work queues", || {
         let (_, now) = scrape(&s);
         names.iter().all(|n| {
