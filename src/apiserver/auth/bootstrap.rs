@@ -3,7 +3,8 @@
 //! system roles for discovery, basic user information and public info.
 //! They carry `rbac.authorization.kubernetes.io/autoupdate: "true"` and are
 //! reconciled at every start. The controllers' service accounts in
-//! kube-system are created here too, once.
+//! kube-system are created here too when missing (a deleted one comes
+//! back at the next start; the controllers act in process regardless).
 
 use serde_json::{json, Value};
 
