@@ -275,3 +275,163 @@ fn scheduler_is_refused_by_rbac_without_its_binding() {
     assert!(ok, "{out}");
     eventually("the pod bound", || node_of() == "n1");
 }
+
+/// Every controller acts as its own service account in kube-system (which
+/// exists, for all to see), bound by `system:controller:<name>`: without
+/// the deployment-controller's binding a Deployment gets no ReplicaSet,
+/// and the refusal is audited under that name; with it back, the
+/// Deployment progresses. The controller manager itself, whose shared
+/// informers and Lease are audited here too, is not in system:masters.
+#[test]
+fn deployment_controller_is_refused_by_rbac_without_its_binding() {
+    let sa = "system:serviceaccount:kube-system:deployment-controller";
+    let policy = format!(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  users: [\"{sa}\"]\n  resources:\n  - group: apps\n    resources: [replicasets]\n- level: Metadata\n  users: [\"system:kube-controller-manager\"]\n  resources:\n  - group: coordination.k8s.io\n    resources: [leases]\n"
+    );
+    let (s, log) = start(&policy, &[]);
+    for name in ["deployment-controller", "replicaset-controller", "node-controller", "generic-garbage-collector"] {
+        let (ok, out) = kubectl(&s, &["-n", "kube-system", "get", "serviceaccount", name, "-o", "name"]);
+        assert!(ok && out.contains(name), "{out}");
+    }
+    let (ok, out) = kubectl(&s, &["delete", "clusterrolebinding", "system:controller:deployment-controller"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&s, &["create", "deployment", "web", "--image=busybox:1.36", "--replicas=1"]);
+    assert!(ok, "{out}");
+    eventually("a refused ReplicaSet create by the deployment-controller", || {
+        events(&log).iter().any(|e| {
+            e["verb"] == "create"
+                && e["user"]["username"] == sa
+                && e["objectRef"]["resource"] == "replicasets"
+                && e["responseStatus"]["code"] == 403
+                && e["annotations"]["authorization.k8s.io/decision"] == "forbid"
+        })
+    });
+    let replicasets = || kubectl(&s, &["get", "rs", "-l", "app=web", "-o", "name"]).1;
+    assert!(!replicasets().contains("replicaset.apps/web-"), "a ReplicaSet made without RBAC");
+    let (ok, out) = kubectl(
+        &s,
+        &[
+            "create",
+            "clusterrolebinding",
+            "system:controller:deployment-controller",
+            "--clusterrole=system:controller:deployment-controller",
+            "--serviceaccount=kube-system:deployment-controller",
+        ],
+    );
+    assert!(ok, "{out}");
+    common::eventually_within("the Deployment's ReplicaSet", std::time::Duration::from_secs(60), || {
+        replicasets().contains("replicaset.apps/web-")
+    });
+    eventually("the ReplicaSet's create allowed and audited", || {
+        events(&log)
+            .iter()
+            .any(|e| e["verb"] == "create" && e["user"]["username"] == sa && e["responseStatus"]["code"] == 201)
+    });
+
+    // The controller manager's own requests: its name, not system:masters.
+    eventually("the controller manager's Lease in the audit log", || {
+        events(&log).iter().any(|e| e["user"]["username"] == "system:kube-controller-manager")
+    });
+    for e in events(&log).iter().filter(|e| e["user"]["username"] == "system:kube-controller-manager") {
+        let groups = e["user"]["groups"].as_array().cloned().unwrap_or_default();
+        assert!(!groups.iter().any(|g| g == "system:masters"), "the controller manager is in system:masters: {e}");
+        assert_eq!(e["annotations"]["authorization.k8s.io/decision"], "allow", "{e}");
+    }
+}
+
+/// The workloads of one namespace, touching every controller's role.
+const WORKLOADS: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: apps/v1, kind: Deployment, metadata: {name: web, namespace: team},
+   spec: {replicas: 1, selector: {matchLabels: {app: web}}, template: {metadata: {labels: {app: web}}, spec: {containers: [{name: c, image: busybox}]}}}}
+- {apiVersion: apps/v1, kind: StatefulSet, metadata: {name: db, namespace: team},
+   spec: {serviceName: db, replicas: 1, selector: {matchLabels: {app: db}}, template: {metadata: {labels: {app: db}}, spec: {containers: [{name: c, image: busybox}]}},
+          volumeClaimTemplates: [{metadata: {name: data}, spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}}]}}
+- {apiVersion: apps/v1, kind: DaemonSet, metadata: {name: agent, namespace: team},
+   spec: {selector: {matchLabels: {app: agent}}, template: {metadata: {labels: {app: agent}}, spec: {containers: [{name: c, image: busybox}]}}}}
+- {apiVersion: batch/v1, kind: Job, metadata: {name: once, namespace: team},
+   spec: {template: {spec: {restartPolicy: Never, containers: [{name: c, image: busybox}]}}}}
+- {apiVersion: batch/v1, kind: CronJob, metadata: {name: tick, namespace: team},
+   spec: {schedule: "* * * * *", jobTemplate: {spec: {template: {spec: {restartPolicy: Never, containers: [{name: c, image: busybox}]}}}}}}
+- {apiVersion: v1, kind: Service, metadata: {name: web, namespace: team}, spec: {selector: {app: web}, ports: [{port: 80}]}}
+- {apiVersion: policy/v1, kind: PodDisruptionBudget, metadata: {name: web, namespace: team}, spec: {minAvailable: 1, selector: {matchLabels: {app: web}}}}
+- {apiVersion: v1, kind: ResourceQuota, metadata: {name: q, namespace: team}, spec: {hard: {pods: "10", configmaps: "10"}}}
+- {apiVersion: v1, kind: PersistentVolume, metadata: {name: pv1},
+   spec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], hostPath: {path: /tmp/pv1}, persistentVolumeReclaimPolicy: Retain}}
+- {apiVersion: v1, kind: PersistentVolume, metadata: {name: pv2},
+   spec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], hostPath: {path: /tmp/pv2}, persistentVolumeReclaimPolicy: Retain}}
+- {apiVersion: v1, kind: PersistentVolumeClaim, metadata: {name: claim, namespace: team},
+   spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}, storageClassName: ""}}
+"#;
+
+/// In ordinary work no controller is refused: each role covers what its
+/// controller does (a rule missing shows here as a 403 in the audit log).
+#[test]
+fn controllers_are_not_refused_in_ordinary_work() {
+    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n  userGroups: [\"system:serviceaccounts:kube-system\"]\n- level: Metadata\n  users: [\"system:kube-controller-manager\"]\n";
+    let (s, log) = start(policy, &[]);
+    let node = r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1","labels":{"kubernetes.io/hostname":"n1"}},
+        "status":{"allocatable":{"cpu":"4","memory":"8Gi","pods":"110"},"capacity":{"cpu":"4","memory":"8Gi","pods":"110"},
+        "conditions":[{"type":"Ready","status":"True"}]}}"#;
+    common::create(&s, node);
+    assert!(kubectl(&s, &["create", "namespace", "team"]).0);
+    common::create(&s, WORKLOADS);
+    let get = |args: &[&str]| kubectl(&s, args).1;
+    eventually("pods of the Deployment, StatefulSet, DaemonSet and Job", || {
+        let pods = get(&["get", "pods", "-n", "team", "-o", "name"]);
+        ["web-", "db-0", "agent-", "once-"].iter().all(|p| pods.contains(&format!("pod/{p}")))
+    });
+    eventually("the claim bound", || {
+        get(&["get", "pvc", "claim", "-n", "team", "-o", "jsonpath={.status.phase}"]) == "Bound"
+    });
+    eventually("the Service's EndpointSlice and Endpoints", || {
+        get(&["get", "endpointslices", "-n", "team", "-l", "kubernetes.io/service-name=web", "-o", "name"])
+            .contains("endpointslice")
+            && kubectl(&s, &["get", "endpoints", "web", "-n", "team"]).0
+    });
+    eventually("the budget's and the quota's status", || {
+        !get(&["get", "pdb", "web", "-n", "team", "-o", "jsonpath={.status.observedGeneration}"]).is_empty()
+            && !get(&["get", "quota", "q", "-n", "team", "-o", "jsonpath={.status.used.pods}"]).is_empty()
+    });
+    eventually("the namespace's defaults", || {
+        kubectl(&s, &["get", "sa", "default", "-n", "team"]).0
+            && kubectl(&s, &["get", "cm", "kube-root-ca.crt", "-n", "team"]).0
+    });
+    let (ok, out) = kubectl(&s, &["delete", "namespace", "team", "--wait=false"]);
+    assert!(ok, "{out}");
+    eventually("the namespace's workloads deleted", || {
+        get(&["get", "deploy,sts,ds,jobs,cronjobs,svc", "-n", "team", "-o", "name"]).trim().is_empty()
+    });
+    // Refused by RBAC ("User … cannot …"); a create in the terminating
+    // namespace is a 403 too, but from the namespace's lifecycle.
+    let refused: Vec<Value> = events(&log)
+        .into_iter()
+        .filter(|e| {
+            e["responseStatus"]["code"] == 403
+                && e["responseStatus"]["message"].as_str().is_none_or(|m| !m.contains("being terminated"))
+        })
+        .collect();
+    let shown: Vec<String> = refused
+        .iter()
+        .map(|e| {
+            format!("{} {} {}: {}", e["user"]["username"], e["verb"], e["requestURI"], e["responseStatus"]["message"])
+        })
+        .collect();
+    assert!(refused.is_empty(), "controllers refused:\n{}", shown.join("\n"));
+    // Each controller was at work under its own name.
+    let all = events(&log);
+    for name in [
+        "deployment-controller",
+        "statefulset-controller",
+        "daemon-set-controller",
+        "job-controller",
+        "persistent-volume-binder",
+        "endpointslice-controller",
+        "namespace-controller",
+    ] {
+        let user = format!("system:serviceaccount:kube-system:{name}");
+        assert!(all.iter().any(|e| e["user"]["username"] == user.as_str()), "no request by {user}");
+    }
+}

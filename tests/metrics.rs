@@ -98,6 +98,13 @@ fn assert_histograms_well_formed(body: &str, samples: &HashMap<String, f64>) {
 #[test]
 fn metrics_count_requests_and_are_for_monitoring_only() {
     let s = ApiServer::start();
+    // The root CA publisher creates a ConfigMap in each namespace at start;
+    // let it finish before counting creates.
+    eventually("kube-root-ca.crt in the four namespaces", || {
+        let (_, out) =
+            kubectl(&s, &["get", "cm", "-A", "--field-selector=metadata.name=kube-root-ca.crt", "-o", "name"]);
+        out.lines().count() == 4
+    });
     let (_, before) = scrape(&s);
     let created = request_series("POST", "", "v1", "configmaps", "resource", 201);
     let missing = request_series("GET", "", "v1", "configmaps", "resource", 404);
@@ -128,6 +135,33 @@ fn metrics_count_requests_and_are_for_monitoring_only() {
     let (body, now) = scrape(&s);
     for family in ["workqueue_depth", "workqueue_retries_total", "workqueue_queue_duration_seconds_count"] {
         assert!(now.contains_key(&format!("{family}{{name=\"job\"}}")), "{family}\n{body}");
+    }
+    // The controllers on kube-runtime's own queue report under upstream's
+    // queue names too: a Deployment moves the deployment and replicaset
+    // queues (and the garbage collector looks at its owned objects); the
+    // namespaces at start moved the others.
+    assert!(kubectl(&s, &["create", "deployment", "queued", "--image=busybox"]).0);
+    let names = [
+        "deployment",
+        "replicaset",
+        "namespace",
+        "serviceaccount",
+        "root_ca_cert_publisher",
+        "garbage_collector_attempt_to_delete",
+    ];
+    eventually("the kube-runtime controllers' work queues", || {
+        let (_, now) = scrape(&s);
+        names.iter().all(|n| {
+            now.get(&format!("workqueue_adds_total{{name=\"{n}\"}}")).copied().unwrap_or(0.0) >= 1.0
+                && now.get(&format!("workqueue_work_duration_seconds_count{{name=\"{n}\"}}")).copied().unwrap_or(0.0)
+                    >= 1.0
+        })
+    });
+    let (body, now) = scrape(&s);
+    for n in names {
+        for family in ["workqueue_depth", "workqueue_retries_total"] {
+            assert!(now.contains_key(&format!("{family}{{name=\"{n}\"}}")), "{family} {n}\n{body}");
+        }
     }
 
     // Anonymous and unprivileged users are refused; system:monitoring reads.

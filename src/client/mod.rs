@@ -22,15 +22,13 @@ pub fn in_process(api: Arc<Api>, user: User) -> kube::Client {
     kube::Client::new(service, "default")
 }
 
-/// The identity ferrok's controllers use in process (the shared informers,
-/// and the controllers not yet under their own service account: see
-/// `controller_service_account`). Still in system:masters until every
-/// controller has its `system:controller:<name>` role.
+/// The identity ferrok's controller manager uses in process: the shared
+/// informers and its leader election, bound by the
+/// `system:kube-controller-manager` role (list and watch of everything,
+/// its own Lease). Each controller acts under its own service account
+/// (`controller_service_account`), so RBAC constrains what it writes.
 pub fn controller_manager() -> User {
-    User {
-        name: "system:kube-controller-manager".into(),
-        groups: vec!["system:masters".into(), "system:authenticated".into()],
-    }
+    User { name: "system:kube-controller-manager".into(), groups: vec!["system:authenticated".into()] }
 }
 
 /// The identity a controller acts as when it runs under its own service
@@ -57,7 +55,11 @@ pub fn scheduler() -> User {
 }
 
 /// The identity the server's own node role uses in process: the node's
-/// kubelet user (`system:node:<name>` in `system:nodes`).
+/// kubelet user (`system:node:<name>` in `system:nodes`). It is still in
+/// system:masters, so RBAC does not constrain it: nothing yet restricts a
+/// node to its own objects (upstream's Node authorizer and NodeRestriction
+/// admission), and without them the `system:node` role alone would be
+/// both too wide and too narrow.
 pub fn node(name: &str) -> User {
     User {
         name: format!("system:node:{name}"),

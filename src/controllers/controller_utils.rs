@@ -82,6 +82,13 @@ pub fn pod_from_template(template: &PodTemplateSpec, namespace: &str, owner: Own
     }
 }
 
+/// A create refused because its namespace is being deleted (upstream's
+/// NamespaceTerminating cause): nothing to retry. Any other 403 is a
+/// refusal by RBAC, an error worth retrying and logging.
+pub fn namespace_terminating(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(s) if s.code == 403 && s.message.contains("being terminated"))
+}
+
 /// A delete or patch that found its object already gone did what it was for.
 pub fn ignore_not_found<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
     match result {
@@ -97,5 +104,24 @@ pub fn delete_only_uid(uid: Option<String>) -> kube::api::DeleteParams {
     kube::api::DeleteParams {
         preconditions: uid.map(|uid| kube::api::Preconditions { uid: Some(uid), resource_version: None }),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn forbidden(message: &str) -> kube::Error {
+        kube::Error::Api(kube::core::Status { code: 403, ..kube::core::Status::failure(message, "Forbidden") }.boxed())
+    }
+
+    #[test]
+    fn only_a_terminating_namespace_makes_a_403_nothing_to_retry() {
+        assert!(namespace_terminating(&forbidden(
+            "pods \"p\" is forbidden: unable to create new content in namespace team because it is being terminated"
+        )));
+        assert!(!namespace_terminating(&forbidden(
+            "pods is forbidden: User \"system:serviceaccount:kube-system:job-controller\" cannot create resource \"pods\""
+        )));
     }
 }

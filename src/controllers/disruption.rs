@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, ReplicationController};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetStatus};
@@ -22,6 +21,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use super::controller_utils::{controller_of, is_pod_ready};
+use super::informers::reflected;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::labels;
@@ -299,14 +300,15 @@ fn budgets_of(pod: &Pod, budgets: &Store<PodDisruptionBudget>) -> Vec<ObjectRef<
 
 pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
     let (pods, pod_events) = pod_informer.into_parts();
-    let controller = Controller::new(Api::<PodDisruptionBudget>::all(client.clone()), watcher::Config::default());
-    let budgets = controller.store();
+    let (budgets, budget_events) =
+        reflected(Api::<PodDisruptionBudget>::all(client.clone()), watcher::Config::default());
+    let queue = QueueMetrics::new("disruption", budgets.clone());
     let ctx = Arc::new(Context { recorder: EventRecorder::new(client.clone(), "controllermanager"), client, pods });
-    controller
-        .watches_stream(pod_events, move |pod: Pod| budgets_of(&pod, &budgets))
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()))
-        .await;
+    let by_pod = budgets.clone();
+    let results = Controller::for_stream(queue.primary(budget_events), budgets)
+        .watches_stream(pod_events, queue.mapped(move |pod: Pod| budgets_of(&pod, &by_pod)))
+        .run(queue.timed(reconcile), queue.retried(error_policy), ctx);
+    drain("disruption", results).await;
 }
 
 #[cfg(test)]

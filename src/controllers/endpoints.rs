@@ -19,6 +19,7 @@ use kube::runtime::watcher;
 
 use super::controller_utils::is_pod_ready;
 use super::informers::reflected;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::client::labels;
 
@@ -266,7 +267,8 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
             match api.create(&PostParams::default(), &ep).await {
                 Ok(_) => tracing::debug!(service = %name, namespace = %ns, "created Endpoints"),
                 Err(kube::Error::Api(s)) if s.code == 409 => return Ok(Action::requeue(Duration::from_millis(200))),
-                Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) if super::controller_utils::namespace_terminating(&e) => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -310,15 +312,22 @@ async fn delete_orphaned(ep: Arc<Endpoints>, ctx: Arc<Cleanup>) -> Result<Action
 pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
     let (pods, pod_events) = pod_informer.into_parts();
     let (endpoints, endpoint_events) = reflected(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
-    let controller = Controller::new(Api::<Service>::all(client.clone()), watcher::Config::default());
-    let by_pod = controller.store();
-    let sync = controller
-        .watches_stream(pod_events, move |pod: Pod| services_selecting(&pod, &by_pod))
-        .watches_stream(endpoint_events, |ep: Endpoints| {
-            Some(ObjectRef::<Service>::new(ep.metadata.name.as_deref()?).within(ep.metadata.namespace.as_deref()?))
-        })
-        .run(reconcile, error_policy, Arc::new(Context { client: client.clone(), pods, endpoints }))
-        .for_each(|_| std::future::ready(()));
+    let (by_pod, own_events) = reflected(Api::<Service>::all(client.clone()), watcher::Config::default());
+    let queue = QueueMetrics::new("endpoint", by_pod.clone());
+    let selecting = by_pod.clone();
+    let sync = Controller::for_stream(queue.primary(own_events), by_pod)
+        .watches_stream(pod_events, queue.mapped(move |pod: Pod| services_selecting(&pod, &selecting)))
+        .watches_stream(
+            endpoint_events,
+            queue.mapped(|ep: Endpoints| {
+                Some(ObjectRef::<Service>::new(ep.metadata.name.as_deref()?).within(ep.metadata.namespace.as_deref()?))
+            }),
+        )
+        .run(
+            queue.timed(reconcile),
+            queue.retried(error_policy),
+            Arc::new(Context { client: client.clone(), pods, endpoints }),
+        );
     // The Service's own events trigger the cleanup, from a cache written first.
     let (services, service_events) = reflected(Api::<Service>::all(client.clone()), watcher::Config::default());
     let cleanup = Controller::new(Api::<Endpoints>::all(client.clone()), watcher::Config::default())
@@ -327,5 +336,5 @@ pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<
         })
         .run(delete_orphaned, error_policy, Arc::new(Cleanup { client, services }))
         .for_each(|_| std::future::ready(()));
-    tokio::join!(sync, cleanup);
+    tokio::join!(drain("endpoint", sync), cleanup);
 }

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use super::controller_utils::{controller_ref, is_pod_ready};
@@ -22,6 +22,7 @@ use super::endpoints::{
     should_pod_be_in_endpoints,
 };
 use super::informers::reflected;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::controllers::controller_utils::ignore_not_found;
 
@@ -243,7 +244,8 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
                 };
                 match api.create(&PostParams::default(), &slice).await {
                     Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 403 || s.code == 404 => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) if super::controller_utils::namespace_terminating(&e) => {}
                     Err(e) => return Err(e.into()),
                 }
             }
@@ -270,14 +272,21 @@ pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<
     // Nodes only for their zone label; a zone change alone does not resync.
     let (nodes, node_events) = reflected(Api::<Node>::all(client.clone()), watcher::Config::default());
     let nodes_cache = node_events.for_each(|_| std::future::ready(()));
-    let controller = Controller::new(Api::<Service>::all(client.clone()), watcher::Config::default());
-    let services = controller.store();
-    let sync = controller
-        .watches_stream(pod_events, move |pod: Pod| services_selecting(&pod, &services))
-        .owns_stream(slice_events)
-        .run(reconcile, error_policy, Arc::new(Context { client, pods, slices, nodes }))
-        .for_each(|_| std::future::ready(()));
-    tokio::join!(sync, nodes_cache);
+    let (services, service_events) = reflected(Api::<Service>::all(client.clone()), watcher::Config::default());
+    let queue = QueueMetrics::new("endpoint_slice", services.clone());
+    let selecting = services.clone();
+    let sync = Controller::for_stream(queue.primary(service_events), services)
+        .watches_stream(pod_events, queue.mapped(move |pod: Pod| services_selecting(&pod, &selecting)))
+        .watches_stream(slice_events, queue.mapped(|slice: EndpointSlice| owning_service(&slice)))
+        .run(queue.timed(reconcile), queue.retried(error_policy), Arc::new(Context { client, pods, slices, nodes }));
+    tokio::join!(drain("endpoint_slice", sync), nodes_cache);
+}
+
+/// The Service controlling a slice (what `owns` would map it to).
+fn owning_service(slice: &EndpointSlice) -> Option<ObjectRef<Service>> {
+    let owner = slice.metadata.owner_references.as_ref()?.iter().find(|r| r.controller == Some(true))?;
+    (owner.kind == "Service" && owner.api_version == "v1")
+        .then(|| ObjectRef::new(&owner.name).within(slice.metadata.namespace.as_deref().unwrap_or_default()))
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ use kube::runtime::watcher::{self, watcher, Event};
 use tokio::sync::Mutex;
 
 use super::ControllerError;
+use crate::client::workqueue_metrics::WorkQueueMetrics;
 
 /// One object the collector knows of.
 #[derive(Clone)]
@@ -242,6 +243,8 @@ async fn follow(client: kube::Client) -> Result<(), ControllerError> {
         graph: Mutex::new(Graph::default()),
         workers: tokio::sync::Semaphore::new(8),
     });
+    // Upstream's queue of objects to look at (its attemptToDelete).
+    let attempts = WorkQueueMetrics::named("garbage_collector_attempt_to_delete");
     let mut events = select_all(streams);
     while let Some((resource, event)) = events.next().await {
         let event = match event {
@@ -293,12 +296,18 @@ async fn follow(client: kube::Client) -> Result<(), ControllerError> {
         }
         for uid in todo {
             let c = collector.clone();
+            let queue = attempts.clone();
+            queue.add(&uid);
             tokio::spawn(async move {
                 let Ok(_permit) = c.workers.acquire().await else { return };
                 for attempt in 0..5u32 {
-                    match c.attend(&uid).await {
+                    let timer = queue.start(&uid);
+                    let step = c.attend(&uid).await;
+                    drop(timer);
+                    match step {
                         Ok(()) => return,
                         Err(e) => {
+                            queue.retry();
                             tracing::debug!(error = %e, attempt, "garbage collection step failed; retrying");
                             tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
                         }

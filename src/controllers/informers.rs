@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream};
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{applier, Action, Config, ReconcileRequest};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -200,10 +200,12 @@ pub async fn run<K, Ctx, F, Fut>(
     let queue_metrics = WorkQueueMetrics::named(name);
     let (waiting, cached) = (queue_metrics.clone(), store.clone());
     // Requests for objects the cache does not hold are dropped by the
-    // applier unseen, so they are not counted as adds.
+    // applier unseen, so they are not counted as adds; those made while
+    // the cache takes its initial list (and shows none of it yet) are.
     let queue = stream::select_all(triggers).inspect(move |request| {
         if let Ok(r) = request {
-            if cached.get(&r.obj_ref).is_some() {
+            let listing = cached.wait_until_ready().now_or_never().is_none();
+            if listing || cached.get(&r.obj_ref).is_some() {
                 waiting.add(&queue_key(r.obj_ref.namespace.as_deref(), &r.obj_ref.name));
             }
         }

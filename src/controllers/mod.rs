@@ -22,6 +22,7 @@ pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod persistentvolume;
+pub mod queue_metrics;
 pub mod ref_manager;
 pub mod replicaset;
 pub mod resourcequota;
@@ -65,9 +66,12 @@ pub struct ControllerConfig {
 }
 
 /// Starts every controller; they run until aborted.
-/// `client` acts as system:kube-controller-manager (the shared informers and
-/// the controllers not yet moved to their own identity); `client_for` gives
-/// a controller its own service account's client.
+/// `client` acts as system:kube-controller-manager: the shared informers
+/// (and the few watches a controller's own role does not cover, as
+/// upstream reads them from the manager's informers). `client_for` gives
+/// each controller its own service account's client (upstream's
+/// `--use-service-account-credentials`), under which it writes, so RBAC
+/// constrains it and the audit log names it.
 pub fn start(
     client: kube::Client,
     client_for: crate::client::ClientFor,
@@ -78,28 +82,31 @@ pub fn start(
     let mut revisions =
         informers::SharedInformer::<ControllerRevision>::new(Api::all(client.clone()), watcher::Config::default());
     let mut jobs = informers::SharedInformer::<Job>::new(Api::all(client.clone()), watcher::Config::default());
+    let own = |name: &str| client_for(name);
     let workloads = vec![
-        tokio::spawn(statefulset::run(client.clone(), pods.subscribe(), revisions.subscribe())),
-        tokio::spawn(daemonset::run(client.clone(), pods.subscribe(), revisions.subscribe())),
-        tokio::spawn(job::run(client.clone(), jobs.subscribe(), pods.subscribe())),
-        tokio::spawn(cronjob::run(client.clone(), jobs.subscribe())),
-        tokio::spawn(ttl_after_finished::run(client.clone(), jobs.subscribe())),
+        tokio::spawn(statefulset::run(own("statefulset-controller"), pods.subscribe(), revisions.subscribe())),
+        tokio::spawn(daemonset::run(own("daemon-set-controller"), pods.subscribe(), revisions.subscribe())),
+        tokio::spawn(job::run(own("job-controller"), jobs.subscribe(), pods.subscribe())),
+        tokio::spawn(cronjob::run(own("cronjob-controller"), jobs.subscribe())),
+        tokio::spawn(ttl_after_finished::run(own("ttl-after-finished-controller"), jobs.subscribe())),
     ];
     let mut handles = vec![
-        tokio::spawn(namespace::run(client.clone())),
-        tokio::spawn(garbage_collector::run(client.clone())),
-        tokio::spawn(serviceaccount::run(client.clone())),
-        tokio::spawn(root_ca::run(client.clone(), config.server_ca_pem.clone())),
-        tokio::spawn(node_ipam::run(client.clone(), config.clone())),
-        tokio::spawn(node_lifecycle::run(client.clone(), pods.subscribe())),
-        tokio::spawn(taint_eviction::run(client.clone())),
-        tokio::spawn(endpoints::run(client.clone(), pods.subscribe())),
-        tokio::spawn(endpointslice::run(client.clone(), pods.subscribe())),
-        tokio::spawn(disruption::run(client.clone(), pods.subscribe())),
-        tokio::spawn(persistentvolume::run(client.clone(), pods.subscribe())),
-        tokio::spawn(replicaset::run(client_for("replicaset-controller"))),
-        tokio::spawn(deployment::run(client.clone())),
-        tokio::spawn(resourcequota::run(client, pods.subscribe())),
+        tokio::spawn(namespace::run(own("namespace-controller"))),
+        tokio::spawn(garbage_collector::run(own("generic-garbage-collector"))),
+        tokio::spawn(serviceaccount::run(own("service-account-controller"), client.clone())),
+        tokio::spawn(root_ca::run(own("root-ca-cert-publisher"), client.clone(), config.server_ca_pem.clone())),
+        // Node IPAM, node lifecycle and taint eviction all act as
+        // node-controller, as upstream starts them.
+        tokio::spawn(node_ipam::run(own("node-controller"), config.clone())),
+        tokio::spawn(node_lifecycle::run(own("node-controller"), client.clone(), pods.subscribe())),
+        tokio::spawn(taint_eviction::run(own("node-controller"))),
+        tokio::spawn(endpoints::run(own("endpoint-controller"), pods.subscribe())),
+        tokio::spawn(endpointslice::run(own("endpointslice-controller"), pods.subscribe())),
+        tokio::spawn(disruption::run(own("disruption-controller"), pods.subscribe())),
+        tokio::spawn(persistentvolume::run(own("persistent-volume-binder"), pods.subscribe())),
+        tokio::spawn(replicaset::run(own("replicaset-controller"))),
+        tokio::spawn(deployment::run(own("deployment-controller"))),
+        tokio::spawn(resourcequota::run(own("resourcequota-controller"), pods.subscribe())),
     ];
     handles.extend(workloads);
     handles.extend([pods.start(), revisions.start(), jobs.start()]);

@@ -6,13 +6,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::discovery::{verbs, Discovery, Scope};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 
+use super::informers::reflected;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 
 struct Context {
@@ -87,9 +88,12 @@ fn error_policy(_ns: Arc<Namespace>, err: &ControllerError, _ctx: Arc<Context>) 
 }
 
 pub async fn run(client: kube::Client) {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    Controller::new(namespaces, watcher::Config::default())
-        .run(reconcile, error_policy, Arc::new(Context { client }))
-        .for_each(|_| std::future::ready(()))
-        .await;
+    let (namespaces, namespace_events) = reflected(Api::<Namespace>::all(client.clone()), watcher::Config::default());
+    let queue = QueueMetrics::new("namespace", namespaces.clone());
+    let results = Controller::for_stream(queue.primary(namespace_events), namespaces).run(
+        queue.timed(reconcile),
+        queue.retried(error_policy),
+        Arc::new(Context { client }),
+    );
+    drain("namespace", results).await;
 }

@@ -10,13 +10,14 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 
+use super::informers::reflected;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::{ControllerConfig, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
 
@@ -155,15 +156,21 @@ pub async fn run(client: kube::Client, config: Arc<ControllerConfig>) {
             return;
         }
     };
-    let controller = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let (nodes, node_events) = reflected(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let queue = QueueMetrics::new("cidrallocator_node", nodes.clone());
     let ctx = Arc::new(Context {
         recorder: EventRecorder::new(client.clone(), "node-ipam-controller"),
         client,
         cidrs,
-        nodes: controller.store(),
+        nodes: nodes.clone(),
         pending: Mutex::new(BTreeMap::new()),
     });
-    controller.run(reconcile, error_policy, ctx).for_each(|_| std::future::ready(())).await;
+    let results = Controller::for_stream(queue.primary(node_events), nodes).run(
+        queue.timed(reconcile),
+        queue.retried(error_policy),
+        ctx,
+    );
+    drain("cidrallocator_node", results).await;
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -27,6 +26,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use super::informers::reflected;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 
@@ -315,31 +315,41 @@ fn error_policy(_node: Arc<Node>, err: &ControllerError, _ctx: Arc<Context>) -> 
     Action::requeue(Duration::from_secs(2))
 }
 
-pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
+/// `client` is the controller's own (`node-controller`); `informers` the
+/// controller manager's, through which it watches the node Leases (which
+/// upstream's node-controller role does not cover: it reads them from the
+/// manager's shared informer too).
+pub async fn run(client: kube::Client, informers: kube::Client, pod_informer: super::informers::Informer<Pod>) {
     let (leases, lease_events) =
-        reflected(Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE), watcher::Config::default());
+        reflected(Api::<Lease>::namespaced(informers, NODE_LEASE_NAMESPACE), watcher::Config::default());
     let (pods, pod_events) = pod_informer.into_parts();
-    let controller = Controller::new(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let (nodes, node_events) = reflected(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let queue = QueueMetrics::new("node_lifecycle_controller", nodes.clone());
     let ctx = Arc::new(Context {
         recorder: EventRecorder::new(client.clone(), "node-controller"),
         client: client.clone(),
-        nodes: controller.store(),
+        nodes: nodes.clone(),
         leases,
         pods,
         health: Mutex::new(HashMap::new()),
         grace: env_duration(GRACE_PERIOD_ENV, NODE_MONITOR_GRACE_PERIOD),
         startup_grace: env_duration(STARTUP_GRACE_PERIOD_ENV, NODE_STARTUP_GRACE_PERIOD),
     });
-    controller
-        .watches_stream(lease_events, |lease: Lease| lease.metadata.name.map(|n| ObjectRef::<Node>::new(&n)))
-        .watches_stream(pod_events, |pod: Pod| {
-            // A pod that is Ready on a node that is not gets marked.
-            let node = pod.spec.as_ref()?.node_name.clone()?;
-            super::controller_utils::is_pod_ready(&pod).then(|| ObjectRef::<Node>::new(&node))
-        })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()))
-        .await;
+    let results = Controller::for_stream(queue.primary(node_events), nodes)
+        .watches_stream(
+            lease_events,
+            queue.mapped(|lease: Lease| lease.metadata.name.map(|n| ObjectRef::<Node>::new(&n))),
+        )
+        .watches_stream(
+            pod_events,
+            queue.mapped(|pod: Pod| {
+                // A pod that is Ready on a node that is not gets marked.
+                let node = pod.spec.as_ref()?.node_name.clone()?;
+                super::controller_utils::is_pod_ready(&pod).then(|| ObjectRef::<Node>::new(&node))
+            }),
+        )
+        .run(queue.timed(reconcile), queue.retried(error_policy), ctx);
+    drain("node_lifecycle_controller", results).await;
 }
 
 #[cfg(test)]

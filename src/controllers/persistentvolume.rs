@@ -91,19 +91,14 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>) {
     let handles = [claims.start(), volumes.start()];
     let node_cache = tokio::spawn(futures_util::StreamExt::for_each(node_events, |_| std::future::ready(())));
     let binder = informers::run(
-        "persistentvolume-binder",
+        // Upstream's queue names: the binder's claim and volume queues.
+        "claims",
         claim_store,
         vec![claim_requests, volume_requests, class_requests, pod_requests],
         bind_claim,
         ctx.clone(),
     );
-    let phases = informers::run(
-        "persistentvolume-phase",
-        own_volumes,
-        vec![own_volume_requests, volumes_of_claims],
-        sync_volume,
-        ctx,
-    );
+    let phases = informers::run("volumes", own_volumes, vec![own_volume_requests, volumes_of_claims], sync_volume, ctx);
     tokio::join!(binder, phases);
     node_cache.abort();
     for h in handles {

@@ -26,6 +26,7 @@ use kube::runtime::WatchStreamExt;
 use self::status::{calculate_status, desired_replicas, next_availability, status_equal};
 use super::controller_utils::{controller_of, controller_ref, is_pod_active, pod_from_template};
 use super::expectations::Expectations;
+use super::queue_metrics::QueueMetrics;
 use super::retry_backoff::RetryBackoff;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
@@ -355,12 +356,13 @@ pub async fn run(client: kube::Client) {
         stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
     })
     .try_flatten();
+    let queue = QueueMetrics::new("replicaset", rs_reader.clone());
     applier(
-        |rs, ctx| Box::pin(sync_and_forget(rs, ctx)),
-        error_policy,
+        queue.timed(sync_and_forget),
+        queue.retried(error_policy),
         ctx,
         rs_reader,
-        stream::select(own, pods),
+        queue.requests(stream::select(own, pods)),
         kube::runtime::Config::default(),
     )
     .for_each(|r| {

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, ResourceQuota, ResourceQuotaStatus, Secret, Service,
 };
@@ -24,6 +23,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use super::informers::reflected;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 
 /// `--resource-quota-sync-period`: how often quotas counting kinds this
@@ -369,19 +369,24 @@ pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<
     let (configmaps, configmap_events) = reflected(Api::<ConfigMap>::all(client.clone()), cfg());
     let (secrets, secret_events) = reflected(Api::<Secret>::all(client.clone()), cfg());
     let (claims, claim_events) = reflected(Api::<PersistentVolumeClaim>::all(client.clone()), cfg());
-    let controller = Controller::new(Api::<ResourceQuota>::all(client.clone()), cfg());
-    let quotas = controller.store();
-    let (q1, q2, q3, q4, q5) = (quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone(), quotas);
+    let (quotas, quota_events) = reflected(Api::<ResourceQuota>::all(client.clone()), cfg());
+    let queue = QueueMetrics::new("resourcequota_primary", quotas.clone());
+    let (q1, q2, q3, q4, q5) = (quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone());
     let ctx = Arc::new(Context { client, pods, services, configmaps, secrets, claims });
-    controller
-        .watches_stream(pod_events, move |o: Pod| quotas_in(&q1, o.metadata.namespace.as_deref()))
-        .watches_stream(service_events, move |o: Service| quotas_in(&q2, o.metadata.namespace.as_deref()))
-        .watches_stream(configmap_events, move |o: ConfigMap| quotas_in(&q3, o.metadata.namespace.as_deref()))
-        .watches_stream(secret_events, move |o: Secret| quotas_in(&q4, o.metadata.namespace.as_deref()))
-        .watches_stream(claim_events, move |o: PersistentVolumeClaim| quotas_in(&q5, o.metadata.namespace.as_deref()))
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()))
-        .await;
+    let results = Controller::for_stream(queue.primary(quota_events), quotas)
+        .watches_stream(pod_events, queue.mapped(move |o: Pod| quotas_in(&q1, o.metadata.namespace.as_deref())))
+        .watches_stream(service_events, queue.mapped(move |o: Service| quotas_in(&q2, o.metadata.namespace.as_deref())))
+        .watches_stream(
+            configmap_events,
+            queue.mapped(move |o: ConfigMap| quotas_in(&q3, o.metadata.namespace.as_deref())),
+        )
+        .watches_stream(secret_events, queue.mapped(move |o: Secret| quotas_in(&q4, o.metadata.namespace.as_deref())))
+        .watches_stream(
+            claim_events,
+            queue.mapped(move |o: PersistentVolumeClaim| quotas_in(&q5, o.metadata.namespace.as_deref())),
+        )
+        .run(queue.timed(reconcile), queue.retried(error_policy), ctx);
+    drain("resourcequota_primary", results).await;
 }
 
 #[cfg(test)]

@@ -1,25 +1,33 @@
 //! ServiceAccountController: every active namespace has a `default`
-//! ServiceAccount, recreated if deleted.
+//! ServiceAccount, recreated if deleted. It reads from the controller
+//! manager's watches and may only create (upstream's role).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
+use super::informers::reflected;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 
-async fn reconcile(ns: Arc<Namespace>, client: Arc<kube::Client>) -> Result<Action, ControllerError> {
+struct Context {
+    client: kube::Client,
+    accounts: Store<ServiceAccount>,
+}
+
+async fn reconcile(ns: Arc<Namespace>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     if ns.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
     let name = ns.metadata.name.clone().unwrap_or_default();
-    let accounts: Api<ServiceAccount> = Api::namespaced((*client).clone(), &name);
-    if accounts.get_opt("default").await?.is_none() {
+    let accounts: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), &name);
+    super::informers::wait_synced(&ctx.accounts).await?;
+    if ctx.accounts.get(&ObjectRef::new("default").within(&name)).is_none() {
         let sa = ServiceAccount {
             metadata: ObjectMeta { name: Some("default".into()), ..Default::default() },
             ..Default::default()
@@ -29,26 +37,34 @@ async fn reconcile(ns: Arc<Namespace>, client: Arc<kube::Client>) -> Result<Acti
             .await
         {
             Ok(_) => tracing::debug!(namespace = %name, "created the default ServiceAccount"),
-            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 403 || s.code == 404 => {}
+            // Already there, or the namespace is going; a refusal by RBAC
+            // is an error, retried.
+            Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+            Err(e) if super::controller_utils::namespace_terminating(&e) => {}
             Err(e) => return Err(e.into()),
         }
     }
     Ok(Action::await_change())
 }
 
-fn error_policy(_ns: Arc<Namespace>, err: &ControllerError, _client: Arc<kube::Client>) -> Action {
+fn error_policy(_ns: Arc<Namespace>, err: &ControllerError, _ctx: Arc<Context>) -> Action {
     tracing::warn!(error = %err, "service account reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }
 
-pub async fn run(client: kube::Client) {
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let accounts: Api<ServiceAccount> = Api::all(client.clone());
-    Controller::new(namespaces, watcher::Config::default())
-        .watches(accounts, watcher::Config::default().fields("metadata.name=default"), |sa: ServiceAccount| {
-            sa.metadata.namespace.map(|ns| ObjectRef::<Namespace>::new(&ns))
-        })
-        .run(reconcile, error_policy, Arc::new(client))
-        .for_each(|_| std::future::ready(()))
-        .await;
+/// `client` is the controller's own; `informers` the controller manager's,
+/// through which it watches.
+pub async fn run(client: kube::Client, informers: kube::Client) {
+    let (namespaces, namespace_events) =
+        reflected(Api::<Namespace>::all(informers.clone()), watcher::Config::default());
+    let (accounts, account_events) =
+        reflected(Api::<ServiceAccount>::all(informers), watcher::Config::default().fields("metadata.name=default"));
+    let queue = QueueMetrics::new("serviceaccount", namespaces.clone());
+    let results = Controller::for_stream(queue.primary(namespace_events), namespaces)
+        .watches_stream(
+            account_events,
+            queue.mapped(|sa: ServiceAccount| sa.metadata.namespace.map(|ns| ObjectRef::<Namespace>::new(&ns))),
+        )
+        .run(queue.timed(reconcile), queue.retried(error_policy), Arc::new(Context { client, accounts }));
+    drain("serviceaccount", results).await;
 }

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -18,6 +17,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
 use super::informers::reflected;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::scheduling::tolerates;
@@ -151,25 +151,29 @@ fn error_policy(_pod: Arc<Pod>, err: &ControllerError, _ctx: Arc<Context>) -> Ac
 
 pub async fn run(client: kube::Client) {
     let (nodes, node_events) = reflected(Api::<Node>::all(client.clone()), watcher::Config::default());
-    let controller = Controller::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
-    let pods = controller.store();
+    let (pods, pod_events) = reflected(Api::<Pod>::all(client.clone()), watcher::Config::default());
+    let queue = QueueMetrics::new("noexec_taint_pod", pods.clone());
     let ctx = Arc::new(Context {
         recorder: EventRecorder::new(client.clone(), "taint-eviction-controller"),
         client,
         nodes,
         first_seen: Mutex::new(HashMap::new()),
     });
-    controller
-        .watches_stream(node_events, move |node: Node| {
-            let name = node.metadata.name.clone().unwrap_or_default();
-            pods.state_filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
-                .iter()
-                .map(|p| ObjectRef::from_obj(&**p))
-                .collect::<Vec<_>>()
-        })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()))
-        .await;
+    let on_node = pods.clone();
+    let results = Controller::for_stream(queue.primary(pod_events), pods)
+        .watches_stream(
+            node_events,
+            queue.mapped(move |node: Node| {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                on_node
+                    .state_filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
+                    .iter()
+                    .map(|p| ObjectRef::from_obj(&**p))
+                    .collect::<Vec<_>>()
+            }),
+        )
+        .run(queue.timed(reconcile), queue.retried(error_policy), ctx);
+    drain("noexec_taint_pod", results).await;
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use super::ControllerError;
 
 pub async fn run(client: kube::Client, jobs: Informer<Job>) {
     let (jobs, events) = jobs.trigger_self();
-    informers::run("ttl-after-finished", jobs, vec![events], reconcile, Arc::new(client)).await;
+    informers::run("ttl_jobs_to_delete", jobs, vec![events], reconcile, Arc::new(client)).await;
 }
 
 /// When the Job finished, if it did.

@@ -2,7 +2,9 @@
 //! with: cluster-admin (bound to system:masters), admin, edit, view, and the
 //! system roles for discovery, basic user information and public info.
 //! They carry `rbac.authorization.kubernetes.io/autoupdate: "true"` and are
-//! reconciled at every start.
+//! reconciled at every start. The controllers' service accounts in
+//! kube-system are created here too when missing (a deleted one comes
+//! back at the next start; the controllers act in process regardless).
 
 use serde_json::{json, Value};
 
@@ -228,6 +230,7 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
     let roles = roles.into_iter().chain([
         cluster_role("system:kube-scheduler", super::component_roles::kube_scheduler(), true),
         cluster_role("system:volume-scheduler", super::component_roles::volume_scheduler(), true),
+        cluster_role("system:kube-controller-manager", super::component_roles::kube_controller_manager(), true),
     ]);
     let controllers = super::controller_roles::roles();
     let roles = roles.chain(
@@ -245,6 +248,11 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         binding("system:node-bootstrapper", "system:node-bootstrapper", &["system:bootstrappers"]),
         user_binding("system:kube-scheduler", "system:kube-scheduler", "system:kube-scheduler"),
         user_binding("system:volume-scheduler", "system:volume-scheduler", "system:kube-scheduler"),
+        user_binding(
+            "system:kube-controller-manager",
+            "system:kube-controller-manager",
+            "system:kube-controller-manager",
+        ),
         binding(
             "system:public-info-viewer",
             "system:public-info-viewer",
@@ -256,6 +264,15 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
     for b in bindings {
         let key = format!("/registry/rbac.authorization.k8s.io/clusterrolebindings/{}", meta::name_of(&b));
         reconcile(storage, &key, b, "subjects").await?;
+    }
+    // The service accounts the controllers act as, in kube-system (made by
+    // the API server's bootstrap before this runs).
+    for name in super::controller_roles::CONTROLLERS {
+        let key = format!("/registry/serviceaccounts/kube-system/{name}");
+        match storage.create(&key, &super::controller_roles::service_account_object(name)).await {
+            Ok(_) | Err(WriteError::Exists) | Err(WriteError::Changed(_)) => {}
+            Err(WriteError::Api(e)) => return Err(e),
+        }
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The roles of the control-plane components that act as users of their
 //! own: `system:kube-scheduler` and `system:volume-scheduler` (bound to the
-//! user `system:kube-scheduler`), as upstream's bootstrap policy grants.
+//! user `system:kube-scheduler`) and `system:kube-controller-manager`
+//! (bound to the user of that name), as upstream's bootstrap policy grants.
 
 use serde_json::{json, Value};
 
@@ -38,5 +39,25 @@ pub fn volume_scheduler() -> Vec<Value> {
         rule(&[""], &["persistentvolumes"], &["get", "list", "patch", "update", "watch"]),
         rule(&["storage.k8s.io"], &["storageclasses"], READ),
         rule(&[""], &["persistentvolumeclaims"], &["get", "list", "patch", "update", "watch"]),
+    ]
+}
+
+/// What the controller manager itself does under its own name: the shared
+/// informers (list and watch of everything), its leader-election Lease,
+/// and the service accounts its controllers act as. Each controller's
+/// writes go through its own `system:controller:<name>` role.
+pub fn kube_controller_manager() -> Vec<Value> {
+    vec![
+        rule(&["", "events.k8s.io"], &["events"], &["create", "patch", "update"]),
+        rule(&["coordination.k8s.io"], &["leases"], &["create"]),
+        named(&["coordination.k8s.io"], &["leases"], &["kube-controller-manager"], &["get", "update"]),
+        rule(&[""], &["secrets", "serviceaccounts"], &["create"]),
+        rule(&[""], &["secrets"], &["delete"]),
+        rule(&[""], &["configmaps", "namespaces", "secrets", "serviceaccounts"], &["get"]),
+        rule(&[""], &["secrets", "serviceaccounts"], &["update"]),
+        rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+        rule(&["authorization.k8s.io"], &["subjectaccessreviews"], &["create"]),
+        rule(&["*"], &["*"], &["list", "watch"]),
+        rule(&[""], &["serviceaccounts/token"], &["create"]),
     ]
 }

@@ -36,6 +36,7 @@ use super::retry_backoff::RetryBackoff;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::labels;
+use crate::controllers::queue_metrics::QueueMetrics;
 
 struct Context {
     client: kube::Client,
@@ -250,12 +251,13 @@ pub async fn run(client: kube::Client) {
         stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
     })
     .try_flatten();
+    let queue = QueueMetrics::new("deployment", d_reader.clone());
     applier(
-        |d, ctx| Box::pin(sync_and_forget(d, ctx)),
-        error_policy,
+        queue.timed(sync_and_forget),
+        queue.retried(error_policy),
         ctx,
         d_reader,
-        stream::select(own, stream::select(replicasets, pods)),
+        queue.requests(stream::select(own, stream::select(replicasets, pods))),
         kube::runtime::Config::default(),
     )
     .for_each(|r| {
