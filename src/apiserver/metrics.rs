@@ -394,7 +394,7 @@ pub async fn serve(api: &Api) -> Response {
     m.write_requests(&mut out);
     m.write_storage(&mut out);
     write_storage_objects(api, &mut out).await;
-    crate::client::workqueue_metrics::write_all(&mut out);
+    crate::metrics::workqueue::write_all(&mut out);
     (StatusCode::OK, [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], out).into_response()
 }
 

@@ -9,7 +9,6 @@ pub mod labels;
 pub mod leader;
 pub mod quantity;
 pub mod scheduling;
-pub mod workqueue_metrics;
 
 use std::sync::Arc;
 

@@ -19,7 +19,7 @@ use kube::runtime::watcher::{self, watcher, Event};
 use tokio::sync::Mutex;
 
 use super::ControllerError;
-use crate::client::workqueue_metrics::WorkQueueMetrics;
+use crate::metrics::workqueue::WorkQueueMetrics;
 
 /// One object the collector knows of.
 #[derive(Clone)]

@@ -23,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use super::controller_utils::controller_of;
 use super::ControllerError;
 use crate::client::labels;
-use crate::client::workqueue_metrics::WorkQueueMetrics;
+use crate::metrics::workqueue::WorkQueueMetrics;
 
 /// A reconcile request, or why the watch feeding it failed.
 pub type Trigger<K> = BoxStream<'static, Result<ReconcileRequest<K>, watcher::Error>>;

@@ -15,7 +15,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Resource;
 
 use super::ControllerError;
-use crate::client::workqueue_metrics::WorkQueueMetrics;
+use crate::metrics::workqueue::WorkQueueMetrics;
 
 /// The metrics of one controller's queue, keyed as client-go keys objects
 /// (`namespace/name`), counting only requests for objects the controller's
@@ -190,7 +190,7 @@ mod tests {
         let retried = q.retried(|_: Arc<ConfigMap>, _: &ControllerError, _: Arc<()>| Action::await_change());
         retried(Arc::new(cm("a")), &ControllerError::Invalid("x".into()), Arc::new(()));
         let mut out = String::new();
-        crate::client::workqueue_metrics::write_all(&mut out);
+        crate::metrics::workqueue::write_all(&mut out);
         assert!(out.contains("workqueue_retries_total{name=\"queue-metrics-test\"} 1\n"), "{out}");
         assert!(out.contains("workqueue_work_duration_seconds_count{name=\"queue-metrics-test\"} 1\n"), "{out}");
     }

@@ -2,8 +2,12 @@
 //! fixed-bucket histograms over atomics, and the text exposition format
 //! (`text/plain; version=0.0.4`) they are scraped in. The components that
 //! record metrics (the API server, the controllers' work queues) keep their
-//! own series and write them out with the helpers here; this module knows
-//! no Kubernetes names, so every floor may use it.
+//! own series and write them out with the helpers here. Apart from
+//! `workqueue` (client-go's work queue series, which every controller
+//! reports and the API server's /metrics serves), this module knows no
+//! Kubernetes names, so every floor may use it.
+
+pub mod workqueue;
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

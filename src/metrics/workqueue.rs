@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::metrics::{self, Counter, Gauge, Histogram};
+use super::{self as metrics, Counter, Gauge, Histogram};
 
 /// One queue's metrics and the keys waiting in it.
 #[derive(Debug)]
