@@ -254,9 +254,9 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     let quantity = |name: &str, milli: bool| {
         allocatable.get(name).and_then(|q| {
             if milli {
-                crate::client::quantity::milli_value(q)
+                crate::quantity::milli_value(q)
             } else {
-                crate::client::quantity::value(q)
+                crate::quantity::value(q)
             }
         })
     };

@@ -83,6 +83,8 @@ pub struct Api {
     /// Signs and checks service-account tokens.
     pub tokens: Option<auth::token::TokenSigner>,
     pub health: health::Health,
+    /// Serialises the ResourceQuota admission of creates per namespace.
+    pub quota_locks: admission::resource_quota::QuotaLocks,
 }
 
 impl Api {
@@ -104,6 +106,7 @@ impl Api {
             config,
             allocator,
             tokens,
+            quota_locks: Default::default(),
         })
     }
 

@@ -185,7 +185,7 @@ impl<'a> SchemaNode<'a> {
     /// The first quantity under `value` that does not parse, with its path.
     pub fn invalid_quantity(self, value: &Value, path: &str) -> Option<String> {
         match value {
-            Value::String(s) if self.is_quantity() && !crate::client::quantity::is_valid(s) => Some(path.to_string()),
+            Value::String(s) if self.is_quantity() && !crate::quantity::is_valid(s) => Some(path.to_string()),
             Value::Object(m) if self.schema.is_some() => {
                 m.iter().find_map(|(k, v)| self.field(k).invalid_quantity(v, &format!("{path}.{k}")))
             }
