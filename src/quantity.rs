@@ -436,7 +436,8 @@ mod tests {
         assert_eq!(a("9223372036854775807").to_string(), "9223372036854775807");
         assert_eq!(a("7Ei").to_string(), "7Ei");
         assert_eq!(a("123456789012345678").value(), 123_456_789_012_345_678);
-        assert_eq!(a("1e-100").to_string(), "1n");
+        assert_eq!(a("1e-100").to_string(), "1e-9");
+        assert_eq!(a("0.0000000000001m").to_string(), "1n");
         assert_eq!(a("0e100").to_string(), "0");
     }
 

@@ -94,7 +94,13 @@ pub fn usage(pod: &Pod, now: Timestamp) -> ResourceList {
             .filter_map(|c| c.resources.as_ref())
             .flat_map(|r| if field == "requests" { r.requests.iter() } else { r.limits.iter() })
             .flat_map(|m| m.keys().cloned())
-            .chain(pod.spec.iter().flat_map(|s| s.overhead.iter().flat_map(|o| o.keys().cloned())))
+            // Overhead adds to every request, but only to limits that are set.
+            .chain(
+                pod.spec
+                    .iter()
+                    .filter(|_| field == "requests")
+                    .flat_map(|s| s.overhead.iter().flat_map(|o| o.keys().cloned())),
+            )
             .collect()
     };
     let total = |field: &str| -> ResourceList {

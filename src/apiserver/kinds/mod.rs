@@ -10,6 +10,7 @@ mod core;
 mod events;
 mod networking;
 mod policy;
+mod quantities;
 mod rbac;
 mod storage;
 mod workloads;

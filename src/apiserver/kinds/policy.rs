@@ -39,6 +39,7 @@ pub fn poddisruptionbudget_hooks() -> Hooks {
     }
 }
 
+/// A quantity as upstream prints it: canonical (`0.5` shows as `500m`).
 fn quantity(v: Option<&Value>) -> String {
     match v {
         Some(Value::String(s)) => crate::quantity::canonical(s).unwrap_or_else(|| s.clone()),
@@ -71,6 +72,7 @@ pub fn resourcequota_hooks() -> Hooks {
             let (requests, limits) = quota_cells(o);
             vec![json!(requests), json!(limits), json!(age(o))]
         },
+        validate: super::quantities::validate_quota,
         ..Hooks::default()
     }
 }
