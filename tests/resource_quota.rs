@@ -55,28 +55,7 @@ async fn concurrent_creates_never_overshoot_a_quota() {
     wait_used(&quotas, "five", "pods", "0").await;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let creates = (0..40).map(|i| {
-        let pods = pods.clone();
-        async move { pods.create(&PostParams::default(), &pod(&format!("p{i}"))).await }
-    });
-    let results = join_all(creates.map(tokio::spawn)).await;
-    let mut created = 0;
-    for r in results {
-        match r.expect("task") {
-            Ok(_) => created += 1,
-            Err(kube::Error::Api(s)) => {
-                assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"), "{s:?}");
-                assert!(
-                    s.message.ends_with(
-                        "is forbidden: exceeded quota: five, requested: pods=1, used: pods=5, limited: pods=5"
-                    ),
-                    "{}",
-                    s.message
-                );
-            }
-            Err(e) => panic!("{e:?}"),
-        }
-    }
+    let created = race(std::slice::from_ref(&client)).await;
     assert_eq!(created, 5, "creates admitted against a quota of 5");
     assert_eq!(pods.list(&ListParams::default()).await.expect("list").items.len(), 5);
     assert_eq!(used(&quotas, "five", "pods").await.as_deref(), Some("5"));
@@ -92,6 +71,66 @@ async fn concurrent_creates_never_overshoot_a_quota() {
     pods.create(&PostParams::default(), &pod("again")).await.expect("room again after the delete");
     let err = pods.create(&PostParams::default(), &pod("over")).await.expect_err("full again");
     assert!(matches!(err, kube::Error::Api(ref s) if s.code == 403), "{err:?}");
+}
+
+/// 40 creates against a quota of 5, spread over `clients`; how many were admitted.
+async fn race(clients: &[kube::Client]) -> usize {
+    let creates = (0..40).map(|i| {
+        let pods: Api<Pod> = Api::namespaced(clients[i % clients.len()].clone(), "default");
+        tokio::spawn(async move { pods.create(&PostParams::default(), &pod(&format!("p{i}"))).await })
+    });
+    let mut created = 0;
+    for r in join_all(creates).await {
+        match r.expect("task") {
+            Ok(_) => created += 1,
+            Err(kube::Error::Api(s)) => {
+                assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"), "{s:?}");
+                assert!(
+                    s.message.ends_with(
+                        "is forbidden: exceeded quota: five, requested: pods=1, used: pods=5, limited: pods=5"
+                    ),
+                    "{}",
+                    s.message
+                );
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    created
+}
+
+/// Two servers sharing one etcd do not share the per-namespace admission
+/// lock: only the compare-and-swap on the quota keeps them within it.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_servers_sharing_etcd_never_overshoot_a_quota() {
+    let etcd = common::start_etcd().await;
+    let endpoint = format!("http://{}", etcd.endpoint);
+    let start = |name: &'static str| {
+        let endpoint = endpoint.clone();
+        tokio::task::spawn_blocking(move || {
+            let dir = tempfile::tempdir().expect("tempdir");
+            common::ApiServer::start_with(
+                dir,
+                common::free_port(),
+                &["--datastore-endpoint", &endpoint, "--node-name", name],
+            )
+        })
+    };
+    let a = start("server-a").await.expect("server a");
+    let b = start("server-b").await.expect("server b");
+    let clients = [common::kube_client(&a.kubeconfig()).await, common::kube_client(&b.kubeconfig()).await];
+    let quotas: Api<ResourceQuota> = Api::namespaced(clients[0].clone(), "default");
+    let quota: ResourceQuota =
+        serde_json::from_value(json!({"metadata": {"name": "five"}, "spec": {"hard": {"pods": "5"}}})).expect("quota");
+    quotas.create(&PostParams::default(), &quota).await.expect("create quota");
+    wait_used(&quotas, "five", "pods", "0").await;
+    // Both servers' caches know the quota before the race starts.
+    let other: Api<ResourceQuota> = Api::namespaced(clients[1].clone(), "default");
+    wait_used(&other, "five", "pods", "0").await;
+    assert_eq!(race(&clients).await, 5, "creates admitted against a quota of 5 by two servers");
+    let pods: Api<Pod> = Api::namespaced(clients[1].clone(), "default");
+    assert_eq!(pods.list(&ListParams::default()).await.expect("list").items.len(), 5);
+    assert_eq!(used(&quotas, "five", "pods").await.as_deref(), Some("5"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
