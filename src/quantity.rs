@@ -182,7 +182,10 @@ impl Amount {
                 f.extend_from_slice(&digits[point..]);
                 (digits[..point].to_vec(), f)
             };
-            let int: i128 = int_digits.iter().try_fold(0i128, |acc, d| acc.checked_mul(10)?.checked_add(i128::from(d - b'0'))).unwrap_or(MAX_NANOS);
+            let int: i128 = int_digits
+                .iter()
+                .try_fold(0i128, |acc, d| acc.checked_mul(10)?.checked_add(i128::from(d - b'0')))
+                .unwrap_or(MAX_NANOS);
             int.checked_mul(multiplier)
                 .and_then(|i| i.checked_add(fraction_times(&frac_digits, multiplier)))
                 .unwrap_or(MAX_NANOS)
@@ -443,7 +446,10 @@ mod tests {
 
     #[test]
     fn refuses_what_upstream_refuses() {
-        for bad in ["", "abc", "1..2", "1x", "1e", "1 Gi", "1Gib", "1.1.M", "1+1.0M", "0.1mi", "0.1am", ".5i", "1i", "-3.01e-", "1K"] {
+        for bad in [
+            "", "abc", "1..2", "1x", "1e", "1 Gi", "1Gib", "1.1.M", "1+1.0M", "0.1mi", "0.1am", ".5i", "1i", "-3.01e-",
+            "1K",
+        ] {
             assert!(!is_valid(bad), "{bad}");
         }
         for ok in ["1", "500m", "1.5Gi", "+2", "-1k", "1e3", "2E-2", ".5", "5.", " 1 "] {

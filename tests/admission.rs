@@ -184,8 +184,7 @@ fn webhooks_and_builtin_plugins() {
     // As upstream, a quota constrains once the controller has computed its usage.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let (_, used, _) =
-            kubectl(&kc, &["get", "quota", "q", "-o", "jsonpath={.status.used['count/secrets']}"], None);
+        let (_, used, _) = kubectl(&kc, &["get", "quota", "q", "-o", "jsonpath={.status.used['count/secrets']}"], None);
         if !used.is_empty() {
             break;
         }

@@ -163,7 +163,10 @@ async fn requests_are_charged_exactly_and_printed_canonically() {
         other => panic!("{other:?}"),
     }
     // 0.1 + 0.2 + 0.7 is exactly 1 core: no float drift refuses the third.
-    pods.create(&PostParams::default(), &sized("a", "0.1", "512Mi")).await.expect("a");
+    let a = pods.create(&PostParams::default(), &sized("a", "0.1", "512Mi")).await.expect("a");
+    // Stored as upstream stores it: in canonical form.
+    let requests = a.spec.and_then(|s| s.containers[0].resources.clone()).and_then(|r| r.requests);
+    assert_eq!(requests.and_then(|r| r.get("cpu").cloned()).map(|q| q.0).as_deref(), Some("100m"));
     pods.create(&PostParams::default(), &sized("b", "200m", "256Mi")).await.expect("b");
     assert_eq!(used(&quotas, "compute", "requests.cpu").await.as_deref(), Some("300m"));
     assert_eq!(used(&quotas, "compute", "requests.memory").await.as_deref(), Some("768Mi"));

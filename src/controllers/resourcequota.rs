@@ -40,7 +40,6 @@ pub const RESOURCE_QUOTA_SYNC_PERIOD: Duration = Duration::from_secs(300);
 /// charged object has long been stored and seen.
 const LOWERING_SETTLE: Duration = Duration::from_secs(1);
 
-
 struct Context {
     client: kube::Client,
     pods: Store<Pod>,

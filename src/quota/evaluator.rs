@@ -21,7 +21,10 @@ pub enum Evaluator {
     Services,
     PersistentVolumeClaims,
     /// Any other kind: only its object count.
-    ObjectCount { count: String, alias: Option<&'static str> },
+    ObjectCount {
+        count: String,
+        alias: Option<&'static str>,
+    },
 }
 
 impl Evaluator {
@@ -50,7 +53,10 @@ impl Evaluator {
             Evaluator::Pods => pods::matching_resources(names),
             Evaluator::Services => names
                 .filter(|n| {
-                    matches!(n.as_str(), "services" | "count/services" | "services.loadbalancers" | "services.nodeports")
+                    matches!(
+                        n.as_str(),
+                        "services" | "count/services" | "services.loadbalancers" | "services.nodeports"
+                    )
                 })
                 .cloned()
                 .collect(),
@@ -105,7 +111,8 @@ impl Evaluator {
                 out.insert("count/services".into(), one);
                 let ty = obj.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP");
                 let ports = obj.pointer("/spec/ports").and_then(Value::as_array).map_or(0, Vec::len);
-                let allocate = obj.pointer("/spec/allocateLoadBalancerNodePorts").and_then(Value::as_bool) != Some(false);
+                let allocate =
+                    obj.pointer("/spec/allocateLoadBalancerNodePorts").and_then(Value::as_bool) != Some(false);
                 let node_ports = match ty {
                     "NodePort" => ports,
                     "LoadBalancer" if allocate => ports,

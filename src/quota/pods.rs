@@ -114,8 +114,7 @@ pub fn usage(pod: &Pod, now: Timestamp) -> ResourceList {
 /// names of `required` (within [`VALIDATION_SET`]) a container leaves
 /// unstated. `Err("must specify requests.cpu for: a,b; ...")` when any.
 pub fn constraints(required: &[String], pod: &Pod) -> Result<(), String> {
-    let required: BTreeSet<&str> =
-        required.iter().map(String::as_str).filter(|r| VALIDATION_SET.contains(r)).collect();
+    let required: BTreeSet<&str> = required.iter().map(String::as_str).filter(|r| VALIDATION_SET.contains(r)).collect();
     if required.is_empty() {
         return Ok(());
     }
@@ -123,7 +122,8 @@ pub fn constraints(required: &[String], pod: &Pod) -> Result<(), String> {
     let containers = pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()));
     for c in containers {
         let r = c.resources.as_ref();
-        let usage = compute_usage(&list_of(r.and_then(|r| r.requests.as_ref())), &list_of(r.and_then(|r| r.limits.as_ref())));
+        let usage =
+            compute_usage(&list_of(r.and_then(|r| r.requests.as_ref())), &list_of(r.and_then(|r| r.limits.as_ref())));
         for res in &required {
             if !usage.contains_key(*res) {
                 missing.entry(res).or_default().insert(c.name.clone());
@@ -133,8 +133,10 @@ pub fn constraints(required: &[String], pod: &Pod) -> Result<(), String> {
     if missing.is_empty() {
         return Ok(());
     }
-    let parts: Vec<String> =
-        missing.iter().map(|(res, names)| format!("{res} for: {}", names.iter().cloned().collect::<Vec<_>>().join(","))).collect();
+    let parts: Vec<String> = missing
+        .iter()
+        .map(|(res, names)| format!("{res} for: {}", names.iter().cloned().collect::<Vec<_>>().join(",")))
+        .collect();
     Err(format!("must specify {}", parts.join("; ")))
 }
 
@@ -221,7 +223,6 @@ pub fn is_scoped(quota: &ResourceQuota) -> bool {
     spec.and_then(|s| s.scopes.as_ref()).is_some_and(|s| !s.is_empty())
         || spec.and_then(|s| s.scope_selector.as_ref()).is_some()
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -99,8 +99,14 @@ mod tests {
         assert_eq!(
             fields,
             vec![
-                ("spec.containers[0].resources.requests[memory]", "Invalid value: \"-1\": must be greater than or equal to 0"),
-                ("spec.containers[0].resources.requests", "Invalid value: \"2\": must be less than or equal to cpu limit of 1500m"),
+                (
+                    "spec.containers[0].resources.requests[memory]",
+                    "Invalid value: \"-1\": must be greater than or equal to 0"
+                ),
+                (
+                    "spec.containers[0].resources.requests",
+                    "Invalid value: \"2\": must be less than or equal to cpu limit of 1500m"
+                ),
             ]
         );
         assert!(validate_quota(&json!({"spec": {"hard": {"pods": "5"}}})).is_empty());
