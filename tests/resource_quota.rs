@@ -234,3 +234,36 @@ async fn quantities_that_do_not_parse_are_refused_with_the_field() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_update_is_charged_for_what_it_adds() {
+    use k8s_openapi::api::core::v1::Service;
+    let (_server, client) = start().await;
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), "default");
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "ports"},
+        "spec": {"hard": {"services.nodeports": "1"}}
+    }))
+    .expect("quota");
+    quotas.create(&PostParams::default(), &quota).await.expect("create quota");
+    wait_used(&quotas, "ports", "services.nodeports", "0").await;
+    let services: Api<Service> = Api::namespaced(client.clone(), "default");
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"name": "a", "port": 80}, {"name": "b", "port": 443}]}
+    }))
+    .expect("service");
+    let mut svc = services.create(&PostParams::default(), &svc).await.expect("a ClusterIP service uses no node port");
+    if let Some(spec) = svc.spec.as_mut() {
+        spec.type_ = Some("NodePort".into());
+    }
+    match services.replace("web", &PostParams::default(), &svc).await.expect_err("two node ports") {
+        kube::Error::Api(s) => assert_eq!(
+            s.message,
+            "services \"web\" is forbidden: exceeded quota: ports, requested: services.nodeports=2, \
+             used: services.nodeports=0, limited: services.nodeports=1"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(used(&quotas, "ports", "services.nodeports").await.as_deref(), Some("0"));
+}

@@ -46,6 +46,13 @@ impl Evaluator {
         }
     }
 
+    /// Whether an update can change what the object uses: services
+    /// (their type and ports) and claims (a larger request); for the
+    /// others only a create counts.
+    pub fn handles_update(&self) -> bool {
+        matches!(self, Evaluator::Services | Evaluator::PersistentVolumeClaims)
+    }
+
     /// Which of `names` (a quota's resources) this kind uses.
     pub fn matching_resources<'a>(&self, names: impl IntoIterator<Item = &'a String>) -> Vec<String> {
         let names = names.into_iter();

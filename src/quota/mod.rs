@@ -51,6 +51,17 @@ pub fn mask<'a>(list: &ResourceList, names: impl IntoIterator<Item = &'a String>
     names.into_iter().filter_map(|n| list.get(n).map(|v| (n.clone(), *v))).collect()
 }
 
+/// `a - b` key by key over the keys of `a`, never below zero (what an
+/// update adds to the usage of the object it replaces).
+pub fn subtract_non_negative(a: &ResourceList, b: &ResourceList) -> ResourceList {
+    a.iter()
+        .map(|(k, v)| {
+            let d = b.get(k).map_or(*v, |old| v.minus(*old));
+            (k.clone(), if d < Amount::default() { Amount::default() } else { d })
+        })
+        .collect()
+}
+
 /// Without the zero entries.
 pub fn remove_zeros(list: ResourceList) -> ResourceList {
     list.into_iter().filter(|(_, v)| !v.is_zero()).collect()
@@ -92,5 +103,7 @@ mod tests {
         assert_eq!(to_json(&mask(&sum, &names)), json!({"pods": "3"}));
         assert_eq!(object_count_name("apps", "deployments"), "count/deployments.apps");
         assert_eq!(object_count_name("", "configmaps"), "count/configmaps");
+        let grown = subtract_non_negative(&b, &a);
+        assert_eq!(pretty_print(&remove_zeros(grown)), "requests.memory=1Gi");
     }
 }

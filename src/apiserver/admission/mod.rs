@@ -43,5 +43,5 @@ pub async fn mutate(call: &Call, obj: &mut Value, old: Option<&Value>, op: Opera
 pub async fn validate(call: &Call, obj: &Value, old: Option<&Value>, op: Operation) -> ApiResult<()> {
     let mut copy = obj.clone();
     webhook::call_all(call, &mut copy, old, op, false).await?;
-    resource_quota::admit(call, obj, op).await
+    resource_quota::admit(call, obj, old, op).await
 }

@@ -1,6 +1,6 @@
 //! The ResourceQuota admission plugin, as upstream's
 //! `plugin/pkg/admission/resourcequota`: a create in a namespace with
-//! quotas is checked against each quota that matches it (by the resources
+//! quotas (or an update of a service or claim, for what it adds) is checked against each quota that matches it (by the resources
 //! of `status.hard` and the quota's scopes), refused with upstream's 403
 //! when it would exceed one, and otherwise charged to the quota's
 //! `status.used` by a compare-and-swap write at the quota's revision. A
@@ -25,7 +25,9 @@ use crate::apiserver::meta::name_of;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::storage::{Stored, WriteError};
 use crate::quota::evaluator::Evaluator;
-use crate::quota::{add, exceeded, mask, parse_list, pretty_print, remove_zeros, to_json, ResourceList};
+use crate::quota::{
+    add, exceeded, mask, parse_list, pretty_print, remove_zeros, subtract_non_negative, to_json, ResourceList,
+};
 
 /// How often a charge is retried after losing a compare-and-swap.
 const RETRIES: usize = 8;
@@ -55,22 +57,29 @@ struct Charge {
     object: Value,
 }
 
-pub async fn admit(call: &Call, obj: &Value, op: Operation) -> ApiResult<()> {
-    if op != Operation::Create || !call.resource.namespaced || call.path.subresource.is_some() {
+/// Checks and charges a create, or an update of a kind whose usage an
+/// update can grow (`old` is then the object it replaces).
+pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation) -> ApiResult<()> {
+    if !call.resource.namespaced || call.path.subresource.is_some() {
         return Ok(());
     }
+    let evaluator = Evaluator::for_resource(&call.resource.group, &call.resource.plural);
+    let previous = match op {
+        Operation::Create => None,
+        Operation::Update if evaluator.handles_update() => old,
+        _ => return Ok(()),
+    };
     let Some(ns) = call.namespace() else { return Ok(()) };
     if call.api.caches.resource_quotas.in_namespace(ns).is_empty() {
         return Ok(());
     }
-    let evaluator = Evaluator::for_resource(&call.resource.group, &call.resource.plural);
     let _held = call.api.quota_locks.lock(ns).await;
     let prefix = format!("/registry/resourcequotas/{ns}/");
     // Quotas already charged by an earlier round of this create.
     let mut charged: HashSet<String> = HashSet::new();
     for attempt in 0..RETRIES {
         let (quotas, _) = call.api.storage.list_all(&prefix).await?;
-        let charges = check(call, &evaluator, obj, &quotas, &charged)?;
+        let charges = check(call, &evaluator, obj, previous, &quotas, &charged)?;
         if charges.is_empty() || call.dry_run() {
             return Ok(());
         }
@@ -101,6 +110,7 @@ fn check(
     call: &Call,
     evaluator: &Evaluator,
     obj: &Value,
+    previous: Option<&Value>,
     quotas: &[Stored],
     charged: &HashSet<String>,
 ) -> ApiResult<Vec<Charge>> {
@@ -128,7 +138,12 @@ fn check(
     if interesting.is_empty() {
         return Ok(Vec::new());
     }
-    let delta = remove_zeros(evaluator.usage(obj, Timestamp::now()));
+    let now = Timestamp::now();
+    let mut delta = evaluator.usage(obj, now);
+    if let Some(prev) = previous {
+        delta = subtract_non_negative(&delta, &evaluator.usage(prev, now));
+    }
+    let delta = remove_zeros(delta);
     if delta.is_empty() {
         return Ok(Vec::new());
     }
