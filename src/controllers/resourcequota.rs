@@ -6,7 +6,10 @@
 //! and node ports), configmaps, secrets, persistentvolumeclaims and
 //! requests.storage, and `count/<resource>[.<group>]` for any resource.
 //! Scopes Terminating/NotTerminating/BestEffort/NotBestEffort and the
-//! PriorityClass scope selector narrow which pods count.
+//! PriorityClass scope selector narrow which pods count (see `crate::quota`).
+//! ResourceQuota admission charges creates to `status.used` between
+//! recounts; a recount that would lower `status.used` waits until the quota
+//! has settled (see [`LOWERING_SETTLE`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -221,11 +224,14 @@ async fn reconcile(quota: Arc<ResourceQuota>, ctx: Arc<Context>) -> Result<Actio
     let (used, resync) = used(&ctx, &quota, &ns).await?;
     let next = if resync { Action::requeue(RESOURCE_QUOTA_SYNC_PERIOD) } else { Action::await_change() };
     let old_used = quota.status.as_ref().and_then(|s| s.used.as_ref());
+    let key = format!("{ns}/{name}");
     if lowers(old_used, &used) {
         let rv = quota.metadata.resource_version.clone().unwrap_or_default();
-        if let Some(wait) = settle(&ctx, &format!("{ns}/{name}"), &rv) {
+        if let Some(wait) = settle(&ctx, &key, &rv) {
             return Ok(Action::requeue(wait));
         }
+    } else {
+        ctx.lowering.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
     }
     let status = ResourceQuotaStatus { hard: Some(hard), used: Some(used) };
     if quota.status.as_ref() == Some(&status) {
