@@ -163,6 +163,17 @@ pub fn pod_counts(pod: &Pod, now: Timestamp) -> bool {
 pub fn pod_resource(pod: &Pod, field: &str, resource: &str) -> Amount {
     let Some(spec) = pod.spec.as_ref() else { return Amount::default() };
     let of = |c: &Container| container_amount(c, field, resource);
+    let states = |c: &Container| {
+        let r = c.resources.as_ref();
+        let map =
+            if field == "requests" { r.and_then(|r| r.requests.as_ref()) } else { r.and_then(|r| r.limits.as_ref()) };
+        map.is_some_and(|m| m.contains_key(resource))
+    };
+    // Overhead adds to every request, but only to limits some container sets.
+    let any = spec.containers.iter().chain(spec.init_containers.iter().flatten()).any(states);
+    if field == "limits" && !any {
+        return Amount::default();
+    }
     let sum = spec.containers.iter().map(of).fold(Amount::default(), Amount::plus);
     let init = spec.init_containers.iter().flatten().map(of).fold(Amount::default(), Amount::max);
     let overhead =
@@ -247,6 +258,8 @@ mod tests {
         assert_eq!(pod_resource(&p, "requests", "cpu").to_string(), "1010m");
         assert_eq!(pod_resource(&p, "requests", "memory").to_string(), "64Mi");
         assert_eq!(pod_resource(&p, "limits", "memory").to_string(), "1Gi");
+        // The overhead adds to limits only where a container sets one.
+        assert!(pod_resource(&p, "limits", "cpu").is_zero());
         assert!(!best_effort(&p));
         let u = usage(&p, Timestamp::now());
         assert_eq!(
