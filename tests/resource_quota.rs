@@ -233,6 +233,36 @@ async fn quantities_that_do_not_parse_are_refused_with_the_field() {
             other => panic!("{plural}: {other:?}"),
         }
     }
+    // Quantities that parse but make no sense are 422 Invalid, the field named
+    // and the value in canonical form, as upstream prints it.
+    let negative = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "neg"},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "-1"}}}]}});
+    match post("pods", negative).await.expect_err("negative") {
+        kube::Error::Api(s) => {
+            assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
+            assert!(
+                s.message.contains(
+                    "spec.containers[0].resources.requests[cpu]: Invalid value: \"-1\": must be greater than or equal to 0"
+                ),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let fractional = json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "half"},
+        "spec": {"hard": {"pods": "1.5"}}});
+    match post("resourcequotas", fractional).await.expect_err("fractional") {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 422, "{s:?}");
+            assert!(
+                s.message.contains("spec.hard[pods]: Invalid value: \"1500m\": must be an integer"),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,7 +1,8 @@
 //! Validation of the quantities in built-in objects, as upstream's
 //! `ValidateResourceRequirements`, `ValidateResourceQuantityValue` and the
 //! claim and quota validations: no negative request, limit or hard
-//! amount, requests within limits, claims asking for more than zero.
+//! amount, whole numbers of objects, requests within limits, claims
+//! asking for more than zero.
 //! (Quantities that do not parse at all are refused when decoding.)
 
 use serde_json::Value;
@@ -66,10 +67,34 @@ pub fn validate_pod_resources(spec: Option<&Value>, path: &str) -> Vec<Cause> {
     causes
 }
 
-/// A ResourceQuota's `spec.hard`.
+/// The quota resources counted in whole objects (upstream's
+/// `standardIntegerResources`).
+const INTEGER_RESOURCES: &[&str] = &[
+    "pods",
+    "services",
+    "replicationcontrollers",
+    "resourcequotas",
+    "services.loadbalancers",
+    "services.nodeports",
+    "secrets",
+    "configmaps",
+    "persistentvolumeclaims",
+];
+
+/// A ResourceQuota's `spec.hard`: nothing negative, whole numbers of objects.
 pub fn validate_quota(o: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
-    nonnegative(o.pointer("/spec/hard"), "spec.hard", &mut causes);
+    let hard = o.pointer("/spec/hard");
+    nonnegative(hard, "spec.hard", &mut causes);
+    for (name, q) in hard.and_then(Value::as_object).into_iter().flatten() {
+        let fractional = amount(q).is_some_and(|a| a.milli_value() % 1000 != 0);
+        if INTEGER_RESOURCES.contains(&name.as_str()) && fractional {
+            causes.push(Cause::invalid(
+                format!("spec.hard[{name}]"),
+                format!("Invalid value: {:?}: must be an integer", text(q)),
+            ));
+        }
+    }
     causes
 }
 
@@ -111,6 +136,9 @@ mod tests {
         );
         assert!(validate_quota(&json!({"spec": {"hard": {"pods": "5"}}})).is_empty());
         assert_eq!(validate_quota(&json!({"spec": {"hard": {"pods": "-5"}}}))[0].field, "spec.hard[pods]");
+        let half = validate_quota(&json!({"spec": {"hard": {"pods": "1500m", "cpu": "1500m"}}}));
+        assert_eq!(half.len(), 1);
+        assert_eq!(half[0].message, "Invalid value: \"1500m\": must be an integer");
         assert_eq!(validate_claim(&json!({"spec": {"resources": {"requests": {"storage": "0"}}}})).len(), 1);
         assert!(validate_claim(&json!({"spec": {"resources": {"requests": {"storage": "1Gi"}}}})).is_empty());
     }
