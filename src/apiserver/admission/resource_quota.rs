@@ -73,13 +73,15 @@ pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation)
     if call.api.caches.resource_quotas.in_namespace(ns).is_empty() {
         return Ok(());
     }
+    let r = &call.resource;
+    let write = Write { group: &r.group, plural: &r.plural, evaluator, obj, previous };
     let _held = call.api.quota_locks.lock(ns).await;
     let prefix = format!("/registry/resourcequotas/{ns}/");
     // Quotas already charged by an earlier round of this create.
     let mut charged: HashSet<String> = HashSet::new();
     for attempt in 0..RETRIES {
         let (quotas, _) = call.api.storage.list_all(&prefix).await?;
-        let charges = check(call, &evaluator, obj, previous, &quotas, &charged)?;
+        let charges = check(&write, &quotas, &charged)?;
         if charges.is_empty() || call.dry_run() {
             return Ok(());
         }
@@ -104,18 +106,22 @@ pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation)
     Err(ApiError::internal("resource quota evaluation timed out"))
 }
 
+/// The write being admitted.
+struct Write<'a> {
+    group: &'a str,
+    plural: &'a str,
+    evaluator: Evaluator,
+    obj: &'a Value,
+    /// The object an update replaces.
+    previous: Option<&'a Value>,
+}
+
 /// Checks the create against every matching quota not yet charged, and
 /// returns the quotas to charge; a refusal is upstream's 403.
-fn check(
-    call: &Call,
-    evaluator: &Evaluator,
-    obj: &Value,
-    previous: Option<&Value>,
-    quotas: &[Stored],
-    charged: &HashSet<String>,
-) -> ApiResult<Vec<Charge>> {
-    let r = &call.resource;
-    let forbidden = |why: String| ApiError::forbidden_object(&r.group, &r.plural, name_of(obj), &why);
+fn check(write: &Write, quotas: &[Stored], charged: &HashSet<String>) -> ApiResult<Vec<Charge>> {
+    let Write { group, plural, evaluator, obj, previous } = write;
+    let (obj, previous) = (*obj, *previous);
+    let forbidden = |why: String| ApiError::forbidden_object(group, plural, name_of(obj), &why);
     let mut interesting: Vec<(&Stored, String, ResourceList, ResourceList)> = Vec::new();
     for stored in quotas {
         let Ok(quota) = serde_json::from_value::<ResourceQuota>(stored.object.clone()) else { continue };
@@ -172,4 +178,84 @@ fn check(
         charges.push(Charge { name, key, rev: stored.rev, object });
     }
     Ok(charges)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn quota(name: &str, spec: Value, status: Value) -> Stored {
+        Stored {
+            object: json!({"metadata": {"name": name, "namespace": "ns"}, "spec": spec, "status": status}),
+            rev: 7,
+        }
+    }
+
+    fn pod(name: &str, cpu: Option<&str>) -> Value {
+        let resources = cpu.map_or(json!({}), |c| json!({"requests": {"cpu": c}}));
+        json!({"metadata": {"name": name, "namespace": "ns"},
+               "spec": {"containers": [{"name": "c", "image": "x", "resources": resources}]}})
+    }
+
+    fn run(obj: &Value, quotas: &[Stored]) -> ApiResult<Vec<Charge>> {
+        let write =
+            Write { group: "", plural: "pods", evaluator: Evaluator::for_resource("", "pods"), obj, previous: None };
+        check(&write, quotas, &HashSet::new())
+    }
+
+    #[test]
+    fn charges_refuses_and_waits_for_usage_as_upstream() {
+        let q = quota("q", json!({"hard": {"pods": "2"}}), json!({"hard": {"pods": "2"}, "used": {"pods": "1"}}));
+        let charges = run(&pod("a", None), &[q]).unwrap_or_default();
+        assert_eq!(charges.len(), 1);
+        assert_eq!((charges[0].key.as_str(), charges[0].rev), ("/registry/resourcequotas/ns/q", 7));
+        assert_eq!(charges[0].object.pointer("/status/used"), Some(&json!({"pods": "2"})));
+
+        let full = quota("q", json!({"hard": {"pods": "2"}}), json!({"hard": {"pods": "2"}, "used": {"pods": "2"}}));
+        let err = run(&pod("a", None), &[full]).err().map(|e| (e.code, e.message));
+        assert_eq!(
+            err,
+            Some((
+                403,
+                "pods \"a\" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2".into()
+            ))
+        );
+
+        // Hard limits the controller has not counted yet: status unknown.
+        let unknown = quota("q", json!({"hard": {"pods": "2"}}), json!({"hard": {"pods": "2"}}));
+        let err = run(&pod("a", None), &[unknown]).err().map(|e| e.message);
+        assert_eq!(err.as_deref(), Some("pods \"a\" is forbidden: status unknown for quota: q, resources: pods"));
+
+        // A quota the controller has not seen at all does not constrain yet.
+        let fresh = quota("q", json!({"hard": {"pods": "0"}}), json!({}));
+        assert!(run(&pod("a", None), &[fresh]).is_ok_and(|c| c.is_empty()));
+
+        // Quotas on requests oblige every container to state them.
+        let cpu = quota(
+            "cpu",
+            json!({"hard": {"requests.cpu": "1"}}),
+            json!({"hard": {"requests.cpu": "1"}, "used": {"requests.cpu": "900m"}}),
+        );
+        let err = run(&pod("a", None), std::slice::from_ref(&cpu)).err().map(|e| e.message);
+        assert_eq!(
+            err.as_deref(),
+            Some("pods \"a\" is forbidden: failed quota: cpu: must specify requests.cpu for: c")
+        );
+        let charges = run(&pod("a", Some("0.1")), std::slice::from_ref(&cpu)).unwrap_or_default();
+        assert_eq!(charges[0].object.pointer("/status/used/requests.cpu"), Some(&json!("1")));
+        assert!(run(&pod("a", Some("101m")), &[cpu]).is_err());
+    }
+
+    #[test]
+    fn scoped_quotas_select_their_pods() {
+        let best_effort = quota(
+            "be",
+            json!({"hard": {"pods": "1"}, "scopes": ["BestEffort"]}),
+            json!({"hard": {"pods": "1"}, "used": {"pods": "1"}}),
+        );
+        // A pod with requests is not BestEffort: the full quota does not apply.
+        assert!(run(&pod("a", Some("1")), std::slice::from_ref(&best_effort)).is_ok_and(|c| c.is_empty()));
+        assert!(run(&pod("a", None), &[best_effort]).is_err());
+    }
 }
