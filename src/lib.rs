@@ -12,5 +12,7 @@ pub mod host;
 pub mod metrics;
 pub mod network;
 pub mod pki;
+pub mod quantity;
+pub mod quota;
 pub mod scheduler;
 pub mod store;

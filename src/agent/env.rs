@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::Api;
 
 use super::pod_util;
-use crate::client::quantity;
+use crate::quantity;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvError {

@@ -251,15 +251,16 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         memory_capacity,
     };
     let volumes = volume_manager::VolumeManager::new(client.clone(), config.dir.join("pods"), config.node_name.clone());
-    let quantity = |name: &str, milli: bool| {
-        allocatable.get(name).and_then(|q| {
-            if milli {
-                crate::client::quantity::milli_value(q)
-            } else {
-                crate::client::quantity::value(q)
-            }
-        })
-    };
+    let quantity =
+        |name: &str, milli: bool| {
+            allocatable.get(name).and_then(|q| {
+                if milli {
+                    crate::quantity::milli_value(q)
+                } else {
+                    crate::quantity::value(q)
+                }
+            })
+        };
     volumes.set_node_allocatable(volume_manager::NodeAllocatable {
         cpu_millis: quantity("cpu", true).unwrap_or(0),
         memory_bytes: quantity("memory", false).unwrap_or(0),

@@ -23,6 +23,7 @@ use tokio::sync::{watch, Notify};
 use super::config::{AgentConfig, Signal};
 use super::cri::{self, Cri};
 use crate::host;
+use crate::quantity::{Amount, Format};
 
 /// The kubelet version ferrok reports.
 pub const KUBELET_VERSION: &str = concat!("v1.33.0+ferrok-", env!("CARGO_PKG_VERSION"));
@@ -85,8 +86,10 @@ pub struct StatusInputs {
     pub pressure: watch::Receiver<NodePressure>,
 }
 
+/// Bytes (whole KiB) as upstream's BinarySI quantity prints them.
 fn ki(bytes: u64) -> Quantity {
-    Quantity(format!("{}Ki", bytes / 1024))
+    let kib = i64::try_from(bytes / 1024).unwrap_or(i64::MAX / 1024);
+    Amount::from_units(kib * 1024, Format::BinarySI).to_quantity()
 }
 
 /// Capacity and allocatable (capacity less the hard eviction thresholds, as upstream).

@@ -87,6 +87,8 @@ pub struct Api {
     /// Signs and checks service-account tokens.
     pub tokens: Option<auth::token::TokenSigner>,
     pub health: health::Health,
+    /// Serialises the ResourceQuota admission of creates per namespace.
+    pub quota_locks: admission::resource_quota::QuotaLocks,
 }
 
 impl Api {
@@ -111,6 +113,7 @@ impl Api {
             storage,
             config,
             tokens,
+            quota_locks: Default::default(),
         })
     }
 

@@ -185,7 +185,7 @@ impl<'a> SchemaNode<'a> {
     /// The first quantity under `value` that does not parse, with its path.
     pub fn invalid_quantity(self, value: &Value, path: &str) -> Option<String> {
         match value {
-            Value::String(s) if self.is_quantity() && !crate::client::quantity::is_valid(s) => Some(path.to_string()),
+            Value::String(s) if self.is_quantity() && !crate::quantity::is_valid(s) => Some(path.to_string()),
             Value::Object(m) if self.schema.is_some() => {
                 m.iter().find_map(|(k, v)| self.field(k).invalid_quantity(v, &format!("{path}.{k}")))
             }
@@ -193,6 +193,30 @@ impl<'a> SchemaNode<'a> {
                 items.iter().enumerate().find_map(|(i, v)| self.items().invalid_quantity(v, &format!("{path}[{i}]")))
             }
             _ => None,
+        }
+    }
+
+    /// Rewrites every quantity under `value` in upstream's canonical form
+    /// (`0.5` → `500m`, `1024Mi` → `1Gi`), as a Go apiserver's decode and
+    /// encode round trip does.
+    pub fn canonicalize_quantities(self, value: &mut Value) {
+        match value {
+            Value::String(s) if self.is_quantity() => {
+                if let Some(c) = crate::quantity::canonical(s) {
+                    *s = c;
+                }
+            }
+            Value::Object(m) if self.schema.is_some() => {
+                for (k, v) in m.iter_mut() {
+                    self.field(k).canonicalize_quantities(v);
+                }
+            }
+            Value::Array(items) if self.schema.is_some() => {
+                for v in items.iter_mut() {
+                    self.items().canonicalize_quantities(v);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -298,6 +322,12 @@ mod tests {
         assert_eq!(
             SchemaNode::root(&set).invalid_quantity(&pod, "").as_deref(),
             Some(".spec.containers[0].resources.limits.cpu")
+        );
+        let mut pod = json!({"spec": {"containers": [{"name": "0.5", "resources": {"limits": {"cpu": "0.5", "memory": "1024Mi"}}}]}});
+        SchemaNode::root(&set).canonicalize_quantities(&mut pod);
+        assert_eq!(
+            pod,
+            json!({"spec": {"containers": [{"name": "0.5", "resources": {"limits": {"cpu": "500m", "memory": "1Gi"}}}]}})
         );
         // A map's values: labels are strings, with no list strategy.
         assert_eq!(meta.field("labels").field("anything").patch_list_merge(), ListMerge::Replace);

@@ -106,6 +106,18 @@ impl ApiError {
         Self::new(403, "Forbidden", message)
     }
 
+    /// `pods "x" is forbidden: why` (`pods is forbidden: why` without a
+    /// name), as upstream's `NewForbidden` words it.
+    pub fn forbidden_object(group: &str, plural: &str, name: &str, why: &str) -> Self {
+        let qualified = qualified(group, plural);
+        let message = if name.is_empty() {
+            format!("{qualified} is forbidden: {why}")
+        } else {
+            format!("{qualified} \"{name}\" is forbidden: {why}")
+        };
+        Self::new(403, "Forbidden", message).with_details(group, plural, name)
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(401, "Unauthorized", "Unauthorized")
     }

@@ -197,15 +197,18 @@ where
                 format!("{}: {}", path, e.inner())
             }
         })?;
-        let back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
-        // Quantities are strings to serde; upstream refuses those that do not parse.
+        let mut back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+        // Quantities are strings to serde; upstream refuses those that do not
+        // parse, and stores the others in canonical form.
         if let Some(set) = self.patch_schema() {
-            if let Some(path) = crate::apiserver::patch_meta::SchemaNode::root(&set).invalid_quantity(&back, "") {
+            let root = crate::apiserver::patch_meta::SchemaNode::root(&set);
+            if let Some(path) = root.invalid_quantity(&back, "") {
                 return Err(format!(
                     "{}: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
                     path.trim_start_matches('.')
                 ));
             }
+            root.canonicalize_quantities(&mut back);
         }
         let mut unknown = Vec::new();
         unknown_fields(obj, &back, String::new(), &mut unknown);

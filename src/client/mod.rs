@@ -7,7 +7,6 @@
 pub mod events;
 pub mod labels;
 pub mod leader;
-pub mod quantity;
 pub mod scheduling;
 
 use std::sync::Arc;

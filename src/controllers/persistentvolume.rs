@@ -20,7 +20,8 @@ use serde_json::json;
 use super::informers::{self, Informer, SharedInformer};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
-use crate::client::{labels, quantity, scheduling};
+use crate::client::{labels, scheduling};
+use crate::quantity;
 
 const BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
 const BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";

@@ -6,11 +6,14 @@
 //! and node ports), configmaps, secrets, persistentvolumeclaims and
 //! requests.storage, and `count/<resource>[.<group>]` for any resource.
 //! Scopes Terminating/NotTerminating/BestEffort/NotBestEffort and the
-//! PriorityClass scope selector narrow which pods count.
+//! PriorityClass scope selector narrow which pods count (see `crate::quota`).
+//! ResourceQuota admission charges creates to `status.used` between
+//! recounts; a recount that would lower `status.used` waits until the quota
+//! has settled (see [`LOWERING_SETTLE`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, ResourceQuota, ResourceQuotaStatus, Secret, Service,
@@ -25,169 +28,20 @@ use kube::runtime::watcher;
 use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
+use crate::quantity::Amount;
+use crate::quota::pods::{is_scoped, pod_counts, pod_in_scope, pod_resource};
 
 /// `--resource-quota-sync-period`: how often quotas counting kinds this
 /// controller does not watch are recounted.
 pub const RESOURCE_QUOTA_SYNC_PERIOD: Duration = Duration::from_secs(300);
 
-/// A quantity as milli-units, and whether it was written in binary units.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Amount {
-    pub milli: i128,
-    pub binary: bool,
-}
-
-impl Amount {
-    pub fn count(n: usize) -> Amount {
-        Amount { milli: n as i128 * 1000, binary: false }
-    }
-
-    pub fn parse(q: &str) -> Amount {
-        let q = q.trim();
-        let split = q.find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | '+'))).unwrap_or(q.len());
-        let (num, suffix) = q.split_at(split);
-        let n: f64 = num.parse().unwrap_or(0.0);
-        let (mult, binary) = match suffix {
-            "" => (1.0, false),
-            "m" => (1e-3, false),
-            "k" => (1e3, false),
-            "M" => (1e6, false),
-            "G" => (1e9, false),
-            "T" => (1e12, false),
-            "P" => (1e15, false),
-            "Ki" => (1024.0, true),
-            "Mi" => (1024f64.powi(2), true),
-            "Gi" => (1024f64.powi(3), true),
-            "Ti" => (1024f64.powi(4), true),
-            "Pi" => (1024f64.powi(5), true),
-            s if s.starts_with(['e', 'E']) => (10f64.powi(s[1..].parse().unwrap_or(0)), false),
-            _ => (1.0, false),
-        };
-        Amount { milli: (n * mult * 1000.0).round() as i128, binary }
-    }
-
-    pub fn plus(self, other: Amount) -> Amount {
-        Amount { milli: self.milli + other.milli, binary: self.binary || other.binary }
-    }
-
-    pub fn max(self, other: Amount) -> Amount {
-        if other.milli > self.milli {
-            Amount { binary: self.binary || other.binary, ..other }
-        } else {
-            self
-        }
-    }
-
-    /// The canonical string, as upstream prints quantities.
-    pub fn format(self) -> String {
-        if self.milli % 1000 != 0 {
-            return format!("{}m", self.milli);
-        }
-        let n = self.milli / 1000;
-        if n == 0 {
-            return "0".into();
-        }
-        if self.binary {
-            for (i, suffix) in ["Ei", "Pi", "Ti", "Gi", "Mi", "Ki"].iter().enumerate() {
-                let unit = 1i128 << (10 * (6 - i));
-                if n % unit == 0 {
-                    return format!("{}{suffix}", n / unit);
-                }
-            }
-            return n.to_string();
-        }
-        for (i, suffix) in ["E", "P", "T", "G", "M", "k"].iter().enumerate() {
-            let unit = 10i128.pow(3 * (6 - i as u32));
-            if n % unit == 0 {
-                return format!("{}{suffix}", n / unit);
-            }
-        }
-        n.to_string()
-    }
-}
-
-/// upstream's `QuotaV1Pod`: finished pods and pods past their deletion
-/// grace period no longer count.
-pub fn pod_counts(pod: &Pod, now: Timestamp) -> bool {
-    if matches!(super::controller_utils::pod_phase(pod), "Succeeded" | "Failed") {
-        return false;
-    }
-    match (&pod.metadata.deletion_timestamp, pod.metadata.deletion_grace_period_seconds) {
-        (Some(at), Some(grace)) => now.as_second() <= at.0.as_second() + grace,
-        _ => true,
-    }
-}
-
-/// The pod's request (or limit) of `resource`: the larger of the
-/// containers' sum and any one init container, plus the pod overhead.
-pub fn pod_resource(pod: &Pod, field: &str, resource: &str) -> Amount {
-    let Some(spec) = pod.spec.as_ref() else { return Amount::default() };
-    let of = |c: &k8s_openapi::api::core::v1::Container| {
-        let r = c.resources.as_ref();
-        let map =
-            if field == "requests" { r.and_then(|r| r.requests.as_ref()) } else { r.and_then(|r| r.limits.as_ref()) };
-        map.and_then(|m| m.get(resource)).map(|q| Amount::parse(&q.0)).unwrap_or_default()
-    };
-    let sum = spec.containers.iter().map(of).fold(Amount::default(), Amount::plus);
-    let init = spec.init_containers.iter().flatten().map(of).fold(Amount::default(), Amount::max);
-    let overhead =
-        spec.overhead.as_ref().and_then(|o| o.get(resource)).map(|q| Amount::parse(&q.0)).unwrap_or_default();
-    sum.max(init).plus(overhead)
-}
-
-fn best_effort(pod: &Pod) -> bool {
-    pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten())).all(|c| {
-        c.resources.as_ref().is_none_or(|r| {
-            r.requests.as_ref().is_none_or(BTreeMap::is_empty) && r.limits.as_ref().is_none_or(BTreeMap::is_empty)
-        })
-    })
-}
-
-/// Whether the quota's scopes select the pod.
-pub fn pod_in_scope(quota: &ResourceQuota, pod: &Pod) -> bool {
-    let spec = quota.spec.as_ref();
-    let terminating = pod.spec.as_ref().and_then(|s| s.active_deadline_seconds).is_some();
-    let scopes = spec.and_then(|s| s.scopes.clone()).unwrap_or_default();
-    let by_scope = scopes.iter().all(|s| match s.as_str() {
-        "Terminating" => terminating,
-        "NotTerminating" => !terminating,
-        "BestEffort" => best_effort(pod),
-        "NotBestEffort" => !best_effort(pod),
-        _ => true,
-    });
-    let class = pod.spec.as_ref().and_then(|s| s.priority_class_name.clone());
-    let by_selector =
-        spec.and_then(|s| s.scope_selector.as_ref()).and_then(|s| s.match_expressions.as_ref()).is_none_or(|exprs| {
-            exprs.iter().all(|e| {
-                let values = e.values.clone().unwrap_or_default();
-                let v = if e.scope_name == "PriorityClass" {
-                    class.clone()
-                } else {
-                    return match e.scope_name.as_str() {
-                        "Terminating" => terminating,
-                        "NotTerminating" => !terminating,
-                        "BestEffort" => best_effort(pod),
-                        "NotBestEffort" => !best_effort(pod),
-                        _ => true,
-                    };
-                };
-                match e.operator.as_str() {
-                    "In" => v.is_some_and(|v| values.contains(&v)),
-                    "NotIn" => v.is_none_or(|v| !values.contains(&v)),
-                    "Exists" => v.is_some(),
-                    "DoesNotExist" => v.is_none(),
-                    _ => false,
-                }
-            })
-        });
-    by_scope && by_selector
-}
-
-fn is_scoped(quota: &ResourceQuota) -> bool {
-    let spec = quota.spec.as_ref();
-    spec.and_then(|s| s.scopes.as_ref()).is_some_and(|s| !s.is_empty())
-        || spec.and_then(|s| s.scope_selector.as_ref()).is_some()
-}
+/// How long a quota must stay unchanged before a recount may lower its
+/// `status.used`. Admission charges a quota just before it stores the new
+/// object, so for a moment the informers here lack an object the quota
+/// already counts; lowering the count in that moment would let the next
+/// create overshoot. Once a quota has not been charged for this long, every
+/// charged object has long been stored and seen.
+const LOWERING_SETTLE: Duration = Duration::from_secs(1);
 
 struct Context {
     client: kube::Client,
@@ -196,6 +50,39 @@ struct Context {
     configmaps: Store<ConfigMap>,
     secrets: Store<Secret>,
     claims: Store<PersistentVolumeClaim>,
+    /// Quotas whose recount came out lower: `ns/name` → (resourceVersion, first seen).
+    lowering: std::sync::Mutex<HashMap<String, (String, Instant)>>,
+}
+
+/// Whether `new` lowers any entry of `old`.
+fn lowers(old: Option<&BTreeMap<String, Quantity>>, new: &BTreeMap<String, Quantity>) -> bool {
+    let old = old.cloned().unwrap_or_default();
+    new.iter().any(|(k, q)| {
+        let before = old.get(k).and_then(|o| Amount::of(o).ok());
+        before.is_some_and(|b| Amount::of(q).is_ok_and(|n| n < b))
+    })
+}
+
+/// How long to wait before a lowering recount of the quota may be written
+/// (see [`LOWERING_SETTLE`]); `None`: write now.
+fn settle(ctx: &Context, key: &str, rv: &str) -> Option<Duration> {
+    let mut pending = ctx.lowering.lock().unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    match pending.get(key) {
+        Some((seen_rv, since)) if seen_rv == rv => {
+            let waited = now.duration_since(*since);
+            if waited >= LOWERING_SETTLE {
+                pending.remove(key);
+                None
+            } else {
+                Some(LOWERING_SETTLE - waited)
+            }
+        }
+        _ => {
+            pending.insert(key.to_string(), (rv.to_string(), now));
+            Some(LOWERING_SETTLE)
+        }
+    }
 }
 
 fn in_ns<K>(store: &Store<K>, ns: &str) -> Vec<Arc<K>>
@@ -237,7 +124,7 @@ async fn used(
         c.spec
             .as_ref()
             .and_then(|s| s.resources.as_ref()?.requests.as_ref()?.get("storage"))
-            .map(|q| Amount::parse(&q.0))
+            .and_then(|q| Amount::of(q).ok())
             .unwrap_or_default()
     };
     let mut out = BTreeMap::new();
@@ -307,7 +194,7 @@ async fn used(
             }
             _ => continue,
         };
-        out.insert(key.clone(), Quantity(amount.format()));
+        out.insert(key.clone(), amount.to_quantity());
     }
     Ok((out, resync))
 }
@@ -336,6 +223,16 @@ async fn reconcile(quota: Arc<ResourceQuota>, ctx: Arc<Context>) -> Result<Actio
     let hard = quota.spec.as_ref().and_then(|s| s.hard.clone()).unwrap_or_default();
     let (used, resync) = used(&ctx, &quota, &ns).await?;
     let next = if resync { Action::requeue(RESOURCE_QUOTA_SYNC_PERIOD) } else { Action::await_change() };
+    let old_used = quota.status.as_ref().and_then(|s| s.used.as_ref());
+    let key = format!("{ns}/{name}");
+    if lowers(old_used, &used) {
+        let rv = quota.metadata.resource_version.clone().unwrap_or_default();
+        if let Some(wait) = settle(&ctx, &key, &rv) {
+            return Ok(Action::requeue(wait));
+        }
+    } else {
+        ctx.lowering.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+    }
     let status = ResourceQuotaStatus { hard: Some(hard), used: Some(used) };
     if quota.status.as_ref() == Some(&status) {
         return Ok(next);
@@ -372,7 +269,8 @@ pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<
     let (quotas, quota_events) = reflected(Api::<ResourceQuota>::all(client.clone()), cfg());
     let queue = QueueMetrics::new("resourcequota_primary", quotas.clone());
     let (q1, q2, q3, q4, q5) = (quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone());
-    let ctx = Arc::new(Context { client, pods, services, configmaps, secrets, claims });
+    let lowering = std::sync::Mutex::default();
+    let ctx = Arc::new(Context { client, pods, services, configmaps, secrets, claims, lowering });
     let results = Controller::for_stream(queue.primary(quota_events), quotas)
         .watches_stream(pod_events, queue.mapped(move |o: Pod| quotas_in(&q1, o.metadata.namespace.as_deref())))
         .watches_stream(service_events, queue.mapped(move |o: Service| quotas_in(&q2, o.metadata.namespace.as_deref())))
@@ -387,41 +285,4 @@ pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<
         )
         .run(queue.timed(reconcile), queue.retried(error_policy), ctx);
     drain("resourcequota_primary", results).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quantities_add_and_print_as_upstream() {
-        let sum = |qs: &[&str]| qs.iter().map(|q| Amount::parse(q)).fold(Amount::default(), Amount::plus).format();
-        assert_eq!(sum(&["500m", "500m"]), "1");
-        assert_eq!(sum(&["250m", "1"]), "1250m");
-        assert_eq!(sum(&["64Mi", "64Mi"]), "128Mi");
-        assert_eq!(sum(&["1Gi", "512Mi"]), "1536Mi");
-        assert_eq!(sum(&["1G", "1G"]), "2G");
-        assert_eq!(sum(&[]), "0");
-        assert_eq!(Amount::count(3).format(), "3");
-        assert_eq!(Amount::count(1000).format(), "1k");
-    }
-
-    #[test]
-    fn pod_requests_take_init_containers_and_overhead() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "spec": {
-                "containers": [
-                    {"name": "a", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
-                    {"name": "b", "resources": {"requests": {"cpu": "200m"}, "limits": {"memory": "1Gi"}}}
-                ],
-                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "1"}}}],
-                "overhead": {"cpu": "10m"}
-            }
-        }))
-        .unwrap();
-        assert_eq!(pod_resource(&pod, "requests", "cpu").format(), "1010m");
-        assert_eq!(pod_resource(&pod, "requests", "memory").format(), "64Mi");
-        assert_eq!(pod_resource(&pod, "limits", "memory").format(), "1Gi");
-        assert!(!best_effort(&pod));
-    }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::client::quantity;
+use crate::quantity;
 
 /// What a container without a CPU request counts as, for scoring only.
 pub const DEFAULT_MILLI_CPU_REQUEST: i64 = 100;

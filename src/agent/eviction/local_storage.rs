@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::signals::binary_si;
 use super::stats::PodDiskUsage;
 use crate::agent::pod_util;
-use crate::client::quantity;
+use crate::quantity;
 
 const EPHEMERAL: &str = "ephemeral-storage";
 

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::signals::binary_si;
 use crate::agent::pod_util;
-use crate::client::quantity;
+use crate::quantity;
 
 /// `scheduling.SystemCriticalPriority`.
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;

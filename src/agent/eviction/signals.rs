@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::agent::config::Signal;
+use crate::quantity::{Amount, Format};
 
 /// A signal's value: what is left, and of how much.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,33 +72,13 @@ pub fn resource_of(signal: Signal) -> &'static str {
 
 /// A count as Go's `resource.Quantity` prints it in the DecimalSI format (`1500`, `2k`, `3M`).
 pub fn decimal_si(value: i64) -> String {
-    if value == 0 {
-        return "0".into();
-    }
-    let mut v = value;
-    let mut i = 0;
-    let suffixes = ["", "k", "M", "G", "T", "P", "E"];
-    while v % 1000 == 0 && i < suffixes.len() - 1 {
-        v /= 1000;
-        i += 1;
-    }
-    format!("{v}{}", suffixes[i])
+    Amount::from_units(value, Format::DecimalSI).to_string()
 }
 
 /// Bytes as Go's `resource.Quantity` prints them in the BinarySI format
 /// (`100Mi`, `51200Ki`, `1500`); under 1024 it prints DecimalSI, as Go does.
 pub fn binary_si(value: i64) -> String {
-    if value.abs() < 1024 {
-        return decimal_si(value);
-    }
-    let mut v = value;
-    let mut i = 0;
-    let suffixes = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
-    while v % 1024 == 0 && i < suffixes.len() - 1 {
-        v /= 1024;
-        i += 1;
-    }
-    format!("{v}{}", suffixes[i])
+    Amount::from_units(value, Format::BinarySI).to_string()
 }
 
 /// How a signal's amounts print (bytes in BinarySI, counts in DecimalSI).

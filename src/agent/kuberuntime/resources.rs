@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::agent::cri::api;
 use crate::agent::pod_util;
-use crate::client::quantity;
+use crate::quantity;
 
 const MIN_SHARES: i64 = 2;
 const MAX_SHARES: i64 = 262144;

@@ -13,7 +13,7 @@ use super::atomic_writer::{FileProjection, Payload};
 use super::error::SetUpError;
 use super::projection::file_mode;
 use crate::agent::prober::text::quote;
-use crate::client::quantity;
+use crate::quantity;
 
 /// The files of a downwardAPI volume (or projected source).
 pub fn collect_data(

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::error::SetUpError;
 use super::mounter;
-use crate::client::quantity;
+use crate::quantity;
 
 /// Creates `dir` (mode 0777, whatever the umask) and, when asked, mounts a
 /// tmpfs of `tmpfs_size` bytes on it. Idempotent: an existing folder keeps

@@ -1,10 +1,13 @@
 //! Admission: after an object is decoded and defaulted, the mutating
 //! plugins run (the built-ins ServiceAccount, Priority, DefaultStorageClass
 //! and LimitRanger, then MutatingAdmissionWebhook), the object is
-//! validated, and the validating plugins run (ResourceQuota, then
-//! ValidatingAdmissionWebhook). Nothing is stored unless all agree.
+//! validated, and the validating plugins run (ValidatingAdmissionWebhook,
+//! then ResourceQuota last, as upstream, so that a create is charged to
+//! its quota only once nothing else can refuse it). Nothing is stored
+//! unless all agree.
 
 mod builtin;
+pub mod resource_quota;
 pub mod webhook;
 
 use serde_json::Value;
@@ -38,7 +41,7 @@ pub async fn mutate(call: &Call, obj: &mut Value, old: Option<&Value>, op: Opera
 
 /// The validating plugins.
 pub async fn validate(call: &Call, obj: &Value, old: Option<&Value>, op: Operation) -> ApiResult<()> {
-    builtin::validate(call, obj, op).await?;
     let mut copy = obj.clone();
-    webhook::call_all(call, &mut copy, old, op, false).await
+    webhook::call_all(call, &mut copy, old, op, false).await?;
+    resource_quota::admit(call, obj, old, op).await
 }

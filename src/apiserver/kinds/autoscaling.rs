@@ -66,8 +66,8 @@ fn format_metrics(o: &Value) -> String {
 /// A quantity as Go prints a possibly-nil one.
 fn quantity(v: Option<&Value>) -> String {
     match v {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => n.to_string(),
+        Some(Value::String(s)) => crate::quantity::canonical(s).unwrap_or_else(|| s.clone()),
+        Some(Value::Number(n)) => crate::quantity::canonical(&n.to_string()).unwrap_or_else(|| n.to_string()),
         _ => "<nil>".into(),
     }
 }

@@ -12,6 +12,7 @@ mod events;
 mod networking;
 mod pod;
 mod policy;
+mod quantities;
 mod rbac;
 mod storage;
 mod workloads;

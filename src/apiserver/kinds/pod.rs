@@ -124,6 +124,7 @@ pub fn validate_pod_spec(spec: Option<&Value>, path: &str) -> Vec<Cause> {
             });
         }
     }
+    causes.extend(super::quantities::validate_pod_resources(spec, path));
     causes
 }
 

@@ -11,8 +11,8 @@ use crate::apiserver::table::Column;
 /// An int-or-string as upstream prints it, `N/A` when unset.
 fn int_or_string(v: Option<&Value>) -> String {
     match v {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => n.to_string(),
+        Some(Value::String(s)) => crate::quantity::canonical(s).unwrap_or_else(|| s.clone()),
+        Some(Value::Number(n)) => crate::quantity::canonical(&n.to_string()).unwrap_or_else(|| n.to_string()),
         _ => "N/A".into(),
     }
 }
@@ -39,10 +39,11 @@ pub fn poddisruptionbudget_hooks() -> Hooks {
     }
 }
 
+/// A quantity as upstream prints it: canonical (`0.5` shows as `500m`).
 fn quantity(v: Option<&Value>) -> String {
     match v {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => n.to_string(),
+        Some(Value::String(s)) => crate::quantity::canonical(s).unwrap_or_else(|| s.clone()),
+        Some(Value::Number(n)) => crate::quantity::canonical(&n.to_string()).unwrap_or_else(|| n.to_string()),
         _ => "0".into(),
     }
 }
@@ -71,6 +72,7 @@ pub fn resourcequota_hooks() -> Hooks {
             let (requests, limits) = quota_cells(o);
             vec![json!(requests), json!(limits), json!(age(o))]
         },
+        validate: super::quantities::validate_quota,
         ..Hooks::default()
     }
 }

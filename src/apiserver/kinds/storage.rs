@@ -100,6 +100,7 @@ pub fn persistentvolume_hooks() -> Hooks {
 
 pub fn persistentvolumeclaim_hooks() -> Hooks {
     Hooks {
+        validate: super::quantities::validate_claim,
         initial_status: |_| Some(json!({"phase": "Pending"})),
         default: |o| {
             if let Some(spec) = o.get_mut("spec") {
