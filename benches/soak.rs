@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 
 mod common;
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod tcommon;
 
 use common::{free_port, rss_kib, start_with};

@@ -174,7 +174,7 @@ mod tests {
         assert!(m("n>3") && !m("n<3"));
         assert!(m(""));
         assert!(LabelSelector::parse("a in b").is_err());
-        assert!(m("n notin (5)") == false && m("missing notin (x)") && m("missing!=x"));
+        assert!(!m("n notin (5)") && m("missing notin (x)") && m("missing!=x"));
     }
 
     #[test]
