@@ -2,6 +2,7 @@
 //! Writes go through one writer thread (`writer`), reads through a small
 //! pool of read-only connections, each read inside its own snapshot.
 
+mod checkpoint;
 mod compact;
 mod lease;
 mod quota;
@@ -199,7 +200,9 @@ impl SqliteStore {
         }
         tracing::info!(path = %opts.path.display(), revision = meta.rev, compact_revision = meta.compact_rev, "datastore opened");
         let (commands, rx) = mpsc::unbounded_channel();
-        let writer = Writer::new(conn, meta, shared.clone(), opts.min_lease_ttl, opts.quota_backend_bytes)?;
+        let checkpointer = checkpoint::Checkpointer::start(&opts.path)?;
+        let writer =
+            Writer::new(conn, meta, shared.clone(), opts.min_lease_ttl, opts.quota_backend_bytes, checkpointer)?;
         let handle = std::thread::Builder::new().name("store-writer".into()).spawn(move || writer.run(rx))?;
         let readers = Arc::new(Readers { path: opts.path.clone(), idle: Mutex::new(Vec::new()) });
         let store = Arc::new(SqliteStore { opts, shared, readers, commands, writer: Mutex::new(Some(handle)) });

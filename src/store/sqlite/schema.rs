@@ -63,6 +63,10 @@ pub struct Meta {
     pub member_id: u64,
 }
 
+/// SQLite's automatic checkpoint, in pages: only a safety net (64 MiB of
+/// WAL), should the checkpointer thread fall behind; see `checkpoint`.
+pub const AUTOCHECKPOINT_PAGES: i64 = 16384;
+
 pub fn open_writer(path: &Path, sync: SyncMode) -> Result<Connection> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -75,10 +79,10 @@ pub fn open_writer(path: &Path, sync: SyncMode) -> Result<Connection> {
     conn.execute_batch(
         "PRAGMA busy_timeout = 10000;
          PRAGMA cache_size = -4096;
-         PRAGMA journal_size_limit = 67108864;
-         PRAGMA wal_autocheckpoint = 2000;
+         PRAGMA journal_size_limit = 4194304;
          PRAGMA temp_store = MEMORY;",
     )?;
+    conn.pragma_update(None, "wal_autocheckpoint", AUTOCHECKPOINT_PAGES)?;
     Ok(conn)
 }
 

@@ -107,6 +107,8 @@ pub struct Writer {
     quota: Quota,
     /// The alarms raised, as stored.
     alarms: Vec<AlarmMember>,
+    /// Checkpoints the WAL off this thread, kicked after each commit.
+    pub(super) checkpointer: super::checkpoint::Checkpointer,
 }
 
 impl Writer {
@@ -117,6 +119,7 @@ impl Writer {
         shared: Arc<Shared>,
         min_lease_ttl: i64,
         quota_bytes: i64,
+        checkpointer: super::checkpoint::Checkpointer,
     ) -> Result<Self> {
         let alarms = schema::read_alarms(&conn)?;
         shared.set_alarms(&alarms);
@@ -130,6 +133,7 @@ impl Writer {
             defrag_waiters: Vec::new(),
             quota: Quota::new(quota_bytes),
             alarms,
+            checkpointer,
         };
         writer.measure();
         Ok(writer)
@@ -292,7 +296,10 @@ impl Writer {
                 .map_err(|e| e.to_string())
         };
         match committed {
-            Ok(()) => self.publish(done, events),
+            Ok(()) => {
+                self.checkpointer.kick();
+                self.publish(done, events)
+            }
             Err(why) => {
                 tracing::error!(error = %why, "write batch rolled back");
                 let _ = self.conn.execute_batch("ROLLBACK");
