@@ -1,12 +1,13 @@
-//! WAL checkpoints off the writer's path. SQLite's automatic checkpoint
-//! runs inside the commit that crosses its threshold, so that one commit
-//! (and every write queued behind it) waits while megabytes of WAL are
-//! copied into the database: tens of milliseconds. Here the writer only
+//! WAL checkpoints mostly off the writer's path. SQLite's automatic
+//! checkpoint runs inside the commit that crosses its threshold, so that
+//! one commit (and every write queued behind it) waits while megabytes of
+//! WAL are copied into the database: tens of milliseconds. Here the writer
 //! kicks a thread of its own after each commit; the thread runs a PASSIVE
 //! checkpoint on its own connection, which never blocks the writer, at most
-//! once per `INTERVAL`. An idle store kicks nothing and the thread sleeps.
-//! SQLite's own automatic checkpoint stays as a safety net at a far larger
-//! WAL (`schema::AUTOCHECKPOINT_PAGES`).
+//! once per `INTERVAL`. The automatic checkpoint still runs in the writer
+//! (it alone can let the WAL start over under steady writes, since nothing
+//! writes while it runs), but finds all but the last few frames copied.
+//! An idle store kicks nothing and the thread sleeps.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
@@ -18,7 +19,7 @@ use rusqlite::Connection;
 use crate::store::Result;
 
 /// The least time between two checkpoints.
-const INTERVAL: Duration = Duration::from_millis(500);
+const INTERVAL: Duration = Duration::from_millis(200);
 
 /// The checkpointer thread, and how to kick it.
 pub struct Checkpointer {

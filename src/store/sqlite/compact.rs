@@ -82,8 +82,8 @@ impl Writer {
     }
 
     /// Returns one step of free pages to the file system; when none are
-    /// left, has the WAL checkpointed, so the space freed by compaction does
-    /// not reappear as a grown WAL.
+    /// left, checkpoints the WAL and truncates it, so the space freed by
+    /// compaction does not reappear as a grown WAL.
     pub(super) fn vacuum_step(&mut self) {
         let step = || -> rusqlite::Result<i64> {
             // incremental_vacuum frees one page per step of its statement:
@@ -108,10 +108,16 @@ impl Writer {
         match step() {
             Ok(0) | Err(_) => {
                 self.vacuum_pending = false;
-                // The checkpointer copies what the vacuum wrote back into the
-                // database; the WAL restarts (and is cut to its size limit)
-                // at the next write after that.
-                self.checkpointer.kick();
+                // The file shrinks when the vacuum's pages reach it: checkpoint
+                // and truncate the WAL now (the checkpointer thread has copied
+                // most of it already). TRUNCATE waits for readers to leave the
+                // WAL: allow it 100 ms so writers are not held up; the next
+                // compaction tries again.
+                let _ = self.conn.busy_timeout(std::time::Duration::from_millis(100));
+                if let Err(e) = self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+                    tracing::debug!(error = %e, "WAL checkpoint did not complete");
+                }
+                let _ = self.conn.busy_timeout(std::time::Duration::from_secs(10));
                 self.measure();
                 let head = self.meta.rev;
                 for reply in self.defrag_waiters.drain(..) {

@@ -63,9 +63,11 @@ pub struct Meta {
     pub member_id: u64,
 }
 
-/// SQLite's automatic checkpoint, in pages: only a safety net (64 MiB of
-/// WAL), should the checkpointer thread fall behind; see `checkpoint`.
-pub const AUTOCHECKPOINT_PAGES: i64 = 16384;
+/// SQLite's automatic checkpoint, in pages (8 MiB of WAL). It runs inside
+/// the commit that crosses it, and is what lets the WAL start over; the
+/// checkpointer thread (`checkpoint`) has by then copied all but the last
+/// few frames, so that commit has little left to copy.
+pub const AUTOCHECKPOINT_PAGES: i64 = 2000;
 
 pub fn open_writer(path: &Path, sync: SyncMode) -> Result<Connection> {
     if let Some(dir) = path.parent() {
@@ -79,7 +81,7 @@ pub fn open_writer(path: &Path, sync: SyncMode) -> Result<Connection> {
     conn.execute_batch(
         "PRAGMA busy_timeout = 10000;
          PRAGMA cache_size = -4096;
-         PRAGMA journal_size_limit = 4194304;
+         PRAGMA journal_size_limit = 8388608;
          PRAGMA temp_store = MEMORY;",
     )?;
     conn.pragma_update(None, "wal_autocheckpoint", AUTOCHECKPOINT_PAGES)?;
