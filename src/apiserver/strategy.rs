@@ -301,22 +301,13 @@ pub fn check_name(rule: NameRule, name: &str) -> Vec<String> {
             if name.len() > 63 {
                 errs.push("must be no more than 63 characters".into());
             }
-            if !is_label(name) {
+            if !crate::apiserver::validation::is_dns1123_label(name) {
                 errs.push("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')".into());
             }
         }
         NameRule::Subdomain => errs.extend(crate::apiserver::validation::dns1123_subdomain(name)),
     }
     errs
-}
-
-pub fn is_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
 }
 
 #[cfg(test)]

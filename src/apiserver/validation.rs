@@ -39,20 +39,27 @@ fn is_qualified_part(s: &str) -> bool {
         && b.iter().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, the whole string (any length).
+fn matches_dns1123_label(l: &str) -> bool {
+    let b = l.as_bytes();
+    let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    b.first().is_some_and(edge)
+        && b.last().is_some_and(edge)
+        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// An RFC 1123 label of at most 63 characters (namespace and service names).
+pub fn is_dns1123_label(s: &str) -> bool {
+    s.len() <= 63 && matches_dns1123_label(s)
+}
+
 /// Upstream's IsDNS1123Subdomain: what is wrong with `s`, if anything.
 pub fn dns1123_subdomain(s: &str) -> Vec<String> {
     let mut errs = Vec::new();
     if s.len() > 253 {
         errs.push(max_len_error(253));
     }
-    let label_ok = |l: &str| {
-        let b = l.as_bytes();
-        let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-        b.first().is_some_and(edge)
-            && b.last().is_some_and(edge)
-            && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-    };
-    if !s.split('.').all(label_ok) {
+    if !s.split('.').all(matches_dns1123_label) {
         errs.push(regex_error(DNS1123_SUBDOMAIN_MSG, DNS1123_SUBDOMAIN_FMT, &["example.com"]));
     }
     errs
