@@ -211,14 +211,6 @@ impl Amount {
         Amount { nanos: i128::from(units) * NANO, format }
     }
 
-    pub fn from_milli(milli: i64, format: Format) -> Amount {
-        Amount { nanos: i128::from(milli) * 1_000_000, format }
-    }
-
-    pub fn format(self) -> Format {
-        self.format
-    }
-
     pub fn is_zero(self) -> bool {
         self.nanos == 0
     }

@@ -182,15 +182,10 @@ fn webhooks_and_builtin_plugins() {
     let (ok, _, err) = kubectl(&kc, &["apply", "-f", "-"], Some(quota));
     assert!(ok, "{err}");
     // As upstream, a quota constrains once the controller has computed its usage.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
+    common::eventually("the quota's usage computed", || {
         let (_, used, _) = kubectl(&kc, &["get", "quota", "q", "-o", "jsonpath={.status.used['count/secrets']}"], None);
-        if !used.is_empty() {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "quota usage never computed");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+        !used.is_empty()
+    });
     let (ok, _, err) = kubectl(&kc, &["create", "secret", "generic", "s1", "--from-literal=a=b"], None);
     assert!(ok, "{err}");
     let (ok, _, err) = kubectl(&kc, &["create", "secret", "generic", "s2", "--from-literal=a=b"], None);

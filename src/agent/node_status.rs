@@ -165,12 +165,10 @@ async fn runtime_not_ready(cri: &Cri) -> Option<String> {
 }
 
 async fn images(cri: &Cri) -> Vec<ContainerImage> {
-    let Ok(resp) = cri.images().list_images(cri::api::ListImagesRequest { filter: None }).await else {
+    let Ok(images) = cri.list_images().await else {
         return Vec::new();
     };
-    let mut list: Vec<ContainerImage> = resp
-        .into_inner()
-        .images
+    let mut list: Vec<ContainerImage> = images
         .into_iter()
         .map(|i| {
             let mut names = i.repo_digests.clone();

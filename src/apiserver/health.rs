@@ -173,11 +173,15 @@ fn log_flushes() -> Result<(), String> {
             tracing::warn!(error = %e, "cannot start the log flusher");
         }
     });
-    let since = unix_secs().saturating_sub(LOG_FLUSHED_AT.load(Ordering::Acquire));
-    if since > LOG_BLOCKED_AFTER.as_secs() {
+    if log_blocked(LOG_FLUSHED_AT.load(Ordering::Acquire), unix_secs()) {
         return Err("logging blocked".into());
     }
     Ok(())
+}
+
+/// Whether a log last flushed at `flushed_at` is blocked at `now` (seconds).
+fn log_blocked(flushed_at: u64, now: u64) -> bool {
+    now.saturating_sub(flushed_at) > LOG_BLOCKED_AFTER.as_secs()
 }
 
 async fn run_check(api: &Api, name: &str) -> Option<Result<(), String>> {
@@ -297,5 +301,8 @@ mod tests {
     #[test]
     fn the_log_is_flushed() {
         assert_eq!(log_flushes(), Ok(()));
+        // A flush older than two minutes means a stuck log.
+        assert!(!log_blocked(1_000, 1_119));
+        assert!(log_blocked(1_000, 1_121));
     }
 }

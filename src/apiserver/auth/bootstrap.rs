@@ -142,7 +142,7 @@ fn user_binding(name: &str, role: &str, user: &str) -> Value {
     binding_to(name, role, vec![json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user})])
 }
 
-fn binding_to(name: &str, role: &str, subjects: Vec<Value>) -> Value {
+pub(super) fn binding_to(name: &str, role: &str, subjects: Vec<Value>) -> Value {
     json!({
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRoleBinding",

@@ -245,19 +245,11 @@ pub fn roles() -> Vec<(&'static str, Vec<Value>)> {
 /// `kube-system/<name>`.
 pub fn binding(name: &str) -> Value {
     let full = format!("system:controller:{name}");
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {
-            "name": full,
-            "uid": crate::apiserver::meta::new_uid(),
-            "creationTimestamp": crate::apiserver::meta::now_rfc3339(),
-            "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
-            "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"},
-        },
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": full},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}],
-    })
+    super::bootstrap::binding_to(
+        &full,
+        &full,
+        vec![json!({"kind": "ServiceAccount", "name": name, "namespace": "kube-system"})],
+    )
 }
 
 /// The ServiceAccount object of a controller, in kube-system. ferrok's
