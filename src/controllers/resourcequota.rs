@@ -29,6 +29,7 @@ use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::quantity::Amount;
+use crate::quota::evaluator::Evaluator;
 use crate::quota::pods::{is_scoped, pod_counts, pod_in_scope, pod_resource};
 
 /// `--resource-quota-sync-period`: how often quotas counting kinds this
@@ -56,9 +57,8 @@ struct Context {
 
 /// Whether `new` lowers any entry of `old`.
 fn lowers(old: Option<&BTreeMap<String, Quantity>>, new: &BTreeMap<String, Quantity>) -> bool {
-    let old = old.cloned().unwrap_or_default();
     new.iter().any(|(k, q)| {
-        let before = old.get(k).and_then(|o| Amount::of(o).ok());
+        let before = old.and_then(|o| o.get(k)).and_then(|o| Amount::of(o).ok());
         before.is_some_and(|b| Amount::of(q).is_ok_and(|n| n < b))
     })
 }
@@ -83,6 +83,15 @@ fn settle(ctx: &Context, key: &str, rv: &str) -> Option<Duration> {
             Some(LOWERING_SETTLE)
         }
     }
+}
+
+/// `key` summed over `objects`, each charged as the admission evaluator charges it.
+fn evaluated<K: serde::Serialize>(evaluator: &Evaluator, objects: &[Arc<K>], key: &str, now: Timestamp) -> Amount {
+    objects
+        .iter()
+        .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
+        .filter_map(|o| evaluator.usage(&o, now).get(key).copied())
+        .fold(Amount::default(), Amount::plus)
 }
 
 fn in_ns<K>(store: &Store<K>, ns: &str) -> Vec<Arc<K>>
@@ -142,20 +151,10 @@ async fn used(
             k if k.starts_with("limits.") => pod_sum("limits", &k["limits.".len()..]),
             _ if scoped => continue,
             "services" | "count/services" => Amount::count(in_ns(&ctx.services, ns).len()),
-            "services.loadbalancers" => Amount::count(
-                in_ns(&ctx.services, ns)
-                    .iter()
-                    .filter(|s| s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("LoadBalancer"))
-                    .count(),
-            ),
-            "services.nodeports" => Amount::count(
-                in_ns(&ctx.services, ns)
-                    .iter()
-                    .filter_map(|s| s.spec.as_ref())
-                    .filter(|s| matches!(s.type_.as_deref(), Some("NodePort") | Some("LoadBalancer")))
-                    .map(|s| s.ports.as_ref().map_or(0, Vec::len))
-                    .sum(),
-            ),
+            // As admission charges each Service (one definition of its usage).
+            "services.loadbalancers" | "services.nodeports" => {
+                evaluated(&Evaluator::Services, &in_ns(&ctx.services, ns), key, now)
+            }
             "configmaps" | "count/configmaps" => Amount::count(in_ns(&ctx.configmaps, ns).len()),
             "secrets" | "count/secrets" => Amount::count(in_ns(&ctx.secrets, ns).len()),
             "persistentvolumeclaims" | "count/persistentvolumeclaims" => Amount::count(claims.len()),
