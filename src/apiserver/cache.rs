@@ -47,11 +47,12 @@ impl PrefixCache {
     /// The objects of one namespace.
     pub fn in_namespace(&self, namespace: &str) -> Vec<Value> {
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
-        objects
-            .values()
-            .filter(|o| o.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace))
-            .cloned()
-            .collect()
+        objects.values().filter(|o| is_in(o, namespace)).cloned().collect()
+    }
+
+    /// Whether one namespace has any object (nothing is copied).
+    pub fn any_in_namespace(&self, namespace: &str) -> bool {
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).values().any(|o| is_in(o, namespace))
     }
 
     pub fn get(&self, id: &str) -> Option<Value> {
@@ -175,4 +176,8 @@ impl Caches {
     pub fn synced(&self) -> bool {
         self.all().iter().all(|c| c.synced.load(std::sync::atomic::Ordering::Acquire))
     }
+}
+
+fn is_in(obj: &Value, namespace: &str) -> bool {
+    obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace)
 }

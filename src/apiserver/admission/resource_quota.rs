@@ -70,7 +70,7 @@ pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation)
         _ => return Ok(()),
     };
     let Some(ns) = call.namespace() else { return Ok(()) };
-    if call.api.caches.resource_quotas.in_namespace(ns).is_empty() {
+    if !call.api.caches.resource_quotas.any_in_namespace(ns) {
         return Ok(());
     }
     let r = &call.resource;
