@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream};
-use futures_util::{FutureExt, StreamExt, TryStreamExt};
+use futures_util::{StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{applier, Action, Config, ReconcileRequest};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -21,9 +21,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::controller_utils::controller_of;
+use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::client::labels;
-use crate::metrics::workqueue::WorkQueueMetrics;
 
 /// A reconcile request, or why the watch feeding it failed.
 pub type Trigger<K> = BoxStream<'static, Result<ReconcileRequest<K>, watcher::Error>>;
@@ -197,51 +197,13 @@ pub async fn run<K, Ctx, F, Fut>(
     F: Fn(Arc<K>, Arc<Ctx>) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = Result<Action, ControllerError>> + Send + 'static,
 {
-    let queue_metrics = WorkQueueMetrics::named(name);
-    let (waiting, cached) = (queue_metrics.clone(), store.clone());
-    // Requests for objects the cache does not hold are dropped by the
-    // applier unseen, so they are not counted as adds; those made while
-    // the cache takes its initial list (and shows none of it yet) are.
-    let queue = stream::select_all(triggers).inspect(move |request| {
-        if let Ok(r) = request {
-            let listing = cached.wait_until_ready().now_or_never().is_none();
-            if listing || cached.get(&r.obj_ref).is_some() {
-                waiting.add(&queue_key(r.obj_ref.namespace.as_deref(), &r.obj_ref.name));
-            }
-        }
-    });
-    let retries = queue_metrics.clone();
-    let error_policy = move |obj: Arc<K>, err: &ControllerError, _ctx: Arc<Ctx>| {
+    let queue = QueueMetrics::new(name, store.clone());
+    let requests = queue.requests(stream::select_all(triggers));
+    let error_policy = queue.retried(move |obj: Arc<K>, err: &ControllerError, _ctx: Arc<Ctx>| {
         tracing::warn!(controller = name, object = ?obj.meta().name, error = %err, "reconcile failed; retrying");
-        retries.retry();
         Action::requeue(Duration::from_secs(2))
-    };
-    let instrumented = move |obj: Arc<K>, ctx: Arc<Ctx>| {
-        let meta = obj.meta();
-        let key = queue_key(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default());
-        let metrics = queue_metrics.clone();
-        let sync = reconcile(obj, ctx);
-        Box::pin(async move {
-            let _timer = metrics.start(&key);
-            sync.await
-        }) as futures_util::future::BoxFuture<'static, Result<Action, ControllerError>>
-    };
-    applier(instrumented, error_policy, ctx, store, queue, Config::default())
-        .for_each(|result| {
-            if let Err(e) = result {
-                tracing::debug!(controller = name, error = %e, "controller queue error");
-            }
-            std::future::ready(())
-        })
-        .await;
-}
-
-/// A work queue key as client-go's `MetaNamespaceKeyFunc` makes it.
-fn queue_key(namespace: Option<&str>, name: &str) -> String {
-    match namespace {
-        Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-        _ => name.to_string(),
-    }
+    });
+    drain(name, applier(queue.timed(reconcile), error_policy, ctx, store, requests, Config::default())).await;
 }
 
 /// Waits until every given cache has its first full list.

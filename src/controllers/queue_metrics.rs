@@ -19,7 +19,7 @@ use crate::metrics::workqueue::WorkQueueMetrics;
 
 /// The metrics of one controller's queue, keyed as client-go keys objects
 /// (`namespace/name`), counting only requests for objects the controller's
-/// cache holds (the others are dropped unseen, as in `informers::run`).
+/// cache holds (the others are dropped unseen by the applier).
 pub struct QueueMetrics<K: Resource<DynamicType = ()> + 'static> {
     metrics: Arc<WorkQueueMetrics>,
     store: Store<K>,
@@ -52,6 +52,16 @@ where
         }
     }
 
+    /// A request entering the queue: counted while the cache takes its
+    /// initial list (it shows none of it yet), else when the cache holds it.
+    fn count(&self, r: &ObjectRef<K>) {
+        if self.listing() {
+            self.metrics.add(&key_of(r));
+        } else {
+            self.add(r);
+        }
+    }
+
     /// Whether the cache is still taking its initial list (and shows none
     /// of it yet).
     fn listing(&self) -> bool {
@@ -68,12 +78,7 @@ where
         let this = self.clone();
         events.inspect(move |e| {
             if let Ok(obj) = e {
-                let r = ObjectRef::from_obj(obj);
-                if this.listing() {
-                    this.metrics.add(&key_of(&r));
-                } else {
-                    this.add(&r);
-                }
+                this.count(&ObjectRef::from_obj(obj));
             }
         })
     }
@@ -87,11 +92,7 @@ where
         let this = self.clone();
         requests.inspect(move |r| {
             if let Ok(r) = r {
-                if this.listing() {
-                    this.metrics.add(&key_of(&r.obj_ref));
-                } else {
-                    this.add(&r.obj_ref);
-                }
+                this.count(&r.obj_ref);
             }
         })
     }
