@@ -10,6 +10,7 @@
 pub mod backoff;
 pub mod config;
 pub mod container_gc;
+pub mod container_logs;
 pub mod containerd;
 pub mod credentials;
 pub mod cri;
@@ -36,6 +37,7 @@ pub mod pod_workers;
 pub mod prober;
 pub mod probes;
 pub mod static_pods;
+pub mod stats;
 pub mod status_manager;
 pub mod volume_manager;
 
