@@ -263,7 +263,7 @@ mod tests {
     #[test]
     fn resource_metrics_carry_upstreams_names_and_labels() {
         let text = resource_metrics(Some(&summary()));
-        let ms = 1_795_924_800_000i64;
+        let ms = 1_795_492_800_000i64;
         for line in [
             format!("container_cpu_usage_seconds_total{{container=\"app\",namespace=\"default\",pod=\"web\"}} 2 {ms}"),
             format!(
@@ -273,7 +273,7 @@ mod tests {
             format!("node_memory_working_set_bytes 1000 {ms}"),
             format!("pod_cpu_usage_seconds_total{{namespace=\"default\",pod=\"web\"}} 2.5 {ms}"),
             format!("pod_memory_working_set_bytes{{namespace=\"default\",pod=\"web\"}} 400 {ms}"),
-            "container_start_time_seconds{container=\"app\",namespace=\"default\",pod=\"web\"} 1795924800".to_string(),
+            "container_start_time_seconds{container=\"app\",namespace=\"default\",pod=\"web\"} 1795492800".to_string(),
             "resource_scrape_error 0".to_string(),
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
