@@ -138,8 +138,11 @@ fn kubectl_logs_reads_follows_and_refuses_like_upstream() {
     assert_eq!(logs(&["two", "-c", "b"]), "from-b\n");
     let both = logs(&["two", "--all-containers"]);
     assert!(both.contains("from-a\n") && both.contains("from-b\n"), "{both}");
+    // kubectl picks the first container itself; the API asks for one.
     let (ok, out) = node.kubectl(&["logs", "two"]);
-    assert!(!ok && out.contains("a container name must be specified for pod two"), "{out}");
+    assert!(ok && out.contains("Defaulted container \"a\" out of: a, b") && out.starts_with("from-a\n"), "{out}");
+    let (ok, out) = node.kubectl(&["get", "--raw", "/api/v1/namespaces/default/pods/two/log"]);
+    assert!(!ok && out.contains("a container name must be specified for pod two, choose one of: [a b]"), "{out}");
     assert_eq!(logs(&["-l", "app=counter", "--tail=1"]), "err-line\n");
     node.eventually("the deployment's pod logs", 60, || node.kubectl(&["logs", "deploy/dep"]).1 == "dep-line\n");
 
