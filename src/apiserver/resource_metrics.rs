@@ -4,7 +4,12 @@
 //! (bytes, in `Ki` when whole). The summary is read as JSON, the wire form
 //! the kubelet serves, so the API server needs nothing of the node's code.
 
+use std::sync::Arc;
+
 use serde_json::{json, Value};
+
+use super::resource::Resource;
+use super::strategy::Strategy;
 
 pub const GROUP_VERSION: &str = "metrics.k8s.io/v1beta1";
 /// What metrics-server reports as the window of a rate from two readings
@@ -81,6 +86,42 @@ pub fn pod_metrics(summary: &Value) -> Vec<(String, String, String, Value)> {
         ));
     }
     out
+}
+
+/// NodeMetrics and PodMetrics are made on every read, never written.
+struct MetricsStrategy;
+
+impl Strategy for MetricsStrategy {
+    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String> {
+        Ok((obj.clone(), Vec::new()))
+    }
+}
+
+fn metrics_resource(kind: &str, plural: &str, namespaced: bool) -> Resource {
+    Resource {
+        group: "metrics.k8s.io".into(),
+        version: "v1beta1".into(),
+        kind: kind.into(),
+        list_kind: format!("{kind}List"),
+        plural: plural.into(),
+        singular: String::new(),
+        namespaced,
+        verbs: vec!["get".into(), "list".into()],
+        short_names: Vec::new(),
+        categories: Vec::new(),
+        status: false,
+        scale: None,
+        subresources: Vec::new(),
+        ephemeral: false,
+        computed: true,
+        strategy: Arc::new(MetricsStrategy),
+        begin_write: None,
+    }
+}
+
+/// The resources of `metrics.k8s.io/v1beta1`.
+pub fn resources() -> Vec<Resource> {
+    vec![metrics_resource("NodeMetrics", "nodes", false), metrics_resource("PodMetrics", "pods", true)]
 }
 
 #[cfg(test)]
