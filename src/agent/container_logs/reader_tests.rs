@@ -127,6 +127,15 @@ async fn rotated_and_gzipped_files_are_read_in_order() {
     );
 }
 
+/// The next chunk a follower sends, failing rather than waiting for ever.
+async fn next(rx: &mut mpsc::Receiver<io::Result<Bytes>>) -> Bytes {
+    tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the follower sent nothing for 10 s")
+        .expect("the follower ended")
+        .expect("the follower failed")
+}
+
 #[tokio::test]
 async fn following_survives_a_rotation_and_ends_with_the_container() {
     let dir = tempfile::tempdir().unwrap();
@@ -141,21 +150,21 @@ async fn following_survives_a_rotation_and_ends_with_the_container() {
     let (tx, mut rx) = mpsc::channel(16);
     let o = LogOptions { follow: true, tail: Some(10), ..opts() };
     let task = tokio::spawn(stream_logs(live.clone(), File::open(&live).unwrap(), o, tx, running));
-    assert_eq!(&rx.recv().await.unwrap().unwrap()[..], b"before\n");
+    assert_eq!(&next(&mut rx).await[..], b"before\n");
     // Written in two pieces: nothing is sent until the line is whole.
     let mut f = std::fs::OpenOptions::new().append(true).open(&live).unwrap();
     f.write_all(b"2026-11-24T04:00:01Z stdout F gro").unwrap();
     f.flush().unwrap();
     tokio::time::sleep(FOLLOW_POLL * 2).await;
     f.write_all(b"wing\n").unwrap();
-    assert_eq!(&rx.recv().await.unwrap().unwrap()[..], b"growing\n");
+    assert_eq!(&next(&mut rx).await[..], b"growing\n");
     // Rotation: the old file gets one more line, then a new one starts.
     let rotated = dir.path().join("0.log.20261124-040001");
     std::fs::rename(&live, &rotated).unwrap();
     f.write_all(line("02", "stdout", "F", "last of old").as_bytes()).unwrap();
     std::fs::write(&live, line("03", "stdout", "F", "first of new")).unwrap();
-    assert_eq!(&rx.recv().await.unwrap().unwrap()[..], b"last of old\n");
-    assert_eq!(&rx.recv().await.unwrap().unwrap()[..], b"first of new\n");
+    assert_eq!(&next(&mut rx).await[..], b"last of old\n");
+    assert_eq!(&next(&mut rx).await[..], b"first of new\n");
     alive.store(false, Ordering::SeqCst);
     let rest = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("the follower ends");
     assert!(rest.is_none(), "{rest:?}");
