@@ -24,7 +24,7 @@ pub fn cpu_quantity(nano_cores: u64) -> String {
 
 /// Bytes as a quantity (`Ki` when a whole number of KiB, as BinarySI prints).
 pub fn memory_quantity(bytes: u64) -> String {
-    if bytes != 0 && bytes % 1024 == 0 {
+    if bytes != 0 && bytes.is_multiple_of(1024) {
         format!("{}Ki", bytes / 1024)
     } else {
         bytes.to_string()
