@@ -25,7 +25,9 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::config::KubeletTls;
+use super::container_logs::{self, ContainerLogs};
 use super::kubelet::Kubelet;
+use super::stats;
 use auth::{Attributes, KubeletAuth, PeerCertificate};
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +44,8 @@ pub enum ServerError {
 pub struct KubeletServer {
     pub kubelet: Arc<Kubelet>,
     pub auth: KubeletAuth,
+    /// Keeps each cgroup's last CPU reading between requests, for rates.
+    pub stats: super::stats::StatsProvider,
 }
 
 /// The authenticated caller of a request (an extension set by `guard`).
@@ -60,6 +64,23 @@ pub fn router(server: Arc<KubeletServer>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
+        .route(
+            "/stats/summary",
+            get(|State(s): State<Arc<KubeletServer>>| async move { stats::serve_stats_summary(&s.stats).await }),
+        )
+        .route(
+            "/metrics",
+            get(|State(s): State<Arc<KubeletServer>>| async move { stats::serve_kubelet_metrics(&s.stats).await }),
+        )
+        .route(
+            "/metrics/resource",
+            get(|State(s): State<Arc<KubeletServer>>| async move { stats::serve_resource_metrics(&s.stats).await }),
+        )
+        .route(
+            "/metrics/cadvisor",
+            get(|State(s): State<Arc<KubeletServer>>| async move { stats::serve_cadvisor_metrics(&s.stats).await }),
+        )
         .fallback(|| async { text_error(404, "404 page not found") })
         .layer(axum::middleware::from_fn_with_state(server.clone(), guard))
         .with_state(server)
@@ -80,6 +101,16 @@ async fn guard(State(server): State<Arc<KubeletServer>>, mut req: Request, next:
     }
     req.extensions_mut().insert(Caller(user));
     next.run(req).await
+}
+
+/// `/containerLogs/{namespace}/{pod}/{container}`.
+async fn container_logs(
+    State(server): State<Arc<KubeletServer>>,
+    axum::extract::Path((namespace, pod, container)): axum::extract::Path<(String, String, String)>,
+    uri: axum::http::Uri,
+) -> Response {
+    let logs = ContainerLogs::from_kubelet(&server.kubelet);
+    container_logs::serve_container_logs(&logs, &namespace, &pod, &container, uri.query()).await
 }
 
 /// `/pods`: the pods bound to this node, as a PodList.
@@ -135,7 +166,8 @@ pub async fn start(
     let addr = SocketAddr::from(([0, 0, 0, 0], port));
     let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
     let auth = KubeletAuth::new(kubelet.client.clone(), kubelet.config.node_name.clone());
-    let app = router(Arc::new(KubeletServer { kubelet, auth }));
+    let stats = stats::StatsProvider::from_kubelet(&kubelet);
+    let app = router(Arc::new(KubeletServer { kubelet, auth, stats }));
     tracing::info!(%addr, "kubelet API listening");
     Ok(tokio::spawn(accept(listener, TlsAcceptor::from(config), app)))
 }
