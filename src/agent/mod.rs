@@ -35,6 +35,7 @@ pub mod pod_util;
 pub mod pod_workers;
 pub mod prober;
 pub mod probes;
+pub mod server;
 pub mod static_pods;
 pub mod status_manager;
 pub mod volume_manager;
