@@ -107,7 +107,10 @@ fn exec_suite(node: &Node, bin: &str) {
     assert_eq!(code, 0, "{label}: {err}");
     let (code, sum, err) = run(node, bin, &["exec", "box", "--", "sh", "-c", "sha256sum /tmp/in"], b"");
     assert_eq!(code, 0, "{label}: {err}");
-    assert!(String::from_utf8_lossy(&sum).starts_with(&sha(&data)), "{label}: upload corrupted");
+    if !String::from_utf8_lossy(&sum).starts_with(&sha(&data)) {
+        let (_, size, _) = run(node, bin, &["exec", "box", "--", "sh", "-c", "wc -c < /tmp/in; head -c 16 /tmp/in | od -An -tx1"], b"");
+        panic!("{label}: upload corrupted: {} (want {} bytes, starting {:02x?})", String::from_utf8_lossy(&size), data.len(), &data[..16]);
+    }
     let (code, back, err) = run(node, bin, &["exec", "box", "--", "cat", "/tmp/in"], b"");
     assert_eq!(code, 0, "{label}: {err}");
     assert_eq!(back.len(), data.len(), "{label}: download length");
@@ -216,7 +219,7 @@ spec:
   containers:
   - name: c
     image: {BUSYBOX}
-    command: ["sh", "-c", "mkdir -p /www && echo hello from httpd > /www/index.html && httpd -p 8080 -h /www && exec nc -lk -p 9090 -e cat"]
+    command: ["sh", "-c", "mkdir -p /www && echo hello from httpd > /www/index.html && httpd -p 8080 -h /www && exec nc -ll -p 9090 -e cat"]
 ---
 apiVersion: v1
 kind: Pod
