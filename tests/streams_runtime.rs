@@ -164,6 +164,25 @@ async fn runtime_client_speaks_to_containerd(cri: &Cri, id: &str) {
     assert_eq!(out.len(), 3_000_000);
     assert!(out.starts_with("abcdefghijklmnopqrstuvwxyzabc"));
     assert_eq!(status["status"], "Success", "{status}");
+
+    // Into a file, as `kubectl cp` writes: 10 MiB arrive whole.
+    // 10 MiB into a file (busybox `cat > file` straight from the exec's stdin
+    // FIFO stops early on this kernel, with or without ferrok: a pipe in between).
+    let url = exec_url(cri, id, &["sh", "-c", "cat | cat > /tmp/in"], true).await;
+    let mut s = runtime_stream::connect(&url, &opts(true)).await.expect("SPDY to containerd");
+    let stdin = s.stdin.take().unwrap();
+    let writer = tokio::spawn(async move {
+        for _ in 0..320 {
+            stdin.write(&[7u8; 32768]).await.unwrap();
+        }
+        stdin.close().await.unwrap();
+    });
+    let (_, _, status) = tokio::time::timeout(Duration::from_secs(30), drain(s)).await.expect("cat ends at stdin EOF");
+    writer.await.unwrap();
+    assert_eq!(status["status"], "Success", "{status}");
+    let url = exec_url(cri, id, &["sh", "-c", "ls -l /tmp/in"], false).await;
+    let (out, _, _) = drain(runtime_stream::connect(&url, &opts(false)).await.expect("SPDY to containerd")).await;
+    assert!(out.contains(" 10485760 "), "{out}");
 }
 
 #[derive(Clone)]
@@ -189,6 +208,7 @@ async fn pod_port_forward(UrlPath((ns, pod)): UrlPath<(String, String)>, req: Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_and_port_forward_against_containerds_streaming_server() {
+    let _ = tracing_subscriber::fmt().with_env_filter("ferrok=debug").with_test_writer().try_init();
     let dir = tempfile::Builder::new().prefix("fs").tempdir_in("/tmp").unwrap();
     let node = TestContainerd::start(dir.path()).await;
     ferrok::agent::images::ensure_pause_image(&node.cri, ferrok::agent::images::PAUSE_IMAGE).await.expect("pause image");
@@ -225,7 +245,8 @@ async fn exec_and_port_forward_against_containerds_streaming_server() {
         tokio::spawn(async move { axum::serve(listener, router).await });
 
         let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/streams_client.py");
-        let out = tokio::process::Command::new("python3")
+        let out = tokio::process::Command::new("timeout")
+            .args(["-s", "INT", "50", "python3", "-u"])
             .arg(py)
             .arg(format!("http://{addr}"))
             .arg("streams")

@@ -300,9 +300,12 @@ where
         loop {
             let msg = match websocket::next_data(&mut reader, &reader_sender).await {
                 Ok(Some(m)) => m,
-                Ok(None) => break,
+                Ok(None) => {
+                    tracing::debug!("websocket stream client closed");
+                    break;
+                }
                 Err(e) => {
-                    tracing::debug!(error = %e, "websocket client read failed");
+                    tracing::debug!(error = %e, "websocket stream client read failed");
                     break;
                 }
             };
@@ -310,6 +313,7 @@ where
                 Some(x) => x,
                 None => continue,
             };
+            tracing::trace!(channel, len = data.len(), "websocket stream message");
             match channel {
                 STDIN => {
                     if let Some(tx) = &stdin_tx {
@@ -323,6 +327,7 @@ where
                 }
                 CLOSE if supports_close => {
                     if data.first() == Some(&STDIN) {
+                        tracing::debug!("websocket stream client closed stdin");
                         stdin_tx = None;
                     }
                 }

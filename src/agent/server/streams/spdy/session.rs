@@ -29,9 +29,14 @@ const STREAM_QUEUE: usize = 32;
 pub enum SessionError {
     #[error("the SPDY connection is closed")]
     Closed,
+    #[error("the SPDY peer did not answer a new stream")]
+    NoReply,
     #[error(transparent)]
     Frame(#[from] FrameError),
 }
+
+/// How long a new stream waits for the peer's SYN_REPLY (upstream's createStreamResponseTimeout).
+const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 enum Command {
     Frame(Frame),
@@ -41,6 +46,8 @@ enum Command {
 struct Shared {
     out: mpsc::Sender<Command>,
     streams: Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>,
+    /// Streams we opened that await the peer's SYN_REPLY.
+    replies: Mutex<HashMap<u32, oneshot::Sender<()>>>,
     next_id: AtomicU32,
     closed: watch::Receiver<bool>,
 }
@@ -140,6 +147,7 @@ impl Session {
         let shared = Arc::new(Shared {
             out,
             streams: Mutex::new(HashMap::new()),
+            replies: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(if client { 1 } else { 2 }),
             closed,
         });
@@ -226,7 +234,8 @@ async fn read_loop<R: AsyncRead>(
     let mut payload = Vec::new();
     loop {
         let mut head = [0u8; 8];
-        if read.read_exact(&mut head).await.is_err() {
+        if let Err(e) = read.read_exact(&mut head).await {
+            tracing::debug!(error = %e, "SPDY peer closed the connection");
             break;
         }
         let len = payload_len(&head);
@@ -244,11 +253,15 @@ async fn read_loop<R: AsyncRead>(
                 break;
             }
         };
+        if !matches!(frame, Frame::Data { .. }) {
+            tracing::debug!(?frame, "SPDY control frame");
+        }
         if !handle(frame, &shared, &incoming, client).await {
             break;
         }
     }
     lock(&shared.streams).clear();
+    lock(&shared.replies).clear();
     let _ = closed.send(true);
 }
 
@@ -289,13 +302,22 @@ async fn handle(frame: Frame, shared: &Arc<Shared>, incoming: &mpsc::Sender<Stre
                 lock(&shared.streams).remove(&stream_id);
             }
         }
-        Frame::Headers { stream_id, flags, .. } | Frame::SynReply { stream_id, flags, .. } => {
+        Frame::SynReply { stream_id, flags, .. } => {
+            if let Some(replied) = lock(&shared.replies).remove(&stream_id) {
+                let _ = replied.send(());
+            }
+            if flags & FLAG_FIN != 0 {
+                lock(&shared.streams).remove(&stream_id);
+            }
+        }
+        Frame::Headers { stream_id, flags, .. } => {
             if flags & FLAG_FIN != 0 {
                 lock(&shared.streams).remove(&stream_id);
             }
         }
         Frame::RstStream { stream_id, .. } => {
             lock(&shared.streams).remove(&stream_id);
+            lock(&shared.replies).remove(&stream_id);
         }
         Frame::Ping { id } => {
             // Echo the peer's pings; ours (our parity) need no answer.
