@@ -120,15 +120,26 @@ fn exec_suite(node: &Node, bin: &str) {
     assert_eq!(code, 0, "{label}: {err}");
     assert_eq!(back.len(), data.len(), "{label}: download length");
     assert_eq!(sha(&back), sha(&data), "{label}: download corrupted");
-    // A terminal: script gives kubectl a pty of a known size, which reaches the process.
+    // A terminal: script gives kubectl a pty of a known size, which reaches
+    // the process through the resize stream (polled for inside the pod).
     let cmd = format!(
-        "stty rows 33 cols 101; KUBECONFIG={} HOME={} {bin} exec -it box -- busybox stty size",
+        "stty rows 33 cols 101; KUBECONFIG={} HOME={} {bin} exec -it box -- sh -c 'for i in $(seq 50); do s=$(busybox stty size); [ \"$s\" = \"33 101\" ] && break; usleep 100000; done; echo size=$s'",
         node.kubeconfig().display(),
         node.dir.path().display()
     );
-    let out = Command::new("script").args(["-qec", &cmd, "/dev/null"]).stdin(Stdio::piped()).output().expect("script");
+    let mut script = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script");
+    // Keep the terminal's input open until kubectl is done (EOF would close the process' stdin).
+    let keep_open = script.stdin.take();
+    let out = script.wait_with_output().expect("script ends");
+    drop(keep_open);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("33 101"), "{label}: exec -it saw {text:?} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("size=33 101"), "{label}: exec -it saw {text:?} {}", String::from_utf8_lossy(&out.stderr));
     // Attach to a container started with stdin and a TTY.
     let mut child = kubectl(node, bin)
         .args(["attach", "-i", "shell"])

@@ -209,21 +209,27 @@ where
             up.abort();
         }));
     }
-    let mut reader = websocket::FrameReader::new(read, true);
-    loop {
-        let msg = match websocket::next_data(&mut reader, &sender).await {
-            Ok(Some(m)) => m,
-            _ => break,
-        };
-        let Some((channel, data)) = decode_channel_message(msg, base64) else { continue };
-        if channel % 2 == 0 && !data.is_empty() {
-            if let Some(tx) = to_pod.get(usize::from(channel / 2)) {
-                let _ = tx.send(data).await;
+    // Client messages go to the pod connections until the client closes ...
+    let reader_sender = sender.clone();
+    let reading = async move {
+        let mut reader = websocket::FrameReader::new(read, true);
+        while let Ok(Some(msg)) = websocket::next_data(&mut reader, &reader_sender).await {
+            let Some((channel, data)) = decode_channel_message(msg, base64) else { continue };
+            if channel % 2 == 0 && !data.is_empty() {
+                if let Some(tx) = to_pod.get(usize::from(channel / 2)) {
+                    let _ = tx.send(data).await;
+                }
             }
         }
+    };
+    // ... or every pod connection has ended (upstream closes the connection then).
+    let mut all_done = futures_util::future::join_all(tasks.iter_mut());
+    tokio::select! {
+        _ = reading => {}
+        _ = &mut all_done => {}
     }
-    drop(to_pod);
-    for t in tasks {
+    drop(all_done);
+    for t in &tasks {
         t.abort();
     }
     sender.close(websocket::CLOSE_NORMAL).await;

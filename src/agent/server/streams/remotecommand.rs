@@ -343,11 +343,13 @@ where
     }
 }
 
-/// The channel and data of a client's message: a binary message starts with
-/// the channel byte; a base64 text message with the channel as a digit.
+/// The channel and data of a client's message: in the binary protocols a
+/// message (text or binary frames alike, as upstream's wsstream reads them)
+/// starts with the channel byte; in the base64 ones a text message starts
+/// with the channel as a digit.
 pub fn decode_channel_message(msg: Message, base64: bool) -> Option<(u8, Vec<u8>)> {
     match msg {
-        Message::Binary(data) if !base64 => {
+        Message::Binary(data) | Message::Text(data) if !base64 => {
             let (&channel, rest) = data.split_first()?;
             Some((channel, rest.to_vec()))
         }
@@ -409,7 +411,8 @@ mod tests {
         assert_eq!(decode_channel_message(Message::Text(b"0aGk=".to_vec()), true), Some((STDIN, b"hi".to_vec())));
         assert_eq!(decode_channel_message(Message::Text(b"4e30=".to_vec()), true), Some((RESIZE, b"{}".to_vec())));
         assert_eq!(decode_channel_message(Message::Binary(vec![]), false), None);
-        assert_eq!(decode_channel_message(Message::Text(b"0hi".to_vec()), false), None);
+        assert_eq!(decode_channel_message(Message::Text(b"\x00hi".to_vec()), false), Some((STDIN, b"hi".to_vec())));
+        assert_eq!(decode_channel_message(Message::Binary(b"0aGk=".to_vec()), true), None);
     }
 
     #[tokio::test]
