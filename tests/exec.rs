@@ -110,11 +110,27 @@ fn exec_suite(node: &Node, bin: &str) {
     let (code, sum, err) = run(node, bin, &["exec", "box", "--", "busybox", "sha256sum", "/tmp/in"], b"");
     assert_eq!(code, 0, "{label}: {err}");
     if !String::from_utf8_lossy(&sum).starts_with(&sha(&data)) {
-        let (_, size, _) = run(node, bin, &["exec", "box", "--", "sh", "-c", "wc -c < /tmp/in; head -c 16 /tmp/in | od -An -tx1"], b"");
-        let log: Vec<String> = node.log().lines().filter(|l| l.contains("stream") || l.contains("websocket") || l.contains("exec")).map(String::from).collect();
+        let (_, size, _) = run(
+            node,
+            bin,
+            &["exec", "box", "--", "sh", "-c", "wc -c < /tmp/in; head -c 16 /tmp/in | od -An -tx1"],
+            b"",
+        );
+        let log: Vec<String> = node
+            .log()
+            .lines()
+            .filter(|l| l.contains("stream") || l.contains("websocket") || l.contains("exec"))
+            .map(String::from)
+            .collect();
         let cd = std::fs::read_to_string(node.dir.path().join("agent/containerd/containerd.log")).unwrap_or_default();
         let cd: Vec<&str> = cd.lines().filter(|l| l.contains("xec") || l.contains("tream")).collect();
-        panic!("{label}: upload corrupted: {} (want {} bytes)\n{}\n--- containerd ---\n{}", String::from_utf8_lossy(&size), data.len(), log.join("\n"), cd[cd.len().saturating_sub(30)..].join("\n"));
+        panic!(
+            "{label}: upload corrupted: {} (want {} bytes)\n{}\n--- containerd ---\n{}",
+            String::from_utf8_lossy(&size),
+            data.len(),
+            log.join("\n"),
+            cd[cd.len().saturating_sub(30)..].join("\n")
+        );
     }
     let (code, back, err) = run(node, bin, &["exec", "box", "--", "cat", "/tmp/in"], b"");
     assert_eq!(code, 0, "{label}: {err}");
@@ -214,11 +230,10 @@ fn port_forward_suite(node: &Node, bin: &str) {
     common::eventually(&format!("{label} reports the failed dial"), || {
         seen.lock().unwrap().contains("error forwarding port 7777")
     });
-    // ... while the forward keeps working for good ports, unless this kubectl
-    // ends the whole forward on a stream error (client-go does since 1.31... reported).
-    if child.try_wait().ok().flatten().is_none() {
-        assert!(get(web).contains("hello from httpd"), "{label} after a failed dial: {}", seen.lock().unwrap());
-    }
+    // Only that request failed on the node (the unit test
+    // `spdy_pairs_forward_and_a_failed_dial_stays_on_its_error_stream` shows the
+    // other streams carry on); client-go itself ends the whole forward on a
+    // stream error ("lost connection to pod"), so kubectl is not asked again.
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -211,7 +211,9 @@ async fn exec_and_port_forward_against_containerds_streaming_server() {
     let _ = tracing_subscriber::fmt().with_env_filter("ferrok=debug").with_test_writer().try_init();
     let dir = tempfile::Builder::new().prefix("fs").tempdir_in("/tmp").unwrap();
     let node = TestContainerd::start(dir.path()).await;
-    ferrok::agent::images::ensure_pause_image(&node.cri, ferrok::agent::images::PAUSE_IMAGE).await.expect("pause image");
+    ferrok::agent::images::ensure_pause_image(&node.cri, ferrok::agent::images::PAUSE_IMAGE)
+        .await
+        .expect("pause image");
     let tar = dir.path().join("busybox.tar");
     busybox_oci_tar(&tar, IMAGE);
     run(Command::new("ctr").arg("-a").arg(&node.paths.socket).args(["-n", "k8s.io", "images", "import"]).arg(&tar));

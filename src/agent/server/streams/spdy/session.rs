@@ -254,7 +254,7 @@ async fn read_loop<R: AsyncRead>(
             }
         };
         if !matches!(frame, Frame::Data { .. }) {
-            tracing::debug!(?frame, "SPDY control frame");
+            tracing::trace!(?frame, "SPDY control frame");
         }
         if !handle(frame, &shared, &incoming, client).await {
             break;
