@@ -325,11 +325,9 @@ where
                 RESIZE => {
                     let _ = resize_tx.send(data).await;
                 }
-                CLOSE if supports_close => {
-                    if data.first() == Some(&STDIN) {
-                        tracing::debug!("websocket stream client closed stdin");
-                        stdin_tx = None;
-                    }
+                CLOSE if supports_close && data.first() == Some(&STDIN) => {
+                    tracing::debug!("websocket stream client closed stdin");
+                    stdin_tx = None;
                 }
                 _ => {}
             }

@@ -29,14 +29,9 @@ const STREAM_QUEUE: usize = 32;
 pub enum SessionError {
     #[error("the SPDY connection is closed")]
     Closed,
-    #[error("the SPDY peer did not answer a new stream")]
-    NoReply,
     #[error(transparent)]
     Frame(#[from] FrameError),
 }
-
-/// How long a new stream waits for the peer's SYN_REPLY (upstream's createStreamResponseTimeout).
-const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 enum Command {
     Frame(Frame),
@@ -46,8 +41,6 @@ enum Command {
 struct Shared {
     out: mpsc::Sender<Command>,
     streams: Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>,
-    /// Streams we opened that await the peer's SYN_REPLY.
-    replies: Mutex<HashMap<u32, oneshot::Sender<()>>>,
     next_id: AtomicU32,
     closed: watch::Receiver<bool>,
 }
@@ -147,7 +140,6 @@ impl Session {
         let shared = Arc::new(Shared {
             out,
             streams: Mutex::new(HashMap::new()),
-            replies: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(if client { 1 } else { 2 }),
             closed,
         });
@@ -261,7 +253,6 @@ async fn read_loop<R: AsyncRead>(
         }
     }
     lock(&shared.streams).clear();
-    lock(&shared.replies).clear();
     let _ = closed.send(true);
 }
 
@@ -303,9 +294,6 @@ async fn handle(frame: Frame, shared: &Arc<Shared>, incoming: &mpsc::Sender<Stre
             }
         }
         Frame::SynReply { stream_id, flags, .. } => {
-            if let Some(replied) = lock(&shared.replies).remove(&stream_id) {
-                let _ = replied.send(());
-            }
             if flags & FLAG_FIN != 0 {
                 lock(&shared.streams).remove(&stream_id);
             }
@@ -317,7 +305,6 @@ async fn handle(frame: Frame, shared: &Arc<Shared>, incoming: &mpsc::Sender<Stre
         }
         Frame::RstStream { stream_id, .. } => {
             lock(&shared.streams).remove(&stream_id);
-            lock(&shared.replies).remove(&stream_id);
         }
         Frame::Ping { id } => {
             // Echo the peer's pings; ours (our parity) need no answer.
