@@ -274,4 +274,16 @@ spec:
         exec_suite(&node, &bin);
         port_forward_suite(&node, &bin);
     }
+    // Each protocol was really spoken: WebSocket v5 channels and SPDY tunnelled
+    // in WebSocket (kubectl 1.33), plain SPDY/3.1 (kubectl 1.27).
+    let log = node.log();
+    for protocol in [
+        r#"protocol=WebSocket("v5.channel.k8s.io")"#,
+        r#"protocol=WebSocket("SPDY/3.1+portforward.k8s.io")"#,
+        r#"protocol=Spdy("v4.channel.k8s.io")"#,
+        r#"protocol=Spdy("portforward.k8s.io")"#,
+    ] {
+        let seen: Vec<&str> = log.lines().filter(|l| l.contains("upgrade")).collect();
+        assert!(log.contains(protocol), "no {protocol} in the node log: {seen:?}");
+    }
 }

@@ -213,6 +213,7 @@ async fn serve_remote_command(url: Result<String, CriError>, opts: Options, mut 
         Ok(r) => r,
         Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
+    tracing::debug!(protocol = ?upgrade, "exec/attach upgrade");
     let response = switching(req.headers(), &upgrade);
     tokio::spawn(async move {
         let io = match on_upgrade.await {
@@ -263,6 +264,7 @@ pub async fn serve_port_forward(target: PortForwardTarget, mut req: Request) -> 
         Ok(u) => u,
         Err(r) => return *r,
     };
+    tracing::debug!(pod = %target.pod, protocol = ?upgrade, "port-forward upgrade");
     let response = switching(req.headers(), &upgrade);
     let target = Arc::new(target);
     tokio::spawn(async move {
