@@ -6,15 +6,16 @@
 
 pub mod auth;
 pub mod lookup;
+pub mod streams;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::Pod;
@@ -81,6 +82,12 @@ pub fn router(server: Arc<KubeletServer>) -> Router {
             "/metrics/cadvisor",
             get(|State(s): State<Arc<KubeletServer>>| async move { stats::serve_cadvisor_metrics(&s.stats).await }),
         )
+        .route("/exec/{namespace}/{pod}/{container}", any(exec))
+        .route("/exec/{namespace}/{pod}/{uid}/{container}", any(exec_uid))
+        .route("/attach/{namespace}/{pod}/{container}", any(attach))
+        .route("/attach/{namespace}/{pod}/{uid}/{container}", any(attach_uid))
+        .route("/portForward/{namespace}/{pod}", any(port_forward))
+        .route("/portForward/{namespace}/{pod}/{uid}", any(port_forward_uid))
         .fallback(|| async { text_error(404, "404 page not found") })
         .layer(axum::middleware::from_fn_with_state(server.clone(), guard))
         .with_state(server)
@@ -124,6 +131,88 @@ async fn pods(State(server): State<Arc<KubeletServer>>) -> Response {
         }
         Err(e) => text_error(500, e),
     }
+}
+
+/// exec or attach: the running container named in the path, then the stream.
+async fn remote_command(
+    server: Arc<KubeletServer>,
+    attach: bool,
+    (namespace, pod, uid, container): (String, String, Option<String>, String),
+    req: Request,
+) -> Response {
+    let cri = server.kubelet.runtime.cri.clone();
+    match lookup::running_container(&cri, &namespace, &pod, uid.as_deref(), &container).await {
+        Ok(id) if attach => streams::serve_attach(cri, id, req).await,
+        Ok(id) => streams::serve_exec(cri, id, req).await,
+        Err(e) => text_error(e.status(), e),
+    }
+}
+
+async fn exec(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod, c)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    remote_command(s, false, (ns, pod, None, c), req).await
+}
+
+async fn exec_uid(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod, uid, c)): Path<(String, String, String, String)>,
+    req: Request,
+) -> Response {
+    remote_command(s, false, (ns, pod, Some(uid), c), req).await
+}
+
+async fn attach(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod, c)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    remote_command(s, true, (ns, pod, None, c), req).await
+}
+
+async fn attach_uid(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod, uid, c)): Path<(String, String, String, String)>,
+    req: Request,
+) -> Response {
+    remote_command(s, true, (ns, pod, Some(uid), c), req).await
+}
+
+/// port-forward: the network namespace of the pod's sandbox, then the stream.
+async fn forward(
+    server: Arc<KubeletServer>,
+    namespace: String,
+    pod: String,
+    uid: Option<String>,
+    req: Request,
+) -> Response {
+    let cri = server.kubelet.runtime.cri.clone();
+    match lookup::pod_network_namespace(&cri, &namespace, &pod, uid.as_deref()).await {
+        Ok(netns) => {
+            let target =
+                streams::PortForwardTarget { netns, pod: format!("{namespace}/{pod}"), uid: uid.unwrap_or_default() };
+            streams::serve_port_forward(target, req).await
+        }
+        Err(e) => text_error(e.status(), e),
+    }
+}
+
+async fn port_forward(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    forward(s, ns, pod, None, req).await
+}
+
+async fn port_forward_uid(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod, uid)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    forward(s, ns, pod, Some(uid), req).await
 }
 
 fn tls_config(tls: &KubeletTls) -> Result<Arc<rustls::ServerConfig>, ServerError> {
