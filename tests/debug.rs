@@ -1,0 +1,284 @@
+//! `kubectl debug` against a real node: ephemeral containers added to a
+//! running pod through `pods/ephemeralcontainers` (sharing the target's
+//! process namespace), the updates upstream refuses, a copy of a pod, and
+//! a node debugging pod with the host's namespaces and `/` at `/host`;
+//! with the default kubectl and the oldest and newest ones beside it.
+//! Needs root and the packages `scripts/deps` installs.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::node::{Node, BUSYBOX};
+
+/// `kubectl.1.NN`, beside the file `kubectl` links to.
+fn kubectl_version(minor: u32) -> String {
+    let out = Command::new("sh").args(["-c", "readlink -f $(command -v kubectl)"]).output().expect("readlink");
+    let main = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let path = main.with_file_name(format!("kubectl.1.{minor}"));
+    assert!(path.exists(), "{} is missing", path.display());
+    path.to_string_lossy().into_owned()
+}
+
+fn ephemeral_state(node: &Node, ns: &str, pod: &str, container: &str) -> String {
+    node.get(
+        &["pod", "-n", ns, pod],
+        &format!("{{.status.ephemeralContainerStatuses[?(@.name==\"{container}\")].state}}"),
+    )
+}
+
+/// The exit code of a terminated ephemeral container, once it has one.
+fn ephemeral_exit(node: &Node, ns: &str, pod: &str, container: &str) -> Option<i64> {
+    let state = ephemeral_state(node, ns, pod, container);
+    let v: serde_json::Value = serde_json::from_str(&state).ok()?;
+    v.pointer("/terminated/exitCode").and_then(serde_json::Value::as_i64)
+}
+
+fn wait_exit(node: &Node, ns: &str, pod: &str, container: &str) -> i64 {
+    let mut code = None;
+    node.eventually(&format!("ephemeral container {container} to terminate"), 60, || {
+        code = ephemeral_exit(node, ns, pod, container);
+        code.is_some()
+    });
+    code.unwrap_or(-1)
+}
+
+/// PUT of `pod` (JSON) to the pod's ephemeralcontainers subresource.
+fn put_ephemeral(node: &Node, ns: &str, pod: &serde_json::Value) -> (bool, String) {
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    let file = node.dir.path().join("ephemeral-put.json");
+    std::fs::write(&file, pod.to_string()).expect("write body");
+    let url = format!("/api/v1/namespaces/{ns}/pods/{name}/ephemeralcontainers");
+    node.kubectl(&["replace", "--raw", &url, "-f", file.to_str().unwrap_or_default()])
+}
+
+fn pod_json(node: &Node, ns: &str, pod: &str) -> serde_json::Value {
+    let out = node.ok(&["get", "pod", "-n", ns, pod, "-o", "json"]);
+    serde_json::from_str(&out).expect("pod JSON")
+}
+
+#[test]
+fn ephemeral_containers_join_a_running_pod_and_existing_ones_stay() {
+    let node = Node::start(&[]);
+    node.ok(&["create", "namespace", "dbg"]);
+    node.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: app, namespace: dbg}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    command: ["sleep", "3600"]
+"#
+    ));
+    node.eventually("app to run", 60, || {
+        node.get(&["pod", "-n", "dbg", "app"], "{.status.containerStatuses[0].state.running.startedAt}") != ""
+    });
+
+    // With --target the debug container sees the target's processes.
+    let (ok, out) = node.kubectl(&[
+        "debug",
+        "app",
+        "-n",
+        "dbg",
+        "--image",
+        BUSYBOX,
+        "--target=app",
+        "-c",
+        "dbg1",
+        "--",
+        "sh",
+        "-c",
+        "ps; pidof sleep",
+    ]);
+    assert!(ok, "kubectl debug: {out}\n{}", node.log());
+    assert_eq!(wait_exit(&node, "dbg", "app", "dbg1"), 0, "dbg1 sees the target's sleep");
+    // Without a target it has a process namespace of its own.
+    let (ok, out) =
+        node.kubectl(&["debug", "app", "-n", "dbg", "--image", BUSYBOX, "-c", "dbg2", "--", "sh", "-c", "pidof sleep"]);
+    assert!(ok, "kubectl debug: {out}");
+    assert_eq!(wait_exit(&node, "dbg", "app", "dbg2"), 1, "dbg2 does not see the target's sleep");
+    let pod = pod_json(&node, "dbg", "app");
+    assert_eq!(pod["spec"]["ephemeralContainers"][0]["targetContainerName"], "app");
+    assert_eq!(pod["spec"]["ephemeralContainers"][0]["terminationMessagePolicy"], "File", "defaulted");
+    assert_eq!(pod["status"]["phase"], "Running");
+    // Never restarted: the finished containers stay terminated, once.
+    let statuses = pod["status"]["ephemeralContainerStatuses"].as_array().cloned().unwrap_or_default();
+    assert_eq!(statuses.len(), 2, "{statuses:?}");
+    assert!(statuses.iter().all(|s| s["restartCount"] == 0 && s["ready"] == false), "{statuses:?}");
+    assert_eq!(pod["status"]["containerStatuses"][0]["restartCount"], 0);
+
+    // An existing ephemeral container may not change.
+    let mut changed = pod.clone();
+    changed["spec"]["ephemeralContainers"][0]["image"] = serde_json::json!("docker.io/library/busybox:2");
+    let (ok, out) = put_ephemeral(&node, "dbg", &changed);
+    assert!(!ok, "a change of dbg1 was accepted: {out}");
+    assert!(
+        out.contains(
+            r#"spec.ephemeralContainers[dbg1]: Forbidden: existing ephemeral containers \"dbg1\" may not be changed"#
+        ) || out.contains(
+            r#"spec.ephemeralContainers[dbg1]: Forbidden: existing ephemeral containers "dbg1" may not be changed"#
+        ),
+        "{out}"
+    );
+    assert!(out.contains("422") || out.contains("Invalid"), "{out}");
+    // Nor be removed.
+    let mut removed = pod.clone();
+    removed["spec"]["ephemeralContainers"] = serde_json::json!([]);
+    let (ok, out) = put_ephemeral(&node, "dbg", &removed);
+    assert!(!ok && out.contains("may not be removed"), "{out}");
+    // Ports, probes and resources are not for ephemeral containers.
+    let mut ports = pod.clone();
+    ports["spec"]["ephemeralContainers"].as_array_mut().expect("list").push(serde_json::json!({
+        "name": "dbg3", "image": BUSYBOX, "ports": [{"containerPort": 80}],
+        "resources": {"limits": {"cpu": "100m"}}
+    }));
+    let (ok, out) = put_ephemeral(&node, "dbg", &ports);
+    assert!(!ok, "ports were accepted: {out}");
+    assert!(
+        out.contains("spec.ephemeralContainers[2].ports: Forbidden: cannot be set for an Ephemeral Container"),
+        "{out}"
+    );
+    assert!(out.contains("spec.ephemeralContainers[2].resources: Forbidden"), "{out}");
+    // A target that is not a container of the pod.
+    let (ok, out) =
+        node.kubectl(&["debug", "app", "-n", "dbg", "--image", BUSYBOX, "--target=nope", "-c", "dbg4", "--", "true"]);
+    assert!(!ok && out.contains(r#"spec.ephemeralContainers[2].targetContainerName: Not found: "nope""#), "{out}");
+    // Not through the pod itself.
+    let mut direct = pod.clone();
+    direct["spec"]["ephemeralContainers"].as_array_mut().expect("list").push(serde_json::json!({
+        "name": "dbg5", "image": BUSYBOX
+    }));
+    let file = node.dir.path().join("direct.json");
+    std::fs::write(&file, direct.to_string()).expect("write");
+    let (ok, out) = node.kubectl(&["replace", "-f", file.to_str().unwrap_or_default()]);
+    assert!(!ok && out.contains("spec: Forbidden: pod updates may not change fields other than"), "{out}");
+    // Nothing refused was stored.
+    let names = node.get(&["pod", "-n", "dbg", "app"], "{.spec.ephemeralContainers[*].name}");
+    assert_eq!(names, "dbg1 dbg2");
+
+    // The oldest and newest kubectl beside the default one.
+    for (minor, name) in [(27, "dbg27"), (33, "dbg33")] {
+        let kubectl = kubectl_version(minor);
+        let (ok, out) = node.kubectl_with(
+            &kubectl,
+            &[
+                "debug",
+                "app",
+                "-n",
+                "dbg",
+                "--image",
+                BUSYBOX,
+                "--target=app",
+                "-c",
+                name,
+                "--",
+                "sh",
+                "-c",
+                "pidof sleep",
+            ],
+        );
+        assert!(ok, "kubectl 1.{minor} debug: {out}");
+        assert_eq!(wait_exit(&node, "dbg", "app", name), 0, "kubectl 1.{minor}");
+    }
+
+    // Deleting the pod stops a running ephemeral container with it.
+    let (ok, out) =
+        node.kubectl(&["debug", "app", "-n", "dbg", "--image", BUSYBOX, "-c", "long", "--", "sleep", "3600"]);
+    assert!(ok, "{out}");
+    node.eventually("the long ephemeral container to run", 60, || {
+        ephemeral_state(&node, "dbg", "app", "long").contains("running")
+    });
+    node.ok(&["delete", "pod", "-n", "dbg", "app", "--wait=true", "--timeout=60s"]);
+    node.eventually("the pod's containers to be gone", 60, || node.runtime_containers().is_empty());
+}
+
+#[test]
+fn debugging_a_node_and_a_copy_of_a_pod() {
+    let node = Node::start(&[]);
+    let hostname =
+        String::from_utf8_lossy(&Command::new("hostname").output().expect("hostname").stdout).trim().to_string();
+    // The host's namespaces and its / at /host (profile legacy, kubectl's default).
+    let script =
+        format!("test -d /host/proc && test -d /host/etc && pidof containerd && test \"$(hostname)\" = {hostname}");
+    for (kubectl, profile) in
+        [("kubectl".to_string(), None), (kubectl_version(33), Some("sysadmin")), (kubectl_version(27), None)]
+    {
+        let target = format!("node/{}", node.name);
+        let mut args = vec!["debug", target.as_str(), "--image", BUSYBOX];
+        let flag = profile.map(|p| format!("--profile={p}"));
+        if let Some(f) = &flag {
+            args.push(f);
+        }
+        args.extend(["--", "sh", "-c", script.as_str()]);
+        let (ok, out) = node.kubectl_with(&kubectl, &args);
+        assert!(ok, "{kubectl} debug node: {out}");
+        let pod = out
+            .split_whitespace()
+            .find(|w| w.starts_with("node-debugger-"))
+            .unwrap_or_else(|| panic!("no pod name in {out:?}"))
+            .to_string();
+        let spec = pod_json(&node, "default", &pod)["spec"].clone();
+        assert_eq!(spec["hostPID"], true, "{spec}");
+        assert_eq!(spec["hostNetwork"], true);
+        assert_eq!(spec["nodeName"], node.name.as_str());
+        node.eventually(&format!("{pod} to finish"), 60, || {
+            matches!(node.get(&["pod", pod.as_str()], "{.status.phase}").as_str(), "Succeeded" | "Failed")
+        });
+        let state = node.get(&["pod", pod.as_str()], "{.status.containerStatuses[0].state.terminated.exitCode}");
+        assert_eq!(
+            state,
+            "0",
+            "{kubectl} {profile:?}: {pod} saw the host\n{}",
+            node.get(&["pod", pod.as_str()], "{.status}")
+        );
+    }
+
+    // A copy of a pod with a debug container beside the original ones.
+    node.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: orig, namespace: default, labels: {{app: orig}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    command: ["sleep", "3600"]
+"#
+    ));
+    node.eventually("orig to run", 60, || node.get(&["pod", "orig"], "{.status.phase}") == "Running");
+    let (ok, out) =
+        node.kubectl(&["debug", "orig", "-n", "default", "--image", BUSYBOX, "-c", "dbg", "--", "sh", "-c", "true"]);
+    assert!(ok, "{out}");
+    wait_exit(&node, "default", "orig", "dbg");
+    let (ok, out) = node.kubectl(&[
+        "debug",
+        "orig",
+        "--copy-to=orig-copy",
+        "--image",
+        BUSYBOX,
+        "--share-processes",
+        "-c",
+        "dbgc",
+        "--",
+        "sh",
+        "-c",
+        "pidof sleep && exec sleep 3600",
+    ]);
+    assert!(ok, "kubectl debug --copy-to: {out}");
+    let copy = pod_json(&node, "default", "orig-copy");
+    let names: Vec<&str> =
+        copy["spec"]["containers"].as_array().into_iter().flatten().filter_map(|c| c["name"].as_str()).collect();
+    assert_eq!(names, ["app", "dbgc"]);
+    assert_eq!(copy["spec"]["shareProcessNamespace"], true);
+    assert!(copy["spec"].get("ephemeralContainers").is_none(), "{copy}");
+    node.eventually("the copy's containers to be ready", 60, || {
+        node.get(&["pod", "orig-copy"], "{.status.containerStatuses[*].ready}") == "true true"
+    });
+}
