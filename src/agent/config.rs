@@ -36,6 +36,17 @@ pub struct AgentConfig {
     /// Where container logs go (`/var/log/pods` for a root install).
     pub pod_logs_dir: PathBuf,
     pub kubelet: KubeletConfig,
+    /// The kubelet API's certificate and the CA its clients' certificates
+    /// are checked against; no kubelet API without it.
+    pub kubelet_tls: Option<KubeletTls>,
+}
+
+/// The files the kubelet API serves with.
+#[derive(Debug, Clone)]
+pub struct KubeletTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
 }
 
 /// A signal and the threshold below which the node is under pressure:

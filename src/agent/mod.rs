@@ -35,6 +35,7 @@ pub mod pod_util;
 pub mod pod_workers;
 pub mod prober;
 pub mod probes;
+pub mod server;
 pub mod static_pods;
 pub mod status_manager;
 pub mod volume_manager;
@@ -48,7 +49,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{reflector, watcher, WatchStreamExt};
 use tokio::sync::{watch, Notify};
 
-pub use config::{AgentConfig, KubeletConfig};
+pub use config::{AgentConfig, KubeletConfig, KubeletTls};
 use containerd::{Containerd, ContainerdConfig, ContainerdPaths};
 use cri::Cri;
 use futures_util::StreamExt;
@@ -84,6 +85,8 @@ pub enum AgentError {
     Registries(#[from] images::registries::RegistriesError),
     #[error("images: {0}")]
     Images(#[from] images::ImageError),
+    #[error(transparent)]
+    KubeletApi(#[from] server::ServerError),
 }
 
 /// A running node role; `stop` ends it and stops containerd (pods keep running).
@@ -311,6 +314,9 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
                 workers.wake(&update.pod_uid);
             }
         }));
+    }
+    if let Some(tls) = &config.kubelet_tls {
+        tasks.push(server::start(kubelet.clone(), tls, config.kubelet.port).await?);
     }
     tasks.extend(housekeeping::spawn(kubelet.clone(), workers.clone(), pressure_tx, paths.root.clone(), pause_image));
     // Static pods first, so the API's first list does not take their

@@ -35,6 +35,10 @@ pub struct Call {
     pub warnings: Vec<String>,
     /// Where the authorization decision goes for the audit log (when auditing).
     pub decision: Option<DecisionRecord>,
+    /// The query string as sent (connect subresources pass it on).
+    pub raw_query: Option<String>,
+    /// The client's connection once upgraded (exec, attach, port-forward, proxies).
+    pub upgrade: Option<hyper::upgrade::OnUpgrade>,
 }
 
 impl Call {

@@ -20,6 +20,7 @@ pub mod field_order;
 pub mod handlers;
 pub mod health;
 pub mod kinds;
+pub mod kubelet;
 pub mod label_parser;
 pub mod lease_manager;
 pub mod managed_fields;
@@ -35,6 +36,7 @@ pub mod resource;
 pub mod selectable_fields;
 pub mod selector;
 pub mod serve;
+pub mod service_endpoint;
 pub mod status;
 pub mod storage;
 pub mod strategic;
@@ -71,6 +73,8 @@ pub struct ApiConfig {
     pub event_ttl: std::time::Duration,
     /// The audit policy and log (`--audit-policy-file`, `--audit-log-path`).
     pub audit: Option<Arc<audit::Auditor>>,
+    /// How kubelets are reached (logs, exec, port-forward, nodes/proxy).
+    pub kubelet: Option<kubelet::KubeletConnector>,
 }
 
 /// Where Events live, for both API groups that serve them; they expire.

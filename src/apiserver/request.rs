@@ -11,6 +11,8 @@ pub struct ResourcePath {
     pub subresource: Option<String>,
     /// The legacy `/watch/` prefix was used.
     pub watch_prefix: bool,
+    /// Of a `proxy` subresource, the path after it (`/` or `/a/b`, as sent).
+    pub proxy_path: Option<String>,
 }
 
 /// The query string's parameters; of a repeated one the first counts, as
@@ -99,27 +101,36 @@ pub fn parse(path: &str) -> Target {
         name: None,
         subresource: None,
         watch_prefix,
+        proxy_path: None,
     };
-    match rest {
+    let tail_len = match rest {
         // /namespaces/{ns}/{plural}[/{name}[/{sub}]]
         ["namespaces", ns, plural, tail @ ..] if !is_namespace_subresource(plural, tail) => {
             p.namespace = Some(ns.to_string());
             p.plural = plural.to_string();
             p.name = tail.first().map(|s| s.to_string());
             p.subresource = tail.get(1).map(|s| s.to_string());
-            if tail.len() > 2 {
-                return Target::Other;
-            }
+            tail.len()
         }
         [plural, tail @ ..] => {
             p.plural = plural.to_string();
             p.name = tail.first().map(|s| s.to_string());
             p.subresource = tail.get(1).map(|s| s.to_string());
-            if tail.len() > 2 {
-                return Target::Other;
-            }
+            tail.len()
         }
         [] => return Target::Resources { group: p.group, version: p.version },
+    };
+    if p.subresource.as_deref() == Some("proxy") {
+        // Whatever follows `…/{name}/proxy` is the proxied path, as sent.
+        let name = p.name.as_deref().unwrap_or_default();
+        let marker = format!("/{name}/proxy");
+        let rest = path.find(&marker).map(|i| &path[i + marker.len()..]).unwrap_or_default();
+        if !rest.is_empty() && !rest.starts_with('/') {
+            return Target::Other;
+        }
+        p.proxy_path = Some(if rest.is_empty() { "/".to_string() } else { rest.to_string() });
+    } else if tail_len > 2 {
+        return Target::Other;
     }
     Target::Resource(p)
 }
@@ -139,6 +150,17 @@ mod tests {
             Target::Resource(r) => r,
             other => panic!("{path}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn proxy_subresources_keep_the_path_after_them() {
+        let p = res("/api/v1/namespaces/web/services/web:http/proxy/a/b/");
+        assert_eq!((p.name.as_deref(), p.subresource.as_deref()), (Some("web:http"), Some("proxy")));
+        assert_eq!(p.proxy_path.as_deref(), Some("/a/b/"));
+        assert_eq!(res("/api/v1/nodes/n1/proxy").proxy_path.as_deref(), Some("/"));
+        assert_eq!(res("/api/v1/nodes/n1/proxy/stats/summary").proxy_path.as_deref(), Some("/stats/summary"));
+        assert_eq!(res("/api/v1/namespaces/d/pods/p").proxy_path, None);
+        assert_eq!(parse("/api/v1/namespaces/d/pods/p/log/extra"), Target::Other);
     }
 
     #[test]

@@ -115,6 +115,7 @@ impl NodeArgs {
             cluster_cidr,
             pod_logs_dir,
             kubelet,
+            kubelet_tls: None,
         })
     }
 }

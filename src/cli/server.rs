@@ -227,6 +227,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         join_token: Some(pki.token.clone()),
         event_ttl: args.event_ttl,
         audit: auditor(&args).context("audit")?,
+        kubelet: Some(
+            apiserver::kubelet::KubeletConnector::new(
+                &pki.server_ca_cert,
+                &pki.kubelet_client_cert,
+                &pki.kubelet_client_key,
+            )
+            .context("the kubelet client")?,
+        ),
     };
     let issuer = format!("https://kubernetes.default.svc.{}", args.cluster_domain);
     let tokens =
@@ -308,6 +316,20 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             &args.cluster_cidr,
             args.data_dir.is_none(),
         )?;
+        let tls = crate::agent::KubeletTls {
+            cert: config.dir.join("serving-kubelet.crt"),
+            key: config.dir.join("serving-kubelet.key"),
+            client_ca: pki.client_ca_cert.clone(),
+        };
+        crate::pki::ensure_kubelet_serving(
+            &data_dir.join("server").join("tls"),
+            &tls.cert,
+            &tls.key,
+            &node_name,
+            &config.node_ips,
+        )
+        .context("the kubelet's serving certificate")?;
+        let config = crate::agent::AgentConfig { kubelet_tls: Some(tls), ..config };
         let client = crate::client::in_process(api.clone(), crate::client::node(&node_name));
         Some(crate::agent::start(config, client).await.context("the node role")?)
     };

@@ -14,6 +14,9 @@ use std::path::{Path, PathBuf};
 pub use certs::{subject_of, CertError, Issued};
 pub use kubeconfig::write_kubeconfig;
 
+/// The user the API server is towards kubelets.
+pub const KUBE_APISERVER_USER: &str = "system:kube-apiserver";
+
 /// A new ECDSA P-256 private key, PKCS#8 PEM.
 pub fn new_key_pem() -> Result<String, CertError> {
     certs::new_key()
@@ -53,6 +56,9 @@ pub struct Pki {
     pub serving_key: PathBuf,
     pub admin_cert: PathBuf,
     pub admin_key: PathBuf,
+    /// The API server's client certificate towards kubelets (`system:kube-apiserver`).
+    pub kubelet_client_cert: PathBuf,
+    pub kubelet_client_key: PathBuf,
     pub service_account_key: PathBuf,
     pub token: String,
 }
@@ -116,6 +122,9 @@ impl Pki {
         ensure_leaf(&p("serving-kube-apiserver.crt"), &p("serving-kube-apiserver.key"), &serving, &server_ca)?;
         let admin = certs::LeafSpec::client("system:admin", &["system:masters"]);
         ensure_leaf(&p("client-admin.crt"), &p("client-admin.key"), &admin, &client_ca)?;
+        // As k3s: a user of its own, bound to system:kubelet-api-admin.
+        let kubelet_client = certs::LeafSpec::client(KUBE_APISERVER_USER, &[]);
+        ensure_leaf(&p("client-kube-apiserver.crt"), &p("client-kube-apiserver.key"), &kubelet_client, &client_ca)?;
 
         let sa_key = p("service.key");
         if read(&sa_key)?.is_none() {
@@ -140,6 +149,8 @@ impl Pki {
             serving_key: p("serving-kube-apiserver.key"),
             admin_cert: p("client-admin.crt"),
             admin_key: p("client-admin.key"),
+            kubelet_client_cert: p("client-kube-apiserver.crt"),
+            kubelet_client_key: p("client-kube-apiserver.key"),
             service_account_key: sa_key,
             token,
         })
@@ -163,6 +174,28 @@ fn random_u128() -> u128 {
     let mut buf = [0u8; 16];
     fill_random(&mut buf);
     u128::from_le_bytes(buf)
+}
+
+/// The kubelet API's serving certificate of a node (its name and
+/// addresses), signed by the server CA of `tls_dir`, as `cert`/`key`:
+/// issued when missing, near expiry, or lacking a name.
+pub fn ensure_kubelet_serving(
+    tls_dir: &Path,
+    cert: &Path,
+    key: &Path,
+    node_name: &str,
+    ips: &[IpAddr],
+) -> Result<(), PkiError> {
+    let ca = ensure_ca(&tls_dir.join("server-ca.crt"), &tls_dir.join("server-ca.key"), "ferrok-server-ca")?;
+    let mut dns = vec![node_name.to_string(), "localhost".to_string()];
+    dns.dedup();
+    let mut all_ips = ips.to_vec();
+    for local in [IpAddr::from([127, 0, 0, 1]), IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1])] {
+        if !all_ips.contains(&local) {
+            all_ips.push(local);
+        }
+    }
+    ensure_leaf(cert, key, &certs::LeafSpec::server(node_name, dns, all_ips), &ca)
 }
 
 fn ensure_ca(cert: &Path, key: &Path, cn: &str) -> Result<certs::Ca, PkiError> {

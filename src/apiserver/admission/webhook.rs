@@ -18,7 +18,6 @@ use super::Operation;
 use crate::apiserver::call::Call;
 use crate::apiserver::selector::LabelSelector;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::storage::ReadAt;
 
 /// Where to send a review: address to dial, TLS name and path.
 struct Target {
@@ -87,45 +86,9 @@ async fn target(call: &Call, client_config: &Value) -> Result<Target, String> {
     let name = svc["name"].as_str().unwrap_or_default();
     let port = svc["port"].as_i64().unwrap_or(443);
     let path = svc["path"].as_str().unwrap_or("/").to_string();
-    let service = call
-        .api
-        .storage
-        .get(&format!("/registry/services/{ns}/{name}"))
-        .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("service \"{name}\" not found"))?;
-    let sport = service
-        .object
-        .pointer("/spec/ports")
-        .and_then(Value::as_array)
-        .and_then(|ps| ps.iter().find(|p| p["port"].as_i64() == Some(port)).cloned());
-    let port_name = sport.as_ref().and_then(|p| p["name"].as_str()).unwrap_or_default().to_string();
-    let target_port = sport.as_ref().map(|p| p["targetPort"].clone()).unwrap_or(json!(port));
-    let slices = call
-        .api
-        .storage
-        .list(&format!("/registry/discovery.k8s.io/endpointslices/{ns}/"), None, 0, ReadAt::Latest)
-        .await
-        .map_err(|e| e.to_string())?;
-    for slice in slices.items {
-        if slice.object.pointer("/metadata/labels/kubernetes.io~1service-name").and_then(Value::as_str) != Some(name) {
-            continue;
-        }
-        let port = slice.object["ports"]
-            .as_array()
-            .and_then(|ps| ps.iter().find(|p| p["name"].as_str().unwrap_or_default() == port_name))
-            .and_then(|p| p["port"].as_i64())
-            .or_else(|| target_port.as_i64());
-        for ep in slice.object["endpoints"].as_array().into_iter().flatten() {
-            if ep.pointer("/conditions/ready").and_then(Value::as_bool) == Some(false) {
-                continue;
-            }
-            if let (Some(ip), Some(port)) = (ep["addresses"].get(0).and_then(Value::as_str), port) {
-                return Ok(Target { addr: format!("{ip}:{port}"), server_name: format!("{name}.{ns}.svc"), path });
-            }
-        }
-    }
-    Err(format!("no endpoints available for service \"{name}\""))
+    let port = crate::apiserver::service_endpoint::ServicePort::Number(port);
+    let addr = crate::apiserver::service_endpoint::resolve(&call.api.storage, ns, name, &port).await?;
+    Ok(Target { addr, server_name: format!("{name}.{ns}.svc"), path })
 }
 
 fn tls_config(ca_bundle: Option<&str>) -> Result<Arc<rustls::ClientConfig>, String> {

@@ -218,6 +218,15 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
             vec![rule(&["certificates.k8s.io"], &["certificatesigningrequests"], &["create", "get", "list", "watch"])],
             true,
         ),
+        // What the API server may do on kubelets (logs, exec, port-forward, stats).
+        cluster_role(
+            "system:kubelet-api-admin",
+            vec![
+                rule(&[""], &["nodes"], &["get", "list", "watch", "proxy"]),
+                rule(&[""], &["nodes/proxy", "nodes/metrics", "nodes/stats", "nodes/log"], &["*"]),
+            ],
+            true,
+        ),
         cluster_role(
             "system:basic-user",
             vec![
@@ -247,6 +256,8 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         binding("system:monitoring", "system:monitoring", &["system:monitoring"]),
         binding("system:node-bootstrapper", "system:node-bootstrapper", &["system:bootstrappers"]),
         user_binding("system:kube-scheduler", "system:kube-scheduler", "system:kube-scheduler"),
+        // k3s' name for the same binding.
+        user_binding("kube-apiserver-kubelet-admin", "system:kubelet-api-admin", crate::pki::KUBE_APISERVER_USER),
         user_binding("system:volume-scheduler", "system:volume-scheduler", "system:kube-scheduler"),
         user_binding(
             "system:kube-controller-manager",

@@ -5,10 +5,13 @@
 
 mod binding;
 mod computed;
+mod connect;
 mod eviction;
 mod options;
 mod patch;
+mod proxy;
 mod read;
+mod relay;
 mod reviews;
 mod write;
 
@@ -28,7 +31,7 @@ use super::status::{ApiError, ApiResult};
 use super::Api;
 
 /// Serves one resource request.
-pub async fn serve(api: Arc<Api>, user: User, path: ResourcePath, parts: Parts, body: Bytes) -> Response {
+pub async fn serve(api: Arc<Api>, user: User, path: ResourcePath, mut parts: Parts, body: Bytes) -> Response {
     let Some(resource) = api.registry.get(&path.group, &path.version, &path.plural) else {
         return ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response();
     };
@@ -39,6 +42,8 @@ pub async fn serve(api: Arc<Api>, user: User, path: ResourcePath, parts: Parts, 
         path,
         query: parse_query(parts.uri.query()),
         decision: parts.extensions.get::<DecisionRecord>().cloned(),
+        raw_query: parts.uri.query().map(str::to_string),
+        upgrade: parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
         headers: parts.headers,
         warnings: Vec::new(),
     };
@@ -90,6 +95,11 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
             read::get(&call).await
         }
         ("get", Some("scale")) => read::get_scale(&call).await,
+        ("get", Some("log")) => connect::pod_log(&call).await,
+        ("get" | "create", Some("exec" | "attach" | "portforward")) => connect::pod_stream(&mut call, &method).await,
+        (_, Some("proxy")) if r.plural == "nodes" => connect::node_proxy(&mut call, &method, body).await,
+        (_, Some("proxy")) if r.plural == "pods" => proxy::pod_proxy(&mut call, &method, body).await,
+        (_, Some("proxy")) if r.plural == "services" => proxy::service_proxy(&mut call, &method, body).await,
         ("list", None) => read::list(&call).await,
         ("watch", None) => read::watch(call).await,
         ("create", None) => write::create(&mut call, body).await,
