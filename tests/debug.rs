@@ -125,7 +125,7 @@ spec:
         ),
         "{out}"
     );
-    assert!(out.contains("422") || out.contains("Invalid"), "{out}");
+    assert!(out.contains(r#"The Pod "app" is invalid"#), "{out}");
     // Nor be removed.
     let mut removed = pod.clone();
     removed["spec"]["ephemeralContainers"] = serde_json::json!([]);
