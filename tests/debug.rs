@@ -161,6 +161,33 @@ spec:
     let names = node.get(&["pod", "-n", "dbg", "app"], "{.spec.ephemeralContainers[*].name}");
     assert_eq!(names, "dbg1 dbg2");
 
+    // A pod not on a node yet takes them as well; a static pod's mirror none.
+    node.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: pending, namespace: dbg}}
+spec:
+  nodeSelector: {{no-such-label: "true"}}
+  containers: [{{name: app, image: {BUSYBOX}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mirror
+  namespace: dbg
+  annotations: {{kubernetes.io/config.mirror: "x"}}
+spec:
+  nodeSelector: {{no-such-label: "true"}}
+  containers: [{{name: app, image: {BUSYBOX}}}]
+"#
+    ));
+    let (ok, out) = node.kubectl(&["debug", "pending", "-n", "dbg", "--image", BUSYBOX, "-c", "d", "--", "true"]);
+    assert!(ok, "{out}");
+    assert_eq!(node.get(&["pod", "-n", "dbg", "pending"], "{.spec.ephemeralContainers[*].name}"), "d");
+    let (ok, out) = node.kubectl(&["debug", "mirror", "-n", "dbg", "--image", BUSYBOX, "-c", "d", "--", "true"]);
+    assert!(!ok && out.contains("[]: Forbidden: static pods do not support ephemeral containers"), "{out}");
+
     // The oldest and newest kubectl beside the default one.
     for (minor, name) in [(27, "dbg27"), (33, "dbg33")] {
         let kubectl = kubectl_version(minor);
