@@ -76,7 +76,7 @@ spec:
 "#
     ));
     node.eventually("app to run", 60, || {
-        node.get(&["pod", "-n", "dbg", "app"], "{.status.containerStatuses[0].state.running.startedAt}") != ""
+        !node.get(&["pod", "-n", "dbg", "app"], "{.status.containerStatuses[0].state.running.startedAt}").is_empty()
     });
 
     // With --target the debug container sees the target's processes.
