@@ -30,8 +30,8 @@ const NOT_SERVED: &[(&str, &str)] = &[
 /// Upstream's connect subresources, answered by proxying to the node's
 /// kubelet API (logs, exec, attach, port-forward) or to the object (proxy).
 /// Discovery lists them, and the test compares that listing, but their verbs
-/// are not exercised here: this tree has no proxy from the API server to a
-/// node yet, so they answer 405 (a known gap, not a shape to keep).
+/// are not exercised here (this server has no node): tests/kubelet_api.rs,
+/// tests/exec.rs and tests/logs.rs drive them against a real one.
 const THROUGH_THE_NODE: &[&str] = &["log", "exec", "attach", "portforward", "proxy"];
 
 const ALL_VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
