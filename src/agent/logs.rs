@@ -59,7 +59,7 @@ pub fn rotated_name(log: &Path, now: Timestamp) -> PathBuf {
 
 /// The rotated files of `log` (`<log>.*`), oldest first: their names end
 /// in a sortable timestamp.
-fn rotated_files(log: &Path) -> io::Result<Vec<PathBuf>> {
+pub fn rotated_files(log: &Path) -> io::Result<Vec<PathBuf>> {
     let (Some(dir), Some(base)) = (log.parent(), log.file_name().and_then(|n| n.to_str())) else {
         return Ok(Vec::new());
     };

@@ -10,6 +10,7 @@
 pub mod backoff;
 pub mod config;
 pub mod container_gc;
+pub mod container_logs;
 pub mod containerd;
 pub mod credentials;
 pub mod cri;
@@ -37,6 +38,7 @@ pub mod prober;
 pub mod probes;
 pub mod server;
 pub mod static_pods;
+pub mod stats;
 pub mod status_manager;
 pub mod volume_manager;
 

@@ -33,6 +33,7 @@ pub mod recover;
 pub mod registry;
 pub mod request;
 pub mod resource;
+pub mod resource_metrics;
 pub mod selectable_fields;
 pub mod selector;
 pub mod serve;

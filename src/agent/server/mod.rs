@@ -6,15 +6,16 @@
 
 pub mod auth;
 pub mod lookup;
+pub mod streams;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::Pod;
@@ -25,7 +26,9 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::config::KubeletTls;
+use super::container_logs::{self, ContainerLogs};
 use super::kubelet::Kubelet;
+use super::stats;
 use auth::{Attributes, KubeletAuth, PeerCertificate};
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +45,8 @@ pub enum ServerError {
 pub struct KubeletServer {
     pub kubelet: Arc<Kubelet>,
     pub auth: KubeletAuth,
+    /// Keeps each cgroup's last CPU reading between requests, for rates.
+    pub stats: super::stats::StatsProvider,
 }
 
 /// The authenticated caller of a request (an extension set by `guard`).
@@ -60,6 +65,29 @@ pub fn router(server: Arc<KubeletServer>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/pods", get(pods))
         .route("/pods/", get(pods))
+        .route("/containerLogs/{namespace}/{pod}/{container}", get(container_logs))
+        .route(
+            "/stats/summary",
+            get(|State(s): State<Arc<KubeletServer>>| async move { stats::serve_stats_summary(&s.stats).await }),
+        )
+        .route(
+            "/metrics",
+            get(|State(s): State<Arc<KubeletServer>>| async move { stats::serve_kubelet_metrics(&s.stats).await }),
+        )
+        .route(
+            "/metrics/resource",
+            get(|State(s): State<Arc<KubeletServer>>| async move { stats::serve_resource_metrics(&s.stats).await }),
+        )
+        .route(
+            "/metrics/cadvisor",
+            get(|State(s): State<Arc<KubeletServer>>| async move { stats::serve_cadvisor_metrics(&s.stats).await }),
+        )
+        .route("/exec/{namespace}/{pod}/{container}", any(exec))
+        .route("/exec/{namespace}/{pod}/{uid}/{container}", any(exec_uid))
+        .route("/attach/{namespace}/{pod}/{container}", any(attach))
+        .route("/attach/{namespace}/{pod}/{uid}/{container}", any(attach_uid))
+        .route("/portForward/{namespace}/{pod}", any(port_forward))
+        .route("/portForward/{namespace}/{pod}/{uid}", any(port_forward_uid))
         .fallback(|| async { text_error(404, "404 page not found") })
         .layer(axum::middleware::from_fn_with_state(server.clone(), guard))
         .with_state(server)
@@ -82,6 +110,16 @@ async fn guard(State(server): State<Arc<KubeletServer>>, mut req: Request, next:
     next.run(req).await
 }
 
+/// `/containerLogs/{namespace}/{pod}/{container}`.
+async fn container_logs(
+    State(server): State<Arc<KubeletServer>>,
+    axum::extract::Path((namespace, pod, container)): axum::extract::Path<(String, String, String)>,
+    uri: axum::http::Uri,
+) -> Response {
+    let logs = ContainerLogs::from_kubelet(&server.kubelet);
+    container_logs::serve_container_logs(&logs, &namespace, &pod, &container, uri.query()).await
+}
+
 /// `/pods`: the pods bound to this node, as a PodList.
 async fn pods(State(server): State<Arc<KubeletServer>>) -> Response {
     let api: Api<Pod> = Api::all(server.kubelet.client.clone());
@@ -93,6 +131,88 @@ async fn pods(State(server): State<Arc<KubeletServer>>) -> Response {
         }
         Err(e) => text_error(500, e),
     }
+}
+
+/// exec or attach: the running container named in the path, then the stream.
+async fn remote_command(
+    server: Arc<KubeletServer>,
+    attach: bool,
+    (namespace, pod, uid, container): (String, String, Option<String>, String),
+    req: Request,
+) -> Response {
+    let cri = server.kubelet.runtime.cri.clone();
+    match lookup::running_container(&cri, &namespace, &pod, uid.as_deref(), &container).await {
+        Ok(id) if attach => streams::serve_attach(cri, id, req).await,
+        Ok(id) => streams::serve_exec(cri, id, req).await,
+        Err(e) => text_error(e.status(), e),
+    }
+}
+
+async fn exec(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod, c)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    remote_command(s, false, (ns, pod, None, c), req).await
+}
+
+async fn exec_uid(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod, uid, c)): Path<(String, String, String, String)>,
+    req: Request,
+) -> Response {
+    remote_command(s, false, (ns, pod, Some(uid), c), req).await
+}
+
+async fn attach(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod, c)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    remote_command(s, true, (ns, pod, None, c), req).await
+}
+
+async fn attach_uid(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod, uid, c)): Path<(String, String, String, String)>,
+    req: Request,
+) -> Response {
+    remote_command(s, true, (ns, pod, Some(uid), c), req).await
+}
+
+/// port-forward: the network namespace of the pod's sandbox, then the stream.
+async fn forward(
+    server: Arc<KubeletServer>,
+    namespace: String,
+    pod: String,
+    uid: Option<String>,
+    req: Request,
+) -> Response {
+    let cri = server.kubelet.runtime.cri.clone();
+    match lookup::pod_network_namespace(&cri, &namespace, &pod, uid.as_deref()).await {
+        Ok(netns) => {
+            let target =
+                streams::PortForwardTarget { netns, pod: format!("{namespace}/{pod}"), uid: uid.unwrap_or_default() };
+            streams::serve_port_forward(target, req).await
+        }
+        Err(e) => text_error(e.status(), e),
+    }
+}
+
+async fn port_forward(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod)): Path<(String, String)>,
+    req: Request,
+) -> Response {
+    forward(s, ns, pod, None, req).await
+}
+
+async fn port_forward_uid(
+    State(s): State<Arc<KubeletServer>>,
+    Path((ns, pod, uid)): Path<(String, String, String)>,
+    req: Request,
+) -> Response {
+    forward(s, ns, pod, Some(uid), req).await
 }
 
 fn tls_config(tls: &KubeletTls) -> Result<Arc<rustls::ServerConfig>, ServerError> {
@@ -135,7 +255,8 @@ pub async fn start(
     let addr = SocketAddr::from(([0, 0, 0, 0], port));
     let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
     let auth = KubeletAuth::new(kubelet.client.clone(), kubelet.config.node_name.clone());
-    let app = router(Arc::new(KubeletServer { kubelet, auth }));
+    let stats = stats::StatsProvider::from_kubelet(&kubelet);
+    let app = router(Arc::new(KubeletServer { kubelet, auth, stats }));
     tracing::info!(%addr, "kubelet API listening");
     Ok(tokio::spawn(accept(listener, TlsAcceptor::from(config), app)))
 }

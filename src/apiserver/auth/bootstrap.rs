@@ -75,6 +75,8 @@ fn workload_resources() -> Vec<(&'static [&'static str], &'static [&'static str]
 fn view_rules() -> Vec<Value> {
     let mut rules: Vec<Value> = workload_resources().into_iter().map(|(g, r)| rule(g, r, READ)).collect();
     rules.push(rule(&[""], &["namespaces", "namespaces/status"], READ));
+    // Aggregated from system:aggregated-metrics-reader upstream.
+    rules.push(rule(&["metrics.k8s.io"], &["pods", "nodes"], READ));
     rules
 }
 
@@ -130,6 +132,22 @@ fn cluster_role(name: &str, rules: Vec<Value>, bootstrap: bool) -> Value {
         },
         "rules": rules,
     })
+}
+
+/// metrics-server's role, aggregated into view, edit and admin (whose
+/// rules here already hold it: there is no aggregation controller).
+fn aggregated_metrics_reader() -> Value {
+    let mut role = cluster_role(
+        "system:aggregated-metrics-reader",
+        vec![rule(&["metrics.k8s.io"], &["pods", "nodes"], &["get", "list", "watch"])],
+        false,
+    );
+    role["metadata"]["labels"] = json!({
+        "rbac.authorization.k8s.io/aggregate-to-admin": "true",
+        "rbac.authorization.k8s.io/aggregate-to-edit": "true",
+        "rbac.authorization.k8s.io/aggregate-to-view": "true",
+    });
+    role
 }
 
 fn binding(name: &str, role: &str, groups: &[&str]) -> Value {
@@ -192,6 +210,7 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         cluster_role("admin", admin_rules(), false),
         cluster_role("edit", edit_rules(), false),
         cluster_role("view", view_rules(), false),
+        aggregated_metrics_reader(),
         cluster_role(
             "system:discovery",
             vec![

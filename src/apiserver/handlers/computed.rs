@@ -13,6 +13,9 @@ use crate::apiserver::table::wants_table;
 
 pub async fn serve(call: &mut Call, verb: &str) -> ApiResult<Response> {
     let r = call.resource.clone();
+    if r.group == "metrics.k8s.io" {
+        return super::resource_metrics::serve(call, verb).await;
+    }
     call.warnings.push(component_status::DEPRECATION_WARNING.to_string());
     match verb {
         "get" => {

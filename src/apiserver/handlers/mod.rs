@@ -12,6 +12,7 @@ mod patch;
 mod proxy;
 mod read;
 mod relay;
+mod resource_metrics;
 mod reviews;
 mod write;
 

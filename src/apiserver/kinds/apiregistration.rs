@@ -41,6 +41,8 @@ pub fn local_priority(group: &str, version: &str) -> Option<(i32, i32)> {
         ("node.k8s.io", "v1") => (16300, 15),
         ("discovery.k8s.io", "v1") => (16200, 15),
         ("flowcontrol.apiserver.k8s.io", "v1") => (16100, 21),
+        // Served here, not by a metrics-server: metrics-server's priorities.
+        ("metrics.k8s.io", "v1beta1") => (100, 100),
         _ => return None,
     })
 }
