@@ -97,6 +97,9 @@ spec:
     ]);
     assert!(ok, "kubectl debug: {out}\n{}", node.log());
     assert_eq!(wait_exit(&node, "dbg", "app", "dbg1"), 0, "dbg1 sees the target's sleep");
+    // Its output is the container's log: the target's processes in `ps`.
+    let logs = node.ok(&["logs", "app", "-n", "dbg", "-c", "dbg1"]);
+    assert!(logs.contains("sleep 3600"), "{logs}");
     // Without a target it has a process namespace of its own.
     let (ok, out) =
         node.kubectl(&["debug", "app", "-n", "dbg", "--image", BUSYBOX, "-c", "dbg2", "--", "sh", "-c", "pidof sleep"]);
@@ -329,7 +332,6 @@ fn gather(mut from: impl std::io::Read + Send + 'static) -> std::sync::Arc<std::
 }
 
 #[test]
-#[ignore = "needs pods/attach on the node (the exec/attach streams branch); run with --ignored once merged"]
 fn an_interactive_debug_shell_sees_the_target() {
     use std::io::Write;
     use std::process::Stdio;
