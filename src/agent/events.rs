@@ -42,7 +42,7 @@ impl Events {
     }
 
     pub fn for_container(&self, pod: &Pod, name: &str, kind: EventType, reason: &str, message: &str) {
-        let ckind = pod_util::find_container(pod, name).map(|(k, _)| k).unwrap_or(ContainerKind::Regular);
+        let ckind = pod_util::find_any_container(pod, name).map(|(k, _)| k).unwrap_or(ContainerKind::Regular);
         self.container(&Self::container_ref(pod, ckind, name), kind, reason, message);
     }
 

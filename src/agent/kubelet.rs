@@ -260,8 +260,8 @@ impl Kubelet {
             } else {
                 None
             };
-            let grace = match pod_util::find_container(pod, &k.name) {
-                Some((_, c)) => super::prober::kill_grace_period(pod, c, probe),
+            let grace = match pod_util::find_any_container(pod, &k.name) {
+                Some((_, c)) => super::prober::kill_grace_period(pod, &c, probe),
                 None => grace,
             };
             self.runtime.kill_container(pod, &k.id, &k.name, grace, Some(&k.message)).await;
@@ -310,8 +310,8 @@ impl Kubelet {
             let early = self.status_of(pod, &rt, st, false).await;
             self.publish(pod, &early);
             for start in &acts.start {
-                let Some((kind, c)) = pod_util::find_container(pod, &start.name) else { continue };
-                match self.start_one(pod, kind, c, &rt, id, &cfg, &pod_ips, &mounts, hosts.as_ref()).await {
+                let Some((kind, c)) = pod_util::find_any_container(pod, &start.name) else { continue };
+                match self.start_one(pod, kind, &c, &rt, id, &cfg, &pod_ips, &mounts, hosts.as_ref()).await {
                     Ok(()) => {
                         st.waiting.remove(&c.name);
                         // Look again at once: a started sidecar lets the

@@ -130,7 +130,9 @@ fn container_status(
                     });
                     let started = i.started.contains(&c.id);
                     status.started = Some(started);
-                    status.ready = started && i.ready.contains(&c.id) && kind != ContainerKind::Init;
+                    status.ready = started
+                        && i.ready.contains(&c.id)
+                        && !matches!(kind, ContainerKind::Init | ContainerKind::Ephemeral);
                     if let Some(prev) = i.rt.previous(&spec.name).filter(|p| p.state == ContainerRunState::Exited) {
                         status.last_state = Some(ContainerState {
                             terminated: Some(terminated(prev, i.runtime_name, i.termination_messages.get(&prev.id))),
@@ -286,6 +288,10 @@ pub fn generate(i: &StatusInputs<'_>) -> PodStatus {
     let default_waiting = if initialized { "ContainerCreating" } else { "PodInitializing" };
     let regular: Vec<ContainerStatus> =
         spec.containers.iter().map(|c| container_status(i, ContainerKind::Regular, c, default_waiting)).collect();
+    // Ephemeral containers: reported, never part of the phase or readiness.
+    let ephemeral: Vec<ContainerStatus> = pod_util::ephemeral_containers(pod)
+        .map(|ec| container_status(i, ContainerKind::Ephemeral, &pod_util::ephemeral_as_container(ec), default_waiting))
+        .collect();
     let mut phase = phase(pod, &init, &regular, i.terminal || i.failure.is_some());
     if i.failure.is_some() {
         phase = "Failed";
@@ -404,7 +410,7 @@ pub fn generate(i: &StatusInputs<'_>) -> PodStatus {
         reason: i.failure.map(|f| f.reason.clone()).or(old.reason.clone().filter(|_| done)),
         message: i.failure.map(|f| f.message.clone()).or(old.message.clone().filter(|_| done)),
         nominated_node_name: old.nominated_node_name.clone(),
-        ephemeral_container_statuses: old.ephemeral_container_statuses.clone(),
+        ephemeral_container_statuses: (!ephemeral.is_empty()).then_some(ephemeral),
         ..Default::default()
     }
 }
@@ -547,5 +553,28 @@ mod tests {
             Some(serde_json::from_value(json!({"conditions": [{"type": "PodScheduled", "status": "True"}]})).unwrap());
         let s = gen(&p, &RuntimePod::default(), &HashMap::new(), &[], false);
         assert_eq!(cond(&s, "PodScheduled").status, "True");
+    }
+
+    #[test]
+    fn ephemeral_containers_are_reported_apart() {
+        let p = pod(json!({"containers": [{"name": "a"}],
+            "ephemeralContainers": [{"name": "d", "image": "busybox:1"}, {"name": "e", "image": "busybox:1"}]}));
+        let rt = RuntimePod {
+            sandboxes: vec![sandbox()],
+            containers: vec![rc("d", ContainerRunState::Exited, 3, 1), rc("a", ContainerRunState::Running, 0, 1)],
+        };
+        let s = gen(&p, &rt, &HashMap::new(), &["a-1", "d-1"], false);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(cond(&s, "Ready").status, "True");
+        let eph = s.ephemeral_container_statuses.as_ref().unwrap();
+        assert_eq!(eph.len(), 2);
+        let t = eph[0].state.as_ref().unwrap().terminated.as_ref().unwrap();
+        assert_eq!((t.exit_code, t.reason.as_deref()), (3, Some("Error")));
+        assert!(!eph[0].ready);
+        assert_eq!(
+            eph[1].state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(),
+            Some("ContainerCreating")
+        );
+        assert_eq!(s.container_statuses.as_ref().unwrap().len(), 1);
     }
 }

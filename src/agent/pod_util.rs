@@ -4,7 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use std::borrow::Cow;
+
+use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::quantity;
@@ -16,6 +18,8 @@ pub enum ContainerKind {
     /// An init container with `restartPolicy: Always`.
     Sidecar,
     Regular,
+    /// A container of `spec.ephemeralContainers`: started once, never restarted.
+    Ephemeral,
 }
 
 impl ContainerKind {
@@ -24,6 +28,7 @@ impl ContainerKind {
             ContainerKind::Init => "init",
             ContainerKind::Sidecar => "sidecar",
             ContainerKind::Regular => "regular",
+            ContainerKind::Ephemeral => "ephemeral",
         }
     }
 
@@ -31,6 +36,7 @@ impl ContainerKind {
     pub fn field_path(self, name: &str) -> String {
         match self {
             ContainerKind::Regular => format!("spec.containers{{{name}}}"),
+            ContainerKind::Ephemeral => format!("spec.ephemeralContainers{{{name}}}"),
             _ => format!("spec.initContainers{{{name}}}"),
         }
     }
@@ -81,10 +87,66 @@ pub fn find_container<'a>(pod: &'a Pod, name: &str) -> Option<(ContainerKind, &'
     containers(pod).find(|(_, c)| c.name == name)
 }
 
+/// An ephemeral container as the container it runs as (the fields both share).
+pub fn ephemeral_as_container(ec: &EphemeralContainer) -> Container {
+    let ec = ec.clone();
+    Container {
+        args: ec.args,
+        command: ec.command,
+        env: ec.env,
+        env_from: ec.env_from,
+        image: ec.image,
+        image_pull_policy: ec.image_pull_policy,
+        lifecycle: ec.lifecycle,
+        liveness_probe: ec.liveness_probe,
+        name: ec.name,
+        ports: ec.ports,
+        readiness_probe: ec.readiness_probe,
+        resize_policy: ec.resize_policy,
+        resources: ec.resources,
+        restart_policy: ec.restart_policy,
+        security_context: ec.security_context,
+        startup_probe: ec.startup_probe,
+        stdin: ec.stdin,
+        stdin_once: ec.stdin_once,
+        termination_message_path: ec.termination_message_path,
+        termination_message_policy: ec.termination_message_policy,
+        tty: ec.tty,
+        volume_devices: ec.volume_devices,
+        volume_mounts: ec.volume_mounts,
+        working_dir: ec.working_dir,
+    }
+}
+
+/// The pod's ephemeral containers, in the order they were added.
+pub fn ephemeral_containers(pod: &Pod) -> impl Iterator<Item = &EphemeralContainer> {
+    spec(pod).ephemeral_containers.iter().flatten()
+}
+
+/// The container an ephemeral container shares its process namespace with.
+pub fn ephemeral_target<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
+    ephemeral_containers(pod)
+        .find(|ec| ec.name == name)
+        .and_then(|ec| ec.target_container_name.as_deref())
+        .filter(|t| !t.is_empty())
+}
+
+/// Any container of the pod by name, ephemeral ones included.
+pub fn find_any_container<'a>(pod: &'a Pod, name: &str) -> Option<(ContainerKind, Cow<'a, Container>)> {
+    if let Some((kind, c)) = find_container(pod, name) {
+        return Some((kind, Cow::Borrowed(c)));
+    }
+    ephemeral_containers(pod)
+        .find(|ec| ec.name == name)
+        .map(|ec| (ContainerKind::Ephemeral, Cow::Owned(ephemeral_as_container(ec))))
+}
+
 /// Whether a container that exited with `exit_code` is started again.
 pub fn should_restart(pod: &Pod, kind: ContainerKind, exit_code: i32) -> bool {
-    if kind == ContainerKind::Sidecar {
-        return true;
+    match kind {
+        ContainerKind::Sidecar => return true,
+        ContainerKind::Ephemeral => return false,
+        _ => {}
     }
     match restart_policy(pod) {
         "Never" => false,

@@ -92,6 +92,13 @@ pub trait Strategy: Send + Sync {
     fn subresource_update(&self, _subresource: &str, new: Value, _old: &Value) -> Value {
         new
     }
+
+    /// Checks what a write may change, beyond `validate` of the object
+    /// alone: `old` is None on create; `subresource` names the one written
+    /// through (upstream's ValidateUpdate of the subresource's strategy).
+    fn validate_change(&self, _subresource: Option<&str>, _new: &Value, _old: Option<&Value>) -> Vec<Cause> {
+        Vec::new()
+    }
 }
 
 /// How objects of a kind are deleted beyond what every kind shares
@@ -130,6 +137,7 @@ pub struct Hooks {
     pub cells: fn(&Value) -> Vec<Value>,
     pub delete: DeleteRules,
     pub subresource_update: fn(&str, Value, &Value) -> Value,
+    pub validate_change: fn(Option<&str>, &Value, Option<&Value>) -> Vec<Cause>,
 }
 
 impl Default for Hooks {
@@ -144,6 +152,7 @@ impl Default for Hooks {
             cells: |_| Vec::new(),
             delete: DeleteRules::default(),
             subresource_update: |_, new, _| new,
+            validate_change: |_, _, _| Vec::new(),
         }
     }
 }
@@ -249,6 +258,10 @@ where
 
     fn subresource_update(&self, subresource: &str, new: Value, old: &Value) -> Value {
         (self.hooks.subresource_update)(subresource, new, old)
+    }
+
+    fn validate_change(&self, subresource: Option<&str>, new: &Value, old: Option<&Value>) -> Vec<Cause> {
+        (self.hooks.validate_change)(subresource, new, old)
     }
 }
 

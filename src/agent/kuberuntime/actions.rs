@@ -61,6 +61,15 @@ pub fn compute(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> PodActions {
     let current = |name: &str| rt.containers.iter().find(|c| c.name == name && c.sandbox_id == sandbox.id);
     let spec = pod_util::spec(pod);
 
+    // Ephemeral containers start once, ahead of init containers (so they
+    // run even when those fail, as upstream), and never again: any
+    // instance of one, in any sandbox, means it ran.
+    for ec in pod_util::ephemeral_containers(pod) {
+        if rt.latest(&ec.name).is_none() {
+            actions.start.push(ToStart { kind: ContainerKind::Ephemeral, name: ec.name.clone() });
+        }
+    }
+
     // Init containers, in order, until one is not done.
     let regular_seen = spec.containers.iter().any(|c| current(&c.name).is_some());
     let mut initialized = true;
@@ -381,6 +390,37 @@ mod tests {
         let a = compute(&p, &rt, &ProbeState::default());
         assert_eq!(a.kill.len(), 1);
         assert!(a.kill[0].message.contains("definition changed"));
+    }
+
+    #[test]
+    fn ephemeral_containers_start_once_in_a_ready_sandbox() {
+        let p = pod(json!({
+            "initContainers": [{"name": "i"}], "containers": [{"name": "a"}],
+            "ephemeralContainers": [{"name": "d", "targetContainerName": "a"}]
+        }));
+        // Not with a new sandbox: the next sync starts it.
+        let a = compute(&p, &RuntimePod::default(), &ProbeState::default());
+        assert_eq!(names(&a), ["i"]);
+        let running = RuntimePod {
+            sandboxes: vec![sandbox(true)],
+            containers: vec![
+                container(&p, "a", ContainerRunState::Running, 0),
+                container(&p, "i", ContainerRunState::Exited, 0),
+            ],
+        };
+        let a = compute(&p, &running, &ProbeState::default());
+        assert_eq!(names(&a), ["d"]);
+        assert_eq!(a.start[0].kind, ContainerKind::Ephemeral);
+        // Done (whatever its exit): never started again.
+        let mut rt = running.clone();
+        rt.containers.insert(0, container(&p, "d", ContainerRunState::Exited, 1));
+        assert!(compute(&p, &rt, &ProbeState::default()).start.is_empty());
+        // A stuck init container does not hold it back.
+        let rt = RuntimePod {
+            sandboxes: vec![sandbox(true)],
+            containers: vec![container(&p, "i", ContainerRunState::Running, 0)],
+        };
+        assert_eq!(names(&compute(&p, &rt, &ProbeState::default())), ["d"]);
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct ContainerInputs<'a> {
     pub envs: &'a [(String, String)],
     pub mounts: Vec<api::Mount>,
     pub memory_capacity: i64,
+    /// The runtime id of the container an ephemeral container targets: it
+    /// joins that container's process namespace.
+    pub target_id: Option<&'a str>,
 }
 
 /// Upstream's expansion of command and args from the container's env.
@@ -85,10 +88,21 @@ pub fn container_config(i: &ContainerInputs<'_>) -> api::ContainerConfig {
         tty: c.tty == Some(true),
         linux: Some(api::LinuxContainerConfig {
             resources: Some(resources::container_resources(i.pod, c, i.memory_capacity)),
-            security_context: Some(security::container_security_context(i.pod, c)),
+            security_context: Some(security_context(i)),
         }),
         ..Default::default()
     }
+}
+
+/// The container's security context; an ephemeral container with a target
+/// sees the target's processes (CRI's TARGET pid namespace mode).
+fn security_context(i: &ContainerInputs<'_>) -> api::LinuxContainerSecurityContext {
+    let mut sc = security::container_security_context(i.pod, i.container);
+    if let (Some(target), Some(ns)) = (i.target_id, sc.namespace_options.as_mut()) {
+        ns.pid = api::NamespaceMode::Target as i32;
+        ns.target_id = target.to_string();
+    }
+    sc
 }
 
 #[cfg(test)]
@@ -114,6 +128,7 @@ mod tests {
             envs: &envs,
             mounts: vec![],
             memory_capacity: 1 << 30,
+            target_id: None,
         });
         assert_eq!(cfg.args, ["echo hi $(NOPE)"]);
         assert_eq!(cfg.log_path, "app/3.log");
@@ -121,5 +136,26 @@ mod tests {
         assert_eq!(cfg.labels[labels::POD_UID], "u");
         assert_eq!(cfg.annotations[labels::CONTAINER_RESTART_COUNT], "3");
         assert_eq!(cfg.image.unwrap().user_specified_image, "busybox:1");
+        let pid = |cfg: &api::ContainerConfig| {
+            let ns =
+                cfg.linux.as_ref().and_then(|l| l.security_context.as_ref()).and_then(|s| s.namespace_options.clone());
+            ns.map(|n| (n.pid, n.target_id)).unwrap_or_default()
+        };
+        let inputs = |target_id| ContainerInputs {
+            pod: &pod,
+            container: c,
+            kind: ContainerKind::Ephemeral,
+            restart_count: 0,
+            image_ref: "sha256:abc",
+            envs: &envs,
+            mounts: vec![],
+            memory_capacity: 1 << 30,
+            target_id,
+        };
+        assert_eq!(pid(&container_config(&inputs(None))), (api::NamespaceMode::Container as i32, String::new()));
+        assert_eq!(
+            pid(&container_config(&inputs(Some("cid")))),
+            (api::NamespaceMode::Target as i32, "cid".to_string())
+        );
     }
 }

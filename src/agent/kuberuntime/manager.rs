@@ -215,6 +215,18 @@ impl RuntimeManager {
         if let Some(m) = self.termination_log(pod, c) {
             mounts.push(m);
         }
+        // An ephemeral container's target (upstream's getTargetID).
+        let target = pod_util::ephemeral_target(pod, &c.name).filter(|_| kind == ContainerKind::Ephemeral);
+        let target_id = match target {
+            Some(t) => match rt.latest(t) {
+                Some(tc) => Some(tc.id.clone()),
+                None => {
+                    let msg = format!("unable to find target container {t}");
+                    return Err(self.fail(pod, kind, &c.name, "CreateContainerConfigError", msg));
+                }
+            },
+            None => None,
+        };
         let config = container_config(&ContainerInputs {
             pod,
             container: c,
@@ -224,6 +236,7 @@ impl RuntimeManager {
             envs,
             mounts,
             memory_capacity: self.memory_capacity,
+            target_id: target_id.as_deref(),
         });
         let log_dir = PathBuf::from(&sandbox_config.log_directory).join(&c.name);
         if let Err(e) = std::fs::create_dir_all(&log_dir) {
@@ -273,7 +286,7 @@ impl RuntimeManager {
     /// Stops a container: preStop hook first, then SIGTERM and, after
     /// what is left of the grace period, SIGKILL (upstream's killContainer).
     pub async fn kill_container(&self, pod: &Pod, id: &str, name: &str, grace_seconds: i64, message: Option<&str>) {
-        let kind = pod_util::find_container(pod, name).map(|(k, _)| k).unwrap_or(ContainerKind::Regular);
+        let kind = pod_util::find_any_container(pod, name).map(|(k, _)| k).unwrap_or(ContainerKind::Regular);
         let cref = Events::container_ref(pod, kind, name);
         let msg = match message {
             Some("FailedPostStartHook") => format!("FailedPostStartHook: container {name} will be stopped"),
@@ -283,7 +296,7 @@ impl RuntimeManager {
         self.events.container(&cref, EventType::Normal, "Killing", &msg);
         let started = Instant::now();
         let mut grace = grace_seconds.max(MIN_GRACE_SECONDS);
-        let spec = pod_util::find_container(pod, name).map(|(_, c)| c.clone());
+        let spec = pod_util::find_any_container(pod, name).map(|(_, c)| c.into_owned());
         if let (Some(c), Some(hooks)) = (spec.as_ref(), &self.hooks) {
             if let Some(pre_stop) = c.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
                 let run = hooks.run(pod, c, id, pre_stop);

@@ -118,7 +118,7 @@ fn spec_part(obj: &Value) -> Value {
 }
 
 /// Runs the strategy's validation, names included.
-fn validate(call: &Call, obj: &mut Value) -> ApiResult<()> {
+fn validate(call: &Call, obj: &mut Value, old: Option<&Value>) -> ApiResult<()> {
     let r = &call.resource;
     let name = name_of(obj).to_string();
     let mut causes = Vec::new();
@@ -138,6 +138,7 @@ fn validate(call: &Call, obj: &mut Value) -> ApiResult<()> {
     }
     causes.extend(crate::apiserver::validation::object_meta_maps(obj));
     causes.extend(r.strategy.validate(obj));
+    causes.extend(r.strategy.validate_change(call.path.subresource.as_deref(), obj, old));
     if !causes.is_empty() {
         return Err(ApiError::invalid(&r.group, &r.kind, &name, causes));
     }
@@ -199,7 +200,7 @@ pub async fn admit_create(call: &mut Call, mut obj: Value) -> ApiResult<Value> {
     r.strategy.default(&mut obj);
     admission::mutate(call, &mut obj, None, Operation::Create).await?;
     r.strategy.default(&mut obj);
-    validate(call, &mut obj)?;
+    validate(call, &mut obj, None)?;
     admission::validate(call, &obj, None, Operation::Create).await?;
     Ok(obj)
 }
@@ -318,7 +319,7 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
     }
     admission::mutate(call, &mut new, Some(old), Operation::Update).await?;
     r.strategy.default(&mut new);
-    validate(call, &mut new)?;
+    validate(call, &mut new, Some(old))?;
     admission::validate(call, &new, Some(old), Operation::Update).await?;
     Ok(new)
 }

@@ -11,6 +11,7 @@ mod core;
 mod events;
 mod networking;
 mod pod;
+mod pod_ephemeral;
 mod policy;
 mod quantities;
 mod rbac;

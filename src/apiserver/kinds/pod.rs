@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use super::{default_field, len, or_none};
+use super::{default_field, len, or_none, pod_ephemeral};
 use crate::apiserver::meta::{self, age, at, str_at};
 use crate::apiserver::status::Cause;
 use crate::apiserver::strategy::{check_name, DeleteRules, Hooks, NameRule};
@@ -28,6 +28,11 @@ pub fn pod_hooks() -> Hooks {
         },
         cells: pod_cells,
         delete: DeleteRules { grace_period: pod_grace_period, waits: pod_waits, ..DeleteRules::default() },
+        subresource_update: |sub, new, old| match sub {
+            pod_ephemeral::SUBRESOURCE => pod_ephemeral::ephemeral_containers_update(new, old),
+            _ => new,
+        },
+        validate_change: pod_ephemeral::validate_pod_change,
         ..Hooks::default()
     }
 }
@@ -72,7 +77,7 @@ pub fn default_pod_spec(spec: &mut Value) {
     default_field(spec, "securityContext", json!({}));
     default_field(spec, "schedulerName", json!("default-scheduler"));
     default_field(spec, "enableServiceLinks", json!(true));
-    for key in ["containers", "initContainers"] {
+    for key in ["containers", "initContainers", "ephemeralContainers"] {
         if let Some(Value::Array(cs)) = spec.get_mut(key) {
             cs.iter_mut().for_each(default_container);
         }
@@ -124,6 +129,7 @@ pub fn validate_pod_spec(spec: Option<&Value>, path: &str) -> Vec<Cause> {
             });
         }
     }
+    causes.extend(pod_ephemeral::validate_ephemeral_containers(spec, path));
     causes.extend(super::quantities::validate_pod_resources(spec, path));
     causes
 }
