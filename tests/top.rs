@@ -126,6 +126,9 @@ spec:
             .and_then(bytes)
             .unwrap_or(0);
         let actual = cgroup_working_set(&dir);
+        // The window is the time between the kubelet's two CPU readings.
+        let window = v["window"].as_str().unwrap_or_default();
+        assert!(window.ends_with("ms") || window.ends_with('s'), "window {window:?} in {v}");
         reported > 0 && reported.abs_diff(actual) <= actual / 10 + 64 * 1024
     });
 

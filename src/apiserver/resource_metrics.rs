@@ -12,10 +12,18 @@ use super::resource::Resource;
 use super::strategy::Strategy;
 
 pub const GROUP_VERSION: &str = "metrics.k8s.io/v1beta1";
-/// What metrics-server reports as the window of a rate from two readings
-/// taken on demand; ferrok's kubelet rates over at least a quarter second
-/// and at most its previous request.
-pub const WINDOW: &str = "30s";
+/// The window of an entry's CPU rate, as Go prints a duration (`1.5s`,
+/// `250ms`): the time between the kubelet's two readings.
+fn window(entry: &Value) -> Value {
+    let Some(ns) = entry["cpu"]["usageWindowNanoSeconds"].as_u64() else { return Value::Null };
+    let text = if ns >= 1_000_000_000 {
+        let s = format!("{:.3}", ns as f64 / 1e9);
+        format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
+    } else {
+        format!("{}ms", ns / 1_000_000)
+    };
+    Value::String(text)
+}
 
 /// CPU in nanocores as a quantity.
 pub fn cpu_quantity(nano_cores: u64) -> String {
@@ -50,7 +58,7 @@ pub fn node_metrics(name: &str, labels: &Value, summary: &Value) -> Option<Value
         "apiVersion": GROUP_VERSION,
         "metadata": {"name": name, "labels": labels, "creationTimestamp": timestamp(node)},
         "timestamp": timestamp(node),
-        "window": WINDOW,
+        "window": window(node),
         "usage": usage(node)?,
     }))
 }
@@ -71,6 +79,7 @@ pub fn pod_metrics(summary: &Value) -> Vec<(String, String, String, Value)> {
             .collect();
         let Some(containers) = containers else { continue };
         let time = pod["containers"].get(0).map(timestamp).unwrap_or(Value::Null);
+        let window = pod["containers"].get(0).map(window).unwrap_or(Value::Null);
         out.push((
             ns.to_string(),
             name.to_string(),
@@ -80,7 +89,7 @@ pub fn pod_metrics(summary: &Value) -> Vec<(String, String, String, Value)> {
                 "apiVersion": GROUP_VERSION,
                 "metadata": {"name": name, "namespace": ns, "creationTimestamp": time},
                 "timestamp": time,
-                "window": WINDOW,
+                "window": window,
                 "containers": containers,
             }),
         ));
@@ -129,7 +138,10 @@ mod tests {
     use super::*;
 
     fn summary() -> Value {
-        let cpu = |n: u64| json!({"time": "2026-11-24T04:00:00Z", "usageNanoCores": n, "usageCoreNanoSeconds": 5});
+        let cpu = |n: u64| {
+            json!({"time": "2026-11-24T04:00:00Z", "usageNanoCores": n, "usageCoreNanoSeconds": 5,
+                   "usageWindowNanoSeconds": 1_500_000_000u64})
+        };
         let mem = |b: u64| json!({"time": "2026-11-24T04:00:00Z", "workingSetBytes": b});
         json!({
             "node": {"nodeName": "n1", "cpu": cpu(250_000_000), "memory": mem(2048 * 1024)},
@@ -149,6 +161,9 @@ mod tests {
         assert_eq!(m["usage"], json!({"cpu": "250000000n", "memory": "2048Ki"}));
         assert_eq!(m["metadata"]["labels"]["a"], "b");
         assert_eq!(m["timestamp"], "2026-11-24T04:00:00Z");
+        assert_eq!(m["window"], "1.5s");
+        let short = json!({"cpu": {"usageWindowNanoSeconds": 250_000_000u64}});
+        assert_eq!(window(&short), "250ms");
         assert!(node_metrics("n1", &json!({}), &json!({"node": {}})).is_none());
     }
 

@@ -229,7 +229,14 @@ mod tests {
 
     fn summary() -> Summary {
         let t = "2026-11-24T04:00:00Z".to_string();
-        let cpu = |ns| Some(CpuStats { time: t.clone(), usage_nano_cores: Some(1), usage_core_nano_seconds: Some(ns) });
+        let cpu = |ns| {
+            Some(CpuStats {
+                time: t.clone(),
+                usage_nano_cores: Some(1),
+                usage_core_nano_seconds: Some(ns),
+                usage_window_nano_seconds: None,
+            })
+        };
         let mem = |ws| {
             Some(MemoryStats {
                 time: t.clone(),

@@ -19,7 +19,14 @@ pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
 struct Reading {
     at: Instant,
     usage_ns: u64,
-    rate: Option<u64>,
+    rate: Option<Rate>,
+}
+
+/// A CPU rate and the time between the two readings it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub nano_cores: u64,
+    pub window: Duration,
 }
 
 /// The last reading of each cgroup, by a key naming it.
@@ -45,13 +52,14 @@ impl CpuRates {
     }
 
     /// Records a reading and gives the rate since the last one.
-    pub fn record(&self, key: &str, now: Instant, usage_ns: u64) -> Option<u64> {
+    pub fn record(&self, key: &str, now: Instant, usage_ns: u64) -> Option<Rate> {
         let mut readings = self.readings.lock().unwrap_or_else(|e| e.into_inner());
         let prev = readings.get(key).copied();
         let rate = match prev {
             Some(p) if now.saturating_duration_since(p.at) < MIN_INTERVAL => return p.rate,
             Some(p) if now.saturating_duration_since(p.at) < STALE => {
-                nano_cores(p.usage_ns, usage_ns, now.saturating_duration_since(p.at))
+                let window = now.saturating_duration_since(p.at);
+                nano_cores(p.usage_ns, usage_ns, window).map(|nano_cores| Rate { nano_cores, window })
             }
             _ => None,
         };
@@ -86,9 +94,10 @@ mod tests {
         assert_eq!(rates.record("a", t0, 1_000), None);
         assert!(rates.has_fresh("a", t0 + Duration::from_secs(1)));
         let t1 = t0 + Duration::from_secs(2);
-        assert_eq!(rates.record("a", t1, 1_000 + 2_000_000_000), Some(1_000_000_000));
+        let rate = Rate { nano_cores: 1_000_000_000, window: Duration::from_secs(2) };
+        assert_eq!(rates.record("a", t1, 1_000 + 2_000_000_000), Some(rate));
         // Too close: the last rate is repeated, the reading not replaced.
-        assert_eq!(rates.record("a", t1 + Duration::from_millis(10), 9_999_999_999), Some(1_000_000_000));
+        assert_eq!(rates.record("a", t1 + Duration::from_millis(10), 9_999_999_999), Some(rate));
         // Too old: no rate.
         assert!(!rates.has_fresh("a", t1 + STALE));
         assert_eq!(rates.record("a", t1 + STALE, 5_000_000_000), None);

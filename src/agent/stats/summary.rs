@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::cgroup::{CgroupFs, CgroupSample};
-use super::rate::{CpuRates, SAMPLE_INTERVAL};
+use super::rate::{CpuRates, Rate, SAMPLE_INTERVAL};
 use crate::agent::cri::{api, labels, Cri, CriError};
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -23,6 +23,11 @@ pub struct CpuStats {
     pub usage_nano_cores: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage_core_nano_seconds: Option<u64>,
+    /// ferrok's own: the nanoseconds between the two readings
+    /// `usageNanoCores` came from (metrics.k8s.io's `window`). Readers of
+    /// upstream's summary ignore it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage_window_nano_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -119,11 +124,12 @@ fn boot_time() -> String {
 }
 
 /// CPU and memory stats from a sample, its rate and the time of reading.
-pub fn stats_of(sample: &CgroupSample, rate: Option<u64>, time: &str) -> (Option<CpuStats>, Option<MemoryStats>) {
+pub fn stats_of(sample: &CgroupSample, rate: Option<Rate>, time: &str) -> (Option<CpuStats>, Option<MemoryStats>) {
     let cpu = sample.cpu_usage_ns.map(|ns| CpuStats {
         time: time.to_string(),
-        usage_nano_cores: rate,
+        usage_nano_cores: rate.map(|r| r.nano_cores),
         usage_core_nano_seconds: Some(ns),
+        usage_window_nano_seconds: rate.map(|r| r.window.as_nanos() as u64),
     });
     let memory = sample.memory.map(|m| MemoryStats {
         time: time.to_string(),
@@ -144,7 +150,7 @@ impl StatsProvider {
 
     /// Reads every target, twice a short while apart when some have no
     /// recent reading to rate against; returns samples and rates by key.
-    async fn read(&self, targets: &[Target]) -> HashMap<String, (CgroupSample, Option<u64>)> {
+    async fn read(&self, targets: &[Target]) -> HashMap<String, (CgroupSample, Option<Rate>)> {
         let now = Instant::now();
         if targets.iter().any(|t| !self.rates.has_fresh(&t.key, now)) {
             for t in targets {
@@ -236,7 +242,8 @@ mod tests {
                 ..Default::default()
             }),
         };
-        let (cpu, memory) = stats_of(&sample, Some(250_000_000), "2026-11-24T04:00:00Z");
+        let rate = Rate { nano_cores: 250_000_000, window: std::time::Duration::from_millis(1500) };
+        let (cpu, memory) = stats_of(&sample, Some(rate), "2026-11-24T04:00:00Z");
         let summary = Summary {
             node: NodeStats {
                 node_name: "n1".into(),
