@@ -14,13 +14,12 @@ use futures_util::future::join_all;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
-use super::read::{object_response, typed, Filters};
+use super::read::object_response;
 use super::relay;
 use super::Call;
 use crate::apiserver::kubelet::node_endpoint;
 use crate::apiserver::resource_metrics::{node_metrics, pod_metrics};
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::table::wants_table;
 
 /// How long a kubelet gets to answer with its summary.
 const SUMMARY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -135,20 +134,12 @@ pub async fn serve(call: &mut Call, verb: &str) -> ApiResult<Response> {
             }
         }
         "list" => {
-            let filters = Filters::of(call)?;
             let all = if nodes {
                 node_objects(call, None).await?
             } else {
                 pod_objects(call, namespace.as_deref(), None).await?
             };
-            let objs: Vec<Value> = all.into_iter().filter(|o| filters.matches(o)).map(|o| typed(call, o)).collect();
-            let meta = json!({"resourceVersion": ""});
-            if wants_table(call.accept()) {
-                let t = r.table(&objs, meta, call.param("includeObject").unwrap_or("Metadata"));
-                return Ok(call.respond(StatusCode::OK, &t));
-            }
-            let list = json!({"kind": r.list_kind, "apiVersion": r.api_version(), "metadata": meta, "items": objs});
-            Ok(call.respond(StatusCode::OK, &list))
+            super::computed::list_response(call, all)
         }
         _ => Err(ApiError::method_not_allowed(format!("{verb} is not supported on {}", r.plural))),
     }
