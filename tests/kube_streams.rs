@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::node::{Node, BUSYBOX};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams};
+use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -38,6 +39,24 @@ async fn exec_streams_and_status(pods: &Api<Pod>) {
     assert_eq!(err, "to-stderr\n");
     let status = tokio::time::timeout(LIMIT, status).await.expect("status in time").expect("a status");
     assert_eq!(status.status.as_deref(), Some("Success"), "{status:?}");
+    tokio::time::timeout(LIMIT, p.join()).await.expect("join in time").expect("join");
+
+    // 4 MiB through stdin, checked inside the pod.
+    let data: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    let want = format!("{:x}", sha2::Sha256::digest(&data));
+    let mut p = pods
+        .exec("box", ["busybox", "sha256sum"], &AttachParams::default().stdin(true).stderr(false))
+        .await
+        .expect("exec");
+    let mut stdin = p.stdin().expect("stdin");
+    let stdout = p.stdout();
+    let writer = tokio::spawn(async move {
+        stdin.write_all(&data).await.expect("write stdin");
+        stdin.shutdown().await.expect("close stdin");
+    });
+    let sum = read_all(stdout).await;
+    writer.await.expect("writer");
+    assert!(sum.starts_with(&want), "sha256sum in the pod: {sum:?}, want {want}");
     tokio::time::timeout(LIMIT, p.join()).await.expect("join in time").expect("join");
 
     // A non-zero exit: the status carries the code.
