@@ -348,6 +348,17 @@ pub async fn follow(path: PathBuf, pos: Position, mut writer: LogWriter, sink: S
         if now_inode.is_some() && now_inode != inode {
             match tokio::fs::File::open(&path).await {
                 Ok(f) => {
+                    // Lines the runtime wrote to the old file after the drain
+                    // above and before it reopened the log: the new file's
+                    // existence means the old one is finished.
+                    match drain(&mut file, &mut pending, &mut writer, &sink).await {
+                        Ok(true) => {}
+                        Ok(false) => return,
+                        Err(e) => {
+                            let _ = sink.send(Err(e)).await;
+                            return;
+                        }
+                    }
                     tracing::debug!(log = %path.display(), "log rotated; following the new file");
                     file = f;
                     inode = now_inode;
