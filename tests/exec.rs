@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::node::{Node, BUSYBOX};
+use common::node::Node;
 use sha2::{Digest, Sha256};
 
 /// `kubectl.1.NN` beside the file `kubectl` links to.
@@ -245,34 +245,7 @@ fn port_forward_suite(node: &Node, bin: &str) {
 #[test]
 fn kubectl_exec_attach_and_port_forward_old_and_new() {
     let node = Node::start(&[]);
-    node.apply(&format!(
-        r#"
-apiVersion: v1
-kind: Pod
-metadata: {{name: box, namespace: default}}
-spec:
-  containers:
-  - name: c
-    image: {BUSYBOX}
-    command: ["sh", "-c", "mkdir -p /www && echo hello from httpd > /www/index.html && httpd -p 8080 -h /www && exec nc -ll -p 9090 -e cat"]
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: shell, namespace: default}}
-spec:
-  containers:
-  - name: c
-    image: {BUSYBOX}
-    command: ["sh"]
-    stdin: true
-    tty: true
-"#
-    ));
-    for pod in ["box", "shell"] {
-        common::eventually_within(&format!("{pod} running"), Duration::from_secs(90), || {
-            node.get(&["pod", pod], "{.status.phase}") == "Running"
-        });
-    }
+    node.run_stream_pods();
     for minor in [33, 27] {
         let bin = kubectl_version(minor);
         exec_suite(&node, &bin);

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::node::{Node, BUSYBOX};
+use common::node::Node;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams};
 use sha2::Digest;
@@ -125,34 +125,7 @@ async fn forward_once(pods: Api<Pod>, i: usize) {
 async fn kube_crate_exec_attach_and_portforward() {
     let node = tokio::task::spawn_blocking(|| {
         let node = Node::start(&[]);
-        node.apply(&format!(
-            r#"
-apiVersion: v1
-kind: Pod
-metadata: {{name: box, namespace: default}}
-spec:
-  containers:
-  - name: c
-    image: {BUSYBOX}
-    command: ["sh", "-c", "mkdir -p /www && echo hello from httpd > /www/index.html && httpd -p 8080 -h /www && exec nc -ll -p 9090 -e cat"]
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: shell, namespace: default}}
-spec:
-  containers:
-  - name: c
-    image: {BUSYBOX}
-    command: ["sh"]
-    stdin: true
-    tty: true
-"#
-        ));
-        for pod in ["box", "shell"] {
-            common::eventually_within(&format!("{pod} running"), Duration::from_secs(90), || {
-                node.get(&["pod", pod], "{.status.phase}") == "Running"
-            });
-        }
+        node.run_stream_pods();
         node
     })
     .await

@@ -15,8 +15,31 @@ use sha2::{Digest, Sha256};
 
 /// The busybox applets linked into the test image's `/bin`.
 pub const BUSYBOX_APPLETS: &[&str] = &[
-    "sh", "sleep", "echo", "cat", "httpd", "wget", "nc", "env", "id", "ls", "mkdir", "touch", "test", "true", "false",
-    "ps", "kill", "date", "grep", "hostname", "nslookup", "whoami",
+    "sh",
+    "sleep",
+    "echo",
+    "cat",
+    "httpd",
+    "wget",
+    "nc",
+    "env",
+    "id",
+    "ls",
+    "mkdir",
+    "touch",
+    "test",
+    "true",
+    "false",
+    "ps",
+    "kill",
+    "date",
+    "grep",
+    "hostname",
+    "nslookup",
+    "whoami",
+    "tar",
+    "wc",
+    "sha256sum",
 ];
 
 /// Panics naming the Debian package when `bin` is missing: tests never skip.

@@ -384,6 +384,39 @@ impl Node {
         self.ctr(&["tasks", "exec", "--exec-id", &exec_id, &id, "sh", "-c", script])
     }
 
+    /// The pods the stream tests drive, running: `box` (httpd on 8080, an
+    /// echo server on 9090) and `shell` (a shell with stdin and a tty).
+    pub fn run_stream_pods(&self) {
+        self.apply(&format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: box, namespace: default}}
+spec:
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: ["sh", "-c", "mkdir -p /www && echo hello from httpd > /www/index.html && httpd -p 8080 -h /www && exec nc -ll -p 9090 -e cat"]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: shell, namespace: default}}
+spec:
+  containers:
+  - name: c
+    image: {BUSYBOX}
+    command: ["sh"]
+    stdin: true
+    tty: true
+"#
+        ));
+        for pod in ["box", "shell"] {
+            super::eventually_within(&format!("{pod} running"), Duration::from_secs(90), || {
+                self.get(&["pod", pod], "{.status.phase}") == "Running"
+            });
+        }
+    }
+
     /// Polls `check` every 200 ms until it holds, for up to `secs` seconds.
     pub fn eventually(&self, what: &str, secs: u64, mut check: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(secs);

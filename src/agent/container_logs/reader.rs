@@ -326,6 +326,22 @@ async fn drain(
     }
 }
 
+/// `drain`, an error sent to the client; whether following goes on.
+async fn drain_or_report(
+    file: &mut tokio::fs::File,
+    pending: &mut Vec<u8>,
+    writer: &mut LogWriter,
+    sink: &Sink,
+) -> bool {
+    match drain(file, pending, writer, sink).await {
+        Ok(go_on) => go_on,
+        Err(e) => {
+            let _ = sink.send(Err(e)).await;
+            false
+        }
+    }
+}
+
 /// Follows the live log from `pos` until the container stops running,
 /// the client goes, or the byte limit is reached.
 pub async fn follow(path: PathBuf, pos: Position, mut writer: LogWriter, sink: Sink, running: Running) {
@@ -335,13 +351,8 @@ pub async fn follow(path: PathBuf, pos: Position, mut writer: LogWriter, sink: S
     // The first look at the container is at the first end of file.
     let mut last_check: Option<Instant> = None;
     loop {
-        match drain(&mut file, &mut pending, &mut writer, &sink).await {
-            Ok(true) => {}
-            Ok(false) => return,
-            Err(e) => {
-                let _ = sink.send(Err(e)).await;
-                return;
-            }
+        if !drain_or_report(&mut file, &mut pending, &mut writer, &sink).await {
+            return;
         }
         // Rotated: the rest of the old file is read; the new one from its start.
         let now_inode = tokio::fs::metadata(&path).await.map(|m| m.ino()).ok();
@@ -351,13 +362,8 @@ pub async fn follow(path: PathBuf, pos: Position, mut writer: LogWriter, sink: S
                     // Lines the runtime wrote to the old file after the drain
                     // above and before it reopened the log: the new file's
                     // existence means the old one is finished.
-                    match drain(&mut file, &mut pending, &mut writer, &sink).await {
-                        Ok(true) => {}
-                        Ok(false) => return,
-                        Err(e) => {
-                            let _ = sink.send(Err(e)).await;
-                            return;
-                        }
+                    if !drain_or_report(&mut file, &mut pending, &mut writer, &sink).await {
+                        return;
                     }
                     tracing::debug!(log = %path.display(), "log rotated; following the new file");
                     file = f;
