@@ -226,6 +226,11 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         pod_cidr_tx,
     )));
     {
+        use crate::network::service_proxy;
+        let dataplane = service_proxy::nftables::NftablesDataplane::new(nft.part("services"), config.cluster_cidr);
+        tasks.push(tokio::spawn(service_proxy::run(client.clone(), config.node_name.clone(), dataplane)));
+    }
+    {
         let client = client.clone();
         tasks.push(tokio::spawn(async move { ensure_runtime_classes(&client, &handler_names).await }));
     }

@@ -6,3 +6,4 @@
 pub mod bridge;
 pub mod cni;
 pub mod nftables;
+pub mod service_proxy;
