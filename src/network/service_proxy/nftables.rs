@@ -295,7 +295,10 @@ impl Dataplane for NftablesDataplane {
         let rendered: HashMap<String, Objects> =
             services.iter().map(|(k, ports)| (k.clone(), render_service(ports, self.cluster_cidr))).collect();
         let text = render_full(rendered.values());
+        let started = std::time::Instant::now();
+        let bytes = text.len();
         self.part.full(text).await?;
+        tracing::info!(bytes, ms = started.elapsed().as_millis() as u64, "nftables: services loaded in full");
         self.rendered = rendered;
         Ok(())
     }
@@ -310,7 +313,10 @@ impl Dataplane for NftablesDataplane {
             next.push((key, new));
         }
         if !text.is_empty() {
+            let started = std::time::Instant::now();
+            let bytes = text.len();
             self.part.update(text).await?;
+            tracing::debug!(bytes, us = started.elapsed().as_micros() as u64, "nftables: services updated");
         }
         for (key, objects) in next {
             if objects == empty {
