@@ -262,3 +262,95 @@ endpoints:
         seen == BTreeSet::from([a.0.clone()])
     });
 }
+
+/// Runs `f` on a thread inside the node's network namespace (setns is per thread).
+fn in_netns<T: Send + 'static>(netns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(format!("/run/netns/{netns}")).expect("netns file");
+    std::thread::spawn(move || {
+        // SAFETY: setns on this thread only, with a valid namespace file descriptor.
+        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+        f()
+    })
+    .join()
+    .expect("netns thread")
+}
+
+/// A UDP server on `addr` that answers every datagram with `name`.
+fn udp_answering(addr: &str, name: &'static str) {
+    let socket = std::net::UdpSocket::bind(addr).expect("bind the UDP server");
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((_, from)) = socket.recv_from(&mut buf) {
+            let _ = socket.send_to(name.as_bytes(), from);
+        }
+    });
+}
+
+/// When a UDP endpoint goes, the conntrack entries that still send a
+/// client's datagrams to it are deleted: the same client (same source
+/// port, sending all along) reaches the new endpoint at once instead of
+/// the old one until its entry times out.
+#[test]
+fn a_udp_client_follows_its_service_to_a_new_endpoint() {
+    let node = Node::start(&[]);
+    // The endpoints are two servers of the test itself, on the host side of
+    // the node's link: traffic never leaves this machine.
+    udp_answering(&format!("{}:7001", node.host_ip), "A");
+    udp_answering(&format!("{}:7002", node.host_ip), "B");
+    let slice = |name: &str, port: u16| {
+        format!(
+            r#"
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}, labels: {{kubernetes.io/service-name: udp}}}}
+addressType: IPv4
+ports: [{{name: dgram, port: {port}, protocol: UDP}}]
+endpoints: [{{addresses: ["{}"], conditions: {{ready: true}}}}]
+"#,
+            node.host_ip
+        )
+    };
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: udp}}\nspec: {{ports: [{{name: dgram, port: 5000, protocol: UDP}}]}}\n---{}",
+        slice("udp-a", 7001)
+    ));
+    let vip = format!("{}:5000", cluster_ip(&node, "udp"));
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    // One client socket, one source port, a datagram every 100 ms.
+    let (netns, node_ip) = (node.netns.clone(), node.ip.clone());
+    let client = std::thread::spawn(move || {
+        in_netns(&netns, move || {
+            let socket = std::net::UdpSocket::bind(format!("{node_ip}:40000")).expect("bind the client");
+            socket.set_read_timeout(Some(std::time::Duration::from_millis(100))).expect("timeout");
+            let mut buf = [0u8; 64];
+            while stop_rx.try_recv().is_err() {
+                let _ = socket.send_to(b"?", &vip);
+                if let Ok(n) = socket.recv(&mut buf) {
+                    let _ = tx.send(String::from_utf8_lossy(&buf[..n]).into_owned());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        })
+    });
+    let wait_for = |want: &str, secs: u64| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(got) if got == want => return true,
+                Ok(_) => continue,
+                Err(_) => return false,
+            }
+        }
+    };
+    assert!(wait_for("A", 30), "the client never reached endpoint A");
+    node.ok(&["delete", "endpointslice", "udp-a"]);
+    node.apply(&slice("udp-b", 7002));
+    let moved = wait_for("B", 10);
+    let _ = stop_tx.send(());
+    let _ = client.join();
+    assert!(moved, "the client kept its stale conntrack entry to the removed endpoint");
+}
