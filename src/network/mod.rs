@@ -5,5 +5,7 @@
 
 pub mod bridge;
 pub mod cni;
+pub mod conntrack;
+pub mod ctnetlink;
 pub mod nftables;
 pub mod service_proxy;

@@ -13,13 +13,22 @@ pub enum DataplaneError {
     Nftables(#[from] NftError),
 }
 
+/// One Service's ports as programmed, and as they should be (none: gone).
+/// The dataplane keeps no copy of its own: the proxy holds what it gave it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub key: String,
+    pub old: Vec<ServicePort>,
+    pub new: Vec<ServicePort>,
+}
+
 #[async_trait::async_trait]
 pub trait Dataplane: Send {
     /// Programs exactly these Services, replacing whatever was there.
     async fn full(&mut self, services: &BTreeMap<String, Vec<ServicePort>>) -> Result<(), DataplaneError>;
 
-    /// Reprograms these Services only; an empty list of ports removes one.
-    async fn update(&mut self, changes: Vec<(String, Vec<ServicePort>)>) -> Result<(), DataplaneError>;
+    /// Reprograms these Services only.
+    async fn update(&mut self, changes: &[Change]) -> Result<(), DataplaneError>;
 
     /// Changes when the dataplane wants a full programming again.
     fn resync_requests(&self) -> tokio::sync::watch::Receiver<u64>;

@@ -3,6 +3,7 @@
 //! Services it touched, through a [`Dataplane`] (nftables by default).
 //! Events that arrive together are applied together.
 
+mod conntrack_cleanup;
 pub mod dataplane;
 pub mod model;
 pub mod nftables;
@@ -17,7 +18,7 @@ use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 
-pub use dataplane::{Dataplane, DataplaneError};
+pub use dataplane::{Change, Dataplane, DataplaneError};
 use model::ServicePort;
 
 /// How long to wait before programming everything again after a failure.
@@ -155,6 +156,18 @@ impl Cache {
     }
 }
 
+/// Deletes the conntrack entries a change left behind (after the rules
+/// changed, so a client's next datagram is sent by the new ones).
+async fn forget(stale: Vec<conntrack_cleanup::Stale>) {
+    if stale.is_empty() {
+        return;
+    }
+    match conntrack_cleanup::delete(stale).await {
+        Ok(n) => tracing::debug!(deleted = n, "stale UDP conntrack entries deleted"),
+        Err(e) => tracing::warn!(error = %e, "cannot delete stale UDP conntrack entries"),
+    }
+}
+
 /// Runs the proxy for `node_name` until the watches end.
 pub async fn run(client: kube::Client, node_name: String, mut dataplane: impl Dataplane) {
     let services = Api::<Service>::all(client.clone());
@@ -163,6 +176,8 @@ pub async fn run(client: kube::Client, node_name: String, mut dataplane: impl Da
     let mut slice_events = watcher::watcher(slices, watcher::Config::default()).default_backoff().boxed();
     let mut resync = dataplane.resync_requests();
     let mut cache = Cache::default();
+    // What the dataplane holds, to tell what a change leaves behind.
+    let mut programmed: BTreeMap<String, Vec<ServicePort>> = BTreeMap::new();
     // Programmed in full at start, and after a resync request or a failure.
     let mut need_full = true;
     let mut retry_at: Option<tokio::time::Instant> = None;
@@ -215,6 +230,14 @@ pub async fn run(client: kube::Client, node_name: String, mut dataplane: impl Da
                         ms = started.elapsed().as_millis() as u64,
                         "services programmed"
                     );
+                    let mut stale = Vec::new();
+                    for key in programmed.keys().chain(all.keys()) {
+                        let old = programmed.get(key).map(Vec::as_slice).unwrap_or_default();
+                        let new = all.get(key).map(Vec::as_slice).unwrap_or_default();
+                        stale.extend(conntrack_cleanup::stale_udp(old, new));
+                    }
+                    programmed = all;
+                    forget(stale).await;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot program the services; retrying");
@@ -223,15 +246,34 @@ pub async fn run(client: kube::Client, node_name: String, mut dataplane: impl Da
             }
         } else if !cache.dirty.is_empty() {
             let dirty = std::mem::take(&mut cache.dirty);
-            let changes: Vec<(String, Vec<ServicePort>)> =
-                dirty.iter().map(|k| (k.clone(), cache.ports(k, &node_name))).collect();
+            let changes: Vec<Change> = dirty
+                .into_iter()
+                .map(|key| {
+                    let new = cache.ports(&key, &node_name);
+                    let old = programmed.get(&key).cloned().unwrap_or_default();
+                    Change { key, old, new }
+                })
+                .filter(|c| c.old != c.new)
+                .collect();
             let count = changes.len();
-            match dataplane.update(changes).await {
-                Ok(()) => tracing::debug!(
-                    services = count,
-                    us = started.elapsed().as_micros() as u64,
-                    "services reprogrammed"
-                ),
+            match dataplane.update(&changes).await {
+                Ok(()) => {
+                    tracing::debug!(
+                        services = count,
+                        us = started.elapsed().as_micros() as u64,
+                        "services reprogrammed"
+                    );
+                    let mut stale = Vec::new();
+                    for Change { key, old, new } in changes {
+                        stale.extend(conntrack_cleanup::stale_udp(&old, &new));
+                        if new.is_empty() {
+                            programmed.remove(&key);
+                        } else {
+                            programmed.insert(key, new);
+                        }
+                    }
+                    forget(stale).await;
+                }
                 Err(e) => {
                     // What the table holds is no longer known: start over.
                     tracing::warn!(error = %e, "a service update was refused; programming everything again");

@@ -10,10 +10,10 @@
 //! Object names carry the service port (`namespace/name/protocol/port`),
 //! so `nft list table inet ferrok` reads like the cluster.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::dataplane::{Dataplane, DataplaneError};
+use super::dataplane::{Change, Dataplane, DataplaneError};
 use super::model::{Endpoint, ServicePort};
 use crate::network::cni::Ipv4Net;
 use crate::network::nftables::{Part, TABLE};
@@ -276,54 +276,45 @@ pub fn render_full<'a>(services: impl Iterator<Item = &'a Objects>) -> String {
     text
 }
 
-/// The service proxy's dataplane on nftables.
+/// The service proxy's dataplane on nftables. It keeps nothing rendered:
+/// the objects a Service had are rendered again from its old ports when it
+/// changes (rendering is cheap; memory on a small device is not).
 pub struct NftablesDataplane {
     part: Part,
     cluster_cidr: Ipv4Net,
-    rendered: HashMap<String, Objects>,
 }
 
 impl NftablesDataplane {
     pub fn new(part: Part, cluster_cidr: Ipv4Net) -> NftablesDataplane {
-        NftablesDataplane { part, cluster_cidr, rendered: HashMap::new() }
+        NftablesDataplane { part, cluster_cidr }
     }
 }
 
 #[async_trait::async_trait]
 impl Dataplane for NftablesDataplane {
     async fn full(&mut self, services: &BTreeMap<String, Vec<ServicePort>>) -> Result<(), DataplaneError> {
-        let rendered: HashMap<String, Objects> =
-            services.iter().map(|(k, ports)| (k.clone(), render_service(ports, self.cluster_cidr))).collect();
-        let text = render_full(rendered.values());
+        let rendered: Vec<Objects> = services.values().map(|ports| render_service(ports, self.cluster_cidr)).collect();
+        let text = render_full(rendered.iter());
+        drop(rendered);
         let started = std::time::Instant::now();
         let bytes = text.len();
         self.part.full(text).await?;
         tracing::info!(bytes, ms = started.elapsed().as_millis() as u64, "nftables: services loaded in full");
-        self.rendered = rendered;
         Ok(())
     }
 
-    async fn update(&mut self, changes: Vec<(String, Vec<ServicePort>)>) -> Result<(), DataplaneError> {
-        let empty = Objects::default();
+    async fn update(&mut self, changes: &[Change]) -> Result<(), DataplaneError> {
         let mut text = String::new();
-        let mut next = Vec::new();
-        for (key, ports) in changes {
-            let new = render_service(&ports, self.cluster_cidr);
-            diff(self.rendered.get(&key).unwrap_or(&empty), &new, &mut text);
-            next.push((key, new));
+        for change in changes {
+            let old = render_service(&change.old, self.cluster_cidr);
+            let new = render_service(&change.new, self.cluster_cidr);
+            diff(&old, &new, &mut text);
         }
         if !text.is_empty() {
             let started = std::time::Instant::now();
             let bytes = text.len();
             self.part.update(text).await?;
             tracing::debug!(bytes, us = started.elapsed().as_micros() as u64, "nftables: services updated");
-        }
-        for (key, objects) in next {
-            if objects == empty {
-                self.rendered.remove(&key);
-            } else {
-                self.rendered.insert(key, objects);
-            }
         }
         Ok(())
     }
