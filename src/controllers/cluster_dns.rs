@@ -1,5 +1,5 @@
 //! ClusterDnsController: the `kube-dns` Service has no selector; its one
-//! EndpointSlice (`kube-system/kube-dns`, managed by `ferrok.io/cluster-dns`)
+//! EndpointSlice (`kube-system/kube-dns`, managed by `cluster-dns.ferrok.io`)
 //! lists every node's own cluster DNS, the node's pod-network gateway (the
 //! first address of its podCIDR), with the node's name, ready while the
 //! node is. Driven by a watch on Nodes; it acts as the
@@ -24,7 +24,7 @@ use crate::network::cni::Ipv4Net;
 
 pub const NAMESPACE: &str = "kube-system";
 pub const SERVICE: &str = "kube-dns";
-pub const MANAGED_BY: &str = "ferrok.io/cluster-dns";
+pub const MANAGED_BY: &str = "cluster-dns.ferrok.io";
 /// How long a failed write waits before it is tried again.
 const RETRY: Duration = Duration::from_secs(2);
 
