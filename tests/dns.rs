@@ -235,14 +235,16 @@ fn dns_policies_give_pods_their_resolv_conf_and_kube_dns_exists() {
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n{spec}  containers:\n  - {{name: c, image: {BUSYBOX}, command: [\"sleep\", \"3600\"]}}\n---\n"
         )
     };
-    node.apply(&[
-        pod("cluster-first", ""),
-        pod("default", "  dnsPolicy: Default\n"),
-        pod("host-net", "  hostNetwork: true\n  dnsPolicy: ClusterFirstWithHostNet\n"),
-        pod("host-net-default", "  hostNetwork: true\n"),
-        pod("none", "  dnsPolicy: None\n  dnsConfig: {nameservers: [\"192.0.2.53\"], searches: [a.example]}\n"),
-    ]
-    .concat());
+    node.apply(
+        &[
+            pod("cluster-first", ""),
+            pod("default", "  dnsPolicy: Default\n"),
+            pod("host-net", "  hostNetwork: true\n  dnsPolicy: ClusterFirstWithHostNet\n"),
+            pod("host-net-default", "  hostNetwork: true\n"),
+            pod("none", "  dnsPolicy: None\n  dnsConfig: {nameservers: [\"192.0.2.53\"], searches: [a.example]}\n"),
+        ]
+        .concat(),
+    );
     let resolv_of = |p: &str| {
         running(&node, p);
         node.exec("default", p, "c", "cat /etc/resolv.conf")
@@ -261,7 +263,12 @@ fn dns_policies_give_pods_their_resolv_conf_and_kube_dns_exists() {
     assert!(none.contains("nameserver 192.0.2.53") && none.contains("search a.example"), "{none}");
     assert!(!none.contains("10.43.0.10"), "{none}");
     // The node's DNS answers a ClusterFirst pod at the gateway address.
-    let out = node.exec("default", "cluster-first", "c", &format!("nslookup kube-dns.kube-system.svc.cluster.local {gw} 2>&1"));
+    let out = node.exec(
+        "default",
+        "cluster-first",
+        "c",
+        &format!("nslookup kube-dns.kube-system.svc.cluster.local {gw} 2>&1"),
+    );
     assert!(out.contains("Address: 10.43.0.10"), "{out}");
     // TODO(service proxy): when the lead's proxy has landed, the pod asks
     // its own resolv.conf's server (10.43.0.10) instead:

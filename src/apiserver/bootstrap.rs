@@ -138,7 +138,8 @@ async fn kube_dns_service(api: &Api, ip: std::net::IpAddr) -> ApiResult<()> {
             "--cluster-dns is outside the service CIDR: no kube-dns Service");
         return Ok(());
     }
-    let labels = json!({"k8s-app": "kube-dns", "kubernetes.io/cluster-service": "true", "kubernetes.io/name": "CoreDNS"});
+    let labels =
+        json!({"k8s-app": "kube-dns", "kubernetes.io/cluster-service": "true", "kubernetes.io/name": "CoreDNS"});
     let mut svc = object("v1", "Service", Some("kube-system"), "kube-dns", labels);
     let ip = ip.to_string();
     svc["spec"] = json!({

@@ -82,12 +82,10 @@ async fn reconcile(client: &kube::Client, nodes: &Store<Node>) -> Result<(), Con
     // No Service (an older server, or deleted by hand): nothing to list.
     let Some(svc) = services.get_opt(SERVICE).await? else { return Ok(()) };
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NAMESPACE);
-    let labels: BTreeMap<String, String> = [
-        (SERVICE_NAME_LABEL.to_string(), SERVICE.to_string()),
-        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
-    ]
-    .into_iter()
-    .collect();
+    let labels: BTreeMap<String, String> =
+        [(SERVICE_NAME_LABEL.to_string(), SERVICE.to_string()), (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string())]
+            .into_iter()
+            .collect();
     let owner = OwnerReference {
         api_version: "v1".into(),
         kind: "Service".into(),

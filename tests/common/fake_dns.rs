@@ -34,7 +34,15 @@ fn answer(request: &Message, udp: bool) -> Message {
     let name = q.name.to_lowercase().to_ascii();
     let soa = || {
         let zone = Name::from_ascii("test.").unwrap();
-        let soa = SOA::new(Name::from_ascii("ns.test.").unwrap(), Name::from_ascii("admin.test.").unwrap(), 1, 60, 60, 60, 30);
+        let soa = SOA::new(
+            Name::from_ascii("ns.test.").unwrap(),
+            Name::from_ascii("admin.test.").unwrap(),
+            1,
+            60,
+            60,
+            60,
+            30,
+        );
         Record::from_rdata(zone, 60, RData::SOA(soa))
     };
     match (name.as_str(), q.query_type) {

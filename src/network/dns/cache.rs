@@ -52,9 +52,7 @@ pub struct ResponseCache {
 /// How long `response` may be kept, if at all.
 pub fn lifetime(response: &Message) -> Option<Duration> {
     let secs = match response.metadata.response_code {
-        ResponseCode::NoError if !response.answers.is_empty() => {
-            response.answers.iter().map(|r| r.ttl).min()?
-        }
+        ResponseCode::NoError if !response.answers.is_empty() => response.answers.iter().map(|r| r.ttl).min()?,
         ResponseCode::NoError | ResponseCode::NXDomain => response
             .authorities
             .iter()
@@ -100,12 +98,7 @@ impl ResponseCache {
             response_code: response.metadata.response_code,
             answers: response.answers.clone(),
             authorities: response.authorities.clone(),
-            additionals: response
-                .additionals
-                .iter()
-                .filter(|r| r.record_type() != RecordType::OPT)
-                .cloned()
-                .collect(),
+            additionals: response.additionals.iter().filter(|r| r.record_type() != RecordType::OPT).cloned().collect(),
         };
         let Ok(mut inner) = self.inner.lock() else { return };
         if inner.map.len() >= self.capacity && !inner.map.contains_key(&key) {
@@ -145,7 +138,11 @@ mod tests {
 
     fn answer(ttl: u32) -> Message {
         let mut m = Message::new(1, MessageType::Response, OpCode::Query);
-        m.add_answer(Record::from_rdata(Name::from_ascii("a.test.").unwrap(), ttl, RData::A(A(std::net::Ipv4Addr::new(192, 0, 2, 1)))));
+        m.add_answer(Record::from_rdata(
+            Name::from_ascii("a.test.").unwrap(),
+            ttl,
+            RData::A(A(std::net::Ipv4Addr::new(192, 0, 2, 1))),
+        ));
         m
     }
 

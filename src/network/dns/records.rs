@@ -50,7 +50,11 @@ impl NameRecords {
 pub enum Found {
     /// Records of the asked type; `chase` is a CNAME target whose own
     /// records of that type belong in the answer too.
-    Answer { answers: Vec<Record>, additionals: Vec<Record>, chase: Option<Name> },
+    Answer {
+        answers: Vec<Record>,
+        additionals: Vec<Record>,
+        chase: Option<Name>,
+    },
     /// The name exists without records of that type.
     NoData,
     NxDomain,
@@ -153,9 +157,7 @@ fn service_view(svc: &Service) -> ServiceView {
         }
         ServiceKind::Cluster(ips)
     };
-    let ports = named_ports(
-        spec.ports.iter().flatten().map(|p| (p.name.as_deref(), p.protocol.as_deref(), p.port)),
-    );
+    let ports = named_ports(spec.ports.iter().flatten().map(|p| (p.name.as_deref(), p.protocol.as_deref(), p.port)));
     ServiceView { kind, ports }
 }
 
@@ -549,7 +551,10 @@ mod tests {
             ["0 50 5432 10-42-0-8.db.shop.svc.cluster.local.", "0 50 5432 db-0.db.shop.svc.cluster.local."]
         );
         let q = Name::from_ascii("7.0.42.10.in-addr.arpa.").unwrap();
-        assert_eq!(idx.reverse(&q, "10.42.0.7".parse().unwrap())[0].data.to_string(), "db-0.db.shop.svc.cluster.local.");
+        assert_eq!(
+            idx.reverse(&q, "10.42.0.7".parse().unwrap())[0].data.to_string(),
+            "db-0.db.shop.svc.cluster.local."
+        );
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub async fn bind(addr: SocketAddr) -> (UdpSocket, TcpListener) {
             Ok(pair) => return pair,
             Err(e) => {
                 tries += 1;
-                if tries == 1 || tries % 30 == 0 {
+                if tries == 1 || tries.is_multiple_of(30) {
                     tracing::info!(%addr, error = %e, "cluster DNS cannot listen yet; retrying");
                 }
                 tokio::time::sleep(delay).await;
