@@ -437,7 +437,8 @@ impl RecordIndex {
         match labels.as_slice() {
             [] | ["svc"] | ["pod"] => Found::NoData,
             [ns, "svc"] if self.namespaces.contains_key(*ns) => Found::NoData,
-            [ns, "pod"] if self.namespaces.contains_key(*ns) => Found::NoData,
+            // Every namespace's pod subdomain exists (`pods insecure`).
+            [_, "pod"] => Found::NoData,
             // `pods insecure`: the address in the name, unchecked.
             [ip, _ns, "pod"] => match (undashed(ip), qtype) {
                 (Some(ip @ IpAddr::V4(_)), RecordType::A | RecordType::ANY)
@@ -574,6 +575,8 @@ mod tests {
         assert_eq!(ask(&idx, "shop.svc.cluster.local.", RecordType::A), Found::NoData);
         assert_eq!(ask(&idx, "other.svc.cluster.local.", RecordType::A), Found::NxDomain);
         assert_eq!(ask(&idx, "cluster.local.", RecordType::A), Found::NoData);
+        assert_eq!(ask(&idx, "any.pod.cluster.local.", RecordType::A), Found::NoData);
+        assert_eq!(ask(&idx, "web.any.pod.cluster.local.", RecordType::A), Found::NxDomain);
         assert!(idx.is_cluster_name("a.cluster.local") && !idx.is_cluster_name("acluster.local"));
         // Case does not matter; the answer keeps the asker's case.
         let q = Name::from_ascii("WEB.Shop.svc.cluster.local.").unwrap();

@@ -350,6 +350,28 @@ mod tests {
     }
 
     #[test]
+    fn external_names_inside_the_cluster_are_followed_there() {
+        let r = resolver();
+        r.index.write().unwrap().apply_service(
+            &serde_json::from_value(json!({"metadata": {"name": "alias", "namespace": "shop"},
+            "spec": {"type": "ExternalName", "externalName": "web.shop.svc.cluster.local"}}))
+            .unwrap(),
+        );
+        let m = ask(&r, "alias.shop.svc.cluster.local.", RecordType::A).ok().unwrap();
+        let data: Vec<String> = m.answers.iter().map(|a| a.data.to_string()).collect();
+        assert_eq!(data, ["web.shop.svc.cluster.local.", "10.43.0.20"]);
+        assert!(!needs_chase(&m));
+        // Out of the cluster, the answer ends at the CNAME until upstream fills it in.
+        r.index.write().unwrap().apply_service(
+            &serde_json::from_value(json!({"metadata": {"name": "out", "namespace": "shop"},
+            "spec": {"type": "ExternalName", "externalName": "example.test"}}))
+            .unwrap(),
+        );
+        let m = ask(&r, "out.shop.svc.cluster.local.", RecordType::A).ok().unwrap();
+        assert!(needs_chase(&m));
+    }
+
+    #[test]
     fn other_names_go_upstream_and_fail_without_one() {
         let r = resolver();
         assert!(ask(&r, "example.test.", RecordType::A).is_err());
