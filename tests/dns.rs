@@ -61,7 +61,7 @@ metadata: {{name: client, namespace: default}}
 spec:
   dnsPolicy: None
   # ClusterFirst's resolv.conf, with the node's DNS itself as the server
-  # (10.43.0.10 needs the service proxy).
+  # (what the service proxy sends 10.43.0.10 to).
   dnsConfig:
     nameservers: ["{gw}"]
     searches: [default.svc.cluster.local, svc.cluster.local, cluster.local]
@@ -198,9 +198,8 @@ fn pods_resolve_every_cluster_record_type_and_forward_the_rest() {
     node.ok(&["delete", "svc", "web"]);
     lookup_until(&node, &format!("{fqdn}."), &["NXDOMAIN"]);
 
-    // TODO(service proxy): once 10.43.0.10 is DNATed to the node's DNS, ask
-    // through it from a ClusterFirst pod (plain `nslookup web`, no server):
-    // the spot for that check is `dns_policies_give_pods_their_resolv_conf`.
+    // (The same through 10.43.0.10, as ClusterFirst pods ask: see
+    // `dns_policies_give_pods_their_resolv_conf_and_kube_dns_exists`.)
 }
 
 #[test]
@@ -270,10 +269,19 @@ fn dns_policies_give_pods_their_resolv_conf_and_kube_dns_exists() {
         &format!("nslookup kube-dns.kube-system.svc.cluster.local {gw} 2>&1"),
     );
     assert!(out.contains("Address: 10.43.0.10"), "{out}");
-    // TODO(service proxy): when the lead's proxy has landed, the pod asks
-    // its own resolv.conf's server (10.43.0.10) instead:
-    //   node.exec("default", "cluster-first", "c", "nslookup kubernetes.default")
-    // and the answer is the `kubernetes` Service's address, 10.43.0.1.
+    // Through the cluster DNS address (the service proxy sends 10.43.0.10:53
+    // to this node's own DNS, `internalTrafficPolicy: Local`), as the pods'
+    // resolv.conf says: a short name by the search list, over UDP.
+    let mut out = String::new();
+    node.eventually("a ClusterFirst pod resolving through 10.43.0.10", 30, || {
+        out = node.exec("default", "cluster-first", "c", "nslookup kubernetes 2>&1; true");
+        out.contains("Address: 10.43.0.1\n") || out.ends_with("Address: 10.43.0.1")
+    });
+    assert!(out.contains("Server:\t\t10.43.0.10"), "{out}");
+    assert!(out.contains("kubernetes.default.svc.cluster.local"), "{out}");
+    // A host-network pod (ClusterFirstWithHostNet) reaches it from the node itself.
+    let out = node.exec("default", "host-net", "c", "nslookup kube-dns.kube-system.svc.cluster.local 2>&1; true");
+    assert!(out.contains("Address: 10.43.0.10"), "{out}");
 }
 
 async fn ask(addr: SocketAddr, name: &str, qtype: RecordType, tcp: bool, edns: bool) -> Message {
