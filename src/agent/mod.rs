@@ -240,6 +240,16 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     let (_, allocatable) = node_status::resources(&config);
     let memory_capacity = crate::host::meminfo("MemTotal").unwrap_or(0) as i64;
     let host = dns::ResolvConf::host(config.resolv_conf.as_deref());
+    // Cluster DNS: this node's own, on its pod-network gateway, port 53.
+    tasks.extend(crate::network::dns::spawn(
+        client.clone(),
+        crate::network::dns::ClusterDnsConfig::for_node(
+            &config.node_name,
+            &config.cluster_domain,
+            &host,
+            &config.cluster_dns,
+        ),
+    ));
     let index = Arc::new(pleg::ContainerIndex::default());
     let mirrors = Arc::new(static_pods::Mirrors::default());
     let (probe_manager, mut probe_updates) =

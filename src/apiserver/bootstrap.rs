@@ -1,7 +1,9 @@
 //! What a new cluster has before anyone asks: the namespaces default,
 //! kube-system, kube-public and kube-node-lease, and the `kubernetes`
 //! Service with its Endpoints and EndpointSlice pointing at this server,
-//! and the local APIService of each built-in group/version.
+//! the `kube-dns` Service of the cluster DNS (its EndpointSlice is the
+//! cluster-dns controller's), and the local APIService of each built-in
+//! group/version.
 //! Run at every start; what exists is kept, what is missing is made.
 
 use serde_json::{json, Value};
@@ -101,6 +103,10 @@ pub async fn run(api: &Api) -> ApiResult<()> {
     reconcile(api, "/registry/discovery.k8s.io/endpointslices/default/kubernetes", slice, &["endpoints", "ports"])
         .await?;
 
+    if let Some(ip) = cfg.cluster_dns {
+        kube_dns_service(api, ip).await?;
+    }
+
     // A local APIService for each built-in group/version this server serves.
     if let Some(apiservices) = api.registry.get("apiregistration.k8s.io", "v1", "apiservices") {
         let now = meta::now_rfc3339();
@@ -116,4 +122,35 @@ pub async fn run(api: &Api) -> ApiResult<()> {
         }
     }
     Ok(())
+}
+
+/// The `kube-dns` Service tools look for (k3s' labels, CoreDNS' port
+/// names), with no selector: the cluster-dns controller keeps its
+/// EndpointSlice (every node's own DNS), and `internalTrafficPolicy: Local`
+/// keeps each pod's queries on its node.
+async fn kube_dns_service(api: &Api, ip: std::net::IpAddr) -> ApiResult<()> {
+    let in_range = match ip {
+        std::net::IpAddr::V4(v4) => api.config.service_cidr.contains(v4),
+        std::net::IpAddr::V6(_) => false,
+    };
+    if !in_range {
+        tracing::warn!(cluster_dns = %ip, service_cidr = %api.config.service_cidr,
+            "--cluster-dns is outside the service CIDR: no kube-dns Service");
+        return Ok(());
+    }
+    let labels =
+        json!({"k8s-app": "kube-dns", "kubernetes.io/cluster-service": "true", "kubernetes.io/name": "CoreDNS"});
+    let mut svc = object("v1", "Service", Some("kube-system"), "kube-dns", labels);
+    let ip = ip.to_string();
+    svc["spec"] = json!({
+        "ports": [
+            {"name": "dns", "protocol": "UDP", "port": 53, "targetPort": 53},
+            {"name": "dns-tcp", "protocol": "TCP", "port": 53, "targetPort": 53},
+        ],
+        "clusterIP": ip, "clusterIPs": [ip],
+        "type": "ClusterIP", "sessionAffinity": "None",
+        "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "internalTrafficPolicy": "Local",
+    });
+    svc["status"] = json!({"loadBalancer": {}});
+    reconcile(api, "/registry/services/kube-system/kube-dns", svc, &["spec"]).await
 }

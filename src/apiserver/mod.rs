@@ -68,6 +68,8 @@ pub struct ApiConfig {
     pub https_port: u16,
     pub service_cidr: allocator::Cidr,
     pub cluster_domain: String,
+    /// `--cluster-dns`: the `kube-dns` Service's cluster IP.
+    pub cluster_dns: Option<IpAddr>,
     /// The node join token, accepted as a bearer token for bootstrapping.
     pub join_token: Option<String>,
     /// How long Events live after their last write (`--event-ttl`).

@@ -31,7 +31,8 @@ pub struct NodeArgs {
     /// The sandbox (pause) image; ferrok's built-in one by default.
     #[arg(long, value_name = "IMAGE")]
     pub pause_image: Option<String>,
-    /// The resolv.conf pods with dnsPolicy Default get (default: the host's).
+    /// The resolv.conf pods with dnsPolicy Default get, and whose nameservers
+    /// the cluster DNS forwards other names to (default: the host's).
     #[arg(long, value_name = "FILE")]
     pub resolv_conf: Option<PathBuf>,
     /// A kubelet setting, `key=value` with upstream's flag names (repeatable):

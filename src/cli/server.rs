@@ -224,6 +224,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         https_port: args.https_listen_port,
         service_cidr: args.service_cidr,
         cluster_domain: args.cluster_domain.clone(),
+        cluster_dns: Some(args.cluster_dns),
         join_token: Some(pki.token.clone()),
         event_ttl: args.event_ttl,
         audit: auditor(&args).context("audit")?,

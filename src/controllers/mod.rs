@@ -3,6 +3,7 @@
 //! (watch-fed caches, a deduplicating work queue, retries with back-off).
 //! They run while this server holds the `kube-controller-manager` Lease.
 
+pub mod cluster_dns;
 pub mod controller_utils;
 pub mod cron_schedule;
 pub mod cronjob;
@@ -102,6 +103,9 @@ pub fn start(
         tokio::spawn(taint_eviction::run(own("node-controller"))),
         tokio::spawn(endpoints::run(own("endpoint-controller"), pods.subscribe())),
         tokio::spawn(endpointslice::run(own("endpointslice-controller"), pods.subscribe())),
+        // The kube-dns Service's slice: every node's own DNS (ferrok's, no
+        // upstream counterpart; it writes as the endpointslice-controller).
+        tokio::spawn(cluster_dns::run(own("endpointslice-controller"), client.clone())),
         tokio::spawn(disruption::run(own("disruption-controller"), pods.subscribe())),
         tokio::spawn(persistentvolume::run(own("persistent-volume-binder"), pods.subscribe())),
         tokio::spawn(replicaset::run(own("replicaset-controller"))),

@@ -7,5 +7,6 @@ pub mod bridge;
 pub mod cni;
 pub mod conntrack;
 pub mod ctnetlink;
+pub mod dns;
 pub mod nftables;
 pub mod service_proxy;

@@ -1,0 +1,190 @@
+//! Cluster DNS served by ferrok itself, on every node, in place of a
+//! CoreDNS pod: names of the cluster domain from an index fed by watches
+//! on Services and EndpointSlices, everything else forwarded to the host's
+//! resolvers through a bounded cache. It listens on UDP and TCP port 53 of
+//! the node's pod-network gateway (the first address of its podCIDR); the
+//! `kube-dns` Service's EndpointSlice lists those addresses, one per node,
+//! and the service proxy sends the cluster DNS address to the local one.
+//!
+//! - `records`: the index from API objects to records;
+//! - `resolver`: what a query gets (index, cache or upstream);
+//! - `forward`: asking the host's nameservers; `cache`: their answers;
+//! - `server`: the UDP and TCP listeners.
+
+pub mod cache;
+pub mod forward;
+pub mod records;
+pub mod resolver;
+pub mod server;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, RwLock};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::Api;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::Resource;
+
+use crate::network::cni::Ipv4Net;
+use records::RecordIndex;
+use resolver::Resolver;
+
+/// The DNS port.
+pub const PORT: u16 = 53;
+
+/// What a node's cluster DNS is started with.
+#[derive(Debug, Clone)]
+pub struct ClusterDnsConfig {
+    pub node_name: String,
+    /// `--cluster-domain`.
+    pub cluster_domain: String,
+    /// The host's nameservers, where other names are forwarded.
+    pub upstreams: Vec<SocketAddr>,
+    /// 53 unless a test or benchmark says otherwise.
+    pub port: u16,
+    /// How many forwarded answers are cached at most.
+    pub cache_capacity: usize,
+    /// Where to listen instead of the node's pod-network gateway.
+    pub listen: Option<IpAddr>,
+}
+
+impl ClusterDnsConfig {
+    /// A node's cluster DNS: its host's resolv.conf nameservers upstream
+    /// (never the cluster DNS addresses themselves), port 53 on its gateway.
+    pub fn for_node(
+        node_name: &str,
+        cluster_domain: &str,
+        host: &crate::agent::dns::ResolvConf,
+        cluster_dns: &[IpAddr],
+    ) -> ClusterDnsConfig {
+        ClusterDnsConfig {
+            node_name: node_name.to_string(),
+            cluster_domain: cluster_domain.to_string(),
+            upstreams: forward::upstreams(&host.nameservers, cluster_dns),
+            port: PORT,
+            cache_capacity: cache::DEFAULT_CAPACITY,
+            listen: None,
+        }
+    }
+}
+
+/// Starts the cluster DNS: the watches feeding its index and the
+/// listeners (once the node's gateway address is known). The tasks run
+/// until aborted.
+pub fn spawn(client: kube::Client, config: ClusterDnsConfig) -> Vec<tokio::task::JoinHandle<()>> {
+    let index = Arc::new(RwLock::new(RecordIndex::new(&config.cluster_domain)));
+    if config.upstreams.is_empty() {
+        tracing::warn!("cluster DNS: the host names no nameserver; only cluster names will resolve");
+    }
+    let resolver = Arc::new(Resolver::new(
+        index.clone(),
+        cache::ResponseCache::new(config.cache_capacity),
+        forward::Forwarder::new(config.upstreams.clone()),
+    ));
+    let services = tokio::spawn(watch_services(client.clone(), index.clone()));
+    let slices = tokio::spawn(watch_slices(client.clone(), index));
+    let listeners = tokio::spawn(async move {
+        let ip = match config.listen {
+            Some(ip) => ip,
+            None => IpAddr::V4(node_gateway(client, &config.node_name).await),
+        };
+        server::run(SocketAddr::new(ip, config.port), resolver).await;
+    });
+    vec![services, slices, listeners]
+}
+
+/// The node's pod-network gateway: the first address of its podCIDR,
+/// once the node IPAM controller has given it one.
+pub async fn node_gateway(client: kube::Client, node_name: &str) -> std::net::Ipv4Addr {
+    let api: Api<Node> = Api::all(client);
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
+    let mut stream = watcher::watcher(api, cfg).default_backoff().applied_objects().boxed();
+    loop {
+        match stream.next().await {
+            Some(Ok(node)) => {
+                let cidr = node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()).and_then(|c| Ipv4Net::parse(c).ok());
+                if let Some(cidr) = cidr {
+                    return cidr.nth(1);
+                }
+            }
+            Some(Err(e)) => tracing::debug!(error = %e, "cluster DNS: node watch error"),
+            // The watch never ends on its own (it backs off and retries).
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
+fn key<K: Resource>(obj: &K) -> (String, String) {
+    (obj.meta().namespace.clone().unwrap_or_default(), obj.meta().name.clone().unwrap_or_default())
+}
+
+/// What a watch of one kind does to the index.
+trait Indexed: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static {
+    fn apply(index: &mut RecordIndex, obj: &Self);
+    fn delete(index: &mut RecordIndex, obj: &Self);
+    fn retain(index: &mut RecordIndex, keep: &BTreeSet<(String, String)>);
+}
+
+impl Indexed for Service {
+    fn apply(index: &mut RecordIndex, obj: &Self) {
+        index.apply_service(obj)
+    }
+    fn delete(index: &mut RecordIndex, obj: &Self) {
+        let (ns, name) = key(obj);
+        index.delete_service(&ns, &name)
+    }
+    fn retain(index: &mut RecordIndex, keep: &BTreeSet<(String, String)>) {
+        index.retain_services(keep)
+    }
+}
+
+impl Indexed for EndpointSlice {
+    fn apply(index: &mut RecordIndex, obj: &Self) {
+        index.apply_slice(obj)
+    }
+    fn delete(index: &mut RecordIndex, obj: &Self) {
+        let (ns, name) = key(obj);
+        index.delete_slice(&ns, &name)
+    }
+    fn retain(index: &mut RecordIndex, keep: &BTreeSet<(String, String)>) {
+        index.retain_slices(keep)
+    }
+}
+
+async fn watch_into<K>(api: Api<K>, index: Arc<RwLock<RecordIndex>>)
+where
+    K: Indexed<DynamicType = ()>,
+{
+    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    // The objects of a relist; what is not among them is gone.
+    let mut listed = BTreeSet::new();
+    while let Some(event) = stream.next().await {
+        let Ok(mut index) = index.write() else { return };
+        match event {
+            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::InitApply(obj)) => {
+                listed.insert(key(&obj));
+                K::apply(&mut index, &obj);
+            }
+            Ok(watcher::Event::InitDone) => {
+                K::retain(&mut index, &listed);
+                listed.clear();
+                tracing::debug!(names = index.len(), kind = %K::kind(&()), "cluster DNS index synced");
+            }
+            Ok(watcher::Event::Apply(obj)) => K::apply(&mut index, &obj),
+            Ok(watcher::Event::Delete(obj)) => K::delete(&mut index, &obj),
+            Err(e) => tracing::debug!(error = %e, "cluster DNS: watch error"),
+        }
+    }
+}
+
+async fn watch_services(client: kube::Client, index: Arc<RwLock<RecordIndex>>) {
+    watch_into(Api::<Service>::all(client), index).await
+}
+
+async fn watch_slices(client: kube::Client, index: Arc<RwLock<RecordIndex>>) {
+    watch_into(Api::<EndpointSlice>::all(client), index).await
+}
