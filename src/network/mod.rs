@@ -5,4 +5,5 @@
 
 pub mod bridge;
 pub mod cni;
+pub mod network_policy;
 pub mod nftables;
