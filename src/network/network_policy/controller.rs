@@ -180,6 +180,9 @@ pub async fn run(client: kube::Client, config: NetworkPolicyConfig, part: Part) 
             continue;
         }
         let wanted = render::ruleset(&plan(&state.cluster(), &config.node_name), &config.cluster_dns);
+        if applied.as_ref() == Some(&wanted) {
+            continue;
+        }
         applied = apply(&part, applied, wanted).await;
         tracing::debug!(elapsed_ms = started.elapsed().as_secs_f64() * 1000.0, "network policies programmed");
     }
