@@ -288,7 +288,11 @@ fn ingress_policies_select_peers_and_ports_and_survive_a_restart() {
     let client_pid = task_pid(&node, "np", "client");
     let other_pid = task_pid(&node, "np", "other");
     node.stop(false);
-    assert!(!reaches_from_netns(client_pid, &web, 8080), "np/client blocked while ferrok is down\n{}", nft_table(&node));
+    assert!(
+        !reaches_from_netns(client_pid, &web, 8080),
+        "np/client blocked while ferrok is down\n{}",
+        nft_table(&node)
+    );
     assert!(reaches_from_netns(other_pid, &web, 8080), "np/other allowed while ferrok is down\n{}", nft_table(&node));
     node.launch();
     let stranger_reaches = reaches(&node, stranger, &web, 8080);
@@ -335,7 +339,10 @@ fn egress_policies_deny_and_allow_to_pods_and_the_node() {
             "out",
             "client",
             "c",
-            &format!("busybox timeout -s KILL {PROBE_SECS} wget -q -O- http://{}:{}/ >/dev/null 2>&1; echo rc=$?", node.ip, node.port),
+            &format!(
+                "busybox timeout -s KILL {PROBE_SECS} wget -q -O- http://{}:{}/ >/dev/null 2>&1; echo rc=$?",
+                node.ip, node.port
+            ),
         );
         !out.contains("rc=137")
     };
@@ -376,7 +383,10 @@ fn egress_policies_deny_and_allow_to_pods_and_the_node() {
         &node,
         "out",
         "to-node",
-        &format!("  podSelector: {{}}\n  policyTypes: [Egress]\n  egress:\n  - to:\n    - ipBlock: {{cidr: {}/32}}\n", node.ip),
+        &format!(
+            "  podSelector: {{}}\n  policyTypes: [Egress]\n  egress:\n  - to:\n    - ipBlock: {{cidr: {}/32}}\n",
+            node.ip
+        ),
     );
     node.eventually("the node reachable by ipBlock", PROGRAMMED.as_secs(), || apiserver(&node));
 

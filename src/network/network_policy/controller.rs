@@ -92,7 +92,12 @@ impl State {
     fn cluster(&self) -> Cluster {
         Cluster {
             pods: self.pods.objects.clone(),
-            namespaces: self.namespaces.objects.iter().map(|(k, v)| (k.trim_start_matches('/').to_string(), v.clone())).collect(),
+            namespaces: self
+                .namespaces
+                .objects
+                .iter()
+                .map(|(k, v)| (k.trim_start_matches('/').to_string(), v.clone()))
+                .collect(),
             policies: self.policies.objects.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         }
     }

@@ -291,12 +291,17 @@ mod tests {
         ]}]}));
         let peers = p.ingress.unwrap()[0].peers.clone().unwrap();
         assert!(matches!(&peers[0], Peer::Pods { namespaces: Namespaces::Own(n), .. } if n == "ns"));
-        assert!(matches!(&peers[1], Peer::Pods { namespaces: Namespaces::Matching(_), pods } if pods == &LabelSelector::default()));
+        assert!(
+            matches!(&peers[1], Peer::Pods { namespaces: Namespaces::Matching(_), pods } if pods == &LabelSelector::default())
+        );
         assert!(matches!(&peers[2], Peer::Pods { namespaces: Namespaces::Matching(s), pods }
             if s.match_labels.is_some() && pods.match_labels.is_some()));
         assert_eq!(
             peers[3],
-            Peer::IpBlock { cidr: Cidr::parse("10.0.0.0/8").unwrap(), except: vec![Cidr::parse("10.1.0.0/16").unwrap()] }
+            Peer::IpBlock {
+                cidr: Cidr::parse("10.0.0.0/8").unwrap(),
+                except: vec![Cidr::parse("10.1.0.0/16").unwrap()]
+            }
         );
         assert_eq!(peers[4], Peer::Nothing);
     }

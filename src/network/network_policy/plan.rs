@@ -37,7 +37,10 @@ pub enum PeerMatch {
     Any,
     /// The peer's address is in this set.
     Set(String),
-    Block { cidr: Cidr, except: Vec<Cidr> },
+    Block {
+        cidr: Cidr,
+        except: Vec<Cidr>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +129,10 @@ impl Builder<'_> {
         let name = format!("np-{}", short_hash(&format!("pods|{scope}|{key}|{}", selector_key(pods))));
         let found: Vec<PodInfo> =
             self.cluster.pods_of(namespaces, pods, local.then_some(self.node)).into_iter().cloned().collect();
-        self.plan.sets.entry(name.clone()).or_insert_with(|| SetContent::Addresses(found.iter().map(|p| p.ip).collect()));
+        self.plan
+            .sets
+            .entry(name.clone())
+            .or_insert_with(|| SetContent::Addresses(found.iter().map(|p| p.ip).collect()));
         (name, found)
     }
 
@@ -135,7 +141,9 @@ impl Builder<'_> {
         let name = format!("np-{}", short_hash(&format!("named|{of}|{port}|{}", protocol.nft())));
         let elements = pods
             .iter()
-            .flat_map(|p| p.ports.iter().filter(|n| n.name == port && n.protocol == protocol).map(|n| (p.ip, protocol, n.port)))
+            .flat_map(|p| {
+                p.ports.iter().filter(|n| n.name == port && n.protocol == protocol).map(|n| (p.ip, protocol, n.port))
+            })
             .collect();
         self.plan.sets.entry(name.clone()).or_insert(SetContent::AddressPorts(elements));
         name
@@ -263,9 +271,18 @@ pub(crate) mod eval {
         peer_ok && port_ok
     }
 
-    fn direction(plan: &Plan, policies: &[PolicyRules], isolated: &BTreeSet<Ipv4Addr>, pod: Ipv4Addr, peer: Ipv4Addr, p: &Packet) -> bool {
+    fn direction(
+        plan: &Plan,
+        policies: &[PolicyRules],
+        isolated: &BTreeSet<Ipv4Addr>,
+        pod: Ipv4Addr,
+        peer: Ipv4Addr,
+        p: &Packet,
+    ) -> bool {
         !isolated.contains(&pod)
-            || policies.iter().any(|pr| in_set(plan, &pr.target, pod) && pr.matches.iter().any(|m| matches(plan, m, peer, p)))
+            || policies
+                .iter()
+                .any(|pr| in_set(plan, &pr.target, pod) && pr.matches.iter().any(|m| matches(plan, m, peer, p)))
     }
 
     /// Whether this node lets the packet through (both ends checked where

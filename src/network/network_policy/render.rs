@@ -285,14 +285,18 @@ mod tests {
             match_text(&m(PeerMatch::Any, PortMatch::Named("np-n".into())), "saddr"),
             "ip daddr . meta l4proto . th dport @np-n accept"
         );
-        assert_eq!(match_text(&m(PeerMatch::Any, PortMatch::Protocol(Protocol::Sctp)), "saddr"), "meta l4proto sctp accept");
+        assert_eq!(
+            match_text(&m(PeerMatch::Any, PortMatch::Protocol(Protocol::Sctp)), "saddr"),
+            "meta l4proto sctp accept"
+        );
     }
 
     #[test]
     fn full_declares_sets_before_the_chains_that_use_them() {
-        let rs = ruleset(&plan_with(vec![Match { peer: PeerMatch::Set("np-p".into()), port: PortMatch::Any }]), &[
-            Ipv4Addr::new(10, 43, 0, 10),
-        ]);
+        let rs = ruleset(
+            &plan_with(vec![Match { peer: PeerMatch::Set("np-p".into()), port: PortMatch::Any }]),
+            &[Ipv4Addr::new(10, 43, 0, 10)],
+        );
         let text = full(&rs);
         assert!(text.starts_with("table inet ferrok {\n"));
         let pos = |s: &str| text.find(s).unwrap_or_else(|| panic!("{s} missing in\n{text}"));
@@ -331,13 +335,17 @@ mod tests {
         let before = ruleset(&plan_with(vec![]), &[]);
         let after = ruleset(&Plan::default(), &[]);
         let d = diff(&before, &after);
-        assert!(d.contains("flush chain inet ferrok np-ingress-policies\nadd rule inet ferrok np-ingress-policies drop\n"));
+        assert!(
+            d.contains("flush chain inet ferrok np-ingress-policies\nadd rule inet ferrok np-ingress-policies drop\n")
+        );
         let flush = d.find("flush chain inet ferrok np-ingress-policies").unwrap();
         let delete_chain = d.find("delete chain inet ferrok np-i-abc").unwrap();
         let delete_set = d.find("delete set inet ferrok np-t").unwrap();
         assert!(flush < delete_chain && delete_chain < delete_set, "{d}");
         let back = diff(&after, &before);
-        assert!(back.contains("add set inet ferrok np-t { type ipv4_addr; }\nadd element inet ferrok np-t { 10.42.0.5 }\n"));
+        assert!(
+            back.contains("add set inet ferrok np-t { type ipv4_addr; }\nadd element inet ferrok np-t { 10.42.0.5 }\n")
+        );
         assert!(back.find("add chain inet ferrok np-i-abc").unwrap() < back.find("jump np-i-abc").unwrap());
     }
 }

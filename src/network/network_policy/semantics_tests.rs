@@ -95,8 +95,12 @@ fn allowed_is_the_union_of_the_policies() {
     let mut w = World::new();
     w.pod("default", 2, &[("app", "web")]).pod("default", 3, &[("app", "a")]).pod("default", 4, &[("app", "b")]);
     w.policy("default", "deny", serde_json::json!({"podSelector": {}}));
-    w.policy("default", "a", serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
-        "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}]}]}));
+    w.policy(
+        "default",
+        "a",
+        serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
+        "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}]}]}),
+    );
     assert!(w.tcp(3, 2, 80));
     assert!(!w.tcp(4, 2, 80));
     w.policy("default", "b", serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
@@ -108,8 +112,12 @@ fn allowed_is_the_union_of_the_policies() {
 fn pod_selector_peers_are_in_the_policy_namespace_only() {
     let mut w = World::new();
     w.pod("default", 2, &[("app", "web")]).pod("default", 3, &[("role", "c")]).pod("prod", 4, &[("role", "c")]);
-    w.policy("default", "p", serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
-        "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "c"}}}]}]}));
+    w.policy(
+        "default",
+        "p",
+        serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
+        "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "c"}}}]}]}),
+    );
     assert!(w.tcp(3, 2, 80));
     assert!(!w.tcp(4, 2, 80));
 }
@@ -117,12 +125,17 @@ fn pod_selector_peers_are_in_the_policy_namespace_only() {
 #[test]
 fn namespace_selector_alone_and_together_with_a_pod_selector() {
     let mut w = World::new();
-    w.pod("default", 2, &[("app", "web")])
-        .pod("prod", 3, &[("role", "c")])
-        .pod("prod", 4, &[("role", "other")])
-        .pod("dev", 5, &[("role", "c")]);
-    w.policy("default", "ns", serde_json::json!({"podSelector": {},
-        "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}]}));
+    w.pod("default", 2, &[("app", "web")]).pod("prod", 3, &[("role", "c")]).pod("prod", 4, &[("role", "other")]).pod(
+        "dev",
+        5,
+        &[("role", "c")],
+    );
+    w.policy(
+        "default",
+        "ns",
+        serde_json::json!({"podSelector": {},
+        "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}]}),
+    );
     assert!(w.tcp(3, 2, 80) && w.tcp(4, 2, 80));
     assert!(!w.tcp(5, 2, 80));
     // Both in one peer: AND.
@@ -136,8 +149,12 @@ fn namespace_selector_alone_and_together_with_a_pod_selector() {
     assert!(w.tcp(3, 2, 80) && w.tcp(4, 2, 80));
     assert!(!w.tcp(5, 2, 80), "the podSelector peer is the policy's namespace only");
     // An empty namespaceSelector: every namespace.
-    w.policy("default", "ns", serde_json::json!({"podSelector": {},
-        "ingress": [{"from": [{"namespaceSelector": {}}]}]}));
+    w.policy(
+        "default",
+        "ns",
+        serde_json::json!({"podSelector": {},
+        "ingress": [{"from": [{"namespaceSelector": {}}]}]}),
+    );
     assert!(w.tcp(5, 2, 80));
 }
 
@@ -145,8 +162,12 @@ fn namespace_selector_alone_and_together_with_a_pod_selector() {
 fn a_namespace_relabelled_changes_only_set_contents() {
     let mut w = World::new();
     w.pod("default", 2, &[("app", "web")]).pod("dev", 5, &[]);
-    w.policy("default", "ns", serde_json::json!({"podSelector": {},
-        "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}]}));
+    w.policy(
+        "default",
+        "ns",
+        serde_json::json!({"podSelector": {},
+        "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "a"}}}]}]}),
+    );
     let before = w.plan();
     assert!(!w.tcp(5, 2, 80));
     w.cluster.namespaces.insert("dev".into(), labels(&[("team", "a")]));
@@ -160,8 +181,12 @@ fn a_namespace_relabelled_changes_only_set_contents() {
 fn ip_block_with_except() {
     let mut w = World::new();
     w.pod("default", 2, &[("app", "web")]);
-    w.policy("default", "ipb", serde_json::json!({"podSelector": {},
-        "ingress": [{"from": [{"ipBlock": {"cidr": "10.42.0.0/24", "except": ["10.42.0.128/25"]}}]}]}));
+    w.policy(
+        "default",
+        "ipb",
+        serde_json::json!({"podSelector": {},
+        "ingress": [{"from": [{"ipBlock": {"cidr": "10.42.0.0/24", "except": ["10.42.0.128/25"]}}]}]}),
+    );
     assert!(w.tcp(9, 2, 80));
     assert!(!w.tcp(200, 2, 80));
     assert!(!w.packet(Ipv4Addr::new(192, 168, 1, 1), ip(2), Protocol::Tcp, 80));
@@ -185,8 +210,12 @@ fn ports_protocols_and_end_port() {
 fn a_rule_with_peers_and_ports_needs_both() {
     let mut w = World::new();
     w.pod("default", 2, &[("app", "web")]).pod("default", 3, &[("role", "c")]).pod("default", 4, &[]);
-    w.policy("default", "p", serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
-        "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "c"}}}], "ports": [{"port": 80}]}]}));
+    w.policy(
+        "default",
+        "p",
+        serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
+        "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "c"}}}], "ports": [{"port": 80}]}]}),
+    );
     assert!(w.tcp(3, 2, 80));
     assert!(!w.tcp(3, 2, 81));
     assert!(!w.tcp(4, 2, 80));
@@ -198,12 +227,20 @@ fn named_ports_resolve_on_the_selected_pod_for_ingress() {
     w.pod_on("default", 2, &[("app", "web")], NODE, vec![named("http", 8080)]);
     w.pod_on("default", 3, &[("app", "web")], NODE, vec![named("http", 9090)]);
     w.pod("default", 4, &[]);
-    w.policy("default", "named", serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
-        "ingress": [{"ports": [{"port": "http"}]}]}));
+    w.policy(
+        "default",
+        "named",
+        serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
+        "ingress": [{"ports": [{"port": "http"}]}]}),
+    );
     assert!(w.tcp(4, 2, 8080) && w.tcp(4, 3, 9090));
     assert!(!w.tcp(4, 2, 9090) && !w.tcp(4, 3, 8080), "each pod's own number for the name");
-    w.policy("default", "named", serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
-        "ingress": [{"ports": [{"port": "http", "protocol": "UDP"}]}]}));
+    w.policy(
+        "default",
+        "named",
+        serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
+        "ingress": [{"ports": [{"port": "http", "protocol": "UDP"}]}]}),
+    );
     assert!(!w.tcp(4, 2, 8080), "the protocol must match the container port's");
 }
 
@@ -213,15 +250,23 @@ fn named_ports_resolve_on_the_peer_pod_for_egress() {
     w.pod("default", 2, &[("app", "client")]);
     w.pod_on("default", 3, &[("app", "db")], "n2", vec![named("sql", 5432)]);
     w.pod_on("default", 4, &[("app", "cache")], "n2", vec![named("sql", 6000)]);
-    w.policy("default", "e", serde_json::json!({"podSelector": {"matchLabels": {"app": "client"}},
+    w.policy(
+        "default",
+        "e",
+        serde_json::json!({"podSelector": {"matchLabels": {"app": "client"}},
         "policyTypes": ["Egress"],
-        "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "db"}}}], "ports": [{"port": "sql"}]}]}));
+        "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "db"}}}], "ports": [{"port": "sql"}]}]}),
+    );
     assert!(w.tcp(2, 3, 5432));
     assert!(!w.tcp(2, 3, 6000));
     assert!(!w.tcp(2, 4, 6000), "the cache is not a peer of the rule");
     // No `to`: the name resolves on any pod.
-    w.policy("default", "e", serde_json::json!({"podSelector": {"matchLabels": {"app": "client"}},
-        "policyTypes": ["Egress"], "egress": [{"ports": [{"port": "sql"}]}]}));
+    w.policy(
+        "default",
+        "e",
+        serde_json::json!({"podSelector": {"matchLabels": {"app": "client"}},
+        "policyTypes": ["Egress"], "egress": [{"ports": [{"port": "sql"}]}]}),
+    );
     assert!(w.tcp(2, 4, 6000) && w.tcp(2, 3, 5432));
     assert!(!w.tcp(2, 3, 6000));
 }
@@ -234,8 +279,12 @@ fn egress_default_deny_and_allow() {
     assert!(!w.tcp(2, 3, 80));
     assert!(!w.packet(ip(2), Ipv4Addr::new(10, 201, 1, 1), Protocol::Tcp, 443));
     assert!(w.plan().ingress_isolated.is_empty(), "egress only");
-    w.policy("default", "allow", serde_json::json!({"podSelector": {"matchLabels": {"app": "client"}},
-        "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}));
+    w.policy(
+        "default",
+        "allow",
+        serde_json::json!({"podSelector": {"matchLabels": {"app": "client"}},
+        "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
+    );
     assert!(w.tcp(2, 3, 80));
     assert!(!w.tcp(3, 2, 80), "web is still isolated for egress");
     // The allow policy also isolates client for ingress (Ingress by default).
@@ -248,8 +297,12 @@ fn only_this_nodes_pods_are_enforced_but_peers_are_anywhere() {
     w.pod("default", 2, &[("app", "web")]);
     w.pod_on("default", 3, &[("app", "web")], "n2", vec![]);
     w.pod_on("prod", 4, &[("role", "c")], "n2", vec![]);
-    w.policy("default", "p", serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
-        "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"role": "c"}}}]}]}));
+    w.policy(
+        "default",
+        "p",
+        serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
+        "ingress": [{"from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"role": "c"}}}]}]}),
+    );
     let plan = w.plan();
     assert!(plan.ingress_isolated.contains(&ip(2)));
     assert!(!plan.ingress_isolated.contains(&ip(3)), "the other node enforces for its own pods");
@@ -262,8 +315,12 @@ fn equal_selectors_share_one_set() {
     let mut w = World::new();
     w.pod("default", 2, &[("app", "web")]).pod("default", 3, &[("role", "c")]);
     for name in ["a", "b"] {
-        w.policy("default", name, serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
-            "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "c"}}}]}]}));
+        w.policy(
+            "default",
+            name,
+            serde_json::json!({"podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "c"}}}]}]}),
+        );
     }
     let plan = w.plan();
     // Target (local) and peer (cluster-wide) sets, shared by both policies.
