@@ -111,6 +111,9 @@ impl Cluster {
     }
 }
 
+/// A pod peer's set name and the pods in it (None for other peers).
+type PeerPods = Option<(String, Vec<PodInfo>)>;
+
 /// Builds the sets as the rules ask for them, sharing equal ones.
 struct Builder<'a> {
     cluster: &'a Cluster,
@@ -179,7 +182,7 @@ impl Builder<'_> {
     fn rule(&mut self, rule: &Rule, direction: Direction, target: &str, selected: &[PodInfo], out: &mut Vec<Match>) {
         // Each peer with the pods it stands for (egress named ports are
         // resolved on those).
-        let mut peers: Vec<(PeerMatch, Option<(String, Vec<PodInfo>)>)> = Vec::new();
+        let mut peers: Vec<(PeerMatch, PeerPods)> = Vec::new();
         match &rule.peers {
             None => peers.push((PeerMatch::Any, None)),
             Some(list) => {
