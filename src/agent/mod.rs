@@ -225,6 +225,21 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         status_trigger.clone(),
         pod_cidr_tx,
     )));
+    tasks.push(tokio::spawn(crate::network::network_policy::run(
+        client.clone(),
+        crate::network::network_policy::NetworkPolicyConfig {
+            node_name: config.node_name.clone(),
+            cluster_dns: config
+                .cluster_dns
+                .iter()
+                .filter_map(|ip| match ip {
+                    std::net::IpAddr::V4(v4) => Some(*v4),
+                    std::net::IpAddr::V6(_) => None,
+                })
+                .collect(),
+        },
+        nft.part("network-policy"),
+    )));
     {
         use crate::network::service_proxy;
         let dataplane = service_proxy::nftables::NftablesDataplane::new(nft.part("services"), config.cluster_cidr);

@@ -8,5 +8,6 @@ pub mod cni;
 pub mod conntrack;
 pub mod ctnetlink;
 pub mod dns;
+pub mod network_policy;
 pub mod nftables;
 pub mod service_proxy;
