@@ -3,4 +3,6 @@
 //! owns (outbound masquerade for pods; services come later).
 
 pub mod cni;
+pub mod conntrack;
+pub mod ctnetlink;
 pub mod nftables;
