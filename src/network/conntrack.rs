@@ -156,8 +156,12 @@ mod tests {
         sh("ip", &["-6", "addr", "add", "fd00:ff::3/128", "dev", "lo", "nodad"], None);
         sh("ip", &["-6", "route", "add", "local", "fd00:ff::100/128", "dev", "lo"], None);
         let rules = "table inet cttest {
-            chain out { type filter hook output priority 0; ct state new counter }
-            chain nat_out { type nat hook output priority -100;
+            chain out {
+                type filter hook output priority 0;
+                ct state new counter
+            }
+            chain nat_out {
+                type nat hook output priority -100;
                 ip daddr 127.0.0.100 udp dport 53 dnat ip to 127.0.0.2:5300
                 ip6 daddr fd00:ff::100 udp dport 53 dnat ip6 to [fd00:ff::2]:5300
             }
