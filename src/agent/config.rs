@@ -33,6 +33,9 @@ pub struct AgentConfig {
     pub cluster_domain: String,
     /// `--cluster-cidr`: pod traffic inside it is not masqueraded.
     pub cluster_cidr: crate::network::cni::Ipv4Net,
+    /// `--service-cidr`: routed onto the pod bridge so that traffic to a
+    /// service address never leaves through the default route.
+    pub service_cidr: crate::network::cni::Ipv4Net,
     /// Where container logs go (`/var/log/pods` for a root install).
     pub pod_logs_dir: PathBuf,
     pub kubelet: KubeletConfig,

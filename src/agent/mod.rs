@@ -207,6 +207,10 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
         config.kubelet.node_lease_duration_seconds,
     )));
     tasks.push(tokio::spawn(node_status::run(client.clone(), inputs, node, status_trigger.clone())));
+    // Every part of ferrok's nftables table is registered here, before the
+    // first load, so that it is loaded whole in one transaction.
+    let nft = crate::network::nftables::TableWriter::start();
+    let (pod_cidr_tx, _pod_cidr) = watch::channel(None);
     tasks.push(tokio::spawn(pod_network::run(
         client.clone(),
         cri.clone(),
@@ -215,10 +219,17 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
             conf_dir: paths.cni_conf_dir.clone(),
             ipam_dir: config.dir.join("cni").join("ipam"),
             cluster_cidr: config.cluster_cidr,
-            manage_nftables: true,
+            service_cidr: config.service_cidr,
+            nft: nft.part("node"),
         },
         status_trigger.clone(),
+        pod_cidr_tx,
     )));
+    {
+        use crate::network::service_proxy;
+        let dataplane = service_proxy::nftables::NftablesDataplane::new(nft.part("services"), config.cluster_cidr);
+        tasks.push(tokio::spawn(service_proxy::run(client.clone(), config.node_name.clone(), dataplane)));
+    }
     {
         let client = client.clone();
         tasks.push(tokio::spawn(async move { ensure_runtime_classes(&client, &handler_names).await }));

@@ -1,7 +1,8 @@
 //! This node's part of the pod network: once the node IPAM controller has
-//! given the Node a podCIDR, the CNI bridge config for it is written (which
-//! makes containerd report NetworkReady) and ferrok's nftables table is
-//! loaded with the pods' outbound masquerade.
+//! given the Node a podCIDR, the pods' bridge is made with its gateway
+//! address, the CNI config for it is written (which makes containerd report
+//! NetworkReady) and the node's part of ferrok's nftables table (the pods'
+//! outbound masquerade) is rendered.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::Notify;
 
 use super::cri::{self, Cri};
+use crate::network::bridge;
 use crate::network::cni::{self, Ipv4Net};
 use crate::network::nftables::{self, NodeRules};
 
@@ -22,23 +24,44 @@ pub struct PodNetwork {
     pub conf_dir: PathBuf,
     pub ipam_dir: PathBuf,
     pub cluster_cidr: Ipv4Net,
-    /// Whether to load ferrok's nftables table (not with an external runtime's own network).
-    pub manage_nftables: bool,
+    pub service_cidr: Ipv4Net,
+    /// The node's part of ferrok's nftables table.
+    pub nft: nftables::Part,
 }
 
 /// Watches the Node until it has a podCIDR and sets the network up for
 /// it (again when it changes); `ready` is notified once the runtime says
-/// its network is ready.
-pub async fn run(client: kube::Client, cri: Cri, net: PodNetwork, ready: Arc<Notify>) {
+/// its network is ready. `pod_cidr` tells the node's other network parts.
+pub async fn run(
+    client: kube::Client,
+    cri: Cri,
+    net: PodNetwork,
+    ready: Arc<Notify>,
+    pod_cidr: tokio::sync::watch::Sender<Option<Ipv4Net>>,
+) {
     let api: Api<Node> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", net.node_name));
     let mut current: Option<Ipv4Net> = None;
     let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
-    while let Some(event) = stream.next().await {
+    let mut resync = net.nft.resync_requests();
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            changed = resync.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                if let Some(cidr) = current {
+                    render(&net, cidr).await;
+                }
+                continue;
+            }
+        };
         let node = match event {
-            Ok(watcher::Event::Apply(n)) | Ok(watcher::Event::InitApply(n)) => n,
-            Ok(_) => continue,
-            Err(e) => {
+            None => return,
+            Some(Ok(watcher::Event::Apply(n))) | Some(Ok(watcher::Event::InitApply(n))) => n,
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => {
                 tracing::debug!(error = %e, "node watch error");
                 continue;
             }
@@ -54,20 +77,28 @@ pub async fn run(client: kube::Client, cri: Cri, net: PodNetwork, ready: Arc<Not
         if current == Some(cidr) {
             continue;
         }
+        if let Err(e) = bridge::ensure(cidr, net.service_cidr).await {
+            tracing::error!(error = %e, "cannot set up the pods' bridge");
+            continue;
+        }
         if let Err(e) = cni::ensure(&net.conf_dir, cidr, &net.ipam_dir) {
             tracing::error!(error = %e, "cannot write the CNI config");
             continue;
         }
-        if net.manage_nftables {
-            let rules = NodeRules { cluster_cidr: net.cluster_cidr, pod_cidr: cidr };
-            if let Err(e) = nftables::load(&nftables::render(&rules)).await {
-                tracing::error!(error = %e, "cannot load ferrok's nftables table");
-            }
-        }
+        pod_cidr.send_replace(Some(cidr));
+        render(&net, cidr).await;
         tracing::info!(pod_cidr = %cidr, "pod network configured");
         current = Some(cidr);
         wait_network_ready(&cri).await;
         ready.notify_one();
+    }
+}
+
+/// The node's part of the nftables table.
+async fn render(net: &PodNetwork, pod_cidr: Ipv4Net) {
+    let rules = NodeRules { cluster_cidr: net.cluster_cidr, pod_cidr };
+    if let Err(e) = net.nft.full(nftables::render_node(&rules)).await {
+        tracing::error!(error = %e, "cannot load ferrok's nftables table");
     }
 }
 

@@ -81,6 +81,7 @@ impl NodeArgs {
         cluster_dns: &IpAddr,
         cluster_domain: &str,
         cluster_cidr: &Cidr,
+        service_cidr: &Cidr,
         default_data_dir: bool,
     ) -> anyhow::Result<AgentConfig> {
         let mut kubelet = KubeletConfig::default();
@@ -99,6 +100,8 @@ impl NodeArgs {
         };
         let cluster_cidr = Ipv4Net::parse(&format!("{}/{}", cluster_cidr.base, cluster_cidr.prefix))
             .map_err(|e| anyhow::anyhow!("--cluster-cidr: {e}"))?;
+        let service_cidr = Ipv4Net::parse(&format!("{}/{}", service_cidr.base, service_cidr.prefix))
+            .map_err(|e| anyhow::anyhow!("--service-cidr: {e}"))?;
         Ok(AgentConfig {
             dir,
             node_name: node_name.to_string(),
@@ -113,6 +116,7 @@ impl NodeArgs {
             cluster_dns: vec![*cluster_dns],
             cluster_domain: cluster_domain.to_string(),
             cluster_cidr,
+            service_cidr,
             pod_logs_dir,
             kubelet,
             kubelet_tls: None,

@@ -314,6 +314,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             &args.cluster_dns,
             &args.cluster_domain,
             &args.cluster_cidr,
+            &args.service_cidr,
             args.data_dir.is_none(),
         )?;
         let tls = crate::agent::KubeletTls {

@@ -1,8 +1,11 @@
-//! The node's network: the pod network on this host (a CNI bridge config
-//! for the node's podCIDR, read by containerd) and the nftables table ferrok
-//! owns (outbound masquerade for pods; services come later).
+//! The node's network: the pod network on this host (the pods' bridge and
+//! the CNI config for the node's podCIDR, read by containerd), the
+//! nftables table ferrok owns and what is written into it (outbound
+//! masquerade, the service proxy, network policies), and cluster DNS.
 
+pub mod bridge;
 pub mod cni;
 pub mod conntrack;
 pub mod ctnetlink;
 pub mod nftables;
+pub mod service_proxy;
