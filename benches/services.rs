@@ -125,8 +125,7 @@ fn log_figures(node: &Node, what: &str, field: &str) -> Vec<u64> {
 #[tokio::main]
 async fn main() {
     let runs: usize = arg("--runs", "40").parse().expect("--runs");
-    let sizes: Vec<usize> =
-        arg("--sizes", "0,1000,10000").split(',').map(|s| s.parse().expect("--sizes")).collect();
+    let sizes: Vec<usize> = arg("--sizes", "0,1000,10000").split(',').map(|s| s.parse().expect("--sizes")).collect();
     let mut node = Node::start(&[]);
     assert!(node.write_host_kubeconfig(), "host kubeconfig");
     node.apply(&format!(
@@ -156,7 +155,9 @@ endpoints: []
     let client = client(&node).await;
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), "default");
     let addr: SocketAddr = format!("{}:{PROBE_NODE_PORT}", node.ip).parse().expect("probe address");
-    println!("service proxy: {runs} endpoint changes per size, probed by TCP connects to a node port from outside the node");
+    println!(
+        "service proxy: {runs} endpoint changes per size, probed by TCP connects to a node port from outside the node"
+    );
     println!(
         "{:>8}  {:>13}  {:>13}  {:>15}  {:>15}  {:>13}  {:>14}",
         "others", "add p50 ms", "add p99 ms", "remove p50 ms", "remove p99 ms", "update bytes", "ferrok RSS MiB"

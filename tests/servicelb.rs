@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::node::{Node, BUSYBOX};
 use common::{apply, eventually, kubectl};
 
 use std::process::Command;
@@ -158,4 +159,44 @@ fn load_balancer_node_ports_follow_the_spec() {
     assert!(!accepted && out.contains("healthCheckNodePort"), "{out}");
     // Defaults upstream sets.
     assert_eq!(get(&s, &["svc", "local"], "{.spec.externalTrafficPolicy}"), "Cluster");
+}
+
+/// On a real node with the service proxy: the ingress is the node's own
+/// address, and the Service answers there from outside and from a pod.
+#[test]
+fn a_load_balancer_answers_on_the_node_address() {
+    let node = Node::start(&[]);
+    node.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: web, labels: {{app: web}}}}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {{name: c, image: "{BUSYBOX}", command: ["sh", "-c", "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"],
+      readinessProbe: {{tcpSocket: {{port: 8080}}, periodSeconds: 1}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: web-lb}}
+spec: {{type: LoadBalancer, selector: {{app: web}}, ports: [{{port: 8088, targetPort: 8080}}]}}
+"#
+    ));
+    node.eventually("the ingress to be the node's address", 30, || {
+        node.get(&["svc", "web-lb"], "{.status.loadBalancer.ingress[*].ip}") == node.ip
+    });
+    let url = format!("http://{}:8088/", node.ip);
+    let wget = |url: &str| {
+        let out = Command::new("timeout").args(["5", "busybox", "wget", "-q", "-O-", url]).output().expect("wget");
+        (out.status.success(), String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    node.eventually("the load balancer answering from outside the node", 60, || wget(&url) == (true, "web".into()));
+    let from_pod = node.try_exec("default", "web", "c", &format!("busybox timeout 5 wget -q -O- {url}"));
+    assert!(from_pod.0 && from_pod.1.trim() == "web", "from a pod (hairpin through the node address): {from_pod:?}");
+    // No longer a LoadBalancer: the ingress goes.
+    node.ok(&["patch", "svc", "web-lb", "--type=merge", "-p", r#"{"spec":{"type":"ClusterIP"}}"#]);
+    node.eventually("the ingress cleared", 20, || {
+        node.get(&["svc", "web-lb"], "{.status.loadBalancer.ingress}").is_empty()
+    });
 }
