@@ -97,6 +97,9 @@ impl ServiceAllocator {
                     used.ports.insert(np);
                 }
             }
+            if let Some(hc) = s.object.pointer("/spec/healthCheckNodePort").and_then(Value::as_i64) {
+                used.ports.insert(hc);
+            }
         }
         Ok(used)
     }
@@ -173,48 +176,101 @@ impl ServiceAllocator {
         };
         svc["spec"]["clusterIP"] = Value::String(ip.clone());
         svc["spec"]["clusterIPs"] = serde_json::json!([ip]);
-        if ty == "NodePort" || ty == "LoadBalancer" {
-            let mut taken = used.ports.clone();
-            let old_ports: Vec<Value> =
-                old.and_then(|o| o.pointer("/spec/ports")).and_then(Value::as_array).cloned().unwrap_or_default();
-            if let Some(Value::Array(ports)) = svc.pointer_mut("/spec/ports") {
-                for (i, p) in ports.iter_mut().enumerate() {
-                    let want = p.get("nodePort").and_then(Value::as_i64).unwrap_or(0);
-                    let kept = old_ports
-                        .iter()
-                        .find(|o| o.get("port") == p.get("port"))
-                        .and_then(|o| o.get("nodePort"))
-                        .and_then(Value::as_i64);
-                    let np = if want > 0 {
-                        if !NODE_PORT_RANGE.contains(&want) {
-                            return Err(invalid(&format!("spec.ports[{i}].nodePort"), format!("Invalid value: {want}: provided port is not in the valid range. The range of valid ports is 30000-32767")));
-                        }
-                        if taken.contains(&want) && kept != Some(want) {
-                            return Err(invalid(
-                                &format!("spec.ports[{i}].nodePort"),
-                                format!("Invalid value: {want}: provided port is already allocated"),
-                            ));
-                        }
-                        want
-                    } else if let Some(k) = kept {
-                        k
-                    } else {
-                        let span = NODE_PORT_RANGE.end() - NODE_PORT_RANGE.start() + 1;
-                        let seed = (crate::store::sqlite::random_u64() % span as u64) as i64;
-                        (0..span)
-                            .map(|j| NODE_PORT_RANGE.start() + (seed + j) % span)
-                            .find(|c| !taken.contains(c))
-                            .ok_or_else(|| {
-                                invalid(&format!("spec.ports[{i}].nodePort"), "Internal error: range is full".into())
-                            })?
-                    };
-                    taken.insert(np);
-                    p["nodePort"] = Value::from(np);
+        let mut taken = used.ports.clone();
+        // A LoadBalancer gets node ports unless `allocateLoadBalancerNodePorts: false`
+        // (then only those asked for); types other than NodePort and
+        // LoadBalancer have none: those left from the old type are dropped.
+        let allocate_node_ports = ty == "NodePort"
+            || (ty == "LoadBalancer"
+                && svc.pointer("/spec/allocateLoadBalancerNodePorts").and_then(Value::as_bool) != Some(false));
+        let may_have_node_ports = ty == "NodePort" || ty == "LoadBalancer";
+        let old_ports: Vec<Value> =
+            old.and_then(|o| o.pointer("/spec/ports")).and_then(Value::as_array).cloned().unwrap_or_default();
+        if let Some(Value::Array(ports)) = svc.pointer_mut("/spec/ports") {
+            for (i, p) in ports.iter_mut().enumerate() {
+                let want = p.get("nodePort").and_then(Value::as_i64).unwrap_or(0);
+                let kept = old_ports
+                    .iter()
+                    .find(|o| o.get("port") == p.get("port"))
+                    .and_then(|o| o.get("nodePort"))
+                    .and_then(Value::as_i64);
+                if !may_have_node_ports {
+                    if want > 0 && kept != Some(want) {
+                        return Err(invalid(
+                            &format!("spec.ports[{i}].nodePort"),
+                            format!("Forbidden: may not be used when `type` is '{ty}'"),
+                        ));
+                    }
+                    if let Some(obj) = p.as_object_mut() {
+                        obj.remove("nodePort");
+                    }
+                    continue;
                 }
+                let np = if want > 0 {
+                    if !NODE_PORT_RANGE.contains(&want) {
+                        return Err(invalid(&format!("spec.ports[{i}].nodePort"), format!("Invalid value: {want}: provided port is not in the valid range. The range of valid ports is 30000-32767")));
+                    }
+                    if taken.contains(&want) && kept != Some(want) {
+                        return Err(invalid(
+                            &format!("spec.ports[{i}].nodePort"),
+                            format!("Invalid value: {want}: provided port is already allocated"),
+                        ));
+                    }
+                    want
+                } else if let Some(k) = kept.filter(|_| allocate_node_ports) {
+                    k
+                } else if allocate_node_ports {
+                    free_node_port(&taken).ok_or_else(|| {
+                        invalid(&format!("spec.ports[{i}].nodePort"), "Internal error: range is full".into())
+                    })?
+                } else {
+                    continue;
+                };
+                taken.insert(np);
+                p["nodePort"] = Value::from(np);
+            }
+        }
+        // `healthCheckNodePort`: for a LoadBalancer with externalTrafficPolicy Local only.
+        let wants_health_check =
+            ty == "LoadBalancer" && svc.pointer("/spec/externalTrafficPolicy").and_then(Value::as_str) == Some("Local");
+        let requested_hc = svc.pointer("/spec/healthCheckNodePort").and_then(Value::as_i64).unwrap_or(0);
+        let old_hc = old.and_then(|o| o.pointer("/spec/healthCheckNodePort")).and_then(Value::as_i64);
+        if wants_health_check {
+            let hc = if requested_hc > 0 {
+                if !NODE_PORT_RANGE.contains(&requested_hc) {
+                    return Err(invalid("spec.healthCheckNodePort", format!("Invalid value: {requested_hc}: provided port is not in the valid range. The range of valid ports is 30000-32767")));
+                }
+                if taken.contains(&requested_hc) && old_hc != Some(requested_hc) {
+                    return Err(invalid(
+                        "spec.healthCheckNodePort",
+                        format!("Invalid value: {requested_hc}: provided port is already allocated"),
+                    ));
+                }
+                requested_hc
+            } else if let Some(k) = old_hc {
+                k
+            } else {
+                free_node_port(&taken)
+                    .ok_or_else(|| invalid("spec.healthCheckNodePort", "Internal error: range is full".into()))?
+            };
+            svc["spec"]["healthCheckNodePort"] = Value::from(hc);
+        } else if requested_hc > 0 {
+            if old_hc != Some(requested_hc) {
+                return Err(invalid("spec.healthCheckNodePort", format!("Invalid value: {requested_hc}: may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'")));
+            }
+            if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.remove("healthCheckNodePort");
             }
         }
         Ok(())
     }
+}
+
+/// A free node port, from a random point of the range.
+fn free_node_port(taken: &HashSet<i64>) -> Option<i64> {
+    let span = NODE_PORT_RANGE.end() - NODE_PORT_RANGE.start() + 1;
+    let seed = (crate::store::sqlite::random_u64() % span as u64) as i64;
+    (0..span).map(|j| NODE_PORT_RANGE.start() + (seed + j) % span).find(|c| !taken.contains(c))
 }
 
 impl BeginWrite for ServiceAllocator {

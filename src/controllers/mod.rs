@@ -30,6 +30,7 @@ pub mod resourcequota;
 pub mod retry_backoff;
 pub mod root_ca;
 pub mod serviceaccount;
+pub mod servicelb;
 pub mod statefulset;
 pub mod statefulset_pods;
 pub mod taint_eviction;
@@ -111,6 +112,8 @@ pub fn start(
         tokio::spawn(replicaset::run(own("replicaset-controller"))),
         tokio::spawn(deployment::run(own("deployment-controller"))),
         tokio::spawn(resourcequota::run(own("resourcequota-controller"), pods.subscribe())),
+        // ServiceLB acts as upstream's cloud service-controller does.
+        tokio::spawn(servicelb::run(own(servicelb::CONTROLLER_NAME))),
     ];
     handles.extend(workloads);
     handles.extend([pods.start(), revisions.start(), jobs.start()]);

@@ -34,6 +34,7 @@ pub const CONTROLLERS: &[&str] = &[
     "resourcequota-controller",
     "root-ca-cert-publisher",
     "service-account-controller",
+    "service-controller",
     "statefulset-controller",
     "ttl-after-finished-controller",
 ];
@@ -207,6 +208,18 @@ fn statefulset() -> Vec<Value> {
     ])
 }
 
+/// Upstream's cloud-controller-manager role of the same name, which
+/// ferrok's ServiceLB runs as; it reads EndpointSlices as well, for
+/// `externalTrafficPolicy: Local`.
+fn service() -> Vec<Value> {
+    with_events(vec![
+        rule(CORE, &["services"], &["get", "list", "watch", "patch", "update"]),
+        rule(CORE, &["services/status"], &["patch", "update"]),
+        rule(CORE, &["nodes"], &["get", "list", "watch"]),
+        rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+    ])
+}
+
 fn ttl_after_finished() -> Vec<Value> {
     with_events(vec![rule(BATCH, &["jobs"], &["get", "list", "watch", "delete"])])
 }
@@ -232,6 +245,7 @@ pub fn roles() -> Vec<(&'static str, Vec<Value>)> {
                 "resourcequota-controller" => resourcequota(),
                 "root-ca-cert-publisher" => root_ca_cert_publisher(),
                 "service-account-controller" => service_account(),
+                "service-controller" => service(),
                 "statefulset-controller" => statefulset(),
                 "ttl-after-finished-controller" => ttl_after_finished(),
                 _ => Vec::new(),

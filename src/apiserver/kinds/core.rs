@@ -96,6 +96,16 @@ pub fn service_hooks() -> Hooks {
                 default_field(spec, "type", json!("ClusterIP"));
                 default_field(spec, "sessionAffinity", json!("None"));
                 let external_name = spec.get("type").and_then(Value::as_str) == Some("ExternalName");
+                let ty = spec.get("type").and_then(Value::as_str).unwrap_or_default().to_string();
+                if ty == "NodePort" || ty == "LoadBalancer" {
+                    default_field(spec, "externalTrafficPolicy", json!("Cluster"));
+                }
+                if ty == "LoadBalancer" {
+                    default_field(spec, "allocateLoadBalancerNodePorts", json!(true));
+                }
+                if spec.get("sessionAffinity").and_then(Value::as_str) == Some("ClientIP") {
+                    default_field(spec, "sessionAffinityConfig", json!({"clientIP": {"timeoutSeconds": 10800}}));
+                }
                 if !external_name {
                     default_field(spec, "internalTrafficPolicy", json!("Cluster"));
                     default_field(spec, "ipFamilyPolicy", json!("SingleStack"));
