@@ -353,6 +353,14 @@ fn egress_policies_deny_and_allow_to_pods_and_the_node() {
     until(&node, me, &web, 8080, false);
     assert_reach(&node, me, &far, 8080, false);
     assert!(!apiserver(&node), "egress to the node itself is denied too");
+    // The cluster DNS (in ferrok, behind the kube-dns Service) still answers.
+    let lookup = node.exec(
+        "out",
+        "client",
+        "c",
+        &format!("busybox timeout -s KILL {PROBE_SECS} nslookup kubernetes.default.svc.cluster.local 2>&1; echo rc=$?"),
+    );
+    assert!(lookup.contains("rc=0") && lookup.contains("10.43.0.1"), "DNS under default-deny egress: {lookup}");
     // Ingress is not isolated: the web pods (also egress-isolated) still
     // answer, since replies of allowed connections pass.
     assert!(host_reaches(&node, &web, 8080));
