@@ -210,7 +210,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     // Every part of ferrok's nftables table is registered here, before the
     // first load, so that it is loaded whole in one transaction.
     let nft = crate::network::nftables::TableWriter::start();
-    let (pod_cidr_tx, _pod_cidr) = watch::channel(None);
+    let (pod_cidr_tx, pod_cidr) = watch::channel(None);
     tasks.push(tokio::spawn(pod_network::run(
         client.clone(),
         cri.clone(),
@@ -264,6 +264,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
             &host,
             &config.cluster_dns,
         ),
+        pod_cidr,
     ));
     let index = Arc::new(pleg::ContainerIndex::default());
     let mirrors = Arc::new(static_pods::Mirrors::default());

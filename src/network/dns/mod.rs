@@ -22,11 +22,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
+use tokio::sync::watch;
 
 use crate::network::cni::Ipv4Net;
 use records::RecordIndex;
@@ -72,9 +73,14 @@ impl ClusterDnsConfig {
 }
 
 /// Starts the cluster DNS: the watches feeding its index and the
-/// listeners (once the node's gateway address is known). The tasks run
-/// until aborted.
-pub fn spawn(client: kube::Client, config: ClusterDnsConfig) -> Vec<tokio::task::JoinHandle<()>> {
+/// listeners, once `pod_cidr` (from the node's pod network, which makes the
+/// bridge with the gateway address first) says where. The tasks run until
+/// aborted.
+pub fn spawn(
+    client: kube::Client,
+    config: ClusterDnsConfig,
+    pod_cidr: watch::Receiver<Option<Ipv4Net>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let index = Arc::new(RwLock::new(RecordIndex::new(&config.cluster_domain)));
     if config.upstreams.is_empty() {
         tracing::warn!("cluster DNS: the host names no nameserver; only cluster names will resolve");
@@ -85,11 +91,11 @@ pub fn spawn(client: kube::Client, config: ClusterDnsConfig) -> Vec<tokio::task:
         forward::Forwarder::new(config.upstreams.clone()),
     ));
     let services = tokio::spawn(watch_services(client.clone(), index.clone()));
-    let slices = tokio::spawn(watch_slices(client.clone(), index));
+    let slices = tokio::spawn(watch_slices(client, index));
     let listeners = tokio::spawn(async move {
         let ip = match config.listen {
             Some(ip) => ip,
-            None => IpAddr::V4(node_gateway(client, &config.node_name).await),
+            None => IpAddr::V4(node_gateway(pod_cidr).await),
         };
         server::run(SocketAddr::new(ip, config.port), resolver).await;
     });
@@ -97,22 +103,15 @@ pub fn spawn(client: kube::Client, config: ClusterDnsConfig) -> Vec<tokio::task:
 }
 
 /// The node's pod-network gateway: the first address of its podCIDR,
-/// once the node IPAM controller has given it one.
-pub async fn node_gateway(client: kube::Client, node_name: &str) -> std::net::Ipv4Addr {
-    let api: Api<Node> = Api::all(client);
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={node_name}"));
-    let mut stream = watcher::watcher(api, cfg).default_backoff().applied_objects().boxed();
+/// once the node has one.
+async fn node_gateway(mut pod_cidr: watch::Receiver<Option<Ipv4Net>>) -> std::net::Ipv4Addr {
     loop {
-        match stream.next().await {
-            Some(Ok(node)) => {
-                let cidr = node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()).and_then(|c| Ipv4Net::parse(c).ok());
-                if let Some(cidr) = cidr {
-                    return cidr.nth(1);
-                }
-            }
-            Some(Err(e)) => tracing::debug!(error = %e, "cluster DNS: node watch error"),
-            // The watch never ends on its own (it backs off and retries).
-            None => std::future::pending::<()>().await,
+        if let Some(cidr) = *pod_cidr.borrow_and_update() {
+            return cidr.nth(1);
+        }
+        if pod_cidr.changed().await.is_err() {
+            // The pod network has stopped: so has the node.
+            std::future::pending::<()>().await;
         }
     }
 }
