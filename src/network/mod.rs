@@ -10,4 +10,5 @@ pub mod ctnetlink;
 pub mod dns;
 pub mod network_policy;
 pub mod nftables;
+pub mod protocol;
 pub mod service_proxy;
