@@ -200,9 +200,17 @@ endpoints: []
             rss
         );
     }
-    // The whole table in one transaction, as at every start.
+    // The whole table in one transaction, as at every start. The rules stay
+    // while ferrok is down, so the probe says nothing here: wait for the
+    // restarted server's own full load in its log.
+    let fulls_before = log_figures(&node, "nftables: services loaded in full", "bytes").len();
     node.stop(false);
     node.launch();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while log_figures(&node, "nftables: services loaded in full", "bytes").len() <= fulls_before {
+        assert!(Instant::now() < deadline, "no full load after the restart");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     wait_for(addr, true, Duration::from_secs(120)).expect("the probe after a restart");
     let ms_full = log_figures(&node, "nftables: services loaded in full", "ms");
     let bytes_full = log_figures(&node, "nftables: services loaded in full", "bytes");
