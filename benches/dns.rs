@@ -20,21 +20,11 @@ use hickory_proto::op::Query;
 use hickory_proto::rr::{Name, RecordType};
 use tcommon::fake_dns::FakeDns;
 use tcommon::node::{Node, BUSYBOX};
+use tcommon::rss_mib;
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
     args.windows(2).find(|w| w[0] == name).and_then(|w| w[1].parse().ok()).unwrap_or(default)
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
 }
 
 /// Moves the calling thread into the node's network namespace.

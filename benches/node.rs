@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher::{self, Event};
 use tcommon::node::{Node as TestNode, BUSYBOX};
+use tcommon::rss_mib;
 use tokio::sync::Mutex;
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -148,17 +149,6 @@ async fn wait_all(seen: &Mutex<HashMap<String, Instant>>, names: &[String], limi
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
 }
 
 fn cpu_ticks(pid: u32) -> u64 {

@@ -273,6 +273,18 @@ pub fn create(s: &ApiServer, body: &str) {
     kubectl_stdin(s, "create", body)
 }
 
+/// A process's resident memory in MiB (0 when it is gone), for benchmarks.
+pub fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
 /// Polls `check` until it holds, failing the test after `limit`.
 pub fn eventually_within(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
