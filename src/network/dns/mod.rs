@@ -16,6 +16,7 @@ pub mod forward;
 pub mod records;
 pub mod resolver;
 pub mod server;
+mod views;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};

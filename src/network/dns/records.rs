@@ -22,6 +22,8 @@ use hickory_proto::rr::{Name, RData, Record, RecordType};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use super::views::{service_view, slice_view, ServiceKind, ServiceView, SliceView};
+
 /// The TTL of every cluster record (CoreDNS' default `ttl 5`).
 pub const TTL: u32 = 5;
 
@@ -58,35 +60,6 @@ pub enum Found {
     /// The name exists without records of that type.
     NoData,
     NxDomain,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum ServiceKind {
-    Cluster(Vec<IpAddr>),
-    Headless,
-    ExternalName(String),
-}
-
-/// What of a Service makes records.
-#[derive(Debug, Clone, PartialEq)]
-struct ServiceView {
-    kind: ServiceKind,
-    /// Named ports: (name, protocol, port).
-    ports: Vec<(String, String, u16)>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct EndpointView {
-    addresses: Vec<IpAddr>,
-    hostname: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct SliceView {
-    service: String,
-    /// Ready endpoints only.
-    endpoints: Vec<EndpointView>,
-    ports: Vec<(String, String, u16)>,
 }
 
 /// The index of cluster names.
@@ -133,50 +106,6 @@ pub fn undashed(label: &str) -> Option<IpAddr> {
         }
     }
     label.replace('-', ":").parse::<Ipv6Addr>().ok().map(IpAddr::V6)
-}
-
-fn named_ports<'a>(ports: impl Iterator<Item = (Option<&'a str>, Option<&'a str>, i32)>) -> Vec<(String, String, u16)> {
-    ports
-        .filter_map(|(name, proto, port)| {
-            let name = name.filter(|n| !n.is_empty())?;
-            Some((name.to_ascii_lowercase(), proto.unwrap_or("TCP").to_ascii_lowercase(), u16::try_from(port).ok()?))
-        })
-        .collect()
-}
-
-fn service_view(svc: &Service) -> ServiceView {
-    let spec = svc.spec.clone().unwrap_or_default();
-    let kind = if spec.type_.as_deref() == Some("ExternalName") {
-        ServiceKind::ExternalName(spec.external_name.unwrap_or_default().trim_end_matches('.').to_ascii_lowercase())
-    } else if spec.cluster_ip.as_deref() == Some("None") {
-        ServiceKind::Headless
-    } else {
-        let mut ips: Vec<IpAddr> = spec.cluster_ips.iter().flatten().filter_map(|ip| ip.parse().ok()).collect();
-        if ips.is_empty() {
-            ips.extend(spec.cluster_ip.as_deref().and_then(|ip| ip.parse::<IpAddr>().ok()));
-        }
-        ServiceKind::Cluster(ips)
-    };
-    let ports = named_ports(spec.ports.iter().flatten().map(|p| (p.name.as_deref(), p.protocol.as_deref(), p.port)));
-    ServiceView { kind, ports }
-}
-
-fn slice_view(slice: &EndpointSlice) -> Option<SliceView> {
-    let service = slice.metadata.labels.as_ref()?.get("kubernetes.io/service-name")?.clone();
-    let endpoints = slice
-        .endpoints
-        .iter()
-        // An unset `ready` means ready, as the API documents.
-        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
-        .map(|e| EndpointView {
-            addresses: e.addresses.iter().filter_map(|a| a.parse().ok()).collect(),
-            hostname: e.hostname.clone().filter(|h| !h.is_empty()).map(|h| h.to_ascii_lowercase()),
-        })
-        .collect();
-    let ports = named_ports(
-        slice.ports.iter().flatten().filter_map(|p| Some((p.name.as_deref(), p.protocol.as_deref(), p.port?))),
-    );
-    Some(SliceView { service, endpoints, ports })
 }
 
 fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<(String, String)> {
