@@ -147,11 +147,27 @@ fn services_reach_their_endpoints_from_pods_the_node_and_outside() {
     });
     let pods: BTreeSet<String> = web_pods(&node).into_iter().map(|(n, _)| n).collect();
     let web = cluster_ip(&node, "web");
-    node.eventually("the web service answering from the node", 30, || {
-        from_node(&node, &format!("http://{web}/")).1.starts_with("web-")
+    // Both endpoints ready (a pod has an address before its readiness probe passes).
+    node.eventually("both web endpoints ready", 60, || {
+        node.get(
+            &["endpointslices", "-l", "kubernetes.io/service-name=web"],
+            "{range .items[*].endpoints[?(@.conditions.ready==true)]}{.targetRef.name}{\"\\n\"}{end}",
+        )
+        .lines()
+        .filter(|l| !l.is_empty())
+        .count()
+            == 2
     });
 
     // ClusterIP, from the node and from a pod, spread over both endpoints.
+    let mut seen = BTreeSet::new();
+    node.eventually("the node's requests to the web service reaching both endpoints", 30, || {
+        let (ok, out) = from_node(&node, &format!("http://{web}/"));
+        if ok {
+            seen.insert(out.trim().to_string());
+        }
+        seen == pods
+    });
     let seen = answers(30, || from_node(&node, &format!("http://{web}/")));
     assert_eq!(seen, pods, "the node's requests to {web}");
     let seen = answers(30, || from_pod(&node, "client", &format!("http://{web}/")));
