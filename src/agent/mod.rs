@@ -8,6 +8,7 @@
 //! `pleg`, `prober`, `volume_manager`, `image_manager`, `eviction`, `cri`.
 
 pub mod backoff;
+pub mod bootstrap;
 pub mod config;
 pub mod container_gc;
 pub mod container_logs;

@@ -26,6 +26,7 @@ pub mod lease_manager;
 pub mod managed_fields;
 pub mod meta;
 pub mod metrics;
+pub mod node_join;
 pub mod openapi;
 pub mod patch_meta;
 pub mod protobuf;
@@ -78,6 +79,8 @@ pub struct ApiConfig {
     pub audit: Option<Arc<audit::Auditor>>,
     /// How kubelets are reached (logs, exec, port-forward, nodes/proxy).
     pub kubelet: Option<kubelet::KubeletConnector>,
+    /// Signs the certificates of joining nodes (`/cacerts`, `/v1-ferrok/…`).
+    pub node_join: Option<Arc<node_join::JoinAuthority>>,
 }
 
 /// Where Events live, for both API groups that serve them; they expire.
@@ -171,6 +174,9 @@ impl Api {
                     ],
                 });
             }
+        }
+        if let Some(user) = auth::bootstrap_token::authenticate(&self.storage, token, meta::unix_now()).await {
+            return Some(user);
         }
         let signer = self.tokens.as_ref()?;
         let claims = signer.verify(token, meta::unix_now()).ok()?;
@@ -324,6 +330,12 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     }
     if path == "/metrics" {
         return serve_metrics(&api, &user, &parts.method, parts.extensions.get::<auth::DecisionRecord>()).await;
+    }
+    if node_join::handles(&path) {
+        let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
+            return ApiError::too_large().into_response();
+        };
+        return node_join::serve(&api, &user, &parts.method, &path, &parts.headers, &bytes).await;
     }
     if user.is_anonymous() {
         return ApiError::unauthorized().into_response();

@@ -1,5 +1,6 @@
 //! The command line: parsing, logging, the runtime, and the data-dir layout.
 
+mod agent;
 mod config;
 mod datastore;
 mod duration;
@@ -10,7 +11,7 @@ mod server;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -34,16 +35,13 @@ pub struct Cli {
 enum Command {
     /// Run the control plane (API server on the embedded store) and, unless disabled, the node role.
     Server(server::ServerArgs),
-    /// Run the node role and join a server (not built yet).
-    Agent(NotBuilt),
+    /// Run the node role alone and join a server.
+    Agent(agent::AgentArgs),
     /// Serve the embedded datastore (or an external etcd) as an etcd v3 endpoint.
     Datastore(datastore::DatastoreArgs),
     /// Import, list and remove the node's container images (no registry needed).
     Images(images::ImagesArgs),
 }
-
-#[derive(Debug, Args)]
-struct NotBuilt {}
 
 /// Whether ferrok runs as root.
 pub fn is_root() -> bool {
@@ -161,7 +159,7 @@ pub fn main() -> ExitCode {
             Command::Datastore(args) => datastore::run(args).await,
             Command::Server(args) => server::run(args).await,
             Command::Images(args) => images::run(args).await,
-            Command::Agent(_) => Err(anyhow::anyhow!("`ferrok agent` is not built yet")),
+            Command::Agent(args) => agent::run(args).await,
         }
     });
     match result {

@@ -218,6 +218,20 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     })
     .context("cannot prepare the certificates")?;
 
+    let (server_ca, client_ca) = pki.load_cas().context("the certificate authorities")?;
+    let node_join = apiserver::node_join::JoinAuthority::new(
+        std::fs::read(&pki.server_ca_cert).with_context(|| format!("cannot read {}", pki.server_ca_cert.display()))?,
+        server_ca,
+        client_ca,
+        apiserver::node_join::NodeJoinConfig {
+            cluster_cidr: args.cluster_cidr.to_string(),
+            service_cidr: args.service_cidr.to_string(),
+            cluster_dns: args.cluster_dns.to_string(),
+            cluster_domain: args.cluster_domain.clone(),
+            client_ca: std::fs::read_to_string(&pki.client_ca_cert)
+                .with_context(|| format!("cannot read {}", pki.client_ca_cert.display()))?,
+        },
+    );
     let config = ApiConfig {
         advertise: format!("{advertise_ip}:{}", args.https_listen_port),
         advertise_ip,
@@ -236,6 +250,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             )
             .context("the kubelet client")?,
         ),
+        node_join: Some(node_join),
     };
     let issuer = format!("https://kubernetes.default.svc.{}", args.cluster_domain);
     let tokens =

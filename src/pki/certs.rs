@@ -66,10 +66,10 @@ pub fn new_key() -> Result<String, CertError> {
     Ok(KeyPair::generate()?.serialize_pem())
 }
 
-/// The SHA-256 of a CA certificate's DER, hex, as join tokens carry it.
-pub fn ca_hash(cert_pem: &str) -> String {
-    let der = pem_der(cert_pem).unwrap_or_default();
-    Sha256::digest(der).iter().map(|b| format!("{b:02x}")).collect()
+/// The SHA-256 of the CA bundle exactly as `/cacerts` serves it, hex, as
+/// join tokens carry it (k3s' `K10<hash>`).
+pub fn ca_hash(bundle: &[u8]) -> String {
+    Sha256::digest(bundle).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn pem_der(pem: &str) -> Result<Vec<u8>, CertError> {
@@ -106,6 +106,23 @@ impl Ca {
 
     pub fn issue(&self, spec: &LeafSpec) -> Result<Issued, CertError> {
         let key = KeyPair::generate()?;
+        let cert = spec.params()?.signed_by(&key, &self.issuer)?;
+        Ok(Issued { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    }
+
+    /// Signs the public key of a PKCS#10 request (its signature checked)
+    /// for the holder `spec` describes; what the request itself asks for
+    /// (subject, names, usages) is ignored: the signer decides.
+    pub fn sign_request(&self, csr_pem: &str, spec: &LeafSpec) -> Result<String, CertError> {
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)?;
+        csr.params = spec.params()?;
+        Ok(csr.signed_by(&self.issuer)?.pem())
+    }
+}
+
+impl LeafSpec {
+    fn params(&self) -> Result<CertificateParams, CertError> {
+        let spec = self;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         let mut name = DistinguishedName::new();
         for org in &spec.organizations {
@@ -125,9 +142,31 @@ impl Ca {
         params.not_before = now() - Duration::hours(1);
         params.not_after = now() + LEAF_VALIDITY;
         params.use_authority_key_identifier_extension = true;
-        let cert = params.signed_by(&key, &self.issuer)?;
-        Ok(Issued { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+        Ok(params)
     }
+}
+
+/// A PKCS#10 request for `cn` signed with the PKCS#8 PEM `key_pem`: the
+/// node asks for a certificate without its key leaving it.
+pub fn new_request(key_pem: &str, cn: &str) -> Result<String, CertError> {
+    let key = KeyPair::from_pem(key_pem)?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, cn.to_string());
+    params.distinguished_name = name;
+    Ok(params.serialize_request(&key)?.pem()?)
+}
+
+/// Seconds from now until the certificate expires (negative once it has).
+pub fn seconds_left(cert_pem: &str) -> Result<i64, CertError> {
+    let der = pem_der(cert_pem)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).map_err(|e| CertError::Parse(e.to_string()))?;
+    Ok(cert.validity().not_after.timestamp() - now().unix_timestamp())
+}
+
+/// Whether a certificate is far enough from expiry to keep.
+pub fn far_from_expiry(cert_pem: &str) -> bool {
+    seconds_left(cert_pem).is_ok_and(|s| s >= RENEW_BEFORE.whole_seconds())
 }
 
 /// Whether a leaf on disk is far enough from expiry and names what `spec` wants.

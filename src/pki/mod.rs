@@ -6,12 +6,17 @@
 //! is issued anew at start.
 
 mod certs;
+pub mod join_token;
 mod kubeconfig;
+pub mod node_password;
+pub mod tls;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-pub use certs::{subject_of, CertError, Issued};
+pub use certs::{
+    ca_hash, far_from_expiry, new_request, seconds_left, still_good, subject_of, Ca, CertError, Issued, LeafSpec,
+};
 pub use kubeconfig::write_kubeconfig;
 
 /// The user the API server is towards kubelets.
@@ -50,6 +55,7 @@ pub enum PkiError {
 #[derive(Debug, Clone)]
 pub struct Pki {
     pub server_ca_cert: PathBuf,
+    pub server_ca_key: PathBuf,
     pub client_ca_cert: PathBuf,
     pub client_ca_key: PathBuf,
     pub serving_cert: PathBuf,
@@ -90,6 +96,21 @@ pub(crate) fn write(path: &Path, contents: &str, mode: u32) -> Result<(), PkiErr
 }
 
 impl Pki {
+    /// The server and client CAs, to sign the certificates of joining nodes.
+    pub fn load_cas(&self) -> Result<(Ca, Ca), PkiError> {
+        let load = |cert: &Path, key: &Path| -> Result<Ca, PkiError> {
+            let missing = |path: &Path| PkiError::Io {
+                action: "read",
+                path: path.to_path_buf(),
+                source: std::io::ErrorKind::NotFound.into(),
+            };
+            let c = read(cert)?.ok_or_else(|| missing(cert))?;
+            let k = read(key)?.ok_or_else(|| missing(key))?;
+            Ca::load(c, k).map_err(|source| PkiError::Cert { path: cert.to_path_buf(), source })
+        };
+        Ok((load(&self.server_ca_cert, &self.server_ca_key)?, load(&self.client_ca_cert, &self.client_ca_key)?))
+    }
+
     /// Loads the PKI from `opts.dir`, generating or renewing what is needed.
     pub fn ensure(opts: &PkiOptions) -> Result<Pki, PkiError> {
         let dir = &opts.dir;
@@ -132,10 +153,12 @@ impl Pki {
             write(&sa_key, &key, 0o600)?;
         }
 
+        let full = |secret: &str| format!("K10{}::server:{secret}", certs::ca_hash(server_ca.cert_pem.as_bytes()));
         let token = match (&opts.token, read(&opts.token_file)?) {
-            (Some(t), _) => t.clone(),
+            (Some(t), _) if t.starts_with("K10") => t.clone(),
+            (Some(t), _) => full(t),
             (None, Some(existing)) => existing.trim().to_string(),
-            (None, None) => format!("K10{}::server:{:032x}", certs::ca_hash(&server_ca.cert_pem), random_u128()),
+            (None, None) => full(&format!("{:032x}", random_u128())),
         };
         if read(&opts.token_file)?.as_deref().map(str::trim) != Some(token.as_str()) {
             write(&opts.token_file, &format!("{token}\n"), 0o600)?;
@@ -143,6 +166,7 @@ impl Pki {
 
         Ok(Pki {
             server_ca_cert: p("server-ca.crt"),
+            server_ca_key: p("server-ca.key"),
             client_ca_cert: p("client-ca.crt"),
             client_ca_key: p("client-ca.key"),
             serving_cert: p("serving-kube-apiserver.crt"),

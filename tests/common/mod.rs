@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod fake_dns;
 pub mod images;
 pub mod node;

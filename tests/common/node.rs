@@ -14,8 +14,24 @@ use super::images::busybox_oci_tar;
 /// The test image every node has (imported from its images folder).
 pub const BUSYBOX: &str = "docker.io/library/busybox:1";
 
+/// What a test node runs: `ferrok server` (control plane and node), or
+/// `ferrok agent` joined to a server.
+#[derive(Debug, Clone)]
+pub enum Role {
+    Server,
+    Agent {
+        /// `https://ip:port` of the server.
+        server: String,
+        /// The server's token file.
+        token_file: PathBuf,
+        /// The server's admin kubeconfig for the test's kubectl (reachable from the host).
+        admin_kubeconfig: PathBuf,
+    },
+}
+
 pub struct Node {
     pub child: Option<Child>,
+    pub role: Role,
     pub dir: tempfile::TempDir,
     pub name: String,
     pub netns: String,
@@ -26,6 +42,8 @@ pub struct Node {
     pub port: u16,
     pub cgroup_root: String,
     pub extra: Vec<String>,
+    /// Extra environment for the ferrok process.
+    pub env: Vec<(String, String)>,
     log_count: u32,
 }
 
@@ -38,6 +56,26 @@ fn must(cmd: &str, args: &[&str]) -> String {
     let (ok, out) = run(cmd, args);
     assert!(ok, "{cmd} {args:?} failed: {out}");
     out
+}
+
+/// A new, empty network namespace `fk-<n>` with its loopback up.
+pub fn alloc_netns() -> (String, u8) {
+    for n in 1..=250u8 {
+        let name = format!("fk-{n}");
+        if !run("ip", &["netns", "add", &name]).0 {
+            continue;
+        }
+        must("ip", &["netns", "exec", &name, "ip", "link", "set", "lo", "up"]);
+        return (name, n);
+    }
+    panic!("no free test network namespace fk-1 … fk-250");
+}
+
+/// `ip netns exec <netns> <args…>` that must succeed.
+pub fn netns_exec(netns: &str, args: &[&str]) -> String {
+    let mut a = vec!["netns", "exec", netns];
+    a.extend_from_slice(args);
+    must("ip", &a)
 }
 
 /// A network namespace `fk-<n>` with a veth link to the host
@@ -86,21 +124,29 @@ impl Node {
     /// A node's data dir (with the busybox image in its images folder) and
     /// network namespace, its server not started yet.
     pub fn new(extra: &[&str]) -> Node {
+        let (netns, n) = make_netns();
+        Node::in_netns(Role::Server, netns, n, &format!("10.201.{n}.2"), &format!("10.201.{n}.1"), extra)
+    }
+
+    /// A node (server or agent) in a network namespace made by the caller,
+    /// where it has address `ip` and reaches the test's host through `host_ip`.
+    pub fn in_netns(role: Role, netns: String, n: u8, ip: &str, host_ip: &str, extra: &[&str]) -> Node {
         let dir = tempfile::tempdir().expect("tempdir");
         let images = dir.path().join("agent").join("images");
         std::fs::create_dir_all(&images).expect("images dir");
         busybox_oci_tar(&images.join("busybox.tar"), BUSYBOX);
-        let (netns, n) = make_netns();
         let port = 6443;
         Node {
             child: None,
+            role,
             name: format!("node-{n}"),
             netns,
-            ip: format!("10.201.{n}.2"),
-            host_ip: format!("10.201.{n}.1"),
+            ip: ip.to_string(),
+            host_ip: host_ip.to_string(),
             port,
             cgroup_root: format!("/ferrok-test-{n}"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
             dir,
             log_count: 0,
         }
@@ -111,11 +157,21 @@ impl Node {
         self.log_count += 1;
         let log = std::fs::File::create(self.dir.path().join(format!("server-{}.log", self.log_count))).expect("log");
         let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{}", self.netns))
-            .arg(super::ferrok_bin())
-            .args(["server", "--data-dir"])
-            .arg(self.dir.path())
-            .args(["--https-listen-port", &self.port.to_string(), "--node-name", &self.name])
+        cmd.arg(format!("--net=/run/netns/{}", self.netns)).arg(super::ferrok_bin());
+        match &self.role {
+            Role::Server => {
+                cmd.args(["server", "--data-dir"])
+                    .arg(self.dir.path())
+                    .args(["--https-listen-port", &self.port.to_string()]);
+            }
+            Role::Agent { server, token_file, .. } => {
+                cmd.args(["agent", "--data-dir"])
+                    .arg(self.dir.path())
+                    .args(["--server", server, "--token-file"])
+                    .arg(token_file);
+            }
+        }
+        cmd.args(["--node-name", &self.name])
             .args(["--kubelet-arg", &format!("cgroup-root={}", self.cgroup_root)])
             // The test machines keep most free blocks reserved (statvfs says about
             // 9 % available): upstream's default thresholds (nodefs.available<10%,
@@ -125,9 +181,10 @@ impl Node {
             .args(["--kubelet-arg", "image-gc-high-threshold=100"])
             .args(&self.extra)
             .env("RUST_LOG", "warn,ferrok=debug")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log);
-        self.child = Some(cmd.spawn().expect("start ferrok server"));
+        self.child = Some(cmd.spawn().expect("start ferrok"));
     }
 
     /// The server's pid (nsenter execs ferrok in place).
@@ -149,6 +206,9 @@ impl Node {
 
     /// The admin kubeconfig, pointed at the node's address in its namespace.
     pub fn write_host_kubeconfig(&self) -> bool {
+        if let Role::Agent { admin_kubeconfig, .. } = &self.role {
+            return std::fs::copy(admin_kubeconfig, self.kubeconfig()).is_ok();
+        }
         let Ok(text) = std::fs::read_to_string(self.dir.path().join("kubeconfig.yaml")) else { return false };
         let text =
             text.replace(&format!("https://127.0.0.1:{}", self.port), &format!("https://{}:{}", self.ip, self.port));
@@ -159,7 +219,7 @@ impl Node {
         let deadline = Instant::now() + limit;
         loop {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!("ferrok server exited early: {status}\n{}", self.log());
+                panic!("ferrok exited early: {status}\n{}", self.log());
             }
             if self.write_host_kubeconfig() {
                 let (ok, out) = self.kubectl(&[

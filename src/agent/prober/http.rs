@@ -303,7 +303,7 @@ fn tls_error_text(e: &std::io::Error) -> String {
 
 /// A TLS client that checks the handshake but not who signed the
 /// certificate, as upstream's probes (`InsecureSkipVerify`).
-fn insecure_tls() -> Result<Arc<rustls::ClientConfig>, String> {
+pub(crate) fn insecure_tls() -> Result<Arc<rustls::ClientConfig>, String> {
     static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
     CONFIG
         .get_or_init(|| {

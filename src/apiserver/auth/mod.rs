@@ -4,6 +4,7 @@
 //! `kubectl auth whoami`, `kubectl create token`).
 
 pub mod bootstrap;
+pub mod bootstrap_token;
 pub mod component_roles;
 pub mod controller_roles;
 pub mod decision;

@@ -1,0 +1,286 @@
+//! `ferrok agent` on other hosts: a server and two agents, each in a
+//! network namespace of its own with its own containerd and data dir, one
+//! agent on the server's segment and one behind a router (tests/common/cluster.rs).
+//! Joining with the token (and refusing a wrong one or a wrong CA hash,
+//! registering nothing), node passwords, what a kubelet credential may
+//! not touch, a DaemonSet on every node, pods reaching each other across
+//! nodes by pod IP, Service and DNS name, a NetworkPolicy across nodes,
+//! a stopped agent's node going NotReady and its pods replaced, and a
+//! restarted agent keeping its pods.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+use common::node::{Node, BUSYBOX};
+
+/// Runs `ferrok agent` with `args` in `node`'s namespace to its end (it
+/// must end within `secs`); success and its stderr.
+fn agent_run_to_end(node: &Node, args: &[&str], secs: u64) -> (bool, String) {
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", node.netns))
+        .arg(common::ferrok_bin())
+        .arg("agent")
+        .arg("--data-dir")
+        .arg(node.dir.path())
+        .args(["--node-name", &node.name])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ferrok agent");
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let mut err = String::new();
+            use std::io::Read;
+            let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+            return (status.success(), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("ferrok agent {args:?} did not end within {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn server_token(cluster: &Cluster) -> String {
+    std::fs::read_to_string(cluster.server.dir.path().join("server/token")).expect("token").trim().to_string()
+}
+
+fn nodes(node: &Node) -> Vec<String> {
+    node.get(&["nodes"], "{.items[*].metadata.name}").split_whitespace().map(str::to_string).collect()
+}
+
+fn ready(node: &Node, name: &str) -> String {
+    node.get(&["node", name], r#"{.status.conditions[?(@.type=="Ready")].status}"#)
+}
+
+#[test]
+fn agents_join_with_the_token_and_only_with_it() {
+    let mut cluster = Cluster::start(&[]);
+    let token = server_token(&cluster);
+    let (hash_and_rest, secret) = token.rsplit_once(':').expect("K10…::server:secret");
+    let url = format!("https://{}:{}", cluster.server.ip, cluster.server.port);
+    let mut a = cluster.lan_agent(&[]);
+
+    // A CA hash that is not the server's: refused before the token is sent.
+    let wrong_hash = format!("K10{}::server:{secret}", "0".repeat(64));
+    let (ok, err) = agent_run_to_end(&a, &["--server", &url, "--token", &wrong_hash], 30);
+    assert!(!ok && err.contains("is not the one the token names"), "{err}");
+    // The right CA, a wrong secret: refused by the server.
+    let wrong_secret = format!("{hash_and_rest}:not-the-secret");
+    let (ok, err) = agent_run_to_end(&a, &["--server", &url, "--token", &wrong_secret], 30);
+    assert!(!ok && err.contains("refused the token"), "{err}");
+    // No token at all: a one-line error naming the flag.
+    let (ok, err) = agent_run_to_end(&a, &["--server", &url], 10);
+    assert!(!ok && err.contains("--token"), "{err}");
+    assert_eq!(nodes(&cluster.server), vec![cluster.server.name.clone()], "nothing registered");
+    let secrets = cluster.server.get(&["secrets", "-n", "kube-system"], "{.items[*].metadata.name}");
+    assert!(!secrets.contains("node-password"), "{secrets}");
+
+    // The right token: the agent joins and its node turns Ready.
+    a.launch();
+    assert_eq!(ready(&cluster.server, &a.name), "True");
+    // Its credentials: keys made here, a client certificate for its node name.
+    let agent_dir = a.dir.path().join("agent");
+    for f in ["client-kubelet.key", "serving-kubelet.key", "node-password"] {
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(agent_dir.join(f)).expect("credential file").permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "{f}");
+    }
+    let subject = Command::new("openssl")
+        .args(["x509", "-noout", "-subject", "-in"])
+        .arg(agent_dir.join("client-kubelet.crt"))
+        .output()
+        .expect("openssl");
+    let subject = String::from_utf8_lossy(&subject.stdout).to_string();
+    assert!(
+        subject.contains(&format!("CN = system:node:{}", a.name)) && subject.contains("O = system:nodes"),
+        "{subject}"
+    );
+    let secrets = cluster.server.get(&["secrets", "-n", "kube-system"], "{.items[*].metadata.name}");
+    assert!(secrets.contains(&format!("{}.node-password.ferrok", a.name)), "{secrets}");
+    // The API server reaches the agent's kubelet (its serving certificate is the server CA's).
+    a.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: on-a}}\nspec:\n  nodeName: {}\n  containers:\n  - {{name: c, image: \"{BUSYBOX}\", command: [\"sh\", \"-c\", \"echo hello from a; exec sleep 3600\"]}}\n",
+        a.name
+    ));
+    a.eventually("the pod on the agent running", 90, || a.get(&["pod", "on-a"], "{.status.phase}") == "Running");
+    a.eventually("its logs through the API server", 30, || a.kubectl(&["logs", "on-a"]).1.contains("hello from a"));
+
+    // Another machine taking the same node name: refused by its node password.
+    let mut impostor = cluster.lan_agent(&[]);
+    impostor.name = a.name.clone();
+    let (ok, err) = agent_run_to_end(&impostor, &["--server", &url, "--token", &token], 30);
+    assert!(!ok && err.contains("node password rejected"), "{err}");
+    drop(impostor);
+
+    // Restarting the agent keeps its pod (same container, not restarted).
+    let before = a.get(&["pod", "on-a"], "{.status.containerStatuses[0].containerID}");
+    a.restart(false);
+    a.eventually("the node Ready again", 30, || ready(&cluster.server, &a.name) == "True");
+    assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].containerID}"), before);
+    assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].restartCount}"), "0");
+    cluster.agents.push(a);
+}
+
+/// httpd answering its pod's name, on 8080.
+const HTTPD: &str = "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www";
+
+fn manifests() -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: hello}}
+spec:
+  selector: {{matchLabels: {{app: hello}}}}
+  template:
+    metadata: {{labels: {{app: hello}}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - {{name: c, image: "{BUSYBOX}", command: ["sh", "-c", "{HTTPD}"], ports: [{{containerPort: 8080}}]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: hello}}
+spec: {{selector: {{app: hello}}, ports: [{{port: 80, targetPort: 8080}}]}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: mover}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: mover}}}}
+  template:
+    metadata: {{labels: {{app: mover}}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      tolerations:
+      - {{key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 2}}
+      - {{key: node.kubernetes.io/not-ready, operator: Exists, effect: NoExecute, tolerationSeconds: 2}}
+      containers:
+      - {{name: c, image: "{BUSYBOX}", command: ["sleep", "3600"]}}
+"#
+    )
+}
+
+/// `(pod, node, podIP)` of the pods labelled `app=<app>`.
+fn pods_of(node: &Node, app: &str) -> Vec<(String, String, String)> {
+    node.get(
+        &["pods", "-l", &format!("app={app}")],
+        "{range .items[*]}{.metadata.name} {.spec.nodeName} {.status.podIP} {.status.phase}{\"\\n\"}{end}",
+    )
+    .lines()
+    .filter_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() == 4 && f[3] == "Running").then(|| (f[0].to_string(), f[1].to_string(), f[2].to_string()))
+    })
+    .collect()
+}
+
+#[test]
+fn pods_on_every_node_reach_each_other() {
+    // Nodes that stop heartbeating are given up on quickly here.
+    let mut cluster = Cluster::start_with(&[], &[("FERROK_NODE_MONITOR_GRACE_PERIOD", "6s")]);
+    let mut a = cluster.lan_agent(&[]);
+    let mut b = cluster.routed_agent(&[]);
+    a.launch();
+    b.launch();
+    let server = &cluster.server;
+    server.apply(&manifests());
+    server.eventually("the DaemonSet's pod running on all three nodes", 120, || pods_of(server, "hello").len() == 3);
+    let hello = pods_of(server, "hello");
+    let by_name = |n: &str| -> &Node {
+        [server, &a, &b].into_iter().find(|x| x.name == n).unwrap_or_else(|| panic!("no node {n}"))
+    };
+    // Pod to pod by pod IP, every pair, across the segment and the router.
+    for (from, from_node, _) in &hello {
+        for (to, _, ip) in &hello {
+            let (ok, out) = by_name(from_node).try_exec(
+                "default",
+                from,
+                "c",
+                &format!("busybox timeout 5 wget -q -O- http://{ip}:8080/"),
+            );
+            assert!(ok && out.trim() == to, "{from} ({from_node}) → {to} at {ip}: {out}");
+        }
+    }
+    // Through the Service and by DNS name, from the pod behind the router.
+    let (on_b, _, _) = hello.iter().find(|(_, n, _)| *n == b.name).expect("a pod on b").clone();
+    let mut seen = std::collections::BTreeSet::new();
+    server.eventually("the service reaching every node's pod from b", 60, || {
+        let (ok, out) =
+            b.try_exec("default", &on_b, "c", "busybox timeout 5 wget -q -O- http://hello.default.svc.cluster.local/");
+        if ok {
+            seen.insert(out.trim().to_string());
+        }
+        seen.len() == 3
+    });
+
+    // A NetworkPolicy across nodes: only pods labelled friend reach hello's pods.
+    server.apply(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: friends-only}\nspec:\n  podSelector: {matchLabels: {app: hello}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {role: friend}}}]\n",
+    );
+    let (on_a, _, ip_on_a) = hello.iter().find(|(_, n, _)| *n == a.name).expect("a pod on a").clone();
+    let url = format!("http://{ip_on_a}:8080/");
+    server.eventually("the policy refusing b's pod", 30, || {
+        !b.try_exec("default", &on_b, "c", &format!("busybox timeout 3 wget -q -O- {url}")).0
+    });
+    server.ok(&["label", "pod", &on_b, "role=friend"]);
+    server.eventually("the policy admitting b's pod once a friend", 30, || {
+        b.try_exec("default", &on_b, "c", &format!("busybox timeout 3 wget -q -O- {url}")).1.trim() == on_a
+    });
+    server.ok(&["delete", "networkpolicy", "friends-only"]);
+
+    // An agent that stops: its node goes NotReady and its pods (after
+    // their tolerations) are replaced elsewhere.
+    server.eventually("the mover pod running", 60, || !pods_of(server, "mover").is_empty());
+    let (_, mover_node, _) = pods_of(server, "mover")[0].clone();
+    let stopped = if mover_node == a.name {
+        &mut a
+    } else if mover_node == b.name {
+        &mut b
+    } else {
+        // On the server: cordon it and move the pod to an agent first.
+        server.ok(&["cordon", &server.name]);
+        server.ok(&["delete", "pod", "-l", "app=mover", "--wait=false"]);
+        server.eventually("the mover pod on an agent", 60, || {
+            pods_of(server, "mover").iter().any(|(_, n, _)| *n != server.name)
+        });
+        let (_, n, _) = pods_of(server, "mover").into_iter().find(|(_, n, _)| *n != server.name).expect("mover");
+        server.ok(&["uncordon", &server.name]);
+        if n == a.name {
+            &mut a
+        } else {
+            &mut b
+        }
+    };
+    let gone = stopped.name.clone();
+    let ds_pod_before = stopped.get(
+        &["pods", "-l", "app=hello", "--field-selector", &format!("spec.nodeName={gone}")],
+        "{.items[0].status.containerStatuses[0].containerID}",
+    );
+    stopped.stop(false);
+    server.eventually("the stopped agent's node not Ready", 60, || ready(server, &gone) != "True");
+    server.eventually("the mover pod replaced on another node", 90, || {
+        pods_of(server, "mover").iter().any(|(_, n, _)| *n != gone)
+    });
+    // Back: Ready again, its DaemonSet pod the same container.
+    stopped.spawn();
+    server.eventually("the agent's node Ready again", 60, || ready(server, &gone) == "True");
+    let ds_pod_after = server.get(
+        &["pods", "-l", "app=hello", "--field-selector", &format!("spec.nodeName={gone}")],
+        "{.items[0].status.containerStatuses[0].containerID}",
+    );
+    assert_eq!(ds_pod_before, ds_pod_after, "the restarted agent keeps its pods");
+    cluster.agents.push(a);
+    cluster.agents.push(b);
+}
