@@ -121,6 +121,29 @@ fn agents_join_with_the_token_and_only_with_it() {
     assert!(!ok && err.contains("node password rejected"), "{err}");
     drop(impostor);
 
+    // A bootstrap token (a Secret in kube-system) joins a node too, while valid.
+    cluster.server.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: bootstrap-token-abcdef, namespace: kube-system}\n\
+         type: bootstrap.kubernetes.io/token\nstringData: {token-id: abcdef, token-secret: 0123456789abcdef, \
+         usage-bootstrap-authentication: \"true\", usage-bootstrap-signing: \"true\"}\n",
+    );
+    let bootstrap = format!("{}::abcdef.0123456789abcdef", hash_and_rest.split("::").next().expect("K10hash"));
+    let mut c = cluster.lan_agent(&[]);
+    if let common::node::Role::Agent { token_file, .. } = &mut c.role {
+        let file = c.dir.path().join("bootstrap-token");
+        std::fs::write(&file, &bootstrap).expect("token file");
+        *token_file = file;
+    }
+    c.launch();
+    assert_eq!(ready(&cluster.server, &c.name), "True");
+    drop(c);
+    // Expired, it joins nothing.
+    cluster.server.ok(&["-n", "kube-system", "patch", "secret", "bootstrap-token-abcdef", "-p", r#"{"stringData":{"expiration":"2020-01-01T00:00:00Z"}}"#]);
+    let late = cluster.lan_agent(&[]);
+    let (ok, err) = agent_run_to_end(&late, &["--server", &url, "--token", &bootstrap], 30);
+    assert!(!ok && err.contains("refused the token"), "{err}");
+    drop(late);
+
     // Restarting the agent keeps its pod (same container, not restarted).
     let before = a.get(&["pod", "on-a"], "{.status.containerStatuses[0].containerID}");
     a.restart(false);

@@ -6,6 +6,7 @@
 
 pub mod auth;
 pub mod lookup;
+mod serving_cert;
 pub mod streams;
 
 use std::net::SocketAddr;
@@ -21,7 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -229,17 +230,12 @@ fn tls_config(tls: &KubeletTls) -> Result<Arc<rustls::ServerConfig>, ServerError
         .allow_unauthenticated()
         .build()
         .map_err(|e| ServerError::Tls(e.to_string()))?;
-    let chain = CertificateDer::pem_file_iter(&tls.cert)
-        .map_err(|e| pem(&tls.cert, &e))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| pem(&tls.cert, &e))?;
-    let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| pem(&tls.key, &e))?;
+    let resolver = serving_cert::ServingCert::load(tls.cert.clone(), tls.key.clone(), provider.clone())?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ServerError::Tls(e.to_string()))?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(chain, key)
-        .map_err(|e| ServerError::Tls(e.to_string()))?;
+        .with_cert_resolver(Arc::new(resolver));
     // HTTP/1.1 first: the streams (SPDY, WebSocket) are HTTP/1.1 upgrades.
     config.alpn_protocols = vec![b"http/1.1".to_vec(), b"h2".to_vec()];
     Ok(Arc::new(config))
