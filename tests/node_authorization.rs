@@ -120,13 +120,22 @@ spec:
     );
     assert_eq!(node.get(&["node", "other"], "{.metadata.labels.site}"), "far");
 
-    // Pod status: its own pods only.
-    let status = r#"{"status":{"message":"hijacked"}}"#;
+    // Pod status: its own pods only (a PUT of the status, as a kubelet
+    // sends it; kubelet rights hold no get of pods/status for kubectl patch).
+    let status_of = |pod: &str, message: &str| {
+        let mut obj: serde_json::Value =
+            serde_json::from_str(&node.ok(&["get", "pod", "-n", "app", pod, "-o", "json"])).expect("pod json");
+        obj["status"]["message"] = serde_json::json!(message);
+        let file = write(&node, &format!("{pod}-status.json"), &obj.to_string());
+        (format!("/api/v1/namespaces/app/pods/{pod}/status"), file)
+    };
+    let (uri, file) = status_of("there", "hijacked");
     me.forbidden(
-        &["patch", "pod", "-n", "app", "there", "--subresource=status", "--type=merge", "-p", status],
+        &["replace", "--raw", &uri, "-f", &file],
         "can only update pod status for pods with spec.nodeName set to itself",
     );
-    me.ok(&["patch", "pod", "-n", "app", "here", "--subresource=status", "--type=merge", "-p", r#"{"status":{"message":"ok"}}"#]);
+    let (uri, file) = status_of("here", "ok");
+    me.ok(&["replace", "--raw", &uri, "-f", &file]);
 
     // Pods: mirror pods only, and only bound to itself.
     let plain = write(
