@@ -145,7 +145,14 @@ async fn ensure_runtime_classes(client: &kube::Client, handlers: &[String]) {
 /// Starts the node role: containerd, the Node and its Lease, the pod
 /// network, and the pod workers fed from the API. Returns once the node is
 /// registered; the rest runs in the background until `stop`.
-pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, AgentError> {
+///
+/// `labeler`, when given, sets the Node labels a kubelet may not set on
+/// itself (see `node_status::register`).
+pub async fn start(
+    config: AgentConfig,
+    client: kube::Client,
+    labeler: Option<kube::Client>,
+) -> Result<Agent, AgentError> {
     let config = Arc::new(config);
     let external = config.runtime_endpoint.is_some();
     // The folders a user drops files into exist from the start.
@@ -189,7 +196,7 @@ pub async fn start(config: AgentConfig, client: kube::Client) -> Result<Agent, A
     };
     let first_status = node_status::current_status(&inputs).await;
     let node = loop {
-        match node_status::register(&client, &config, first_status.clone()).await {
+        match node_status::register(&client, labeler.as_ref(), &config, first_status.clone()).await {
             Ok(n) => break n,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot register the node yet; retrying");

@@ -263,30 +263,59 @@ pub async fn current_status(inputs: &StatusInputs) -> NodeStatus {
 }
 
 /// Creates the Node, or takes over an existing one of the same name (a
-/// restart), reconciling its labels; returns the stored Node.
+/// restart), reconciling its labels; returns the stored Node. The labels a
+/// kubelet may not set itself (NodeRestriction: `node-role.kubernetes.io/…`,
+/// `node-restriction.kubernetes.io/…`, other `kubernetes.io` labels) are
+/// set through `labeler` when there is one (the server labelling its own
+/// node, as k3s' supervisor does), and otherwise left out with a warning.
 pub async fn register(
     client: &kube::Client,
+    labeler: Option<&kube::Client>,
     config: &AgentConfig,
     status: NodeStatus,
 ) -> Result<Node, NodeStatusError> {
     let api: Api<Node> = Api::all(client.clone());
-    let wanted = node_to_register(config, status);
-    match api.create(&PostParams::default(), &wanted).await {
+    let mut wanted = node_to_register(config, status);
+    let (own, restricted): (BTreeMap<String, String>, BTreeMap<String, String>) = wanted
+        .metadata
+        .labels
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .partition(|(k, _)| crate::apiserver::admission::node_restriction::kubelet_may_set_label(k));
+    wanted.metadata.labels = Some(own.clone());
+    let mut node = match api.create(&PostParams::default(), &wanted).await {
         Ok(node) => {
             tracing::info!(node = %config.node_name, "node registered");
-            Ok(node)
+            node
         }
         Err(kube::Error::Api(e)) if e.code == 409 => {
             // Upstream reconciles only its own labels on an existing Node;
             // user-set labels and taints stay as they are.
-            let labels = wanted.metadata.labels.unwrap_or_default();
-            let patch = json!({"metadata": {"labels": labels}});
+            let patch = json!({"metadata": {"labels": own}});
             let node = api.patch(&config.node_name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
             tracing::info!(node = %config.node_name, "node already registered; updated it");
-            Ok(node)
+            node
         }
-        Err(e) => Err(e.into()),
+        Err(e) => return Err(e.into()),
+    };
+    let missing = restricted.iter().any(|(k, v)| node.metadata.labels.as_ref().and_then(|l| l.get(k)) != Some(v));
+    if missing {
+        match labeler {
+            Some(labeler) => {
+                let patch = json!({"metadata": {"labels": restricted}});
+                node = Api::<Node>::all(labeler.clone())
+                    .patch(&config.node_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+            }
+            None => tracing::warn!(
+                node = %config.node_name,
+                labels = ?restricted.keys().collect::<Vec<_>>(),
+                "a node may not set these labels on itself (NodeRestriction); set them with kubectl label"
+            ),
+        }
     }
+    Ok(node)
 }
 
 /// The status without times, for change detection.

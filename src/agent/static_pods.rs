@@ -145,7 +145,8 @@ fn mirror_of(pod: &Pod, node_uid: &str) -> Pod {
             kind: "Node".into(),
             name: pod_util::spec(pod).node_name.clone().unwrap_or_default(),
             uid: node_uid.to_string(),
-            controller: Some(false),
+            // NodeRestriction admits only a controller reference to the Node.
+            controller: Some(true),
             ..Default::default()
         }]);
     }

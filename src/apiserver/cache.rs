@@ -17,6 +17,10 @@ use super::storage::{Change, Storage};
 pub struct PrefixCache {
     prefix: String,
     objects: RwLock<HashMap<String, Value>>,
+    /// What is kept of each object (the whole object when None).
+    project: Option<fn(&Value) -> Value>,
+    /// Bumped at every change applied, for readers that wait for one.
+    changes: tokio::sync::watch::Sender<u64>,
     /// The first load has finished (upstream's informer HasSynced).
     synced: std::sync::atomic::AtomicBool,
 }
@@ -35,8 +39,49 @@ impl PrefixCache {
         Arc::new(PrefixCache {
             prefix: prefix.to_string(),
             objects: RwLock::default(),
+            project: None,
+            changes: tokio::sync::watch::Sender::new(0),
             synced: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// A cache that keeps only what `project` makes of each object (which
+    /// must keep `kind`, `metadata.name` and `metadata.namespace`), for
+    /// sets too large to hold whole.
+    pub fn projected(prefix: &str, project: fn(&Value) -> Value) -> Arc<Self> {
+        Arc::new(PrefixCache {
+            prefix: prefix.to_string(),
+            objects: RwLock::default(),
+            project: Some(project),
+            changes: tokio::sync::watch::Sender::new(0),
+            synced: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn keep(&self, obj: &Value) -> Value {
+        match self.project {
+            Some(p) => p(obj),
+            None => obj.clone(),
+        }
+    }
+
+    /// A receiver told of every change applied from now on.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Whether any cached object satisfies `pred` (nothing is copied).
+    pub fn any(&self, pred: impl FnMut(&Value) -> bool) -> bool {
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).values().any(pred)
+    }
+
+    /// How many objects are cached.
+    pub fn len(&self) -> usize {
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Every cached object, in no particular order.
@@ -59,23 +104,31 @@ impl PrefixCache {
         self.objects.read().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
     }
 
+    #[cfg(test)]
+    pub(crate) fn apply_for_test(&self, change: &Change) {
+        self.apply(change)
+    }
+
     fn apply(&self, change: &Change) {
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         match change {
             Change::Added(s) | Change::Modified { new: s, .. } => {
-                objects.insert(id_of(&s.object), s.object.clone());
+                objects.insert(id_of(&s.object), self.keep(&s.object));
             }
             Change::Deleted(s) => {
                 objects.remove(&id_of(&s.object));
             }
-            Change::Progress(_) => {}
+            Change::Progress(_) => return,
         }
+        drop(objects);
+        self.changes.send_modify(|n| *n += 1);
     }
 
     async fn load(&self, storage: &Storage) -> Result<i64, ApiError> {
         let (items, rev) = storage.list_all(&self.prefix).await?;
-        let all: HashMap<String, Value> = items.into_iter().map(|s| (id_of(&s.object), s.object)).collect();
+        let all: HashMap<String, Value> = items.into_iter().map(|s| (id_of(&s.object), self.keep(&s.object))).collect();
         *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
+        self.changes.send_modify(|n| *n += 1);
         self.synced.store(true, std::sync::atomic::Ordering::Release);
         Ok(rev)
     }
@@ -128,6 +181,10 @@ pub struct Caches {
     pub limit_ranges: Arc<PrefixCache>,
     pub priority_classes: Arc<PrefixCache>,
     pub storage_classes: Arc<PrefixCache>,
+    /// Pods as the Node authorizer sees them: bound node and references.
+    pub node_pods: Arc<PrefixCache>,
+    /// PersistentVolumeClaims as the Node authorizer sees them: bound volume.
+    pub node_claims: Arc<PrefixCache>,
 }
 
 impl Default for Caches {
@@ -145,12 +202,17 @@ impl Default for Caches {
             limit_ranges: PrefixCache::new("/registry/limitranges/"),
             priority_classes: PrefixCache::new("/registry/scheduling.k8s.io/priorityclasses/"),
             storage_classes: PrefixCache::new("/registry/storage.k8s.io/storageclasses/"),
+            node_pods: PrefixCache::projected("/registry/pods/", super::auth::node_graph::pod_edges),
+            node_claims: PrefixCache::projected(
+                "/registry/persistentvolumeclaims/",
+                super::auth::node_graph::claim_edges,
+            ),
         }
     }
 }
 
 impl Caches {
-    fn all(&self) -> [&Arc<PrefixCache>; 8] {
+    fn all(&self) -> [&Arc<PrefixCache>; 10] {
         [
             &self.rbac,
             &self.namespaces,
@@ -160,6 +222,8 @@ impl Caches {
             &self.limit_ranges,
             &self.priority_classes,
             &self.storage_classes,
+            &self.node_pods,
+            &self.node_claims,
         ]
     }
 

@@ -129,15 +129,49 @@ impl Api {
 
     /// Whether `user` may do what `attrs` describe, and why: system:masters
     /// may do anything (upstream's privileged-group authorizer, which gives
-    /// no reason); everyone else as RBAC allows.
+    /// no reason); a kubelet what the Node authorizer allows; everyone (a
+    /// kubelet too, when the Node authorizer has no opinion) as RBAC allows,
+    /// as upstream's `--authorization-mode=Node,RBAC`. A refusal carries the
+    /// Node authorizer's reason, if it gave one.
     pub fn decide(&self, user: &User, attrs: &auth::rbac::Attributes) -> auth::Decision {
         if user.in_group("system:masters") {
             return auth::Decision { allowed: true, reason: String::new() };
         }
+        let mut refusal = String::new();
+        if let Some(node) = auth::node_authorizer::node_identity(user) {
+            let graph = auth::node_graph::NodeGraph { pods: &self.caches.node_pods, claims: &self.caches.node_claims };
+            match auth::node_authorizer::authorize(node, attrs, &graph) {
+                auth::node_authorizer::NodeDecision::Allow => {
+                    return auth::Decision { allowed: true, reason: String::new() }
+                }
+                auth::node_authorizer::NodeDecision::NoOpinion(reason) => refusal = reason,
+            }
+        }
         match self.rbac.allowed_by(user, attrs) {
             Some(by) => auth::Decision { allowed: true, reason: format!("RBAC: allowed by {by}") },
-            None => auth::Decision { allowed: false, reason: String::new() },
+            None => auth::Decision { allowed: false, reason: refusal },
         }
+    }
+
+    /// `decide`; but a kubelet refused an object its pods' graph does not
+    /// (yet) lead to is asked again as the graph's caches change, for up to
+    /// half a second: the kubelet may have seen its new pod on its own watch
+    /// before the authorizer's cache did (upstream's kubelets retry instead).
+    async fn decide_for_node_graph(&self, user: &User, attrs: &auth::rbac::Attributes) -> auth::Decision {
+        let Some(_) = auth::node_authorizer::node_identity(user) else { return self.decide(user, attrs) };
+        let (mut pods, mut claims) = (self.caches.node_pods.subscribe(), self.caches.node_claims.subscribe());
+        let mut decision = self.decide(user, attrs);
+        let deadline = tokio::time::sleep(std::time::Duration::from_millis(500));
+        tokio::pin!(deadline);
+        while !decision.allowed && decision.reason.starts_with("no relationship found") {
+            tokio::select! {
+                _ = &mut deadline => break,
+                r = pods.changed() => if r.is_err() { break },
+                r = claims.changed() => if r.is_err() { break },
+            }
+            decision = self.decide(user, attrs);
+        }
+        decision
     }
 
     /// `decide`, recorded for the audit log when `record` is given.
@@ -198,20 +232,30 @@ impl Api {
 
     /// Authorization: members of system:masters may do anything; RBAC for
     /// everyone else.
-    pub fn authorize(&self, call: &call::Call, verb: &str) -> Result<(), ApiError> {
+    pub async fn authorize(&self, call: &call::Call, verb: &str) -> Result<(), ApiError> {
         let r = &call.resource;
+        let mut name = call.path.name.clone().unwrap_or_default();
+        if name.is_empty() && matches!(verb, "list" | "watch") {
+            // A list or watch of one object names it, as upstream's request info does.
+            name = call.param("fieldSelector").and_then(request::selected_name).unwrap_or_default();
+        }
         let attrs = auth::rbac::Attributes {
             verb: verb.to_string(),
             group: r.group.clone(),
             resource: r.plural.clone(),
             subresource: call.path.subresource.clone().unwrap_or_default(),
             namespace: call.namespace().unwrap_or_default().to_string(),
-            name: call.path.name.clone().unwrap_or_default(),
+            name,
             path: None,
         };
-        if self.allowed_recorded(&call.user, &attrs, call.decision.as_ref()) {
+        let decision = self.decide_for_node_graph(&call.user, &attrs).await;
+        if let Some(record) = call.decision.as_ref() {
+            record.set(&decision);
+        }
+        if decision.allowed {
             return Ok(());
         }
+        let because = if decision.reason.is_empty() { String::new() } else { format!(": {}", decision.reason) };
         let scope = match call.namespace() {
             Some(ns) => format!(" in the namespace \"{ns}\""),
             None => " at the cluster scope".into(),
@@ -224,7 +268,7 @@ impl Api {
         let qualified =
             if r.group.is_empty() { name } else { name.replacen(&resource, &format!("{resource}.{}", r.group), 1) };
         let mut e = ApiError::forbidden(format!(
-            "{qualified} is forbidden: User \"{}\" cannot {verb} resource \"{resource}\" in API group \"{}\"{scope}",
+            "{qualified} is forbidden: User \"{}\" cannot {verb} resource \"{resource}\" in API group \"{}\"{scope}{because}",
             call.user.name, r.group
         ));
         e.kind = r.plural.clone();

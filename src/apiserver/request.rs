@@ -55,6 +55,15 @@ pub enum Target {
     Other,
 }
 
+/// The object a field selector names with `metadata.name=…` (or `==`),
+/// alone or beside other requirements, as upstream's request info reads it.
+pub fn selected_name(selector: &str) -> Option<String> {
+    selector.split(',').find_map(|req| {
+        let (field, value) = req.split_once("==").or_else(|| req.split_once('='))?;
+        (field.trim() == "metadata.name").then(|| value.trim().to_string())
+    })
+}
+
 /// The verb of a resource request, as upstream's RequestInfo names it;
 /// `None` for a method the resource path does not take.
 pub fn verb(method: &axum::http::Method, named: bool, watching: bool) -> Option<&'static str> {
@@ -150,6 +159,14 @@ mod tests {
             Target::Resource(r) => r,
             other => panic!("{path}: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_field_selector_may_name_one_object() {
+        assert_eq!(selected_name("metadata.name=a").as_deref(), Some("a"));
+        assert_eq!(selected_name("spec.x=1,metadata.name==b").as_deref(), Some("b"));
+        assert_eq!(selected_name("metadata.name!=a"), None);
+        assert_eq!(selected_name("metadata.namespace=a"), None);
     }
 
     #[test]

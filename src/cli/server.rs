@@ -348,7 +348,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .context("the kubelet's serving certificate")?;
         let config = crate::agent::AgentConfig { kubelet_tls: Some(tls), ..config };
         let client = crate::client::in_process(api.clone(), crate::client::node(&node_name));
-        Some(crate::agent::start(config, client).await.context("the node role")?)
+        let labeler = crate::client::in_process(api.clone(), crate::client::supervisor());
+        Some(crate::agent::start(config, client, Some(labeler)).await.context("the node role")?)
     };
 
     shutdown.wait().await;

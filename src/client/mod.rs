@@ -54,15 +54,27 @@ pub fn scheduler() -> User {
 }
 
 /// The identity the server's own node role uses in process: the node's
-/// kubelet user (`system:node:<name>` in `system:nodes`). It is still in
-/// system:masters, so RBAC does not constrain it: nothing yet restricts a
-/// node to its own objects (upstream's Node authorizer and NodeRestriction
-/// admission), and without them the `system:node` role alone would be
-/// both too wide and too narrow.
+/// kubelet user (`system:node:<name>` in `system:nodes`), exactly what an
+/// agent's client certificate names. The Node authorizer and the
+/// NodeRestriction admission plugin confine it to its own Node, Lease and
+/// pods and to the objects those pods reference; the `system:ferrok:node`
+/// ClusterRole adds the cluster-wide reads of its service proxy, DNS and
+/// network policy parts.
 pub fn node(name: &str) -> User {
     User {
         name: format!("system:node:{name}"),
-        groups: vec!["system:nodes".into(), "system:masters".into(), "system:authenticated".into()],
+        groups: vec!["system:nodes".into(), "system:authenticated".into()],
+    }
+}
+
+/// The identity of the server itself where it does what no component's
+/// role allows, as k3s' supervisor does with its admin credentials: the
+/// labels of its own Node that a kubelet may not set
+/// (`node-role.kubernetes.io/control-plane`, restricted `--node-label`s).
+pub fn supervisor() -> User {
+    User {
+        name: "system:ferrok:supervisor".into(),
+        groups: vec!["system:masters".into(), "system:authenticated".into()],
     }
 }
 

@@ -1,5 +1,5 @@
 //! Admission: after an object is decoded and defaulted, the mutating
-//! plugins run (the built-ins ServiceAccount, Priority, DefaultStorageClass
+//! plugins run (NodeRestriction for kubelets, the built-ins ServiceAccount, Priority, DefaultStorageClass
 //! and LimitRanger, then MutatingAdmissionWebhook), the object is
 //! validated, and the validating plugins run (ValidatingAdmissionWebhook,
 //! then ResourceQuota last, as upstream, so that a create is charged to
@@ -7,6 +7,7 @@
 //! unless all agree.
 
 mod builtin;
+pub mod node_restriction;
 pub mod resource_quota;
 pub mod webhook;
 
@@ -33,14 +34,21 @@ impl Operation {
     }
 }
 
-/// The mutating plugins, in upstream's order.
+/// The mutating plugins, in upstream's order. NodeRestriction looks at the
+/// kubelet's write first, as it sent it (before the ServiceAccount plugin
+/// names a service account a mirror pod must not have).
 pub async fn mutate(call: &Call, obj: &mut Value, old: Option<&Value>, op: Operation) -> ApiResult<()> {
+    node_restriction::admit(call, obj, old, op).await?;
     builtin::mutate(call, obj, op).await?;
     webhook::call_all(call, obj, old, op, true).await
 }
 
-/// The validating plugins.
+/// The validating plugins (and, for a delete, which no mutating plugin
+/// sees, NodeRestriction).
 pub async fn validate(call: &Call, obj: &Value, old: Option<&Value>, op: Operation) -> ApiResult<()> {
+    if op == Operation::Delete {
+        node_restriction::admit(call, obj, old, op).await?;
+    }
     let mut copy = obj.clone();
     webhook::call_all(call, &mut copy, old, op, false).await?;
     resource_quota::admit(call, obj, old, op).await

@@ -256,6 +256,10 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         ),
     ];
     let roles = roles.into_iter().chain([
+        // Upstream's role of every kubelet, left unbound as upstream leaves
+        // it: the Node authorizer grants these rules, narrowed per node.
+        cluster_role("system:node", super::node_authorizer::node_rules().to_vec(), true),
+        cluster_role("system:ferrok:node", super::component_roles::ferrok_node(), true),
         cluster_role("system:kube-scheduler", super::component_roles::kube_scheduler(), true),
         cluster_role("system:volume-scheduler", super::component_roles::volume_scheduler(), true),
         cluster_role("system:kube-controller-manager", super::component_roles::kube_controller_manager(), true),
@@ -274,6 +278,7 @@ pub async fn run(storage: &Storage) -> ApiResult<()> {
         binding("system:basic-user", "system:basic-user", &["system:authenticated"]),
         binding("system:monitoring", "system:monitoring", &["system:monitoring"]),
         binding("system:node-bootstrapper", "system:node-bootstrapper", &["system:bootstrappers"]),
+        binding("system:ferrok:node", "system:ferrok:node", &[super::node_authorizer::NODES_GROUP]),
         user_binding("system:kube-scheduler", "system:kube-scheduler", "system:kube-scheduler"),
         // k3s' name for the same binding.
         user_binding("kube-apiserver-kubelet-admin", "system:kubelet-api-admin", crate::pki::KUBE_APISERVER_USER),

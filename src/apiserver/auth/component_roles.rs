@@ -1,7 +1,8 @@
 //! The roles of the control-plane components that act as users of their
 //! own: `system:kube-scheduler` and `system:volume-scheduler` (bound to the
 //! user `system:kube-scheduler`) and `system:kube-controller-manager`
-//! (bound to the user of that name), as upstream's bootstrap policy grants.
+//! (bound to the user of that name), as upstream's bootstrap policy grants;
+//! and `system:ferrok:node`, bound to the group `system:nodes`.
 
 use serde_json::{json, Value};
 
@@ -59,5 +60,25 @@ pub fn kube_controller_manager() -> Vec<Value> {
         rule(&["authorization.k8s.io"], &["subjectaccessreviews"], &["create"]),
         rule(&["*"], &["*"], &["list", "watch"]),
         rule(&[""], &["serviceaccounts/token"], &["create"]),
+    ]
+}
+
+/// What ferrok's node role needs beyond a kubelet's rights, for the parts
+/// k3s runs under identities of their own: the service proxy (kube-proxy's
+/// `system:node-proxier`: services, endpoint slices, nodes), cluster DNS
+/// (services, endpoint slices) and network-policy enforcement (k3s'
+/// kube-router: pods, namespaces, network policies, in every namespace);
+/// and the RuntimeClasses of its runtime handlers, which it creates (only
+/// plain ones named after their handler: NodeRestriction). Services,
+/// nodes and pods every kubelet may read already (the Node authorizer's
+/// rules). The reads are cluster-wide: these parts program every Service
+/// and every pod's policy, not only the node's own pods. Nothing here
+/// reaches secrets, config maps or another node's writes.
+pub fn ferrok_node() -> Vec<Value> {
+    vec![
+        rule(&[""], &["namespaces"], READ),
+        rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+        rule(&["networking.k8s.io"], &["networkpolicies"], READ),
+        rule(&["node.k8s.io"], &["runtimeclasses"], &["create"]),
     ]
 }

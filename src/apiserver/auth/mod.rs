@@ -8,6 +8,8 @@ pub mod bootstrap_token;
 pub mod component_roles;
 pub mod controller_roles;
 pub mod decision;
+pub mod node_authorizer;
+pub mod node_graph;
 pub mod rbac;
 pub mod token;
 pub mod user;

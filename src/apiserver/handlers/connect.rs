@@ -113,7 +113,7 @@ pub async fn pod_stream(call: &mut Call, method: &Method) -> ApiResult<Response>
     // Opening a stream with GET (WebSocket) also takes `create`, as upstream
     // since 1.30 (AuthorizePodWebsocketUpgradeCreatePermission).
     if method == Method::GET {
-        call.api.authorize(call, "create")?;
+        call.api.authorize(call, "create").await?;
     }
     let pod = call.load_object().await?.object;
     let ns = call.namespace().unwrap_or_default();

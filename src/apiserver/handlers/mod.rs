@@ -77,7 +77,7 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
     if !super::discovery::serves_verb(&r, sub.as_deref(), verb) {
         return Err(ApiError::method_not_allowed("the server does not allow this method on the requested resource"));
     }
-    call.api.authorize(&call, verb)?;
+    call.api.authorize(&call, verb).await?;
     options::check(&call, verb)?;
     if r.computed {
         return computed::serve(&mut call, verb).await;

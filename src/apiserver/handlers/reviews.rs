@@ -123,6 +123,7 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
 pub async fn token_request(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let req = decode_body(&call.headers, &body)?;
     let sa = call.load_object().await?;
+    crate::apiserver::admission::node_restriction::admit_token_request(call, &req).await?;
     let ns = call.namespace().unwrap_or_default().to_string();
     let name = call.path.name.clone().unwrap_or_default();
     let signer =

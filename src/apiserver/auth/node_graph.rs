@@ -1,0 +1,253 @@
+//! What the Node authorizer knows of the cluster, as upstream's node graph
+//! holds it: for every pod, the node it is bound to and the objects it
+//! references (secrets, config maps, persistent volume claims, its service
+//! account, resource claims); for every claim, the volume bound to it.
+//!
+//! Each is kept in a watch-fed cache of the API server (`Caches::node_pods`,
+//! `Caches::node_claims`) as a small projection of the object, never the
+//! whole object: a pod costs its name, namespace, uid, node name and one
+//! short string per reference (typically 200–400 bytes), where the pod
+//! itself is several kilobytes.
+
+use serde_json::{json, Value};
+
+use crate::apiserver::cache::PrefixCache;
+
+/// The kinds of object a pod references, by their resource names.
+pub const SECRETS: &str = "secrets";
+pub const CONFIG_MAPS: &str = "configmaps";
+pub const CLAIMS: &str = "persistentvolumeclaims";
+pub const SERVICE_ACCOUNTS: &str = "serviceaccounts";
+pub const RESOURCE_CLAIMS: &str = "resourceclaims";
+
+fn str_at<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
+    v.pointer(path).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+fn items<'a>(v: &'a Value, path: &str) -> impl Iterator<Item = &'a Value> {
+    v.pointer(path).and_then(Value::as_array).into_iter().flatten()
+}
+
+/// Every `(resource, name)` a pod references in its own namespace, as
+/// upstream's graph populator and `VisitPodSecretNames` /
+/// `VisitPodConfigmapNames` find them.
+pub fn pod_references(pod: &Value) -> Vec<(&'static str, String)> {
+    let mut refs: Vec<(&'static str, String)> = Vec::new();
+    let mut add = |kind: &'static str, name: Option<&str>| {
+        if let Some(n) = name.filter(|n| !n.is_empty()) {
+            if !refs.iter().any(|(k, m)| *k == kind && m == n) {
+                refs.push((kind, n.to_string()));
+            }
+        }
+    };
+    let sa = str_at(pod, "/spec/serviceAccountName").or_else(|| str_at(pod, "/spec/serviceAccount"));
+    add(SERVICE_ACCOUNTS, sa);
+    for s in items(pod, "/spec/imagePullSecrets") {
+        add(SECRETS, str_at(s, "/name"));
+    }
+    for list in ["/spec/initContainers", "/spec/containers", "/spec/ephemeralContainers"] {
+        for c in items(pod, list) {
+            for from in items(c, "/envFrom") {
+                add(SECRETS, str_at(from, "/secretRef/name"));
+                add(CONFIG_MAPS, str_at(from, "/configMapRef/name"));
+            }
+            for env in items(c, "/env") {
+                add(SECRETS, str_at(env, "/valueFrom/secretKeyRef/name"));
+                add(CONFIG_MAPS, str_at(env, "/valueFrom/configMapKeyRef/name"));
+            }
+        }
+    }
+    let pod_name = str_at(pod, "/metadata/name").unwrap_or_default();
+    for vol in items(pod, "/spec/volumes") {
+        add(SECRETS, str_at(vol, "/secret/secretName"));
+        add(CONFIG_MAPS, str_at(vol, "/configMap/name"));
+        add(CLAIMS, str_at(vol, "/persistentVolumeClaim/claimName"));
+        if vol.get("ephemeral").is_some() {
+            // The claim the ephemeral volume controller makes: <pod>-<volume>.
+            let volume = str_at(vol, "/name").unwrap_or_default();
+            add(CLAIMS, Some(&format!("{pod_name}-{volume}")));
+        }
+        for src in items(vol, "/projected/sources") {
+            add(SECRETS, str_at(src, "/secret/name"));
+            add(CONFIG_MAPS, str_at(src, "/configMap/name"));
+        }
+        // The volume plugins that name a secret of the pod's namespace.
+        if let Some(source) = vol.as_object() {
+            for (kind, spec) in source {
+                if kind == "name" {
+                    continue;
+                }
+                add(SECRETS, str_at(spec, "/secretRef/name"));
+                add(SECRETS, str_at(spec, "/nodePublishSecretRef/name"));
+                if kind == "azureFile" {
+                    add(SECRETS, str_at(spec, "/secretName"));
+                }
+            }
+        }
+    }
+    for claim in items(pod, "/spec/resourceClaims") {
+        add(RESOURCE_CLAIMS, str_at(claim, "/resourceClaimName"));
+    }
+    for status in items(pod, "/status/resourceClaimStatuses") {
+        add(RESOURCE_CLAIMS, str_at(status, "/resourceClaimName"));
+    }
+    refs
+}
+
+/// What the pod cache keeps of a pod.
+pub fn pod_edges(pod: &Value) -> Value {
+    let refs: Vec<String> = pod_references(pod).into_iter().map(|(k, n)| format!("{k}/{n}")).collect();
+    json!({
+        "kind": "Pod",
+        "metadata": {
+            "name": pod.pointer("/metadata/name"),
+            "namespace": pod.pointer("/metadata/namespace"),
+            "uid": pod.pointer("/metadata/uid"),
+        },
+        "nodeName": str_at(pod, "/spec/nodeName").unwrap_or_default(),
+        "refs": refs,
+    })
+}
+
+/// What the claim cache keeps of a PersistentVolumeClaim.
+pub fn claim_edges(claim: &Value) -> Value {
+    json!({
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": claim.pointer("/metadata/name"),
+            "namespace": claim.pointer("/metadata/namespace"),
+        },
+        "volumeName": str_at(claim, "/spec/volumeName").unwrap_or_default(),
+    })
+}
+
+fn on_node(pod: &Value, node: &str) -> bool {
+    pod["nodeName"].as_str() == Some(node)
+}
+
+fn in_namespace(obj: &Value, namespace: &str) -> bool {
+    obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace)
+}
+
+/// The graph the Node authorizer asks.
+pub struct NodeGraph<'a> {
+    pub pods: &'a PrefixCache,
+    pub claims: &'a PrefixCache,
+}
+
+impl NodeGraph<'_> {
+    /// Whether a pod bound to `node` references `resource/name` in `namespace`.
+    pub fn referenced_by_node(&self, node: &str, resource: &str, namespace: &str, name: &str) -> bool {
+        let wanted = format!("{resource}/{name}");
+        self.pods.any(|p| {
+            on_node(p, node)
+                && in_namespace(p, namespace)
+                && p["refs"].as_array().is_some_and(|r| r.iter().any(|x| x.as_str() == Some(wanted.as_str())))
+        })
+    }
+
+    /// Whether the pod `namespace/name` is bound to `node`.
+    pub fn pod_on_node(&self, node: &str, namespace: &str, name: &str) -> bool {
+        self.pods.get(&format!("Pod/{namespace}/{name}")).is_some_and(|p| on_node(&p, node))
+    }
+
+    /// Whether the PersistentVolume `name` is bound to a claim a pod of
+    /// `node` uses.
+    pub fn volume_used_by_node(&self, node: &str, name: &str) -> bool {
+        let bound: Vec<(String, String)> = {
+            let mut out = Vec::new();
+            self.claims.any(|c| {
+                if c["volumeName"].as_str() == Some(name) {
+                    let ns = c.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+                    let n = c.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+                    out.push((ns.to_string(), n.to_string()));
+                }
+                false
+            });
+            out
+        };
+        bound.iter().any(|(ns, claim)| self.referenced_by_node(node, CLAIMS, ns, claim))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reference_of_a_pod_is_found() {
+        let pod = json!({
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {
+                "serviceAccountName": "robot",
+                "imagePullSecrets": [{"name": "pull"}],
+                "initContainers": [{"env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "init-cm", "key": "k"}}}]}],
+                "containers": [{
+                    "envFrom": [{"secretRef": {"name": "env-secret"}}, {"configMapRef": {"name": "env-cm"}}],
+                    "env": [{"name": "B", "valueFrom": {"secretKeyRef": {"name": "key-secret", "key": "k"}}}],
+                }],
+                "volumes": [
+                    {"name": "s", "secret": {"secretName": "vol-secret"}},
+                    {"name": "c", "configMap": {"name": "vol-cm"}},
+                    {"name": "p", "persistentVolumeClaim": {"claimName": "data"}},
+                    {"name": "e", "ephemeral": {"volumeClaimTemplate": {}}},
+                    {"name": "x", "projected": {"sources": [{"secret": {"name": "proj-secret"}}, {"configMap": {"name": "kube-root-ca.crt"}}, {"serviceAccountToken": {"path": "t"}}]}},
+                    {"name": "csi", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "csi-secret"}}},
+                    {"name": "ceph", "cephfs": {"monitors": [], "secretRef": {"name": "ceph-secret"}}},
+                ],
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu-claim"}],
+            },
+        });
+        let refs = pod_references(&pod);
+        for (k, n) in [
+            (SERVICE_ACCOUNTS, "robot"),
+            (SECRETS, "pull"),
+            (CONFIG_MAPS, "init-cm"),
+            (SECRETS, "env-secret"),
+            (CONFIG_MAPS, "env-cm"),
+            (SECRETS, "key-secret"),
+            (SECRETS, "vol-secret"),
+            (CONFIG_MAPS, "vol-cm"),
+            (CLAIMS, "data"),
+            (CLAIMS, "web-e"),
+            (SECRETS, "proj-secret"),
+            (CONFIG_MAPS, "kube-root-ca.crt"),
+            (SECRETS, "csi-secret"),
+            (SECRETS, "ceph-secret"),
+            (RESOURCE_CLAIMS, "gpu-claim"),
+        ] {
+            assert!(refs.contains(&(k, n.to_string())), "{k}/{n} missing from {refs:?}");
+        }
+        assert_eq!(refs.len(), 15, "{refs:?}");
+    }
+
+    fn change(obj: &Value) -> crate::apiserver::storage::Change {
+        crate::apiserver::storage::Change::Added(crate::apiserver::storage::Stored { object: obj.clone(), rev: 1 })
+    }
+
+    #[test]
+    fn the_graph_answers_per_node() {
+        let pods = PrefixCache::projected("/registry/pods/", pod_edges);
+        let claims = PrefixCache::projected("/registry/persistentvolumeclaims/", claim_edges);
+        let pod = |name: &str, node: &str, secret: &str, claim: &str| {
+            json!({"kind": "Pod", "metadata": {"name": name, "namespace": "ns"}, "spec": {"nodeName": node,
+                "volumes": [{"name": "s", "secret": {"secretName": secret}}, {"name": "d", "persistentVolumeClaim": {"claimName": claim}}]}})
+        };
+        pods.apply_for_test(&change(&pod("a", "n1", "s1", "c1")));
+        pods.apply_for_test(&change(&pod("b", "n2", "s2", "c2")));
+        let pending = json!({"kind": "Pod", "metadata": {"name": "c", "namespace": "ns"}, "spec": {"volumes": [{"name": "s", "secret": {"secretName": "s3"}}]}});
+        pods.apply_for_test(&change(&pending));
+        claims.apply_for_test(&change(&json!({"kind": "PersistentVolumeClaim", "metadata": {"name": "c1", "namespace": "ns"}, "spec": {"volumeName": "pv1"}})));
+        claims.apply_for_test(&change(&json!({"kind": "PersistentVolumeClaim", "metadata": {"name": "c2", "namespace": "ns"}, "spec": {"volumeName": "pv2"}})));
+        let g = NodeGraph { pods: &pods, claims: &claims };
+        assert!(g.referenced_by_node("n1", SECRETS, "ns", "s1"));
+        assert!(!g.referenced_by_node("n1", SECRETS, "ns", "s2"), "another node's pod's secret");
+        assert!(!g.referenced_by_node("n1", SECRETS, "other", "s1"), "same name, other namespace");
+        assert!(!g.referenced_by_node("n1", SECRETS, "ns", "s3"), "an unbound pod grants nothing");
+        assert!(!g.referenced_by_node("n1", CONFIG_MAPS, "ns", "s1"), "the kind must match");
+        assert!(g.pod_on_node("n1", "ns", "a"));
+        assert!(!g.pod_on_node("n1", "ns", "b"));
+        assert!(g.volume_used_by_node("n1", "pv1"));
+        assert!(!g.volume_used_by_node("n1", "pv2"));
+    }
+}
