@@ -36,6 +36,11 @@ pub struct AgentConfig {
     /// `--service-cidr`: routed onto the pod bridge so that traffic to a
     /// service address never leaves through the default route.
     pub service_cidr: crate::network::cni::Ipv4Net,
+    /// `--flannel-backend`: how pods reach other nodes' pods.
+    pub flannel_backend: crate::network::overlay::FlannelBackend,
+    /// `--flannel-iface`: the interface that carries the overlay (default:
+    /// the one holding the node's first IPv4 InternalIP).
+    pub flannel_iface: Option<String>,
     /// Where container logs go (`/var/log/pods` for a root install).
     pub pod_logs_dir: PathBuf,
     pub kubelet: KubeletConfig,

@@ -219,6 +219,9 @@ pub async fn start(
     // first load, so that it is loaded whole in one transaction.
     let nft = crate::network::nftables::TableWriter::start();
     let (pod_cidr_tx, pod_cidr) = watch::channel(None);
+    let underlay =
+        crate::network::overlay::underlay(config.flannel_backend, config.flannel_iface.as_deref(), &config.node_ips)
+            .await;
     tasks.push(tokio::spawn(pod_network::run(
         client.clone(),
         cri.clone(),
@@ -229,9 +232,21 @@ pub async fn start(
             cluster_cidr: config.cluster_cidr,
             service_cidr: config.service_cidr,
             nft: nft.part("node"),
+            mtu: crate::network::overlay::pod_mtu(config.flannel_backend, underlay.as_ref()),
         },
         status_trigger.clone(),
         pod_cidr_tx,
+    )));
+    // Routes to the other nodes' pods, once this node has its podCIDR.
+    tasks.push(tokio::spawn(crate::network::overlay::run(
+        client.clone(),
+        crate::network::overlay::OverlayConfig {
+            node_name: config.node_name.clone(),
+            backend: config.flannel_backend,
+            cluster_cidr: config.cluster_cidr,
+            underlay,
+        },
+        pod_cidr.clone(),
     )));
     tasks.push(tokio::spawn(crate::network::network_policy::run(
         client.clone(),

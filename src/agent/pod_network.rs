@@ -27,6 +27,8 @@ pub struct PodNetwork {
     pub service_cidr: Ipv4Net,
     /// The node's part of ferrok's nftables table.
     pub nft: nftables::Part,
+    /// The pods' MTU (the VXLAN device's with that backend).
+    pub mtu: Option<u32>,
 }
 
 /// Watches the Node until it has a podCIDR and sets the network up for
@@ -81,7 +83,7 @@ pub async fn run(
             tracing::error!(error = %e, "cannot set up the pods' bridge");
             continue;
         }
-        if let Err(e) = cni::ensure(&net.conf_dir, cidr, &net.ipam_dir) {
+        if let Err(e) = cni::ensure(&net.conf_dir, cidr, &net.ipam_dir, net.mtu) {
             tracing::error!(error = %e, "cannot write the CNI config");
             continue;
         }

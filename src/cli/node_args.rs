@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::Taint;
 use crate::agent::{AgentConfig, KubeletConfig};
 use crate::apiserver::allocator::Cidr;
 use crate::network::cni::Ipv4Net;
+use crate::network::overlay::FlannelBackend;
 
 #[derive(Debug, Clone, Args, Default)]
 pub struct NodeArgs {
@@ -44,6 +45,14 @@ pub struct NodeArgs {
     /// Use this CRI socket (`unix:///run/containerd/containerd.sock`) instead of starting containerd.
     #[arg(long, value_name = "ENDPOINT")]
     pub container_runtime_endpoint: Option<String>,
+    /// How pods reach other nodes' pods: vxlan, host-gw (every node on one
+    /// directly connected subnet) or none (bring your own).
+    #[arg(long, value_name = "BACKEND", default_value = "vxlan")]
+    pub flannel_backend: FlannelBackend,
+    /// The interface that carries the pod network between nodes (default:
+    /// the one holding the node's internal address).
+    #[arg(long, value_name = "IFACE")]
+    pub flannel_iface: Option<String>,
 }
 
 fn parse_label(s: &str) -> anyhow::Result<(String, String)> {
@@ -118,6 +127,8 @@ impl NodeArgs {
             cluster_domain: cluster_domain.to_string(),
             cluster_cidr,
             service_cidr,
+            flannel_backend: self.flannel_backend,
+            flannel_iface: self.flannel_iface.clone(),
             pod_logs_dir,
             kubelet,
             kubelet_tls: None,

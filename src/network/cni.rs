@@ -21,7 +21,7 @@ pub enum CniError {
 }
 
 /// An IPv4 network like `10.42.0.0/24`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ipv4Net {
     pub addr: Ipv4Addr,
     pub prefix: u8,
@@ -85,7 +85,8 @@ pub fn render(pod_cidr: Ipv4Net, ipam_dir: &Path, mtu: Option<u32>) -> String {
 }
 
 /// Writes the conflist when it differs from what is there; true when written.
-pub fn ensure(conf_dir: &Path, pod_cidr: Ipv4Net, ipam_dir: &Path) -> Result<bool, CniError> {
+/// `mtu`: the pods' interfaces' (the overlay's), the plugin's default when absent.
+pub fn ensure(conf_dir: &Path, pod_cidr: Ipv4Net, ipam_dir: &Path, mtu: Option<u32>) -> Result<bool, CniError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| CniError::Io { path, source }
@@ -93,7 +94,7 @@ pub fn ensure(conf_dir: &Path, pod_cidr: Ipv4Net, ipam_dir: &Path) -> Result<boo
     std::fs::create_dir_all(conf_dir).map_err(io(conf_dir))?;
     std::fs::create_dir_all(ipam_dir).map_err(io(ipam_dir))?;
     let path = conf_dir.join(CONF_FILE);
-    let text = render(pod_cidr, ipam_dir, None);
+    let text = render(pod_cidr, ipam_dir, mtu);
     if std::fs::read_to_string(&path).is_ok_and(|old| old == text) {
         return Ok(false);
     }
