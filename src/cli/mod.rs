@@ -1,5 +1,6 @@
 //! The command line: parsing, logging, the runtime, and the data-dir layout.
 
+mod cluster_bootstrap;
 mod config;
 mod datastore;
 mod duration;
