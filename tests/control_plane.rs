@@ -38,7 +38,7 @@ async fn leader_election_hands_over_between_servers() {
     let a = common::ApiServer::start_with(
         dir(),
         common::free_port(),
-        &["--datastore-endpoint", &endpoint, "--node-name", "server-a"],
+        &["--datastore-endpoint", &endpoint, "--node-name", "server-a", "--token", "shared-test-token"],
     );
     eventually_within("server-a to lead", Duration::from_secs(10), || {
         holder(&a, "kube-scheduler") == "server-a" && holder(&a, "kube-controller-manager") == "server-a"
@@ -46,7 +46,7 @@ async fn leader_election_hands_over_between_servers() {
     let b = common::ApiServer::start_with(
         dir(),
         common::free_port(),
-        &["--datastore-endpoint", &endpoint, "--node-name", "server-b"],
+        &["--datastore-endpoint", &endpoint, "--node-name", "server-b", "--token", "shared-test-token"],
     );
     // b sees a's objects and does not take the leases while a renews them.
     apply(&b, &node("worker"));

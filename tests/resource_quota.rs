@@ -112,7 +112,7 @@ async fn two_servers_sharing_etcd_never_overshoot_a_quota() {
             common::ApiServer::start_with(
                 dir,
                 common::free_port(),
-                &["--datastore-endpoint", &endpoint, "--node-name", name],
+                &["--datastore-endpoint", &endpoint, "--node-name", name, "--token", "shared-test-token"],
             )
         })
     };

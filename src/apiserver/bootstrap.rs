@@ -1,7 +1,7 @@
 //! What a new cluster has before anyone asks: the namespaces default,
 //! kube-system, kube-public and kube-node-lease, and the `kubernetes`
-//! Service with its Endpoints and EndpointSlice pointing at this server,
-//! the `kube-dns` Service of the cluster DNS (its EndpointSlice is the
+//! Service (its Endpoints and EndpointSlice, every live server, are the
+//! lease endpoint reconciler's: `endpoint_reconciler.rs`), the `kube-dns` Service of the cluster DNS (its EndpointSlice is the
 //! cluster-dns controller's), and the local APIService of each built-in
 //! group/version.
 //! Run at every start; what exists is kept, what is missing is made.
@@ -77,31 +77,6 @@ pub async fn run(api: &Api) -> ApiResult<()> {
     cidr["spec"] = json!({"cidrs": [cfg.service_cidr.to_string()]});
     cidr["status"] = json!({"conditions": [{"type": "Ready", "status": "True", "reason": "", "message": "Kubernetes Service CIDR is ready", "lastTransitionTime": meta::now_rfc3339()}]});
     ensure(api, "/registry/networking.k8s.io/servicecidrs/kubernetes", cidr).await?;
-
-    let ip = cfg.advertise_ip.to_string();
-    let mut ep = object(
-        "v1",
-        "Endpoints",
-        Some("default"),
-        "kubernetes",
-        json!({"endpointslice.kubernetes.io/skip-mirror": "true"}),
-    );
-    ep["subsets"] =
-        json!([{"addresses": [{"ip": ip}], "ports": [{"name": "https", "port": cfg.https_port, "protocol": "TCP"}]}]);
-    reconcile(api, "/registry/endpoints/default/kubernetes", ep, &["subsets"]).await?;
-
-    let mut slice = object(
-        "discovery.k8s.io/v1",
-        "EndpointSlice",
-        Some("default"),
-        "kubernetes",
-        json!({"kubernetes.io/service-name": "kubernetes", "endpointslice.kubernetes.io/managed-by": "ferrok.io/apiserver"}),
-    );
-    slice["addressType"] = json!("IPv4");
-    slice["endpoints"] = json!([{"addresses": [ip], "conditions": {"ready": true}}]);
-    slice["ports"] = json!([{"name": "https", "port": cfg.https_port, "protocol": "TCP"}]);
-    reconcile(api, "/registry/discovery.k8s.io/endpointslices/default/kubernetes", slice, &["endpoints", "ports"])
-        .await?;
 
     if let Some(ip) = cfg.cluster_dns {
         kube_dns_service(api, ip).await?;

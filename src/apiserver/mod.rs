@@ -16,6 +16,7 @@ pub mod compactor;
 pub mod component_status;
 pub mod crd;
 pub mod discovery;
+pub mod endpoint_reconciler;
 pub mod field_order;
 pub mod handlers;
 pub mod health;

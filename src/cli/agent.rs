@@ -181,7 +181,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         tasks.push(tokio::spawn(bootstrap::renew(opts.clone(), creds, move |tls| transport.set_tls(tls))));
     }
     let agent = tokio::select! {
-        agent = crate::agent::start(config, client) => agent.context("the node role")?,
+        agent = crate::agent::start(config, client, None) => agent.context("the node role")?,
         _ = shutdown.wait() => {
             for t in tasks {
                 t.abort();

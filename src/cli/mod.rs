@@ -1,6 +1,7 @@
 //! The command line: parsing, logging, the runtime, and the data-dir layout.
 
 mod agent;
+mod cluster_bootstrap;
 mod config;
 mod datastore;
 mod duration;

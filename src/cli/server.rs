@@ -208,13 +208,23 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let mut sans = args.tls_san.clone();
     sans.push(hostname());
     sans.push(advertise_ip.to_string());
+    let tls_dir = data_dir.join("server").join("tls");
+    let token_file = data_dir.join("server").join("token");
+    // Servers sharing an external datastore share one PKI (the embedded
+    // store has one server only).
+    let token = match &args.datastore_endpoint {
+        Some(_) => {
+            Some(super::cluster_bootstrap::shared_pki(store.as_ref(), &tls_dir, &token_file, args.token.clone()).await?)
+        }
+        None => args.token.clone(),
+    };
     let pki = Pki::ensure(&PkiOptions {
-        dir: data_dir.join("server").join("tls"),
-        token_file: data_dir.join("server").join("token"),
+        dir: tls_dir,
+        token_file,
         sans,
         cluster_domain: args.cluster_domain.clone(),
         service_ip: Some(IpAddr::V4(args.service_cidr.nth(1))),
-        token: args.token.clone(),
+        token,
     })
     .context("cannot prepare the certificates")?;
 
@@ -262,6 +272,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     tasks.push(tokio::spawn(apiserver::serve::serve(listener, tls, apiserver::router(api.clone()), stop_rx.clone())));
     use apiserver::health::hooks;
     apiserver::bootstrap::run(&api).await.map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
+    // The kubernetes Service's endpoints: this server and every other live one.
+    let endpoints = apiserver::endpoint_reconciler::LeaseEndpointReconciler::start(api.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("the kubernetes endpoints: {e}"))?;
+    tasks.push(tokio::spawn(endpoints.run(stop_rx.clone())));
     api.health.hook_finished(hooks::BOOTSTRAP_CONTROLLER);
     apiserver::auth::bootstrap::run(&api.storage).await.map_err(|e| anyhow::anyhow!("default RBAC roles: {e}"))?;
     api.health.hook_finished(hooks::RBAC_BOOTSTRAP_ROLES);

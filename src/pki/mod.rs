@@ -5,6 +5,7 @@
 //! within 90 days of expiry, or a serving certificate missing a wanted name,
 //! is issued anew at start.
 
+pub mod bootstrap_data;
 mod certs;
 pub mod join_token;
 mod kubeconfig;
@@ -158,7 +159,7 @@ impl Pki {
             (Some(t), _) if t.starts_with("K10") => t.clone(),
             (Some(t), _) => full(t),
             (None, Some(existing)) => existing.trim().to_string(),
-            (None, None) => full(&format!("{:032x}", random_u128())),
+            (None, None) => new_token(&server_ca.cert_pem),
         };
         if read(&opts.token_file)?.as_deref().map(str::trim) != Some(token.as_str()) {
             write(&opts.token_file, &format!("{token}\n"), 0o600)?;
@@ -192,6 +193,11 @@ pub fn fill_random(buf: &mut [u8]) {
             chunk.copy_from_slice(&seed[..chunk.len()]);
         }
     }
+}
+
+/// A new join token, `K10<server CA hash>::server:<random secret>`.
+pub(crate) fn new_token(server_ca_pem: &str) -> String {
+    format!("K10{}::server:{:032x}", certs::ca_hash(server_ca_pem.as_bytes()), random_u128())
 }
 
 fn random_u128() -> u128 {

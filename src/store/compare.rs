@@ -17,6 +17,15 @@ impl Compare {
         Compare::equal(key, CompareTarget::Version, TargetUnion::Version(version))
     }
 
+    /// No key exists in `[key, range_end)`: compared over a range, etcd
+    /// checks every key in it, and a range without keys compares as a key
+    /// never created.
+    pub fn none_in_range(key: &[u8], range_end: &[u8]) -> Compare {
+        let mut c = Compare::equal(key, CompareTarget::Create, TargetUnion::CreateRevision(0));
+        c.range_end = range_end.to_vec();
+        c
+    }
+
     fn equal(key: &[u8], target: CompareTarget, value: TargetUnion) -> Compare {
         Compare {
             result: CompareResult::Equal as i32,

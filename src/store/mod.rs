@@ -12,6 +12,7 @@ pub mod error;
 pub mod etcd;
 pub mod grpc;
 pub mod keys;
+pub mod kv;
 pub mod proto;
 pub mod sqlite;
 

@@ -106,6 +106,30 @@ pub async fn start_etcd_in(dir: tempfile::TempDir, client: u16, peer: u16) -> Pr
     p
 }
 
+/// A real etcd serving clients on `host` (an address of this machine, such
+/// as the host side of a test network namespace, so servers inside
+/// namespaces reach it), on a free port, its peer port on loopback.
+pub async fn start_etcd_on(host: &str) -> Proc {
+    let etcd = require("etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (client, peer) = (free_port(), free_port());
+    let child = Command::new(etcd)
+        .args(["--name", "default", "--data-dir"])
+        .arg(dir.path().join("etcd"))
+        .args(["--listen-client-urls", &format!("http://{host}:{client}")])
+        .args(["--advertise-client-urls", &format!("http://{host}:{client}")])
+        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+        .args(["--initial-cluster", &format!("default=http://127.0.0.1:{peer}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start etcd");
+    let mut p = Proc { child, endpoint: format!("{host}:{client}"), dir, name: "etcd" };
+    wait_ready(&mut p).await;
+    p
+}
+
 /// The binary under test: this build's, or `FERROK_BIN` when set (the
 /// benchmarks run a release copy that a rebuild cannot replace mid-run).
 pub fn ferrok_bin() -> &'static str {

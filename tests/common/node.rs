@@ -520,3 +520,53 @@ fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }
+
+impl Node {
+    /// A control-plane-only server (`--disable-agent`, no images) in a
+    /// network namespace of its own, not started yet; `extra` as for `new`.
+    pub fn new_server(extra: &[&str]) -> Node {
+        let (netns, n) = make_netns();
+        let mut all = vec!["--disable-agent"];
+        all.extend_from_slice(extra);
+        let mut node =
+            Node::in_netns(Role::Server, netns, n, &format!("10.201.{n}.2"), &format!("10.201.{n}.1"), &all);
+        node.name = format!("server-{n}");
+        node
+    }
+
+    /// Waits until the API server answers `/readyz` (a server without its
+    /// node role has no Node to become Ready).
+    pub fn wait_api_ready(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("ferrok server exited early: {status}\n{}", self.log());
+            }
+            if self.write_host_kubeconfig() {
+                let (ok, out) = self.kubectl(&["get", "--raw", "/readyz"]);
+                if ok && out.trim() == "ok" {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "the API server did not become ready\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits for a server expected to fail at start to exit; its exit status.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("the server was not started");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("ferrok server did not exit\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
