@@ -87,16 +87,16 @@ fn network(backend: &str, routed: bool, mib: u32, pings: u32) {
     let flag = format!("--flannel-backend={backend}");
     let mut cluster = Cluster::start(&[&flag]);
     let mut a = cluster.lan_agent(&[]);
-    let ready = time_to_ready(&cluster.server, &mut a);
+    let ready = time_to_ready(cluster.server(), &mut a);
     println!("agent start to Ready ({backend}, first join): {} ms", ready.as_millis());
     a.wait_ready(Duration::from_secs(30));
     let mut b = routed.then(|| cluster.routed_agent(&[]));
     if let Some(b) = b.as_mut() {
-        let ready = time_to_ready(&cluster.server, b);
+        let ready = time_to_ready(cluster.server(), b);
         println!("agent start to Ready ({backend}, behind the router, first join): {} ms", ready.as_millis());
         b.wait_ready(Duration::from_secs(30));
     }
-    let server = &cluster.server;
+    let server = cluster.server();
     serving_pod(server, &server.name, "client", mib);
     serving_pod(server, &server.name, "same-node", mib);
     serving_pod(server, &a.name, "on-segment", mib);

@@ -49,7 +49,7 @@ fn agent_run_to_end(node: &Node, args: &[&str], secs: u64) -> (bool, String) {
 }
 
 fn server_token(cluster: &Cluster) -> String {
-    std::fs::read_to_string(cluster.server.dir.path().join("server/token")).expect("token").trim().to_string()
+    std::fs::read_to_string(cluster.server().dir.path().join("server/token")).expect("token").trim().to_string()
 }
 
 fn nodes(node: &Node) -> Vec<String> {
@@ -65,7 +65,7 @@ fn agents_join_with_the_token_and_only_with_it() {
     let mut cluster = Cluster::start(&[]);
     let token = server_token(&cluster);
     let (hash_and_rest, secret) = token.rsplit_once(':').expect("K10…::server:secret");
-    let url = format!("https://{}:{}", cluster.server.ip, cluster.server.port);
+    let url = format!("https://{}:{}", cluster.server().ip, cluster.server().port);
     let mut a = cluster.lan_agent(&[]);
 
     // A CA hash that is not the server's: refused before the token is sent.
@@ -79,13 +79,13 @@ fn agents_join_with_the_token_and_only_with_it() {
     // No token at all: a one-line error naming the flag.
     let (ok, err) = agent_run_to_end(&a, &["--server", &url], 10);
     assert!(!ok && err.contains("--token"), "{err}");
-    assert_eq!(nodes(&cluster.server), vec![cluster.server.name.clone()], "nothing registered");
-    let secrets = cluster.server.get(&["secrets", "-n", "kube-system"], "{.items[*].metadata.name}");
+    assert_eq!(nodes(cluster.server()), vec![cluster.server().name.clone()], "nothing registered");
+    let secrets = cluster.server().get(&["secrets", "-n", "kube-system"], "{.items[*].metadata.name}");
     assert!(!secrets.contains("node-password"), "{secrets}");
 
     // The right token: the agent joins and its node turns Ready.
     a.launch();
-    assert_eq!(ready(&cluster.server, &a.name), "True");
+    assert_eq!(ready(cluster.server(), &a.name), "True");
     // Its credentials: keys made here, a client certificate for its node name.
     let agent_dir = a.dir.path().join("agent");
     for f in ["client-kubelet.key", "serving-kubelet.key", "node-password"] {
@@ -104,7 +104,7 @@ fn agents_join_with_the_token_and_only_with_it() {
         subject.contains(&format!("CN = system:node:{}", a.name)) && subject.contains("O = system:nodes"),
         "{subject}"
     );
-    let secrets = cluster.server.get(&["secrets", "-n", "kube-system"], "{.items[*].metadata.name}");
+    let secrets = cluster.server().get(&["secrets", "-n", "kube-system"], "{.items[*].metadata.name}");
     assert!(secrets.contains(&format!("{}.node-password.ferrok", a.name)), "{secrets}");
     // The API server reaches the agent's kubelet (its serving certificate is the server CA's).
     a.apply(&format!(
@@ -122,7 +122,7 @@ fn agents_join_with_the_token_and_only_with_it() {
     drop(impostor);
 
     // A bootstrap token (a Secret in kube-system) joins a node too, while valid.
-    cluster.server.apply(
+    cluster.server().apply(
         "apiVersion: v1\nkind: Secret\nmetadata: {name: bootstrap-token-abcdef, namespace: kube-system}\n\
          type: bootstrap.kubernetes.io/token\nstringData: {token-id: abcdef, token-secret: 0123456789abcdef, \
          usage-bootstrap-authentication: \"true\", usage-bootstrap-signing: \"true\"}\n",
@@ -135,19 +135,25 @@ fn agents_join_with_the_token_and_only_with_it() {
         *token_file = file;
     }
     c.launch();
-    assert_eq!(ready(&cluster.server, &c.name), "True");
+    assert_eq!(ready(cluster.server(), &c.name), "True");
     drop(c);
     // Expired, it joins nothing.
-    cluster.server.ok(&["-n", "kube-system", "patch", "secret", "bootstrap-token-abcdef", "-p", r#"{"stringData":{"expiration":"2020-01-01T00:00:00Z"}}"#]);
+    cluster.server().ok(&["-n", "kube-system", "patch", "secret", "bootstrap-token-abcdef", "-p", r#"{"stringData":{"expiration":"2020-01-01T00:00:00Z"}}"#]);
     let late = cluster.lan_agent(&[]);
     let (ok, err) = agent_run_to_end(&late, &["--server", &url, "--token", &bootstrap], 30);
     assert!(!ok && err.contains("refused the token"), "{err}");
     drop(late);
 
-    // Restarting the agent keeps its pod (same container, not restarted).
+    // Restarting the agent keeps its pod (same container, not restarted);
+    // this time with the bare password, no CA hash (the CA it knows is kept).
     let before = a.get(&["pod", "on-a"], "{.status.containerStatuses[0].containerID}");
+    if let common::node::Role::Agent { token_file, .. } = &mut a.role {
+        let file = a.dir.path().join("bare-password");
+        std::fs::write(&file, secret).expect("token file");
+        *token_file = file;
+    }
     a.restart(false);
-    a.eventually("the node Ready again", 30, || ready(&cluster.server, &a.name) == "True");
+    a.eventually("the node Ready again", 30, || ready(cluster.server(), &a.name) == "True");
     assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].containerID}"), before);
     assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].restartCount}"), "0");
     cluster.agents.push(a);
@@ -217,7 +223,7 @@ fn pods_on_every_node_reach_each_other() {
     let mut b = cluster.routed_agent(&[]);
     a.launch();
     b.launch();
-    let server = &cluster.server;
+    let server = cluster.server();
     server.apply(&manifests());
     server.eventually("the DaemonSet's pod running on all three nodes", 120, || pods_of(server, "hello").len() == 3);
     let hello = pods_of(server, "hello");
@@ -306,4 +312,43 @@ fn pods_on_every_node_reach_each_other() {
     assert_eq!(ds_pod_before, ds_pod_after, "the restarted agent keeps its pods");
     cluster.agents.push(a);
     cluster.agents.push(b);
+}
+
+/// Two servers on one external etcd (real etcd) and an agent joined
+/// through the first: the agent learns both from the `kubernetes`
+/// EndpointSlice, and when the first server stops it carries on through
+/// the second (its node stays Ready, a new pod runs on it).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_fails_over_between_servers() {
+    let mut cluster = Cluster::router();
+    let etcd = common::start_etcd_on(&cluster.host_ip()).await;
+    let endpoint = etcd.url();
+    let flags = ["--datastore-endpoint", endpoint.as_str(), "--token", "agents-failover-test"];
+    // A node whose heartbeats stop is NotReady after 6 s here: failover must be quicker.
+    let grace = [("FERROK_NODE_MONITOR_GRACE_PERIOD", "6s")];
+    cluster.add_server(&flags, &grace);
+    cluster.add_server(&flags, &grace);
+    let second_ip = cluster.servers[1].ip.clone();
+    let mut a = cluster.lan_agent(&[]);
+    a.launch();
+    let servers_file = a.dir.path().join("agent/etc/servers");
+    a.eventually("the agent knowing both servers", 30, || {
+        std::fs::read_to_string(&servers_file).unwrap_or_default().contains(&second_ip)
+    });
+    // The first server goes; kubectl goes to the second from now on.
+    cluster.servers[0].stop(false);
+    let second = &cluster.servers[1];
+    let until = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < until {
+        assert_eq!(ready(second, &a.name), "True", "the agent's node while the first server is down");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    second.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: after-failover}}\nspec:\n  nodeName: {}\n  terminationGracePeriodSeconds: 1\n  containers:\n  - {{name: c, image: \"{BUSYBOX}\", command: [\"sleep\", \"3600\"]}}\n",
+        a.name
+    ));
+    second.eventually("a pod on the agent running through the second server", 60, || {
+        second.get(&["pod", "after-failover"], "{.status.phase}") == "Running"
+    });
+    cluster.agents.push(a);
 }

@@ -19,7 +19,8 @@ pub struct Cluster {
     pub router: String,
     r: u8,
     next_lan: u8,
-    pub server: Node,
+    /// The servers, the first one the agents join through.
+    pub servers: Vec<Node>,
     pub agents: Vec<Node>,
 }
 
@@ -44,6 +45,13 @@ impl Cluster {
 
     /// `start`, with extra environment for the server.
     pub fn start_with(server_extra: &[&str], server_env: &[(&str, &str)]) -> Cluster {
+        let mut cluster = Cluster::router();
+        cluster.add_server(server_extra, server_env);
+        cluster
+    }
+
+    /// The router and its networks, no node yet.
+    pub fn router() -> Cluster {
         let (router, r) = alloc_netns();
         // The test host's link to the router.
         let host_if = format!("fkh{r}");
@@ -58,13 +66,32 @@ impl Cluster {
         netns_exec(&router, &["ip", "addr", "add", &format!("10.210.{r}.1/24"), "dev", "lan"]);
         netns_exec(&router, &["ip", "link", "set", "lan", "up"]);
         netns_exec(&router, &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        netns_exec(&router, &["ip", "route", "add", "default", "via", &format!("10.201.{r}.1")]);
         for net in [format!("10.210.{r}.0/24"), format!("10.211.{r}.0/24")] {
             ip(&["route", "replace", &net, "via", &format!("10.201.{r}.2")]);
         }
-        let mut server = lan_node(&router, r, 2, Role::Server, server_extra);
-        server.env = server_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Cluster { router, r, next_lan: 2, servers: Vec::new(), agents: Vec::new() }
+    }
+
+    /// The test host's address as the nodes reach it (through the router).
+    pub fn host_ip(&self) -> String {
+        format!("10.201.{}.1", self.r)
+    }
+
+    /// The first server.
+    pub fn server(&self) -> &Node {
+        &self.servers[0]
+    }
+
+    /// Another server on the segment, started and Ready.
+    pub fn add_server(&mut self, extra: &[&str], env: &[(&str, &str)]) -> &mut Node {
+        let host = self.next_lan;
+        self.next_lan += 1;
+        let mut server = lan_node(&self.router, self.r, host, Role::Server, extra);
+        server.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         server.launch();
-        Cluster { router, r, next_lan: 3, server, agents: Vec::new() }
+        self.servers.push(server);
+        self.servers.last_mut().expect("just pushed")
     }
 
     /// A node on a subnet of its own behind the router.
@@ -80,10 +107,11 @@ impl Cluster {
     }
 
     fn agent_role(&self) -> Role {
+        let server = self.server();
         Role::Agent {
-            server: format!("https://{}:{}", self.server.ip, self.server.port),
-            token_file: self.server.dir.path().join("server").join("token"),
-            admin_kubeconfig: self.server.kubeconfig(),
+            server: format!("https://{}:{}", server.ip, server.port),
+            token_file: server.dir.path().join("server").join("token"),
+            admin_kubeconfig: server.kubeconfig(),
         }
     }
 
@@ -115,8 +143,9 @@ fn lan_node(router: &str, r: u8, host: u8, role: Role, extra: &[&str]) -> Node {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // Agents first (their pods), then the server, then the router.
+        // Agents first (their pods), then the servers, then the router.
         self.agents.clear();
+        self.servers.clear();
         let _ = Command::new("ip").args(["netns", "del", &self.router]).output();
         let _ = Command::new("ip").args(["link", "del", &format!("fkh{}", self.r)]).output();
     }
