@@ -52,10 +52,15 @@ fn server_flags(node: &mut Node, endpoint: &str, token: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn servers_share_one_etcd() {
+    let t0 = Instant::now();
+    let stage = |what: &str| eprintln!("[{:>6.1}s] {what}", t0.elapsed().as_secs_f64());
+    // Declared first so that it is dropped last: the servers stop while
+    // their datastore is still there.
+    let etcd: common::Proc;
     let mut a = Node::new_server(&[]);
     let mut b = Node::new_server(&[]);
     // etcd on the host side of a's link: every namespace reaches it through its default route.
-    let etcd = common::start_etcd_on(&a.host_ip).await;
+    etcd = common::start_etcd_on(&a.host_ip).await;
     let endpoint = etcd.url();
     server_flags(&mut a, &endpoint, TOKEN);
     server_flags(&mut b, &endpoint, TOKEN);
@@ -66,6 +71,7 @@ async fn servers_share_one_etcd() {
     a.wait_api_ready(Duration::from_secs(60));
     b.wait_api_ready(Duration::from_secs(60));
 
+    stage("both servers ready");
     // One PKI: the same CAs, keys and join token in both data dirs.
     for name in SHARED {
         assert_eq!(tls_file(&a, name), tls_file(&b, name), "{name} differs between the servers");
@@ -78,6 +84,7 @@ async fn servers_share_one_etcd() {
     assert!(dump.starts_with("/bootstrap/"), "no bootstrap data in etcd: {dump}");
     assert!(!dump.contains(TOKEN) && !dump.contains("PRIVATE KEY"), "bootstrap data in clear: {dump}");
 
+    stage("PKI compared");
     // a's admin kubeconfig works against b: same CA, b's serving cert names b.
     let a_at_b = a.dir.path().join("kubeconfig-a-at-b.yaml");
     let text = std::fs::read_to_string(a.kubeconfig()).expect("kubeconfig");
@@ -96,17 +103,20 @@ async fn servers_share_one_etcd() {
     assert_eq!(b.get(&["configmap", "made-through-a"], "{.data.k}"), "v");
     assert_eq!(a.get(&["configmap", "made-through-b"], "{.data.k}"), "v");
 
+    stage("API shared");
     // The kubernetes Service's endpoints list every live server.
     let both = sorted(&[&a.ip, &b.ip]);
     a.eventually("both servers in the kubernetes EndpointSlice", 20, || kubernetes_slice(&a).0 == both);
     assert_eq!(kubernetes_slice(&b), (both.clone(), "6443".to_string()));
     assert_eq!(kubernetes_endpoints(&b), both);
 
+    stage("both listed");
     // A server with another token is refused, and writes nothing.
     let mut c = Node::new_server(&[]);
     server_flags(&mut c, &endpoint, "not-the-cluster-token");
     c.spawn();
     let status = c.wait_exit(Duration::from_secs(30));
+    stage("c exited");
     assert!(!status.success(), "a server with another token started");
     let log = c.log();
     assert!(
@@ -115,25 +125,30 @@ async fn servers_share_one_etcd() {
     );
     assert!(!c.dir.path().join("server").join("tls").exists(), "the refused server wrote its TLS folder");
     assert!(!c.dir.path().join("server").join("token").exists(), "the refused server wrote a token");
-    let (_, leases, _) = common::etcdctl(&endpoint, &["get", "--prefix", "--keys-only", "/registry/masterleases/"], None);
+    let (_, leases, _) =
+        common::etcdctl(&endpoint, &["get", "--prefix", "--keys-only", "/registry/masterleases/"], None);
     assert!(!leases.contains(&c.ip), "the refused server left a lease: {leases}");
     let (_, boot, _) = common::etcdctl(&endpoint, &["get", "--prefix", "--keys-only", "/bootstrap/"], None);
     assert_eq!(boot.lines().filter(|l| !l.is_empty()).count(), 1, "more bootstrap data: {boot}");
     assert_eq!(kubernetes_slice(&a).0, both);
 
+    stage("wrong token refused");
     // SIGTERM: the server takes itself out before it exits.
     b.stop(false);
+    stage("b stopped");
     let only_a = sorted(&[&a.ip]);
     let stopped = Instant::now();
     a.eventually("b gone from the endpoints after SIGTERM", 5, || kubernetes_slice(&a).0 == only_a);
     assert_eq!(kubernetes_endpoints(&a), only_a);
     eprintln!("after SIGTERM: gone in {:?}", stopped.elapsed());
 
+    stage("SIGTERM removal seen");
     // b comes back on its data dir (its files equal the cluster's), and is listed again.
     b.spawn();
     b.wait_api_ready(Duration::from_secs(60));
     a.eventually("b back in the endpoints", 20, || kubernetes_slice(&a).0 == both);
 
+    stage("b back");
     // SIGKILL: b stays listed until its lease expires (TTL 15 s after its last renewal).
     b.stop(true);
     let killed = Instant::now();

@@ -66,7 +66,9 @@ impl LeaseEndpointReconciler {
             "subsets": [{"addresses": [{"ip": self.ip.to_string()}], "ports": [{"port": self.port, "protocol": "TCP"}]}],
         });
         let value = serde_json::to_vec(&record).map_err(|e| ApiError::internal(e.to_string()))?;
-        store.put(PutRequest { key: self.record_key().into_bytes(), value, lease: granted.id, ..Default::default() }).await?;
+        store
+            .put(PutRequest { key: self.record_key().into_bytes(), value, lease: granted.id, ..Default::default() })
+            .await?;
         self.lease = granted.id;
         tracing::debug!(ip = %self.ip, lease = granted.id, "wrote this server's master lease");
         Ok(())

@@ -14,7 +14,12 @@ use crate::store::{kv, Store};
 /// Makes `tls_dir` hold the cluster's shared files, from the datastore or
 /// (first server) stored there; returns the cluster's join token. With
 /// `token` None, the token file's is used, else a new one is made.
-pub async fn shared_pki(store: &dyn Store, tls_dir: &Path, token_file: &Path, token: Option<String>) -> anyhow::Result<String> {
+pub async fn shared_pki(
+    store: &dyn Store,
+    tls_dir: &Path,
+    token_file: &Path,
+    token: Option<String>,
+) -> anyhow::Result<String> {
     let token = match token {
         Some(t) => Some(t),
         None => match std::fs::read_to_string(token_file) {
@@ -42,7 +47,9 @@ pub async fn shared_pki(store: &dyn Store, tls_dir: &Path, token_file: &Path, to
         if !existing.is_empty() {
             return Err(match token {
                 Some(_) => BootstrapError::WrongToken.into(),
-                None => anyhow::anyhow!("bootstrap data already exists in the datastore: give the cluster's --token to join it"),
+                None => anyhow::anyhow!(
+                    "bootstrap data already exists in the datastore: give the cluster's --token to join it"
+                ),
             });
         }
         let mut data = BootstrapData::from_dir_or_generate(tls_dir)?;

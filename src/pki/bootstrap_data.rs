@@ -105,9 +105,10 @@ impl BootstrapData {
     /// service-account key); the token is left empty.
     pub fn from_dir_or_generate(dir: &Path) -> Result<BootstrapData, BootstrapError> {
         let mut files = BTreeMap::new();
-        for (cert, key, cn) in
-            [("server-ca.crt", "server-ca.key", "ferrok-server-ca"), ("client-ca.crt", "client-ca.key", "ferrok-client-ca")]
-        {
+        for (cert, key, cn) in [
+            ("server-ca.crt", "server-ca.key", "ferrok-server-ca"),
+            ("client-ca.crt", "client-ca.key", "ferrok-client-ca"),
+        ] {
             let (cert_pem, key_pem) = match (read(&dir.join(cert))?, read(&dir.join(key))?) {
                 (Some(c), Some(k)) => (c, k),
                 _ => {
@@ -183,8 +184,7 @@ impl BootstrapData {
     pub fn install(&self, dir: &Path) -> Result<(), BootstrapError> {
         let mut missing = Vec::new();
         for (name, mode) in SHARED_FILES {
-            let contents =
-                self.files.get(name).ok_or_else(|| BootstrapError::Damaged(format!("{name} is missing")))?;
+            let contents = self.files.get(name).ok_or_else(|| BootstrapError::Damaged(format!("{name} is missing")))?;
             let path = dir.join(name);
             match read(&path)? {
                 Some(local) if local == *contents => {}

@@ -12,7 +12,8 @@ pub async fn get(store: &dyn Store, key: &[u8]) -> Result<Option<Vec<u8>>> {
 
 /// The keys under `prefix` (no values).
 pub async fn keys_under(store: &dyn Store, prefix: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let req = RangeRequest { key: prefix.to_vec(), range_end: prefix_end(prefix), keys_only: true, ..Default::default() };
+    let req =
+        RangeRequest { key: prefix.to_vec(), range_end: prefix_end(prefix), keys_only: true, ..Default::default() };
     Ok(store.range(req).await?.kvs.into_iter().map(|kv| kv.key).collect())
 }
 
