@@ -61,10 +61,7 @@ pub fn scheduler() -> User {
 /// ClusterRole adds the cluster-wide reads of its service proxy, DNS and
 /// network policy parts.
 pub fn node(name: &str) -> User {
-    User {
-        name: format!("system:node:{name}"),
-        groups: vec!["system:nodes".into(), "system:authenticated".into()],
-    }
+    User { name: format!("system:node:{name}"), groups: vec!["system:nodes".into(), "system:authenticated".into()] }
 }
 
 /// The identity of the server itself where it does what no component's

@@ -69,8 +69,12 @@ fn labels(obj: Option<&Value>) -> serde_json::Map<String, Value> {
 /// The label keys added, removed or changed, sorted.
 fn modified_labels(new: Option<&Value>, old: Option<&Value>) -> Vec<String> {
     let (a, b) = (labels(new), labels(old));
-    let mut keys: Vec<String> =
-        a.iter().filter(|(k, v)| b.get(*k) != Some(v)).chain(b.iter().filter(|(k, v)| a.get(*k) != Some(v))).map(|(k, _)| k.clone()).collect();
+    let mut keys: Vec<String> = a
+        .iter()
+        .filter(|(k, v)| b.get(*k) != Some(v))
+        .chain(b.iter().filter(|(k, v)| a.get(*k) != Some(v)))
+        .map(|(k, _)| k.clone())
+        .collect();
     keys.sort();
     keys.dedup();
     keys
@@ -105,9 +109,10 @@ pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation)
                 refused(format!("node \"{node}\" can only delete pods with spec.nodeName set to itself"))
             }
             ("", Operation::Delete) => Ok(()),
-            ("", op) => {
-                refused(format!("unexpected operation \"{}\", node \"{node}\" can only create and delete mirror pods", op.as_str()))
-            }
+            ("", op) => refused(format!(
+                "unexpected operation \"{}\", node \"{node}\" can only create and delete mirror pods",
+                op.as_str()
+            )),
             ("status", Operation::Update) => {
                 let old_node = old.map(node_name_of).unwrap_or_default();
                 if old_node != node {
@@ -196,7 +201,9 @@ pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation)
 /// its Node, referencing no other object.
 async fn admit_mirror_pod(call: &Call, node: &str, pod: &Value) -> Result<(), String> {
     if pod.pointer("/metadata/annotations").and_then(|a| a.get(MIRROR_ANNOTATION)).is_none() {
-        return Err(format!("pod does not have \"{MIRROR_ANNOTATION}\" annotation, node \"{node}\" can only create mirror pods"));
+        return Err(format!(
+            "pod does not have \"{MIRROR_ANNOTATION}\" annotation, node \"{node}\" can only create mirror pods"
+        ));
     }
     if node_name_of(pod) != node {
         return Err(format!("node \"{node}\" can only create pods with spec.nodeName set to itself"));
@@ -220,11 +227,7 @@ async fn admit_mirror_pod(call: &Call, node: &str, pod: &Value) -> Result<(), St
     let stored = call.api.storage.get(&format!("/registry/nodes/{node}")).await.map_err(|e| e.message)?;
     let uid = stored.as_ref().and_then(|s| s.object.pointer("/metadata/uid")).and_then(Value::as_str);
     if uid != Some(field("uid")) {
-        return Err(format!(
-            "node {node} UID mismatch: expected {} got {}",
-            field("uid"),
-            uid.unwrap_or_default()
-        ));
+        return Err(format!("node {node} UID mismatch: expected {} got {}", field("uid"), uid.unwrap_or_default()));
     }
     let refs = node_graph::pod_references(pod);
     if refs.iter().any(|(k, _)| *k == node_graph::SERVICE_ACCOUNTS) {

@@ -240,7 +240,8 @@ mod tests {
             authorize("n1", &attrs("update", "", "secrets", "", "ns", "mine"), &g),
             no("can only read resources of this type")
         );
-        let token = |node: &str, sa: &str| authorize(node, &attrs("create", "", "serviceaccounts", "token", "ns", sa), &g);
+        let token =
+            |node: &str, sa: &str| authorize(node, &attrs("create", "", "serviceaccounts", "token", "ns", sa), &g);
         assert_eq!(token("n1", "robot"), NodeDecision::Allow);
         assert_eq!(token("n1", "default"), unrelated("n1"));
         assert_eq!(token("n2", "robot"), unrelated("n2"));
@@ -261,7 +262,7 @@ mod tests {
         let allowed = |verb: &str, group: &str, resource: &str, sub: &str| {
             authorize("n1", &attrs(verb, group, resource, sub, "ns", "x"), &g) == NodeDecision::Allow
         };
-        assert!(allowed("patch", "", "nodes", "status", ));
+        assert!(allowed("patch", "", "nodes", "status",));
         assert!(allowed("update", "", "pods", "status"));
         assert!(allowed("create", "", "pods", "eviction"));
         assert!(allowed("create", "", "events", ""));
