@@ -138,7 +138,15 @@ fn agents_join_with_the_token_and_only_with_it() {
     assert_eq!(ready(cluster.server(), &c.name), "True");
     drop(c);
     // Expired, it joins nothing.
-    cluster.server().ok(&["-n", "kube-system", "patch", "secret", "bootstrap-token-abcdef", "-p", r#"{"stringData":{"expiration":"2020-01-01T00:00:00Z"}}"#]);
+    cluster.server().ok(&[
+        "-n",
+        "kube-system",
+        "patch",
+        "secret",
+        "bootstrap-token-abcdef",
+        "-p",
+        r#"{"stringData":{"expiration":"2020-01-01T00:00:00Z"}}"#,
+    ]);
     let late = cluster.lan_agent(&[]);
     let (ok, err) = agent_run_to_end(&late, &["--server", &url, "--token", &bootstrap], 30);
     assert!(!ok && err.contains("refused the token"), "{err}");
@@ -158,6 +166,9 @@ fn agents_join_with_the_token_and_only_with_it() {
     assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].restartCount}"), "0");
     cluster.agents.push(a);
 }
+
+/// Node leases renewed every 2 s, for servers told to give up on a node after 6 s.
+const FAST_LEASE: &str = "--kubelet-arg=node-lease-duration-seconds=8";
 
 /// httpd answering its pod's name, on 8080.
 const HTTPD: &str = "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www";
@@ -218,9 +229,9 @@ fn pods_of(node: &Node, app: &str) -> Vec<(String, String, String)> {
 #[test]
 fn pods_on_every_node_reach_each_other() {
     // Nodes that stop heartbeating are given up on quickly here.
-    let mut cluster = Cluster::start_with(&[], &[("FERROK_NODE_MONITOR_GRACE_PERIOD", "6s")]);
-    let mut a = cluster.lan_agent(&[]);
-    let mut b = cluster.routed_agent(&[]);
+    let mut cluster = Cluster::start_with(&[FAST_LEASE], &[("FERROK_NODE_MONITOR_GRACE_PERIOD", "6s")]);
+    let mut a = cluster.lan_agent(&[FAST_LEASE]);
+    let mut b = cluster.routed_agent(&[FAST_LEASE]);
     a.launch();
     b.launch();
     let server = cluster.server();
@@ -323,13 +334,13 @@ async fn an_agent_fails_over_between_servers() {
     let mut cluster = Cluster::router();
     let etcd = common::start_etcd_on(&cluster.host_ip()).await;
     let endpoint = etcd.url();
-    let flags = ["--datastore-endpoint", endpoint.as_str(), "--token", "agents-failover-test"];
+    let flags = ["--datastore-endpoint", endpoint.as_str(), "--token", "agents-failover-test", FAST_LEASE];
     // A node whose heartbeats stop is NotReady after 6 s here: failover must be quicker.
     let grace = [("FERROK_NODE_MONITOR_GRACE_PERIOD", "6s")];
     cluster.add_server(&flags, &grace);
     cluster.add_server(&flags, &grace);
     let second_ip = cluster.servers[1].ip.clone();
-    let mut a = cluster.lan_agent(&[]);
+    let mut a = cluster.lan_agent(&[FAST_LEASE]);
     a.launch();
     let servers_file = a.dir.path().join("agent/etc/servers");
     a.eventually("the agent knowing both servers", 30, || {

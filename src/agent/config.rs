@@ -307,6 +307,13 @@ impl KubeletConfig {
                 }
                 "node-status-update-frequency" => self.node_status_update_frequency = duration(value).map_err(err)?,
                 "node-status-report-frequency" => self.node_status_report_frequency = duration(value).map_err(err)?,
+                "node-lease-duration-seconds" => {
+                    self.node_lease_duration_seconds = value
+                        .parse()
+                        .ok()
+                        .filter(|s: &i32| *s > 0)
+                        .ok_or_else(|| err("expected a positive number of seconds".into()))?
+                }
                 "pod-max-pids" => self.pod_pids_limit = value.parse().map_err(|_| err("expected a number".into()))?,
                 "port" => self.port = value.parse().map_err(|_| err("expected a port number".into()))?,
                 other => return Err(err(format!("unknown kubelet setting {other:?}"))),

@@ -135,7 +135,8 @@ impl BootstrapData {
     /// A full token must name this cluster's server CA.
     pub fn check_token(&self, token: &str) -> Result<(), BootstrapError> {
         let Some((given, _)) = full_token_parts(token) else { return Ok(()) };
-        let cluster = certs::ca_hash(self.files.get("server-ca.crt").map(String::as_str).unwrap_or_default().as_bytes());
+        let cluster =
+            certs::ca_hash(self.files.get("server-ca.crt").map(String::as_str).unwrap_or_default().as_bytes());
         if !given.eq_ignore_ascii_case(&cluster) {
             return Err(BootstrapError::CaHashMismatch { given: given.to_string(), cluster });
         }

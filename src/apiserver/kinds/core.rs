@@ -37,9 +37,31 @@ fn validate_data_keys(obj: &Value, fields: &[&str]) -> Vec<Cause> {
     causes
 }
 
+/// `stringData` is write-only, as upstream: its entries are written into
+/// `data` (base64), over keys of the same name, and it is not stored.
+fn merge_string_data(o: &mut Value) {
+    use base64::Engine;
+    let Some(Value::Object(strings)) = o.as_object_mut().and_then(|m| m.remove("stringData")) else { return };
+    if !o.get("data").is_some_and(Value::is_object) {
+        o["data"] = json!({});
+    }
+    if let Some(data) = o.get_mut("data").and_then(Value::as_object_mut) {
+        for (k, v) in strings {
+            let text = match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            data.insert(k, json!(base64::engine::general_purpose::STANDARD.encode(text)));
+        }
+    }
+}
+
 pub fn secret_hooks() -> Hooks {
     Hooks {
-        default: |o| default_field(o, "type", json!("Opaque")),
+        default: |o| {
+            default_field(o, "type", json!("Opaque"));
+            merge_string_data(o);
+        },
         validate: |o| validate_data_keys(o, &["data", "stringData"]),
         columns: || vec![Column::new("Type", "string", 0), Column::new("Data", "string", 0), Column::age()],
         cells: |o| vec![json!(str_at(o, &["type"]).unwrap_or("Opaque")), json!(len(o, &["data"])), json!(age(o))],
@@ -297,4 +319,19 @@ pub fn node_hooks() -> Hooks {
 /// Ready / total of a workload, for its READY column.
 pub(crate) fn ready_of(o: &Value, ready_path: &[&str]) -> String {
     format!("{}/{}", int(o, ready_path), int(o, &["spec", "replicas"]))
+}
+
+#[cfg(test)]
+mod secret_tests {
+    use serde_json::json;
+
+    #[test]
+    fn string_data_is_written_into_data() {
+        let mut o = json!({"data": {"a": "eA==", "b": "eQ=="}, "stringData": {"b": "z", "c": "hello"}});
+        super::merge_string_data(&mut o);
+        assert_eq!(o, json!({"data": {"a": "eA==", "b": "eg==", "c": "aGVsbG8="}}));
+        let mut o = json!({"stringData": {"k": "v"}});
+        super::merge_string_data(&mut o);
+        assert_eq!(o, json!({"data": {"k": "dg=="}}));
+    }
 }
