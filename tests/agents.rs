@@ -361,5 +361,7 @@ async fn an_agent_fails_over_between_servers() {
     second.eventually("a pod on the agent running through the second server", 60, || {
         second.get(&["pod", "after-failover"], "{.status.phase}") == "Running"
     });
+    let moved = format!("connected to the API server server={second_ip}:");
+    assert!(a.log().contains(&moved), "the agent never connected to the second server\n{}", a.log());
     cluster.agents.push(a);
 }
