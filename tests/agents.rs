@@ -349,6 +349,14 @@ async fn an_agent_fails_over_between_servers() {
     // The first server goes; kubectl goes to the second from now on.
     cluster.servers[0].stop(false);
     let second = &cluster.servers[1];
+    // The node's heartbeat goes on through the second server: its Lease is
+    // renewed (every 2 s with an 8 s lease) after the first one is gone.
+    let lease = ["lease", "-n", "kube-node-lease", a.name.as_str()];
+    let renewed_before = second.get(&lease, "{.spec.renewTime}");
+    second.eventually("the node's Lease renewed after the first server stopped", 20, || {
+        let now = second.get(&lease, "{.spec.renewTime}");
+        !now.is_empty() && now != renewed_before
+    });
     let until = Instant::now() + Duration::from_secs(20);
     while Instant::now() < until {
         assert_eq!(ready(second, &a.name), "True", "the agent's node while the first server is down");

@@ -141,7 +141,8 @@ async fn bad_flags_fail_with_one_line() {
         (vec!["server", "--service-cidr", "10.43.0.0"], "--service-cidr"),
         (vec!["server", "--write-kubeconfig-mode", "999"], "--write-kubeconfig-mode"),
         (vec!["server", "--config", "/nonexistent/config.yaml"], "--config"),
-        (vec!["agent"], "not built yet"),
+        (vec!["agent"], "--server"),
+        (vec!["agent", "--server", "https://127.0.0.1:1"], "--token"),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut child = std::process::Command::new(ferrok_bin())

@@ -62,7 +62,7 @@ spec:
   containers:
   - name: app
     image: {BUSYBOX}
-    command: ["sh", "-c", "n=$(cat /d/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /d/n; echo attempt-$n; exit 1"]
+    command: ["sh", "-c", "n=$(cat /d/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /d/n; echo attempt-$n; sleep 5; exit 1"]
     volumeMounts: [{{name: d, mountPath: /d}}]
   volumes: [{{name: d, emptyDir: {{}}}}]
 ---
@@ -150,7 +150,10 @@ fn kubectl_logs_reads_follows_and_refuses_like_upstream() {
     node.eventually("crasher restarted", 60, || {
         node.get(&["pod", "crasher"], "{.status.containerStatuses[0].restartCount}").parse::<u32>().unwrap_or(0) >= 1
     });
-    node.eventually("the previous instance's log", 30, || {
+    // While an instance runs, the current log is its own and the previous
+    // one its predecessor's (in back-off both name the last instance, as
+    // upstream's kubelet does, so the check waits for a running one).
+    node.eventually("the previous instance's log", 45, || {
         let (ok, prev) = node.kubectl(&["logs", "crasher", "--previous"]);
         let (ok2, cur) = node.kubectl(&["logs", "crasher"]);
         let n = |s: &str| s.trim().strip_prefix("attempt-").and_then(|n| n.parse::<u32>().ok());

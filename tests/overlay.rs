@@ -198,8 +198,8 @@ fn host_gw_routes_through_the_peers_internal_ip() {
 
     // Its InternalIP changes (still on the link's subnet; nothing is sent
     // to it): the route follows.
-    let other = node.host_ip.replace(".1", ".3");
-    assert!(other.ends_with(".3"), "{other}");
+    let (subnet, _) = node.host_ip.rsplit_once('.').expect("an IPv4 address");
+    let other = format!("{subnet}.3");
     internal_ip(&node, &other);
     node.eventually("the route through the new address", 30, || {
         peer_route(&node).contains(&format!("via {other} dev {ns_if}"))

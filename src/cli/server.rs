@@ -369,16 +369,17 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 
     shutdown.wait().await;
     api.health.shutdown_initiated();
+    // The listeners close first (this server's address leaves the
+    // `kubernetes` EndpointSlice and agents move to another server), then
+    // the node role stops, and whatever has not ended 5 s later is dropped.
+    let _ = stop_tx.send(true);
     if let Some(agent) = agent {
         agent.stop().await;
     }
-    let _ = stop_tx.send(true);
     for f in followers {
         f.abort();
     }
-    for t in tasks {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), t).await;
-    }
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), futures_util::future::join_all(tasks)).await;
     if let Some(a) = &api.config.audit {
         a.shutdown().await;
     }

@@ -16,6 +16,7 @@ use kube::api::{Api, DeleteParams, DynamicObject, PartialObjectMeta, Patch, Patc
 use kube::core::ApiResource;
 use kube::discovery::{verbs, Discovery, Scope};
 use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
 use tokio::sync::Mutex;
 
 use super::ControllerError;
@@ -234,7 +235,9 @@ async fn follow(client: kube::Client) -> Result<(), ControllerError> {
             let ar = Arc::new(ar);
             let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), ar.as_ref());
             let tag = ar.clone();
-            streams.push(watcher(api, watcher::Config::default()).map(move |e| (tag.clone(), e)).boxed());
+            streams.push(
+                watcher(api, watcher::Config::default()).default_backoff().map(move |e| (tag.clone(), e)).boxed(),
+            );
         }
     }
     let collector = Arc::new(Collector {

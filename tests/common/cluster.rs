@@ -56,8 +56,9 @@ impl Cluster {
         // The test host's link to the router.
         let host_if = format!("fkh{r}");
         let _ = Command::new("ip").args(["link", "del", &host_if]).output();
-        ip(&["link", "add", &host_if, "type", "veth", "peer", "name", "uplink"]);
-        ip(&["link", "set", "uplink", "netns", &router]);
+        // The peer is born in the router's namespace: a name like "uplink"
+        // in the host's would collide with another test's router.
+        ip(&["link", "add", &host_if, "type", "veth", "peer", "name", "uplink", "netns", &router]);
         ip(&["addr", "add", &format!("10.201.{r}.1/24"), "dev", &host_if]);
         ip(&["link", "set", &host_if, "up"]);
         netns_exec(&router, &["ip", "addr", "add", &format!("10.201.{r}.2/24"), "dev", "uplink"]);
