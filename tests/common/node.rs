@@ -352,15 +352,16 @@ impl Node {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let sock = self.socket();
-        let sock = sock.to_string_lossy();
+        // Shims (named by their containerd's socket) and, after a SIGKILL
+        // of the node, the containerd it left: whatever names the data dir.
+        let dir = self.dir.path().to_string_lossy().into_owned();
         if let Ok(procs) = std::fs::read_dir("/proc") {
             for p in procs.filter_map(Result::ok) {
                 let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else { continue };
                 let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
                 let cmdline = String::from_utf8_lossy(&cmdline);
-                if cmdline.contains("containerd-shim") && cmdline.contains(sock.as_ref()) {
-                    // SAFETY: a shim of this test's containerd.
+                if cmdline.contains("containerd") && cmdline.contains(dir.as_str()) {
+                    // SAFETY: a process of this test's own node.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
             }
