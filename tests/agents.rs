@@ -62,7 +62,8 @@ fn ready(node: &Node, name: &str) -> String {
 
 #[test]
 fn agents_join_with_the_token_and_only_with_it() {
-    let mut cluster = Cluster::start(&[]);
+    // The server's flannel backend is its agents' (one L2 segment here).
+    let mut cluster = Cluster::start(&["--flannel-backend=host-gw"]);
     let token = server_token(&cluster);
     let (hash_and_rest, secret) = token.rsplit_once(':').expect("K10…::server:secret");
     let url = format!("https://{}:{}", cluster.server().ip, cluster.server().port);
@@ -86,6 +87,10 @@ fn agents_join_with_the_token_and_only_with_it() {
     // The right token: the agent joins and its node turns Ready.
     a.launch();
     assert_eq!(ready(cluster.server(), &a.name), "True");
+    let backend = r#"{.metadata.annotations.flannel\.alpha\.coreos\.com/backend-type}"#;
+    a.eventually("the agent on the server's backend", 30, || {
+        cluster.server().get(&["node", &a.name], backend) == "host-gw"
+    });
     // Its credentials: keys made here, a client certificate for its node name.
     let agent_dir = a.dir.path().join("agent");
     for f in ["client-kubelet.key", "serving-kubelet.key", "node-password"] {
@@ -136,7 +141,20 @@ fn agents_join_with_the_token_and_only_with_it() {
     }
     c.launch();
     assert_eq!(ready(cluster.server(), &c.name), "True");
+    // A node deleted takes its password with it: the name is free again.
+    let c_name = c.name.clone();
     drop(c);
+    cluster.server().ok(&["delete", "node", &c_name]);
+    cluster.server().eventually("the deleted node's password removed", 30, || {
+        let (ok, out) = cluster.server().kubectl(&[
+            "-n",
+            "kube-system",
+            "get",
+            "secret",
+            &format!("{c_name}.node-password.ferrok"),
+        ]);
+        !ok && out.contains("NotFound")
+    });
     // Expired, it joins nothing.
     cluster.server().ok(&[
         "-n",

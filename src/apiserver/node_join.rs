@@ -48,6 +48,9 @@ pub struct NodeJoinConfig {
     pub cluster_domain: String,
     /// The CA of client certificates (the API server's towards kubelets among them).
     pub client_ca: String,
+    /// The server's `--flannel-backend`, which its agents follow unless told otherwise.
+    #[serde(default)]
+    pub flannel_backend: String,
 }
 
 /// The server's signing side of joining.
@@ -187,7 +190,7 @@ async fn sign(
 }
 
 fn password_secret_key(node: &str) -> String {
-    format!("/registry/secrets/kube-system/{node}.node-password.ferrok")
+    format!("/registry/secrets/kube-system/{}", crate::controllers::node_password::secret_name(node))
 }
 
 /// Records the node's password on its first join; refuses another one later.
@@ -217,11 +220,11 @@ async fn check_node_password(api: &Api, node: &str, password: &str) -> Result<()
             "kind": "Secret",
             "type": "ferrok.io/node-password",
             "metadata": {
-                "name": format!("{node}.node-password.ferrok"),
+                "name": crate::controllers::node_password::secret_name(node),
                 "namespace": "kube-system",
                 "uid": super::meta::new_uid(),
                 "creationTimestamp": super::meta::now_rfc3339(),
-                "labels": {"ferrok.io/node": node},
+                "labels": {(crate::controllers::node_password::NODE_LABEL): node},
             },
             "immutable": true,
             "data": {"hash": base64::engine::general_purpose::STANDARD.encode(hash)},

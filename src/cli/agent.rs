@@ -153,7 +153,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     };
     let cluster_dns: IpAddr =
         cluster.cluster_dns.parse().with_context(|| format!("the server's cluster DNS {:?}", cluster.cluster_dns))?;
-    let config = args.node.agent_config(
+    let mut node = args.node.clone();
+    if node.flannel_backend.is_none() && !cluster.flannel_backend.is_empty() {
+        let backend = cluster.flannel_backend.parse().map_err(|e| {
+            anyhow::anyhow!("the server's flannel backend {:?}: {e} (set --flannel-backend)", cluster.flannel_backend)
+        })?;
+        node.flannel_backend = Some(backend);
+    }
+    let config = node.agent_config(
         &data_dir,
         &node_name,
         default_ip,

@@ -45,10 +45,11 @@ pub struct NodeArgs {
     /// Use this CRI socket (`unix:///run/containerd/containerd.sock`) instead of starting containerd.
     #[arg(long, value_name = "ENDPOINT")]
     pub container_runtime_endpoint: Option<String>,
-    /// How pods reach other nodes' pods: vxlan, host-gw (every node on one
-    /// directly connected subnet) or none (bring your own).
-    #[arg(long, value_name = "BACKEND", default_value = "vxlan")]
-    pub flannel_backend: FlannelBackend,
+    /// How pods reach other nodes' pods: vxlan (the default), host-gw (every
+    /// node on one directly connected subnet) or none (bring your own). An
+    /// agent that is not told follows its server's.
+    #[arg(long, value_name = "BACKEND")]
+    pub flannel_backend: Option<FlannelBackend>,
     /// The interface that carries the pod network between nodes (default:
     /// the one holding the node's internal address).
     #[arg(long, value_name = "IFACE")]
@@ -127,7 +128,7 @@ impl NodeArgs {
             cluster_domain: cluster_domain.to_string(),
             cluster_cidr,
             service_cidr,
-            flannel_backend: self.flannel_backend,
+            flannel_backend: self.flannel_backend.unwrap_or_default(),
             flannel_iface: self.flannel_iface.clone(),
             pod_logs_dir,
             kubelet,

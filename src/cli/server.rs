@@ -240,6 +240,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             cluster_domain: args.cluster_domain.clone(),
             client_ca: std::fs::read_to_string(&pki.client_ca_cert)
                 .with_context(|| format!("cannot read {}", pki.client_ca_cert.display()))?,
+            flannel_backend: args.node.flannel_backend.unwrap_or_default().to_string(),
         },
     );
     let config = ApiConfig {
@@ -297,6 +298,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         cluster_cidr: (args.cluster_cidr.base, args.cluster_cidr.prefix),
         node_cidr_mask: 24,
     });
+    // Node passwords follow their Nodes, on every server (deletes are idempotent).
+    followers.push(tokio::spawn(crate::controllers::node_password::run(crate::client::in_process(
+        api.clone(),
+        crate::client::supervisor(),
+    ))));
     let manager = crate::client::in_process(api.clone(), crate::client::controller_manager());
     let election = crate::client::leader::LeaderElection::new(manager.clone(), "kube-controller-manager", &node_name);
     let for_controllers = api.clone();

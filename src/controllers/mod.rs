@@ -22,6 +22,7 @@ pub mod job_pods;
 pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
+pub mod node_password;
 pub mod persistentvolume;
 pub mod queue_metrics;
 pub mod ref_manager;
