@@ -170,6 +170,47 @@ fn agents_join_with_the_token_and_only_with_it() {
     assert!(!ok && err.contains("refused the token"), "{err}");
     drop(late);
 
+    // A client certificate near its end (30 days left, signed by the
+    // cluster's client CA as the real one was) is renewed when the agent
+    // starts: a new key, a year's validity.
+    let client_cert = agent_dir.join("client-kubelet.crt");
+    let client_key = agent_dir.join("client-kubelet.key");
+    let tls = cluster.server().dir.path().join("server/tls");
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let path = |p: &std::path::Path| p.display().to_string();
+    let csr = path(&a.dir.path().join("short.csr"));
+    let subj = format!("/O=system:nodes/CN=system:node:{}", a.name);
+    openssl(&["req", "-new", "-key", &path(&client_key), "-subj", &subj, "-out", &csr]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &path(&tls.join("client-ca.crt")),
+        "-CAkey",
+        &path(&tls.join("client-ca.key")),
+        "-days",
+        "30",
+        "-out",
+        &path(&client_cert),
+    ]);
+    let fingerprint = |f: &std::path::Path| std::fs::read(f).expect("key file");
+    let key_before = fingerprint(&client_key);
+    // Whether the client certificate is still valid `days` from now.
+    let valid_for = |days: u32| {
+        Command::new("openssl")
+            .args(["x509", "-noout", "-checkend", &(days * 86_400).to_string(), "-in"])
+            .arg(&client_cert)
+            .status()
+            .expect("openssl")
+            .success()
+    };
+    assert!(!valid_for(31), "the short certificate is in place");
+
     // Restarting the agent keeps its pod (same container, not restarted);
     // this time with the bare password, no CA hash (the CA it knows is kept).
     let before = a.get(&["pod", "on-a"], "{.status.containerStatuses[0].containerID}");
@@ -182,6 +223,8 @@ fn agents_join_with_the_token_and_only_with_it() {
     a.eventually("the node Ready again", 30, || ready(cluster.server(), &a.name) == "True");
     assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].containerID}"), before);
     assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].restartCount}"), "0");
+    assert!(valid_for(300), "the client certificate renewed for a year");
+    assert_ne!(fingerprint(&client_key), key_before, "a new key for the renewed certificate");
     cluster.agents.push(a);
 }
 
