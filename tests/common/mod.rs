@@ -88,31 +88,18 @@ pub async fn start_etcd() -> Proc {
 /// etcd with its data in `dir` on the given client and peer ports (the
 /// same ones again restart the same member).
 pub async fn start_etcd_in(dir: tempfile::TempDir, client: u16, peer: u16) -> Proc {
-    let etcd = require("etcd");
-    let child = Command::new(etcd)
-        .args(["--name", "default", "--data-dir"])
-        .arg(dir.path().join("etcd"))
-        .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
-        .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
-        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-        .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
-        .args(["--initial-cluster", &format!("default=http://127.0.0.1:{peer}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start etcd");
-    let mut p = Proc { child, endpoint: format!("127.0.0.1:{client}"), dir, name: "etcd" };
-    wait_ready(&mut p).await;
-    p
+    spawn_etcd(dir, "127.0.0.1", client, peer).await
 }
 
 /// A real etcd serving clients on `host` (an address of this machine, such
 /// as the host side of a test network namespace, so servers inside
 /// namespaces reach it), on a free port, its peer port on loopback.
 pub async fn start_etcd_on(host: &str) -> Proc {
+    spawn_etcd(tempfile::tempdir().expect("tempdir"), host, free_port(), free_port()).await
+}
+
+async fn spawn_etcd(dir: tempfile::TempDir, host: &str, client: u16, peer: u16) -> Proc {
     let etcd = require("etcd");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (client, peer) = (free_port(), free_port());
     let child = Command::new(etcd)
         .args(["--name", "default", "--data-dir"])
         .arg(dir.path().join("etcd"))
