@@ -33,7 +33,9 @@ spec:
   containers:
   - name: app
     image: {BUSYBOX}
-    command: ["sh", "-c", "i=0; while [ $i -lt 5 ]; do echo line-$i; i=$((i+1)); done; echo err-line >&2; exec sleep 3600"]
+    # stdout and stderr reach the log through two pipes the shim reads
+    # apart: a pause keeps the stderr line after the last stdout one.
+    command: ["sh", "-c", "i=0; while [ $i -lt 5 ]; do echo line-$i; i=$((i+1)); done; sleep 1; echo err-line >&2; exec sleep 3600"]
 ---
 apiVersion: v1
 kind: Pod
