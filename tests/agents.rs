@@ -48,6 +48,23 @@ fn agent_run_to_end(node: &Node, args: &[&str], secs: u64) -> (bool, String) {
     }
 }
 
+/// `ferrok token <args>` on the server's host (its namespace) with its data
+/// dir: success, stdout, stderr.
+fn ferrok_token(server: &Node, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", server.netns))
+        .arg(common::ferrok_bin())
+        .arg("token")
+        .args(args)
+        .arg("--data-dir")
+        .arg(server.dir.path())
+        .args(["--server", &format!("https://127.0.0.1:{}", server.port)])
+        .output()
+        .expect("ferrok token");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
 fn server_token(cluster: &Cluster) -> String {
     std::fs::read_to_string(cluster.server().dir.path().join("server/token")).expect("token").trim().to_string()
 }
@@ -126,13 +143,20 @@ fn agents_join_with_the_token_and_only_with_it() {
     assert!(!ok && err.contains("node password rejected"), "{err}");
     drop(impostor);
 
-    // A bootstrap token (a Secret in kube-system) joins a node too, while valid.
-    cluster.server().apply(
-        "apiVersion: v1\nkind: Secret\nmetadata: {name: bootstrap-token-abcdef, namespace: kube-system}\n\
-         type: bootstrap.kubernetes.io/token\nstringData: {token-id: abcdef, token-secret: 0123456789abcdef, \
-         usage-bootstrap-authentication: \"true\", usage-bootstrap-signing: \"true\"}\n",
-    );
-    let bootstrap = format!("{}::abcdef.0123456789abcdef", hash_and_rest.split("::").next().expect("K10hash"));
+    // A bootstrap token from `ferrok token create` joins a node too, while valid.
+    let (ok, _, err) = ferrok_token(cluster.server(), &["create", "not-a-token"]);
+    assert!(!ok && err.trim().lines().count() == 1 && err.contains("[a-z0-9]{6}.[a-z0-9]{16}"), "{err}");
+    let (ok, out, err) = ferrok_token(cluster.server(), &["create", "--ttl", "1h", "--description", "edge devices"]);
+    assert!(ok && err.is_empty() && out.lines().count() == 1, "{out}{err}");
+    let bootstrap = out.trim().to_string();
+    let ca_part = hash_and_rest.split("::").next().expect("K10hash");
+    let (prefix, id_secret) = bootstrap.split_once("::").expect("K10<hash>::<id>.<secret>");
+    assert_eq!(prefix, ca_part, "the token names the server's CA");
+    let id = id_secret.split('.').next().expect("<id>.<secret>").to_string();
+    let (ok, list, err) = ferrok_token(cluster.server(), &["list"]);
+    let line = list.lines().find(|l| l.starts_with(id_secret)).unwrap_or_else(|| panic!("{list}\n{err}"));
+    assert!(ok && line.contains("edge devices") && line.contains("authentication,signing"), "{list}");
+    assert!(line.contains("system:bootstrappers:ferrok:default-node-token"), "{list}");
     let mut c = cluster.lan_agent(&[]);
     if let common::node::Role::Agent { token_file, .. } = &mut c.role {
         let file = c.dir.path().join("bootstrap-token");
@@ -161,7 +185,7 @@ fn agents_join_with_the_token_and_only_with_it() {
         "kube-system",
         "patch",
         "secret",
-        "bootstrap-token-abcdef",
+        &format!("bootstrap-token-{id}"),
         "-p",
         r#"{"stringData":{"expiration":"2020-01-01T00:00:00Z"}}"#,
     ]);
@@ -169,6 +193,12 @@ fn agents_join_with_the_token_and_only_with_it() {
     let (ok, err) = agent_run_to_end(&late, &["--server", &url, "--token", &bootstrap], 30);
     assert!(!ok && err.contains("refused the token"), "{err}");
     drop(late);
+    // Deleted, it is gone; deleting it again says so.
+    let (ok, _, err) = ferrok_token(cluster.server(), &["delete", &id]);
+    assert!(ok, "{err}");
+    assert!(!ferrok_token(cluster.server(), &["list"]).1.contains(id_secret));
+    let (ok, _, err) = ferrok_token(cluster.server(), &["delete", &bootstrap]);
+    assert!(!ok && err.contains("not found"), "{err}");
 
     // A client certificate near its end (30 days left, signed by the
     // cluster's client CA as the real one was) is renewed when the agent

@@ -46,7 +46,7 @@ pub struct AgentArgs {
 }
 
 /// `https://host:port[/]` → `host:port` (port 6443 when none is given).
-fn server_address(url: &str) -> anyhow::Result<String> {
+pub(crate) fn server_address(url: &str) -> anyhow::Result<String> {
     let rest =
         url.trim().strip_prefix("https://").with_context(|| format!("--server {url:?}: expected https://HOST:PORT"))?;
     let authority = rest.trim_end_matches('/');

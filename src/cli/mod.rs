@@ -8,6 +8,7 @@ mod duration;
 mod images;
 mod node_args;
 mod server;
+mod token;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +43,8 @@ enum Command {
     Datastore(datastore::DatastoreArgs),
     /// Import, list and remove the node's container images (no registry needed).
     Images(images::ImagesArgs),
+    /// Create, list and delete bootstrap tokens that agents join with.
+    Token(token::TokenArgs),
 }
 
 /// Whether ferrok runs as root.
@@ -97,8 +100,11 @@ pub async fn shutdown_signal() {
     ShutdownSignal::install().wait().await
 }
 
-fn init_logging(verbose: u8) {
+/// `quiet`: a one-shot command, whose output is what it prints; its log
+/// says only what went wrong unless asked for more.
+fn init_logging(verbose: u8, quiet: bool) {
     let default = match verbose {
+        0 if quiet => "warn",
         0 => "warn,ferrok=info",
         1 => "info,ferrok=debug",
         _ => "debug,ferrok=trace",
@@ -146,7 +152,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, matches!(cli.command, Command::Token(_)));
     limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads(32).build() {
         Ok(rt) => rt,
@@ -160,6 +166,7 @@ pub fn main() -> ExitCode {
             Command::Datastore(args) => datastore::run(args).await,
             Command::Server(args) => server::run(args).await,
             Command::Images(args) => images::run(args).await,
+            Command::Token(args) => token::run(args).await,
             Command::Agent(args) => agent::run(args).await,
         }
     });

@@ -60,6 +60,23 @@ impl JoinToken {
     }
 }
 
+/// A random bootstrap token, `[a-z0-9]{6}.[a-z0-9]{16}`.
+pub fn new_bootstrap_token() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    // 256 is not a multiple of 36: bytes past the last whole round are drawn again.
+    let limit = 256 - 256 % ALPHABET.len();
+    let mut s = String::with_capacity(23);
+    while s.len() < 22 {
+        let mut b = [0u8; 1];
+        super::fill_random(&mut b);
+        if usize::from(b[0]) < limit {
+            s.push(char::from(ALPHABET[usize::from(b[0]) % ALPHABET.len()]));
+        }
+    }
+    s.insert(6, '.');
+    s
+}
+
 /// `[a-z0-9]{6}.[a-z0-9]{16}`, upstream's bootstrap token shape.
 pub fn is_bootstrap_token(s: &str) -> bool {
     let ok = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
@@ -69,6 +86,13 @@ pub fn is_bootstrap_token(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_bootstrap_tokens_have_upstreams_shape() {
+        let a = new_bootstrap_token();
+        assert!(is_bootstrap_token(&a), "{a}");
+        assert_ne!(a, new_bootstrap_token());
+    }
 
     #[test]
     fn formats() {
