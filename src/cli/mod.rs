@@ -1,6 +1,7 @@
 //! The command line: parsing, logging, the runtime, and the data-dir layout.
 
 mod agent;
+mod check_config;
 mod cluster_bootstrap;
 mod config;
 mod datastore;
@@ -45,6 +46,8 @@ enum Command {
     Images(images::ImagesArgs),
     /// Create, list and delete bootstrap tokens that agents join with.
     Token(token::TokenArgs),
+    /// Check whether this host can run ferrok: kernel, cgroups, programs, ports, data dir.
+    CheckConfig(check_config::CheckConfigArgs),
 }
 
 /// Whether ferrok runs as root.
@@ -152,7 +155,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(cli.verbose, matches!(cli.command, Command::Token(_)));
+    init_logging(cli.verbose, matches!(cli.command, Command::Token(_) | Command::CheckConfig(_)));
     limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads(32).build() {
         Ok(rt) => rt,
@@ -167,6 +170,7 @@ pub fn main() -> ExitCode {
             Command::Server(args) => server::run(args).await,
             Command::Images(args) => images::run(args).await,
             Command::Token(args) => token::run(args).await,
+            Command::CheckConfig(args) => check_config::run(args),
             Command::Agent(args) => agent::run(args).await,
         }
     });

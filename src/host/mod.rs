@@ -6,6 +6,8 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+pub mod check;
+
 /// Finds a program in `$PATH` and the usual binary folders.
 pub fn find_binary(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
