@@ -61,17 +61,24 @@ fn require(bin: &str) -> PathBuf {
 }
 
 async fn wait_ready(proc: &mut Proc) {
+    if let Err(status) = ready_or_exited(proc).await {
+        panic!("{} exited early with {status}", proc.name);
+    }
+}
+
+/// Waits until `proc` answers a range request; its exit status if it ends first.
+async fn ready_or_exited(proc: &mut Proc) -> Result<(), std::process::ExitStatus> {
     let deadline = Instant::now() + Duration::from_secs(20);
     let url = proc.url();
     loop {
         if let Ok(Some(status)) = proc.child.try_wait() {
-            panic!("{} exited early with {status}", proc.name);
+            return Err(status);
         }
         if let Ok(ep) = tonic::transport::Endpoint::from_shared(url.clone()) {
             if let Ok(ch) = ep.connect().await {
                 let req = RangeRequest { key: b"ready-check".to_vec(), ..Default::default() };
                 if KvClient::new(ch).range(req).await.is_ok() {
-                    return;
+                    return Ok(());
                 }
             }
         }
@@ -82,24 +89,39 @@ async fn wait_ready(proc: &mut Proc) {
 
 /// A real etcd 3.4 (Debian's etcd-server) on free ports.
 pub async fn start_etcd() -> Proc {
-    start_etcd_in(tempfile::tempdir().expect("tempdir"), free_port(), free_port()).await
+    start_etcd_on("127.0.0.1").await
 }
 
 /// etcd with its data in `dir` on the given client and peer ports (the
 /// same ones again restart the same member).
 pub async fn start_etcd_in(dir: tempfile::TempDir, client: u16, peer: u16) -> Proc {
-    spawn_etcd(dir, "127.0.0.1", client, peer).await
+    match spawn_etcd(dir, "127.0.0.1", client, peer).await {
+        Ok(p) => p,
+        Err(why) => panic!("{why}"),
+    }
 }
 
 /// A real etcd serving clients on `host` (an address of this machine, such
 /// as the host side of a test network namespace, so servers inside
 /// namespaces reach it), on a free port, its peer port on loopback.
 pub async fn start_etcd_on(host: &str) -> Proc {
-    spawn_etcd(tempfile::tempdir().expect("tempdir"), host, free_port(), free_port()).await
+    // A port found free may be taken by another process before etcd binds
+    // it: then etcd exits, and it starts again on other ports.
+    let mut last = String::new();
+    for _ in 0..3 {
+        match spawn_etcd(tempfile::tempdir().expect("tempdir"), host, free_port(), free_port()).await {
+            Ok(p) => return p,
+            Err(why) => last = why,
+        }
+    }
+    panic!("{last}");
 }
 
-async fn spawn_etcd(dir: tempfile::TempDir, host: &str, client: u16, peer: u16) -> Proc {
+/// etcd started and ready, or why it exited (the end of its log).
+async fn spawn_etcd(dir: tempfile::TempDir, host: &str, client: u16, peer: u16) -> Result<Proc, String> {
     let etcd = require("etcd");
+    let log_path = dir.path().join("etcd.log");
+    let log = std::fs::File::create(&log_path).expect("etcd log");
     let child = Command::new(etcd)
         .args(["--name", "default", "--data-dir"])
         .arg(dir.path().join("etcd"))
@@ -109,12 +131,18 @@ async fn spawn_etcd(dir: tempfile::TempDir, host: &str, client: u16, peer: u16) 
         .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
         .args(["--initial-cluster", &format!("default=http://127.0.0.1:{peer}")])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("start etcd");
     let mut p = Proc { child, endpoint: format!("{host}:{client}"), dir, name: "etcd" };
-    wait_ready(&mut p).await;
-    p
+    match ready_or_exited(&mut p).await {
+        Ok(()) => Ok(p),
+        Err(status) => {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(3).collect();
+            Err(format!("etcd exited early with {status}: {}", tail.into_iter().rev().collect::<Vec<_>>().join("\n")))
+        }
+    }
 }
 
 /// The binary under test: this build's, or `FERROK_BIN` when set (the
