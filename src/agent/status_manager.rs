@@ -5,7 +5,7 @@
 //! coalesced per pod (only the newest status is sent) and never block a
 //! worker. The final delete of a terminated pod goes through here too.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -147,8 +147,10 @@ impl StatusManager {
 
 async fn writer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<String>) {
     let limit = Arc::new(tokio::sync::Semaphore::new(PARALLEL_WRITES));
-    // Pods with a write in flight; a newer status waits for it to finish.
-    let busy: Arc<Mutex<HashSet<String>>> = Arc::new(Mutex::new(HashSet::new()));
+    // Pods with a write in flight, and whether a newer status came in
+    // meanwhile: that pod is written again when the write ends. Both are
+    // decided under one lock, so no status handed in is left unwritten.
+    let busy: Arc<Mutex<HashMap<String, bool>>> = Arc::new(Mutex::new(HashMap::new()));
     let (retry_tx, mut retry_rx) = mpsc::unbounded_channel::<String>();
     loop {
         let uid = tokio::select! {
@@ -156,17 +158,23 @@ async fn writer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<String>) {
             Some(uid) = retry_rx.recv() => uid,
             else => return,
         };
-        if !busy.lock().unwrap_or_else(|e| e.into_inner()).insert(uid.clone()) {
-            // In flight: it is re-checked when that write ends.
-            continue;
+        {
+            let mut b = busy.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(pending) = b.get_mut(&uid) {
+                *pending = true;
+                continue;
+            }
+            b.insert(uid.clone(), false);
         }
         let Ok(permit) = limit.clone().acquire_owned().await else { return };
         let inner = inner.clone();
         let busy = busy.clone();
         let retry = retry_tx.clone();
         tokio::spawn(async move {
-            let again = write_one(&inner, &uid).await;
-            busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid);
+            let mut again = write_one(&inner, &uid).await;
+            if busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid) == Some(true) {
+                again = Some(again.unwrap_or(Duration::ZERO));
+            }
             drop(permit);
             inner.idle.notify_waiters();
             if let Some(delay) = again {
