@@ -1,14 +1,17 @@
 //! The command line: parsing, logging, the runtime, and the data-dir layout.
 
 mod agent;
+mod certificate;
 mod check_config;
 mod cluster_bootstrap;
 mod config;
 mod datastore;
 mod duration;
 mod images;
+mod kubectl;
 mod node_args;
 mod server;
+mod table;
 mod token;
 
 use std::path::PathBuf;
@@ -46,8 +49,17 @@ enum Command {
     Images(images::ImagesArgs),
     /// Create, list and delete bootstrap tokens that agents join with.
     Token(token::TokenArgs),
+    /// Check the expiry of this host's certificates, or rotate them.
+    Certificate(certificate::CertificateArgs),
     /// Check whether this host can run ferrok: kernel, cgroups, programs, ports, data dir.
     CheckConfig(check_config::CheckConfigArgs),
+    /// Run the host's kubectl with the cluster's admin kubeconfig (also: ferrok linked as `kubectl`).
+    #[command(disable_help_flag = true)]
+    Kubectl {
+        /// kubectl's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
 }
 
 /// Whether ferrok runs as root.
@@ -129,7 +141,18 @@ fn limit_malloc_arenas() {
 }
 
 pub fn main() -> ExitCode {
-    let argv = match config::with_config_file(std::env::args_os().collect()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // kubectl's arguments are kubectl's: they go through untouched.
+    let kubectl_args = match argv.get(1) {
+        _ if argv.first().is_some_and(|a| kubectl::invoked_as_kubectl(a)) => Some(&argv[1..]),
+        Some(a) if a == "kubectl" => Some(&argv[2..]),
+        _ => None,
+    };
+    if let Some(args) = kubectl_args {
+        eprintln!("error: {:#}", kubectl::exec(args.to_vec()));
+        return ExitCode::FAILURE;
+    }
+    let argv = match config::with_config_file(argv) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e}");
@@ -155,7 +178,10 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(cli.verbose, matches!(cli.command, Command::Token(_) | Command::CheckConfig(_)));
+    init_logging(
+        cli.verbose,
+        matches!(cli.command, Command::Token(_) | Command::CheckConfig(_) | Command::Certificate(_)),
+    );
     limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads(32).build() {
         Ok(rt) => rt,
@@ -171,7 +197,9 @@ pub fn main() -> ExitCode {
             Command::Images(args) => images::run(args).await,
             Command::Token(args) => token::run(args).await,
             Command::CheckConfig(args) => check_config::run(args),
+            Command::Certificate(args) => certificate::run(args),
             Command::Agent(args) => agent::run(args).await,
+            Command::Kubectl { args } => Err(kubectl::exec(args)),
         }
     });
     match result {

@@ -174,13 +174,7 @@ fn row(secret: &Secret, now: k8s_openapi::jiff::Timestamp) -> Option<[String; 6]
 }
 
 fn print_table(rows: &[[String; 6]]) {
-    let header = ["TOKEN", "TTL", "EXPIRES", "USAGES", "DESCRIPTION", "EXTRA GROUPS"].map(String::from);
-    let all: Vec<&[String; 6]> = std::iter::once(&header).chain(rows).collect();
-    let widths: Vec<usize> = (0..6).map(|i| all.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
-    for r in all {
-        let cells: Vec<String> = (0..6).map(|i| format!("{:w$}", r[i], w = widths[i])).collect();
-        println!("{}", cells.join("   ").trim_end());
-    }
+    super::table::print_table(["TOKEN", "TTL", "EXPIRES", "USAGES", "DESCRIPTION", "EXTRA GROUPS"], rows);
 }
 
 pub async fn run(args: TokenArgs) -> anyhow::Result<()> {

@@ -14,6 +14,7 @@ const CA_VALIDITY: Duration = Duration::days(3650);
 const LEAF_VALIDITY: Duration = Duration::days(365);
 /// A leaf this close to expiry is issued anew at start.
 const RENEW_BEFORE: Duration = Duration::days(90);
+pub const RENEW_BEFORE_SECONDS: i64 = RENEW_BEFORE.whole_seconds();
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {

@@ -7,6 +7,7 @@
 
 pub mod bootstrap_data;
 mod certs;
+pub mod inspect;
 pub mod join_token;
 mod kubeconfig;
 pub mod node_password;
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 pub use certs::{
     ca_hash, far_from_expiry, new_request, seconds_left, still_good, subject_of, Ca, CertError, Issued, LeafSpec,
+    RENEW_BEFORE_SECONDS,
 };
 pub use kubeconfig::write_kubeconfig;
 
