@@ -69,6 +69,12 @@ fn server_token(cluster: &Cluster) -> String {
     std::fs::read_to_string(cluster.server().dir.path().join("server/token")).expect("token").trim().to_string()
 }
 
+/// The log of the node's newest process (tests/common/node.rs writes one file per start).
+fn latest_log(node: &Node) -> String {
+    let n = (1..).take_while(|i| node.dir.path().join(format!("server-{i}.log")).exists()).last().unwrap_or(1);
+    std::fs::read_to_string(node.dir.path().join(format!("server-{n}.log"))).unwrap_or_default()
+}
+
 fn nodes(node: &Node) -> Vec<String> {
     node.get(&["nodes"], "{.items[*].metadata.name}").split_whitespace().map(str::to_string).collect()
 }
@@ -255,6 +261,46 @@ fn agents_join_with_the_token_and_only_with_it() {
     assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].restartCount}"), "0");
     assert!(valid_for(300), "the client certificate renewed for a year");
     assert_ne!(fingerprint(&client_key), key_before, "a new key for the renewed certificate");
+
+    // The server token rotated: bad input first, which changes nothing.
+    let (ok, _, err) = ferrok_token(cluster.server(), &["rotate", "--new-token", "short"]);
+    assert!(!ok && err.trim() == "error: --new-token: the token's secret must be at least 16 characters", "{err}");
+    assert_eq!(server_token(&cluster), token);
+    let (ok, new_token, err) = ferrok_token(cluster.server(), &["rotate", "--new-token", "a-new-secret-of-the-server"]);
+    assert!(ok, "{err}");
+    let new_token = new_token.trim().to_string();
+    assert_eq!(
+        new_token,
+        format!("{}::server:a-new-secret-of-the-server", hash_and_rest.rsplit_once("::").expect("K10…::").0)
+    );
+    assert_eq!(server_token(&cluster), new_token, "the server's token file");
+    // Only the new token reads the join settings now.
+    let config_status = |bearer: &str| {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", cluster.server().netns))
+            .args(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(tls.join("server-ca.crt"))
+            .args(["-H", &format!("Authorization: Bearer {bearer}")])
+            .arg(format!("https://127.0.0.1:{}/v1-ferrok/config", cluster.server().port))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert_eq!(config_status(&new_token), "200");
+    assert_eq!(config_status(secret), "401");
+    // A new node with the old token is refused; the joined one, restarted
+    // with its old token, rejoins with its own certificate and keeps its pod.
+    let stale = cluster.lan_agent(&[]);
+    let (ok, err) = agent_run_to_end(&stale, &["--server", &url, "--token", &token], 30);
+    assert!(!ok && err.contains("refused the token"), "{err}");
+    drop(stale);
+    a.restart(false);
+    a.eventually("the agent serving again after the token rotation", 30, || {
+        latest_log(&a).contains("kubelet API listening")
+    });
+    assert!(!latest_log(&a).contains("joining with the token"), "{}", latest_log(&a));
+    a.eventually("the node Ready after the token rotation", 30, || ready(cluster.server(), &a.name) == "True");
+    assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].containerID}"), before);
     cluster.agents.push(a);
 }
 

@@ -2,7 +2,9 @@
 //!
 //! 1. read the server's CA bundle from `/cacerts` (nothing secret sent
 //!    yet) and check its SHA-256 against the join token's;
-//! 2. with that CA trusted, read the cluster settings with the token;
+//! 2. with that CA trusted, read the cluster settings with the token (a
+//!    node that joined before uses its own client certificate while it is
+//!    valid, so a rotated token does not lock it out);
 //! 3. generate the node's keys here and send certificate requests for its
 //!    client certificate (`system:node:<name>`, `system:nodes`) and its
 //!    kubelet serving certificate (its name and addresses), proving the
@@ -185,6 +187,9 @@ pub async fn join(opts: &JoinOptions) -> Result<Joined, JoinError> {
     let creds = Credentials::in_dir(&opts.dir);
     let server_ca = fetch_server_ca(opts, &creds.server_ca).await?;
     write(&creds.server_ca, &server_ca, 0o644)?;
+    if let Some(joined) = rejoin(opts, &creds).await {
+        return Ok(joined);
+    }
     let trusted = crate::pki::tls::client_config(&server_ca, None, &[b"http/1.1"])
         .map_err(|e| JoinError::Pki(format!("{}: {e}", creds.server_ca.display())))?;
     let bearer = format!("Bearer {}", opts.token.bearer());
@@ -221,6 +226,43 @@ pub async fn join(opts: &JoinOptions) -> Result<Joined, JoinError> {
     ensure(opts, &trusted, &auth, Kind::Client, &creds.client_cert, &creds.client_key, &client_spec).await?;
     ensure(opts, &trusted, &auth, Kind::Serving, &creds.serving_cert, &creds.serving_key, &serving_spec).await?;
     Ok(Joined { config, credentials: creds })
+}
+
+/// A node that joined before rejoins with its own client certificate while
+/// it is valid, so a rotated join token does not lock it out; None when it
+/// has none or the server does not take it (the token is tried then).
+async fn rejoin(opts: &JoinOptions, creds: &Credentials) -> Option<Joined> {
+    let cert = read(&creds.client_cert).ok()??;
+    read(&creds.client_key).ok()??;
+    let cn = format!("system:node:{}", opts.node_name);
+    if !subject_matches(&cert, &cn) || crate::pki::seconds_left(&cert).unwrap_or(0) < 60 {
+        return None;
+    }
+    let attempt = async {
+        let tls = client_tls(creds, b"http/1.1")?;
+        let (status, body) =
+            exchange(&opts.server, tls.clone(), Method::GET, "/v1-ferrok/config", &[], Vec::new()).await?;
+        if status != StatusCode::OK {
+            return Err(JoinError::Refused { what: "give the cluster settings", message: refusal(&body) });
+        }
+        let config: NodeJoinConfig = serde_json::from_slice(&body).map_err(|e| JoinError::Refused {
+            what: "give the cluster settings",
+            message: format!("unreadable answer: {e}"),
+        })?;
+        write(&creds.client_ca, &config.client_ca, 0o644)?;
+        let client_spec = LeafSpec::client(&cn, &["system:nodes"]);
+        let auth = Auth::Certificate;
+        ensure(opts, &tls, &auth, Kind::Serving, &creds.serving_cert, &creds.serving_key, &serving_spec(opts)).await?;
+        ensure(opts, &tls, &auth, Kind::Client, &creds.client_cert, &creds.client_key, &client_spec).await?;
+        Ok::<_, JoinError>(config)
+    };
+    match attempt.await {
+        Ok(config) => Some(Joined { config, credentials: creds.clone() }),
+        Err(e) => {
+            tracing::info!(error = %e, "the node's own certificate was not accepted; joining with the token");
+            None
+        }
+    }
 }
 
 fn serving_spec(opts: &JoinOptions) -> LeafSpec {

@@ -39,6 +39,7 @@ pub mod resource_metrics;
 pub mod selectable_fields;
 pub mod selector;
 pub mod serve;
+pub mod server_token;
 pub mod service_endpoint;
 pub mod status;
 pub mod storage;
@@ -73,7 +74,7 @@ pub struct ApiConfig {
     /// `--cluster-dns`: the `kube-dns` Service's cluster IP.
     pub cluster_dns: Option<IpAddr>,
     /// The node join token, accepted as a bearer token for bootstrapping.
-    pub join_token: Option<String>,
+    pub join_token: Option<Arc<server_token::ServerToken>>,
     /// How long Events live after their last write (`--event-ttl`).
     pub event_ttl: std::time::Duration,
     /// The audit policy and log (`--audit-policy-file`, `--audit-log-path`).
@@ -198,8 +199,7 @@ impl Api {
     pub async fn authenticate_token(&self, token: &str) -> Option<User> {
         if let Some(join) = &self.config.join_token {
             // The node join token, whole (K10<ca hash>::server:<secret>) or its secret.
-            let secret = join.rsplit(':').next().unwrap_or_default();
-            if !secret.is_empty() && (token == join || token == secret) {
+            if join.matches(token) {
                 return Some(User {
                     name: "system:ferrok:node-bootstrap".into(),
                     groups: vec![

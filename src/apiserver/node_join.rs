@@ -17,6 +17,10 @@
 //! name records a salted hash in the Secret
 //! `kube-system/<name>.node-password.ferrok`, and a later join of the same
 //! name with another password is refused.
+//!
+//! - `PUT /v1-ferrok/token`, for those RBAC lets `update` that path (the
+//!   cluster's administrators): rotates the server's join token
+//!   (server_token.rs).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -26,7 +30,9 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{json, Value};
 
+use super::auth::rbac::Attributes;
 use super::auth::User;
+use super::server_token::{RotateError, TokenRotation};
 use super::status::ApiError;
 use super::storage::WriteError;
 use super::Api;
@@ -93,6 +99,9 @@ pub async fn serve(api: &Api, user: &User, method: &Method, path: &str, headers:
     if user.is_anonymous() {
         return ApiError::unauthorized().into_response();
     }
+    if path == TOKEN_PATH {
+        return rotate_token(api, user, method, body).await;
+    }
     let bootstrapper = user.in_group("system:bootstrappers");
     let node_user = user.in_group("system:nodes").then(|| user.name.strip_prefix("system:node:")).flatten();
     if !bootstrapper && node_user.is_none() {
@@ -110,6 +119,36 @@ pub async fn serve(api: &Api, user: &User, method: &Method, path: &str, headers:
             method_not_allowed()
         }
         _ => ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response(),
+    }
+}
+
+/// Where an administrator rotates the server's join token.
+pub const TOKEN_PATH: &str = "/v1-ferrok/token";
+
+/// `PUT /v1-ferrok/token` with a [`TokenRotation`]: the new token (whole,
+/// its secret, or empty for a random one); the answer holds the whole token.
+async fn rotate_token(api: &Api, user: &User, method: &Method, body: &[u8]) -> Response {
+    if method != Method::PUT {
+        return method_not_allowed();
+    }
+    let attrs = Attributes { verb: "update".into(), path: Some(TOKEN_PATH.into()), ..Default::default() };
+    if !api.allowed(user, &attrs) {
+        return ApiError::forbidden(format!("User \"{}\" cannot rotate the server token", user.name)).into_response();
+    }
+    let Some(token) = api.config.join_token.as_ref() else {
+        return ApiError::new(404, "NotFound", "this server has no join token").into_response();
+    };
+    let wanted: TokenRotation = match serde_json::from_slice(body) {
+        Ok(w) => w,
+        Err(e) => return ApiError::bad_request(format!("the body is not a token rotation: {e}")).into_response(),
+    };
+    match token.rotate(&wanted.token).await {
+        Ok(new) => axum::Json(TokenRotation { token: new }).into_response(),
+        Err(e @ (RotateError::Invalid(_) | RotateError::OtherCa { .. })) => {
+            ApiError::bad_request(e.to_string()).into_response()
+        }
+        Err(e @ RotateError::Raced) => ApiError::new(409, "Conflict", e.to_string()).into_response(),
+        Err(e) => ApiError::new(500, "InternalError", e.to_string()).into_response(),
     }
 }
 

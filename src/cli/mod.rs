@@ -5,6 +5,8 @@ mod certificate;
 mod check_config;
 mod cluster_bootstrap;
 mod config;
+#[cfg(test)]
+mod config_reference;
 mod datastore;
 mod duration;
 mod images;

@@ -63,10 +63,13 @@ pub struct ServerArgs {
     /// Use this external etcd (comma-separated URLs) instead of the embedded store.
     #[arg(long, value_name = "URLS")]
     pub datastore_endpoint: Option<String>,
+    /// CA bundle that signs the external etcd's serving certificates
     #[arg(long, value_name = "FILE")]
     pub datastore_cafile: Option<PathBuf>,
+    /// Client certificate for the external etcd
     #[arg(long, value_name = "FILE")]
     pub datastore_certfile: Option<PathBuf>,
+    /// Key of --datastore-certfile
     #[arg(long, value_name = "FILE")]
     pub datastore_keyfile: Option<PathBuf>,
     /// Also serve the store as an etcd v3 endpoint at this URL (http://host:port).
@@ -220,7 +223,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     };
     let pki = Pki::ensure(&PkiOptions {
         dir: tls_dir,
-        token_file,
+        token_file: token_file.clone(),
         sans,
         cluster_domain: args.cluster_domain.clone(),
         service_ip: Some(IpAddr::V4(args.service_cidr.nth(1))),
@@ -229,8 +232,16 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     .context("cannot prepare the certificates")?;
 
     let (server_ca, client_ca) = pki.load_cas().context("the certificate authorities")?;
+    let server_ca_bundle =
+        std::fs::read(&pki.server_ca_cert).with_context(|| format!("cannot read {}", pki.server_ca_cert.display()))?;
+    let join_token = apiserver::server_token::ServerToken::new(
+        pki.token.clone(),
+        token_file,
+        &server_ca_bundle,
+        args.datastore_endpoint.as_ref().map(|_| store.clone()),
+    );
     let node_join = apiserver::node_join::JoinAuthority::new(
-        std::fs::read(&pki.server_ca_cert).with_context(|| format!("cannot read {}", pki.server_ca_cert.display()))?,
+        server_ca_bundle,
         server_ca,
         client_ca,
         apiserver::node_join::NodeJoinConfig {
@@ -250,7 +261,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         service_cidr: args.service_cidr,
         cluster_domain: args.cluster_domain.clone(),
         cluster_dns: Some(args.cluster_dns),
-        join_token: Some(pki.token.clone()),
+        join_token: Some(join_token),
         event_ttl: args.event_ttl,
         audit: auditor(&args).context("audit")?,
         kubelet: Some(

@@ -1,5 +1,6 @@
 //! `ferrok token create|list|delete`: bootstrap tokens for agents to join
-//! with, as k3s' and kubeadm's `token` commands. Each token is a Secret
+//! with, as k3s' and kubeadm's `token` commands; `ferrok token rotate`
+//! replaces the server's own join token (apiserver/server_token.rs). Each token is a Secret
 //! `kube-system/bootstrap-token-<id>` of type `bootstrap.kubernetes.io/token`
 //! (what the API server's bootstrap-token authenticator reads), written
 //! through the API with the server's admin credentials, and printed in the
@@ -16,6 +17,8 @@ use k8s_openapi::ByteString;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 
 use crate::apiserver::auth::bootstrap_token::SECRET_TYPE;
+use crate::apiserver::node_join::TOKEN_PATH;
+use crate::apiserver::server_token::TokenRotation;
 use crate::client::https::{ServerList, Transport};
 use crate::pki::join_token::{is_bootstrap_token, new_bootstrap_token};
 
@@ -62,9 +65,16 @@ enum TokenCommand {
         #[arg(required = true)]
         tokens: Vec<String>,
     },
+    /// Replace the server's join token; nodes already joined keep working.
+    Rotate {
+        /// The new token (its secret, or a whole K10… token of this cluster); a random one when not given.
+        #[arg(long, value_name = "TOKEN")]
+        new_token: Option<String>,
+    },
 }
 
 struct Server {
+    client: kube::Client,
     secrets: Api<Secret>,
     /// `K10<hash>::`, the prefix that names the server's CA.
     prefix: String,
@@ -84,7 +94,8 @@ fn connect(args: &TokenArgs) -> anyhow::Result<Server> {
     let address = super::agent::server_address(&args.server)?;
     let transport = Transport::new(ServerList::new(address, None), tls_config);
     let prefix = format!("K10{}::", crate::pki::ca_hash(ca.as_bytes()));
-    Ok(Server { secrets: Api::namespaced(transport.client(), "kube-system"), prefix })
+    let client = transport.client();
+    Ok(Server { secrets: Api::namespaced(client.clone(), "kube-system"), client, prefix })
 }
 
 fn text(s: &str) -> ByteString {
@@ -215,6 +226,22 @@ pub async fn run(args: TokenArgs) -> anyhow::Result<()> {
                     Err(e) => return Err(e).with_context(|| format!("cannot delete bootstrap token {id:?}")),
                 }
             }
+        }
+        TokenCommand::Rotate { new_token } => {
+            let body = TokenRotation { token: new_token.clone().unwrap_or_default() };
+            let req = axum::http::Request::put(TOKEN_PATH)
+                .header("content-type", "application/json")
+                .body(serde_json::to_vec(&body)?)?;
+            let rotated: TokenRotation = match server.client.request(req).await {
+                Ok(r) => r,
+                Err(kube::Error::Api(s)) if s.code == 400 => bail!("--new-token: {}", s.message),
+                Err(e) => return Err(e).context("cannot rotate the server token"),
+            };
+            println!("{}", rotated.token);
+            eprintln!(
+                "The server token was rotated. Nodes already joined keep working; give the new token to nodes that \
+                 join from now on, and to the other servers of this cluster (--token, restart them)."
+            );
         }
     }
     Ok(())

@@ -199,7 +199,12 @@ pub fn fill_random(buf: &mut [u8]) {
 
 /// A new join token, `K10<server CA hash>::server:<random secret>`.
 pub(crate) fn new_token(server_ca_pem: &str) -> String {
-    format!("K10{}::server:{:032x}", certs::ca_hash(server_ca_pem.as_bytes()), random_u128())
+    new_token_for_hash(&certs::ca_hash(server_ca_pem.as_bytes()))
+}
+
+/// A new join token naming the server CA of SHA-256 `ca_hash`.
+pub(crate) fn new_token_for_hash(ca_hash: &str) -> String {
+    format!("K10{ca_hash}::server:{:032x}", random_u128())
 }
 
 fn random_u128() -> u128 {

@@ -1,7 +1,7 @@
-//! Plain reads and a first-writer-wins create, for callers that keep bytes
+//! Plain reads, a first-writer-wins create and a guarded move, for callers that keep bytes
 //! of their own beside the API's objects (the cluster's bootstrap data).
 
-use super::proto::{request_op, Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use super::proto::{request_op, Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest};
 use super::{prefix_end, Result, Store};
 
 /// The value of `key`, if it exists.
@@ -30,6 +30,22 @@ pub async fn create_first_under(store: &dyn Store, prefix: &[u8], key: &[u8], va
     Ok(store.txn(req).await?.succeeded)
 }
 
+/// Moves the value at `from` to `to` as `value`, in one txn guarded by
+/// `from`'s revision: false when `from` is gone or changed meanwhile.
+pub async fn replace(store: &dyn Store, from: &[u8], to: &[u8], value: Vec<u8>) -> Result<bool> {
+    let resp = store.range(RangeRequest { key: from.to_vec(), ..Default::default() }).await?;
+    let Some(current) = resp.kvs.into_iter().next() else { return Ok(false) };
+    let put = PutRequest { key: to.to_vec(), value, ..Default::default() };
+    let mut success = vec![RequestOp { request: Some(request_op::Request::RequestPut(put)) }];
+    if from != to {
+        let delete = DeleteRangeRequest { key: from.to_vec(), ..Default::default() };
+        success.push(RequestOp { request: Some(request_op::Request::RequestDeleteRange(delete)) });
+    }
+    let req =
+        TxnRequest { compare: vec![Compare::mod_revision_is(from, current.mod_revision)], success, failure: vec![] };
+    Ok(store.txn(req).await?.succeeded)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,5 +63,10 @@ mod tests {
         assert_eq!(get(store.as_ref(), b"/b/one").await.unwrap(), Some(b"1".to_vec()));
         assert_eq!(get(store.as_ref(), b"/b/two").await.unwrap(), None);
         assert_eq!(keys_under(store.as_ref(), b"/b/").await.unwrap(), vec![b"/b/one".to_vec()]);
+
+        assert!(replace(store.as_ref(), b"/b/one", b"/b/two", b"2".to_vec()).await.unwrap());
+        assert_eq!(keys_under(store.as_ref(), b"/b/").await.unwrap(), vec![b"/b/two".to_vec()]);
+        assert_eq!(get(store.as_ref(), b"/b/two").await.unwrap(), Some(b"2".to_vec()));
+        assert!(!replace(store.as_ref(), b"/b/one", b"/b/three", b"3".to_vec()).await.unwrap());
     }
 }
