@@ -694,6 +694,7 @@ SYSTEMD_EOF
     else
         render "$(openrc_exec)" >"$TMP_DIR/service" <<'OPENRC_EOF'
 #!/sbin/openrc-run
+# shellcheck shell=sh disable=SC2034,SC1090,SC1091
 # @SYSTEM_NAME@: ferrok, Kubernetes in one executable.
 
 depend() {

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::ferrok_bin;
 use common::install::{
-    copy_binary, kubectl, listing, processes_under, repo, run_install, text, wait_node_ready, Netns,
-    Release, Service,
+    cgroup_root, copy_binary, kubectl, listing, node_name, processes_under, repo, run_install, server_exec, text,
+    wait_node_ready, Netns, Release, Service,
 };
 
 /// The shell scripts of the repository and their shell.
@@ -241,17 +241,12 @@ fn install_start_killall_uninstall_leaves_nothing() {
     let release = Release::serve(Path::new(ferrok_bin()), None);
     let netns = Netns::new();
     let root = tempfile::tempdir().expect("tempdir");
-    let r = root.path().to_string_lossy().into_owned();
     let outside = tempfile::tempdir().expect("tempdir");
     let config = outside.path().join("config.yaml");
     std::fs::write(&config, "node-label:\n  - installed-by=install-sh\n").expect("config");
-    let node = format!("inst-{}", netns.n);
-    let cgroup_root = format!("/ferrok-inst-{}", netns.n);
-    let exec = format!(
-        "server --node-name {node} --kubelet-arg cgroup-root={cgroup_root} \
-         --kubelet-arg eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1% \
-         --kubelet-arg image-gc-high-threshold=100"
-    );
+    let node = node_name(&netns);
+    let cgroup_root = cgroup_root(&netns);
+    let exec = server_exec(&netns);
     assert!(listing(root.path()).is_empty());
 
     let started = Instant::now();

@@ -258,3 +258,24 @@ pub fn processes_under(dir: &Path) -> Vec<(u32, String)> {
     }
     out
 }
+
+/// INSTALL_FERROK_EXEC for a server in namespace `netns`: its node name,
+/// a cgroup root of its own, and the eviction thresholds the test machines
+/// need (most of their free disk is reserved).
+pub fn server_exec(netns: &Netns) -> String {
+    format!(
+        "server --node-name {} --kubelet-arg cgroup-root={} \
+         --kubelet-arg eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1% \
+         --kubelet-arg image-gc-high-threshold=100",
+        node_name(netns),
+        cgroup_root(netns)
+    )
+}
+
+pub fn node_name(netns: &Netns) -> String {
+    format!("inst-{}", netns.n)
+}
+
+pub fn cgroup_root(netns: &Netns) -> String {
+    format!("/ferrok-inst-{}", netns.n)
+}
