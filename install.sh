@@ -506,10 +506,10 @@ awk -v d="$DATA_DIR" 'index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo |
     umount "$mount" 2>/dev/null || umount -l "$mount" 2>/dev/null || echo "warning: cannot unmount $mount" >&2
 done
 
-# CNI's cached results of this install's pod sandboxes.
+# CNI's cached results of this install's pod sandboxes (`<network>-<id>-<if>`).
 for sandbox in "$DATA_DIR"/agent/containerd/io.containerd.grpc.v1.cri/sandboxes/*; do
     [ -e "$sandbox" ] || continue
-    rm -f /var/lib/cni/results/ferrok-"${sandbox##*/}"-*
+    rm -f /var/lib/cni/results/*-"${sandbox##*/}"-*
 done
 
 # The network: ferrok's nftables table, its links, its routes.

@@ -331,9 +331,9 @@ fn install_start_killall_uninstall_leaves_nothing() {
         .filter_map(|l| l.split(": ").nth(1))
         .map(|l| l.split('@').next().unwrap_or(l).to_string())
         .collect();
-    assert_eq!(links, ["lo", "fkdummy"], "links left");
+    assert_eq!(links, ["lo", "fkpeer", "fkhost"], "links left");
     let routes = netns.must(&["ip", "route"]);
-    assert!(routes.lines().all(|l| l.contains("fkdummy")), "routes left:\n{routes}");
+    assert!(routes.lines().all(|l| l.contains("dev fkhost")), "routes left:\n{routes}");
     assert_eq!(cgroups_named(&cgroup_root), Vec::<PathBuf>::new(), "cgroups left");
     for id in &sandboxes {
         for e in std::fs::read_dir("/var/lib/cni/results").into_iter().flatten().filter_map(Result::ok) {

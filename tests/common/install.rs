@@ -120,9 +120,9 @@ pub fn text(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
 }
 
-/// An empty network namespace `fk-inst-<n>`: loopback, and a dummy link
-/// with 10.203.<n>.2/24 and the default route, so that ferrok finds a host
-/// address. Nothing in it reaches outside.
+/// An empty network namespace `fk-inst-<n>`: loopback, and a veth pair
+/// (both ends inside) with 10.203.<n>.2/24 on `fkhost` and the default
+/// route, so that ferrok finds a host address. Nothing in it reaches outside.
 pub struct Netns {
     pub name: String,
     pub n: u8,
@@ -142,10 +142,11 @@ impl Netns {
             }
             let ns = Netns { name, n };
             ns.must(&["ip", "link", "set", "lo", "up"]);
-            ns.must(&["ip", "link", "add", "fkdummy", "type", "dummy"]);
-            ns.must(&["ip", "addr", "add", &format!("10.203.{n}.2/24"), "dev", "fkdummy"]);
-            ns.must(&["ip", "link", "set", "fkdummy", "up"]);
-            ns.must(&["ip", "route", "add", "default", "via", &format!("10.203.{n}.1"), "dev", "fkdummy"]);
+            ns.must(&["ip", "link", "add", "fkhost", "type", "veth", "peer", "name", "fkpeer"]);
+            ns.must(&["ip", "addr", "add", &format!("10.203.{n}.2/24"), "dev", "fkhost"]);
+            ns.must(&["ip", "link", "set", "fkpeer", "up"]);
+            ns.must(&["ip", "link", "set", "fkhost", "up"]);
+            ns.must(&["ip", "route", "add", "default", "via", &format!("10.203.{n}.1"), "dev", "fkhost"]);
             return ns;
         }
         panic!("no free network namespace fk-inst-1 … fk-inst-250");
