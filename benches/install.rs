@@ -48,7 +48,13 @@ fn main() {
     let data = root.path().join("var/lib/ferrok");
     let bin_dir = root.path().join("usr/local/bin");
     let mut service = Service::start_openrc(&netns, &root.path().join("etc/init.d/ferrok"));
-    let ready = wait_node_ready(&netns, &mut service, &data.join("kubeconfig.yaml"), &node_name(&netns), Duration::from_secs(120));
+    let ready = wait_node_ready(
+        &netns,
+        &mut service,
+        &data.join("kubeconfig.yaml"),
+        &node_name(&netns),
+        Duration::from_secs(120),
+    );
     let to_ready = started.elapsed();
     let t = Instant::now();
     let killall = netns.command(bin_dir.join("ferrok-killall.sh")).output().expect("killall");

@@ -65,6 +65,22 @@ fn render(template: &str, values: &[(&str, String)]) -> String {
     text
 }
 
+/// Panics with the first line where `actual` (a written file) and the
+/// template differ.
+fn assert_same(actual: &str, expected: &str, what: &str) {
+    if actual == expected {
+        return;
+    }
+    let (a, e): (Vec<&str>, Vec<&str>) = (actual.lines().collect(), expected.lines().collect());
+    let line = a.iter().zip(&e).position(|(x, y)| x != y).unwrap_or(a.len().min(e.len()));
+    panic!(
+        "{what}: line {} is\n  {:?}\nbut packaging/ says\n  {:?}",
+        line + 1,
+        a.get(line).copied().unwrap_or("<end>"),
+        e.get(line).copied().unwrap_or("<end>")
+    );
+}
+
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -93,7 +109,8 @@ fn installer_writes_packaging_files_and_uninstalls_them() {
             let out = run_install(root.path(), &env, &["--node-name", "n1"]);
             assert!(out.status.success(), "{init} agent={agent}: {}", text(&out));
             let name = if agent { "ferrok-agent" } else { "ferrok" };
-            let exec = format!("{} --node-name n1 --data-dir {r}/var/lib/ferrok", if agent { "agent" } else { "server" });
+            let exec =
+                format!("{} --node-name n1 --data-dir {r}/var/lib/ferrok", if agent { "agent" } else { "server" });
             let (service, env_file) = if init == "systemd" {
                 (format!("{r}/etc/systemd/system/{name}.service"), format!("{r}/etc/systemd/system/{name}.service.env"))
             } else {
@@ -114,9 +131,9 @@ fn installer_writes_packaging_files_and_uninstalls_them() {
                 ("ROOT", r.clone()),
             ];
             let template = if init == "systemd" { "systemd/ferrok.service" } else { "openrc/ferrok" };
-            assert_eq!(read(Path::new(&service)), render(template, &values), "{service} differs from packaging/{template}");
+            assert_same(&read(Path::new(&service)), &render(template, &values), &service);
             let killall = root.path().join("usr/local/bin/ferrok-killall.sh");
-            assert_eq!(read(&killall), render("ferrok-killall.sh", &values), "killall differs from packaging/");
+            assert_same(&read(&killall), &render("ferrok-killall.sh", &values), "ferrok-killall.sh");
             assert_eq!(mode(&killall), 0o755);
             assert_eq!(mode(Path::new(&env_file)), 0o600, "the env file holds the token");
             let env_text = read(Path::new(&env_file));
@@ -129,7 +146,8 @@ fn installer_writes_packaging_files_and_uninstalls_them() {
             check_script(&uninstall);
             check_script(&killall);
             if init == "systemd" && systemd_analyze {
-                let out = Command::new("systemd-analyze").arg("verify").arg(&service).output().expect("systemd-analyze");
+                let out =
+                    Command::new("systemd-analyze").arg("verify").arg(&service).output().expect("systemd-analyze");
                 assert!(out.status.success(), "systemd-analyze verify {service}: {}", text(&out));
             }
             let out = Command::new(&uninstall).output().expect("uninstall");
@@ -282,7 +300,10 @@ fn install_start_killall_uninstall_leaves_nothing() {
 
     // The config file the installer named in the env file was read, and
     // kubectl linked to ferrok runs the host's kubectl.
-    let labels = netns.command(bin.join("kubectl")).args(["--kubeconfig"]).arg(&kubeconfig)
+    let labels = netns
+        .command(bin.join("kubectl"))
+        .args(["--kubeconfig"])
+        .arg(&kubeconfig)
         .args(["get", "node", &node, "-o", "jsonpath={.metadata.labels.installed-by}"])
         .output()
         .expect("kubectl link");
@@ -389,7 +410,7 @@ fn deb_installs_and_purges() {
             ("ENV_FILE", format!("/etc/systemd/system/{name}.service.env")),
         ];
         let unit = r.join(format!("lib/systemd/system/{name}.service"));
-        assert_eq!(read(&unit), render("systemd/ferrok.service", &values));
+        assert_same(&read(&unit), &render("systemd/ferrok.service", &values), &unit.to_string_lossy());
     }
     let values = [
         ("BIN_DIR", "/usr/bin".to_string()),
@@ -401,7 +422,7 @@ fn deb_installs_and_purges() {
         ("ROOT", String::new()),
     ];
     let killall = r.join("usr/bin/ferrok-killall.sh");
-    assert_eq!(read(&killall), render("ferrok-killall.sh", &values));
+    assert_same(&read(&killall), &render("ferrok-killall.sh", &values), "the .deb's ferrok-killall.sh");
     assert_eq!(mode(&killall), 0o755);
     dpkg(&["-P", "ferrok"]);
     let left: Vec<String> = listing(r).into_iter().filter(|p| !p.starts_with("var/lib/dpkg")).collect();

@@ -249,8 +249,10 @@ pub fn processes_under(dir: &Path) -> Vec<(u32, String)> {
     let Ok(procs) = std::fs::read_dir("/proc") else { return out };
     for p in procs.filter_map(Result::ok) {
         let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let exe = std::fs::read_link(p.path().join("exe")).map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&std::fs::read(p.path().join("cmdline")).unwrap_or_default()).replace('\0', " ");
+        let exe =
+            std::fs::read_link(p.path().join("exe")).map(|e| e.to_string_lossy().into_owned()).unwrap_or_default();
+        let cmdline =
+            String::from_utf8_lossy(&std::fs::read(p.path().join("cmdline")).unwrap_or_default()).replace('\0', " ");
         let status = std::fs::read_to_string(p.path().join("status")).unwrap_or_default();
         let zombie = status.lines().any(|l| l.starts_with("State:") && l.contains('Z'));
         if !zombie && (exe.starts_with(&dir) || cmdline.contains(&dir)) {
