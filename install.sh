@@ -770,7 +770,14 @@ main() {
     create_killall
     create_uninstall
     service_enable_and_start
-    info "$SYSTEM_NAME installed; remove it with $UNINSTALL_SH"
+    if [ "$CMD" = server ]; then
+        if [ -n "$POD_LOGS_DIR" ]; then kubeconfig=$ETC_DIR/ferrok.yaml; else kubeconfig=$DATA_DIR/kubeconfig.yaml; fi
+        info "admin kubeconfig: $kubeconfig; agents join with the token in $DATA_DIR/server/token"
+    fi
+    if is_true "${INSTALL_FERROK_SKIP_ENABLE:-}" || is_true "${INSTALL_FERROK_SKIP_START:-}"; then
+        info "not started: $SERVICE_FILE runs $BIN_DIR/ferrok $EXEC_ARGS"
+    fi
+    info "$SYSTEM_NAME installed; stop everything with $KILLALL_SH, remove it with $UNINSTALL_SH"
 }
 
 main "$@"

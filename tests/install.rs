@@ -192,6 +192,40 @@ fn bad_input_is_one_line_and_installs_nothing() {
     }
 }
 
+/// On a host without containerd, runc, nftables or iproute2 the installer
+/// installs them with the package manager it finds, and says so. Here the
+/// host is a PATH with the installer's own tools only, and an `apt-get`
+/// that writes down what it was asked.
+#[test]
+fn missing_host_packages_are_installed_with_apt() {
+    let root = root_with_binary();
+    let path = tempfile::tempdir().expect("tempdir");
+    for tool in [
+        "sh", "env", "sed", "awk", "id", "rm", "cp", "mv", "chmod", "mkdir", "dirname", "grep", "tr", "mktemp", "ln",
+        "cat", "sha256sum",
+    ] {
+        let real = ["/usr/bin", "/bin"].iter().map(|d| Path::new(d).join(tool)).find(|p| p.exists());
+        std::os::unix::fs::symlink(real.unwrap_or_else(|| panic!("no {tool}")), path.path().join(tool)).expect("link");
+    }
+    let asked = path.path().join("asked");
+    let apt = path.path().join("apt-get");
+    std::fs::write(&apt, format!("#!/bin/sh\necho \"$*\" >>{}\n", asked.display())).expect("apt-get");
+    std::fs::set_permissions(&apt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let out = Command::new("/bin/sh")
+        .arg(repo().join("install.sh"))
+        .env_clear()
+        .env("PATH", path.path())
+        .env("INSTALL_FERROK_ROOT", root.path())
+        .env("INSTALL_FERROK_SKIP_DOWNLOAD", "true")
+        .env("INSTALL_FERROK_INIT", "openrc")
+        .env("INSTALL_FERROK_SYMLINK", "skip")
+        .output()
+        .expect("install.sh");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("[INFO]  installed: containerd runc nftables iproute2"), "{}", text(&out));
+    assert_eq!(read(&asked), "update -qq\ninstall -y -qq containerd runc nftables iproute2\n");
+}
+
 /// A download whose checksum does not match, or that is not there, stops
 /// the installer with one line before anything is installed.
 #[test]
