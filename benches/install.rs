@@ -30,7 +30,7 @@ fn main() {
     let out = Command::new("strip").arg(&stripped).output().expect("strip (binutils)");
     assert!(out.status.success(), "strip: {}", text(&out));
     let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
-    println!("binary {}: {:.1} MiB, stripped {:.1} MiB", bin.display(), mib(size(bin)), mib(size(&stripped)));
+    println!("binary {}: {:.1} MiB, after strip {:.1} MiB", bin.display(), mib(size(bin)), mib(size(&stripped)));
 
     let release = Release::serve(&stripped, None);
     let netns = Netns::new();
