@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::ferrok_bin;
 use common::install::{
-    cgroup_root, copy_binary, kubectl, listing, node_name, processes_under, repo, run_install, server_exec, text,
-    wait_node_ready, Netns, Release, Service,
+    cgroup_root, copy_binary, kubectl, listing, node_exec, node_name, processes_under, repo, run_install, server_exec,
+    text, wait_node_ready, Netns, Release, Service,
 };
 
 /// The shell scripts of the repository and their shell.
@@ -201,8 +201,23 @@ fn missing_host_packages_are_installed_with_apt() {
     let root = root_with_binary();
     let path = tempfile::tempdir().expect("tempdir");
     for tool in [
-        "sh", "env", "sed", "awk", "id", "rm", "cp", "mv", "chmod", "mkdir", "dirname", "grep", "tr", "mktemp", "ln",
-        "cat", "sha256sum",
+        "sh",
+        "env",
+        "sed",
+        "awk",
+        "id",
+        "rm",
+        "cp",
+        "mv",
+        "chmod",
+        "mkdir",
+        "dirname",
+        "grep",
+        "tr",
+        "mktemp",
+        "ln",
+        "cat",
+        "sha256sum",
     ] {
         let real = ["/usr/bin", "/bin"].iter().map(|d| Path::new(d).join(tool)).find(|p| p.exists());
         std::os::unix::fs::symlink(real.unwrap_or_else(|| panic!("no {tool}")), path.path().join(tool)).expect("link");
@@ -402,6 +417,76 @@ fn install_start_killall_uninstall_leaves_nothing() {
     let out = Command::new(bin.join("ferrok-uninstall.sh")).output().expect("uninstall");
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(listing(root.path()), BTreeSet::new(), "the uninstaller left files");
+}
+
+/// `FERROK_URL` and `FERROK_TOKEN` given to the installer make an agent
+/// service (`ferrok-agent`, its own uninstaller) whose env file carries
+/// them: started from its OpenRC script on a second host, it joins the
+/// server installed the same way and its node becomes Ready.
+#[test]
+fn agent_installed_with_ferrok_url_joins_the_server() {
+    let release = Release::serve(Path::new(ferrok_bin()), None);
+    let server_ns = Netns::new();
+    let agent_ns = server_ns.neighbour();
+    let server_root = tempfile::tempdir().expect("tempdir");
+    let agent_root = tempfile::tempdir().expect("tempdir");
+    let exec = server_exec(&server_ns);
+    let env = [
+        ("INSTALL_FERROK_INIT", "openrc"),
+        ("INSTALL_FERROK_DOWNLOAD_URL", release.url.as_str()),
+        ("INSTALL_FERROK_EXEC", exec.as_str()),
+    ];
+    let out = run_install(server_root.path(), &env, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let server_bin = server_root.path().join("usr/local/bin");
+    let _server_cleanup = Cleanup { netns: &server_ns, killall: server_bin.join("ferrok-killall.sh") };
+    let server_data = server_root.path().join("var/lib/ferrok");
+    let kubeconfig = server_data.join("kubeconfig.yaml");
+    let mut server = Service::start_openrc(&server_ns, &server_root.path().join("etc/init.d/ferrok"));
+    assert!(
+        wait_node_ready(&server_ns, &mut server, &kubeconfig, &node_name(&server_ns), Duration::from_secs(120)),
+        "the server's node did not become Ready\n{}",
+        std::fs::read_to_string(server_root.path().join("var/log/ferrok.log")).unwrap_or_default()
+    );
+
+    let token = read(&server_data.join("server/token"));
+    let url = format!("https://10.203.{}.2:6443", server_ns.n);
+    let exec = node_exec("agent", &agent_ns);
+    let env = [
+        ("INSTALL_FERROK_INIT", "openrc"),
+        ("INSTALL_FERROK_DOWNLOAD_URL", release.url.as_str()),
+        ("INSTALL_FERROK_EXEC", exec.as_str()),
+        ("FERROK_URL", url.as_str()),
+        ("FERROK_TOKEN", token.trim()),
+    ];
+    let out = run_install(agent_root.path(), &env, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let agent_bin = agent_root.path().join("usr/local/bin");
+    let _agent_cleanup = Cleanup { netns: &agent_ns, killall: agent_bin.join("ferrok-killall.sh") };
+    let script = agent_root.path().join("etc/init.d/ferrok-agent");
+    let mut agent = Service::start_openrc(&agent_ns, &script);
+    assert!(
+        wait_node_ready(&server_ns, &mut agent, &kubeconfig, &node_name(&agent_ns), Duration::from_secs(120)),
+        "the agent's node did not become Ready\n{}",
+        std::fs::read_to_string(agent_root.path().join("var/log/ferrok-agent.log")).unwrap_or_default()
+    );
+
+    for (ns, bin, root, uninstall) in [
+        (&agent_ns, &agent_bin, &agent_root, "ferrok-agent-uninstall.sh"),
+        (&server_ns, &server_bin, &server_root, "ferrok-uninstall.sh"),
+    ] {
+        let out = ns.command(bin.join("ferrok-killall.sh")).output().expect("killall");
+        assert!(out.status.success(), "{}", text(&out));
+        assert_eq!(processes_under(root.path()), vec![], "processes left");
+        let (table, _) = ns.run(&["nft", "list", "table", "inet", "ferrok"]);
+        assert!(!table, "the nftables table inet ferrok is left in {}", ns.name);
+        let links = ns.must(&["ip", "-o", "link"]);
+        assert!(!links.contains("ferrok"), "links left in {}:\n{links}", ns.name);
+        let out = Command::new(bin.join(uninstall)).output().expect("uninstall");
+        assert!(out.status.success(), "{}", text(&out));
+        assert_eq!(listing(root.path()), BTreeSet::new(), "{uninstall} left files");
+    }
+    assert!(agent.exited() && server.exited());
 }
 
 /// The .deb (dpkg-deb from a staged tree) holds packaging/'s units and

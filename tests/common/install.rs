@@ -152,6 +152,27 @@ impl Netns {
         panic!("no free network namespace fk-inst-1 … fk-inst-250");
     }
 
+    /// A second namespace linked to this one: this one's `fkpeer` moves
+    /// there with 10.203.<n>.3/24 and a default route through this one
+    /// (10.203.<n>.2), as a second host on its network.
+    pub fn neighbour(&self) -> Netns {
+        for m in 1..=250u8 {
+            let name = format!("fk-inst-{m}");
+            if !ip(&["netns", "add", &name]).0 {
+                continue;
+            }
+            let ns = Netns { name, n: m };
+            ns.must(&["ip", "link", "set", "lo", "up"]);
+            self.must(&["ip", "link", "set", "fkpeer", "netns", &ns.name]);
+            let n = self.n;
+            ns.must(&["ip", "addr", "add", &format!("10.203.{n}.3/24"), "dev", "fkpeer"]);
+            ns.must(&["ip", "link", "set", "fkpeer", "up"]);
+            ns.must(&["ip", "route", "add", "default", "via", &format!("10.203.{n}.2"), "dev", "fkpeer"]);
+            return ns;
+        }
+        panic!("no free network namespace fk-inst-1 … fk-inst-250");
+    }
+
     /// A program inside the namespace (network only: the host's mounts).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let mut cmd = Command::new("nsenter");
@@ -266,8 +287,13 @@ pub fn processes_under(dir: &Path) -> Vec<(u32, String)> {
 /// a cgroup root of its own, and the eviction thresholds the test machines
 /// need (most of their free disk is reserved).
 pub fn server_exec(netns: &Netns) -> String {
+    node_exec("server", netns)
+}
+
+/// INSTALL_FERROK_EXEC for `server` or `agent` in namespace `netns`.
+pub fn node_exec(command: &str, netns: &Netns) -> String {
     format!(
-        "server --node-name {} --kubelet-arg cgroup-root={} \
+        "{command} --node-name {} --kubelet-arg cgroup-root={} \
          --kubelet-arg eviction-hard=memory.available<100Mi,nodefs.available<1%,imagefs.available<1% \
          --kubelet-arg image-gc-high-threshold=100",
         node_name(netns),
