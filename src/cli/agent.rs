@@ -41,7 +41,7 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub node: super::node_args::NodeArgs,
     /// Config file (YAML; keys are the long flag names).
-    #[arg(long, value_name = "FILE", default_value = "/etc/ferrok/config.yaml")]
+    #[arg(long, value_name = "FILE", env = "FERROK_CONFIG_FILE", default_value = "/etc/ferrok/config.yaml")]
     pub config: PathBuf,
 }
 

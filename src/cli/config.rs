@@ -1,11 +1,13 @@
-//! The config file (`--config`, default /etc/ferrok/config.yaml): a YAML
-//! map whose keys are long flag names. Its entries go before the command
+//! The config file (`--config`, else `FERROK_CONFIG_FILE`, default
+//! /etc/ferrok/config.yaml): a YAML map whose keys are long flag names. Its entries go before the command
 //! line's flags, so flags given on the command line win.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 const DEFAULT: &str = "/etc/ferrok/config.yaml";
+/// The environment variable naming the config file (the installer's).
+const CONFIG_ENV: &str = "FERROK_CONFIG_FILE";
 
 fn config_path(args: &[OsString]) -> (PathBuf, bool) {
     let mut it = args.iter();
@@ -19,7 +21,11 @@ fn config_path(args: &[OsString]) -> (PathBuf, bool) {
             return (PathBuf::from(v), true);
         }
     }
-    (PathBuf::from(DEFAULT), false)
+    match std::env::var_os(CONFIG_ENV) {
+        // Named by the environment (the service's env file): may not exist yet.
+        Some(v) if !v.is_empty() => (PathBuf::from(v), false),
+        _ => (PathBuf::from(DEFAULT), false),
+    }
 }
 
 fn scalar(v: &serde_yaml_ng::Value) -> Option<String> {

@@ -6,6 +6,7 @@
 pub mod cluster;
 pub mod fake_dns;
 pub mod images;
+pub mod install;
 pub mod node;
 
 use std::net::TcpListener;
