@@ -171,7 +171,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("--data-dir: cannot create {}", data_dir.display()))?;
     let advertise_ip = args.advertise_address.unwrap_or_else(host_ip);
     let node_name = args.node_name.clone().unwrap_or_else(hostname).to_lowercase();
-    if args.snapshots.cluster_reset {
+    if args.snapshots.resetting() {
         return args.snapshots.cluster_reset(&data_dir, args.datastore_endpoint.as_deref());
     }
 

@@ -141,11 +141,14 @@ impl Datastore {
 /// etcd's snapshot stream into `to`, as `etcdctl snapshot save` writes it:
 /// the database followed by the SHA-256 etcd sends last, checked here.
 async fn etcd_snapshot(store: &dyn Store, to: &Path) -> anyhow::Result<(i64, u64)> {
+    // etcd 3.4 sends no header with the snapshot: the revision is the one
+    // just before, which the snapshot holds at least.
+    let before = store.status().await.ok().and_then(|s| s.header).map(|h| h.revision).unwrap_or(0);
     let mut chunks = store.snapshot().await.context("etcd snapshot")?;
     let mut file = tokio::fs::File::create_new(to).await.with_context(|| format!("cannot create {}", to.display()))?;
     let mut hasher = Sha256::new();
     let mut held: Vec<u8> = Vec::new();
-    let mut revision = 0;
+    let mut revision = before;
     let mut size = 0u64;
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.context("etcd snapshot")?;

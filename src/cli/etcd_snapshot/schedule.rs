@@ -38,7 +38,7 @@ pub struct SnapshotServerArgs {
     #[arg(long)]
     pub cluster_reset: bool,
     /// The snapshot to restore (a file, or a name in the snapshot folder).
-    #[arg(long, value_name = "FILE", requires = "cluster_reset")]
+    #[arg(long, value_name = "FILE")]
     pub cluster_reset_restore_path: Option<PathBuf>,
 }
 
@@ -51,11 +51,19 @@ impl SnapshotServerArgs {
         self.etcd_snapshot_dir.clone().unwrap_or_else(|| super::default_dir(data_dir))
     }
 
+    /// Whether the server is to restore a snapshot and exit.
+    pub fn resetting(&self) -> bool {
+        self.cluster_reset || self.cluster_reset_restore_path.is_some()
+    }
+
     /// `--cluster-reset`: restores the snapshot into the data dir. The
     /// server then exits, as k3s' does: the flag is usually in a unit file
     /// or the config file, and a server that went on serving would take
     /// writes that the next start with the same flags throws away.
     pub fn cluster_reset(&self, data_dir: &Path, external: Option<&str>) -> anyhow::Result<()> {
+        if !self.cluster_reset {
+            anyhow::bail!("--cluster-reset-restore-path: give --cluster-reset too");
+        }
         if let Some(endpoints) = external {
             anyhow::bail!(
                 "--cluster-reset: the datastore is the external etcd at {endpoints}; restore it with etcdutl snapshot \
