@@ -142,7 +142,7 @@ impl Scheduled {
                 name = %saved.name, revision = saved.revision, bytes = saved.size, "scheduled snapshot saved"
             ),
             Err(e) => {
-                tracing::error!(error = format!("{e:#}"), dir = %self.dir.display(), "scheduled snapshot failed");
+                tracing::error!(error = %format!("{e:#}"), dir = %self.dir.display(), "scheduled snapshot failed");
                 return;
             }
         }
@@ -152,7 +152,7 @@ impl Scheduled {
                     tracing::info!(name = %f.name, "old scheduled snapshot deleted");
                 }
             }
-            Err(e) => tracing::warn!(error = format!("{e:#}"), "cannot prune the scheduled snapshots"),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "cannot prune the scheduled snapshots"),
         }
     }
 }
