@@ -52,30 +52,20 @@ fn value(i: u64, round: u64, bytes: usize) -> Vec<u8> {
     v
 }
 
+/// Every object written `updates` times, 512 puts in flight at once (the
+/// store commits them in groups, one revision each).
 async fn fill(store: &Arc<SqliteStore>, o: &Options) {
-    const WRITERS: u64 = 16;
     let started = Instant::now();
+    let keys: Vec<u64> = (0..o.objects).collect();
     for round in 0..o.updates {
-        let tasks: Vec<_> = (0..WRITERS)
-            .map(|w| {
-                let store = store.clone();
-                let (objects, bytes) = (o.objects, o.value_bytes);
-                tokio::spawn(async move {
-                    let mut i = w;
-                    while i < objects {
-                        let key = format!("/registry/configmaps/default/cm-{i:06}").into_bytes();
-                        let put = PutRequest { key, value: value(i, round, bytes), ..Default::default() };
-                        if let Err(e) = store.put(put).await {
-                            eprintln!("fill put failed: {e}");
-                            return;
-                        }
-                        i += WRITERS;
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            let _ = t.await;
+        for chunk in keys.chunks(512) {
+            let puts = chunk.iter().map(|&i| {
+                let key = format!("/registry/configmaps/default/cm-{i:06}").into_bytes();
+                store.put(PutRequest { key, value: value(i, round, o.value_bytes), ..Default::default() })
+            });
+            for res in futures_util::future::join_all(puts).await {
+                res.expect("fill put");
+            }
         }
     }
     println!(

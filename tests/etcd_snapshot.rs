@@ -108,7 +108,10 @@ fn snapshot_while_writing_then_restore_with_cluster_reset() {
     let file = saved_path(&out);
     assert!(file.starts_with(data.join("server/db/snapshots")), "{out}");
     let name = file.file_name().expect("name").to_string_lossy().into_owned();
-    assert!(name.starts_with("on-demand-") && name.rsplit('-').next().is_some_and(|t| t.parse::<u64>().is_ok()), "{name}");
+    assert!(
+        name.starts_with("on-demand-") && name.rsplit('-').next().is_some_and(|t| t.parse::<u64>().is_ok()),
+        "{name}"
+    );
     let after_save = written.load(Ordering::SeqCst);
     common::eventually("more writes after the snapshot", || written.load(Ordering::SeqCst) >= after_save + 2);
     stop.store(true, Ordering::SeqCst);

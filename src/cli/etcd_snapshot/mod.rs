@@ -176,7 +176,9 @@ pub async fn save(datastore: &Datastore, dir: &Path, name: &str, node: &str) -> 
     let partial = dir::partial(dir, &name);
     let path = dir.join(&name);
     let written = match datastore.save_to(&partial).await {
-        Ok(w) => std::fs::rename(&partial, &path).map(|()| w).with_context(|| format!("cannot write {}", path.display())),
+        Ok(w) => {
+            std::fs::rename(&partial, &path).map(|()| w).with_context(|| format!("cannot write {}", path.display()))
+        }
         Err(e) => Err(e),
     };
     let (revision, size) = match written {
@@ -263,7 +265,13 @@ pub async fn run(args: EtcdSnapshotArgs) -> anyhow::Result<()> {
                 }
             };
             let saved = save(&datastore, &snapshots, name, &node).await?;
-            println!("Snapshot {} saved (revision {}, {} bytes) to {}", saved.name, saved.revision, saved.size, saved.path.display());
+            println!(
+                "Snapshot {} saved (revision {}, {} bytes) to {}",
+                saved.name,
+                saved.revision,
+                saved.size,
+                saved.path.display()
+            );
         }
         SnapshotCommand::List => {
             let rows: Vec<[String; 4]> = dir::list(&snapshots)?

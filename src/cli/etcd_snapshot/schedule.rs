@@ -101,10 +101,7 @@ impl SnapshotServerArgs {
 
 /// The host's time zone (`/etc/localtime`), UTC if it has none.
 fn local_time_zone() -> TimeZone {
-    std::fs::read("/etc/localtime")
-        .ok()
-        .and_then(|data| TimeZone::tzif("Local", &data).ok())
-        .unwrap_or(TimeZone::UTC)
+    std::fs::read("/etc/localtime").ok().and_then(|data| TimeZone::tzif("Local", &data).ok()).unwrap_or(TimeZone::UTC)
 }
 
 struct Scheduled {
