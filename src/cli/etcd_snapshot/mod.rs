@@ -55,10 +55,13 @@ pub struct ExternalDatastore {
     /// The external etcd the server uses (comma-separated URLs) instead of the embedded store.
     #[arg(long, global = true, value_name = "URLS")]
     datastore_endpoint: Option<String>,
+    /// CA of the external etcd's serving certificate.
     #[arg(long, global = true, value_name = "FILE")]
     datastore_cafile: Option<PathBuf>,
+    /// Client certificate for the external etcd.
     #[arg(long, global = true, value_name = "FILE")]
     datastore_certfile: Option<PathBuf>,
+    /// Key of the client certificate for the external etcd.
     #[arg(long, global = true, value_name = "FILE")]
     datastore_keyfile: Option<PathBuf>,
 }
@@ -204,8 +207,9 @@ fn resolve(dir: &Path, snapshot: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// Replaces the embedded store in `data_dir` with a snapshot (the server
-/// stopped); an external etcd is restored with etcd's own tools.
-pub fn restore(data_dir: &Path, snapshots: &Path, snapshot: &Path, external: Option<&str>) -> anyhow::Result<()> {
+/// stopped) and says what it did; an external etcd is restored with etcd's
+/// own tools.
+pub fn restore(data_dir: &Path, snapshots: &Path, snapshot: &Path, external: Option<&str>) -> anyhow::Result<String> {
     if let Some(endpoints) = external {
         bail!(
             "the datastore is the external etcd at {endpoints}: restore it with etcdutl snapshot restore (etcd's own \
@@ -219,14 +223,13 @@ pub fn restore(data_dir: &Path, snapshots: &Path, snapshot: &Path, external: Opt
         Some(old) => format!("; the replaced store is kept as {}", old.display()),
         None => String::new(),
     };
-    eprintln!(
+    Ok(format!(
         "restored {} (revision {}) into {}, now at revision {}{kept}",
         file.display(),
         restored.snapshot_revision,
         db.display(),
         restored.revision
-    );
-    Ok(())
+    ))
 }
 
 fn rfc3339(t: std::time::SystemTime) -> String {
@@ -293,7 +296,7 @@ pub async fn run(args: EtcdSnapshotArgs) -> anyhow::Result<()> {
                 println!("Snapshot {} deleted", f.name);
             }
         }
-        SnapshotCommand::Restore { snapshot } => restore(&data_dir, &snapshots, snapshot, external)?,
+        SnapshotCommand::Restore { snapshot } => println!("{}", restore(&data_dir, &snapshots, snapshot, external)?),
     }
     Ok(())
 }

@@ -76,8 +76,8 @@ impl SnapshotServerArgs {
                  to restore a snapshot"
             );
         };
-        super::restore(data_dir, &self.dir(data_dir), snapshot, None)?;
-        eprintln!("restart ferrok server without --cluster-reset");
+        let done = super::restore(data_dir, &self.dir(data_dir), snapshot, None)?;
+        eprintln!("{done}\nrestart ferrok server without --cluster-reset");
         Ok(())
     }
 
