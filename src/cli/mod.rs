@@ -9,6 +9,7 @@ mod config;
 mod config_reference;
 mod datastore;
 mod duration;
+mod etcd_snapshot;
 mod images;
 mod kubectl;
 mod node_args;
@@ -53,6 +54,8 @@ enum Command {
     Token(token::TokenArgs),
     /// Check the expiry of this host's certificates, or rotate them.
     Certificate(certificate::CertificateArgs),
+    /// Save, list, delete, prune and restore snapshots of the datastore.
+    EtcdSnapshot(etcd_snapshot::EtcdSnapshotArgs),
     /// Check whether this host can run ferrok: kernel, cgroups, programs, ports, data dir.
     CheckConfig(check_config::CheckConfigArgs),
     /// Run the host's kubectl with the cluster's admin kubeconfig (also: ferrok linked as `kubectl`).
@@ -182,7 +185,10 @@ pub fn main() -> ExitCode {
     };
     init_logging(
         cli.verbose,
-        matches!(cli.command, Command::Token(_) | Command::CheckConfig(_) | Command::Certificate(_)),
+        matches!(
+            cli.command,
+            Command::Token(_) | Command::CheckConfig(_) | Command::Certificate(_) | Command::EtcdSnapshot(_)
+        ),
     );
     limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads(32).build() {
@@ -200,6 +206,7 @@ pub fn main() -> ExitCode {
             Command::Token(args) => token::run(args).await,
             Command::CheckConfig(args) => check_config::run(args),
             Command::Certificate(args) => certificate::run(args),
+            Command::EtcdSnapshot(args) => etcd_snapshot::run(args).await,
             Command::Agent(args) => agent::run(args).await,
             Command::Kubectl { args } => Err(kubectl::exec(args)),
         }

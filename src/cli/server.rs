@@ -108,6 +108,8 @@ pub struct ServerArgs {
     #[arg(long, value_name = "DAYS", default_value_t = 0)]
     pub audit_log_maxage: u64,
     #[command(flatten)]
+    pub snapshots: super::etcd_snapshot::schedule::SnapshotServerArgs,
+    #[command(flatten)]
     pub node: super::node_args::NodeArgs,
     /// Config file (YAML; keys are the long flag names).
     #[arg(long, value_name = "FILE", env = "FERROK_CONFIG_FILE", default_value = "/etc/ferrok/config.yaml")]
@@ -172,6 +174,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("--data-dir: cannot create {}", data_dir.display()))?;
     let advertise_ip = args.advertise_address.unwrap_or_else(host_ip);
     let node_name = args.node_name.clone().unwrap_or_else(hostname).to_lowercase();
+    if args.snapshots.resetting() {
+        return args.snapshots.cluster_reset(&data_dir, args.datastore_endpoint.as_deref());
+    }
 
     let mut sqlite = None;
     let store: Arc<dyn Store> = match &args.datastore_endpoint {
@@ -183,7 +188,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         })
         .context("--datastore-endpoint")?,
         None => {
-            let mut opts = SqliteOptions::new(data_dir.join("server").join("db").join("state.db"));
+            let mut opts = SqliteOptions::new(super::etcd_snapshot::embedded_db(&data_dir));
             opts.sync = crate::store::sqlite::SyncMode::Full;
             opts.quota_backend_bytes = args.quota_backend_bytes;
             let s = SqliteStore::open(opts)
@@ -191,6 +196,10 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             sqlite = Some(s.clone());
             s
         }
+    };
+    let datastore = match &sqlite {
+        Some(_) => super::etcd_snapshot::Datastore::Embedded(super::etcd_snapshot::embedded_db(&data_dir)),
+        None => super::etcd_snapshot::Datastore::External(store.clone()),
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = Vec::new();
@@ -304,6 +313,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     api.health.hook_finished(hooks::APIEXTENSIONS_CONTROLLERS);
     api.health.hook_finished(hooks::CRD_INFORMER_SYNCED);
     followers.extend(apiserver::compactor::start(store.clone(), args.etcd_compaction_interval));
+    followers.extend(args.snapshots.start(datastore, &data_dir, &node_name));
     let controller_config = Arc::new(crate::controllers::ControllerConfig {
         server_ca_pem: Arc::new(std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?),
         cluster_cidr: (args.cluster_cidr.base, args.cluster_cidr.prefix),

@@ -2,6 +2,7 @@
 //! Writes go through one writer thread (`writer`), reads through a small
 //! pool of read-only connections, each read inside its own snapshot.
 
+pub mod backup;
 mod checkpoint;
 mod compact;
 mod lease;

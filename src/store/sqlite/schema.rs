@@ -14,7 +14,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::store::Result;
 
-const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 2;
 const SUB_BITS: u32 = 24;
 /// The most changes one revision may carry (a delete of a huge range or a
 /// lease revoke with more attached keys fails rather than wrap).
