@@ -10,6 +10,7 @@ mod duration;
 mod images;
 mod kubectl;
 mod node_args;
+mod secrets_encrypt;
 mod server;
 mod table;
 mod token;
@@ -51,6 +52,8 @@ enum Command {
     Token(token::TokenArgs),
     /// Check the expiry of this host's certificates, or rotate them.
     Certificate(certificate::CertificateArgs),
+    /// Secrets encrypted at rest: status, enable, disable, rotate-keys.
+    SecretsEncrypt(secrets_encrypt::SecretsEncryptArgs),
     /// Check whether this host can run ferrok: kernel, cgroups, programs, ports, data dir.
     CheckConfig(check_config::CheckConfigArgs),
     /// Run the host's kubectl with the cluster's admin kubeconfig (also: ferrok linked as `kubectl`).
@@ -180,7 +183,10 @@ pub fn main() -> ExitCode {
     };
     init_logging(
         cli.verbose,
-        matches!(cli.command, Command::Token(_) | Command::CheckConfig(_) | Command::Certificate(_)),
+        matches!(
+            cli.command,
+            Command::Token(_) | Command::CheckConfig(_) | Command::Certificate(_) | Command::SecretsEncrypt(_)
+        ),
     );
     limit_malloc_arenas();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads(32).build() {
@@ -196,6 +202,7 @@ pub fn main() -> ExitCode {
             Command::Server(args) => server::run(args).await,
             Command::Images(args) => images::run(args).await,
             Command::Token(args) => token::run(args).await,
+            Command::SecretsEncrypt(args) => secrets_encrypt::run(args).await,
             Command::CheckConfig(args) => check_config::run(args),
             Command::Certificate(args) => certificate::run(args),
             Command::Agent(args) => agent::run(args).await,
