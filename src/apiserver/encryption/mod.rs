@@ -106,6 +106,13 @@ pub struct Encryption {
     pub(crate) rotation: tokio::sync::Mutex<()>,
 }
 
+impl std::fmt::Debug for Encryption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the keys.
+        f.debug_struct("Encryption").field("path", &self.path).field("enabled", &self.enabled()).finish()
+    }
+}
+
 /// A write's hold on the configuration it sealed with.
 pub type WriteGuard = Option<tokio::sync::OwnedRwLockReadGuard<()>>;
 

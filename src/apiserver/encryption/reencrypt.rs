@@ -69,14 +69,15 @@ pub async fn reencrypt_all(store: &Arc<dyn Store>, enc: &Encryption) -> Result<C
 
 /// Rewrites one value unless it is current; whether it wrote.
 async fn rewrite(store: &Arc<dyn Store>, enc: &Encryption, mut kv: KeyValue) -> Result<bool, ReencryptError> {
-    let name = || String::from_utf8_lossy(&kv.key).into_owned();
+    let name = |key: &[u8]| String::from_utf8_lossy(key).into_owned();
     loop {
         if enc.is_current(&kv.key, &kv.value) {
             return Ok(false);
         }
-        let plain = enc.open(&kv.key, &kv.value).map_err(|source| ReencryptError::Transform { key: name(), source })?;
+        let plain =
+            enc.open(&kv.key, &kv.value).map_err(|source| ReencryptError::Transform { key: name(&kv.key), source })?;
         let (sealed, _held) =
-            enc.seal(&kv.key, plain.into_owned()).await.map_err(|source| ReencryptError::Transform { key: name(), source })?;
+            enc.seal(&kv.key, plain.into_owned()).await.map_err(|source| ReencryptError::Transform { key: name(&kv.key), source })?;
         let req = TxnRequest {
             compare: vec![Compare::mod_revision_is(&kv.key, kv.mod_revision)],
             success: vec![RequestOp {
