@@ -391,7 +391,7 @@ fn enabling_later_encrypts_what_was_stored_and_disabling_decrypts_it() {
 
 #[test]
 fn a_pod_reads_an_encrypted_secret_from_its_volume_and_env() {
-    let node = Node::start(&["--secrets-encryption"]);
+    let node = Node::start(&["--secrets-encryption", "--datastore-listen", "http://127.0.0.1:2379"]);
     node.apply(&format!(
         r#"
 apiVersion: v1
@@ -422,6 +422,13 @@ spec:
     // The service-account token the kubelet projected works against the API.
     let token = node.exec("default", "reader", "c", "cat /var/run/secrets/kubernetes.io/serviceaccount/token");
     assert!(token.trim().split('.').count() == 3, "{token}");
+    // In the store (the node's own etcd face, inside its network namespace): ciphertext.
+    let (ok, stored) = node.on_host(&[
+        "env", "ETCDCTL_API=3", "etcdctl", "--endpoints=127.0.0.1:2379",
+        "get", "/registry/secrets/default/creds", "--print-value-only",
+    ]);
+    assert!(ok && stored.starts_with("k8s:enc:aescbc:v1:aescbc-key-"), "{stored}");
+    assert!(!stored.contains("s3cret"), "{stored}");
     let file = node.dir.path().join("server").join("cred").join("encryption-config.json");
     assert_eq!(mode(&file), 0o600);
 }
