@@ -42,7 +42,11 @@ fn config_file(dir: &Path) -> PathBuf {
 /// `ferrok <args>`: success, stdout, stderr.
 fn ferrok(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(common::ferrok_bin()).args(args).output().expect("run ferrok");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn secrets_encrypt(s: &Encrypted, args: &[&str]) -> (bool, String, String) {
@@ -99,7 +103,12 @@ async fn secrets_are_ciphertext_in_the_store_and_plain_through_the_api() {
     for provider in ["aescbc", "secretbox"] {
         let (port, etcd_port) = (free_port(), free_port());
         let s = tokio::task::spawn_blocking(move || {
-            start(tempfile::tempdir().expect("tempdir"), port, etcd_port, &["--secrets-encryption", "--secrets-encryption-provider", provider])
+            start(
+                tempfile::tempdir().expect("tempdir"),
+                port,
+                etcd_port,
+                &["--secrets-encryption", "--secrets-encryption-provider", provider],
+            )
         })
         .await
         .expect("start");
@@ -109,7 +118,8 @@ async fn secrets_are_ciphertext_in_the_store_and_plain_through_the_api() {
         assert!(key.starts_with(&format!("{provider}-key-")), "{key}");
         assert_eq!(keys, 1);
 
-        let (ok, out) = kubectl(&s.server, &["create", "secret", "generic", "db", "--from-literal=password=hunter2-very-secret"]);
+        let (ok, out) =
+            kubectl(&s.server, &["create", "secret", "generic", "db", "--from-literal=password=hunter2-very-secret"]);
         assert!(ok, "{out}");
         let (ok, out) = kubectl(&s.server, &["create", "configmap", "plain", "--from-literal=colour=blue-plain-text"]);
         assert!(ok, "{out}");
@@ -137,8 +147,10 @@ async fn secrets_are_ciphertext_in_the_store_and_plain_through_the_api() {
         let client = common::kube_client(&s.server.kubeconfig()).await;
         let secrets: Api<Secret> = Api::namespaced(client, "default");
         let rv = secrets.get("db").await.expect("get").metadata.resource_version.expect("rv");
-        let mut watch = Box::pin(secrets.watch(&WatchParams::default().fields("metadata.name=db"), &rv).await.expect("watch"));
-        let (ok, out) = kubectl(&s.server, &["patch", "secret", "db", "-p", r#"{"stringData":{"password":"changed-value"}}"#]);
+        let mut watch =
+            Box::pin(secrets.watch(&WatchParams::default().fields("metadata.name=db"), &rv).await.expect("watch"));
+        let (ok, out) =
+            kubectl(&s.server, &["patch", "secret", "db", "-p", r#"{"stringData":{"password":"changed-value"}}"#]);
         assert!(ok, "{out}");
         let seen = tokio::time::timeout(Duration::from_secs(10), async {
             use futures_util::StreamExt;
@@ -259,14 +271,21 @@ async fn rotate_keys_under_writes_rewrites_every_secret_with_the_new_key() {
     assert_ne!(new_key, old_key);
     assert_eq!(keys, 1, "the old key is dropped");
     assert!(out.contains(&new_key), "{out}");
-    eprintln!("rotate-keys of {} secrets under writes took {took:?}: {out}", raw_all(&s.etcd, "/registry/secrets/").len());
+    eprintln!(
+        "rotate-keys of {} secrets under writes took {took:?}: {out}",
+        raw_all(&s.etcd, "/registry/secrets/").len()
+    );
     assert_eq!(mode(&config_file(&dir)), 0o600);
 
     // Every stored secret carries the new key; every one reads as written.
     let prefix = format!("k8s:enc:aescbc:v1:{new_key}:");
     let stored = raw_all(&s.etcd, "/registry/secrets/");
     for (key, value) in &stored {
-        assert!(value.starts_with(prefix.as_bytes()), "{key} is not under the new key: {}", String::from_utf8_lossy(&value[..50.min(value.len())]));
+        assert!(
+            value.starts_with(prefix.as_bytes()),
+            "{key} is not under the new key: {}",
+            String::from_utf8_lossy(&value[..50.min(value.len())])
+        );
     }
     for i in 0..200 {
         let got = secrets.get(&format!("before-{i}")).await.expect("get");
@@ -341,7 +360,9 @@ fn enabling_later_encrypts_what_was_stored_and_disabling_decrypts_it() {
     let s = start(dir, port, etcd_port, &[]);
     let (key, _) = active_key(s.server.dir.path());
     let prefix = format!("k8s:enc:aescbc:v1:{key}:");
-    eventually("the early secret re-encrypted", || raw(&s.etcd, "/registry/secrets/default/early").starts_with(prefix.as_bytes()));
+    eventually("the early secret re-encrypted", || {
+        raw(&s.etcd, "/registry/secrets/default/early").starts_with(prefix.as_bytes())
+    });
     let (ok, out) = kubectl(&s.server, &["get", "secret", "early", "-o", "jsonpath={.data.k}"]);
     assert!(ok && B64.decode(out.trim()).expect("base64") == b"early-plain-value", "{out}");
     // The service-account and bootstrap secrets the server made are encrypted too.
@@ -376,7 +397,11 @@ fn enabling_later_encrypts_what_was_stored_and_disabling_decrypts_it() {
     bad["resources"][0]["providers"][1]["aescbc"]["keys"][0]["secret"] = B64.encode([0u8; 5]).into();
     std::fs::write(&file, serde_json::to_vec(&bad).expect("json")).expect("bad key");
     let err = start_fails(dir.path(), port);
-    assert!(err.lines().any(|l| l.starts_with("error:") && l.contains(&file.display().to_string()) && l.contains("32 bytes")), "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("error:") && l.contains(&file.display().to_string()) && l.contains("32 bytes")),
+        "{err}"
+    );
     std::fs::write(&file, &good).expect("restore");
     let s = start(dir, port, etcd_port, &[]);
     let (ok, out) = kubectl(&s.server, &["get", "secret", "early", "-o", "jsonpath={.data.k}"]);
@@ -424,8 +449,13 @@ spec:
     assert!(token.trim().split('.').count() == 3, "{token}");
     // In the store (the node's own etcd face, inside its network namespace): ciphertext.
     let (ok, stored) = node.on_host(&[
-        "env", "ETCDCTL_API=3", "etcdctl", "--endpoints=127.0.0.1:2379",
-        "get", "/registry/secrets/default/creds", "--print-value-only",
+        "env",
+        "ETCDCTL_API=3",
+        "etcdctl",
+        "--endpoints=127.0.0.1:2379",
+        "get",
+        "/registry/secrets/default/creds",
+        "--print-value-only",
     ]);
     assert!(ok && stored.starts_with("k8s:enc:aescbc:v1:aescbc-key-"), "{stored}");
     assert!(!stored.contains("s3cret"), "{stored}");

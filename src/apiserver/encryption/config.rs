@@ -307,8 +307,11 @@ pub fn save(path: &Path, config: &EncryptionConfiguration) -> Result<(), ConfigE
     // An existing file keeps its mode across a rename of a new one; a file
     // someone loosened is tightened again.
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|source| ConfigError::Io { action: "chmod", path: path.to_path_buf(), source })
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| ConfigError::Io {
+        action: "chmod",
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// `--secrets-encryption` and `ferrok secrets-encrypt enable`: the file
@@ -359,7 +362,8 @@ mod tests {
         let old = c.resources[0].providers[0].secretbox.as_ref().unwrap().keys[0].name.clone();
         let new = c.prepend_new_key().unwrap();
         assert_ne!(new, old, "names are unique even within one second");
-        let keys: Vec<_> = c.resources[0].providers[0].secretbox.as_ref().unwrap().keys.iter().map(|k| k.name.clone()).collect();
+        let keys: Vec<_> =
+            c.resources[0].providers[0].secretbox.as_ref().unwrap().keys.iter().map(|k| k.name.clone()).collect();
         assert_eq!(keys, vec![new.clone(), old]);
         c.drop_old_keys();
         assert_eq!(c.resources[0].providers.len(), 2);

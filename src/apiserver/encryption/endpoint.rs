@@ -60,9 +60,9 @@ pub async fn serve(api: &Api, user: &User, method: &Method, path: &str, record: 
 
 fn rotated(result: Result<reencrypt::Rotation, ReencryptError>) -> Response {
     match result {
-            Ok(rotation) => axum::Json(rotation).into_response(),
-            Err(e @ ReencryptError::Disabled) => ApiError::bad_request(e.to_string()).into_response(),
-            Err(e @ ReencryptError::Busy) => ApiError::new(409, "Conflict", e.to_string()).into_response(),
-            Err(e) => ApiError::internal(e.to_string()).into_response(),
+        Ok(rotation) => axum::Json(rotation).into_response(),
+        Err(e @ ReencryptError::Disabled) => ApiError::bad_request(e.to_string()).into_response(),
+        Err(e @ ReencryptError::Busy) => ApiError::new(409, "Conflict", e.to_string()).into_response(),
+        Err(e) => ApiError::internal(e.to_string()).into_response(),
     }
 }

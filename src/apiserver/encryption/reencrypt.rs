@@ -76,8 +76,10 @@ async fn rewrite(store: &Arc<dyn Store>, enc: &Encryption, mut kv: KeyValue) -> 
         }
         let plain =
             enc.open(&kv.key, &kv.value).map_err(|source| ReencryptError::Transform { key: name(&kv.key), source })?;
-        let (sealed, _held) =
-            enc.seal(&kv.key, plain.into_owned()).await.map_err(|source| ReencryptError::Transform { key: name(&kv.key), source })?;
+        let (sealed, _held) = enc
+            .seal(&kv.key, plain.into_owned())
+            .await
+            .map_err(|source| ReencryptError::Transform { key: name(&kv.key), source })?;
         let req = TxnRequest {
             compare: vec![Compare::mod_revision_is(&kv.key, kv.mod_revision)],
             success: vec![RequestOp {
@@ -159,7 +161,11 @@ pub async fn reencrypt_at_start(store: Arc<dyn Store>, enc: Arc<Encryption>) {
     match reencrypt_all(&store, &enc).await {
         Ok(c) if c.rewritten > 0 => {
             enc.set_stage(Stage::ReencryptFinished);
-            tracing::info!(seen = c.seen, rewritten = c.rewritten, "secrets encryption: stored values rewritten with the current key");
+            tracing::info!(
+                seen = c.seen,
+                rewritten = c.rewritten,
+                "secrets encryption: stored values rewritten with the current key"
+            );
         }
         Ok(_) => {}
         Err(e) => {

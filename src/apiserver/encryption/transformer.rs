@@ -44,7 +44,9 @@ fn store_prefix(resource: &str) -> Result<String, String> {
     if resource.contains('*') {
         return Err(format!("resource {resource:?}: wildcards are not supported; name the resources"));
     }
-    let valid = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.');
+    let valid = |s: &str| {
+        !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+    };
     if !valid(resource) {
         return Err(format!("resource {resource:?} is not a resource name"));
     }
@@ -243,7 +245,13 @@ mod tests {
             let config = EncryptionConfiguration::new(cipher);
             let t = Transformer::new(&config).unwrap();
             let stored = t.to_storage(SECRET, b"{\"data\":1}".to_vec()).unwrap();
-            let name = &config.resources[0].providers[0].aescbc.as_ref().or(config.resources[0].providers[0].secretbox.as_ref()).unwrap().keys[0].name;
+            let name = &config.resources[0].providers[0]
+                .aescbc
+                .as_ref()
+                .or(config.resources[0].providers[0].secretbox.as_ref())
+                .unwrap()
+                .keys[0]
+                .name;
             let prefix = format!("k8s:enc:{}:v1:{name}:", cipher.name());
             assert!(stored.starts_with(prefix.as_bytes()), "{}", String::from_utf8_lossy(&stored));
             assert!(!stored.windows(8).any(|w| w == b"\"data\":1"));
