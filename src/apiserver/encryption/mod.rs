@@ -252,3 +252,40 @@ impl Encryption {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::config::Cipher;
+    use super::*;
+
+    const KEY: &[u8] = b"/registry/secrets/default/s";
+
+    /// A new configuration is put in force only once every write sealed
+    /// with the old one has committed (dropped its guard).
+    #[tokio::test]
+    async fn a_swap_waits_for_writes_sealed_with_the_old_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = config::path_in(dir.path());
+        config::ensure_enabled(&path, Cipher::Aescbc).unwrap();
+        let enc = Encryption::load(&path).unwrap();
+        let (old, guard) = enc.seal(KEY, b"v".to_vec()).await.unwrap();
+        assert!(guard.is_some(), "a secret's write holds the gate");
+        assert!(enc.seal(b"/registry/configmaps/default/c", b"v".to_vec()).await.unwrap().1.is_none());
+        let mut next = enc.config().unwrap();
+        let key = next.prepend_new_key().unwrap();
+        let swapping = {
+            let enc = enc.clone();
+            tokio::spawn(async move { enc.install(next).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!swapping.is_finished(), "the swap waits for the write in flight");
+        assert!(enc.is_current(KEY, &old), "the old key writes until the swap");
+        drop(guard);
+        swapping.await.unwrap().unwrap();
+        assert!(!enc.is_current(KEY, &old), "the old value is now stale");
+        let (new, _) = enc.seal(KEY, b"v".to_vec()).await.unwrap();
+        assert!(new.starts_with(format!("k8s:enc:aescbc:v1:{key}:").as_bytes()));
+        assert_eq!(&*enc.open(KEY, &old).unwrap(), b"v");
+        assert_eq!(enc.status().server_hash, enc.status().file_hash);
+    }
+}
