@@ -16,6 +16,7 @@ pub mod compactor;
 pub mod component_status;
 pub mod crd;
 pub mod discovery;
+pub mod encryption;
 pub mod endpoint_reconciler;
 pub mod field_order;
 pub mod handlers;
@@ -83,6 +84,8 @@ pub struct ApiConfig {
     pub kubelet: Option<kubelet::KubeletConnector>,
     /// Signs the certificates of joining nodes (`/cacerts`, `/v1-ferrok/…`).
     pub node_join: Option<Arc<node_join::JoinAuthority>>,
+    /// Resources encrypted at rest (`--secrets-encryption`), and the keys.
+    pub encryption: Option<Arc<encryption::Encryption>>,
 }
 
 /// Where Events live, for both API groups that serve them; they expire.
@@ -109,7 +112,9 @@ impl Api {
         config: ApiConfig,
         tokens: Option<auth::token::TokenSigner>,
     ) -> Arc<Api> {
-        let storage = Storage::new(store.clone()).with_ttl(EVENT_PREFIXES, config.event_ttl);
+        let storage = Storage::new(store.clone())
+            .with_ttl(EVENT_PREFIXES, config.event_ttl)
+            .with_encryption(config.encryption.clone());
         let registry = Registry::builtin();
         let services: Arc<dyn resource::BeginWrite> =
             Arc::new(allocator::ServiceAllocator::new(config.service_cidr, storage.clone()));
@@ -375,6 +380,10 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     }
     if path == "/metrics" {
         return serve_metrics(&api, &user, &parts.method, parts.extensions.get::<auth::DecisionRecord>()).await;
+    }
+    if encryption::endpoint::handles(&path) {
+        let record = parts.extensions.get::<auth::DecisionRecord>();
+        return encryption::endpoint::serve(&api, &user, &parts.method, &path, record).await;
     }
     if node_join::handles(&path) {
         let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {

@@ -10,6 +10,7 @@ use base64::Engine;
 use futures_util::{Stream, StreamExt};
 use serde_json::Value;
 
+use super::encryption::Encryption;
 use super::metrics::{self, Operation};
 use super::status::{ApiError, ApiResult};
 use crate::store::proto::*;
@@ -42,6 +43,8 @@ impl From<ApiError> for WriteError {
 pub struct Storage {
     store: Arc<dyn Store>,
     expiring: Option<Arc<Expiring>>,
+    /// Values of some resources (Secrets) encrypted at rest.
+    encryption: Option<Arc<Encryption>>,
 }
 
 /// Objects under some prefixes expire: each write attaches a store lease
@@ -85,8 +88,15 @@ pub enum Change {
     Progress(i64),
 }
 
-fn decode(kv: &KeyValue) -> ApiResult<Stored> {
-    let mut object: Value = serde_json::from_slice(&kv.value)
+/// The object stored in `kv`, opened first when its resource is encrypted.
+fn decode(enc: Option<&Encryption>, kv: &KeyValue) -> ApiResult<Stored> {
+    let value = match enc {
+        Some(enc) => enc.open(&kv.key, &kv.value).map_err(|e| {
+            ApiError::internal(format!("unable to transform key {:?}: {e}", String::from_utf8_lossy(&kv.key)))
+        })?,
+        None => std::borrow::Cow::Borrowed(kv.value.as_slice()),
+    };
+    let mut object: Value = serde_json::from_slice(&value)
         .map_err(|e| ApiError::internal(format!("object at {} is not JSON: {e}", String::from_utf8_lossy(&kv.key))))?;
     set_resource_version(&mut object, kv.mod_revision);
     Ok(Stored { object, rev: kv.mod_revision })
@@ -132,10 +142,10 @@ fn header_rev(h: &Option<ResponseHeader>) -> i64 {
 }
 
 /// The object a failed txn's `range` branch read back, if any.
-fn found(resp: &TxnResponse) -> ApiResult<Option<Stored>> {
+fn found(enc: Option<&Encryption>, resp: &TxnResponse) -> ApiResult<Option<Stored>> {
     for op in &resp.responses {
         if let Some(response_op::Response::ResponseRange(r)) = &op.response {
-            return r.kvs.first().map(decode).transpose();
+            return r.kvs.first().map(|kv| decode(enc, kv)).transpose();
         }
     }
     Ok(None)
@@ -143,7 +153,31 @@ fn found(resp: &TxnResponse) -> ApiResult<Option<Stored>> {
 
 impl Storage {
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Storage { store, expiring: None }
+        Storage { store, expiring: None, encryption: None }
+    }
+
+    /// Values of the resources `encryption` names are sealed on every
+    /// write and opened on every read.
+    pub fn with_encryption(mut self, encryption: Option<Arc<Encryption>>) -> Self {
+        self.encryption = encryption;
+        self
+    }
+
+    fn enc(&self) -> Option<&Encryption> {
+        self.encryption.as_deref()
+    }
+
+    /// The stored form of `object` under `key`, sealed when its resource is
+    /// encrypted, with the hold the write keeps until it has committed.
+    async fn seal(&self, key: &str, object: &Value) -> ApiResult<(Vec<u8>, super::encryption::WriteGuard)> {
+        let plain = encode(object)?;
+        match &self.encryption {
+            Some(enc) => enc
+                .seal(key.as_bytes(), plain)
+                .await
+                .map_err(|e| ApiError::internal(format!("unable to transform key {key:?}: {e}"))),
+            None => Ok((plain, None)),
+        }
     }
 
     /// Objects written under `prefixes` expire `ttl` after their last write.
@@ -202,15 +236,16 @@ impl Storage {
         let resp = self.store.range(RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() }).await;
         metrics::global().observe_storage(Operation::Get, key, started.elapsed());
         let resp = resp?;
-        resp.kvs.first().map(decode).transpose()
+        resp.kvs.first().map(|kv| decode(self.enc(), kv)).transpose()
     }
 
     /// Creates `key`; fails with `Exists` when it is there.
     pub async fn create(&self, key: &str, object: &Value) -> Result<Stored, WriteError> {
         let lease = self.lease_for(key).await?;
+        let (value, _held) = self.seal(key, object).await?;
         let req = TxnRequest {
             compare: vec![Compare::mod_revision_is(key.as_bytes(), 0)],
-            success: vec![put(key, encode(object)?, lease)],
+            success: vec![put(key, value, lease)],
             failure: vec![],
         };
         let resp = self.timed_txn(Operation::Create, key, req).await?;
@@ -226,14 +261,15 @@ impl Storage {
     /// Replaces `key` if it is still at `expected`.
     pub async fn update(&self, key: &str, object: &Value, expected: i64) -> Result<Stored, WriteError> {
         let lease = self.lease_for(key).await?;
+        let (value, _held) = self.seal(key, object).await?;
         let req = TxnRequest {
             compare: vec![Compare::mod_revision_is(key.as_bytes(), expected)],
-            success: vec![put(key, encode(object)?, lease)],
+            success: vec![put(key, value, lease)],
             failure: vec![get_op(key)],
         };
         let resp = self.timed_txn(Operation::Update, key, req).await?;
         if !resp.succeeded {
-            return Err(WriteError::Changed(found(&resp)?));
+            return Err(WriteError::Changed(found(self.enc(), &resp)?));
         }
         let rev = header_rev(&resp.header);
         let mut object = object.clone();
@@ -256,7 +292,7 @@ impl Storage {
         };
         let resp = self.timed_txn(Operation::Delete, key, req).await?;
         if !resp.succeeded {
-            return Err(WriteError::Changed(found(&resp)?));
+            return Err(WriteError::Changed(found(self.enc(), &resp)?));
         }
         Ok(header_rev(&resp.header))
     }
@@ -286,7 +322,7 @@ impl Storage {
             other => ApiError::from(other),
         })?;
         let rev = if revision > 0 { revision } else { header_rev(&resp.header) };
-        let items = resp.kvs.iter().map(decode).collect::<ApiResult<Vec<_>>>()?;
+        let items = resp.kvs.iter().map(|kv| decode(self.enc(), kv)).collect::<ApiResult<Vec<_>>>()?;
         let next_key = if resp.more {
             resp.kvs.last().map(|kv| {
                 let mut k = kv.key.clone();
@@ -356,9 +392,10 @@ impl Storage {
         // When the caller drops the stream, the ticker stops; its sender goes
         // with it, which ends the store's watch at once.
         let guard = AbortOnDrop(ticker.abort_handle());
+        let enc = self.encryption.clone();
         Ok(responses.flat_map(move |resp| {
             let _held = &guard;
-            futures_util::stream::iter(changes(resp))
+            futures_util::stream::iter(changes(enc.as_deref(), resp))
         }))
     }
 }
@@ -372,7 +409,7 @@ impl Drop for AbortOnDrop {
     }
 }
 
-fn changes(resp: crate::store::Result<WatchResponse>) -> Vec<ApiResult<Change>> {
+fn changes(enc: Option<&Encryption>, resp: crate::store::Result<WatchResponse>) -> Vec<ApiResult<Change>> {
     let resp = match resp {
         Ok(r) => r,
         Err(e) => return vec![Err(e.into())],
@@ -399,14 +436,17 @@ fn changes(resp: crate::store::Result<WatchResponse>) -> Vec<ApiResult<Change>> 
             let kv = ev.kv.as_ref().ok_or_else(|| ApiError::internal("watch event without kv"))?;
             if ev.r#type == EventType::Delete as i32 {
                 let prev = ev.prev_kv.as_ref().ok_or_else(|| ApiError::internal("delete event without prev_kv"))?;
-                let mut gone = decode(prev)?;
+                let mut gone = decode(enc, prev)?;
                 set_resource_version(&mut gone.object, kv.mod_revision);
                 gone.rev = kv.mod_revision;
                 Ok(Change::Deleted(gone))
             } else if kv.create_revision == kv.mod_revision {
-                Ok(Change::Added(decode(kv)?))
+                Ok(Change::Added(decode(enc, kv)?))
             } else {
-                Ok(Change::Modified { new: decode(kv)?, old: ev.prev_kv.as_ref().map(decode).transpose()? })
+                Ok(Change::Modified {
+                    new: decode(enc, kv)?,
+                    old: ev.prev_kv.as_ref().map(|kv| decode(enc, kv)).transpose()?,
+                })
             }
         })
         .collect()

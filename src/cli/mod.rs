@@ -13,6 +13,7 @@ mod etcd_snapshot;
 mod images;
 mod kubectl;
 mod node_args;
+mod secrets_encrypt;
 mod server;
 mod table;
 mod token;
@@ -56,6 +57,8 @@ enum Command {
     Certificate(certificate::CertificateArgs),
     /// Save, list, delete, prune and restore snapshots of the datastore.
     EtcdSnapshot(etcd_snapshot::EtcdSnapshotArgs),
+    /// Secrets encrypted at rest: status, enable, disable, rotate-keys.
+    SecretsEncrypt(secrets_encrypt::SecretsEncryptArgs),
     /// Check whether this host can run ferrok: kernel, cgroups, programs, ports, data dir.
     CheckConfig(check_config::CheckConfigArgs),
     /// Run the host's kubectl with the cluster's admin kubeconfig (also: ferrok linked as `kubectl`).
@@ -187,7 +190,11 @@ pub fn main() -> ExitCode {
         cli.verbose,
         matches!(
             cli.command,
-            Command::Token(_) | Command::CheckConfig(_) | Command::Certificate(_) | Command::EtcdSnapshot(_)
+            Command::Token(_)
+            | Command::CheckConfig(_)
+            | Command::Certificate(_)
+            | Command::EtcdSnapshot(_)
+            | Command::SecretsEncrypt(_)
         ),
     );
     limit_malloc_arenas();
@@ -204,6 +211,7 @@ pub fn main() -> ExitCode {
             Command::Server(args) => server::run(args).await,
             Command::Images(args) => images::run(args).await,
             Command::Token(args) => token::run(args).await,
+            Command::SecretsEncrypt(args) => secrets_encrypt::run(args).await,
             Command::CheckConfig(args) => check_config::run(args),
             Command::Certificate(args) => certificate::run(args),
             Command::EtcdSnapshot(args) => etcd_snapshot::run(args).await,

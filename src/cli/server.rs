@@ -107,6 +107,13 @@ pub struct ServerArgs {
     /// Days a rotated audit log is kept (0: no limit).
     #[arg(long, value_name = "DAYS", default_value_t = 0)]
     pub audit_log_maxage: u64,
+    /// Encrypt Secrets at rest: makes `<data-dir>/server/cred/encryption-config.json`
+    /// (a new key) or turns it on; `ferrok secrets-encrypt` manages it.
+    #[arg(long)]
+    pub secrets_encryption: bool,
+    /// The cipher of a key that --secrets-encryption makes (aescbc, secretbox).
+    #[arg(long, value_name = "PROVIDER", default_value = "aescbc")]
+    pub secrets_encryption_provider: apiserver::encryption::config::Cipher,
     #[command(flatten)]
     pub snapshots: super::etcd_snapshot::schedule::SnapshotServerArgs,
     #[command(flatten)]
@@ -148,6 +155,25 @@ fn auditor(args: &ServerArgs) -> anyhow::Result<Option<Arc<apiserver::audit::Aud
         }
     };
     Ok(Some(Auditor::new(policy, backend::Backend::start(sink)?)))
+}
+
+/// The encryption configuration in the data dir, made or turned on first
+/// with `--secrets-encryption`; a file present is always used (what it
+/// sealed must stay readable).
+fn secrets_encryption(
+    args: &ServerArgs,
+    data_dir: &std::path::Path,
+) -> anyhow::Result<Arc<apiserver::encryption::Encryption>> {
+    use apiserver::encryption::{config, Encryption};
+    let path = config::path_in(data_dir);
+    if args.secrets_encryption && config::ensure_enabled(&path, args.secrets_encryption_provider)? {
+        tracing::info!(file = %path.display(), "secrets encryption turned on");
+    }
+    let encryption = Encryption::load(&path)?;
+    if encryption.config().is_some() && !encryption.enabled() {
+        tracing::info!(file = %path.display(), "secrets encryption is disabled: Secrets are written in plain");
+    }
+    Ok(encryption)
 }
 
 /// The scheduler's profiles from `--kube-scheduler-arg config=FILE`.
@@ -263,6 +289,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             flannel_backend: args.node.flannel_backend.unwrap_or_default().to_string(),
         },
     );
+    let encryption = secrets_encryption(&args, &data_dir).context("secrets encryption")?;
     let config = ApiConfig {
         advertise: format!("{advertise_ip}:{}", args.https_listen_port),
         advertise_ip,
@@ -282,6 +309,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             .context("the kubelet client")?,
         ),
         node_join: Some(node_join),
+        encryption: Some(encryption.clone()),
     };
     let issuer = format!("https://kubernetes.default.svc.{}", args.cluster_domain);
     let tokens =
@@ -314,6 +342,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     api.health.hook_finished(hooks::CRD_INFORMER_SYNCED);
     followers.extend(apiserver::compactor::start(store.clone(), args.etcd_compaction_interval));
     followers.extend(args.snapshots.start(datastore, &data_dir, &node_name));
+    followers.push(tokio::spawn(apiserver::encryption::reencrypt::reencrypt_at_start(store.clone(), encryption)));
     let controller_config = Arc::new(crate::controllers::ControllerConfig {
         server_ca_pem: Arc::new(std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?),
         cluster_cidr: (args.cluster_cidr.base, args.cluster_cidr.prefix),

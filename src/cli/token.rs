@@ -7,7 +7,7 @@
 //! form an agent takes: `K10<hash of the server CA>::<id>.<secret>`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -80,8 +80,10 @@ struct Server {
     prefix: String,
 }
 
-fn connect(args: &TokenArgs) -> anyhow::Result<Server> {
-    let data_dir = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+/// A client of the server at `server` with the admin credentials of
+/// `data_dir` (default: the server's), and the server CA's PEM.
+pub(super) fn admin_client(data_dir: Option<&Path>, server: &str) -> anyhow::Result<(kube::Client, String)> {
+    let data_dir = data_dir.map(Path::to_path_buf).unwrap_or_else(super::default_data_dir);
     let tls = data_dir.join("server").join("tls");
     let read = |name: &str| {
         let path = tls.join(name);
@@ -91,10 +93,14 @@ fn connect(args: &TokenArgs) -> anyhow::Result<Server> {
     let ca = read("server-ca.crt")?;
     let tls_config =
         crate::pki::tls::client_config(&ca, Some((&read("client-admin.crt")?, &read("client-admin.key")?)), &[b"h2"])?;
-    let address = super::agent::server_address(&args.server)?;
+    let address = super::agent::server_address(server)?;
     let transport = Transport::new(ServerList::new(address, None), tls_config);
+    Ok((transport.client(), ca))
+}
+
+fn connect(args: &TokenArgs) -> anyhow::Result<Server> {
+    let (client, ca) = admin_client(args.data_dir.as_deref(), &args.server)?;
     let prefix = format!("K10{}::", crate::pki::ca_hash(ca.as_bytes()));
-    let client = transport.client();
     Ok(Server { secrets: Api::namespaced(client.clone(), "kube-system"), client, prefix })
 }
 
