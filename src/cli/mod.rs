@@ -3,6 +3,7 @@
 mod agent;
 mod certificate;
 mod check_config;
+mod components;
 mod cluster_bootstrap;
 mod config;
 mod datastore;
