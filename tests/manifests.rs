@@ -142,10 +142,11 @@ fn ready_node(s: &ApiServer) {
     assert!(kubectl(s, &["patch", "node", "n1", "--subresource=status", "--type=merge", "-p", &status]).0);
 }
 
-fn load_balancer(s: &ApiServer, name: &str) {
+/// (Each on its own port: ServiceLB gives a node's port to one Service only.)
+fn load_balancer(s: &ApiServer, name: &str, port: u16) {
     common::apply(
         s,
-        &format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  type: LoadBalancer\n  selector: {{app: x}}\n  ports:\n  - port: 80\n"),
+        &format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  type: LoadBalancer\n  selector: {{app: x}}\n  ports:\n  - port: {port}\n"),
     );
 }
 
@@ -196,7 +197,7 @@ fn disable_stops_each_part_until_it_is_dropped() {
         "true"
     );
     ready_node(&s);
-    load_balancer(&s, "lb1");
+    load_balancer(&s, "lb1", 80);
     eventually("lb1's ingress", || ingress(&s, "lb1") == "10.0.0.1");
 
     // Everything off (traefik: accepted, nothing to do).
@@ -211,7 +212,7 @@ fn disable_stops_each_part_until_it_is_dropped() {
     let (_, resources) = kubectl(&s, &["api-resources", "--api-group=metrics.k8s.io", "--no-headers"]);
     assert!(resources.trim().is_empty(), "metrics.k8s.io still served: {resources}");
     ready_node(&s);
-    load_balancer(&s, "lb2");
+    load_balancer(&s, "lb2", 81);
     // No ServiceLB: lb2 stays pending (watched for 3 s).
     let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline {
@@ -223,8 +224,15 @@ fn disable_stops_each_part_until_it_is_dropped() {
     let (dir, port) = s.stop();
     let s = ApiServer::start_in(dir, port);
     ready_node(&s);
-    eventually("every part back", || {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
         let p = parts(&s);
-        p.dns && p.metrics && p.storage && ingress(&s, "lb2") == "10.0.0.1"
-    });
+        let lb = ingress(&s, "lb2");
+        if p.dns && p.metrics && p.storage && lb == "10.0.0.1" {
+            break;
+        }
+        let seen = format!("dns {} metrics {} storage {} lb2 {lb:?}", p.dns, p.metrics, p.storage);
+        assert!(Instant::now() < deadline, "not every part came back: {seen}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
