@@ -31,6 +31,9 @@ fn local_path_volumes_live_under_the_data_dir() {
         node.get(&["pvc", "data"], "{.status.phase}") == "Bound"
             && node.get(&["pod", "writer"], "{.status.phase}") == "Succeeded"
     });
+    // The scheduler named the node on the claim (WaitForFirstConsumer).
+    let selected = node.get(&["pvc", "data"], "{.metadata.annotations.volume\\.kubernetes\\.io/selected-node}");
+    assert_eq!(selected, node.name);
     let uid = node.get(&["pvc", "data"], "{.metadata.uid}");
     let pv = format!("pvc-{uid}");
     assert_eq!(node.get(&["pvc", "data"], "{.spec.volumeName}"), pv);
