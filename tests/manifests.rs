@@ -89,8 +89,12 @@ fn manifests_are_applied_changed_pruned_and_skipped() {
     write(&s, "d.yaml", &config_map("cm-d", "x"));
     eventually("cm-d", || exists(&s, &["cm", "cm-d"]));
     eventually("an ApplyManifestFailed event naming bad.yaml", || {
-        get(&s, &["events", "-n", "kube-system", "--field-selector", "reason=ApplyManifestFailed"], "{.items[*].message}")
-            .contains("bad.yaml")
+        get(
+            &s,
+            &["events", "-n", "kube-system", "--field-selector", "reason=ApplyManifestFailed"],
+            "{.items[*].message}",
+        )
+        .contains("bad.yaml")
     });
     let logs: String = std::fs::read_dir(s.dir.path())
         .expect("dir")
@@ -102,9 +106,7 @@ fn manifests_are_applied_changed_pruned_and_skipped() {
 
     // Removed: its objects go; the skipped file's record is kept.
     std::fs::remove_file(manifests(&s).join("a.yaml")).expect("rm");
-    eventually("cm-a and the namespace deleted", || {
-        !exists(&s, &["cm", "cm-a"]) && !exists(&s, &["ns", "deployed"])
-    });
+    eventually("cm-a and the namespace deleted", || !exists(&s, &["cm", "cm-a"]) && !exists(&s, &["ns", "deployed"]));
 
     // Removed while the server is down: deleted at the next start.
     let (dir, port) = s.stop();
@@ -193,7 +195,11 @@ fn disable_stops_each_part_until_it_is_dropped() {
         p.dns && p.metrics && p.storage
     });
     assert_eq!(
-        get(&s, &["storageclass", "local-path"], "{.metadata.annotations.storageclass\\.kubernetes\\.io/is-default-class}"),
+        get(
+            &s,
+            &["storageclass", "local-path"],
+            "{.metadata.annotations.storageclass\\.kubernetes\\.io/is-default-class}"
+        ),
         "true"
     );
     ready_node(&s);

@@ -91,7 +91,7 @@ pub async fn run(api: &Api) -> ApiResult<()> {
         let served: std::collections::BTreeSet<(String, String)> =
             api.registry.all().iter().map(|r| (r.group.clone(), r.version.clone())).collect();
         for (group, version) in &served {
-            if let Some(mut obj) = super::kinds::local_apiservice(&group, &version, &now) {
+            if let Some(mut obj) = super::kinds::local_apiservice(group, version, &now) {
                 obj["metadata"]["uid"] = json!(meta::new_uid());
                 obj["metadata"]["creationTimestamp"] = json!(now);
                 let name = format!("{version}.{group}");

@@ -3,8 +3,8 @@
 mod agent;
 mod certificate;
 mod check_config;
-mod components;
 mod cluster_bootstrap;
+mod components;
 mod config;
 mod datastore;
 mod duration;

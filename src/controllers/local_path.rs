@@ -105,7 +105,8 @@ async fn provision(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Resu
     let Some(node) = super::persistentvolume::consumer_node(&ctx.pods, &claim) else {
         return Ok(Action::await_change());
     };
-    let (ns, name) = (claim.metadata.namespace.clone().unwrap_or_default(), claim.metadata.name.clone().unwrap_or_default());
+    let (ns, name) =
+        (claim.metadata.namespace.clone().unwrap_or_default(), claim.metadata.name.clone().unwrap_or_default());
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     let pv_name = volume_name(&uid);
     let path = volume_path(&ctx.storage, &uid, &ns, &name);

@@ -147,7 +147,10 @@ fn check(obj: &Value, doc: usize) -> Result<(), ManifestError> {
     let missing = |what: &str| ManifestError::Invalid { doc, message: format!("{what} is missing") };
     field("apiVersion").ok_or_else(|| missing("apiVersion"))?;
     field("kind").ok_or_else(|| missing("kind"))?;
-    obj.pointer("/metadata/name").and_then(Value::as_str).filter(|s| !s.is_empty()).ok_or_else(|| missing("metadata.name"))?;
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| missing("metadata.name"))?;
     Ok(())
 }
 
@@ -196,7 +199,12 @@ mod tests {
 
     #[test]
     fn versions_do_not_change_identity() {
-        let a = ObjectId { api_version: "apps/v1".into(), kind: "Deployment".into(), namespace: "d".into(), name: "x".into() };
+        let a = ObjectId {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            namespace: "d".into(),
+            name: "x".into(),
+        };
         let b = ObjectId { api_version: "apps/v1beta2".into(), ..a.clone() };
         assert!(a.same_object(&b));
         assert_eq!(a.group(), "apps");

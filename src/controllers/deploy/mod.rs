@@ -126,7 +126,8 @@ impl Deployer {
         let mut written: Vec<(String, FileRecord, Vec<ObjectId>)> = Vec::new();
         let mut retry = false;
         for (file, entry) in &entries {
-            let old = records.get(file).cloned().unwrap_or_else(|| FileRecord { file: file.clone(), ..Default::default() });
+            let old =
+                records.get(file).cloned().unwrap_or_else(|| FileRecord { file: file.clone(), ..Default::default() });
             let content = match entry {
                 Ok(Entry::File(c)) => c,
                 Ok(Entry::Skipped) => {

@@ -55,7 +55,9 @@ pub async fn load(client: &kube::Client) -> Result<(ConfigMap, BTreeMap<String, 
             Ok(r) => {
                 out.insert(r.file.clone(), r);
             }
-            Err(e) => tracing::warn!(key = %k, error = %e, "unreadable record in kube-system/ferrok-manifests; ignored"),
+            Err(e) => {
+                tracing::warn!(key = %k, error = %e, "unreadable record in kube-system/ferrok-manifests; ignored")
+            }
         }
     }
     Ok((cm, out))
