@@ -328,10 +328,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         local_storage: enabled.local_storage.then(|| local_storage.clone()),
     });
     // The auto-deploy folder, on every server, with the server's own rights.
-    followers.push(tokio::spawn(crate::controllers::deploy::run(
-        crate::client::in_process(api.clone(), crate::client::supervisor()),
-        manifests.clone(),
-    )));
+    {
+        let (client, dir, server) =
+            (crate::client::in_process(api.clone(), crate::client::supervisor()), manifests.clone(), node_name.clone());
+        followers.push(tokio::spawn(async move { crate::controllers::deploy::run(client, dir, &server).await }));
+    }
     // Node passwords follow their Nodes, on every server (deletes are idempotent).
     followers.push(tokio::spawn(crate::controllers::node_password::run(crate::client::in_process(
         api.clone(),

@@ -5,8 +5,8 @@
 //! deleted; a `<file>.skip` beside a file leaves it alone (nothing applied
 //! or deleted). Files are applied in name order. The folder is watched
 //! with inotify, changes debounced; a file that fails to parse or apply
-//! gets a Warning Event (on `kube-system/ferrok-manifests`, the record of
-//! what each file made) and a log line naming it, and the other files
+//! gets a Warning Event (on `kube-system/ferrok-manifests-<server>`, the
+//! record of what each file made) and a log line naming it, and the other files
 //! still apply. Apply failures are retried with back-off.
 //! It runs on every server, acting with the server's own rights.
 
@@ -38,7 +38,8 @@ const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MAX: Duration = Duration::from_secs(120);
 
 /// Runs until aborted: applies `dir` at start, then on every change.
-pub async fn run(client: kube::Client, dir: PathBuf) {
+/// `server` (this server's node name) names its record.
+pub async fn run(client: kube::Client, dir: PathBuf, server: &str) {
     if let Err(e) = std::fs::create_dir_all(&dir) {
         tracing::warn!(dir = %dir.display(), error = %e, "cannot create the manifests folder");
     }
@@ -53,6 +54,7 @@ pub async fn run(client: kube::Client, dir: PathBuf) {
         recorder: EventRecorder::new(client.clone(), FIELD_MANAGER),
         client,
         dir,
+        record: record::name(server),
         first: true,
         reported: HashMap::new(),
     };
@@ -104,6 +106,8 @@ pub enum DeployError {
 struct Deployer {
     client: kube::Client,
     dir: PathBuf,
+    /// The record's ConfigMap.
+    record: String,
     recorder: EventRecorder,
     /// At start every file is applied again (objects deleted by hand come back).
     first: bool,
@@ -120,7 +124,7 @@ impl Deployer {
         let entries = tokio::task::spawn_blocking(move || manifest::scan(&dir))
             .await
             .map_err(|e| std::io::Error::other(e.to_string()))??;
-        let (cm, records) = record::load(&self.client).await?;
+        let (cm, records) = record::load(&self.client, &self.record).await?;
         let mut resolved = Resolved::new();
         let mut wanted: Vec<ObjectId> = Vec::new();
         let mut written: Vec<(String, FileRecord, Vec<ObjectId>)> = Vec::new();
@@ -189,7 +193,7 @@ impl Deployer {
                 retry |= !self.delete(&mut resolved, o, &file).await;
             }
             if records.get(&file) != Some(&new) {
-                record::store(&self.client, &file, Some(&new)).await?;
+                record::store(&self.client, &self.record, &file, Some(&new)).await?;
             }
         }
         for (file, old) in records.iter().filter(|(f, _)| !entries.contains_key(*f)) {
@@ -199,7 +203,7 @@ impl Deployer {
             }
             if all_gone {
                 tracing::info!(file = %file, objects = old.objects.len(), "manifest removed; its objects deleted");
-                record::store(&self.client, file, None).await?;
+                record::store(&self.client, &self.record, file, None).await?;
             } else {
                 retry = true;
             }

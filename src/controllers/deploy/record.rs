@@ -1,5 +1,7 @@
 //! What each manifest file made, remembered in the ConfigMap
-//! `kube-system/ferrok-manifests` (k3s keeps an `Addon` object per file):
+//! `kube-system/ferrok-manifests-<server>` (k3s keeps an `Addon` object per
+//! file; one record per server, so that servers sharing a datastore never
+//! delete what another server's folder holds):
 //! a key per file holding the file's name, the checksum of the content
 //! last applied in full, and the objects it made, so that objects dropped
 //! from a file, and every object of a removed file, can be deleted, even
@@ -15,7 +17,11 @@ use serde_json::json;
 use super::manifest::ObjectId;
 
 pub const NAMESPACE: &str = "kube-system";
-pub const NAME: &str = "ferrok-manifests";
+
+/// The record's name for a server (by its node name).
+pub fn name(server: &str) -> String {
+    format!("ferrok-manifests-{server}")
+}
 
 /// One file's record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,17 +40,17 @@ pub fn key(file: &str) -> String {
 }
 
 /// The records by file name, and the ConfigMap (for Events), made if missing.
-pub async fn load(client: &kube::Client) -> Result<(ConfigMap, BTreeMap<String, FileRecord>), kube::Error> {
+pub async fn load(client: &kube::Client, name: &str) -> Result<(ConfigMap, BTreeMap<String, FileRecord>), kube::Error> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
-    let cm = match api.get_opt(NAME).await? {
+    let cm = match api.get_opt(name).await? {
         Some(cm) => cm,
         None => {
             let mut cm = ConfigMap::default();
-            cm.metadata.name = Some(NAME.into());
+            cm.metadata.name = Some(name.into());
             cm.metadata.labels = Some([("app.kubernetes.io/managed-by".to_string(), "ferrok".to_string())].into());
             match api.create(&PostParams::default(), &cm).await {
                 Ok(cm) => cm,
-                Err(kube::Error::Api(e)) if e.code == 409 => api.get(NAME).await?,
+                Err(kube::Error::Api(e)) if e.code == 409 => api.get(name).await?,
                 Err(e) => return Err(e),
             }
         }
@@ -56,7 +62,7 @@ pub async fn load(client: &kube::Client) -> Result<(ConfigMap, BTreeMap<String, 
                 out.insert(r.file.clone(), r);
             }
             Err(e) => {
-                tracing::warn!(key = %k, error = %e, "unreadable record in kube-system/ferrok-manifests; ignored")
+                tracing::warn!(key = %k, error = %e, "unreadable record of the manifests folder; ignored")
             }
         }
     }
@@ -64,14 +70,19 @@ pub async fn load(client: &kube::Client) -> Result<(ConfigMap, BTreeMap<String, 
 }
 
 /// Writes (or, with `None`, forgets) one file's record; other keys stay.
-pub async fn store(client: &kube::Client, file: &str, record: Option<&FileRecord>) -> Result<(), kube::Error> {
+pub async fn store(
+    client: &kube::Client,
+    name: &str,
+    file: &str,
+    record: Option<&FileRecord>,
+) -> Result<(), kube::Error> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
     let value = match record {
         Some(r) => json!(serde_json::to_string(r).unwrap_or_default()),
         None => serde_json::Value::Null,
     };
     let patch = json!({"data": {key(file): value}});
-    api.patch(NAME, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
     Ok(())
 }
 
