@@ -603,6 +603,7 @@ apiVersion: v1
 kind: PersistentVolumeClaim
 metadata: {{name: data, namespace: sec}}
 spec:
+  storageClassName: ""  # the static volume above, not the default local-path class
   accessModes: [ReadWriteOnce]
   resources: {{requests: {{storage: 100Mi}}}}
 ---

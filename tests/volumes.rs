@@ -439,8 +439,9 @@ async fn failures_read_as_upstream_and_retries_finish_the_job() {
     std::fs::write(&not_a_dir, "x").expect("file");
     let _: PersistentVolumeClaim = create(
         &client,
+        // No class: the default local-path class would provision it.
         json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "pending", "namespace": "default"},
-               "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}),
+               "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}, "storageClassName": ""}}),
     )
     .await;
     let pod: Pod = create(

@@ -30,6 +30,8 @@ pub struct AgentConfig {
     /// containerd of our own.
     pub runtime_endpoint: Option<String>,
     pub cluster_dns: Vec<IpAddr>,
+    /// Whether this node serves the cluster DNS itself (off with `--disable coredns`).
+    pub dns_server: bool,
     pub cluster_domain: String,
     /// `--cluster-cidr`: pod traffic inside it is not masqueraded.
     pub cluster_cidr: crate::network::cni::Ipv4Net,

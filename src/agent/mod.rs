@@ -26,6 +26,7 @@ pub mod images;
 pub mod kubelet;
 pub mod kuberuntime;
 pub mod lifecycle;
+pub mod local_path;
 pub mod logs;
 pub mod node_lease;
 pub mod node_status;
@@ -279,16 +280,18 @@ pub async fn start(
     let memory_capacity = crate::host::meminfo("MemTotal").unwrap_or(0) as i64;
     let host = dns::ResolvConf::host(config.resolv_conf.as_deref());
     // Cluster DNS: this node's own, on its pod-network gateway, port 53.
-    tasks.extend(crate::network::dns::spawn(
-        client.clone(),
-        crate::network::dns::ClusterDnsConfig::for_node(
-            &config.node_name,
-            &config.cluster_domain,
-            &host,
-            &config.cluster_dns,
-        ),
-        pod_cidr,
-    ));
+    if config.dns_server {
+        tasks.extend(crate::network::dns::spawn(
+            client.clone(),
+            crate::network::dns::ClusterDnsConfig::for_node(
+                &config.node_name,
+                &config.cluster_domain,
+                &host,
+                &config.cluster_dns,
+            ),
+            pod_cidr,
+        ));
+    }
     let index = Arc::new(pleg::ContainerIndex::default());
     let mirrors = Arc::new(static_pods::Mirrors::default());
     let (probe_manager, mut probe_updates) =

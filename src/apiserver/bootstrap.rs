@@ -78,8 +78,11 @@ pub async fn run(api: &Api) -> ApiResult<()> {
     cidr["status"] = json!({"conditions": [{"type": "Ready", "status": "True", "reason": "", "message": "Kubernetes Service CIDR is ready", "lastTransitionTime": meta::now_rfc3339()}]});
     ensure(api, "/registry/networking.k8s.io/servicecidrs/kubernetes", cidr).await?;
 
-    if let Some(ip) = cfg.cluster_dns {
-        kube_dns_service(api, ip).await?;
+    match cfg.cluster_dns {
+        Some(ip) => kube_dns_service(api, ip).await?,
+        // The cluster DNS is turned off (`--disable coredns`): its Service goes.
+        // (Not a kube-dns Service of the user's own DNS: ours has no selector.)
+        None => remove(api, "/registry/services/kube-system/kube-dns", |s| s["spec"]["selector"].is_null()).await?,
     }
 
     // A local APIService for each built-in group/version this server serves.
@@ -87,13 +90,39 @@ pub async fn run(api: &Api) -> ApiResult<()> {
         let now = meta::now_rfc3339();
         let served: std::collections::BTreeSet<(String, String)> =
             api.registry.all().iter().map(|r| (r.group.clone(), r.version.clone())).collect();
-        for (group, version) in served {
-            if let Some(mut obj) = super::kinds::local_apiservice(&group, &version, &now) {
+        for (group, version) in &served {
+            if let Some(mut obj) = super::kinds::local_apiservice(group, version, &now) {
                 obj["metadata"]["uid"] = json!(meta::new_uid());
                 obj["metadata"]["creationTimestamp"] = json!(now);
                 let name = format!("{version}.{group}");
                 ensure(api, &apiservices.key(None, &name), obj).await?;
             }
+        }
+        // A local APIService of a group no longer served (metrics.k8s.io
+        // with `--disable metrics-server`) goes.
+        let (stored, _) = api.storage.list_all(&apiservices.key_prefix()).await?;
+        for s in stored {
+            let spec = |f: &str| s.object["spec"][f].as_str().unwrap_or_default().to_string();
+            let local = s.object["metadata"]["labels"][super::kinds::AUTOMANAGED_LABEL].is_string()
+                && s.object["spec"]["service"].is_null();
+            if local && !served.contains(&(spec("group"), spec("version"))) {
+                let name = s.object["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                remove(api, &apiservices.key(None, &name), |_| true).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deletes an object the server made, if it is there and `owned` says it is ours.
+async fn remove(api: &Api, key: &str, owned: impl Fn(&Value) -> bool) -> ApiResult<()> {
+    if let Some(current) = api.storage.get(key).await? {
+        if owned(&current.object) {
+            match api.storage.delete(key, current.rev).await {
+                Ok(_) | Err(WriteError::Changed(_)) | Err(WriteError::Exists) => {}
+                Err(WriteError::Api(e)) => return Err(e),
+            }
+            tracing::info!(key, "removed: its part is disabled");
         }
     }
     Ok(())

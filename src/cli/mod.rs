@@ -4,6 +4,7 @@ mod agent;
 mod certificate;
 mod check_config;
 mod cluster_bootstrap;
+mod components;
 mod config;
 #[cfg(test)]
 mod config_reference;

@@ -125,6 +125,7 @@ impl NodeArgs {
             resolv_conf: self.resolv_conf.clone(),
             runtime_endpoint: self.container_runtime_endpoint.clone(),
             cluster_dns: vec![*cluster_dns],
+            dns_server: true,
             cluster_domain: cluster_domain.to_string(),
             cluster_cidr,
             service_cidr,

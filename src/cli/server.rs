@@ -116,6 +116,13 @@ pub struct ServerArgs {
     pub secrets_encryption_provider: apiserver::encryption::config::Cipher,
     #[command(flatten)]
     pub snapshots: super::etcd_snapshot::schedule::SnapshotServerArgs,
+    /// Do not run a packaged part (k3s' names; repeatable, comma-separated):
+    /// coredns, servicelb, local-storage, metrics-server (traefik: accepted, ferrok has none).
+    #[arg(long, value_name = "NAME", value_delimiter = ',', value_enum)]
+    pub disable: Vec<super::components::Component>,
+    /// Where local-path volumes are made (default: <data-dir>/storage).
+    #[arg(long, value_name = "DIR")]
+    pub default_local_storage_path: Option<PathBuf>,
     #[command(flatten)]
     pub node: super::node_args::NodeArgs,
     /// Config file (YAML; keys are the long flag names).
@@ -203,6 +210,20 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     if args.snapshots.resetting() {
         return args.snapshots.cluster_reset(&data_dir, args.datastore_endpoint.as_deref());
     }
+    let enabled = super::components::Enabled::from_disabled(&args.disable);
+    let local_storage = args.default_local_storage_path.clone().unwrap_or_else(|| data_dir.join("storage"));
+    if !local_storage.is_absolute() {
+        anyhow::bail!("--default-local-storage-path {}: must be an absolute path", local_storage.display());
+    }
+    if enabled.local_storage {
+        std::fs::create_dir_all(&local_storage)
+            .with_context(|| format!("--default-local-storage-path: cannot create {}", local_storage.display()))?;
+    }
+    let manifests = crate::controllers::deploy::manifests_dir(&data_dir);
+    std::fs::create_dir_all(&manifests).with_context(|| format!("cannot create {}", manifests.display()))?;
+    use crate::controllers::deploy::packaged;
+    packaged::install(&manifests, packaged::LOCAL_STORAGE, enabled.local_storage)
+        .with_context(|| format!("cannot write the packaged manifests in {}", manifests.display()))?;
 
     let mut sqlite = None;
     let store: Arc<dyn Store> = match &args.datastore_endpoint {
@@ -296,7 +317,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         https_port: args.https_listen_port,
         service_cidr: args.service_cidr,
         cluster_domain: args.cluster_domain.clone(),
-        cluster_dns: Some(args.cluster_dns),
+        cluster_dns: enabled.dns.then_some(args.cluster_dns),
         join_token: Some(join_token),
         event_ttl: args.event_ttl,
         audit: auditor(&args).context("audit")?,
@@ -315,6 +336,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let tokens =
         apiserver::auth::token::TokenSigner::load(&pki.service_account_key, issuer).context("service-account key")?;
     let api = Api::new(store.clone(), config, Some(tokens));
+    if !enabled.metrics {
+        // No metrics.k8s.io: neither served nor announced (its APIService goes).
+        api.registry.remove("metrics.k8s.io", "nodes");
+        api.registry.remove("metrics.k8s.io", "pods");
+    }
     let addr = SocketAddr::new(args.bind_address, args.https_listen_port);
     let listener = apiserver::serve::bind(addr).await.context("--https-listen-port")?;
     let tls = apiserver::serve::tls_config(&pki.serving_cert, &pki.serving_key, &pki.client_ca_cert).context("TLS")?;
@@ -347,7 +373,16 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         server_ca_pem: Arc::new(std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?),
         cluster_cidr: (args.cluster_cidr.base, args.cluster_cidr.prefix),
         node_cidr_mask: 24,
+        servicelb: enabled.servicelb,
+        cluster_dns: enabled.dns,
+        local_storage: enabled.local_storage.then(|| local_storage.clone()),
     });
+    // The auto-deploy folder, on every server, with the server's own rights.
+    {
+        let (client, dir, server) =
+            (crate::client::in_process(api.clone(), crate::client::supervisor()), manifests.clone(), node_name.clone());
+        followers.push(tokio::spawn(async move { crate::controllers::deploy::run(client, dir, &server).await }));
+    }
     // Node passwords follow their Nodes, on every server (deletes are idempotent).
     followers.push(tokio::spawn(crate::controllers::node_password::run(crate::client::in_process(
         api.clone(),
@@ -417,7 +452,15 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             &config.node_ips,
         )
         .context("the kubelet's serving certificate")?;
-        let config = crate::agent::AgentConfig { kubelet_tls: Some(tls), ..config };
+        let config = crate::agent::AgentConfig { kubelet_tls: Some(tls), dns_server: enabled.dns, ..config };
+        if enabled.local_storage {
+            // Released local-path volumes of this node: their directories, then the volumes.
+            followers.push(tokio::spawn(crate::agent::local_path::run(
+                crate::client::in_process(api.clone(), crate::client::supervisor()),
+                node_name.clone(),
+                local_storage.clone(),
+            )));
+        }
         let client = crate::client::in_process(api.clone(), crate::client::node(&node_name));
         let labeler = crate::client::in_process(api.clone(), crate::client::supervisor());
         Some(crate::agent::start(config, client, Some(labeler)).await.context("the node role")?)

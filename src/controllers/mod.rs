@@ -9,6 +9,7 @@ pub mod cron_schedule;
 pub mod cronjob;
 pub mod daemonset;
 pub mod daemonset_nodes;
+pub mod deploy;
 pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
@@ -19,6 +20,7 @@ pub mod history;
 pub mod informers;
 pub mod job;
 pub mod job_pods;
+pub mod local_path;
 pub mod namespace;
 pub mod node_ipam;
 pub mod node_lifecycle;
@@ -66,6 +68,12 @@ pub struct ControllerConfig {
     pub cluster_cidr: (Ipv4Addr, u8),
     /// The prefix length of each node's podCIDR (24).
     pub node_cidr_mask: u8,
+    /// ServiceLB runs (off with `--disable servicelb`).
+    pub servicelb: bool,
+    /// The in-process cluster DNS runs, so its `kube-dns` slice is kept (off with `--disable coredns`).
+    pub cluster_dns: bool,
+    /// The local-path provisioner's storage folder (none with `--disable local-storage`).
+    pub local_storage: Option<std::path::PathBuf>,
 }
 
 /// Starts every controller; they run until aborted.
@@ -105,17 +113,22 @@ pub fn start(
         tokio::spawn(taint_eviction::run(own("node-controller"))),
         tokio::spawn(endpoints::run(own("endpoint-controller"), pods.subscribe())),
         tokio::spawn(endpointslice::run(own("endpointslice-controller"), pods.subscribe())),
-        // The kube-dns Service's slice: every node's own DNS (ferrok's, no
-        // upstream counterpart; it writes as the endpointslice-controller).
-        tokio::spawn(cluster_dns::run(own("endpointslice-controller"), client.clone())),
         tokio::spawn(disruption::run(own("disruption-controller"), pods.subscribe())),
         tokio::spawn(persistentvolume::run(own("persistent-volume-binder"), pods.subscribe())),
         tokio::spawn(replicaset::run(own("replicaset-controller"))),
         tokio::spawn(deployment::run(own("deployment-controller"))),
         tokio::spawn(resourcequota::run(own("resourcequota-controller"), pods.subscribe())),
-        // ServiceLB acts as upstream's cloud service-controller does.
-        tokio::spawn(servicelb::run(own(servicelb::CONTROLLER_NAME))),
     ];
+    if config.cluster_dns {
+        handles.push(tokio::spawn(cluster_dns::run(own("endpointslice-controller"), client.clone())));
+    }
+    if config.servicelb {
+        // ServiceLB acts as upstream's cloud service-controller does.
+        handles.push(tokio::spawn(servicelb::run(own(servicelb::CONTROLLER_NAME))));
+    }
+    if let Some(dir) = &config.local_storage {
+        handles.push(tokio::spawn(local_path::run(own("persistent-volume-binder"), pods.subscribe(), dir.clone())));
+    }
     handles.extend(workloads);
     handles.extend([pods.start(), revisions.start(), jobs.start()]);
     handles

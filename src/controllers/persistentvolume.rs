@@ -186,12 +186,12 @@ fn choose<'a>(
 }
 
 /// The node of a scheduled pod using the claim (for WaitForFirstConsumer).
-fn consumer_node(ctx: &Context, claim: &PersistentVolumeClaim) -> Option<String> {
+pub(super) fn consumer_node(pods: &Store<Pod>, claim: &PersistentVolumeClaim) -> Option<String> {
     if let Some(n) = claim.metadata.annotations.as_ref().and_then(|a| a.get(SELECTED_NODE)) {
         return Some(n.clone());
     }
     let (ns, name) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref()?);
-    ctx.pods.state().iter().find_map(|p| {
+    pods.state().iter().find_map(|p| {
         let uses = p.metadata.namespace.as_deref() == ns
             && p.spec
                 .iter()
@@ -230,7 +230,7 @@ async fn bind_claim(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Res
                 ctx.classes.state().into_iter().find(|c| c.metadata.name.as_deref() == Some(claim_class(&claim)));
             let wait = class.as_ref().and_then(|c| c.volume_binding_mode.as_deref()) == Some("WaitForFirstConsumer");
             let node_name = if wait {
-                match consumer_node(&ctx, &claim) {
+                match consumer_node(&ctx.pods, &claim) {
                     Some(n) => Some(n),
                     None => {
                         ctx.recorder.publish(
@@ -336,7 +336,10 @@ async fn sync_volume(volume: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result
         }
     };
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    if wanted == "Released" && spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete") {
+    // A local-path volume is deleted by its node, after its directory.
+    let provisioned_by = volume.metadata.annotations.as_ref().and_then(|a| a.get(super::local_path::PROVISIONED_BY));
+    let external = provisioned_by.is_some_and(|p| p == super::local_path::PROVISIONER);
+    if wanted == "Released" && spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete") && !external {
         let dp = DeleteParams {
             preconditions: Some(Preconditions { uid: volume.metadata.uid.clone(), resource_version: None }),
             ..Default::default()

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 pub mod check;
+pub mod dir_watch;
 
 /// Finds a program in `$PATH` and the usual binary folders.
 pub fn find_binary(name: &str) -> Option<PathBuf> {

@@ -17,6 +17,7 @@ pub mod preemption;
 pub mod profile;
 pub mod queue;
 pub mod resources;
+pub mod volume_binding;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -497,6 +498,13 @@ async fn schedule_one(sched: &Arc<Scheduler>, pod: Arc<PodInfo>, cycle: u64) {
 }
 
 async fn bind(sched: &Scheduler, pod: &PodInfo, node: &str) {
+    if let Err(e) = volume_binding::pre_bind(&sched.client, &pod.pod, node).await {
+        sched.cache().forget(&pod.uid);
+        let message = format!("running PreBind plugin \"VolumeBinding\": {e}");
+        sched.recorder.publish(pod.pod.as_ref(), EventType::Warning, "FailedScheduling", &message);
+        sched.queue.retry(&pod.uid);
+        return;
+    }
     let name = pod.pod.metadata.name.clone().unwrap_or_default();
     let binding = Binding {
         metadata: ObjectMeta {

@@ -18,7 +18,7 @@ mod protect;
 pub mod reference;
 pub mod registries;
 mod unpack;
-pub(crate) mod watch;
+pub(crate) use crate::host::dir_watch as watch;
 
 use std::path::PathBuf;
 

@@ -1,0 +1,109 @@
+//! The node's part of the local-path provisioner (what k3s' helper pod
+//! does): a volume it provisioned on this node that is Released with the
+//! Delete reclaim policy has its directory removed here, then the volume
+//! is deleted. Only directories `pvc-*` right under the storage path are
+//! ever removed. (The directory itself is made by the volume manager, the
+//! hostPath being DirectoryOrCreate.)
+
+use std::path::{Path, PathBuf};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, DeleteParams, Preconditions};
+use kube::runtime::{watcher, WatchStreamExt};
+
+use crate::controllers::local_path::{PROVISIONED_BY, PROVISIONER};
+
+/// Runs until aborted; `client` must be allowed to watch and delete PersistentVolumes.
+pub async fn run(client: kube::Client, node_name: String, storage: PathBuf) {
+    let api: Api<PersistentVolume> = Api::all(client);
+    let mut changes = watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
+    while let Some(change) = changes.next().await {
+        let pv = match change {
+            Ok(pv) => pv,
+            Err(e) => {
+                tracing::debug!(error = %e, "watching PersistentVolumes");
+                continue;
+            }
+        };
+        let Some(dir) = released_here(&pv, &node_name, &storage) else { continue };
+        let name = pv.metadata.name.clone().unwrap_or_default();
+        let remove = dir.clone();
+        let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&remove) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        })
+        .await;
+        match removed {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(volume = %name, dir = %dir.display(), error = %e, "cannot remove a released volume's directory");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(volume = %name, error = %e, "removing a released volume's directory");
+                continue;
+            }
+        }
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions { uid: pv.metadata.uid.clone(), resource_version: None }),
+            ..Default::default()
+        };
+        match api.delete(&name, &dp).await {
+            Ok(_) => tracing::info!(volume = %name, dir = %dir.display(), "released volume and its directory deleted"),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(e) => tracing::warn!(volume = %name, error = %e, "cannot delete a released volume"),
+        }
+    }
+}
+
+/// The directory to remove, if `pv` is a released local-path volume of
+/// this node with the Delete policy, right under `storage`.
+fn released_here(pv: &PersistentVolume, node: &str, storage: &Path) -> Option<PathBuf> {
+    if pv.metadata.deletion_timestamp.is_some()
+        || pv.metadata.annotations.as_ref().and_then(|a| a.get(PROVISIONED_BY)).map(String::as_str) != Some(PROVISIONER)
+        || pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Released")
+    {
+        return None;
+    }
+    let spec = pv.spec.as_ref()?;
+    if spec.persistent_volume_reclaim_policy.as_deref() != Some("Delete") {
+        return None;
+    }
+    let terms = &spec.node_affinity.as_ref()?.required.as_ref()?.node_selector_terms;
+    let pinned = terms.iter().flat_map(|t| t.match_expressions.iter().flatten()).any(|e| {
+        e.key == "kubernetes.io/hostname" && e.operator == "In" && e.values.as_deref() == Some(&[node.to_string()])
+    });
+    let path = PathBuf::from(&spec.host_path.as_ref()?.path);
+    let ours = path.parent() == Some(storage)
+        && path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("pvc-") && !n.contains(".."));
+    (pinned && ours).then_some(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pv(path: &str, node: &str, phase: &str, policy: &str) -> PersistentVolume {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "pvc-u", "annotations": {PROVISIONED_BY: PROVISIONER}},
+            "spec": {"persistentVolumeReclaimPolicy": policy, "hostPath": {"path": path},
+                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                         {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_our_released_directories() {
+        let s = Path::new("/d/storage");
+        let ok = pv("/d/storage/pvc-u_ns_c", "n1", "Released", "Delete");
+        assert_eq!(released_here(&ok, "n1", s), Some(PathBuf::from("/d/storage/pvc-u_ns_c")));
+        assert_eq!(released_here(&ok, "n2", s), None);
+        assert_eq!(released_here(&pv("/d/storage/pvc-u_ns_c", "n1", "Bound", "Delete"), "n1", s), None);
+        assert_eq!(released_here(&pv("/d/storage/pvc-u_ns_c", "n1", "Released", "Retain"), "n1", s), None);
+        assert_eq!(released_here(&pv("/etc/pvc-x", "n1", "Released", "Delete"), "n1", s), None);
+        assert_eq!(released_here(&pv("/d/storage/data", "n1", "Released", "Delete"), "n1", s), None);
+    }
+}
