@@ -192,10 +192,10 @@ pub fn main() -> ExitCode {
         matches!(
             cli.command,
             Command::Token(_)
-            | Command::CheckConfig(_)
-            | Command::Certificate(_)
-            | Command::EtcdSnapshot(_)
-            | Command::SecretsEncrypt(_)
+                | Command::CheckConfig(_)
+                | Command::Certificate(_)
+                | Command::EtcdSnapshot(_)
+                | Command::SecretsEncrypt(_)
         ),
     );
     limit_malloc_arenas();
