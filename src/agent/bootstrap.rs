@@ -193,25 +193,7 @@ pub async fn join(opts: &JoinOptions) -> Result<Joined, JoinError> {
     let trusted = crate::pki::tls::client_config(&server_ca, None, &[b"http/1.1"])
         .map_err(|e| JoinError::Pki(format!("{}: {e}", creds.server_ca.display())))?;
     let bearer = format!("Bearer {}", opts.token.bearer());
-    let (status, body) = exchange(
-        &opts.server,
-        trusted.clone(),
-        Method::GET,
-        "/v1-ferrok/config",
-        &[("authorization", bearer.clone())],
-        Vec::new(),
-    )
-    .await?;
-    match status {
-        StatusCode::OK => {}
-        StatusCode::UNAUTHORIZED => return Err(JoinError::Unauthorized),
-        _ => return Err(JoinError::Refused { what: "give the cluster settings", message: refusal(&body) }),
-    }
-    let config: NodeJoinConfig = serde_json::from_slice(&body).map_err(|e| JoinError::Refused {
-        what: "give the cluster settings",
-        message: format!("unreadable answer: {e}"),
-    })?;
-    write(&creds.client_ca, &config.client_ca, 0o644)?;
+    let config = fetch_config(opts, &trusted, &[("authorization", bearer.clone())], &creds).await?;
     let password = match read(&creds.node_password)? {
         Some(p) if !p.trim().is_empty() => p.trim().to_string(),
         _ => {
@@ -220,12 +202,42 @@ pub async fn join(opts: &JoinOptions) -> Result<Joined, JoinError> {
             p
         }
     };
-    let auth = Auth::Token { bearer, password };
-    let client_spec = LeafSpec::client(&format!("system:node:{}", opts.node_name), &["system:nodes"]);
-    let serving_spec = serving_spec(opts);
-    ensure(opts, &trusted, &auth, Kind::Client, &creds.client_cert, &creds.client_key, &client_spec).await?;
-    ensure(opts, &trusted, &auth, Kind::Serving, &creds.serving_cert, &creds.serving_key, &serving_spec).await?;
+    ensure_credentials(opts, &trusted, &Auth::Token { bearer, password }, &creds).await?;
     Ok(Joined { config, credentials: creds })
+}
+
+/// The cluster settings from `/v1-ferrok/config`; the client CA they name
+/// is written beside the node's credentials.
+async fn fetch_config(
+    opts: &JoinOptions,
+    tls: &Arc<rustls::ClientConfig>,
+    headers: &[(&str, String)],
+    creds: &Credentials,
+) -> Result<NodeJoinConfig, JoinError> {
+    let what = "give the cluster settings";
+    let (status, body) =
+        exchange(&opts.server, tls.clone(), Method::GET, "/v1-ferrok/config", headers, Vec::new()).await?;
+    match status {
+        StatusCode::OK => {}
+        StatusCode::UNAUTHORIZED => return Err(JoinError::Unauthorized),
+        _ => return Err(JoinError::Refused { what, message: refusal(&body) }),
+    }
+    let config: NodeJoinConfig = serde_json::from_slice(&body)
+        .map_err(|e| JoinError::Refused { what, message: format!("unreadable answer: {e}") })?;
+    write(&creds.client_ca, &config.client_ca, 0o644)?;
+    Ok(config)
+}
+
+/// The node's client and serving certificates, kept while good, else requested.
+async fn ensure_credentials(
+    opts: &JoinOptions,
+    tls: &Arc<rustls::ClientConfig>,
+    auth: &Auth,
+    creds: &Credentials,
+) -> Result<(), JoinError> {
+    let client_spec = LeafSpec::client(&format!("system:node:{}", opts.node_name), &["system:nodes"]);
+    ensure(opts, tls, auth, Kind::Client, &creds.client_cert, &creds.client_key, &client_spec).await?;
+    ensure(opts, tls, auth, Kind::Serving, &creds.serving_cert, &creds.serving_key, &serving_spec(opts)).await
 }
 
 /// A node that joined before rejoins with its own client certificate while
@@ -240,20 +252,8 @@ async fn rejoin(opts: &JoinOptions, creds: &Credentials) -> Option<Joined> {
     }
     let attempt = async {
         let tls = client_tls(creds, b"http/1.1")?;
-        let (status, body) =
-            exchange(&opts.server, tls.clone(), Method::GET, "/v1-ferrok/config", &[], Vec::new()).await?;
-        if status != StatusCode::OK {
-            return Err(JoinError::Refused { what: "give the cluster settings", message: refusal(&body) });
-        }
-        let config: NodeJoinConfig = serde_json::from_slice(&body).map_err(|e| JoinError::Refused {
-            what: "give the cluster settings",
-            message: format!("unreadable answer: {e}"),
-        })?;
-        write(&creds.client_ca, &config.client_ca, 0o644)?;
-        let client_spec = LeafSpec::client(&cn, &["system:nodes"]);
-        let auth = Auth::Certificate;
-        ensure(opts, &tls, &auth, Kind::Serving, &creds.serving_cert, &creds.serving_key, &serving_spec(opts)).await?;
-        ensure(opts, &tls, &auth, Kind::Client, &creds.client_cert, &creds.client_key, &client_spec).await?;
+        let config = fetch_config(opts, &tls, &[], creds).await?;
+        ensure_credentials(opts, &tls, &Auth::Certificate, creds).await?;
         Ok::<_, JoinError>(config)
     };
     match attempt.await {
@@ -375,19 +375,7 @@ pub async fn renew(
         }
         let outcome = async {
             let tls = client_tls(&creds, b"http/1.1")?;
-            let client_spec = LeafSpec::client(&format!("system:node:{}", opts.node_name), &["system:nodes"]);
-            ensure(
-                &opts,
-                &tls,
-                &Auth::Certificate,
-                Kind::Serving,
-                &creds.serving_cert,
-                &creds.serving_key,
-                &serving_spec(&opts),
-            )
-            .await?;
-            ensure(&opts, &tls, &Auth::Certificate, Kind::Client, &creds.client_cert, &creds.client_key, &client_spec)
-                .await?;
+            ensure_credentials(&opts, &tls, &Auth::Certificate, &creds).await?;
             api_tls(&creds)
         }
         .await;

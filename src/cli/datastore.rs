@@ -106,12 +106,12 @@ pub async fn run(args: DatastoreArgs) -> anyhow::Result<()> {
     let mut sqlite = None;
     let store: Arc<dyn Store> = match &args.datastore_endpoint {
         Some(endpoints) => {
-            let opts = EtcdOptions {
-                endpoints: endpoints.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-                ca_file: args.datastore_cafile.clone(),
-                cert_file: args.datastore_certfile.clone(),
-                key_file: args.datastore_keyfile.clone(),
-            };
+            let opts = EtcdOptions::from_flags(
+                endpoints,
+                args.datastore_cafile.clone(),
+                args.datastore_certfile.clone(),
+                args.datastore_keyfile.clone(),
+            );
             EtcdStore::connect(&opts).context("--datastore-endpoint")?
         }
         None => {

@@ -227,12 +227,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
 
     let mut sqlite = None;
     let store: Arc<dyn Store> = match &args.datastore_endpoint {
-        Some(endpoints) => EtcdStore::connect(&EtcdOptions {
-            endpoints: endpoints.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-            ca_file: args.datastore_cafile.clone(),
-            cert_file: args.datastore_certfile.clone(),
-            key_file: args.datastore_keyfile.clone(),
-        })
+        Some(endpoints) => EtcdStore::connect(&EtcdOptions::from_flags(
+            endpoints,
+            args.datastore_cafile.clone(),
+            args.datastore_certfile.clone(),
+            args.datastore_keyfile.clone(),
+        ))
         .context("--datastore-endpoint")?,
         None => {
             let mut opts = SqliteOptions::new(super::etcd_snapshot::embedded_db(&data_dir));

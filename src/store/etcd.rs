@@ -22,6 +22,20 @@ pub struct EtcdOptions {
     pub key_file: Option<PathBuf>,
 }
 
+impl EtcdOptions {
+    /// The options of k3s' `--datastore-endpoint` (comma-separated URLs)
+    /// and its `--datastore-cafile/-certfile/-keyfile` flags.
+    pub fn from_flags(
+        endpoints: &str,
+        ca_file: Option<PathBuf>,
+        cert_file: Option<PathBuf>,
+        key_file: Option<PathBuf>,
+    ) -> EtcdOptions {
+        let endpoints = endpoints.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        EtcdOptions { endpoints, ca_file, cert_file, key_file }
+    }
+}
+
 pub struct EtcdStore {
     kv: kv_client::KvClient<Channel>,
     watch: watch_client::WatchClient<Channel>,

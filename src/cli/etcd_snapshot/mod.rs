@@ -116,12 +116,12 @@ pub struct Saved {
 impl ExternalDatastore {
     fn connect(&self) -> anyhow::Result<Option<Arc<dyn Store>>> {
         let Some(endpoints) = &self.datastore_endpoint else { return Ok(None) };
-        let store = EtcdStore::connect(&EtcdOptions {
-            endpoints: endpoints.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect(),
-            ca_file: self.datastore_cafile.clone(),
-            cert_file: self.datastore_certfile.clone(),
-            key_file: self.datastore_keyfile.clone(),
-        })
+        let store = EtcdStore::connect(&EtcdOptions::from_flags(
+            endpoints,
+            self.datastore_cafile.clone(),
+            self.datastore_certfile.clone(),
+            self.datastore_keyfile.clone(),
+        ))
         .context("--datastore-endpoint")?;
         Ok(Some(store))
     }
