@@ -301,6 +301,48 @@ fn agents_join_with_the_token_and_only_with_it() {
     assert!(!latest_log(&a).contains("joining with the token"), "{}", latest_log(&a));
     a.eventually("the node Ready after the token rotation", 30, || ready(cluster.server(), &a.name) == "True");
     assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].containerID}"), before);
+
+    // The cluster's CAs rotated (new ones made by the server, cross-signed
+    // by the old). After the server's restart, the agent, which trusts only
+    // the old CAs, still reaches the API and the API server its kubelet.
+    let server = cluster.server();
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", server.netns))
+        .arg(common::ferrok_bin())
+        .args(["certificate", "rotate-ca", "--data-dir"])
+        .arg(server.dir.path())
+        .args(["--server", &format!("https://127.0.0.1:{}", server.port)])
+        .output()
+        .expect("ferrok certificate rotate-ca");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    cluster.servers[0].restart(false);
+    let bundle = std::fs::read_to_string(tls.join("server-ca.crt")).expect("server CA");
+    assert_ne!(std::fs::read_to_string(agent_dir.join("server-ca.crt")).expect("agent's CA"), bundle);
+    a.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: after-rotation}}\nspec:\n  nodeName: {}\n  containers:\n  - {{name: c, image: \"{BUSYBOX}\", command: [\"sh\", \"-c\", \"echo rotated; exec sleep 3600\"]}}\n",
+        a.name
+    ));
+    a.eventually("a new pod on the agent running after the CA rotation", 90, || {
+        a.get(&["pod", "after-rotation"], "{.status.phase}") == "Running"
+    });
+    a.eventually("its logs through the API server", 30, || {
+        a.kubectl(&["logs", "after-rotation"]).1.contains("rotated")
+    });
+    // Restarted with a token that names the old CA bundle, the agent takes
+    // the new bundle (the server proves itself under the old CA) and keeps its pods.
+    if let common::node::Role::Agent { token_file, .. } = &mut a.role {
+        let file = a.dir.path().join("token-of-the-old-ca");
+        std::fs::write(&file, &new_token).expect("token file");
+        *token_file = file;
+    }
+    a.restart(false);
+    a.eventually("the agent serving again after the CA rotation", 30, || {
+        latest_log(&a).contains("kubelet API listening")
+    });
+    assert!(latest_log(&a).contains("the server's CAs were rotated"), "{}", latest_log(&a));
+    assert_eq!(std::fs::read_to_string(agent_dir.join("server-ca.crt")).expect("agent's CA"), bundle);
+    a.eventually("the node Ready after the CA rotation", 30, || ready(cluster.server(), &a.name) == "True");
+    assert_eq!(a.get(&["pod", "on-a"], "{.status.containerStatuses[0].containerID}"), before);
     cluster.agents.push(a);
 }
 

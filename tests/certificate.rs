@@ -127,3 +127,185 @@ fn check_lists_expiry_and_rotate_issues_new_leaves() {
     assert!(stderr(&out).trim().starts_with("error: --data-dir: no certificates in"), "{}", stderr(&out));
     assert_eq!(stderr(&out).trim().lines().count(), 1);
 }
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl");
+    assert!(out.status.success(), "openssl {args:?}: {}", stderr(&out));
+}
+
+/// A new self-signed EC CA `<name>.crt`/`<name>.key` in `dir`.
+fn openssl_ca(dir: &Path, name: &str, cn: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "365",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.crt"),
+            "-subj",
+            &format!("/CN={cn}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+    );
+}
+
+fn kubectl_with(kubeconfig: &Path) -> Output {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["get", "namespace", "default", "-o", "name"])
+        .output()
+        .expect("kubectl")
+}
+
+/// `curl` of /readyz trusting only the CAs of `ca_file`.
+fn curl_ok(port: u16, ca_file: &Path) -> bool {
+    Command::new("curl")
+        .args(["-sf", "--cacert"])
+        .arg(ca_file)
+        .arg(format!("https://127.0.0.1:{port}/cacerts"))
+        .output()
+        .expect("curl")
+        .status
+        .success()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn rotate_ca_keeps_the_old_trust_unless_forced() {
+    let server = ApiServer::start();
+    let data = server.dir.path().to_path_buf();
+    let tls = data.join("server").join("tls");
+    let keep = tempfile::tempdir().expect("tempdir");
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let old_kubeconfig = keep.path().join("old-kubeconfig.yaml");
+    std::fs::copy(server.kubeconfig(), &old_kubeconfig).expect("copy kubeconfig");
+    let root_ca = keep.path().join("root-ca.crt");
+    std::fs::copy(tls.join("server-ca.crt"), &root_ca).expect("copy CA");
+    let old_token = read(&data.join("server/token")).trim().to_string();
+    let secret = old_token.rsplit(':').next().expect("secret").to_string();
+    assert_eq!(old_token, format!("K10{}::server:{secret}", sha256_hex(read(&root_ca).as_bytes())));
+
+    // Bad input changes nothing.
+    let out = certificate(&data, &["rotate-ca", "--path", "/nonexistent/ca"]);
+    assert!(!out.status.success());
+    assert_eq!(stderr(&out).trim(), "error: --path: /nonexistent/ca is not a folder");
+    let stranger = tempfile::tempdir().expect("tempdir");
+    openssl_ca(stranger.path(), "server-ca", "someone-else");
+    let port_flag = format!("https://127.0.0.1:{}", server.port);
+    let rotate_ca = |extra: &[&str]| {
+        let mut args = vec!["rotate-ca", "--server", port_flag.as_str()];
+        args.extend_from_slice(extra);
+        certificate(&data, &args)
+    };
+    let stranger_path = stranger.path().to_str().expect("path").to_string();
+    let out = rotate_ca(&["--path", &stranger_path]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("server-ca.crt: the new CA is neither signed nor cross-signed by the current CA"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert_eq!(read(&tls.join("server-ca.crt")), read(&root_ca));
+
+    // A new server CA made with openssl and cross-signed by the current one.
+    let new = tempfile::tempdir().expect("tempdir");
+    openssl_ca(new.path(), "new", "edge-server-ca-2");
+    std::fs::write(
+        new.path().join("ca.ext"),
+        "basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n",
+    )
+    .expect("ext");
+    openssl(new.path(), &["req", "-new", "-key", "new.key", "-subj", "/CN=edge-server-ca-2", "-out", "new.csr"]);
+    let (old_crt, old_key) = (tls.join("server-ca.crt"), tls.join("server-ca.key"));
+    openssl(
+        new.path(),
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "new.csr",
+            "-CA",
+            old_crt.to_str().unwrap(),
+            "-CAkey",
+            old_key.to_str().unwrap(),
+            "-CAcreateserial",
+            "-days",
+            "365",
+            "-extfile",
+            "ca.ext",
+            "-out",
+            "cross.crt",
+        ],
+    );
+    let staged = new.path().join("staged");
+    std::fs::create_dir(&staged).expect("mkdir");
+    std::fs::write(
+        staged.join("server-ca.crt"),
+        read(&new.path().join("new.crt")) + &read(&new.path().join("cross.crt")),
+    )
+    .expect("write");
+    std::fs::copy(new.path().join("new.key"), staged.join("server-ca.key")).expect("copy key");
+    let out = rotate_ca(&["--path", staged.to_str().unwrap()]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("server-ca.crt: written"), "{}", stdout(&out));
+    assert!(stderr(&out).contains("Restart every server, then every agent"), "{}", stderr(&out));
+    let bundle = read(&tls.join("server-ca.crt"));
+    assert!(bundle.ends_with(&read(&root_ca)), "the old CA closes the new bundle");
+    // Until restarted, the server keeps serving with its old certificates.
+    assert!(kubectl_with(&old_kubeconfig).status.success());
+
+    // After a restart: leaves from the new CA, sent with the cross-signed
+    // certificate; clients that trust only the old CA, or only the new
+    // one, both reach the server; the old admin certificate still works.
+    let (dir, port) = server.stop();
+    let server = ApiServer::start_in(dir, port);
+    let serving = read(&tls.join("serving-kube-apiserver.crt"));
+    assert_eq!(serving.matches("BEGIN CERTIFICATE").count(), 2, "leaf and cross-signed CA:\n{serving}");
+    assert!(curl_ok(port, &root_ca), "trusting only the old CA");
+    assert!(curl_ok(port, &new.path().join("new.crt")), "trusting only the new CA");
+    let out = kubectl_with(&old_kubeconfig);
+    assert!(out.status.success(), "the old kubeconfig: {}", stderr(&out));
+    assert!(kubectl_with(&server.kubeconfig()).status.success());
+    // The join token names the new bundle; its secret is unchanged.
+    let token = read(&data.join("server/token")).trim().to_string();
+    assert_eq!(token, format!("K10{}::server:{secret}", sha256_hex(bundle.as_bytes())));
+
+    // Again, with CAs the server makes itself (both, cross-signed).
+    let out = rotate_ca(&[]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("client-ca.crt: written"), "{}", stdout(&out));
+    let (dir, port) = server.stop();
+    let server = ApiServer::start_in(dir, port);
+    assert!(curl_ok(port, &root_ca), "two rotations later, the first CA still vouches");
+    let out = kubectl_with(&old_kubeconfig);
+    assert!(out.status.success(), "the first kubeconfig: {}", stderr(&out));
+    assert!(kubectl_with(&server.kubeconfig()).status.success());
+
+    // Forced to an unrelated CA: the old trust is gone, the new kubeconfig works.
+    let out = rotate_ca(&["--path", &stranger_path, "--force"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(stderr(&out).contains("nodes must join again"), "{}", stderr(&out));
+    let (dir, port) = server.stop();
+    let server = ApiServer::start_in(dir, port);
+    assert!(!curl_ok(port, &root_ca), "a forced rotation breaks the old trust");
+    assert!(curl_ok(port, &stranger.path().join("server-ca.crt")));
+    assert!(!kubectl_with(&old_kubeconfig).status.success());
+    assert!(kubectl_with(&server.kubeconfig()).status.success());
+    let token = read(&data.join("server/token")).trim().to_string();
+    assert_eq!(token, format!("K10{}::server:{secret}", sha256_hex(read(&tls.join("server-ca.crt")).as_bytes())));
+}

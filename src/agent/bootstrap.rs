@@ -157,7 +157,11 @@ fn refusal(body: &[u8]) -> String {
         .unwrap_or_else(|| text.trim().to_string())
 }
 
-/// Reads the server's CA bundle and checks it against the token.
+/// Reads the server's CA bundle and checks it against the token: its
+/// SHA-256 must be the token's; or, after a CA rotation, the bundle must
+/// end with the one the token names (or the one this node trusted before),
+/// and the server must prove itself under that old CA, through the
+/// cross-signed certificate it sends, by serving the same bundle again.
 async fn fetch_server_ca(opts: &JoinOptions, file: &Path) -> Result<String, JoinError> {
     let insecure = crate::agent::prober::http::insecure_tls().map_err(JoinError::Pki)?;
     let (status, body) = exchange(&opts.server, insecure, Method::GET, "/cacerts", &[], Vec::new()).await?;
@@ -166,19 +170,39 @@ async fn fetch_server_ca(opts: &JoinOptions, file: &Path) -> Result<String, Join
     }
     let got = crate::pki::ca_hash(&body);
     let bundle = String::from_utf8(body).map_err(|_| JoinError::Pki("the CA bundle is not text".into()))?;
-    match &opts.token.ca_hash {
-        Some(expected) if *expected != got => return Err(JoinError::CaMismatch { expected: expected.clone(), got }),
-        Some(_) => {}
+    let (old, refused) = match &opts.token.ca_hash {
+        Some(expected) if *expected == got => return Ok(bundle),
+        Some(expected) => {
+            let mismatch = JoinError::CaMismatch { expected: expected.clone(), got: got.clone() };
+            match crate::pki::ca_bundle::suffix_with_hash(&bundle, expected) {
+                Some(old) => (old.to_string(), mismatch),
+                None => return Err(mismatch),
+            }
+        }
         None => match read(file)? {
-            Some(known) if known != bundle => return Err(JoinError::CaChanged { file: file.display().to_string() }),
-            Some(_) => {}
-            None => tracing::warn!(
-                ca_sha256 = %got,
-                "the token carries no CA hash: trusting the server's CA as first seen (use the full K10… token)"
-            ),
+            Some(known) if known == bundle => return Ok(bundle),
+            Some(known) => (known, JoinError::CaChanged { file: file.display().to_string() }),
+            None => {
+                tracing::warn!(
+                    ca_sha256 = %got,
+                    "the token carries no CA hash: trusting the server's CA as first seen (use the full K10… token)"
+                );
+                return Ok(bundle);
+            }
         },
+    };
+    let Ok(trusted) = crate::pki::tls::client_config(&old, None, &[b"http/1.1"]) else { return Err(refused) };
+    match exchange(&opts.server, trusted, Method::GET, "/cacerts", &[], Vec::new()).await {
+        Ok((StatusCode::OK, again)) if again == bundle.as_bytes() => {
+            tracing::info!(ca_sha256 = %got, "the server's CAs were rotated: taking the new bundle, vouched for by the old CA");
+            Ok(bundle)
+        }
+        Ok(_) => Err(refused),
+        Err(e) => {
+            tracing::warn!(error = %e, "the server does not prove itself under the CA this node trusted");
+            Err(refused)
+        }
     }
-    Ok(bundle)
 }
 
 /// Joins (or rejoins) the cluster: the CA checked, the settings read,

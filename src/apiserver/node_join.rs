@@ -20,7 +20,9 @@
 //!
 //! - `PUT /v1-ferrok/token`, for those RBAC lets `update` that path (the
 //!   cluster's administrators): rotates the server's join token
-//!   (server_token.rs).
+//!   (server_token.rs);
+//! - `PUT /v1-ferrok/cacerts`, for the same: rotates the cluster's CAs
+//!   (ca_rotation.rs).
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -66,6 +68,8 @@ pub struct JoinAuthority {
     server_ca: Ca,
     client_ca: Ca,
     pub config: NodeJoinConfig,
+    /// Where the CAs are kept, for their rotation.
+    pub ca_rotation: Option<super::ca_rotation::CaRotation>,
 }
 
 impl std::fmt::Debug for JoinAuthority {
@@ -75,8 +79,15 @@ impl std::fmt::Debug for JoinAuthority {
 }
 
 impl JoinAuthority {
-    pub fn new(server_ca_bundle: Vec<u8>, server_ca: Ca, client_ca: Ca, config: NodeJoinConfig) -> Arc<Self> {
-        Arc::new(JoinAuthority { server_ca_bundle, server_ca, client_ca, config })
+    pub fn new(
+        server_ca_bundle: Vec<u8>,
+        server_ca: Ca,
+        client_ca: Ca,
+        config: NodeJoinConfig,
+        tls_dir: Option<std::path::PathBuf>,
+    ) -> Arc<Self> {
+        let ca_rotation = tls_dir.map(super::ca_rotation::CaRotation::new);
+        Arc::new(JoinAuthority { server_ca_bundle, server_ca, client_ca, config, ca_rotation })
     }
 }
 
@@ -101,6 +112,9 @@ pub async fn serve(api: &Api, user: &User, method: &Method, path: &str, headers:
     }
     if path == TOKEN_PATH {
         return rotate_token(api, user, method, body).await;
+    }
+    if path == super::ca_rotation::CACERTS_PATH {
+        return super::ca_rotation::serve(api, user, method, body).await;
     }
     let bootstrapper = user.in_group("system:bootstrappers");
     let node_user = user.in_group("system:nodes").then(|| user.name.strip_prefix("system:node:")).flatten();

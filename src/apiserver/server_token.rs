@@ -124,6 +124,33 @@ impl ServerToken {
     }
 }
 
+impl ServerToken {
+    /// Rewrites the cluster's sealed bootstrap data with `change`, where
+    /// servers share a datastore (nothing to do otherwise); one change at a
+    /// time, token rotations included.
+    pub async fn update_bootstrap(&self, change: impl FnOnce(&mut BootstrapData)) -> Result<(), RotateError> {
+        let _one = self.rotating.lock().await;
+        let Some(store) = &self.shared else { return Ok(()) };
+        let token = self.current();
+        let key = storage_key(&token);
+        let sealed = kv::get(store.as_ref(), key.as_bytes()).await?.ok_or(RotateError::Raced)?;
+        let mut data = BootstrapData::open(&token, &sealed)?;
+        change(&mut data);
+        let resealed = data.seal(&token)?;
+        if !kv::replace(store.as_ref(), key.as_bytes(), key.as_bytes(), resealed).await? {
+            return Err(RotateError::Raced);
+        }
+        Ok(())
+    }
+
+    /// Writes `token` (the same secret, naming a rotated CA) to the token
+    /// file for the next start; this process keeps the one it has.
+    pub fn record(&self, token: &str) -> Result<(), RotateError> {
+        crate::pki::write(&self.file, &format!("{token}\n"), 0o600)
+            .map_err(|e| RotateError::Write { path: self.file.display().to_string(), message: e.to_string() })
+    }
+}
+
 /// A token's secret: printable, no whitespace or `:`, long enough to guess
 /// at no better than a random one's odds.
 fn check_secret(secret: &str) -> Result<(), RotateError> {

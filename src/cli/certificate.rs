@@ -1,14 +1,19 @@
-//! `ferrok certificate check|rotate`, as k3s' commands of that name:
-//! every certificate this host's ferrok keeps, with what it is for and
-//! when it expires; and rotation of the leaf certificates (backed up,
-//! then removed, so that the next start of ferrok issues new ones; the
-//! CAs stay, so nothing that trusts them needs to change).
+//! `ferrok certificate check|rotate|rotate-ca`, as k3s' commands of that
+//! name: every certificate this host's ferrok keeps, with what it is for
+//! and when it expires; rotation of the leaf certificates (backed up, then
+//! removed, so that the next start of ferrok issues new ones; the CAs
+//! stay, so nothing that trusts them needs to change); and rotation of the
+//! CAs themselves through the running server (src/apiserver/ca_rotation.rs).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 
+use std::collections::BTreeMap;
+
+use crate::apiserver::ca_rotation::{CaRotationAnswer, CaRotationRequest, CACERTS_PATH};
+use crate::pki::ca_rotation::{NewCa, ROTATED_CAS};
 use crate::pki::inspect::{summarize_pem, CertSummary};
 use crate::pki::RENEW_BEFORE_SECONDS;
 
@@ -30,6 +35,21 @@ enum CertificateCommand {
         /// Only these (comma-separated; default: all).
         #[arg(long, short = 's', value_delimiter = ',', value_enum)]
         service: Vec<Service>,
+    },
+    /// Replace the cluster's CAs through the running server; servers, then agents, take them when restarted.
+    #[command(name = "rotate-ca")]
+    RotateCa {
+        /// A folder with the new CAs: server-ca.crt/.key and/or client-ca.crt/.key, each new CA signed or
+        /// cross-signed by the current one unless --force. Without it, the server makes new CAs cross-signed
+        /// by the current ones.
+        #[arg(long, value_name = "DIR")]
+        path: Option<PathBuf>,
+        /// Take CAs that do not chain to the current ones: every node must then join again with the new token.
+        #[arg(long)]
+        force: bool,
+        /// The server to talk to.
+        #[arg(long, value_name = "URL", default_value = "https://127.0.0.1:6443")]
+        server: String,
     },
 }
 
@@ -164,11 +184,72 @@ fn rotate(data_dir: &Path, services: &[Service]) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn run(args: CertificateArgs) -> anyhow::Result<()> {
+/// The new CAs of `dir`: each `<base>.crt` there with its `<base>.key`.
+fn new_cas(dir: &Path) -> anyhow::Result<BTreeMap<String, NewCa>> {
+    if !dir.is_dir() {
+        anyhow::bail!("--path: {} is not a folder", dir.display());
+    }
+    let mut cas = BTreeMap::new();
+    for (base, _) in ROTATED_CAS {
+        let cert = dir.join(format!("{base}.crt"));
+        let key = dir.join(format!("{base}.key"));
+        match (cert.exists(), key.exists()) {
+            (false, false) => continue,
+            (true, false) => anyhow::bail!("--path: {} has no key beside it ({})", cert.display(), key.display()),
+            (false, true) => {
+                anyhow::bail!("--path: {} has no certificate beside it ({})", key.display(), cert.display())
+            }
+            (true, true) => {}
+        }
+        let read =
+            |p: &Path| std::fs::read_to_string(p).with_context(|| format!("--path: cannot read {}", p.display()));
+        cas.insert(base.to_string(), NewCa { cert_pem: read(&cert)?, key_pem: read(&key)? });
+    }
+    if cas.is_empty() {
+        anyhow::bail!("--path: no server-ca.crt or client-ca.crt in {}", dir.display());
+    }
+    Ok(cas)
+}
+
+async fn rotate_ca(data_dir: &Path, path: Option<&Path>, force: bool, server: &str) -> anyhow::Result<()> {
+    let cas = path.map(new_cas).transpose()?.unwrap_or_default();
+    let (client, _) = super::token::admin_client(Some(data_dir), server)?;
+    let body = CaRotationRequest { cas, force };
+    let req = axum::http::Request::put(CACERTS_PATH)
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body)?)?;
+    let answer: CaRotationAnswer = match client.request(req).await {
+        Ok(a) => a,
+        Err(kube::Error::Api(s)) if s.code == 400 => anyhow::bail!("--path: {}", s.message),
+        Err(e) => return Err(e).context("cannot rotate the CAs"),
+    };
+    for file in &answer.written {
+        println!("{file}: written");
+    }
+    println!("the previous files are in {}", answer.backup);
+    if let Some(token) = &answer.token {
+        println!("join token from the next start: {token}");
+    }
+    eprintln!(
+        "Restart every server, then every agent: each takes the new CAs at its start.{}",
+        if force {
+            " The new CAs do not chain to the old ones: nodes must join again with the new token, and kubeconfigs be \
+             handed out anew."
+        } else {
+            " Nodes and kubeconfigs that trust the old CA keep working through the cross-signed certificates."
+        }
+    );
+    Ok(())
+}
+
+pub async fn run(args: CertificateArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
     match &args.command {
         CertificateCommand::Check => check(&data_dir),
         CertificateCommand::Rotate { service } => rotate(&data_dir, service),
+        CertificateCommand::RotateCa { path, force, server } => {
+            rotate_ca(&data_dir, path.as_deref(), *force, server).await
+        }
     }
 }
 

@@ -214,7 +214,7 @@ pub fn main() -> ExitCode {
             Command::Token(args) => token::run(args).await,
             Command::SecretsEncrypt(args) => secrets_encrypt::run(args).await,
             Command::CheckConfig(args) => check_config::run(args),
-            Command::Certificate(args) => certificate::run(args),
+            Command::Certificate(args) => certificate::run(args).await,
             Command::EtcdSnapshot(args) => etcd_snapshot::run(args).await,
             Command::Agent(args) => agent::run(args).await,
             Command::Kubectl { args } => Err(kubectl::exec(args)),

@@ -3,7 +3,7 @@
 //! objects, writes the admin kubeconfig and serves the Kubernetes API.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -309,6 +309,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot read {}", pki.client_ca_cert.display()))?,
             flannel_backend: args.node.flannel_backend.unwrap_or_default().to_string(),
         },
+        pki.server_ca_cert.parent().map(Path::to_path_buf),
     );
     let encryption = secrets_encryption(&args, &data_dir).context("secrets encryption")?;
     let config = ApiConfig {

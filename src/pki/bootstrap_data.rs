@@ -132,13 +132,16 @@ impl BootstrapData {
         super::new_token(self.files.get("server-ca.crt").map(String::as_str).unwrap_or_default())
     }
 
-    /// A full token must name this cluster's server CA.
+    /// A full token must name this cluster's server CA bundle, or one it
+    /// grew from by a CA rotation (see [`super::ca_bundle`]).
     pub fn check_token(&self, token: &str) -> Result<(), BootstrapError> {
         let Some((given, _)) = full_token_parts(token) else { return Ok(()) };
-        let cluster =
-            certs::ca_hash(self.files.get("server-ca.crt").map(String::as_str).unwrap_or_default().as_bytes());
-        if !given.eq_ignore_ascii_case(&cluster) {
-            return Err(BootstrapError::CaHashMismatch { given: given.to_string(), cluster });
+        let bundle = self.files.get("server-ca.crt").map(String::as_str).unwrap_or_default();
+        if super::ca_bundle::suffix_with_hash(bundle, given).is_none() {
+            return Err(BootstrapError::CaHashMismatch {
+                given: given.to_string(),
+                cluster: certs::ca_hash(bundle.as_bytes()),
+            });
         }
         Ok(())
     }
@@ -181,14 +184,21 @@ impl BootstrapData {
     }
 
     /// Writes the shared files into `dir`. A file already there must be
-    /// equal to the cluster's; when one differs, nothing is written.
+    /// equal to the cluster's, or be a CA (and its key) that the cluster's
+    /// rotated from (the cluster's CA file holds the local CA); when one
+    /// differs otherwise, nothing is written.
     pub fn install(&self, dir: &Path) -> Result<(), BootstrapError> {
+        let rotated = self.rotated_from(dir)?;
         let mut missing = Vec::new();
         for (name, mode) in SHARED_FILES {
             let contents = self.files.get(name).ok_or_else(|| BootstrapError::Damaged(format!("{name} is missing")))?;
             let path = dir.join(name);
             match read(&path)? {
                 Some(local) if local == *contents => {}
+                Some(_) if rotated.iter().any(|base| name.starts_with(base.as_str())) => {
+                    tracing::info!(path = %path.display(), "taking the cluster's rotated certificate authority");
+                    missing.push((path, contents, mode));
+                }
                 Some(_) => return Err(BootstrapError::Conflict(path)),
                 None => missing.push((path, contents, mode)),
             }
@@ -197,6 +207,27 @@ impl BootstrapData {
             write(&path, contents, mode)?;
         }
         Ok(())
+    }
+}
+
+impl BootstrapData {
+    /// The CAs (by base name) whose local file in `dir` differs from the
+    /// cluster's but whose CA the cluster's file still holds: the cluster
+    /// rotated them, and this server has not taken the new ones yet.
+    fn rotated_from(&self, dir: &Path) -> Result<Vec<String>, BootstrapError> {
+        let mut rotated = Vec::new();
+        for (base, _) in super::ca_rotation::ROTATED_CAS {
+            let name = format!("{base}.crt");
+            let (Some(local), Some(cluster)) = (read(&dir.join(&name))?, self.files.get(&name)) else { continue };
+            if local == *cluster {
+                continue;
+            }
+            let own = super::ca_bundle::certificates(&local)?;
+            if own.first().is_some_and(|ca| super::ca_bundle::certificates(cluster).is_ok_and(|all| all.contains(ca))) {
+                rotated.push(base.to_string());
+            }
+        }
+        Ok(rotated)
     }
 }
 
@@ -236,5 +267,33 @@ mod tests {
         std::fs::write(other.path().join("service.key"), "not the cluster's").unwrap();
         assert!(matches!(data.install(other.path()), Err(BootstrapError::Conflict(_))));
         assert!(!other.path().join("server-ca.crt").exists(), "nothing is written on a conflict");
+    }
+
+    #[test]
+    fn a_rotated_ca_replaces_the_one_it_grew_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut data = BootstrapData::from_dir_or_generate(dir.path()).unwrap();
+        data.token = data.new_token();
+        data.install(dir.path()).unwrap();
+        let old =
+            crate::pki::Ca::load(data.files["server-ca.crt"].clone(), data.files["server-ca.key"].clone()).unwrap();
+        let new = super::super::ca_rotation::generate(&old, "ferrok-server-ca").unwrap();
+        let bundle = super::super::ca_rotation::plan("server-ca", &new, &old.cert_pem, false).unwrap();
+        let mut rotated = data.clone();
+        rotated.files.insert("server-ca.crt".into(), bundle.clone());
+        rotated.files.insert("server-ca.key".into(), new.key_pem.clone());
+        // The token made for the old bundle still names the cluster.
+        rotated.check_token(&data.token).unwrap();
+        rotated.install(dir.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join("server-ca.crt")).unwrap(), bundle);
+        assert_eq!(std::fs::read_to_string(dir.path().join("server-ca.key")).unwrap(), new.key_pem);
+        // A forced rotation (the old CA not kept) is a conflict for servers that hold the old one.
+        let other = tempfile::tempdir().unwrap();
+        data.install(other.path()).unwrap();
+        let mut forced = data.clone();
+        forced.files.insert("server-ca.crt".into(), new.cert_pem.clone());
+        forced.files.insert("server-ca.key".into(), new.key_pem);
+        assert!(matches!(forced.install(other.path()), Err(BootstrapError::Conflict(_))));
+        assert!(forced.check_token(&data.token).is_err());
     }
 }

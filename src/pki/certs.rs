@@ -27,9 +27,14 @@ pub enum CertError {
 }
 
 pub struct Ca {
+    /// The CA's certificate file: the CA itself first, then (after a
+    /// rotation) the certificates that chain it to the CAs before it.
     pub cert_pem: String,
     pub key_pem: String,
     issuer: Issuer<'static, KeyPair>,
+    /// What a leaf is sent with so that holders of an older CA still trust
+    /// it: the bundle's cross-signed certificates (see [`super::ca_bundle::chain_pem`]).
+    chain_pem: String,
 }
 
 pub struct Issued {
@@ -73,7 +78,7 @@ pub fn ca_hash(bundle: &[u8]) -> String {
     Sha256::digest(bundle).iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn pem_der(pem: &str) -> Result<Vec<u8>, CertError> {
+pub(super) fn pem_der(pem: &str) -> Result<Vec<u8>, CertError> {
     let (_, parsed) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).map_err(|_| CertError::NotPem)?;
     Ok(parsed.contents)
 }
@@ -82,33 +87,64 @@ fn now() -> OffsetDateTime {
     OffsetDateTime::now_utc()
 }
 
+/// A CA's parameters; its common name is `<cn>@<unix time of issue>`.
+fn ca_params(cn: &str, stamp: i64) -> Result<CertificateParams, CertError> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, format!("{cn}@{stamp}"));
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.not_before = now() - Duration::hours(1);
+    params.not_after = now() + CA_VALIDITY;
+    Ok(params)
+}
+
 impl Ca {
     pub fn generate(cn: &str) -> Result<Ca, CertError> {
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(Vec::<String>::new())?;
-        let mut name = DistinguishedName::new();
-        name.push(DnType::CommonName, format!("{cn}@{}", now().unix_timestamp()));
-        params.distinguished_name = name;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages =
-            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-        params.not_before = now() - Duration::hours(1);
-        params.not_after = now() + CA_VALIDITY;
+        let params = ca_params(cn, now().unix_timestamp())?;
         let cert = params.self_signed(&key)?;
         let key_pem = key.serialize_pem();
-        Ok(Ca { cert_pem: cert.pem(), key_pem, issuer: Issuer::new(params, key) })
+        Ok(Ca { cert_pem: cert.pem(), key_pem, issuer: Issuer::new(params, key), chain_pem: String::new() })
     }
 
+    /// A new CA to rotate to, and the same CA cross-signed by this one (its
+    /// subject and key, this CA as issuer), so that whoever trusts this CA
+    /// also trusts what the new one signs: `(new CA, cross-signed PEM)`.
+    pub fn successor(&self, cn: &str) -> Result<(Ca, String), CertError> {
+        let key = KeyPair::generate()?;
+        // Never the name of the CA it succeeds: certificates chain by name.
+        let mut stamp = now().unix_timestamp();
+        if super::ca_bundle::subject_cn(self.own_cert_pem()) == format!("{cn}@{stamp}") {
+            stamp += 1;
+        }
+        let params = ca_params(cn, stamp)?;
+        let cert = params.self_signed(&key)?;
+        let cross = params.signed_by(&key, &self.issuer)?;
+        let key_pem = key.serialize_pem();
+        let ca = Ca { cert_pem: cert.pem(), key_pem, issuer: Issuer::new(params, key), chain_pem: String::new() };
+        Ok((ca, cross.pem()))
+    }
+
+    /// A CA from its certificate file (the CA first, maybe followed by
+    /// the certificates of a rotation) and its key.
     pub fn load(cert_pem: String, key_pem: String) -> Result<Ca, CertError> {
         let key = KeyPair::from_pem(&key_pem)?;
         let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)?;
-        Ok(Ca { cert_pem, key_pem, issuer })
+        let chain_pem = super::ca_bundle::chain_pem(&cert_pem)?;
+        Ok(Ca { cert_pem, key_pem, issuer, chain_pem })
+    }
+
+    /// The PEM of this CA's own certificate (the first of its file).
+    pub fn own_cert_pem(&self) -> &str {
+        super::ca_bundle::blocks(&self.cert_pem).first().copied().unwrap_or_default()
     }
 
     pub fn issue(&self, spec: &LeafSpec) -> Result<Issued, CertError> {
         let key = KeyPair::generate()?;
         let cert = spec.params()?.signed_by(&key, &self.issuer)?;
-        Ok(Issued { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+        Ok(Issued { cert_pem: cert.pem() + &self.chain_pem, key_pem: key.serialize_pem() })
     }
 
     /// Signs the public key of a PKCS#10 request (its signature checked)
@@ -117,7 +153,7 @@ impl Ca {
     pub fn sign_request(&self, csr_pem: &str, spec: &LeafSpec) -> Result<String, CertError> {
         let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)?;
         csr.params = spec.params()?;
-        Ok(csr.signed_by(&self.issuer)?.pem())
+        Ok(csr.signed_by(&self.issuer)?.pem() + &self.chain_pem)
     }
 }
 
@@ -196,6 +232,19 @@ pub fn still_good(cert_pem: &str, spec: &LeafSpec) -> Result<bool, CertError> {
         }
     }
     Ok(spec.dns.iter().all(|d| dns.contains(d)) && spec.ips.iter().all(|i| ips.contains(i)))
+}
+
+/// Whether the (first) certificate of `cert_pem` was signed by the CA
+/// whose certificate is the first of `ca_pem`: its issuer is that CA's
+/// subject and the signature checks out with that CA's key.
+pub fn issued_by(cert_pem: &str, ca_pem: &str) -> bool {
+    let (Ok(cert), Ok(ca)) = (pem_der(cert_pem), pem_der(ca_pem)) else { return false };
+    let (Ok((_, cert)), Ok((_, ca))) =
+        (x509_parser::parse_x509_certificate(&cert), x509_parser::parse_x509_certificate(&ca))
+    else {
+        return false;
+    };
+    cert.issuer().as_raw() == ca.subject().as_raw() && cert.verify_signature(Some(ca.public_key())).is_ok()
 }
 
 /// The user and groups a client certificate names: CN and O, as upstream reads them.

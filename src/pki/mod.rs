@@ -6,6 +6,8 @@
 //! is issued anew at start.
 
 pub mod bootstrap_data;
+pub mod ca_bundle;
+pub mod ca_rotation;
 mod certs;
 pub mod inspect;
 pub mod join_token;
@@ -17,8 +19,8 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 pub use certs::{
-    ca_hash, far_from_expiry, new_request, seconds_left, still_good, subject_of, Ca, CertError, Issued, LeafSpec,
-    RENEW_BEFORE_SECONDS,
+    ca_hash, far_from_expiry, issued_by, new_request, seconds_left, still_good, subject_of, Ca, CertError, Issued,
+    LeafSpec, RENEW_BEFORE_SECONDS,
 };
 pub use kubeconfig::write_kubeconfig;
 
@@ -156,11 +158,12 @@ impl Pki {
             write(&sa_key, &key, 0o600)?;
         }
 
-        let full = |secret: &str| format!("K10{}::server:{secret}", certs::ca_hash(server_ca.cert_pem.as_bytes()));
+        let hash = certs::ca_hash(server_ca.cert_pem.as_bytes());
+        let full = |secret: &str| format!("K10{hash}::server:{secret}");
         let token = match (&opts.token, read(&opts.token_file)?) {
-            (Some(t), _) if t.starts_with("K10") => t.clone(),
+            (Some(t), _) if t.starts_with("K10") => renamed_ca(t, &server_ca.cert_pem),
             (Some(t), _) => full(t),
-            (None, Some(existing)) => existing.trim().to_string(),
+            (None, Some(existing)) => renamed_ca(existing.trim(), &server_ca.cert_pem),
             (None, None) => new_token(&server_ca.cert_pem),
         };
         if read(&opts.token_file)?.as_deref().map(str::trim) != Some(token.as_str()) {
@@ -181,6 +184,25 @@ impl Pki {
             service_account_key: sa_key,
             token,
         })
+    }
+}
+
+/// A full token naming the server CA bundle `bundle` grew from by
+/// rotation (see [`ca_bundle`]) made to name `bundle` itself; the secret
+/// is unchanged, and any other token is returned as it is.
+pub(crate) fn renamed_ca(token: &str, bundle: &str) -> String {
+    match token.strip_prefix("K10").and_then(|rest| rest.split_once("::")) {
+        Some((old, _)) if ca_bundle::suffix_with_hash(bundle, old).is_some() => with_ca_hash(token, bundle),
+        _ => token.to_string(),
+    }
+}
+
+/// A full token made to name the server CA bundle `bundle`, its secret
+/// unchanged; a bare secret is returned as it is.
+pub(crate) fn with_ca_hash(token: &str, bundle: &str) -> String {
+    match token.strip_prefix("K10").and_then(|rest| rest.split_once("::")) {
+        Some((_, creds)) => format!("K10{}::{creds}", certs::ca_hash(bundle.as_bytes())),
+        None => token.to_string(),
     }
 }
 
@@ -250,10 +272,14 @@ fn ensure_ca(cert: &Path, key: &Path, cn: &str) -> Result<certs::Ca, PkiError> {
 fn ensure_leaf(cert: &Path, key: &Path, spec: &certs::LeafSpec, ca: &certs::Ca) -> Result<(), PkiError> {
     let cert_err = |source| PkiError::Cert { path: cert.to_path_buf(), source };
     if let Some(c) = read(cert)? {
-        if read(key)?.is_some() && certs::still_good(&c, spec).map_err(cert_err)? {
+        if read(key)?.is_some() && certs::still_good(&c, spec).map_err(cert_err)? && certs::issued_by(&c, &ca.cert_pem)
+        {
             return Ok(());
         }
-        tracing::info!(path = %cert.display(), "renewing a certificate that is near expiry or lacks a wanted name");
+        tracing::info!(
+            path = %cert.display(),
+            "renewing a certificate that is near expiry, lacks a wanted name, or was issued by another CA"
+        );
     }
     let issued = ca.issue(spec).map_err(cert_err)?;
     write(key, &issued.key_pem, 0o600)?;
