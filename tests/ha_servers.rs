@@ -158,4 +158,43 @@ async fn servers_share_one_etcd() {
     let gone = killed.elapsed();
     eprintln!("after SIGKILL: gone in {gone:?}");
     assert!(gone >= Duration::from_secs(4), "b went before its lease could have expired ({gone:?})");
+
+    stage("CA rotation");
+    // The CAs rotated through a: both servers take the new ones at their
+    // next start (b from the bootstrap data, its old files the ones the new
+    // grew from), and a kubeconfig of the old CA still works against b.
+    let old_ca = tls_file(&a, "server-ca.crt");
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", a.netns))
+        .arg(common::ferrok_bin())
+        .args(["certificate", "rotate-ca", "--data-dir"])
+        .arg(a.dir.path())
+        .args(["--server", &format!("https://127.0.0.1:{}", a.port)])
+        .output()
+        .expect("ferrok certificate rotate-ca");
+    assert!(out.status.success(), "rotate-ca: {}", String::from_utf8_lossy(&out.stderr));
+    a.stop(false);
+    a.spawn();
+    a.wait_api_ready(Duration::from_secs(60));
+    b.spawn();
+    b.wait_api_ready(Duration::from_secs(60));
+    for name in SHARED {
+        assert_eq!(tls_file(&a, name), tls_file(&b, name), "{name} differs between the servers after the rotation");
+    }
+    let new_ca = tls_file(&b, "server-ca.crt");
+    assert!(new_ca != old_ca && new_ca.ends_with(&old_ca), "b's CA file is not the rotated one");
+    assert!(b.log().contains("taking the cluster's rotated certificate authority"), "{}", b.log());
+    assert_eq!(token(&a), token(&b));
+    let hash: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(new_ca.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    };
+    assert_eq!(token(&b).trim(), format!("K10{hash}::server:{TOKEN}"), "the token names the new CA bundle");
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&a_at_b)
+        .args(["get", "configmap", "made-through-a", "-o", "jsonpath={.data.k}"])
+        .output()
+        .expect("kubectl");
+    assert!(out.status.success(), "the old CA's kubeconfig against b: {}", String::from_utf8_lossy(&out.stderr));
 }
