@@ -192,12 +192,11 @@ fn bad_input_is_one_line_and_installs_nothing() {
     }
 }
 
-/// On a host without containerd, runc, nftables or iproute2 the installer
+/// A host without containerd, runc, nftables and iproute2: the installer
 /// installs them with the package manager it finds, and says so. Here the
-/// host is a PATH with the installer's own tools only, and an `apt-get`
-/// that writes down what it was asked.
-#[test]
-fn missing_host_packages_are_installed_with_apt() {
+/// host is a PATH with the installer's own tools only, and a package
+/// manager (`apt-get`, `dnf` or `apk`) that writes down what it was asked.
+fn installs_missing_packages_with(manager: &str, names: &str, asked_for: &str) {
     let root = root_with_binary();
     let path = tempfile::tempdir().expect("tempdir");
     for tool in [
@@ -223,9 +222,9 @@ fn missing_host_packages_are_installed_with_apt() {
         std::os::unix::fs::symlink(real.unwrap_or_else(|| panic!("no {tool}")), path.path().join(tool)).expect("link");
     }
     let asked = path.path().join("asked");
-    let apt = path.path().join("apt-get");
-    std::fs::write(&apt, format!("#!/bin/sh\necho \"$*\" >>{}\n", asked.display())).expect("apt-get");
-    std::fs::set_permissions(&apt, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let stub = path.path().join(manager);
+    std::fs::write(&stub, format!("#!/bin/sh\necho \"$*\" >>{}\n", asked.display())).expect("package manager");
+    std::fs::set_permissions(&stub, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
     let out = Command::new("/bin/sh")
         .arg(repo().join("install.sh"))
         .env_clear()
@@ -237,8 +236,36 @@ fn missing_host_packages_are_installed_with_apt() {
         .output()
         .expect("install.sh");
     assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("[INFO]  installed: containerd runc nftables iproute2"), "{}", text(&out));
-    assert_eq!(read(&asked), "update -qq\ninstall -y -qq containerd runc nftables iproute2\n");
+    assert!(text(&out).contains(&format!("[INFO]  installed: {names}")), "{}", text(&out));
+    assert_eq!(read(&asked), asked_for);
+}
+
+#[test]
+fn missing_host_packages_are_installed_with_apt() {
+    installs_missing_packages_with(
+        "apt-get",
+        "containerd runc nftables iproute2",
+        "update -qq\ninstall -y -qq containerd runc nftables iproute2\n",
+    );
+}
+
+/// Fedora and RHEL name iproute2 `iproute`.
+#[test]
+fn missing_host_packages_are_installed_with_dnf() {
+    installs_missing_packages_with(
+        "dnf",
+        "containerd runc nftables iproute",
+        "install -y -q containerd runc nftables iproute\n",
+    );
+}
+
+#[test]
+fn missing_host_packages_are_installed_with_apk() {
+    installs_missing_packages_with(
+        "apk",
+        "containerd runc nftables iproute2",
+        "add -q containerd runc nftables iproute2\n",
+    );
 }
 
 /// A download whose checksum does not match, or that is not there, stops
