@@ -306,15 +306,11 @@ fn agents_join_with_the_token_and_only_with_it() {
     // by the old). After the server's restart, the agent, which trusts only
     // the old CAs, still reaches the API and the API server its kubelet.
     let server = cluster.server();
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", server.netns))
-        .arg(common::ferrok_bin())
-        .args(["certificate", "rotate-ca", "--data-dir"])
-        .arg(server.dir.path())
-        .args(["--server", &format!("https://127.0.0.1:{}", server.port)])
-        .output()
-        .expect("ferrok certificate rotate-ca");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let data_dir = server.dir.path().display().to_string();
+    let url = format!("https://127.0.0.1:{}", server.port);
+    let (ok, out) =
+        server.on_host(&[common::ferrok_bin(), "certificate", "rotate-ca", "--data-dir", &data_dir, "--server", &url]);
+    assert!(ok, "rotate-ca: {out}");
     cluster.servers[0].restart(false);
     let bundle = std::fs::read_to_string(tls.join("server-ca.crt")).expect("server CA");
     assert_ne!(std::fs::read_to_string(agent_dir.join("server-ca.crt")).expect("agent's CA"), bundle);

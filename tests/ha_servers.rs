@@ -164,15 +164,11 @@ async fn servers_share_one_etcd() {
     // next start (b from the bootstrap data, its old files the ones the new
     // grew from), and a kubeconfig of the old CA still works against b.
     let old_ca = tls_file(&a, "server-ca.crt");
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", a.netns))
-        .arg(common::ferrok_bin())
-        .args(["certificate", "rotate-ca", "--data-dir"])
-        .arg(a.dir.path())
-        .args(["--server", &format!("https://127.0.0.1:{}", a.port)])
-        .output()
-        .expect("ferrok certificate rotate-ca");
-    assert!(out.status.success(), "rotate-ca: {}", String::from_utf8_lossy(&out.stderr));
+    let data_dir = a.dir.path().display().to_string();
+    let url = format!("https://127.0.0.1:{}", a.port);
+    let (ok, out) =
+        a.on_host(&[common::ferrok_bin(), "certificate", "rotate-ca", "--data-dir", &data_dir, "--server", &url]);
+    assert!(ok, "rotate-ca: {out}");
     a.stop(false);
     a.spawn();
     a.wait_api_ready(Duration::from_secs(60));
