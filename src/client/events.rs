@@ -3,7 +3,10 @@
 //! never blocks the caller: events go through a bounded queue to one writer
 //! task, and are dropped (with a debug log) when the queue is full. A repeat
 //! of the same event (same object, type, reason and message) bumps the
-//! existing Event's `count` and `lastTimestamp` instead of creating another.
+//! existing Event's `count` and `lastTimestamp` instead of creating another,
+//! and, as client-go's spam filter does, an event repeated beyond a burst of
+//! 25 is written at most once every 5 minutes (a pod that cannot be
+//! scheduled writes no FailedScheduling at every attempt).
 
 use std::collections::HashMap;
 
@@ -79,6 +82,45 @@ fn hostname() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_string()).filter(|h| !h.is_empty())
 }
 
+/// client-go's `EventSourceObjectSpamFilter`: a token bucket per event
+/// (`defaultSpamBurst` 25, one token back every 5 minutes).
+struct SpamFilter {
+    buckets: HashMap<Key, (f64, std::time::Instant)>,
+}
+
+const SPAM_BURST: f64 = 25.0;
+const SPAM_REFILL_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
+impl SpamFilter {
+    fn new() -> Self {
+        SpamFilter { buckets: HashMap::new() }
+    }
+
+    /// Whether the event of `key` may be written at `now` (taking a token).
+    fn allow(&mut self, key: &Key, now: std::time::Instant) -> bool {
+        if self.buckets.len() >= REMEMBERED && !self.buckets.contains_key(key) {
+            // Forget buckets that have filled up again; they hold nothing.
+            let full = |(tokens, at): &(f64, std::time::Instant)| {
+                tokens + now.duration_since(*at).as_secs_f64() / SPAM_REFILL_EVERY.as_secs_f64() >= SPAM_BURST
+            };
+            self.buckets.retain(|_, b| !full(b));
+            if self.buckets.len() >= REMEMBERED {
+                self.buckets.clear();
+            }
+        }
+        let (tokens, at) = self.buckets.entry(key.clone()).or_insert((SPAM_BURST, now));
+        let refilled = now.duration_since(*at).as_secs_f64() / SPAM_REFILL_EVERY.as_secs_f64();
+        *tokens = (*tokens + refilled).min(SPAM_BURST);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// What makes two events the same one, for aggregation.
 type Key = (String, String, String, String, EventType, String, String);
 
@@ -98,8 +140,13 @@ fn key(r: &Record) -> Key {
 async fn write_events(client: kube::Client, component: String, host: Option<String>, mut rx: mpsc::Receiver<Record>) {
     // Key → (event name, namespace, count so far).
     let mut seen: HashMap<Key, (String, String, i32)> = HashMap::new();
+    let mut spam = SpamFilter::new();
     while let Some(record) = rx.recv().await {
         let k = key(&record);
+        if !spam.allow(&k, std::time::Instant::now()) {
+            tracing::debug!(reason = %record.reason, object = ?record.regarding.name, "event repeated too often; dropped");
+            continue;
+        }
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         if let Some((name, ns, count)) = seen.get_mut(&k) {
             let events: Api<Event> = Api::namespaced(client.clone(), ns);
@@ -142,5 +189,36 @@ async fn write_events(client: kube::Client, component: String, host: Option<Stri
             }
             Err(e) => tracing::debug!(error = %e, "cannot record an event"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(name: &str, message: &str) -> Record {
+        Record {
+            regarding: ObjectReference { name: Some(name.into()), ..Default::default() },
+            kind: EventType::Warning,
+            reason: "FailedScheduling".into(),
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn a_repeated_event_is_written_25_times_then_once_per_5_minutes() {
+        let mut spam = SpamFilter::new();
+        let t0 = std::time::Instant::now();
+        let k = key(&record("p", "0/3 nodes are available"));
+        assert_eq!((0..100).filter(|_| spam.allow(&k, t0)).count(), 25);
+        // Another object, or another message, has its own burst.
+        assert!(spam.allow(&key(&record("q", "0/3 nodes are available")), t0));
+        assert!(spam.allow(&key(&record("p", "0/4 nodes are available")), t0));
+        assert!(!spam.allow(&k, t0 + std::time::Duration::from_secs(299)));
+        // Ten minutes give two tokens back.
+        let later = t0 + std::time::Duration::from_secs(600);
+        assert!(spam.allow(&k, later));
+        assert!(spam.allow(&k, later));
+        assert!(!spam.allow(&k, later));
     }
 }
