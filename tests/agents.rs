@@ -540,8 +540,8 @@ fn kubectl_as_node(cluster: &Cluster, agent: &Node, args: &[&str]) -> (bool, Str
         vec!["use-context".into(), "node".into()],
     ];
     for step in setup {
-        let ok = Command::new("kubectl").arg("--kubeconfig").arg(&config).arg("config").args(&step).status();
-        assert!(ok.is_ok_and(|s| s.success()), "kubectl config {step:?}");
+        let out = Command::new("kubectl").arg("--kubeconfig").arg(&config).arg("config").args(&step).output();
+        assert!(out.is_ok_and(|o| o.status.success()), "kubectl config {step:?}");
     }
     let out = Command::new("kubectl").arg("--kubeconfig").arg(&config).args(args).output().expect("kubectl");
     (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
