@@ -414,6 +414,19 @@ fn snapshot_commands_read_the_servers_config_file() {
     let conf = tempfile::tempdir().expect("tempdir");
     let snaps = conf.path().join("snaps");
     let config = conf.path().join("config.yaml");
+    let run = |args: &[&str]| {
+        Command::new(common::ferrok_bin())
+            .arg("etcd-snapshot")
+            .args(args)
+            .env("FERROK_CONFIG_FILE", &config)
+            .output()
+            .expect("ferrok etcd-snapshot")
+    };
+    // First, read-only: the file's data dir is where the commands look
+    // (so that nothing is ever written to this host's own data dir).
+    let nowhere = conf.path().join("nowhere");
+    std::fs::write(&config, format!("data-dir: {}\n", nowhere.display())).expect("config file");
+    one_line_error(&run(&["ls"]), &["--data-dir", &nowhere.to_string_lossy()]);
     std::fs::write(
         &config,
         format!(
@@ -424,14 +437,6 @@ fn snapshot_commands_read_the_servers_config_file() {
         ),
     )
     .expect("config file");
-    let run = |args: &[&str]| {
-        Command::new(common::ferrok_bin())
-            .arg("etcd-snapshot")
-            .args(args)
-            .env("FERROK_CONFIG_FILE", &config)
-            .output()
-            .expect("ferrok etcd-snapshot")
-    };
     let mut saved = Vec::new();
     for _ in 0..3 {
         let path = saved_path(&ok(run(&["save"])));
