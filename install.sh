@@ -793,6 +793,16 @@ do_start() {
         "$COMMAND" "$@" >>"$LOG_FILE" 2>&1 </dev/null &
         echo "$!" >"$PID_FILE"
     fi
+    # Started once the pid file names ferrok itself (the shell has become it).
+    tries=0
+    until running_pid >/dev/null; do
+        tries=$((tries + 1))
+        if [ "$tries" -gt 50 ]; then
+            echo "$NAME did not start: see $LOG_FILE" >&2
+            return 1
+        fi
+        sleep 0.1 2>/dev/null || sleep 1
+    done
     return 0
 }
 
