@@ -529,7 +529,12 @@ fn kubectl_as_node(cluster: &Cluster, agent: &Node, args: &[&str]) -> (bool, Str
     let url = format!("https://{}:{}", server.ip, server.port);
     let file = |f: &str| dir.join(f).display().to_string();
     let setup: [Vec<String>; 4] = [
-        vec!["set-cluster".into(), "c".into(), format!("--server={url}"), format!("--certificate-authority={}", file("server-ca.crt"))],
+        vec![
+            "set-cluster".into(),
+            "c".into(),
+            format!("--server={url}"),
+            format!("--certificate-authority={}", file("server-ca.crt")),
+        ],
         vec![
             "set-credentials".into(),
             "node".into(),

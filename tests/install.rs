@@ -601,11 +601,16 @@ fn sysv_script_starts_and_stops_the_service() {
     let ready = "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}";
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        if kubeconfig.exists() && kubectl(&netns, &kubeconfig, &["get", "node", &node, "-o", ready]).1.trim() == "True" {
+        if kubeconfig.exists() && kubectl(&netns, &kubeconfig, &["get", "node", &node, "-o", ready]).1.trim() == "True"
+        {
             break;
         }
         let (code, said) = sysv(&netns, &script, "status");
-        assert!(code == 0 && Instant::now() < deadline, "no Ready node ({said})\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(
+            code == 0 && Instant::now() < deadline,
+            "no Ready node ({said})\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     eprintln!("sysv start: {:.2} s to a Ready node", started.elapsed().as_secs_f64());

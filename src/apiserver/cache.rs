@@ -209,10 +209,7 @@ impl Default for Caches {
                 "/registry/persistentvolumeclaims/",
                 super::auth::node_graph::claim_edges,
             ),
-            node_volumes: PrefixCache::projected(
-                "/registry/persistentvolumes/",
-                super::auth::node_graph::volume_edges,
-            ),
+            node_volumes: PrefixCache::projected("/registry/persistentvolumes/", super::auth::node_graph::volume_edges),
         }
     }
 }

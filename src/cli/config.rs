@@ -141,14 +141,24 @@ mod tests {
 
     #[test]
     fn etcd_snapshot_takes_the_keys_it_shares_with_the_server() {
-        let file = "data-dir: /d\netcd-snapshot-dir: /s\ntoken: secret\ndisable: [coredns]\netcd-snapshot-retention: 3\n";
+        let file =
+            "data-dir: /d\netcd-snapshot-dir: /s\ntoken: secret\ndisable: [coredns]\netcd-snapshot-retention: 3\n";
         assert_eq!(
             run(file, &["ferrok", "etcd-snapshot", "save"]).unwrap(),
             ["ferrok", "etcd-snapshot", "--data-dir=/d", "--etcd-snapshot-dir=/s", "save"]
         );
         assert_eq!(
             run(file, &["ferrok", "etcd-snapshot", "prune", "--name", "x"]).unwrap(),
-            ["ferrok", "etcd-snapshot", "--data-dir=/d", "--etcd-snapshot-dir=/s", "prune", "--etcd-snapshot-retention=3", "--name", "x"]
+            [
+                "ferrok",
+                "etcd-snapshot",
+                "--data-dir=/d",
+                "--etcd-snapshot-dir=/s",
+                "prune",
+                "--etcd-snapshot-retention=3",
+                "--name",
+                "x"
+            ]
         );
         let server = run(file, &["ferrok", "server"]).unwrap();
         assert!(server.contains(&"--token=secret".to_string()) && server.contains(&"--disable=coredns".to_string()));

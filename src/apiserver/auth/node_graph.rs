@@ -186,9 +186,7 @@ impl NodeGraph<'_> {
 
     /// Whether the PersistentVolume `name` is a local-path volume pinned to `node`.
     pub fn local_volume_of_node(&self, node: &str, name: &str) -> bool {
-        self.volumes
-            .get(&format!("PersistentVolume/{name}"))
-            .is_some_and(|v| v["localPathNode"].as_str() == Some(node))
+        self.volumes.get(&format!("PersistentVolume/{name}")).is_some_and(|v| v["localPathNode"].as_str() == Some(node))
     }
 
     /// Whether the PersistentVolume `name` is bound to a claim a pod of
@@ -308,7 +306,8 @@ mod tests {
         let volumes = PrefixCache::projected("/registry/persistentvolumes/", volume_edges);
         volumes.apply_for_test(&change(&local_volume("pvc-1", "rancher.io/local-path", &["n1"])));
         volumes.apply_for_test(&change(&local_volume("pvc-2", "someone.else/csi", &["n1"])));
-        let (pods, claims) = (PrefixCache::new("/registry/pods/"), PrefixCache::new("/registry/persistentvolumeclaims/"));
+        let (pods, claims) =
+            (PrefixCache::new("/registry/pods/"), PrefixCache::new("/registry/persistentvolumeclaims/"));
         let g = NodeGraph { pods: &pods, claims: &claims, volumes: &volumes };
         assert!(g.local_volume_of_node("n1", "pvc-1"));
         assert!(!g.local_volume_of_node("n2", "pvc-1"));
