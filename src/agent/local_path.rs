@@ -40,9 +40,9 @@ pub async fn run(client: kube::Client, node_name: String, storage: PathBuf) {
             keep
         });
         for name in present {
-            if !followed.contains_key(&name) {
-                let task = tokio::spawn(follow(client.clone(), name.clone(), node_name.clone(), storage.clone()));
-                followed.insert(name, task);
+            if let std::collections::hash_map::Entry::Vacant(slot) = followed.entry(name) {
+                let name = slot.key().clone();
+                slot.insert(tokio::spawn(follow(client.clone(), name, node_name.clone(), storage.clone())));
             }
         }
         if pod_changes.next().await.is_none() {
