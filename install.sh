@@ -20,7 +20,9 @@
 #   INSTALL_FERROK_SYMLINK       skip, force, or (default) link kubectl to
 #                                ferrok when there is no kubectl in PATH
 #   INSTALL_FERROK_SKIP_PACKAGES true: do not install host packages
-#   INSTALL_FERROK_INIT          systemd or openrc (default: the one running)
+#   INSTALL_FERROK_INIT          systemd, openrc or sysv (default: the one
+#                                running; sysv, an /etc/init.d script, when
+#                                neither runs)
 #   INSTALL_FERROK_ROOT          for tests: a folder every file the installer
 #                                writes, and every path the service uses, is
 #                                under; the service is neither enabled nor started
@@ -43,17 +45,17 @@ is_true() { [ "${1:-}" = true ]; }
 verify_system() {
     INIT=${INSTALL_FERROK_INIT:-}
     case "$INIT" in
-        systemd | openrc) ;;
+        systemd | openrc | sysv) ;;
         "")
             if [ -x /sbin/openrc-run ]; then
                 INIT=openrc
             elif [ -d /run/systemd/system ]; then
                 INIT=systemd
             else
-                fatal "neither systemd nor OpenRC runs on this host; set INSTALL_FERROK_INIT=systemd or openrc to write their files anyway"
+                INIT=sysv
             fi
             ;;
-        *) fatal "INSTALL_FERROK_INIT=$INIT: expected systemd or openrc" ;;
+        *) fatal "INSTALL_FERROK_INIT=$INIT: expected systemd, openrc or sysv" ;;
     esac
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then
@@ -408,11 +410,13 @@ if [ -z "$ROOT" ]; then
             [ -s "$unit" ] && systemctl stop "${unit##*/}"
         done
     fi
-    if command -v rc-service >/dev/null 2>&1; then
-        for script in "$INIT_DIR"/ferrok*; do
-            [ -x "$script" ] && rc-service "${script##*/}" stop
-        done
-    fi
+    for script in "$INIT_DIR"/ferrok*; do
+        [ -x "$script" ] || continue
+        case "$(head -n 1 "$script")" in
+            *openrc-run*) command -v rc-service >/dev/null 2>&1 && rc-service "${script##*/}" stop ;;
+            *) "$script" stop ;;
+        esac
+    done
 fi
 
 # Processes whose executable is $1.
@@ -596,6 +600,13 @@ fi
 if [ -z "$ROOT" ] && [ "$INIT" = openrc ] && command -v rc-update >/dev/null 2>&1; then
     rc-update delete "$SYSTEM_NAME" default >/dev/null 2>&1
 fi
+if [ -z "$ROOT" ] && [ "$INIT" = sysv ]; then
+    if command -v update-rc.d >/dev/null 2>&1; then
+        update-rc.d -f "$SYSTEM_NAME" remove >/dev/null 2>&1
+    elif command -v chkconfig >/dev/null 2>&1; then
+        chkconfig --del "$SYSTEM_NAME" >/dev/null 2>&1
+    fi
+fi
 echo "removing $SERVICE_FILE $ENV_FILE"
 rm -f "$SERVICE_FILE" "$ENV_FILE" "$LOG_FILE" "$PID_FILE" "$UNINSTALL_SH"
 if [ -z "$ROOT" ] && [ "$INIT" = systemd ] && [ -d /run/systemd/system ]; then
@@ -657,7 +668,7 @@ create_env_file() {
 
 # systemd: each argument as systemd reads it ($ and % doubled).
 systemd_exec() { printf '%s\n' "$EXEC_ARGS" | sed -e 's/\$/$$/g' -e 's/%/%%/g'; }
-# OpenRC: inside double quotes.
+# OpenRC and sysv: inside double quotes.
 openrc_exec() { printf '%s\n' "$EXEC_ARGS" | sed -e 's/[\\"$`]/\\&/g'; }
 
 create_service_file() {
@@ -691,7 +702,7 @@ RestartSec=5s
 ExecStart=@BIN_DIR@/ferrok @EXEC@
 SYSTEMD_EOF
         put_file "$TMP_DIR/service" "$SERVICE_FILE" 644
-    else
+    elif [ "$INIT" = openrc ]; then
         render "$(openrc_exec)" >"$TMP_DIR/service" <<'OPENRC_EOF'
 #!/sbin/openrc-run
 # shellcheck shell=sh disable=SC2034,SC1090,SC1091
@@ -718,6 +729,136 @@ if [ -f "@ENV_FILE@" ]; then . "@ENV_FILE@"; fi
 set +a
 OPENRC_EOF
         put_file "$TMP_DIR/service" "$SERVICE_FILE" 755
+    else
+        render "$(openrc_exec)" >"$TMP_DIR/service" <<'SYSV_EOF'
+#!/bin/sh
+### BEGIN INIT INFO
+# Provides:          @SYSTEM_NAME@
+# Required-Start:    $local_fs $remote_fs $network
+# Required-Stop:     $local_fs $remote_fs $network
+# Default-Start:     2 3 4 5
+# Default-Stop:      0 1 6
+# Short-Description: ferrok, Kubernetes in one executable
+# Description:       @SYSTEM_NAME@ (written by install.sh) for hosts
+#                    without systemd or OpenRC.
+### END INIT INFO
+# shellcheck shell=sh disable=SC1090,SC1091,SC2119,SC2120
+# Only ferrok is stopped with the service: it stops its containerd itself,
+# and the pods' shims live on until ferrok-killall.sh. Nothing restarts
+# ferrok should it exit.
+
+NAME='@SYSTEM_NAME@'
+COMMAND="@BIN_DIR@/ferrok"
+COMMAND_ARGS="@EXEC@"
+LOG_FILE="@LOG_FILE@"
+PID_FILE="@PID_FILE@"
+ENV_FILE="@ENV_FILE@"
+# Seconds ferrok has to stop after SIGTERM before SIGKILL.
+STOP_TIMEOUT=30
+
+set -a
+if [ -f /etc/environment ]; then . /etc/environment; fi
+if [ -f "$ENV_FILE" ]; then . "$ENV_FILE"; fi
+set +a
+
+# The pid in the pid file, if that process is this install's ferrok.
+running_pid() {
+    [ -f "$PID_FILE" ] || return 1
+    pid=$(cat "$PID_FILE" 2>/dev/null)
+    case "$pid" in
+        "" | *[!0-9]*) return 1 ;;
+    esac
+    case "$(readlink "/proc/$pid/exe" 2>/dev/null)" in
+        "$COMMAND" | "$COMMAND (deleted)") echo "$pid" ;;
+        *) return 1 ;;
+    esac
+}
+
+do_start() {
+    if pid=$(running_pid); then
+        echo "$NAME is already running (pid $pid)"
+        return 0
+    fi
+    mkdir -p "$(dirname "$LOG_FILE")" "$(dirname "$PID_FILE")" || return 1
+    rm -f "$PID_FILE"
+    eval "set -- $COMMAND_ARGS"
+    echo "Starting $NAME"
+    if command -v start-stop-daemon >/dev/null 2>&1; then
+        # A shell that appends ferrok's output to the log and becomes ferrok
+        # (same pid, the one in the pid file); $0 of that shell is the log.
+        # shellcheck disable=SC2016
+        start-stop-daemon --start --quiet --background --make-pidfile --pidfile "$PID_FILE" \
+            --startas /bin/sh -- -c 'exec "$@" >>"$0" 2>&1 </dev/null' "$LOG_FILE" "$COMMAND" "$@" || return 1
+    else
+        "$COMMAND" "$@" >>"$LOG_FILE" 2>&1 </dev/null &
+        echo "$!" >"$PID_FILE"
+    fi
+    # Started once the pid file names ferrok itself (the shell has become it).
+    tries=0
+    until running_pid >/dev/null; do
+        tries=$((tries + 1))
+        if [ "$tries" -gt 50 ]; then
+            echo "$NAME did not start: see $LOG_FILE" >&2
+            return 1
+        fi
+        sleep 0.1 2>/dev/null || sleep 1
+    done
+    return 0
+}
+
+do_stop() {
+    if ! pid=$(running_pid); then
+        echo "$NAME is not running"
+        rm -f "$PID_FILE"
+        return 0
+    fi
+    echo "Stopping $NAME"
+    if command -v start-stop-daemon >/dev/null 2>&1; then
+        start-stop-daemon --stop --quiet --pidfile "$PID_FILE" --retry "TERM/$STOP_TIMEOUT/KILL/5"
+    else
+        kill -TERM "$pid" 2>/dev/null
+        tries=0
+        while kill -0 "$pid" 2>/dev/null; do
+            if [ "$tries" -ge "$STOP_TIMEOUT" ]; then
+                kill -KILL "$pid" 2>/dev/null
+                break
+            fi
+            sleep 1
+            tries=$((tries + 1))
+        done
+    fi
+    rm -f "$PID_FILE"
+    return 0
+}
+
+do_status() {
+    if pid=$(running_pid); then
+        echo "$NAME is running (pid $pid)"
+        return 0
+    fi
+    if [ -f "$PID_FILE" ]; then
+        echo "$NAME is not running, but $PID_FILE exists"
+        return 1
+    fi
+    echo "$NAME is not running"
+    return 3
+}
+
+case "${1:-}" in
+    start) do_start ;;
+    stop) do_stop ;;
+    restart | force-reload)
+        do_stop
+        do_start
+        ;;
+    status) do_status ;;
+    *)
+        echo "usage: $0 {start|stop|restart|force-reload|status}" >&2
+        exit 2
+        ;;
+esac
+SYSV_EOF
+        put_file "$TMP_DIR/service" "$SERVICE_FILE" 755
     fi
 }
 
@@ -743,12 +884,25 @@ service_enable_and_start() {
         is_true "${INSTALL_FERROK_SKIP_START:-}" && return
         info "starting $SYSTEM_NAME"
         $SUDO systemctl restart "$SYSTEM_NAME"
-    else
+    elif [ "$INIT" = openrc ]; then
         info "enabling $SYSTEM_NAME"
         $SUDO rc-update add "$SYSTEM_NAME" default >/dev/null
         is_true "${INSTALL_FERROK_SKIP_START:-}" && return
         info "starting $SYSTEM_NAME"
         $SUDO rc-service "$SYSTEM_NAME" restart
+    else
+        if command -v update-rc.d >/dev/null 2>&1; then
+            info "enabling $SYSTEM_NAME"
+            $SUDO update-rc.d "$SYSTEM_NAME" defaults >/dev/null
+        elif command -v chkconfig >/dev/null 2>&1; then
+            info "enabling $SYSTEM_NAME"
+            $SUDO chkconfig --add "$SYSTEM_NAME" >/dev/null
+        else
+            warn "neither update-rc.d nor chkconfig: have your init run $SERVICE_FILE start at boot"
+        fi
+        is_true "${INSTALL_FERROK_SKIP_START:-}" && return
+        info "starting $SYSTEM_NAME"
+        $SUDO "$SERVICE_FILE" restart
     fi
 }
 

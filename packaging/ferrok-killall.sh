@@ -31,11 +31,13 @@ if [ -z "$ROOT" ]; then
             [ -s "$unit" ] && systemctl stop "${unit##*/}"
         done
     fi
-    if command -v rc-service >/dev/null 2>&1; then
-        for script in "$INIT_DIR"/ferrok*; do
-            [ -x "$script" ] && rc-service "${script##*/}" stop
-        done
-    fi
+    for script in "$INIT_DIR"/ferrok*; do
+        [ -x "$script" ] || continue
+        case "$(head -n 1 "$script")" in
+            *openrc-run*) command -v rc-service >/dev/null 2>&1 && rc-service "${script##*/}" stop ;;
+            *) "$script" stop ;;
+        esac
+    done
 fi
 
 # Processes whose executable is $1.

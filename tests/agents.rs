@@ -5,8 +5,9 @@
 //! registering nothing), node passwords, what a kubelet credential may
 //! not touch, a DaemonSet on every node, pods reaching each other across
 //! nodes by pod IP, Service and DNS name, a NetworkPolicy across nodes,
-//! a stopped agent's node going NotReady and its pods replaced, and a
-//! restarted agent keeping its pods.
+//! a stopped agent's node going NotReady and its pods replaced, a
+//! restarted agent keeping its pods, and an agent following its server's
+//! `--disable coredns` and removing the local-path volumes released on it.
 
 mod common;
 
@@ -14,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use common::node::{Node, BUSYBOX};
+use common::node::{netns_exec, Node, BUSYBOX};
 
 /// Runs `ferrok agent` with `args` in `node`'s namespace to its end (it
 /// must end within `secs`); success and its stderr.
@@ -79,6 +80,11 @@ fn nodes(node: &Node) -> Vec<String> {
     node.get(&["nodes"], "{.items[*].metadata.name}").split_whitespace().map(str::to_string).collect()
 }
 
+/// Whether a DNS server listens on port 53 in the node's network namespace.
+fn dns_listening(node: &Node) -> bool {
+    netns_exec(&node.netns, &["ss", "-Hlun", "sport", "=", ":53"]).contains(":53")
+}
+
 fn ready(node: &Node, name: &str) -> String {
     node.get(&["node", name], r#"{.status.conditions[?(@.type=="Ready")].status}"#)
 }
@@ -110,6 +116,8 @@ fn agents_join_with_the_token_and_only_with_it() {
     // The right token: the agent joins and its node turns Ready.
     a.launch();
     assert_eq!(ready(cluster.server(), &a.name), "True");
+    // It serves the cluster DNS itself, as the server's node does.
+    a.eventually("the agent's own cluster DNS", 30, || dns_listening(&a));
     let backend = r#"{.metadata.annotations.flannel\.alpha\.coreos\.com/backend-type}"#;
     a.eventually("the agent on the server's backend", 30, || {
         cluster.server().get(&["node", &a.name], backend) == "host-gw"
@@ -548,5 +556,99 @@ async fn an_agent_fails_over_between_servers() {
     });
     let moved = format!("connected to the API server server={second_ip}:");
     assert!(a.log().contains(&moved), "the agent never connected to the second server\n{}", a.log());
+    cluster.agents.push(a);
+}
+
+/// kubectl as the kubelet of `agent` (its own client certificate) against the server.
+fn kubectl_as_node(cluster: &Cluster, agent: &Node, args: &[&str]) -> (bool, String) {
+    let dir = agent.dir.path().join("agent");
+    let config = agent.dir.path().join("node-kubeconfig.yaml");
+    let server = cluster.server();
+    let url = format!("https://{}:{}", server.ip, server.port);
+    let file = |f: &str| dir.join(f).display().to_string();
+    let setup: [Vec<String>; 4] = [
+        vec![
+            "set-cluster".into(),
+            "c".into(),
+            format!("--server={url}"),
+            format!("--certificate-authority={}", file("server-ca.crt")),
+        ],
+        vec![
+            "set-credentials".into(),
+            "node".into(),
+            format!("--client-certificate={}", file("client-kubelet.crt")),
+            format!("--client-key={}", file("client-kubelet.key")),
+        ],
+        vec!["set-context".into(), "node".into(), "--cluster=c".into(), "--user=node".into()],
+        vec!["use-context".into(), "node".into()],
+    ];
+    for step in setup {
+        let out = Command::new("kubectl").arg("--kubeconfig").arg(&config).arg("config").args(&step).output();
+        assert!(out.is_ok_and(|o| o.status.success()), "kubectl config {step:?}");
+    }
+    let out = Command::new("kubectl").arg("--kubeconfig").arg(&config).args(args).output().expect("kubectl");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// What an agent takes from its server's settings: under the server's
+/// `--disable coredns` it serves no cluster DNS either (after a restart
+/// too); and a local-path volume released on it has its directory and then
+/// the volume removed with the node's own credentials, which delete no
+/// other volume (Forbidden).
+#[test]
+fn an_agent_follows_its_servers_dns_and_local_storage() {
+    let mut cluster = Cluster::start(&["--disable", "coredns"]);
+    let mut a = cluster.lan_agent(&[]);
+    a.launch();
+    let server = cluster.server();
+    server.apply(&format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: data}}\n\
+         spec:\n  accessModes: [ReadWriteOnce]\n  resources: {{requests: {{storage: 64Mi}}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: writer}}\nspec:\n  restartPolicy: Never\n\
+         \x20 nodeSelector: {{kubernetes.io/hostname: {}}}\n\
+         \x20 containers:\n  - name: w\n    image: {BUSYBOX}\n    command: [sh, -c, 'echo hello > /data/file']\n\
+         \x20   volumeMounts:\n    - {{name: d, mountPath: /data}}\n  volumes:\n  - name: d\n\
+         \x20   persistentVolumeClaim: {{claimName: data}}\n",
+        a.name
+    ));
+    server.eventually("the claim bound and the pod done on the agent", 90, || {
+        server.get(&["pvc", "data"], "{.status.phase}") == "Bound"
+            && server.get(&["pod", "writer"], "{.status.phase}") == "Succeeded"
+    });
+    assert_eq!(server.get(&["pod", "writer"], "{.spec.nodeName}"), a.name);
+    let pv = server.get(&["pvc", "data"], "{.spec.volumeName}");
+    let dir = std::path::PathBuf::from(server.get(&["pv", &pv], "{.spec.hostPath.path}"));
+    assert_eq!(std::fs::read_to_string(dir.join("file")).expect("the pod's file").trim(), "hello");
+    // A pod has run there: the agent is long past starting, and serves no DNS.
+    assert!(!dns_listening(&a), "the agent serves the cluster DNS under the server's --disable coredns");
+
+    // The node's credentials delete no volume of another node, nor its own while it is bound.
+    server.apply(
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata:\n  name: elsewhere\n\
+         \x20 annotations: {pv.kubernetes.io/provisioned-by: rancher.io/local-path}\n\
+         spec:\n  capacity: {storage: 1Gi}\n  accessModes: [ReadWriteOnce]\n  hostPath: {path: /tmp/elsewhere}\n\
+         \x20 nodeAffinity:\n    required:\n      nodeSelectorTerms:\n      - matchExpressions:\n\
+         \x20       - {key: kubernetes.io/hostname, operator: In, values: [somewhere-else]}\n",
+    );
+    for name in ["elsewhere", pv.as_str()] {
+        let (ok, out) = kubectl_as_node(&cluster, &a, &["delete", "pv", name, "--wait=false"]);
+        assert!(!ok && out.contains("(Forbidden)"), "{name}: {out}");
+        assert!(server.kubectl(&["get", "pv", name]).0, "{name} deleted by a node");
+    }
+    let (ok, out) = kubectl_as_node(&cluster, &a, &["delete", "pv", &pv, "--wait=false"]);
+    assert!(!ok && out.contains("can only delete released local-path volumes pinned to itself"), "{out}");
+
+    // Released: the agent removes the directory, then the volume.
+    server.ok(&["delete", "pod", "writer", "--wait=false"]);
+    server.ok(&["delete", "pvc", "data", "--wait=false"]);
+    server.eventually("the directory and the volume gone", 60, || {
+        !dir.exists() && !server.kubectl(&["get", "pv", &pv]).0
+    });
+
+    // Restarted (it joins again with its own certificate): still no DNS.
+    a.restart(false);
+    a.eventually("the node Ready again", 30, || ready(cluster.server(), &a.name) == "True");
+    a.eventually("the agent serving again", 30, || latest_log(&a).contains("kubelet API listening"));
+    assert!(!dns_listening(&a), "the restarted agent serves the cluster DNS");
     cluster.agents.push(a);
 }

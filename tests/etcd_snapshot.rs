@@ -6,6 +6,8 @@
 //! revision past the old one, so old watches are told to relist; bad input
 //! is one line naming the flag or file and changes nothing. With an
 //! external etcd, the snapshot is etcd's own (`etcdctl snapshot status`).
+//! The commands read the server's config file for the keys they share
+//! with it (data dir, snapshot folder, node name, retention).
 
 mod common;
 
@@ -398,4 +400,68 @@ fn restored_pods_keep_running_and_later_ones_go() {
     assert_eq!(node.container_id("default", "keep", "c"), keep_id, "the restored pod's container was replaced");
     assert_eq!(node.get(&["pod", "keep"], "{.status.containerStatuses[0].restartCount}"), "0");
     assert!(node.runtime_containers().contains(&keep_id));
+}
+
+/// The server's config file (named by `FERROK_CONFIG_FILE`, as the
+/// installed service has it) tells the snapshot commands, run with no
+/// flags, where the data dir and the snapshots are, the node name and the
+/// retention; the server's other keys are ignored; flags on the command
+/// line win; a bad file is one line naming it.
+#[test]
+fn snapshot_commands_read_the_servers_config_file() {
+    let server = ApiServer::start();
+    let data = server.dir.path().to_path_buf();
+    let conf = tempfile::tempdir().expect("tempdir");
+    let snaps = conf.path().join("snaps");
+    let config = conf.path().join("config.yaml");
+    let run = |args: &[&str]| {
+        Command::new(common::ferrok_bin())
+            .arg("etcd-snapshot")
+            .args(args)
+            .env("FERROK_CONFIG_FILE", &config)
+            .output()
+            .expect("ferrok etcd-snapshot")
+    };
+    // First, read-only: the file's data dir is where the commands look
+    // (so that nothing is ever written to this host's own data dir).
+    let nowhere = conf.path().join("nowhere");
+    std::fs::write(&config, format!("data-dir: {}\n", nowhere.display())).expect("config file");
+    one_line_error(&run(&["ls"]), &["--data-dir", &nowhere.to_string_lossy()]);
+    std::fs::write(
+        &config,
+        format!(
+            "data-dir: {}\netcd-snapshot-dir: {}\nnode-name: edge-1\netcd-snapshot-retention: 2\n\
+             token: for-the-server-only\ndisable: [coredns, servicelb]\nwrite-kubeconfig-mode: \"0644\"\n",
+            data.display(),
+            snaps.display()
+        ),
+    )
+    .expect("config file");
+    let mut saved = Vec::new();
+    for _ in 0..3 {
+        let path = saved_path(&ok(run(&["save"])));
+        assert_eq!(path.parent(), Some(snaps.as_path()), "{}", path.display());
+        saved.push(path.file_name().expect("name").to_string_lossy().into_owned());
+    }
+    assert!(saved[0].starts_with("on-demand-edge-1-"), "{saved:?}");
+    let mut listed = names(&ok(run(&["ls"])));
+    listed.sort();
+    let mut all = saved.clone();
+    all.sort();
+    assert_eq!(listed, all);
+    // prune keeps the config file's retention (2).
+    ok(run(&["prune"]));
+    assert_eq!(names(&ok(run(&["ls"]))).len(), 2);
+    // Flags on the command line win over the file, before or after the subcommand.
+    let elsewhere = conf.path().join("elsewhere");
+    let path = saved_path(&ok(run(&["save", "--etcd-snapshot-dir", &elsewhere.to_string_lossy()])));
+    assert_eq!(path.parent(), Some(elsewhere.as_path()));
+    let path = saved_path(&ok(run(&["--node-name", "edge-2", "save"])));
+    assert!(path.to_string_lossy().contains("-edge-2-"), "{}", path.display());
+    assert_eq!(names(&ok(run(&["ls", "--dir", &elsewhere.to_string_lossy()]))).len(), 1);
+    // A bad config file: one line naming it, nothing written.
+    std::fs::write(&config, "data-dir: [\n").expect("config file");
+    one_line_error(&run(&["save"]), &["--config", &config.to_string_lossy()]);
+    one_line_error(&run(&["ls", "--config", "/nonexistent/config.yaml"]), &["/nonexistent/config.yaml"]);
+    assert_eq!(std::fs::read_dir(&snaps).expect("snapshots").count(), 3);
 }

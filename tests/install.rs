@@ -4,7 +4,8 @@
 //! way its OpenRC script would, in a network namespace of its own, up to a
 //! Ready node running a pod; then `ferrok-killall.sh` and the uninstaller
 //! must leave nothing ferrok made: processes, mounts, nftables table,
-//! links, routes, cgroups, files. Needs root and what `scripts/deps`
+//! links, routes, cgroups, files. The sysv script (`/etc/init.d`, for
+//! hosts with neither) is started and stopped with itself. Needs root and what `scripts/deps`
 //! installs (shellcheck, containerd, runc, CNI plugins, nftables, dpkg).
 
 mod common;
@@ -25,6 +26,7 @@ const SCRIPTS: &[&str] = &[
     "install.sh",
     "packaging/ferrok-killall.sh",
     "packaging/openrc/ferrok",
+    "packaging/sysv/ferrok",
     "packaging/debian/postinst",
     "packaging/debian/prerm",
     "packaging/debian/postrm",
@@ -97,7 +99,7 @@ fn mode(path: &Path) -> u32 {
 #[test]
 fn installer_writes_packaging_files_and_uninstalls_them() {
     let systemd_analyze = Path::new("/usr/bin/systemd-analyze").exists();
-    for init in ["systemd", "openrc"] {
+    for init in ["systemd", "openrc", "sysv"] {
         for agent in [false, true] {
             let root = root_with_binary();
             let r = root.path().to_string_lossy().into_owned();
@@ -130,8 +132,16 @@ fn installer_writes_packaging_files_and_uninstalls_them() {
                 ("INIT_DIR", format!("{r}/etc/init.d")),
                 ("ROOT", r.clone()),
             ];
-            let template = if init == "systemd" { "systemd/ferrok.service" } else { "openrc/ferrok" };
+            let template = match init {
+                "systemd" => "systemd/ferrok.service",
+                "openrc" => "openrc/ferrok",
+                _ => "sysv/ferrok",
+            };
             assert_same(&read(Path::new(&service)), &render(template, &values), &service);
+            if init == "sysv" {
+                check_script(Path::new(&service));
+                assert_eq!(mode(Path::new(&service)), 0o755);
+            }
             let killall = root.path().join("usr/local/bin/ferrok-killall.sh");
             assert_same(&read(&killall), &render("ferrok-killall.sh", &values), "ferrok-killall.sh");
             assert_eq!(mode(&killall), 0o755);
@@ -163,7 +173,7 @@ fn installer_writes_packaging_files_and_uninstalls_them() {
 #[test]
 fn bad_input_is_one_line_and_installs_nothing() {
     let cases: &[(&[(&str, &str)], &str)] = &[
-        (&[("INSTALL_FERROK_INIT", "upstart")], "error: INSTALL_FERROK_INIT=upstart: expected systemd or openrc"),
+        (&[("INSTALL_FERROK_INIT", "upstart")], "error: INSTALL_FERROK_INIT=upstart: expected systemd, openrc or sysv"),
         (
             &[("INSTALL_FERROK_INIT", "openrc"), ("FERROK_URL", "https://10.0.0.1:6443")],
             "error: an agent needs FERROK_TOKEN or FERROK_TOKEN_FILE",
@@ -573,4 +583,88 @@ fn deb_installs_and_purges() {
     dpkg(&["-P", "ferrok"]);
     let left: Vec<String> = listing(r).into_iter().filter(|p| !p.starts_with("var/lib/dpkg")).collect();
     assert_eq!(left, ["var", "var/lib"], "the purge left files");
+}
+
+/// Runs the sysv script with `action` in the namespace: its exit code and output.
+fn sysv(netns: &Netns, script: &Path, action: &str) -> (i32, String) {
+    let out = netns.command(script).arg(action).stdin(std::process::Stdio::null()).output().expect("the sysv script");
+    (out.status.code().unwrap_or(-1), text(&out))
+}
+
+/// On a host with neither systemd nor OpenRC the installer writes an LSB
+/// init script (INSTALL_FERROK_INIT=sysv here, its choice there): its
+/// `start` runs the relocated install up to a Ready node (start-stop-daemon
+/// with a pid file, the log in var/log/ferrok.log), `status` says so, a
+/// second `start` starts nothing more; `stop` leaves no process of the
+/// install; the uninstaller leaves no file.
+#[test]
+fn sysv_script_starts_and_stops_the_service() {
+    let netns = Netns::new();
+    let root = root_with_binary();
+    let before = listing(root.path());
+    let node = node_name(&netns);
+    let exec = server_exec(&netns);
+    let env = [
+        ("INSTALL_FERROK_SKIP_DOWNLOAD", "true"),
+        ("INSTALL_FERROK_INIT", "sysv"),
+        ("INSTALL_FERROK_SYMLINK", "skip"),
+        ("INSTALL_FERROK_EXEC", exec.as_str()),
+    ];
+    let out = run_install(root.path(), &env, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let bin = root.path().join("usr/local/bin");
+    let _cleanup = Cleanup { netns: &netns, killall: bin.join("ferrok-killall.sh") };
+    let script = root.path().join("etc/init.d/ferrok");
+    assert!(read(&script).contains("### BEGIN INIT INFO"));
+    let (code, said) = sysv(&netns, &script, "status");
+    assert_eq!(code, 3, "status before start: {said}");
+
+    let started = Instant::now();
+    let (code, said) = sysv(&netns, &script, "start");
+    assert_eq!(code, 0, "start: {said}");
+    let kubeconfig = root.path().join("var/lib/ferrok/kubeconfig.yaml");
+    let log = root.path().join("var/log/ferrok.log");
+    let pid_file = root.path().join("var/run/ferrok.pid");
+    let ready = "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}";
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if kubeconfig.exists() && kubectl(&netns, &kubeconfig, &["get", "node", &node, "-o", ready]).1.trim() == "True"
+        {
+            break;
+        }
+        let (code, said) = sysv(&netns, &script, "status");
+        assert!(
+            code == 0 && Instant::now() < deadline,
+            "no Ready node ({said})\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("sysv start: {:.2} s to a Ready node", started.elapsed().as_secs_f64());
+    let pid: u32 = read(&pid_file).trim().parse().expect("a pid in the pid file");
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).expect("the pid file's process");
+    assert_eq!(exe, bin.join("ferrok"), "the pid file names ferrok itself");
+    assert!(read(&log).contains("ferrok"), "the log is empty");
+    let (code, said) = sysv(&netns, &script, "status");
+    assert!(code == 0 && said.contains(&format!("running (pid {pid})")), "{said}");
+    let (code, said) = sysv(&netns, &script, "start");
+    assert!(code == 0 && said.contains("already running"), "{said}");
+    assert_eq!(read(&pid_file).trim(), pid.to_string(), "a second start started another ferrok");
+
+    let t = Instant::now();
+    let (code, said) = sysv(&netns, &script, "stop");
+    assert_eq!(code, 0, "stop: {said}");
+    eprintln!("sysv stop: {:.2} s", t.elapsed().as_secs_f64());
+    assert!(!pid_file.exists(), "the pid file is left");
+    common::eventually_within("no process of the install", Duration::from_secs(30), || {
+        processes_under(root.path()).is_empty()
+    });
+    let (code, said) = sysv(&netns, &script, "status");
+    assert_eq!(code, 3, "status after stop: {said}");
+
+    let out = Command::new(bin.join("ferrok-uninstall.sh")).output().expect("uninstall");
+    assert!(out.status.success(), "{}", text(&out));
+    let mut expected = before;
+    expected.remove("usr/local/bin/ferrok");
+    assert_eq!(listing(root.path()), expected, "the uninstaller left files");
 }

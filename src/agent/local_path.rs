@@ -4,55 +4,125 @@
 //! is deleted. Only directories `pvc-*` right under the storage path are
 //! ever removed. (The directory itself is made by the volume manager, the
 //! hostPath being DirectoryOrCreate.)
+//!
+//! It runs with the node's own credentials, which read and delete only the
+//! local-path volumes pinned to this node (the Node authorizer) and delete
+//! them only once released (NodeRestriction). So it does not list every
+//! volume: each `pvc-<uid>_…` directory under the storage path is followed
+//! by a watch of its one volume, `pvc-<uid>`; the folder is looked at again
+//! whenever a pod of the node changes (the volume manager makes a
+//! directory just before its pod's containers start).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{watcher, WatchStreamExt};
+use tokio::task::JoinHandle;
 
 use crate::controllers::local_path::{PROVISIONED_BY, PROVISIONER};
 
-/// Runs until aborted; `client` must be allowed to watch and delete PersistentVolumes.
+/// Runs until aborted; `client` is the node's.
 pub async fn run(client: kube::Client, node_name: String, storage: PathBuf) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let on_node = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+    let mut pod_changes = watcher(pods, on_node).default_backoff().boxed();
+    let mut followed: HashMap<String, JoinHandle<()>> = HashMap::new();
+    loop {
+        let present = volumes_in(&storage).await;
+        followed.retain(|name, task| {
+            let keep = present.contains(name);
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for name in present {
+            if let std::collections::hash_map::Entry::Vacant(slot) = followed.entry(name) {
+                let name = slot.key().clone();
+                slot.insert(tokio::spawn(follow(client.clone(), name, node_name.clone(), storage.clone())));
+            }
+        }
+        if pod_changes.next().await.is_none() {
+            break;
+        }
+    }
+    for task in followed.into_values() {
+        task.abort();
+    }
+}
+
+/// The volume names (`pvc-<uid>`) of the directories `pvc-<uid>_<ns>_<claim>` under `storage`.
+async fn volumes_in(storage: &Path) -> Vec<String> {
+    let storage = storage.to_path_buf();
+    let scan = tokio::task::spawn_blocking(move || {
+        let Ok(entries) = std::fs::read_dir(&storage) else { return Vec::new() };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| n.starts_with("pvc-").then(|| n.split('_').next().map(str::to_string)).flatten())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    });
+    scan.await.unwrap_or_default()
+}
+
+/// Watches the volume `name` until it is released here and removed.
+async fn follow(client: kube::Client, name: String, node_name: String, storage: PathBuf) {
     let api: Api<PersistentVolume> = Api::all(client);
-    let mut changes = watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
+    let one = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut changes = watcher(api.clone(), one).default_backoff().applied_objects().boxed();
     while let Some(change) = changes.next().await {
         let pv = match change {
             Ok(pv) => pv,
             Err(e) => {
-                tracing::debug!(error = %e, "watching PersistentVolumes");
+                tracing::debug!(volume = %name, error = %e, "watching a local-path volume");
                 continue;
             }
         };
         let Some(dir) = released_here(&pv, &node_name, &storage) else { continue };
-        let name = pv.metadata.name.clone().unwrap_or_default();
-        let remove = dir.clone();
-        let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&remove) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        })
-        .await;
-        match removed {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(volume = %name, dir = %dir.display(), error = %e, "cannot remove a released volume's directory");
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!(volume = %name, error = %e, "removing a released volume's directory");
-                continue;
-            }
+        if remove(&api, &pv, dir).await {
+            return;
         }
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions { uid: pv.metadata.uid.clone(), resource_version: None }),
-            ..Default::default()
-        };
-        match api.delete(&name, &dp).await {
-            Ok(_) => tracing::info!(volume = %name, dir = %dir.display(), "released volume and its directory deleted"),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-            Err(e) => tracing::warn!(volume = %name, error = %e, "cannot delete a released volume"),
+    }
+}
+
+/// Removes a released volume's directory, then the volume; whether both went.
+async fn remove(api: &Api<PersistentVolume>, pv: &PersistentVolume, dir: PathBuf) -> bool {
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let target = dir.clone();
+    let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&target) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    })
+    .await;
+    match removed {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(volume = %name, dir = %dir.display(), error = %e, "cannot remove a released volume's directory");
+            return false;
+        }
+        Err(e) => {
+            tracing::warn!(volume = %name, error = %e, "removing a released volume's directory");
+            return false;
+        }
+    }
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions { uid: pv.metadata.uid.clone(), resource_version: None }),
+        ..Default::default()
+    };
+    match api.delete(&name, &dp).await {
+        Ok(_) => {
+            tracing::info!(volume = %name, dir = %dir.display(), "released volume and its directory deleted");
+            true
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => true,
+        Err(e) => {
+            tracing::warn!(volume = %name, error = %e, "cannot delete a released volume");
+            false
         }
     }
 }

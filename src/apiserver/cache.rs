@@ -185,6 +185,8 @@ pub struct Caches {
     pub node_pods: Arc<PrefixCache>,
     /// PersistentVolumeClaims as the Node authorizer sees them: bound volume.
     pub node_claims: Arc<PrefixCache>,
+    /// PersistentVolumes as the Node authorizer sees them: the node of a local-path volume.
+    pub node_volumes: Arc<PrefixCache>,
 }
 
 impl Default for Caches {
@@ -207,12 +209,13 @@ impl Default for Caches {
                 "/registry/persistentvolumeclaims/",
                 super::auth::node_graph::claim_edges,
             ),
+            node_volumes: PrefixCache::projected("/registry/persistentvolumes/", super::auth::node_graph::volume_edges),
         }
     }
 }
 
 impl Caches {
-    fn all(&self) -> [&Arc<PrefixCache>; 10] {
+    fn all(&self) -> [&Arc<PrefixCache>; 11] {
         [
             &self.rbac,
             &self.namespaces,
@@ -224,6 +227,7 @@ impl Caches {
             &self.storage_classes,
             &self.node_pods,
             &self.node_claims,
+            &self.node_volumes,
         ]
     }
 

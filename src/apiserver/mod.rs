@@ -147,7 +147,11 @@ impl Api {
         }
         let mut refusal = String::new();
         if let Some(node) = auth::node_authorizer::node_identity(user) {
-            let graph = auth::node_graph::NodeGraph { pods: &self.caches.node_pods, claims: &self.caches.node_claims };
+            let graph = auth::node_graph::NodeGraph {
+                pods: &self.caches.node_pods,
+                claims: &self.caches.node_claims,
+                volumes: &self.caches.node_volumes,
+            };
             match auth::node_authorizer::authorize(node, attrs, &graph) {
                 auth::node_authorizer::NodeDecision::Allow => {
                     return auth::Decision { allowed: true, reason: String::new() }
@@ -167,7 +171,11 @@ impl Api {
     /// before the authorizer's cache did (upstream's kubelets retry instead).
     async fn decide_for_node_graph(&self, user: &User, attrs: &auth::rbac::Attributes) -> auth::Decision {
         let Some(_) = auth::node_authorizer::node_identity(user) else { return self.decide(user, attrs) };
-        let (mut pods, mut claims) = (self.caches.node_pods.subscribe(), self.caches.node_claims.subscribe());
+        let (mut pods, mut claims, mut volumes) = (
+            self.caches.node_pods.subscribe(),
+            self.caches.node_claims.subscribe(),
+            self.caches.node_volumes.subscribe(),
+        );
         let mut decision = self.decide(user, attrs);
         let deadline = tokio::time::sleep(std::time::Duration::from_millis(500));
         tokio::pin!(deadline);
@@ -176,6 +184,7 @@ impl Api {
                 _ = &mut deadline => break,
                 r = pods.changed() => if r.is_err() { break },
                 r = claims.changed() => if r.is_err() { break },
+                r = volumes.changed() => if r.is_err() { break },
             }
             decision = self.decide(user, attrs);
         }

@@ -59,6 +59,16 @@ pub struct NodeJoinConfig {
     /// The server's `--flannel-backend`, which its agents follow unless told otherwise.
     #[serde(default)]
     pub flannel_backend: String,
+    /// The server's `--disable coredns`: its agents serve no cluster DNS
+    /// either. (Absent from older servers: false, the DNS runs.)
+    #[serde(default)]
+    pub disable_cluster_dns: bool,
+    /// The local-path provisioner's folder (`--default-local-storage-path`),
+    /// where agents remove their released volumes' directories; empty when
+    /// the provisioner is off (`--disable local-storage`) or the server is
+    /// older.
+    #[serde(default)]
+    pub local_storage_path: String,
 }
 
 /// The server's signing side of joining.
@@ -305,5 +315,16 @@ mod tests {
         assert!(!super::valid_node_name("-a"));
         assert!(!super::valid_node_name("a..b"));
         assert!(!super::valid_node_name(""));
+    }
+
+    #[test]
+    fn an_older_servers_config_runs_the_dns_and_no_local_path() {
+        let old = r#"{"clusterCidr":"10.42.0.0/16","serviceCidr":"10.43.0.0/16","clusterDns":"10.43.0.10",
+                      "clusterDomain":"cluster.local","clientCa":"CA"}"#;
+        let c: super::NodeJoinConfig = serde_json::from_str(old).unwrap();
+        assert!(!c.disable_cluster_dns);
+        assert!(c.local_storage_path.is_empty());
+        let new = serde_json::to_value(super::NodeJoinConfig { disable_cluster_dns: true, ..c }).unwrap();
+        assert_eq!(new["disableClusterDns"], true);
     }
 }

@@ -178,6 +178,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             key: creds.serving_key.clone(),
             client_ca: creds.client_ca.clone(),
         }),
+        // The server's `--disable coredns` holds for its agents too.
+        dns_server: !cluster.disable_cluster_dns,
         ..config
     };
     let transport = Transport::new(servers.clone(), bootstrap::api_tls(&creds)?);
@@ -186,6 +188,11 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     {
         let transport = transport.clone();
         tasks.push(tokio::spawn(bootstrap::renew(opts.clone(), creds, move |tls| transport.set_tls(tls))));
+    }
+    if !cluster.local_storage_path.is_empty() {
+        // The server's local-path volumes released on this node: their directories, then the volumes.
+        let storage = PathBuf::from(&cluster.local_storage_path);
+        tasks.push(tokio::spawn(crate::agent::local_path::run(client.clone(), node_name.clone(), storage)));
     }
     let agent = tokio::select! {
         agent = crate::agent::start(config, client, None) => agent.context("the node role")?,

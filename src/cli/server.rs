@@ -308,6 +308,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             client_ca: std::fs::read_to_string(&pki.client_ca_cert)
                 .with_context(|| format!("cannot read {}", pki.client_ca_cert.display()))?,
             flannel_backend: args.node.flannel_backend.unwrap_or_default().to_string(),
+            disable_cluster_dns: !enabled.dns,
+            local_storage_path: if enabled.local_storage {
+                local_storage.to_string_lossy().into_owned()
+            } else {
+                String::new()
+            },
         },
         pki.server_ca_cert.parent().map(Path::to_path_buf),
     );
@@ -457,7 +463,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         if enabled.local_storage {
             // Released local-path volumes of this node: their directories, then the volumes.
             followers.push(tokio::spawn(crate::agent::local_path::run(
-                crate::client::in_process(api.clone(), crate::client::supervisor()),
+                crate::client::in_process(api.clone(), crate::client::node(&node_name)),
                 node_name.clone(),
                 local_storage.clone(),
             )));

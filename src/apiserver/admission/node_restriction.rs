@@ -9,6 +9,11 @@
 //! its own Lease in kube-node-lease, update only PVC status, and request
 //! service-account tokens only bound to a pod of its own.
 //!
+//! ferrok's node role removes the released volumes of the built-in
+//! local-path provisioner on its node (their directories, then the
+//! volumes): a node may delete a PersistentVolume only when it is such a
+//! volume, pinned to that node, in phase Released.
+//!
 //! ferrok's node role also registers the RuntimeClasses of its runtime
 //! handlers (as k3s ships them); a node may create a RuntimeClass only
 //! when it names a handler of the same name and nothing else.
@@ -167,6 +172,15 @@ pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation)
                 }
                 Operation::Delete => Ok(()),
             }
+        }
+        ("", "persistentvolumes") => {
+            let released = obj.pointer("/status/phase").and_then(Value::as_str) == Some("Released");
+            if op != Operation::Delete || node_graph::local_path_node(obj) != Some(node) || !released {
+                return refused(format!(
+                    "node \"{node}\" can only delete released local-path volumes pinned to itself"
+                ));
+            }
+            Ok(())
         }
         ("", node_graph::CLAIMS) if sub == "status" && op == Operation::Update => Ok(()),
         ("", node_graph::CLAIMS) => refused("may only update PVC status".into()),

@@ -2,7 +2,9 @@
 //! kubelet (user `system:node:<name>` in group `system:nodes`) may read the
 //! secrets, config maps, persistent volume claims and volumes, resource
 //! claims and service-account tokens of the pods bound to its node, and
-//! nothing else of those kinds; its Lease only in kube-node-lease; and what
+//! nothing else of those kinds; (ferrok's addition) read, watch one at a
+//! time and delete the local-path volumes pinned to it, which its node
+//! role removes once released (NodeRestriction: released ones only); its Lease only in kube-node-lease; and what
 //! the `system:node` rules give every node (read services, nodes and pods,
 //! write Nodes, pod status, events, mirror pods, CSRs, the review APIs…).
 //! Which Node or pod a write touches is the NodeRestriction admission
@@ -138,7 +140,7 @@ pub fn authorize(node: &str, a: &Attributes, graph: &NodeGraph) -> NodeDecision 
             related(node, node_graph::CLAIMS, a, graph)
         }
         ("", node_graph::CLAIMS) => get_only(node, node_graph::CLAIMS, a, graph),
-        ("", "persistentvolumes") => get_only(node, "persistentvolumes", a, graph),
+        ("", "persistentvolumes") => volume(node, a, graph),
         ("resource.k8s.io", node_graph::RESOURCE_CLAIMS) => get_only(node, node_graph::RESOURCE_CLAIMS, a, graph),
         ("", node_graph::SERVICE_ACCOUNTS) => {
             if a.verb != "create" || a.name.is_empty() {
@@ -154,6 +156,20 @@ pub fn authorize(node: &str, a: &Attributes, graph: &NodeGraph) -> NodeDecision 
         _ if node_rules().iter().any(|r| rule_allows(r, a)) => NodeDecision::Allow,
         _ => no(""),
     }
+}
+
+/// A volume a pod of the node uses: get only. A local-path volume pinned to
+/// the node: get, list and watch by name, and delete (NodeRestriction
+/// checks that it is released).
+fn volume(node: &str, a: &Attributes, graph: &NodeGraph) -> NodeDecision {
+    let local = matches!(a.verb.as_str(), "get" | "list" | "watch" | "delete")
+        && a.subresource.is_empty()
+        && !a.name.is_empty()
+        && graph.local_volume_of_node(node, &a.name);
+    if local {
+        return NodeDecision::Allow;
+    }
+    get_only(node, "persistentvolumes", a, graph)
 }
 
 fn lease(node: &str, a: &Attributes) -> NodeDecision {
@@ -202,12 +218,16 @@ mod tests {
         }
     }
 
-    fn graph_with(pods: &[Value]) -> (std::sync::Arc<PrefixCache>, std::sync::Arc<PrefixCache>) {
+    type Caches = (std::sync::Arc<PrefixCache>, std::sync::Arc<PrefixCache>, std::sync::Arc<PrefixCache>);
+
+    fn graph_with(objects: &[Value]) -> Caches {
         let p = PrefixCache::projected("/registry/pods/", node_graph::pod_edges);
-        for pod in pods {
-            p.apply_for_test(&Change::Added(Stored { object: pod.clone(), rev: 1 }));
+        let v = PrefixCache::projected("/registry/persistentvolumes/", node_graph::volume_edges);
+        for obj in objects {
+            let cache = if obj["kind"] == "PersistentVolume" { &v } else { &p };
+            cache.apply_for_test(&Change::Added(Stored { object: obj.clone(), rev: 1 }));
         }
-        (p, PrefixCache::projected("/registry/persistentvolumeclaims/", node_graph::claim_edges))
+        (p, PrefixCache::projected("/registry/persistentvolumeclaims/", node_graph::claim_edges), v)
     }
 
     #[test]
@@ -227,8 +247,8 @@ mod tests {
         let pod = json!({"kind": "Pod", "metadata": {"name": "p", "namespace": "ns"}, "spec": {"nodeName": "n1",
             "serviceAccountName": "robot",
             "containers": [{"envFrom": [{"secretRef": {"name": "mine"}}]}]}});
-        let (pods, claims) = graph_with(&[pod]);
-        let g = NodeGraph { pods: &pods, claims: &claims };
+        let (pods, claims, volumes) = graph_with(&[pod]);
+        let g = NodeGraph { pods: &pods, claims: &claims, volumes: &volumes };
         let get = |node: &str, name: &str| authorize(node, &attrs("get", "", "secrets", "", "ns", name), &g);
         assert_eq!(get("n1", "mine"), NodeDecision::Allow);
         assert_eq!(get("n1", "other"), unrelated("n1"));
@@ -249,8 +269,8 @@ mod tests {
 
     #[test]
     fn leases_and_static_rules() {
-        let (pods, claims) = graph_with(&[]);
-        let g = NodeGraph { pods: &pods, claims: &claims };
+        let (pods, claims, volumes) = graph_with(&[]);
+        let g = NodeGraph { pods: &pods, claims: &claims, volumes: &volumes };
         let lease = |verb: &str, ns: &str, name: &str| {
             authorize("n1", &attrs(verb, "coordination.k8s.io", "leases", "", ns, name), &g)
         };
@@ -272,5 +292,25 @@ mod tests {
         assert!(!allowed("delete", "", "nodes", ""));
         assert!(!allowed("get", "rbac.authorization.k8s.io", "roles", ""));
         assert!(!allowed("create", "node.k8s.io", "runtimeclasses", ""));
+    }
+
+    #[test]
+    fn a_node_reads_and_deletes_only_its_local_path_volumes() {
+        let pv = |name: &str, node: &str| {
+            json!({"kind": "PersistentVolume", "metadata": {"name": name,
+                "annotations": {"pv.kubernetes.io/provisioned-by": "rancher.io/local-path"}},
+                "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}})
+        };
+        let (pods, claims, volumes) = graph_with(&[pv("pvc-mine", "n1"), pv("pvc-theirs", "n2")]);
+        let g = NodeGraph { pods: &pods, claims: &claims, volumes: &volumes };
+        let ask = |verb: &str, name: &str| authorize("n1", &attrs(verb, "", "persistentvolumes", "", "", name), &g);
+        for verb in ["get", "list", "watch", "delete"] {
+            assert_eq!(ask(verb, "pvc-mine"), NodeDecision::Allow, "{verb}");
+        }
+        assert_eq!(ask("delete", "pvc-theirs"), no("can only get individual resources of this type"));
+        assert_eq!(ask("get", "pvc-theirs"), unrelated("n1"));
+        assert_eq!(ask("list", ""), no("can only get individual resources of this type"));
+        assert_eq!(ask("update", "pvc-mine"), no("can only get individual resources of this type"));
     }
 }

@@ -1,7 +1,9 @@
 //! What the Node authorizer knows of the cluster, as upstream's node graph
 //! holds it: for every pod, the node it is bound to and the objects it
 //! references (secrets, config maps, persistent volume claims, its service
-//! account, resource claims); for every claim, the volume bound to it.
+//! account, resource claims); for every claim, the volume bound to it; for
+//! every volume of the local-path provisioner, the node it is pinned to
+//! (which removes its directory and then the volume once it is released).
 //!
 //! Each is kept in a watch-fed cache of the API server (`Caches::node_pods`,
 //! `Caches::node_claims`) as a small projection of the object, never the
@@ -121,6 +123,36 @@ pub fn claim_edges(claim: &Value) -> Value {
     })
 }
 
+/// The node a volume of the built-in local-path provisioner is pinned to:
+/// the provisioned-by annotation, and a node affinity of one term, one
+/// `kubernetes.io/hostname In [node]` expression (what the provisioner
+/// writes). None for any other volume.
+pub fn local_path_node(volume: &Value) -> Option<&str> {
+    use crate::controllers::local_path::{PROVISIONED_BY, PROVISIONER};
+    let by = volume.pointer("/metadata/annotations").and_then(|a| a.get(PROVISIONED_BY)).and_then(Value::as_str);
+    if by != Some(PROVISIONER) {
+        return None;
+    }
+    let terms = volume.pointer("/spec/nodeAffinity/required/nodeSelectorTerms")?.as_array()?;
+    let [term] = terms.as_slice() else { return None };
+    let expressions = term.get("matchExpressions")?.as_array()?;
+    let [e] = expressions.as_slice() else { return None };
+    let values = e.get("values")?.as_array()?;
+    match (str_at(e, "/key"), str_at(e, "/operator"), values.as_slice()) {
+        (Some("kubernetes.io/hostname"), Some("In"), [node]) => node.as_str().filter(|n| !n.is_empty()),
+        _ => None,
+    }
+}
+
+/// What the volume cache keeps of a PersistentVolume.
+pub fn volume_edges(volume: &Value) -> Value {
+    json!({
+        "kind": "PersistentVolume",
+        "metadata": {"name": volume.pointer("/metadata/name")},
+        "localPathNode": local_path_node(volume).unwrap_or_default(),
+    })
+}
+
 fn on_node(pod: &Value, node: &str) -> bool {
     pod["nodeName"].as_str() == Some(node)
 }
@@ -133,6 +165,7 @@ fn in_namespace(obj: &Value, namespace: &str) -> bool {
 pub struct NodeGraph<'a> {
     pub pods: &'a PrefixCache,
     pub claims: &'a PrefixCache,
+    pub volumes: &'a PrefixCache,
 }
 
 impl NodeGraph<'_> {
@@ -149,6 +182,11 @@ impl NodeGraph<'_> {
     /// Whether the pod `namespace/name` is bound to `node`.
     pub fn pod_on_node(&self, node: &str, namespace: &str, name: &str) -> bool {
         self.pods.get(&format!("Pod/{namespace}/{name}")).is_some_and(|p| on_node(&p, node))
+    }
+
+    /// Whether the PersistentVolume `name` is a local-path volume pinned to `node`.
+    pub fn local_volume_of_node(&self, node: &str, name: &str) -> bool {
+        self.volumes.get(&format!("PersistentVolume/{name}")).is_some_and(|v| v["localPathNode"].as_str() == Some(node))
     }
 
     /// Whether the PersistentVolume `name` is bound to a claim a pod of
@@ -239,7 +277,8 @@ mod tests {
         pods.apply_for_test(&change(&pending));
         claims.apply_for_test(&change(&json!({"kind": "PersistentVolumeClaim", "metadata": {"name": "c1", "namespace": "ns"}, "spec": {"volumeName": "pv1"}})));
         claims.apply_for_test(&change(&json!({"kind": "PersistentVolumeClaim", "metadata": {"name": "c2", "namespace": "ns"}, "spec": {"volumeName": "pv2"}})));
-        let g = NodeGraph { pods: &pods, claims: &claims };
+        let volumes = PrefixCache::projected("/registry/persistentvolumes/", volume_edges);
+        let g = NodeGraph { pods: &pods, claims: &claims, volumes: &volumes };
         assert!(g.referenced_by_node("n1", SECRETS, "ns", "s1"));
         assert!(!g.referenced_by_node("n1", SECRETS, "ns", "s2"), "another node's pod's secret");
         assert!(!g.referenced_by_node("n1", SECRETS, "other", "s1"), "same name, other namespace");
@@ -249,5 +288,30 @@ mod tests {
         assert!(!g.pod_on_node("n1", "ns", "b"));
         assert!(g.volume_used_by_node("n1", "pv1"));
         assert!(!g.volume_used_by_node("n1", "pv2"));
+    }
+
+    fn local_volume(name: &str, by: &str, nodes: &[&str]) -> Value {
+        json!({"kind": "PersistentVolume", "metadata": {"name": name,
+            "annotations": {"pv.kubernetes.io/provisioned-by": by}},
+            "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}]}}}})
+    }
+
+    #[test]
+    fn local_path_volumes_belong_to_their_node() {
+        assert_eq!(local_path_node(&local_volume("v", "rancher.io/local-path", &["n1"])), Some("n1"));
+        assert_eq!(local_path_node(&local_volume("v", "someone.else/csi", &["n1"])), None);
+        assert_eq!(local_path_node(&local_volume("v", "rancher.io/local-path", &["n1", "n2"])), None);
+        assert_eq!(local_path_node(&local_volume("v", "rancher.io/local-path", &[])), None);
+        let volumes = PrefixCache::projected("/registry/persistentvolumes/", volume_edges);
+        volumes.apply_for_test(&change(&local_volume("pvc-1", "rancher.io/local-path", &["n1"])));
+        volumes.apply_for_test(&change(&local_volume("pvc-2", "someone.else/csi", &["n1"])));
+        let (pods, claims) =
+            (PrefixCache::new("/registry/pods/"), PrefixCache::new("/registry/persistentvolumeclaims/"));
+        let g = NodeGraph { pods: &pods, claims: &claims, volumes: &volumes };
+        assert!(g.local_volume_of_node("n1", "pvc-1"));
+        assert!(!g.local_volume_of_node("n2", "pvc-1"));
+        assert!(!g.local_volume_of_node("n1", "pvc-2"));
+        assert!(!g.local_volume_of_node("n1", "pvc-3"));
     }
 }

@@ -47,6 +47,16 @@ pub struct EtcdSnapshotArgs {
     node_name: Option<String>,
     #[command(flatten)]
     external: ExternalDatastore,
+    /// The server's config file: its data-dir, etcd-snapshot-dir, node-name,
+    /// datastore-* and (prune) etcd-snapshot-retention keys apply, others are ignored.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "FERROK_CONFIG_FILE",
+        default_value = "/etc/ferrok/config.yaml"
+    )]
+    pub config: PathBuf,
 }
 
 /// The server's external etcd, if it uses one.
