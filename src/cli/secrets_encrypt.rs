@@ -101,11 +101,22 @@ fn rows(providers: &[ProviderStatus]) -> Vec<[String; 4]> {
         .collect()
 }
 
+/// k3s' "Server Encryption Hashes" line: every live server of the
+/// datastore runs the same configuration, and this one the file it has.
 fn hashes(s: &EncryptionStatus) -> String {
+    let short = |h: &str| if h.is_empty() { "none".to_string() } else { h.chars().take(12).collect() };
+    if let Some((first, hash)) = s.server_hashes.iter().next() {
+        if let Some((other, other_hash)) = s.server_hashes.iter().find(|(_, h)| *h != hash) {
+            return format!(
+                "hash does not match between {first} ({}) and {other} ({})",
+                short(hash),
+                short(other_hash)
+            );
+        }
+    }
     if s.server_hash == s.file_hash {
         return "All hashes match".into();
     }
-    let short = |h: &str| if h.is_empty() { "none".to_string() } else { h.chars().take(12).collect() };
     format!(
         "the server runs {} but {} is {}: restart the server to use the file",
         short(&s.server_hash),
@@ -116,7 +127,10 @@ fn hashes(s: &EncryptionStatus) -> String {
 
 fn print_status(s: &EncryptionStatus) {
     println!("Encryption Status: {}", if s.enabled { "Enabled" } else { "Disabled" });
-    println!("Current Rotation Stage: {}", s.stage.as_str());
+    match &s.new_key {
+        Some(key) => println!("Current Rotation Stage: {} (new key {key})", s.stage.as_str()),
+        None => println!("Current Rotation Stage: {}", s.stage.as_str()),
+    }
     println!("Server Encryption Hashes: {}", hashes(s));
     println!();
     super::table::print_table(["ACTIVE", "KEY TYPE", "NAME", "RESOURCES"], &rows(&s.providers));
@@ -187,8 +201,15 @@ mod tests {
                 key: "k1".into(),
                 active: true,
             }],
+            server_hashes: Default::default(),
+            new_key: None,
         };
         assert_eq!(hashes(&s), "All hashes match");
+        s.server_hashes = [("a".to_string(), "abc".to_string()), ("b".to_string(), "abc".to_string())].into();
+        assert_eq!(hashes(&s), "All hashes match");
+        s.server_hashes.insert("c".into(), "def".into());
+        assert_eq!(hashes(&s), "hash does not match between a (abc) and c (def)");
+        s.server_hashes.clear();
         s.file_hash = "def".into();
         assert!(hashes(&s).contains("restart the server"));
         assert_eq!(rows(&s.providers)[0], ["*".to_string(), "AES-CBC".into(), "k1".into(), "secrets".into()]);

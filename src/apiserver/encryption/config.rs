@@ -256,6 +256,58 @@ impl EncryptionConfiguration {
         name
     }
 
+    /// A new key of the first provider's cipher placed second in every
+    /// rule that encrypts: read by every server before any writes with it
+    /// (a rotation's `prepare`); the new key's name.
+    pub fn add_reading_key(&mut self) -> Option<String> {
+        let mut name: Option<String> = None;
+        for rule in &mut self.resources {
+            let Some(first) = rule.providers.first_mut() else { continue };
+            let Some(cipher) = first.cipher() else { continue };
+            let Some(keys) = first.keys_mut() else { continue };
+            let taken: Vec<&str> = keys.iter().map(|k| k.name.as_str()).collect();
+            let key = match &name {
+                // One name for every rule, so that the rotation can name it.
+                Some(n) if !taken.contains(&n.as_str()) => {
+                    Key { name: n.clone(), secret: new_key(cipher, &[]).secret }
+                }
+                _ => new_key(cipher, &taken),
+            };
+            name.get_or_insert_with(|| key.name.clone());
+            keys.insert(1.min(keys.len()), key);
+        }
+        name
+    }
+
+    /// The key `name` moved in front of its provider's keys, in every rule
+    /// where the first provider holds it (a rotation's `rotate`). Whether
+    /// any rule holds it.
+    pub fn promote_key(&mut self, name: &str) -> bool {
+        let mut found = false;
+        for rule in &mut self.resources {
+            let Some(keys) = rule.providers.first_mut().and_then(ProviderConfiguration::keys_mut) else { continue };
+            if let Some(i) = keys.iter().position(|k| k.name == name) {
+                let key = keys.remove(i);
+                keys.insert(0, key);
+                found = true;
+            }
+        }
+        found
+    }
+
+    /// The names of every key, in every rule and provider.
+    pub fn key_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for rule in &self.resources {
+            for provider in &rule.providers {
+                if let Ok(ProviderKind::AesCbc(keys) | ProviderKind::SecretBox(keys)) = provider.kind() {
+                    names.extend(keys.iter().map(|k| k.name.clone()));
+                }
+            }
+        }
+        names
+    }
+
     /// Every key but the one that writes dropped from every rule that
     /// encrypts (identity stays, for data written before encryption).
     pub fn drop_old_keys(&mut self) {

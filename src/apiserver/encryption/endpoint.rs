@@ -47,7 +47,7 @@ pub async fn serve(api: &Api, user: &User, method: &Method, path: &str, record: 
         return ApiError::new(404, "NotFound", "this server does not encrypt at rest").into_response();
     };
     match verb {
-        "get" => axum::Json(enc.status()).into_response(),
+        "get" => axum::Json(enc.status().await).into_response(),
         _ => {
             // A task of its own: a client that goes away does not stop a
             // rotation halfway.
@@ -62,7 +62,9 @@ fn rotated(result: Result<reencrypt::Rotation, ReencryptError>) -> Response {
     match result {
         Ok(rotation) => axum::Json(rotation).into_response(),
         Err(e @ ReencryptError::Disabled) => ApiError::bad_request(e.to_string()).into_response(),
-        Err(e @ ReencryptError::Busy) => ApiError::new(409, "Conflict", e.to_string()).into_response(),
+        Err(e @ (ReencryptError::Busy | ReencryptError::RotatingElsewhere(_))) => {
+            ApiError::new(409, "Conflict", e.to_string()).into_response()
+        }
         Err(e) => ApiError::internal(e.to_string()).into_response(),
     }
 }
