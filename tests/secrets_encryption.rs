@@ -357,19 +357,23 @@ fn enabling_later_encrypts_what_was_stored_and_disabling_decrypts_it() {
     let (ok, _, err) = secrets_encrypt(&s, &["rotate-keys"]);
     assert!(!ok && err.starts_with("error: ") && err.contains("enable") && err.lines().count() == 1, "{err}");
 
-    // enable: the file now, the encryption from the next start on.
+    // enable while the server runs: in force at once, what was stored rewritten.
     let (ok, out, err) = secrets_encrypt(&s, &["enable"]);
     assert!(ok, "{err}");
-    assert!(out.contains("restart the server"), "{out}");
+    assert!(out.contains("enabled on the running server"), "{out}");
     assert_eq!(mode(&config_file(s.server.dir.path())), 0o600);
-    let (ok, out, _) = secrets_encrypt(&s, &["status"]);
-    assert!(ok && out.contains("Encryption Status: Disabled") && out.contains("restart the server"), "{out}");
-
-    let (dir, port) = s.server.stop();
-    let s = start(dir, port, etcd_port, &[]);
     let (key, _) = active_key(s.server.dir.path());
     let prefix = format!("k8s:enc:aescbc:v1:{key}:");
-    eventually("the early secret re-encrypted", || {
+    assert!(raw(&s.etcd, "/registry/secrets/default/early").starts_with(prefix.as_bytes()));
+    let (ok, out, _) = secrets_encrypt(&s, &["status"]);
+    assert!(ok && out.contains("Encryption Status: Enabled") && out.contains("All hashes match"), "{out}");
+    let (ok, out, _) = secrets_encrypt(&s, &["enable"]);
+    assert!(ok && out.contains("already enabled"), "{out}");
+
+    // And from the file after a restart.
+    let (dir, port) = s.server.stop();
+    let s = start(dir, port, etcd_port, &[]);
+    eventually("the early secret still encrypted", || {
         raw(&s.etcd, "/registry/secrets/default/early").starts_with(prefix.as_bytes())
     });
     let (ok, out) = kubectl(&s.server, &["get", "secret", "early", "-o", "jsonpath={.data.k}"]);

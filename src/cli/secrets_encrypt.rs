@@ -1,11 +1,12 @@
 //! `ferrok secrets-encrypt status|enable|disable|rotate-keys`, after k3s':
 //! Secrets encrypted at rest with the keys in
-//! `<data-dir>/server/cred/encryption-config.json`. `enable` and `disable`
-//! edit that file (the server uses it from its next start, when it
-//! rewrites the Secrets stored the other way); `status` and `rotate-keys`
-//! ask the running server, with the admin credentials of the data dir, at
+//! `<data-dir>/server/cred/encryption-config.json`. Every command asks the
+//! running server, with the admin credentials of the data dir, at
 //! `/v1-ferrok/encrypt/…` (the server swaps keys between two writes, which
-//! nothing outside it can do safely).
+//! nothing outside it can do safely, and shares them with the other
+//! servers of its datastore). `enable` and `disable` on a server that is
+//! not running edit the file instead, used from its next start (which
+//! rewrites the Secrets stored the other way).
 
 use std::path::{Path, PathBuf};
 
@@ -13,8 +14,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
 use crate::apiserver::encryption::config::{self, Cipher};
-use crate::apiserver::encryption::endpoint::{ROTATE_KEYS, STATUS};
-use crate::apiserver::encryption::reencrypt::Rotation;
+use crate::apiserver::encryption::endpoint::{DISABLE, ENABLE, ROTATE_KEYS, STATUS};
+use crate::apiserver::encryption::reencrypt::{Rotation, Toggle};
 use crate::apiserver::encryption::{EncryptionStatus, ProviderStatus};
 
 #[derive(Debug, Args)]
@@ -59,7 +60,7 @@ fn edit(path: &Path, enable: Option<Cipher>) -> anyhow::Result<String> {
     Ok(match enable {
         Some(cipher) => {
             if config::ensure_enabled(path, cipher)? {
-                format!("secrets encryption enabled in {file}: restart the server to encrypt Secrets")
+                format!("secrets encryption enabled in {file} (the server is not running): it encrypts Secrets from its next start")
             } else {
                 format!("secrets encryption is already enabled in {file}")
             }
@@ -69,7 +70,7 @@ fn edit(path: &Path, enable: Option<Cipher>) -> anyhow::Result<String> {
             Some(mut c) => {
                 if c.disable() {
                     config::save(path, &c)?;
-                    format!("secrets encryption disabled in {file}: restart the server to write Secrets in plain")
+                    format!("secrets encryption disabled in {file} (the server is not running): it writes Secrets in plain from its next start")
                 } else {
                     format!("secrets encryption is already disabled in {file}")
                 }
@@ -142,22 +143,60 @@ async fn call<T: serde::de::DeserializeOwned>(
     method: &str,
     path: &str,
 ) -> anyhow::Result<T> {
+    match try_call(args, method, path).await? {
+        Ok(v) => Ok(v),
+        Err(e) => bail!("cannot reach the server at {} (--server): {e}", args.server),
+    }
+}
+
+/// The answer, or (inner error) why the server could not be reached.
+async fn try_call<T: serde::de::DeserializeOwned>(
+    args: &SecretsEncryptArgs,
+    method: &str,
+    path: &str,
+) -> anyhow::Result<Result<T, kube::Error>> {
     let (client, _) = super::token::admin_client(args.data_dir.as_deref(), &args.server)?;
     let request = axum::http::Request::builder().method(method).uri(path).body(Vec::new()).context("request")?;
     match client.request::<T>(request).await {
-        Ok(v) => Ok(v),
+        Ok(v) => Ok(Ok(v)),
         Err(kube::Error::Api(s)) => bail!("{}", s.message),
-        Err(e) => bail!("cannot reach the server at {} (--server): {e}", args.server),
+        Err(e) => Ok(Err(e)),
     }
+}
+
+/// `enable` or `disable`: through the running server (in force at once on
+/// every server of its datastore), else in the file.
+async fn toggle(args: &SecretsEncryptArgs, enable: Option<Cipher>) -> anyhow::Result<String> {
+    let dir = data_dir(args)?;
+    let path = config::path_in(&dir);
+    let what = if enable.is_some() { "enabled" } else { "disabled" };
+    let uri = match enable {
+        Some(cipher) => format!("{ENABLE}?provider={}", cipher.name()),
+        None => DISABLE.to_string(),
+    };
+    let has_credentials = dir.join("server").join("tls").join("client-admin.key").exists();
+    if has_credentials {
+        if let Ok(t) = try_call::<Toggle>(args, "POST", &uri).await? {
+            return Ok(if t.changed {
+                format!(
+                    "secrets encryption {what} on the running server: {} of {} stored values rewritten",
+                    t.counts.rewritten, t.counts.seen
+                )
+            } else {
+                format!("secrets encryption is already {what}")
+            });
+        }
+    }
+    edit(&path, enable)
 }
 
 pub async fn run(args: SecretsEncryptArgs) -> anyhow::Result<()> {
     match &args.command {
         SecretsEncryptCommand::Status => print_status(&call(&args, "GET", STATUS).await?),
         SecretsEncryptCommand::Enable { secrets_encryption_provider } => {
-            println!("{}", edit(&config::path_in(&data_dir(&args)?), Some(*secrets_encryption_provider))?)
+            println!("{}", toggle(&args, Some(*secrets_encryption_provider)).await?)
         }
-        SecretsEncryptCommand::Disable => println!("{}", edit(&config::path_in(&data_dir(&args)?), None)?),
+        SecretsEncryptCommand::Disable => println!("{}", toggle(&args, None).await?),
         SecretsEncryptCommand::RotateKeys => {
             let r: Rotation = call(&args, "POST", ROTATE_KEYS).await?;
             println!(

@@ -382,6 +382,25 @@ impl Encryption {
         self.current().transformer.from_storage(key, data)
     }
 
+    /// On a shared datastore: whether one of `values` (store key, value)
+    /// is sealed with a key this server does not know yet (another
+    /// server's newer configuration, its change not seen yet).
+    pub fn behind<'a>(&self, mut values: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> bool {
+        if self.shared().is_none() {
+            return false;
+        }
+        let current = self.current();
+        !values.all(|(k, v)| current.transformer.knows(k, v))
+    }
+
+    /// [`refresh`](Self::refresh), a failure logged: for readers that go
+    /// on with the keys they have.
+    pub async fn catch_up(&self) {
+        if let Err(e) = self.refresh().await {
+            tracing::warn!(error = %e, "secrets encryption: cannot reload the cluster's configuration");
+        }
+    }
+
     /// What `ferrok secrets-encrypt status` shows.
     pub async fn status(&self) -> EncryptionStatus {
         let mut server_hashes = BTreeMap::new();

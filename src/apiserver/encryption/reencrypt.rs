@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::cluster::SharedError;
-use super::config::ConfigError;
+use super::config::{Cipher, ConfigError, EncryptionConfiguration};
 use super::{Encryption, RotationState, Stage, TransformError};
 use crate::store::proto::*;
 use crate::store::{prefix_end, Store, StoreError};
@@ -194,6 +194,55 @@ async fn finish_rotation(store: &Arc<dyn Store>, enc: &Encryption) -> Result<Rot
     enc.publish(config, done).await?;
     tracing::info!(key = %key, seen = counts.seen, rewritten = counts.rewritten, "secrets encryption: keys rotated");
     Ok(Rotation { key, counts })
+}
+
+/// What `enable` or `disable` did.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Toggle {
+    /// Whether the configuration changed (false: it already was so).
+    pub changed: bool,
+    pub counts: Counts,
+}
+
+/// `enable` (`Some(cipher)`: a new key of it when there is none) or
+/// `disable` while the server runs: the configuration in force on every
+/// server first, then every stored value rewritten the new way.
+pub async fn set_enabled(
+    store: &Arc<dyn Store>,
+    enc: &Encryption,
+    enable: Option<Cipher>,
+) -> Result<Toggle, ReencryptError> {
+    let Ok(_only) = enc.rotation.try_lock() else { return Err(ReencryptError::Busy) };
+    enc.refresh().await?;
+    let state = enc.state();
+    if state.stage.in_progress() {
+        return Err(ReencryptError::Aborted(format!(
+            "a key rotation is under way (stage {}): run rotate-keys to finish it first",
+            state.stage.as_str()
+        )));
+    }
+    let (config, changed) = match (enc.config(), enable) {
+        (None, None) => return Ok(Toggle { changed: false, counts: Counts::default() }),
+        (None, Some(cipher)) => (EncryptionConfiguration::new(cipher), true),
+        (Some(mut c), Some(cipher)) => {
+            let changed = c.enable(cipher);
+            (c, changed)
+        }
+        (Some(mut c), None) => {
+            let changed = c.disable();
+            (c, changed)
+        }
+    };
+    if changed {
+        let active = RotationState { stage: Stage::ReencryptActive, new_key: None, owner: None, ..state.clone() };
+        enc.publish(config.clone(), active).await?;
+    }
+    let counts = reencrypt_all(store, enc).await?;
+    if changed {
+        enc.publish(config, RotationState { stage: Stage::ReencryptFinished, ..state }).await?;
+    }
+    tracing::info!(enabled = enable.is_some(), changed, rewritten = counts.rewritten, "secrets encryption: turned on or off");
+    Ok(Toggle { changed, counts })
 }
 
 /// At start: a rotation this server left midway is finished; values
