@@ -551,12 +551,16 @@ async fn servers_on_one_etcd_share_the_keys_and_rotate_them_together() {
     let url = etcd.url();
     let (pa, pb) = (free_port(), free_port());
     let (u, v) = (url.clone(), url.clone());
-    let a = tokio::task::spawn_blocking(move || start_member(tempfile::tempdir().expect("tempdir"), pa, &u, "a", "127.0.0.1"))
-        .await
-        .expect("start a");
-    let b = tokio::task::spawn_blocking(move || start_member(tempfile::tempdir().expect("tempdir"), pb, &v, "b", "127.0.0.2"))
-        .await
-        .expect("start b");
+    let a = tokio::task::spawn_blocking(move || {
+        start_member(tempfile::tempdir().expect("tempdir"), pa, &u, "a", "127.0.0.1")
+    })
+    .await
+    .expect("start a");
+    let b = tokio::task::spawn_blocking(move || {
+        start_member(tempfile::tempdir().expect("tempdir"), pb, &v, "b", "127.0.0.2")
+    })
+    .await
+    .expect("start b");
     stage("both servers ready");
     // b installed a's configuration instead of making a key of its own.
     let (fa, fb) = (config_file(a.server.dir.path()), config_file(b.server.dir.path()));
@@ -593,7 +597,9 @@ async fn servers_on_one_etcd_share_the_keys_and_rotate_them_together() {
     let on_a: Api<Secret> = Api::namespaced(client_a.clone(), "busy");
     let on_b: Api<Secret> = Api::namespaced(client_b.clone(), "busy");
     for i in 0..100 {
-        on_a.create(&PostParams::default(), &secret(&format!("before-{i}"), &format!("before-{i}"))).await.expect("create");
+        on_a.create(&PostParams::default(), &secret(&format!("before-{i}"), &format!("before-{i}")))
+            .await
+            .expect("create");
     }
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let writer = tokio::spawn(keep_writing(on_b.clone(), stop_rx.clone()));
@@ -602,8 +608,9 @@ async fn servers_on_one_etcd_share_the_keys_and_rotate_them_together() {
     eventually("the writer to write", || raw_all(&url, "/registry/secrets/busy/busy-").len() >= 3);
     let started = Instant::now();
     let (dir_a, port_a) = (a.server.dir.path().to_path_buf(), a.server.port);
-    let (ok, out, err) =
-        tokio::task::spawn_blocking(move || secrets_encrypt_at(&dir_a, port_a, &["rotate-keys"])).await.expect("rotate");
+    let (ok, out, err) = tokio::task::spawn_blocking(move || secrets_encrypt_at(&dir_a, port_a, &["rotate-keys"]))
+        .await
+        .expect("rotate");
     let took = started.elapsed();
     assert!(ok, "rotate-keys through a: {err}");
     let after = raw_all(&url, "/registry/secrets/busy/").len();
@@ -641,7 +648,9 @@ async fn servers_on_one_etcd_share_the_keys_and_rotate_them_together() {
     let Member { server, .. } = b;
     let (dir_b, port_b) = server.stop();
     let u = url.clone();
-    let b = tokio::task::spawn_blocking(move || start_member(dir_b, port_b, &u, "b", "127.0.0.2")).await.expect("restart b");
+    let b = tokio::task::spawn_blocking(move || start_member(dir_b, port_b, &u, "b", "127.0.0.2"))
+        .await
+        .expect("restart b");
     let on_b: Api<Secret> = Api::namespaced(common::kube_client(&b.server.kubeconfig()).await, "busy");
     for (name, value) in &written {
         let got = on_b.get(name).await.unwrap_or_else(|e| panic!("{name} after b's restart: {e}"));
@@ -677,7 +686,10 @@ fn a_server_restarted_in_the_middle_of_a_rotation_finishes_it() {
     let (port, etcd_port) = (free_port(), free_port());
     let s = start(tempfile::tempdir().expect("tempdir"), port, etcd_port, &["--secrets-encryption"]);
     for i in 0..30 {
-        let (ok, out) = kubectl(&s.server, &["create", "secret", "generic", &format!("s{i}"), &format!("--from-literal=v=value-{i}")]);
+        let (ok, out) = kubectl(
+            &s.server,
+            &["create", "secret", "generic", &format!("s{i}"), &format!("--from-literal=v=value-{i}")],
+        );
         assert!(ok, "{out}");
     }
     let (old_key, _) = active_key(s.server.dir.path());

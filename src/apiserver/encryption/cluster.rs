@@ -169,7 +169,12 @@ impl SharedConfig {
                 let granted = self.store.lease_grant(LeaseGrantRequest { ttl: HASH_TTL_SECONDS, id: 0 }).await?;
                 held.0 = granted.id;
             }
-            let put = PutRequest { key: self.hash_key(), value: hash.as_bytes().to_vec(), lease: held.0, ..Default::default() };
+            let put = PutRequest {
+                key: self.hash_key(),
+                value: hash.as_bytes().to_vec(),
+                lease: held.0,
+                ..Default::default()
+            };
             match self.store.put(put).await {
                 Ok(_) => return Ok(()),
                 Err(StoreError::LeaseNotFound) => held.0 = 0,

@@ -268,9 +268,7 @@ impl EncryptionConfiguration {
             let taken: Vec<&str> = keys.iter().map(|k| k.name.as_str()).collect();
             let key = match &name {
                 // One name for every rule, so that the rotation can name it.
-                Some(n) if !taken.contains(&n.as_str()) => {
-                    Key { name: n.clone(), secret: new_key(cipher, &[]).secret }
-                }
+                Some(n) if !taken.contains(&n.as_str()) => Key { name: n.clone(), secret: new_key(cipher, &[]).secret },
                 _ => new_key(cipher, &taken),
             };
             name.get_or_insert_with(|| key.name.clone());

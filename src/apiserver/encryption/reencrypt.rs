@@ -241,7 +241,12 @@ pub async fn set_enabled(
     if changed {
         enc.publish(config, RotationState { stage: Stage::ReencryptFinished, ..state }).await?;
     }
-    tracing::info!(enabled = enable.is_some(), changed, rewritten = counts.rewritten, "secrets encryption: turned on or off");
+    tracing::info!(
+        enabled = enable.is_some(),
+        changed,
+        rewritten = counts.rewritten,
+        "secrets encryption: turned on or off"
+    );
     Ok(Toggle { changed, counts })
 }
 
@@ -261,8 +266,12 @@ pub async fn reencrypt_at_start(store: Arc<dyn Store>, enc: Arc<Encryption>) {
         }
         tracing::info!(stage = state.stage.as_str(), "secrets encryption: resuming the key rotation left midway");
         match finish_rotation(&store, &enc).await {
-            Ok(r) => tracing::info!(key = %r.key, rewritten = r.counts.rewritten, "secrets encryption: the rotation finished"),
-            Err(e) => tracing::error!(error = %e, "secrets encryption: cannot finish the rotation; run `ferrok secrets-encrypt rotate-keys` to retry"),
+            Ok(r) => {
+                tracing::info!(key = %r.key, rewritten = r.counts.rewritten, "secrets encryption: the rotation finished")
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "secrets encryption: cannot finish the rotation; run `ferrok secrets-encrypt rotate-keys` to retry")
+            }
         }
         return;
     }
