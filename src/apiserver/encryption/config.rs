@@ -422,6 +422,23 @@ mod tests {
     }
 
     #[test]
+    fn a_staged_rotation_reads_then_writes_then_drops() {
+        let mut c = EncryptionConfiguration::new(Cipher::Aescbc);
+        let old = c.key_names()[0].clone();
+        let new = c.add_reading_key().unwrap();
+        assert_eq!(c.key_names(), vec![old.clone(), new.clone()], "prepare: the old key still writes");
+        assert!(c.promote_key(&new));
+        assert!(c.promote_key(&new), "promoting twice changes nothing");
+        assert_eq!(c.key_names(), vec![new.clone(), old]);
+        assert!(!c.promote_key("no-such-key"));
+        c.drop_old_keys();
+        assert_eq!(c.key_names(), vec![new]);
+        // A configuration that does not encrypt has no key to add.
+        c.disable();
+        assert!(c.add_reading_key().is_none());
+    }
+
+    #[test]
     fn refuses_what_it_cannot_do() {
         let bad = |text: &str| EncryptionConfiguration::from_slice(text.as_bytes()).err();
         assert!(bad("{").is_some());
