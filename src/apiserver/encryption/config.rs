@@ -347,13 +347,18 @@ pub fn load(path: &Path) -> Result<Option<EncryptionConfiguration>, ConfigError>
     Ok(Some(config))
 }
 
+/// Writes `text` to `path` (mode 0600, through a temporary file).
+pub fn write_private(path: &Path, text: &str) -> Result<(), ConfigError> {
+    crate::pki::write(path, text, 0o600).map_err(|e| match e {
+        crate::pki::PkiError::Io { action, path, source } => ConfigError::Io { action, path, source },
+        other => ConfigError::Invalid { path: path.to_path_buf(), reason: other.to_string() },
+    })
+}
+
 /// Writes `config` to `path` (mode 0600, through a temporary file, so a
 /// reader sees the old file or the new one).
 pub fn save(path: &Path, config: &EncryptionConfiguration) -> Result<(), ConfigError> {
-    crate::pki::write(path, &config.to_json(), 0o600).map_err(|e| match e {
-        crate::pki::PkiError::Io { action, path, source } => ConfigError::Io { action, path, source },
-        other => ConfigError::Invalid { path: path.to_path_buf(), reason: other.to_string() },
-    })?;
+    write_private(path, &config.to_json())?;
     // An existing file keeps its mode across a rename of a new one; a file
     // someone loosened is tightened again.
     use std::os::unix::fs::PermissionsExt;

@@ -108,11 +108,7 @@ pub fn load_state(path: &Path) -> Result<RotationState, ConfigError> {
 }
 
 pub fn save_state(path: &Path, state: &RotationState) -> Result<(), ConfigError> {
-    let text = serde_json::to_string_pretty(state).unwrap_or_default() + "\n";
-    crate::pki::write(path, &text, 0o600).map_err(|e| match e {
-        crate::pki::PkiError::Io { action, path, source } => ConfigError::Io { action, path, source },
-        other => ConfigError::Invalid { path: path.to_path_buf(), reason: other.to_string() },
-    })
+    config::write_private(path, &(serde_json::to_string_pretty(state).unwrap_or_default() + "\n"))
 }
 
 /// One key (or identity) of the configuration the server runs with.
