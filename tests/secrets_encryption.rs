@@ -50,8 +50,12 @@ fn ferrok(args: &[&str]) -> (bool, String, String) {
 }
 
 fn secrets_encrypt(s: &Encrypted, args: &[&str]) -> (bool, String, String) {
-    let data_dir = s.server.dir.path().to_str().expect("utf-8 path").to_string();
-    let url = format!("https://127.0.0.1:{}", s.server.port);
+    secrets_encrypt_at(s.server.dir.path(), s.server.port, args)
+}
+
+fn secrets_encrypt_at(dir: &Path, port: u16, args: &[&str]) -> (bool, String, String) {
+    let data_dir = dir.to_str().expect("utf-8 path").to_string();
+    let url = format!("https://127.0.0.1:{port}");
     let mut all = vec!["secrets-encrypt"];
     all.extend_from_slice(args);
     all.extend_from_slice(&["--data-dir", &data_dir, "--server", &url]);
@@ -309,10 +313,15 @@ async fn rotate_keys_under_writes_rewrites_every_secret_with_the_new_key() {
 
 /// Waits for a server that must fail at start; its stderr.
 fn start_fails(dir: &Path, port: u16) -> String {
+    start_fails_with(dir, port, &[])
+}
+
+fn start_fails_with(dir: &Path, port: u16, extra: &[&str]) -> String {
     let mut child = Command::new(common::ferrok_bin())
         .args(["server", "--disable-agent", "--data-dir"])
         .arg(dir)
         .args(["--https-listen-port", &port.to_string(), "--bind-address", "127.0.0.1"])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -348,19 +357,23 @@ fn enabling_later_encrypts_what_was_stored_and_disabling_decrypts_it() {
     let (ok, _, err) = secrets_encrypt(&s, &["rotate-keys"]);
     assert!(!ok && err.starts_with("error: ") && err.contains("enable") && err.lines().count() == 1, "{err}");
 
-    // enable: the file now, the encryption from the next start on.
+    // enable while the server runs: in force at once, what was stored rewritten.
     let (ok, out, err) = secrets_encrypt(&s, &["enable"]);
     assert!(ok, "{err}");
-    assert!(out.contains("restart the server"), "{out}");
+    assert!(out.contains("enabled on the running server"), "{out}");
     assert_eq!(mode(&config_file(s.server.dir.path())), 0o600);
-    let (ok, out, _) = secrets_encrypt(&s, &["status"]);
-    assert!(ok && out.contains("Encryption Status: Disabled") && out.contains("restart the server"), "{out}");
-
-    let (dir, port) = s.server.stop();
-    let s = start(dir, port, etcd_port, &[]);
     let (key, _) = active_key(s.server.dir.path());
     let prefix = format!("k8s:enc:aescbc:v1:{key}:");
-    eventually("the early secret re-encrypted", || {
+    assert!(raw(&s.etcd, "/registry/secrets/default/early").starts_with(prefix.as_bytes()));
+    let (ok, out, _) = secrets_encrypt(&s, &["status"]);
+    assert!(ok && out.contains("Encryption Status: Enabled") && out.contains("All hashes match"), "{out}");
+    let (ok, out, _) = secrets_encrypt(&s, &["enable"]);
+    assert!(ok && out.contains("already enabled"), "{out}");
+
+    // And from the file after a restart.
+    let (dir, port) = s.server.stop();
+    let s = start(dir, port, etcd_port, &[]);
+    eventually("the early secret still encrypted", || {
         raw(&s.etcd, "/registry/secrets/default/early").starts_with(prefix.as_bytes())
     });
     let (ok, out) = kubectl(&s.server, &["get", "secret", "early", "-o", "jsonpath={.data.k}"]);
@@ -461,4 +474,255 @@ spec:
     assert!(!stored.contains("s3cret"), "{stored}");
     let file = node.dir.path().join("server").join("cred").join("encryption-config.json");
     assert_eq!(mode(&file), 0o600);
+}
+
+/// One of several servers on one etcd.
+struct Member {
+    server: ApiServer,
+    name: &'static str,
+}
+
+fn member_flags(etcd: &str, name: &str, ip: &str) -> Vec<String> {
+    ["--datastore-endpoint", etcd, "--token", HA_TOKEN, "--secrets-encryption", "--node-name", name]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(["--advertise-address".to_string(), ip.to_string()])
+        .collect()
+}
+
+fn start_member(dir: tempfile::TempDir, port: u16, etcd: &str, name: &'static str, ip: &str) -> Member {
+    let flags = member_flags(etcd, name, ip);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    Member { server: ApiServer::start_with(dir, port, &flags), name }
+}
+
+const HA_TOKEN: &str = "secrets-encryption-ha-test-secret";
+
+fn member_status(m: &Member) -> String {
+    let (ok, out, err) = secrets_encrypt_at(m.server.dir.path(), m.server.port, &["status"]);
+    assert!(ok, "status through {}: {err}", m.name);
+    out
+}
+
+/// Reads every Secret of `secrets` until told to stop; panics on any
+/// error but NotFound (a secret deleted meanwhile). How many it read.
+async fn keep_reading(secrets: Api<Secret>, stop: tokio::sync::watch::Receiver<bool>) -> usize {
+    let mut reads = 0;
+    while !*stop.borrow() {
+        let list = secrets.list(&Default::default()).await.unwrap_or_else(|e| panic!("list: {e}"));
+        for s in list.items {
+            let name = s.metadata.name.clone().expect("name");
+            assert!(s.data.is_some(), "{name} listed without data");
+            match secrets.get(&name).await {
+                Ok(_) => reads += 1,
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => panic!("get {name}: {e}"),
+            }
+        }
+    }
+    reads
+}
+
+/// The raw values under `prefix` in etcd all carry `key`'s prefix.
+fn all_sealed_with(etcd: &str, prefix: &str, key: &str) {
+    let want = format!("k8s:enc:aescbc:v1:{key}:");
+    for (k, v) in raw_all(etcd, prefix) {
+        assert!(
+            v.starts_with(want.as_bytes()),
+            "{k} is not sealed with {key}: {}",
+            String::from_utf8_lossy(&v[..50.min(v.len())])
+        );
+    }
+}
+
+fn secret(name: &str, value: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta { name: Some(name.to_string()), ..Default::default() },
+        data: Some(BTreeMap::from([("v".to_string(), ByteString(value.as_bytes().to_vec()))])),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn servers_on_one_etcd_share_the_keys_and_rotate_them_together() {
+    let t0 = Instant::now();
+    let stage = |what: &str| eprintln!("[{:>6.1}s] {what}", t0.elapsed().as_secs_f64());
+    let etcd = common::start_etcd().await;
+    let url = etcd.url();
+    let (pa, pb) = (free_port(), free_port());
+    let (u, v) = (url.clone(), url.clone());
+    let a = tokio::task::spawn_blocking(move || {
+        start_member(tempfile::tempdir().expect("tempdir"), pa, &u, "a", "127.0.0.1")
+    })
+    .await
+    .expect("start a");
+    let b = tokio::task::spawn_blocking(move || {
+        start_member(tempfile::tempdir().expect("tempdir"), pb, &v, "b", "127.0.0.2")
+    })
+    .await
+    .expect("start b");
+    stage("both servers ready");
+    // b installed a's configuration instead of making a key of its own.
+    let (fa, fb) = (config_file(a.server.dir.path()), config_file(b.server.dir.path()));
+    assert_eq!(std::fs::read(&fa).expect("a's config"), std::fs::read(&fb).expect("b's config"));
+    assert_eq!(mode(&fb), 0o600);
+    let (old_key, _) = active_key(a.server.dir.path());
+    // The keys are not readable in the datastore.
+    let (_, dump, _) = common::etcdctl(&url, &["get", "--prefix", "/bootstrap/"], None);
+    let file: serde_json::Value = serde_json::from_slice(&std::fs::read(&fa).expect("config")).expect("json");
+    let secret_b64 = file["resources"][0]["providers"][0]["aescbc"]["keys"][0]["secret"].as_str().expect("secret");
+    assert!(!dump.contains(secret_b64) && !dump.contains(&old_key), "the keys are in clear in etcd");
+
+    // A Secret written through a is read through b; etcd holds ciphertext.
+    let (ok, out) = kubectl(&a.server, &["create", "secret", "generic", "via-a", "--from-literal=k=made-through-a"]);
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(&b.server, &["get", "secret", "via-a", "-o", "jsonpath={.data.k}"]);
+    assert!(ok && B64.decode(out.trim()).expect("base64") == b"made-through-a", "{out}");
+    let stored = raw(&url, "/registry/secrets/default/via-a");
+    assert!(stored.starts_with(format!("k8s:enc:aescbc:v1:{old_key}:").as_bytes()));
+    assert!(!contains(&stored, "made-through-a") && !contains(&stored, &B64.encode("made-through-a")));
+    for m in [&a, &b] {
+        let out = member_status(m);
+        assert!(out.contains("Server Encryption Hashes: All hashes match"), "{}: {out}", m.name);
+    }
+    let (_, hashes, _) = common::etcdctl(&url, &["get", "--prefix", "/ferrok/encryption-hashes/"], None);
+    assert_eq!(hashes.lines().filter(|l| l.starts_with("/ferrok/encryption-hashes/")).count(), 2, "{hashes}");
+    stage("shared");
+
+    // A writer through b and a reader through a, while a rotates the keys.
+    let client_a = common::kube_client(&a.server.kubeconfig()).await;
+    let client_b = common::kube_client(&b.server.kubeconfig()).await;
+    let (ok, out) = kubectl(&a.server, &["create", "namespace", "busy"]);
+    assert!(ok, "{out}");
+    let on_a: Api<Secret> = Api::namespaced(client_a.clone(), "busy");
+    let on_b: Api<Secret> = Api::namespaced(client_b.clone(), "busy");
+    for i in 0..100 {
+        on_a.create(&PostParams::default(), &secret(&format!("before-{i}"), &format!("before-{i}")))
+            .await
+            .expect("create");
+    }
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let writer = tokio::spawn(keep_writing(on_b.clone(), stop_rx.clone()));
+    let reader = tokio::spawn(keep_reading(on_a.clone(), stop_rx.clone()));
+    let reader_b = tokio::spawn(keep_reading(on_b.clone(), stop_rx));
+    eventually("the writer to write", || raw_all(&url, "/registry/secrets/busy/busy-").len() >= 3);
+    let started = Instant::now();
+    let (dir_a, port_a) = (a.server.dir.path().to_path_buf(), a.server.port);
+    let (ok, out, err) = tokio::task::spawn_blocking(move || secrets_encrypt_at(&dir_a, port_a, &["rotate-keys"]))
+        .await
+        .expect("rotate");
+    let took = started.elapsed();
+    assert!(ok, "rotate-keys through a: {err}");
+    let after = raw_all(&url, "/registry/secrets/busy/").len();
+    eventually("the writer to go on", || raw_all(&url, "/registry/secrets/busy/").len() >= after + 3);
+    let _ = stop_tx.send(true);
+    let written = writer.await.expect("writer");
+    let reads = reader.await.expect("reader on a") + reader_b.await.expect("reader on b");
+    stage(&format!("rotated in {took:?} under {} writes and {reads} reads: {}", written.len(), out.trim()));
+
+    // One key on both servers, the new one; every value sealed with it.
+    let (new_key, keys) = active_key(a.server.dir.path());
+    assert_ne!(new_key, old_key);
+    assert_eq!(keys, 1, "the old key is dropped");
+    assert_eq!(std::fs::read(&fa).expect("a's config"), std::fs::read(&fb).expect("b's config"));
+    all_sealed_with(&url, "/registry/secrets/", &new_key);
+    assert!(written.len() > 5, "the writer wrote {} secrets", written.len());
+    for api in [&on_a, &on_b] {
+        for (name, value) in &written {
+            let got = api.get(name).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(got.data.expect("data")["v"].0, value.as_bytes(), "{name}");
+        }
+        for i in 0..100 {
+            let got = api.get(&format!("before-{i}")).await.expect("get");
+            assert_eq!(got.data.expect("data")["v"].0, format!("before-{i}").into_bytes());
+        }
+    }
+    for m in [&a, &b] {
+        let out = member_status(m);
+        assert!(out.contains("Current Rotation Stage: reencrypt_finished"), "{}: {out}", m.name);
+        assert!(out.contains("Server Encryption Hashes: All hashes match"), "{}: {out}", m.name);
+        assert!(out.contains(&new_key) && !out.contains(&old_key), "{}: {out}", m.name);
+    }
+
+    // b restarted after the rotation reads everything.
+    let Member { server, .. } = b;
+    let (dir_b, port_b) = server.stop();
+    let u = url.clone();
+    let b = tokio::task::spawn_blocking(move || start_member(dir_b, port_b, &u, "b", "127.0.0.2"))
+        .await
+        .expect("restart b");
+    let on_b: Api<Secret> = Api::namespaced(common::kube_client(&b.server.kubeconfig()).await, "busy");
+    for (name, value) in &written {
+        let got = on_b.get(name).await.unwrap_or_else(|e| panic!("{name} after b's restart: {e}"));
+        assert_eq!(got.data.expect("data")["v"].0, value.as_bytes(), "{name}");
+    }
+    let (ok, out) = kubectl(&b.server, &["get", "secret", "via-a", "-o", "jsonpath={.data.k}"]);
+    assert!(ok && B64.decode(out.trim()).expect("base64") == b"made-through-a", "{out}");
+    stage("b restarted");
+
+    // A server whose own file holds a key the cluster never had is refused,
+    // with one line naming the file; the file is left as it was.
+    let c = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(c.path().join("server")).expect("mkdir");
+    let c_dir = c.path().to_str().expect("utf-8").to_string();
+    let (ok, _, err) = ferrok(&["secrets-encrypt", "enable", "--data-dir", &c_dir, "--server", "https://127.0.0.1:1"]);
+    assert!(ok, "{err}");
+    let foreign = std::fs::read(config_file(c.path())).expect("c's config");
+    let flags = member_flags(&url, "c", "127.0.0.3");
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let err = start_fails_with(c.path(), free_port(), &flags);
+    let errors: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{err}");
+    let c_file = config_file(c.path()).display().to_string();
+    assert!(errors[0].contains(&c_file) && errors[0].contains("cluster"), "{err}");
+    assert_eq!(std::fs::read(config_file(c.path())).expect("c's config"), foreign, "c's file was changed");
+    let out = member_status(&a);
+    assert!(out.contains("All hashes match"), "{out}");
+    stage("foreign key refused");
+}
+
+#[test]
+fn a_server_restarted_in_the_middle_of_a_rotation_finishes_it() {
+    let (port, etcd_port) = (free_port(), free_port());
+    let s = start(tempfile::tempdir().expect("tempdir"), port, etcd_port, &["--secrets-encryption"]);
+    for i in 0..30 {
+        let (ok, out) = kubectl(
+            &s.server,
+            &["create", "secret", "generic", &format!("s{i}"), &format!("--from-literal=v=value-{i}")],
+        );
+        assert!(ok, "{out}");
+    }
+    let (old_key, _) = active_key(s.server.dir.path());
+    let (dir, port) = s.server.stop();
+
+    // What a rotation stopped at `prepare` leaves: a new key every server
+    // reads, the old one still writing, the stage persisted beside the file.
+    let file = config_file(dir.path());
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).expect("config")).expect("json");
+    let keys = config["resources"][0]["providers"][0]["aescbc"]["keys"].as_array_mut().expect("keys");
+    keys.push(serde_json::json!({"name": "aescbc-key-interrupted", "secret": B64.encode([7u8; 32])}));
+    std::fs::write(&file, serde_json::to_vec_pretty(&config).expect("json")).expect("write config");
+    let state = file.with_file_name("encryption-state.json");
+    std::fs::write(&state, r#"{"stage": "prepare", "newKey": "aescbc-key-interrupted"}"#).expect("write state");
+
+    let s = start(dir, port, etcd_port, &["--secrets-encryption"]);
+    eventually("the rotation finished", || {
+        let (ok, out, _) = secrets_encrypt(&s, &["status"]);
+        ok && out.contains("Current Rotation Stage: reencrypt_finished")
+    });
+    let (key, keys) = active_key(s.server.dir.path());
+    assert_eq!((key.as_str(), keys), ("aescbc-key-interrupted", 1), "the old key {old_key} is dropped");
+    all_sealed_with(&s.etcd, "/registry/secrets/", "aescbc-key-interrupted");
+    for i in 0..30 {
+        let (ok, out) = kubectl(&s.server, &["get", "secret", &format!("s{i}"), "-o", "jsonpath={.data.v}"]);
+        assert!(ok && B64.decode(out.trim()).expect("base64") == format!("value-{i}").as_bytes(), "{out}");
+    }
+    let persisted: serde_json::Value = serde_json::from_slice(&std::fs::read(&state).expect("state")).expect("json");
+    assert_eq!(persisted["stage"], "reencrypt_finished");
+    assert_eq!(mode(&state), 0o600);
+    // And after one more restart, still everything.
+    let (dir, port) = s.server.stop();
+    let s = start(dir, port, etcd_port, &[]);
+    let (ok, out) = kubectl(&s.server, &["get", "secret", "s7", "-o", "jsonpath={.data.v}"]);
+    assert!(ok && B64.decode(out.trim()).expect("base64") == b"value-7", "{out}");
 }

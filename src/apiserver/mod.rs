@@ -393,7 +393,7 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
     }
     if encryption::endpoint::handles(&path) {
         let record = parts.extensions.get::<auth::DecisionRecord>();
-        return encryption::endpoint::serve(&api, &user, &parts.method, &path, record).await;
+        return encryption::endpoint::serve(&api, &user, &parts.method, &path, query.as_deref(), record).await;
     }
     if node_join::handles(&path) {
         let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {

@@ -167,6 +167,16 @@ impl Storage {
         self.encryption.as_deref()
     }
 
+    /// Values sealed with a key another server brought in are opened
+    /// after this server has loaded it.
+    async fn catch_up(&self, kvs: &[KeyValue]) {
+        if let Some(enc) = self.enc() {
+            if enc.behind(kvs.iter().map(|kv| (kv.key.as_slice(), kv.value.as_slice()))) {
+                enc.catch_up().await;
+            }
+        }
+    }
+
     /// The stored form of `object` under `key`, sealed when its resource is
     /// encrypted, with the hold the write keeps until it has committed.
     async fn seal(&self, key: &str, object: &Value) -> ApiResult<(Vec<u8>, super::encryption::WriteGuard)> {
@@ -236,6 +246,7 @@ impl Storage {
         let resp = self.store.range(RangeRequest { key: key.as_bytes().to_vec(), ..Default::default() }).await;
         metrics::global().observe_storage(Operation::Get, key, started.elapsed());
         let resp = resp?;
+        self.catch_up(&resp.kvs).await;
         resp.kvs.first().map(|kv| decode(self.enc(), kv)).transpose()
     }
 
@@ -322,6 +333,7 @@ impl Storage {
             other => ApiError::from(other),
         })?;
         let rev = if revision > 0 { revision } else { header_rev(&resp.header) };
+        self.catch_up(&resp.kvs).await;
         let items = resp.kvs.iter().map(|kv| decode(self.enc(), kv)).collect::<ApiResult<Vec<_>>>()?;
         let next_key = if resp.more {
             resp.kvs.last().map(|kv| {
@@ -393,10 +405,30 @@ impl Storage {
         // with it, which ends the store's watch at once.
         let guard = AbortOnDrop(ticker.abort_handle());
         let enc = self.encryption.clone();
-        Ok(responses.flat_map(move |resp| {
-            let _held = &guard;
-            futures_util::stream::iter(changes(enc.as_deref(), resp))
-        }))
+        Ok(responses
+            .then(move |resp| {
+                let enc = enc.clone();
+                async move {
+                    let behind = match (&enc, &resp) {
+                        (Some(e), Ok(r)) => e.behind(
+                            r.events
+                                .iter()
+                                .flat_map(|ev| ev.kv.iter().chain(ev.prev_kv.iter()))
+                                .map(|kv| (kv.key.as_slice(), kv.value.as_slice())),
+                        ),
+                        _ => false,
+                    };
+                    if let (true, Some(e)) = (behind, &enc) {
+                        e.catch_up().await;
+                    }
+                    futures_util::stream::iter(changes(enc.as_deref(), resp))
+                }
+            })
+            .flatten()
+            .map(move |change| {
+                let _held = &guard;
+                change
+            }))
     }
 }
 

@@ -1,11 +1,12 @@
 //! `ferrok secrets-encrypt status|enable|disable|rotate-keys`, after k3s':
 //! Secrets encrypted at rest with the keys in
-//! `<data-dir>/server/cred/encryption-config.json`. `enable` and `disable`
-//! edit that file (the server uses it from its next start, when it
-//! rewrites the Secrets stored the other way); `status` and `rotate-keys`
-//! ask the running server, with the admin credentials of the data dir, at
+//! `<data-dir>/server/cred/encryption-config.json`. Every command asks the
+//! running server, with the admin credentials of the data dir, at
 //! `/v1-ferrok/encrypt/…` (the server swaps keys between two writes, which
-//! nothing outside it can do safely).
+//! nothing outside it can do safely, and shares them with the other
+//! servers of its datastore). `enable` and `disable` on a server that is
+//! not running edit the file instead, used from its next start (which
+//! rewrites the Secrets stored the other way).
 
 use std::path::{Path, PathBuf};
 
@@ -13,8 +14,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
 use crate::apiserver::encryption::config::{self, Cipher};
-use crate::apiserver::encryption::endpoint::{ROTATE_KEYS, STATUS};
-use crate::apiserver::encryption::reencrypt::Rotation;
+use crate::apiserver::encryption::endpoint::{DISABLE, ENABLE, ROTATE_KEYS, STATUS};
+use crate::apiserver::encryption::reencrypt::{Rotation, Toggle};
 use crate::apiserver::encryption::{EncryptionStatus, ProviderStatus};
 
 #[derive(Debug, Args)]
@@ -59,7 +60,7 @@ fn edit(path: &Path, enable: Option<Cipher>) -> anyhow::Result<String> {
     Ok(match enable {
         Some(cipher) => {
             if config::ensure_enabled(path, cipher)? {
-                format!("secrets encryption enabled in {file}: restart the server to encrypt Secrets")
+                format!("secrets encryption enabled in {file} (the server is not running): it encrypts Secrets from its next start")
             } else {
                 format!("secrets encryption is already enabled in {file}")
             }
@@ -69,7 +70,7 @@ fn edit(path: &Path, enable: Option<Cipher>) -> anyhow::Result<String> {
             Some(mut c) => {
                 if c.disable() {
                     config::save(path, &c)?;
-                    format!("secrets encryption disabled in {file}: restart the server to write Secrets in plain")
+                    format!("secrets encryption disabled in {file} (the server is not running): it writes Secrets in plain from its next start")
                 } else {
                     format!("secrets encryption is already disabled in {file}")
                 }
@@ -101,11 +102,22 @@ fn rows(providers: &[ProviderStatus]) -> Vec<[String; 4]> {
         .collect()
 }
 
+/// k3s' "Server Encryption Hashes" line: every live server of the
+/// datastore runs the same configuration, and this one the file it has.
 fn hashes(s: &EncryptionStatus) -> String {
+    let short = |h: &str| if h.is_empty() { "none".to_string() } else { h.chars().take(12).collect() };
+    if let Some((first, hash)) = s.server_hashes.iter().next() {
+        if let Some((other, other_hash)) = s.server_hashes.iter().find(|(_, h)| *h != hash) {
+            return format!(
+                "hash does not match between {first} ({}) and {other} ({})",
+                short(hash),
+                short(other_hash)
+            );
+        }
+    }
     if s.server_hash == s.file_hash {
         return "All hashes match".into();
     }
-    let short = |h: &str| if h.is_empty() { "none".to_string() } else { h.chars().take(12).collect() };
     format!(
         "the server runs {} but {} is {}: restart the server to use the file",
         short(&s.server_hash),
@@ -116,7 +128,10 @@ fn hashes(s: &EncryptionStatus) -> String {
 
 fn print_status(s: &EncryptionStatus) {
     println!("Encryption Status: {}", if s.enabled { "Enabled" } else { "Disabled" });
-    println!("Current Rotation Stage: {}", s.stage.as_str());
+    match &s.new_key {
+        Some(key) => println!("Current Rotation Stage: {} (new key {key})", s.stage.as_str()),
+        None => println!("Current Rotation Stage: {}", s.stage.as_str()),
+    }
     println!("Server Encryption Hashes: {}", hashes(s));
     println!();
     super::table::print_table(["ACTIVE", "KEY TYPE", "NAME", "RESOURCES"], &rows(&s.providers));
@@ -128,22 +143,60 @@ async fn call<T: serde::de::DeserializeOwned>(
     method: &str,
     path: &str,
 ) -> anyhow::Result<T> {
+    match try_call(args, method, path).await? {
+        Ok(v) => Ok(v),
+        Err(e) => bail!("cannot reach the server at {} (--server): {e}", args.server),
+    }
+}
+
+/// The answer, or (inner error) why the server could not be reached.
+async fn try_call<T: serde::de::DeserializeOwned>(
+    args: &SecretsEncryptArgs,
+    method: &str,
+    path: &str,
+) -> anyhow::Result<Result<T, kube::Error>> {
     let (client, _) = super::token::admin_client(args.data_dir.as_deref(), &args.server)?;
     let request = axum::http::Request::builder().method(method).uri(path).body(Vec::new()).context("request")?;
     match client.request::<T>(request).await {
-        Ok(v) => Ok(v),
+        Ok(v) => Ok(Ok(v)),
         Err(kube::Error::Api(s)) => bail!("{}", s.message),
-        Err(e) => bail!("cannot reach the server at {} (--server): {e}", args.server),
+        Err(e) => Ok(Err(e)),
     }
+}
+
+/// `enable` or `disable`: through the running server (in force at once on
+/// every server of its datastore), else in the file.
+async fn toggle(args: &SecretsEncryptArgs, enable: Option<Cipher>) -> anyhow::Result<String> {
+    let dir = data_dir(args)?;
+    let path = config::path_in(&dir);
+    let what = if enable.is_some() { "enabled" } else { "disabled" };
+    let uri = match enable {
+        Some(cipher) => format!("{ENABLE}?provider={}", cipher.name()),
+        None => DISABLE.to_string(),
+    };
+    let has_credentials = dir.join("server").join("tls").join("client-admin.key").exists();
+    if has_credentials {
+        if let Ok(t) = try_call::<Toggle>(args, "POST", &uri).await? {
+            return Ok(if t.changed {
+                format!(
+                    "secrets encryption {what} on the running server: {} of {} stored values rewritten",
+                    t.counts.rewritten, t.counts.seen
+                )
+            } else {
+                format!("secrets encryption is already {what}")
+            });
+        }
+    }
+    edit(&path, enable)
 }
 
 pub async fn run(args: SecretsEncryptArgs) -> anyhow::Result<()> {
     match &args.command {
         SecretsEncryptCommand::Status => print_status(&call(&args, "GET", STATUS).await?),
         SecretsEncryptCommand::Enable { secrets_encryption_provider } => {
-            println!("{}", edit(&config::path_in(&data_dir(&args)?), Some(*secrets_encryption_provider))?)
+            println!("{}", toggle(&args, Some(*secrets_encryption_provider)).await?)
         }
-        SecretsEncryptCommand::Disable => println!("{}", edit(&config::path_in(&data_dir(&args)?), None)?),
+        SecretsEncryptCommand::Disable => println!("{}", toggle(&args, None).await?),
         SecretsEncryptCommand::RotateKeys => {
             let r: Rotation = call(&args, "POST", ROTATE_KEYS).await?;
             println!(
@@ -187,8 +240,15 @@ mod tests {
                 key: "k1".into(),
                 active: true,
             }],
+            server_hashes: Default::default(),
+            new_key: None,
         };
         assert_eq!(hashes(&s), "All hashes match");
+        s.server_hashes = [("a".to_string(), "abc".to_string()), ("b".to_string(), "abc".to_string())].into();
+        assert_eq!(hashes(&s), "All hashes match");
+        s.server_hashes.insert("c".into(), "def".into());
+        assert_eq!(hashes(&s), "hash does not match between a (abc) and c (def)");
+        s.server_hashes.clear();
         s.file_hash = "def".into();
         assert!(hashes(&s).contains("restart the server"));
         assert_eq!(rows(&s.providers)[0], ["*".to_string(), "AES-CBC".into(), "k1".into(), "secrets".into()]);

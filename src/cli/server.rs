@@ -166,17 +166,30 @@ fn auditor(args: &ServerArgs) -> anyhow::Result<Option<Arc<apiserver::audit::Aud
 
 /// The encryption configuration in the data dir, made or turned on first
 /// with `--secrets-encryption`; a file present is always used (what it
-/// sealed must stay readable).
-fn secrets_encryption(
+/// sealed must stay readable). On a shared datastore, the cluster's
+/// configuration (see `encryption::cluster`).
+async fn secrets_encryption(
     args: &ServerArgs,
     data_dir: &std::path::Path,
+    shared: Option<Arc<apiserver::encryption::cluster::SharedConfig>>,
 ) -> anyhow::Result<Arc<apiserver::encryption::Encryption>> {
-    use apiserver::encryption::{config, Encryption};
+    use apiserver::encryption::{cluster, config, Encryption};
     let path = config::path_in(data_dir);
-    if args.secrets_encryption && config::ensure_enabled(&path, args.secrets_encryption_provider)? {
-        tracing::info!(file = %path.display(), "secrets encryption turned on");
+    match &shared {
+        Some(shared) => {
+            let enable = args.secrets_encryption.then_some(args.secrets_encryption_provider);
+            cluster::join(&path, enable, shared).await?;
+        }
+        None => {
+            if args.secrets_encryption && config::ensure_enabled(&path, args.secrets_encryption_provider)? {
+                tracing::info!(file = %path.display(), "secrets encryption turned on");
+            }
+        }
     }
     let encryption = Encryption::load(&path)?;
+    if let Some(shared) = shared {
+        encryption.set_shared(shared);
+    }
     if encryption.config().is_some() && !encryption.enabled() {
         tracing::info!(file = %path.display(), "secrets encryption is disabled: Secrets are written in plain");
     }
@@ -317,7 +330,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         },
         pki.server_ca_cert.parent().map(Path::to_path_buf),
     );
-    let encryption = secrets_encryption(&args, &data_dir).context("secrets encryption")?;
+    let shared_encryption = args.datastore_endpoint.as_ref().map(|_| {
+        let token = join_token.clone();
+        apiserver::encryption::cluster::SharedConfig::new(store.clone(), move || token.current(), &node_name)
+    });
+    let encryption =
+        secrets_encryption(&args, &data_dir, shared_encryption.clone()).await.context("secrets encryption")?;
     let config = ApiConfig {
         advertise: format!("{advertise_ip}:{}", args.https_listen_port),
         advertise_ip,
@@ -375,6 +393,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     api.health.hook_finished(hooks::CRD_INFORMER_SYNCED);
     followers.extend(apiserver::compactor::start(store.clone(), args.etcd_compaction_interval));
     followers.extend(args.snapshots.start(datastore, &data_dir, &node_name));
+    if let Some(shared) = shared_encryption {
+        followers.push(tokio::spawn(apiserver::encryption::cluster::follow(encryption.clone(), shared)));
+    }
     followers.push(tokio::spawn(apiserver::encryption::reencrypt::reencrypt_at_start(store.clone(), encryption)));
     let controller_config = Arc::new(crate::controllers::ControllerConfig {
         server_ca_pem: Arc::new(std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?),

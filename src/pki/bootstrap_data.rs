@@ -58,6 +58,10 @@ pub enum BootstrapError {
 pub struct BootstrapData {
     pub files: BTreeMap<String, String>,
     pub token: String,
+    /// The servers' shared secrets-encryption configuration and rotation
+    /// stage (JSON, opaque here; see `apiserver::encryption::cluster`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encryption: Option<String>,
 }
 
 /// The secret part of a join token: the password of a full
@@ -124,7 +128,7 @@ impl BootstrapData {
             None => certs::new_key()?,
         };
         files.insert("service.key".to_string(), sa);
-        Ok(BootstrapData { files, token: String::new() })
+        Ok(BootstrapData { files, token: String::new(), encryption: None })
     }
 
     /// A new join token naming this data's server CA.

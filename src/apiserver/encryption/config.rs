@@ -256,6 +256,56 @@ impl EncryptionConfiguration {
         name
     }
 
+    /// A new key of the first provider's cipher placed second in every
+    /// rule that encrypts: read by every server before any writes with it
+    /// (a rotation's `prepare`); the new key's name.
+    pub fn add_reading_key(&mut self) -> Option<String> {
+        let mut name: Option<String> = None;
+        for rule in &mut self.resources {
+            let Some(first) = rule.providers.first_mut() else { continue };
+            let Some(cipher) = first.cipher() else { continue };
+            let Some(keys) = first.keys_mut() else { continue };
+            let taken: Vec<&str> = keys.iter().map(|k| k.name.as_str()).collect();
+            let key = match &name {
+                // One name for every rule, so that the rotation can name it.
+                Some(n) if !taken.contains(&n.as_str()) => Key { name: n.clone(), secret: new_key(cipher, &[]).secret },
+                _ => new_key(cipher, &taken),
+            };
+            name.get_or_insert_with(|| key.name.clone());
+            keys.insert(1.min(keys.len()), key);
+        }
+        name
+    }
+
+    /// The key `name` moved in front of its provider's keys, in every rule
+    /// where the first provider holds it (a rotation's `rotate`). Whether
+    /// any rule holds it.
+    pub fn promote_key(&mut self, name: &str) -> bool {
+        let mut found = false;
+        for rule in &mut self.resources {
+            let Some(keys) = rule.providers.first_mut().and_then(ProviderConfiguration::keys_mut) else { continue };
+            if let Some(i) = keys.iter().position(|k| k.name == name) {
+                let key = keys.remove(i);
+                keys.insert(0, key);
+                found = true;
+            }
+        }
+        found
+    }
+
+    /// The names of every key, in every rule and provider.
+    pub fn key_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for rule in &self.resources {
+            for provider in &rule.providers {
+                if let Ok(ProviderKind::AesCbc(keys) | ProviderKind::SecretBox(keys)) = provider.kind() {
+                    names.extend(keys.iter().map(|k| k.name.clone()));
+                }
+            }
+        }
+        names
+    }
+
     /// Every key but the one that writes dropped from every rule that
     /// encrypts (identity stays, for data written before encryption).
     pub fn drop_old_keys(&mut self) {
@@ -297,13 +347,18 @@ pub fn load(path: &Path) -> Result<Option<EncryptionConfiguration>, ConfigError>
     Ok(Some(config))
 }
 
+/// Writes `text` to `path` (mode 0600, through a temporary file).
+pub fn write_private(path: &Path, text: &str) -> Result<(), ConfigError> {
+    crate::pki::write(path, text, 0o600).map_err(|e| match e {
+        crate::pki::PkiError::Io { action, path, source } => ConfigError::Io { action, path, source },
+        other => ConfigError::Invalid { path: path.to_path_buf(), reason: other.to_string() },
+    })
+}
+
 /// Writes `config` to `path` (mode 0600, through a temporary file, so a
 /// reader sees the old file or the new one).
 pub fn save(path: &Path, config: &EncryptionConfiguration) -> Result<(), ConfigError> {
-    crate::pki::write(path, &config.to_json(), 0o600).map_err(|e| match e {
-        crate::pki::PkiError::Io { action, path, source } => ConfigError::Io { action, path, source },
-        other => ConfigError::Invalid { path: path.to_path_buf(), reason: other.to_string() },
-    })?;
+    write_private(path, &config.to_json())?;
     // An existing file keeps its mode across a rename of a new one; a file
     // someone loosened is tightened again.
     use std::os::unix::fs::PermissionsExt;
@@ -369,6 +424,23 @@ mod tests {
         assert_eq!(c.resources[0].providers.len(), 2);
         assert_eq!(c.resources[0].providers[0].secretbox.as_ref().unwrap().keys.len(), 1);
         assert_eq!(c.resources[0].providers[0].secretbox.as_ref().unwrap().keys[0].name, new);
+    }
+
+    #[test]
+    fn a_staged_rotation_reads_then_writes_then_drops() {
+        let mut c = EncryptionConfiguration::new(Cipher::Aescbc);
+        let old = c.key_names()[0].clone();
+        let new = c.add_reading_key().unwrap();
+        assert_eq!(c.key_names(), vec![old.clone(), new.clone()], "prepare: the old key still writes");
+        assert!(c.promote_key(&new));
+        assert!(c.promote_key(&new), "promoting twice changes nothing");
+        assert_eq!(c.key_names(), vec![new.clone(), old]);
+        assert!(!c.promote_key("no-such-key"));
+        c.drop_old_keys();
+        assert_eq!(c.key_names(), vec![new]);
+        // A configuration that does not encrypt has no key to add.
+        c.disable();
+        assert!(c.add_reading_key().is_none());
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! after that key was dropped):
 //! - `GET /v1-ferrok/encrypt/status`: an [`EncryptionStatus`].
 //! - `POST /v1-ferrok/encrypt/rotate-keys`: a [`Rotation`], when done.
+//! - `POST /v1-ferrok/encrypt/enable[?provider=aescbc|secretbox]` and
+//!   `POST /v1-ferrok/encrypt/disable`: a [`Toggle`], when every server
+//!   runs the new configuration and the stored values are rewritten.
 //!
 //! Both are non-resource URLs that RBAC must allow (`get`, `post`): the
 //! cluster admins (system:masters, cluster-admin) may, nobody else by default.
@@ -12,6 +15,8 @@
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
+use super::cluster::SharedError;
+use super::config::Cipher;
 use super::reencrypt::{self, ReencryptError};
 use crate::apiserver::auth::{rbac::Attributes, DecisionRecord, User};
 use crate::apiserver::status::ApiError;
@@ -19,20 +24,29 @@ use crate::apiserver::Api;
 
 pub const STATUS: &str = "/v1-ferrok/encrypt/status";
 pub const ROTATE_KEYS: &str = "/v1-ferrok/encrypt/rotate-keys";
+pub const ENABLE: &str = "/v1-ferrok/encrypt/enable";
+pub const DISABLE: &str = "/v1-ferrok/encrypt/disable";
 
 /// Whether a path is one of these endpoints.
 pub fn handles(path: &str) -> bool {
     path.starts_with("/v1-ferrok/encrypt/")
 }
 
-pub async fn serve(api: &Api, user: &User, method: &Method, path: &str, record: Option<&DecisionRecord>) -> Response {
+pub async fn serve(
+    api: &Api,
+    user: &User,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    record: Option<&DecisionRecord>,
+) -> Response {
     if user.is_anonymous() {
         return ApiError::unauthorized().into_response();
     }
     let verb = match (path, method) {
         (STATUS, &Method::GET) => "get",
-        (ROTATE_KEYS, &Method::POST) => "post",
-        (STATUS | ROTATE_KEYS, _) => {
+        (ROTATE_KEYS | ENABLE | DISABLE, &Method::POST) => "post",
+        (STATUS | ROTATE_KEYS | ENABLE | DISABLE, _) => {
             return ApiError::method_not_allowed("the server does not allow this method on the requested resource")
                 .into_response()
         }
@@ -46,8 +60,24 @@ pub async fn serve(api: &Api, user: &User, method: &Method, path: &str, record: 
     let Some(enc) = api.config.encryption.as_ref() else {
         return ApiError::new(404, "NotFound", "this server does not encrypt at rest").into_response();
     };
-    match verb {
-        "get" => axum::Json(enc.status()).into_response(),
+    let cipher = match query.unwrap_or_default().split('&').find_map(|kv| kv.strip_prefix("provider=")) {
+        None => Cipher::Aescbc,
+        Some(name) => match name.parse() {
+            Ok(c) => c,
+            Err(e) => return ApiError::bad_request(format!("provider: {e}")).into_response(),
+        },
+    };
+    match (verb, path) {
+        ("get", _) => axum::Json(enc.status().await).into_response(),
+        (_, ENABLE | DISABLE) => {
+            let enable = (path == ENABLE).then_some(cipher);
+            let (store, enc) = (api.storage.store().clone(), enc.clone());
+            let toggle = tokio::spawn(async move { reencrypt::set_enabled(&store, &enc, enable).await });
+            match toggle.await.unwrap_or_else(|e| Err(ReencryptError::Aborted(e.to_string()))) {
+                Ok(t) => axum::Json(t).into_response(),
+                Err(e) => failed(e),
+            }
+        }
         _ => {
             // A task of its own: a client that goes away does not stop a
             // rotation halfway.
@@ -61,8 +91,18 @@ pub async fn serve(api: &Api, user: &User, method: &Method, path: &str, record: 
 fn rotated(result: Result<reencrypt::Rotation, ReencryptError>) -> Response {
     match result {
         Ok(rotation) => axum::Json(rotation).into_response(),
-        Err(e @ ReencryptError::Disabled) => ApiError::bad_request(e.to_string()).into_response(),
-        Err(e @ ReencryptError::Busy) => ApiError::new(409, "Conflict", e.to_string()).into_response(),
-        Err(e) => ApiError::internal(e.to_string()).into_response(),
+        Err(e) => failed(e),
+    }
+}
+
+fn failed(e: ReencryptError) -> Response {
+    match e {
+        e @ ReencryptError::Disabled => ApiError::bad_request(e.to_string()).into_response(),
+        e @ (ReencryptError::Busy
+        | ReencryptError::RotatingElsewhere(_)
+        | ReencryptError::Shared(SharedError::Changed | SharedError::Lagging { .. })) => {
+            ApiError::new(409, "Conflict", e.to_string()).into_response()
+        }
+        e => ApiError::internal(e.to_string()).into_response(),
     }
 }

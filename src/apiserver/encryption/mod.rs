@@ -10,6 +10,7 @@
 //! `ferrok secrets-encrypt` drive it.
 
 pub mod aescbc;
+pub mod cluster;
 pub mod config;
 pub mod endpoint;
 pub mod reencrypt;
@@ -17,12 +18,14 @@ pub mod secretbox;
 pub mod transformer;
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
+use cluster::{Record, SharedConfig, SharedError};
 use config::{ConfigError, EncryptionConfiguration};
 use transformer::Transformer;
 
@@ -36,11 +39,17 @@ pub enum TransformError {
     Failed(String),
 }
 
-/// How far a key rotation has come, in k3s' words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How far a key rotation has come, in k3s' words: `prepare` (a new key
+/// every server reads), `rotate` (every server writes with it),
+/// `reencrypt_active` (every value rewritten with it), `reencrypt_finished`
+/// (the old keys dropped).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
+    #[default]
     Start,
+    Prepare,
+    Rotate,
     ReencryptActive,
     ReencryptFinished,
     ReencryptFailed,
@@ -50,11 +59,56 @@ impl Stage {
     pub fn as_str(self) -> &'static str {
         match self {
             Stage::Start => "start",
+            Stage::Prepare => "prepare",
+            Stage::Rotate => "rotate",
             Stage::ReencryptActive => "reencrypt_active",
             Stage::ReencryptFinished => "reencrypt_finished",
             Stage::ReencryptFailed => "reencrypt_failed",
         }
     }
+
+    /// Whether a rotation is under way (and must be finished before the
+    /// old keys can go).
+    pub fn in_progress(self) -> bool {
+        matches!(self, Stage::Prepare | Stage::Rotate | Stage::ReencryptActive)
+    }
+}
+
+/// Where a rotation stands, persisted (in `encryption-state.json` beside
+/// the configuration, and in the cluster's record on a shared datastore)
+/// so that a server restarted midway finishes it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RotationState {
+    pub stage: Stage,
+    /// The key a rotation under way brings in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_key: Option<String>,
+    /// The server running that rotation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    /// Keys rotations dropped: a server whose file still lists them is
+    /// behind the cluster, not at odds with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retired_keys: Vec<String>,
+}
+
+/// The state file beside the configuration file `config`.
+pub fn state_path(config: &Path) -> PathBuf {
+    config.with_file_name("encryption-state.json")
+}
+
+/// The state in `path` (the default when there is none).
+pub fn load_state(path: &Path) -> Result<RotationState, ConfigError> {
+    match config::read(path)? {
+        None => Ok(RotationState::default()),
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), reason: e.to_string() }),
+    }
+}
+
+pub fn save_state(path: &Path, state: &RotationState) -> Result<(), ConfigError> {
+    config::write_private(path, &(serde_json::to_string_pretty(state).unwrap_or_default() + "\n"))
 }
 
 /// One key (or identity) of the configuration the server runs with.
@@ -82,6 +136,12 @@ pub struct EncryptionStatus {
     /// sha256 of the file on disk now (empty: none).
     pub file_hash: String,
     pub providers: Vec<ProviderStatus>,
+    /// On a shared datastore: each live server's hash of the configuration it runs.
+    #[serde(default)]
+    pub server_hashes: BTreeMap<String, String>,
+    /// The key a rotation under way brings in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_key: Option<String>,
 }
 
 /// The configuration in force, with its transformer.
@@ -101,9 +161,14 @@ pub struct Encryption {
     /// a swap returns no value sealed with the old configuration is still
     /// on its way to the store.
     gate: Arc<tokio::sync::RwLock<()>>,
-    stage: Mutex<Stage>,
+    state: Mutex<RotationState>,
     /// One rotation at a time.
     pub(crate) rotation: tokio::sync::Mutex<()>,
+    /// The configuration shared with the other servers of the datastore.
+    shared: OnceLock<Arc<SharedConfig>>,
+    /// A reload from the cluster's record and a publication of a new one
+    /// never interleave (a reload could put an older record back).
+    sync: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Encryption {
@@ -127,12 +192,15 @@ impl Encryption {
     pub fn load(path: &Path) -> Result<Arc<Encryption>, ConfigError> {
         let config = config::load(path)?;
         let loaded = Self::prepare(config, path)?;
+        let state = load_state(&state_path(path))?;
         Ok(Arc::new(Encryption {
             path: path.to_path_buf(),
             loaded: RwLock::new(Arc::new(loaded)),
             gate: Arc::new(tokio::sync::RwLock::new(())),
-            stage: Mutex::new(Stage::Start),
+            state: Mutex::new(state),
             rotation: tokio::sync::Mutex::new(()),
+            shared: OnceLock::new(),
+            sync: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -168,18 +236,102 @@ impl Encryption {
         self.current().config.as_ref().is_some_and(EncryptionConfiguration::enabled)
     }
 
-    pub fn set_stage(&self, stage: Stage) {
-        match self.stage.lock() {
-            Ok(mut s) => *s = stage,
-            Err(poisoned) => *poisoned.into_inner() = stage,
+    /// Shares the configuration with the other servers of the datastore.
+    pub fn set_shared(&self, shared: Arc<SharedConfig>) {
+        let _ = self.shared.set(shared);
+    }
+
+    pub fn shared(&self) -> Option<&Arc<SharedConfig>> {
+        self.shared.get()
+    }
+
+    /// This server's name among those of the datastore (empty alone).
+    pub fn server_name(&self) -> String {
+        self.shared().map(|s| s.server().to_string()).unwrap_or_default()
+    }
+
+    fn set_state(&self, state: RotationState) {
+        match self.state.lock() {
+            Ok(mut s) => *s = state,
+            Err(poisoned) => *poisoned.into_inner() = state,
         }
     }
 
-    pub fn stage(&self) -> Stage {
-        match self.stage.lock() {
-            Ok(s) => *s,
-            Err(poisoned) => *poisoned.into_inner(),
+    pub fn state(&self) -> RotationState {
+        match self.state.lock() {
+            Ok(s) => s.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
         }
+    }
+
+    /// Sets the stage of this server alone (the pass at start), persisted.
+    pub fn set_stage(&self, stage: Stage) {
+        let mut state = self.state();
+        state.stage = stage;
+        if let Err(e) = save_state(&state_path(&self.path), &state) {
+            tracing::warn!(error = %e, "secrets encryption: cannot persist the rotation stage");
+        }
+        self.set_state(state);
+    }
+
+    pub fn stage(&self) -> Stage {
+        self.state().stage
+    }
+
+    /// The hash of the configuration in force (empty: none).
+    pub fn hash(&self) -> String {
+        self.current().hash.clone()
+    }
+
+    /// Puts `config` and `state` in force everywhere: alone, in the files;
+    /// on a shared datastore, in the cluster's record first (only if it is
+    /// still what this server runs), then here, then waits until every
+    /// live server runs it too.
+    pub async fn publish(&self, config: EncryptionConfiguration, state: RotationState) -> Result<(), SharedError> {
+        let Some(shared) = self.shared().cloned() else {
+            self.install(config).await?;
+            save_state(&state_path(&self.path), &state)?;
+            self.set_state(state);
+            return Ok(());
+        };
+        let hash = {
+            let _one = self.sync.lock().await;
+            let expected = self.config().map(|config| Record { config, state: self.state() });
+            let record = Record { config, state };
+            if !shared.replace(expected.as_ref(), &record).await? {
+                return Err(SharedError::Changed);
+            }
+            self.apply(record).await?
+        };
+        shared.ack(&hash).await?;
+        shared.wait_all(&hash).await
+    }
+
+    /// Puts the cluster's record in force here, if it changed.
+    async fn apply(&self, record: Record) -> Result<String, SharedError> {
+        if self.config().as_ref() != Some(&record.config) {
+            self.install(record.config).await?;
+            tracing::info!(hash = %self.hash(), "secrets encryption: loaded the cluster's configuration");
+        }
+        if self.state() != record.state {
+            save_state(&state_path(&self.path), &record.state)?;
+            self.set_state(record.state);
+        }
+        Ok(self.hash())
+    }
+
+    /// Loads the cluster's record (shared datastore only) and records the
+    /// hash this server runs.
+    pub async fn refresh(&self) -> Result<(), SharedError> {
+        let Some(shared) = self.shared().cloned() else { return Ok(()) };
+        let hash = {
+            let _one = self.sync.lock().await;
+            match shared.read().await? {
+                Some(record) => self.apply(record).await?,
+                None => self.hash(),
+            }
+        };
+        shared.ack(&hash).await
     }
 
     /// Writes `config` to the file and puts it in force, once every write
@@ -226,8 +378,38 @@ impl Encryption {
         self.current().transformer.from_storage(key, data)
     }
 
+    /// On a shared datastore: whether one of `values` (store key, value)
+    /// is sealed with a key this server does not know yet (another
+    /// server's newer configuration, its change not seen yet).
+    pub fn behind<'a>(&self, mut values: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> bool {
+        if self.shared().is_none() {
+            return false;
+        }
+        let current = self.current();
+        !values.all(|(k, v)| current.transformer.knows(k, v))
+    }
+
+    /// [`refresh`](Self::refresh), a failure logged: for readers that go
+    /// on with the keys they have.
+    pub async fn catch_up(&self) {
+        if let Err(e) = self.refresh().await {
+            tracing::warn!(error = %e, "secrets encryption: cannot reload the cluster's configuration");
+        }
+    }
+
     /// What `ferrok secrets-encrypt status` shows.
-    pub fn status(&self) -> EncryptionStatus {
+    pub async fn status(&self) -> EncryptionStatus {
+        let mut server_hashes = BTreeMap::new();
+        if let Some(shared) = self.shared() {
+            if let Err(e) = self.refresh().await {
+                tracing::warn!(error = %e, "secrets encryption: cannot read the cluster's configuration");
+            }
+            match shared.hashes().await {
+                Ok(h) => server_hashes = h,
+                Err(e) => tracing::warn!(error = %e, "secrets encryption: cannot read the servers' hashes"),
+            }
+        }
+        let state = self.state();
         let current = self.current();
         let file_hash = match config::load(&self.path) {
             Ok(Some(c)) => hash(c.to_json().as_bytes()),
@@ -236,7 +418,9 @@ impl Encryption {
         };
         EncryptionStatus {
             enabled: current.config.as_ref().is_some_and(EncryptionConfiguration::enabled),
-            stage: self.stage(),
+            stage: state.stage,
+            new_key: state.new_key,
+            server_hashes,
             config_file: self.path.display().to_string(),
             server_hash: current.hash.clone(),
             file_hash,
@@ -286,6 +470,7 @@ mod tests {
         let (new, _) = enc.seal(KEY, b"v".to_vec()).await.unwrap();
         assert!(new.starts_with(format!("k8s:enc:aescbc:v1:{key}:").as_bytes()));
         assert_eq!(&*enc.open(KEY, &old).unwrap(), b"v");
-        assert_eq!(enc.status().server_hash, enc.status().file_hash);
+        let status = enc.status().await;
+        assert_eq!(status.server_hash, status.file_hash);
     }
 }

@@ -187,6 +187,16 @@ impl Transformer {
         }
     }
 
+    /// Whether some configured key (or identity, for plain data) reads
+    /// `data` stored under `key`.
+    pub fn knows(&self, key: &[u8], data: &[u8]) -> bool {
+        let Some(chain) = self.chain(key) else { return true };
+        if !data.starts_with(ENCRYPTED) {
+            return true;
+        }
+        chain.entries.iter().any(|e| matches!(e, Entry::Key { prefix, .. } if data.starts_with(prefix)))
+    }
+
     /// Whether `data` under `key` is in the form a write makes now (sealed
     /// with the first key, or plain when identity writes): what a
     /// re-encryption pass leaves alone.
