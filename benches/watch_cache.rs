@@ -171,8 +171,7 @@ async fn main() {
         for _ in 0..watchers {
             let c = client(&kubeconfig).await.expect("client");
             let (lat, got, stop) = (latencies.clone(), delivered.clone(), stop.clone());
-            let path =
-                format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={list_rv}&timeoutSeconds=120");
+            let path = format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={list_rv}&timeoutSeconds=120");
             tasks.push(tokio::spawn(async move {
                 let req = axum::http::Request::get(path).body(kube::client::Body::empty()).expect("request");
                 let mut body = c.send(req).await.expect("watch").into_body();

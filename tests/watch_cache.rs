@@ -111,8 +111,15 @@ async fn lists_follow_upstreams_resource_version_semantics() {
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "default");
     let s: k8s_openapi::api::core::v1::Secret =
         serde_json::from_value(json!({"metadata": {"name": "s"}})).expect("secret");
-    let srv: i64 =
-        secrets.create(&PostParams::default(), &s).await.expect("secret").metadata.resource_version.unwrap().parse().unwrap();
+    let srv: i64 = secrets
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("secret")
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
     let started = Instant::now();
     let (_, _, after) = get(&client, CMS).await;
     assert!(rv_of(&after) >= srv, "the consistent list is at the store's revision {srv}: {}", rv_of(&after));
@@ -274,7 +281,8 @@ async fn a_watch_from_before_the_cache_is_served_until_compacted() {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         create(&cms, &format!("tick-{}", Instant::now().elapsed().as_nanos()), "x").await;
-        let mut again = Watch::open(&client, &format!("{CMS}?watch=1&resourceVersion={last_seen}&timeoutSeconds=1")).await;
+        let mut again =
+            Watch::open(&client, &format!("{CMS}?watch=1&resourceVersion={last_seen}&timeoutSeconds=1")).await;
         let first = again.next(Duration::from_secs(10)).await;
         if let Some(ev) = first.filter(|e| e["type"] == "ERROR") {
             assert_eq!(ev["object"]["code"], 410, "{ev}");

@@ -33,7 +33,12 @@ fn filter_of(cacher: &Cacher, filters: &Filters, key: String, exact: bool) -> Fi
         let f = filters.clone();
         Arc::new(move |v: &Value| f.matches(v)) as crate::apiserver::watch_cache::watcher::Predicate
     });
-    Filter { key, exact, predicate, trigger: trigger.filter(|_| cacher.shape.index.is_some_and(|f| f.label == NODE_NAME)) }
+    Filter {
+        key,
+        exact,
+        predicate,
+        trigger: trigger.filter(|_| cacher.shape.index.is_some_and(|f| f.label == NODE_NAME)),
+    }
 }
 
 fn parse_rv(v: &str) -> ApiResult<i64> {
@@ -153,11 +158,7 @@ pub(super) async fn watch(call: Call) -> ApiResult<Result<Response, Call>> {
 }
 
 fn streamed(body: Body) -> Response {
-    (
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-cache, private")],
-        body,
-    )
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-cache, private")], body)
         .into_response()
 }
 

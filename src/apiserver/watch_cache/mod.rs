@@ -59,8 +59,13 @@ impl WatchCache {
         let index = (r.group.is_empty() && r.kind == "Pod")
             .then(|| selectable_fields::of("", "Pod").0.iter().find(|f| f.label == NODE_NAME).copied())
             .flatten();
-        let shape =
-            Shape { prefix: prefix.clone(), namespaced: r.namespaced, api_version: r.api_version(), kind: r.kind.clone(), index };
+        let shape = Shape {
+            prefix: prefix.clone(),
+            namespaced: r.namespaced,
+            api_version: r.api_version(),
+            kind: r.kind.clone(),
+            index,
+        };
         let c = Cacher::start(self.storage.clone(), shape, self.window_size);
         cachers.insert(prefix, c.clone());
         Some(c)
