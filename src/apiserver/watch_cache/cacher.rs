@@ -273,7 +273,7 @@ impl Cacher {
             }
         }
         let event = Arc::new(CachedEvent::new(kind, object, prev));
-        if st.watchers.len() > 0 {
+        if !st.watchers.is_empty() {
             // Encoded here, once, for every watcher (and its size bounds
             // the watchers' buffers).
             event.object.json(&self.shape.api_version, &self.shape.kind);

@@ -127,6 +127,10 @@ impl Watchers {
         self.slots.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
     pub fn any_bookmarks(&self) -> bool {
         self.slots.values().any(|s| s.bookmarks)
     }

@@ -61,6 +61,10 @@ impl Window {
         self.events.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
     /// The events after `rev`, when the window holds all of them.
     pub fn since(&self, rev: i64) -> Result<Vec<Arc<CachedEvent>>, TooOld> {
         if rev < self.start {
@@ -96,6 +100,6 @@ mod tests {
         assert_eq!(revs, vec![13, 14]);
         assert_eq!(w.since(14).map(|v| v.len()), Ok(0));
         w.reset(20);
-        assert!(!w.trimmed() && w.len() == 0);
+        assert!(!w.trimmed() && w.is_empty());
     }
 }
