@@ -97,7 +97,7 @@ impl Call {
 
     /// A JSON (or YAML, when asked) answer.
     pub fn respond(&self, code: StatusCode, body: &Value) -> Response {
-        let mut resp = if wants_yaml(self.accept()) {
+        let resp = if wants_yaml(self.accept()) {
             match serde_yaml_ng::to_string(&field_order::Ordered(body)) {
                 Ok(y) => (code, [(header::CONTENT_TYPE, "application/yaml")], y).into_response(),
                 Err(e) => ApiError::internal(e.to_string()).into_response(),
@@ -105,6 +105,19 @@ impl Call {
         } else {
             (code, [(header::CONTENT_TYPE, "application/json")], field_order::to_json(body)).into_response()
         };
+        self.with_warnings(resp)
+    }
+
+    /// An answer already encoded as JSON (lists from the watch cache);
+    /// None when the client asked for YAML.
+    pub fn respond_json_bytes(&self, code: StatusCode, json: Vec<u8>) -> Option<Response> {
+        if wants_yaml(self.accept()) {
+            return None;
+        }
+        Some(self.with_warnings((code, [(header::CONTENT_TYPE, "application/json")], json).into_response()))
+    }
+
+    fn with_warnings(&self, mut resp: Response) -> Response {
         for w in &self.warnings {
             if let Ok(v) = header::HeaderValue::from_str(&format!("299 - {}", serde_json::Value::String(w.clone()))) {
                 resp.headers_mut().append(header::WARNING, v);

@@ -49,6 +49,7 @@ pub mod strategic;
 pub mod strategy;
 pub mod table;
 pub mod validation;
+pub mod watch_cache;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -87,6 +88,8 @@ pub struct ApiConfig {
     pub node_join: Option<Arc<node_join::JoinAuthority>>,
     /// Resources encrypted at rest (`--secrets-encryption`), and the keys.
     pub encryption: Option<Arc<encryption::Encryption>>,
+    /// Events each resource's watch cache keeps (`--default-watch-cache-size`); 0: no cache.
+    pub watch_cache_size: usize,
 }
 
 /// Where Events live, for both API groups that serve them; they expire.
@@ -96,6 +99,8 @@ const EVENT_PREFIXES: &[&str] = &["/registry/events/", "/registry/events.k8s.io/
 pub struct Api {
     pub registry: Registry,
     pub storage: Storage,
+    /// Lists and watches are served from here.
+    pub watch_cache: watch_cache::WatchCache,
     pub config: ApiConfig,
     pub caches: cache::Caches,
     pub openapi: openapi::DocumentCache,
@@ -128,6 +133,7 @@ impl Api {
             rbac,
             registry,
             health: health::Health::new(store),
+            watch_cache: watch_cache::WatchCache::new(storage.clone(), config.watch_cache_size),
             storage,
             config,
             tokens,

@@ -155,6 +155,12 @@ impl FieldSelector {
     pub fn matches(&self, obj: &Value) -> bool {
         self.reqs.iter().all(|(field, equal, want)| (field.value_in(obj) == *want) == *equal)
     }
+
+    /// The value `label` must equal, when the selector requires one
+    /// (`spec.nodeName=n1`): what an index can look up.
+    pub fn required(&self, label: &str) -> Option<&str> {
+        self.reqs.iter().find(|(f, equal, _)| *equal && f.label == label).map(|(_, _, v)| v.as_str())
+    }
 }
 
 #[cfg(test)]

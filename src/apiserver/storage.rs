@@ -374,6 +374,38 @@ impl Storage {
         after: i64,
         progress_every: std::time::Duration,
     ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
+        let (ask, asks) = tokio::sync::mpsc::channel(1);
+        // Progress requests ask the store to confirm how far we are, which
+        // becomes a BOOKMARK; the ticker sleeps, it does not poll data.
+        let ticker = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(progress_every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if ask.send(()).await.is_err() {
+                    return;
+                }
+            }
+        });
+        // When the caller drops the stream, the ticker stops.
+        let guard = AbortOnDrop(ticker.abort_handle());
+        let changes = self.watch_asking_progress(key, exact, after, asks).await?;
+        Ok(changes.map(move |c| {
+            let _held = &guard;
+            c
+        }))
+    }
+
+    /// Changes under `prefix` (or to exactly `key` when `exact`) after
+    /// `after`; each `()` received on `asks` asks the store for a progress
+    /// notification (a `Change::Progress` once everything before it is sent).
+    pub async fn watch_asking_progress(
+        &self,
+        key: &str,
+        exact: bool,
+        after: i64,
+        mut asks: tokio::sync::mpsc::Receiver<()>,
+    ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
         let create = WatchCreateRequest {
             key: key.as_bytes().to_vec(),
             range_end: if exact { Vec::new() } else { prefix_end(key.as_bytes()) },
@@ -385,13 +417,8 @@ impl Storage {
         let (tx, rx) = tokio::sync::mpsc::channel(2);
         let create = WatchRequest { request_union: Some(watch_request::RequestUnion::CreateRequest(create)) };
         let _ = tx.send(create).await;
-        // Progress requests ask the store to confirm how far we are, which
-        // becomes a BOOKMARK; the ticker sleeps, it does not poll data.
-        let ticker = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(progress_every);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
+        let forward = tokio::spawn(async move {
+            while asks.recv().await.is_some() {
                 let progress = WatchRequest {
                     request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})),
                 };
@@ -401,9 +428,9 @@ impl Storage {
             }
         });
         let responses = self.store.watch(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))).await?;
-        // When the caller drops the stream, the ticker stops; its sender goes
-        // with it, which ends the store's watch at once.
-        let guard = AbortOnDrop(ticker.abort_handle());
+        // When the caller drops the stream, the forwarder stops; its sender
+        // goes with it, which ends the store's watch at once.
+        let guard = AbortOnDrop(forward.abort_handle());
         let enc = self.encryption.clone();
         Ok(responses
             .then(move |resp| {
@@ -429,6 +456,13 @@ impl Storage {
                 let _held = &guard;
                 change
             }))
+    }
+
+    /// The store's current revision, read cheaply (a point read of a key
+    /// that holds nothing, whose answer's header carries the revision).
+    pub async fn current_revision(&self, prefix: &str) -> ApiResult<i64> {
+        let req = RangeRequest { key: prefix.as_bytes().to_vec(), count_only: true, ..Default::default() };
+        Ok(header_rev(&self.store.range(req).await?.header))
     }
 }
 

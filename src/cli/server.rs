@@ -82,6 +82,10 @@ pub struct ServerArgs {
     /// How long Events are kept after their last write.
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = super::duration::parse)]
     pub event_ttl: std::time::Duration,
+    /// Events each resource's watch cache keeps for watches to resume from
+    /// (lists and watches are served from the cache); 0 turns the cache off.
+    #[arg(long, value_name = "EVENTS", default_value_t = crate::apiserver::watch_cache::DEFAULT_WINDOW)]
+    pub default_watch_cache_size: usize,
     /// Space quota of the embedded store in bytes, as etcd's flag: past it,
     /// writes fail with etcd's NOSPACE alarm until it is disarmed. 0 is
     /// etcd's default (2 GiB); a negative value turns the quota off.
@@ -345,6 +349,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         cluster_dns: enabled.dns.then_some(args.cluster_dns),
         join_token: Some(join_token),
         event_ttl: args.event_ttl,
+        watch_cache_size: args.default_watch_cache_size,
         audit: auditor(&args).context("audit")?,
         kubelet: Some(
             apiserver::kubelet::KubeletConnector::new(

@@ -4,6 +4,7 @@
 //! JSON, YAML or a Table.
 
 mod binding;
+mod cached_read;
 mod computed;
 mod connect;
 mod eviction;

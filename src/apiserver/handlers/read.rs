@@ -25,12 +25,12 @@ pub fn typed(call: &Call, mut obj: Value) -> Value {
 
 /// Whether the client asked for metadata only (client-go's metadata
 /// informers, `kube`'s metadata watchers).
-fn wants_metadata(accept: &str) -> bool {
+pub(super) fn wants_metadata(accept: &str) -> bool {
     accept.split(',').next().is_some_and(|first| first.replace(' ', "").contains("as=PartialObjectMetadata"))
 }
 
 /// An object reduced to its metadata.
-fn partial(obj: &Value) -> Value {
+pub(super) fn partial(obj: &Value) -> Value {
     json!({
         "kind": "PartialObjectMetadata",
         "apiVersion": "meta.k8s.io/v1",
@@ -98,6 +98,7 @@ pub fn scale_of(call: &Call, obj: &Value) -> Value {
 }
 
 /// A request's label and field selectors.
+#[derive(Clone)]
 pub(super) struct Filters {
     labels: LabelSelector,
     fields: FieldSelector,
@@ -119,8 +120,13 @@ impl Filters {
         self.labels.matches_object(obj) && self.fields.matches(obj)
     }
 
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.fields.is_empty()
+    }
+
+    /// The value a field selector requires `label` to have, if any.
+    pub(super) fn required_field(&self, label: &str) -> Option<&str> {
+        self.fields.required(label)
     }
 }
 
@@ -144,6 +150,9 @@ pub async fn list(call: &Call) -> ApiResult<Response> {
     let prefix = r.list_prefix(call.namespace());
     let filters = Filters::of(call)?;
     let limit = call.param("limit").and_then(|l| l.parse::<i64>().ok()).filter(|l| *l > 0);
+    if let Some(resp) = super::cached_read::list(call, &filters, limit).await? {
+        return Ok(resp);
+    }
     let (mut at, mut start) = (read_at(call)?, None);
     if let Some(token) = call.param("continue") {
         let (rev, key) = decode_continue(token, &prefix)?;
@@ -196,15 +205,22 @@ pub async fn list(call: &Call) -> ApiResult<Response> {
             meta["remainingItemCount"] = json!(n);
         }
     }
+    Ok(list_response(call, items, meta))
+}
+
+/// A list answer: the objects with the list's metadata, as a Table or
+/// metadata only when asked so.
+pub(super) fn list_response(call: &Call, items: Vec<Value>, meta: Value) -> Response {
+    let r = &call.resource;
     if wants_table(call.accept()) {
         let objs: Vec<Value> = items.into_iter().map(|o| super::read::typed(call, o)).collect();
         let t = r.table(&objs, meta, call.param("includeObject").unwrap_or("Metadata"));
-        return Ok(call.respond(StatusCode::OK, &t));
+        return call.respond(StatusCode::OK, &t);
     }
     if wants_metadata(call.accept()) {
         let items: Vec<Value> = items.iter().map(partial).collect();
         let list = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items});
-        return Ok(call.respond(StatusCode::OK, &list));
+        return call.respond(StatusCode::OK, &list);
     }
     let items: Vec<Value> = items.into_iter().map(|o| typed(call, o)).collect();
     let list = json!({
@@ -213,10 +229,10 @@ pub async fn list(call: &Call) -> ApiResult<Response> {
         "metadata": meta,
         "items": items,
     });
-    Ok(call.respond(StatusCode::OK, &list))
+    call.respond(StatusCode::OK, &list)
 }
 
-fn event(call: &Call, kind: &str, obj: Value, as_table: bool) -> Value {
+pub(super) fn event(call: &Call, kind: &str, obj: Value, as_table: bool) -> Value {
     let obj = typed(call, obj);
     if wants_metadata(call.accept()) {
         return json!({"type": kind, "object": partial(&obj)});
@@ -233,7 +249,7 @@ fn event(call: &Call, kind: &str, obj: Value, as_table: bool) -> Value {
     json!({"type": kind, "object": obj})
 }
 
-fn bookmark(call: &Call, rev: i64, initial_end: bool) -> Value {
+pub(super) fn bookmark(call: &Call, rev: i64, initial_end: bool) -> Value {
     let mut meta = json!({"resourceVersion": rev.to_string()});
     if initial_end {
         meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
@@ -241,34 +257,70 @@ fn bookmark(call: &Call, rev: i64, initial_end: bool) -> Value {
     json!({"type": "BOOKMARK", "object": {"kind": call.resource.kind, "apiVersion": call.resource.api_version(), "metadata": meta}})
 }
 
+/// What a watch asks for.
+pub(super) struct WatchParams {
+    pub bookmarks: bool,
+    pub rv: Option<String>,
+    pub send_initial: Option<bool>,
+    /// A single named object (kubectl get NAME -w) watches its key only.
+    pub single: Option<String>,
+    pub key: String,
+    pub exact: bool,
+    pub timeout: Duration,
+}
+
+impl WatchParams {
+    pub(super) fn of(call: &Call) -> WatchParams {
+        let r = &call.resource;
+        let single = call.path.name.clone();
+        let (key, exact) = match &single {
+            Some(name) => (r.key(call.namespace(), name), true),
+            None => (r.list_prefix(call.namespace()), false),
+        };
+        WatchParams {
+            bookmarks: call.flag("allowWatchBookmarks"),
+            rv: call.param("resourceVersion").map(str::to_string),
+            send_initial: call.param("sendInitialEvents").map(|v| v == "true"),
+            single,
+            key,
+            exact,
+            timeout: call
+                .param("timeoutSeconds")
+                .and_then(|t| t.parse::<u64>().ok())
+                .map(Duration::from_secs)
+                .unwrap_or(super::cached_read::DEFAULT_WATCH_TIMEOUT),
+        }
+    }
+
+    /// The revision the watch resumes after; None when it starts with the
+    /// current state as ADDED events (upstream: no resourceVersion, "0",
+    /// or sendInitialEvents=true).
+    pub(super) fn start_rev(&self) -> ApiResult<Option<i64>> {
+        match (self.rv.as_deref(), self.send_initial) {
+            (Some(v), Some(false)) | (Some(v), None) if v != "0" && !v.is_empty() => v
+                .parse::<i64>()
+                .map(Some)
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {v:?}"))),
+            _ => Ok(None),
+        }
+    }
+}
+
 /// A streamed watch: JSON lines of `{"type": ..., "object": ...}`.
 pub async fn watch(call: Call) -> ApiResult<Response> {
-    let r = call.resource.clone();
+    let call = match super::cached_read::watch(call).await? {
+        Ok(served) => return Ok(served),
+        Err(call) => call,
+    };
     let filters = Filters::of(&call)?;
     let as_table = wants_table(call.accept());
-    let bookmarks = call.flag("allowWatchBookmarks");
-    let rv = call.param("resourceVersion").map(str::to_string);
-    let send_initial = call.param("sendInitialEvents").map(|v| v == "true");
-    // A single named object (kubectl get NAME -w) watches its key only.
-    let single = call.path.name.clone();
-    let (key, exact) = match &single {
-        Some(name) => (r.key(call.namespace(), name), true),
-        None => (r.list_prefix(call.namespace()), false),
-    };
-    let timeout = call
-        .param("timeoutSeconds")
-        .and_then(|t| t.parse::<u64>().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(Duration::from_secs(30 * 60));
-
-    // Upstream: no resourceVersion, "0", or sendInitialEvents=true start
-    // with the current state as ADDED events.
+    let params = WatchParams::of(&call);
+    let start_rev = params.start_rev()?;
+    let WatchParams { bookmarks, send_initial, single, key, exact, timeout, .. } = params;
     let mut initial: Vec<Value> = Vec::new();
-    let start = match (rv.as_deref(), send_initial) {
-        (Some(v), Some(false)) | (Some(v), None) if v != "0" => {
-            v.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {v:?}")))?
-        }
-        _ => {
+    let start = match start_rev {
+        Some(rev) => rev,
+        None => {
             // The key of one object is also a prefix of longer names: filter by name.
             let (items, rev) = call.api.storage.list_all(&key).await?;
             for s in items {

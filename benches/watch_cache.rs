@@ -1,0 +1,259 @@
+//! Watch cache benchmark: creates of 5,000 1 KiB ConfigMaps at 16
+//! clients, lists of them at 1 and 16 clients, the server's memory with
+//! them and with 10,000 pods, and W watchers of pods (1, 10, 50, 100) while
+//! pods change at about 1,000/s: delivery latency and the server's CPU per
+//! change. Prints figures; it is not a pass/fail test.
+//!
+//! `cargo bench --bench watch_cache [-- --quick]`; `FERROK_BENCH_ARGS`
+//! adds server flags (`--default-watch-cache-size 0` reads the store as
+//! before the cache), `FERROK_BIN` runs another binary.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{client, rss_kib, start_with};
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+fn ms(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
+}
+
+/// utime + stime of `pid`, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let f: Vec<u64> = after.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    // Fields after the comm: state is not a number, so utime/stime are 11/12 here.
+    let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
+    ticks as f64 / 100.0
+}
+
+async fn raw_get(client: &kube::Client, path: &str) -> usize {
+    let req = axum::http::Request::get(path).body(kube::client::Body::empty()).expect("request");
+    let resp = client.send(req).await.expect("send");
+    assert!(resp.status().is_success(), "{path}: {}", resp.status());
+    resp.into_body().collect().await.expect("body").to_bytes().len()
+}
+
+/// Runs `op(client index, i)` `per_client` times on each of `clients` connections.
+async fn phase<F, Fut>(label: &str, kubeconfig: &std::path::Path, clients: usize, per_client: usize, op: F)
+where
+    F: Fn(kube::Client, usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let op = Arc::new(op);
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for c in 0..clients {
+        let cl = client(kubeconfig).await.expect("client");
+        let op = op.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per_client);
+            for i in 0..per_client {
+                let t = Instant::now();
+                op(cl.clone(), c, i).await;
+                lat.push(t.elapsed());
+            }
+            lat
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    let elapsed = started.elapsed();
+    all.sort();
+    println!(
+        "{label:<28} clients={clients:<3} ops={:<6} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms",
+        all.len(),
+        all.len() as f64 / elapsed.as_secs_f64(),
+        ms(&all, 0.5),
+        ms(&all, 0.99)
+    );
+}
+
+fn cm(name: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v".repeat(1000)}})).expect("cm")
+}
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": "bench"}},
+        "spec": {"nodeName": "bench-node", "containers": [{"name": "c", "image": "busybox"}]}
+    }))
+    .expect("pod")
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let extra: Vec<String> =
+        std::env::var("FERROK_BENCH_ARGS").unwrap_or_default().split_whitespace().map(str::to_string).collect();
+    let extra_refs: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let mut flags = vec!["--etcd-compaction-interval", "0"];
+    flags.extend(extra_refs);
+    let (server, admin, _) = start_with(&flags).await;
+    let pid = server.child.id();
+    let kubeconfig = server.kubeconfig();
+    println!("server flags: {flags:?}");
+    println!("server RSS at rest: {:.1} MiB", rss_kib(pid).0 as f64 / 1024.0);
+
+    // Creates of 5,000 1 KiB ConfigMaps at 16 clients.
+    let n_cms = if quick { 1000 } else { 5000 };
+    phase("create configmap 1KiB", &kubeconfig, 16, n_cms / 16 + 1, |c, k, i| async move {
+        let api: Api<ConfigMap> = Api::namespaced(c, "default");
+        if let Err(e) = api.create(&PostParams::default(), &cm(&format!("cm-{k:02}-{i:05}"))).await {
+            eprintln!("create: {e}");
+        }
+    })
+    .await;
+    let path = "/api/v1/namespaces/default/configmaps";
+    let bytes = raw_get(&admin, path).await;
+    println!("list size: {:.1} MiB", bytes as f64 / (1 << 20) as f64);
+    println!("server RSS with {n_cms} ConfigMaps: {:.1} MiB", rss_kib(pid).0 as f64 / 1024.0);
+    let lists = if quick { 10 } else { 40 };
+    phase(&format!("list {n_cms} configmaps"), &kubeconfig, 1, lists, move |c, _, _| async move {
+        raw_get(&c, path).await;
+    })
+    .await;
+    phase(&format!("list {n_cms} configmaps"), &kubeconfig, 16, lists / 4, move |c, _, _| async move {
+        raw_get(&c, path).await;
+    })
+    .await;
+    phase(&format!("list {n_cms} cms rv=0"), &kubeconfig, 1, lists, move |c, _, _| async move {
+        raw_get(&c, &format!("{path}?resourceVersion=0")).await;
+    })
+    .await;
+    println!("server RSS after the lists: {:.1} MiB", rss_kib(pid).0 as f64 / 1024.0);
+
+    // 10,000 pods.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let node = serde_json::from_value(json!({"metadata": {"name": "bench-node"}})).expect("node");
+    nodes.create(&PostParams::default(), &node).await.expect("node");
+    let n_pods = if quick { 2000 } else { 10000 };
+    phase("create pod", &kubeconfig, 16, n_pods / 16, |c, k, i| async move {
+        let api: Api<Pod> = Api::namespaced(c, "default");
+        if let Err(e) = api.create(&PostParams::default(), &pod(&format!("p-{k:02}-{i:05}"))).await {
+            eprintln!("create pod: {e}");
+        }
+    })
+    .await;
+    raw_get(&admin, "/api/v1/pods").await;
+    println!("server RSS with {n_cms} ConfigMaps and {n_pods} pods: {:.1} MiB", rss_kib(pid).0 as f64 / 1024.0);
+
+    // Watchers of pods while pods change at ~1,000/s.
+    let changing: Vec<String> = (0..200).map(|i| format!("p-{:02}-{:05}", i % 16, i / 16)).collect();
+    let changing = Arc::new(changing);
+    let origin = Instant::now();
+    let seconds = if quick { 3 } else { 5 };
+    for watchers in [1usize, 10, 50, 100] {
+        let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let delivered = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        let (_, _, list_rv) = {
+            let req = axum::http::Request::get("/api/v1/namespaces/default/pods?limit=1")
+                .body(kube::client::Body::empty())
+                .expect("request");
+            let body = admin.send(req).await.expect("list").into_body().collect().await.expect("body").to_bytes();
+            let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+            ((), (), v["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_string())
+        };
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        for _ in 0..watchers {
+            let c = client(&kubeconfig).await.expect("client");
+            let (lat, got, stop) = (latencies.clone(), delivered.clone(), stop.clone());
+            let path = format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={list_rv}&timeoutSeconds=120");
+            tasks.push(tokio::spawn(async move {
+                let req = axum::http::Request::get(path).body(kube::client::Body::empty()).expect("request");
+                let mut body = c.send(req).await.expect("watch").into_body();
+                let mut buf = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(Some(Ok(frame))) = tokio::time::timeout(Duration::from_millis(500), body.frame()).await
+                    else {
+                        continue;
+                    };
+                    let Ok(data) = frame.into_data() else { continue };
+                    buf.extend_from_slice(&data);
+                    while let Some(i) = buf.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = buf.drain(..=i).collect();
+                        let Ok(ev) = serde_json::from_slice::<serde_json::Value>(&line) else { continue };
+                        let sent = ev["object"]["metadata"]["annotations"]["bench/sent-ns"]
+                            .as_str()
+                            .and_then(|s| s.parse::<u64>().ok());
+                        if let Some(sent) = sent {
+                            let now = origin.elapsed().as_nanos() as u64;
+                            lat.lock().expect("lock").push(Duration::from_nanos(now.saturating_sub(sent)));
+                            got.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let cpu0 = cpu_seconds(pid);
+        let started = Instant::now();
+        let writes = Arc::new(AtomicUsize::new(0));
+        let mut writers = Vec::new();
+        // 16 writers, each paced to ~1,000/16 changes a second.
+        for w in 0..16usize {
+            let c = client(&kubeconfig).await.expect("client");
+            let (changing, writes) = (changing.clone(), writes.clone());
+            writers.push(tokio::spawn(async move {
+                let api: Api<Pod> = Api::namespaced(c, "default");
+                let period = Duration::from_micros(16_000);
+                let mut next = Instant::now();
+                let mut i = w;
+                while started.elapsed() < Duration::from_secs(seconds) {
+                    let name = &changing[i % changing.len()];
+                    let sent = origin.elapsed().as_nanos().to_string();
+                    let patch = json!({"metadata": {"annotations": {"bench/sent-ns": sent}}});
+                    if api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.is_ok() {
+                        writes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 16;
+                    next += period;
+                    if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }));
+        }
+        for w in writers {
+            w.await.expect("writer");
+        }
+        let elapsed = started.elapsed();
+        let changes = writes.load(Ordering::Relaxed);
+        // Let the last deliveries arrive.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while delivered.load(Ordering::Relaxed) < changes * watchers && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let cpu = cpu_seconds(pid) - cpu0;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = t.await;
+        }
+        let mut lat = std::mem::take(&mut *latencies.lock().expect("lock"));
+        lat.sort();
+        println!(
+            "watchers={watchers:<3} changes={changes:<5} ({:>5.0}/s) delivered={:<6} latency p50 {:>7.2} ms p99 {:>8.2} ms  server CPU {:.2} s = {:>6.1} µs/change, {:>5.1} µs/delivery",
+            changes as f64 / elapsed.as_secs_f64(),
+            lat.len(),
+            ms(&lat, 0.5),
+            ms(&lat, 0.99),
+            cpu,
+            cpu * 1e6 / changes.max(1) as f64,
+            cpu * 1e6 / lat.len().max(1) as f64,
+        );
+    }
+    println!("server RSS at the end: {:.1} MiB", rss_kib(pid).0 as f64 / 1024.0);
+}

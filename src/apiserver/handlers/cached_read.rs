@@ -1,0 +1,238 @@
+//! list and watch served from the watch cache, with upstream's
+//! resourceVersion semantics: unset is a consistent read (the cache waits
+//! until it has the store's current revision), `0` is whatever the cache
+//! has, `N` waits until the cache has reached N (504 after a few seconds).
+//! `resourceVersionMatch=Exact` and continue tokens read the store at
+//! their revision (`read.rs`), as does a watch from a revision older than
+//! the cache that the cache never held (first use, after a restart).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::Stream;
+use serde_json::{json, Value};
+
+use super::read::{bookmark, event, list_response, wants_metadata, Filters, WatchParams};
+use super::Call;
+use crate::apiserver::field_order;
+use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::storage::encode_continue;
+use crate::apiserver::table::wants_table;
+use crate::apiserver::watch_cache::cacher::{too_old, NotServed, StartAt};
+use crate::apiserver::watch_cache::object::{event_line, CachedObject, EventType};
+use crate::apiserver::watch_cache::watcher::{Delivery, Filter, Inbox};
+use crate::apiserver::watch_cache::{Cacher, NODE_NAME};
+
+/// The watcher's view of the resource, from the request.
+fn filter_of(cacher: &Cacher, filters: &Filters, key: String, exact: bool) -> Filter {
+    let trigger = cacher.shape.index.and_then(|f| filters.required_field(f.label)).map(str::to_string);
+    let predicate = (!filters.is_empty()).then(|| {
+        let f = filters.clone();
+        Arc::new(move |v: &Value| f.matches(v)) as crate::apiserver::watch_cache::watcher::Predicate
+    });
+    Filter {
+        key,
+        exact,
+        predicate,
+        trigger: trigger.filter(|_| cacher.shape.index.is_some_and(|f| f.label == NODE_NAME)),
+    }
+}
+
+fn parse_rv(v: &str) -> ApiResult<i64> {
+    v.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {v:?}")))
+}
+
+/// A list from the cache; None when the store must answer it (the cache
+/// is off, Exact, a continue token, or a consistent read the cache could
+/// not catch up with in time).
+pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> ApiResult<Option<Response>> {
+    let Some(cacher) = call.api.watch_cache.cacher(&call.resource) else { return Ok(None) };
+    if call.param("continue").is_some() {
+        return Ok(None);
+    }
+    let rv = call.param("resourceVersion").filter(|v| !v.is_empty());
+    match call.param("resourceVersionMatch") {
+        None => {}
+        Some("NotOlderThan") if rv.is_some() => {}
+        Some(_) => return Ok(None),
+    }
+    match rv {
+        None => {
+            if cacher.wait_fresh().await?.is_none() {
+                tracing::debug!(prefix = %cacher.shape.prefix, "consistent list from the store: the cache lags");
+                return Ok(None);
+            }
+        }
+        Some("0") => {
+            cacher.ready().await?;
+        }
+        Some(v) => {
+            cacher.wait_not_older_than(parse_rv(v)?).await?;
+        }
+    }
+    let prefix = call.resource.list_prefix(call.namespace());
+    let filter = filter_of(&cacher, filters, prefix.clone(), false);
+    let listed = cacher.list(&filter, None, limit.map_or(0, |l| l as usize));
+    let mut meta = json!({"resourceVersion": listed.rev.to_string()});
+    if let Some(key) = &listed.next_key {
+        meta["continue"] = json!(encode_continue(listed.rev, &prefix, key));
+        if let Some(n) = listed.remaining.filter(|n| *n > 0) {
+            meta["remainingItemCount"] = json!(n);
+        }
+    }
+    let (api_version, kind) = (call.resource.api_version(), call.resource.kind.clone());
+    if !wants_table(call.accept()) && !wants_metadata(call.accept()) {
+        // The objects' JSON is shared; only the list around it is made here.
+        let head = json!({"kind": call.resource.list_kind, "apiVersion": api_version, "metadata": meta});
+        let head = field_order::to_json(&head);
+        let parts: Vec<Bytes> = listed.items.iter().map(|o| o.json(&api_version, &kind)).collect();
+        let mut out = Vec::with_capacity(head.len() + 16 + parts.iter().map(|p| p.len() + 1).sum::<usize>());
+        out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
+        out.extend_from_slice(b",\"items\":[");
+        for (i, p) in parts.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(p);
+        }
+        out.extend_from_slice(b"]}");
+        if let Some(resp) = call.respond_json_bytes(StatusCode::OK, out) {
+            return Ok(Some(resp));
+        }
+    }
+    let items = listed.items.iter().map(|o| o.object.clone()).collect();
+    Ok(Some(list_response(call, items, meta)))
+}
+
+/// A watch from the cache; Err(call) when the store must serve it (the
+/// cache is off, or the revision is from before the cache began).
+pub(super) async fn watch(call: Call) -> ApiResult<Result<Response, Call>> {
+    let Some(cacher) = call.api.watch_cache.cacher(&call.resource) else { return Ok(Err(call)) };
+    let filters = Filters::of(&call)?;
+    let p = WatchParams::of(&call);
+    let start = match p.start_rev()? {
+        Some(rev) => {
+            cacher.wait_not_older_than(rev).await?;
+            StartAt::Rev(rev)
+        }
+        None => {
+            if p.rv.as_deref().is_none_or(str::is_empty) {
+                // Unset: the newest state, as a consistent read.
+                cacher.wait_fresh().await?;
+            } else {
+                cacher.ready().await?;
+            }
+            StartAt::Now
+        }
+    };
+    let filter = filter_of(&cacher, &filters, p.key.clone(), p.exact);
+    let registered = match cacher.watch(start, filter, p.bookmarks) {
+        Ok(r) => r,
+        Err(NotServed::BeforeCache) => return Ok(Err(call)),
+        Err(NotServed::TooOld(t)) => {
+            let rev = p.start_rev()?.unwrap_or_default();
+            let line = json!({"type": "ERROR", "object": too_old(rev, t).to_status()});
+            let mut bytes = line.to_string().into_bytes();
+            bytes.push(b'\n');
+            let body = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from(bytes))]);
+            return Ok(Ok(streamed(Body::from_stream(body))));
+        }
+    };
+    let render = Render {
+        plain: !wants_table(call.accept()) && !wants_metadata(call.accept()),
+        as_table: wants_table(call.accept()),
+        api_version: call.resource.api_version(),
+        kind: call.resource.kind.clone(),
+        call: Arc::new(call),
+    };
+    let mut first: Vec<Bytes> = registered.initial.iter().map(|o| render.added(o)).collect();
+    if p.send_initial == Some(true) {
+        first.push(render.bookmark(registered.rev, true));
+    }
+    first.extend(registered.replay.iter().map(|(t, ev)| render.event(*t, ev)));
+    let body = lines(first, registered.inbox, render, tokio::time::sleep(p.timeout));
+    Ok(Ok(streamed(Body::from_stream(body))))
+}
+
+fn streamed(body: Body) -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-cache, private")], body)
+        .into_response()
+}
+
+/// How one watcher's events are written.
+struct Render {
+    /// Plain JSON: the cache's shared lines are sent as they are.
+    plain: bool,
+    as_table: bool,
+    api_version: String,
+    kind: String,
+    call: Arc<Call>,
+}
+
+impl Render {
+    fn added(&self, obj: &CachedObject) -> Bytes {
+        if self.plain {
+            return event_line(EventType::Added, &obj.json(&self.api_version, &self.kind));
+        }
+        self.value_line(EventType::Added, &obj.object)
+    }
+
+    fn event(&self, as_type: EventType, ev: &crate::apiserver::watch_cache::object::CachedEvent) -> Bytes {
+        if self.plain {
+            return ev.line(as_type, &self.api_version, &self.kind);
+        }
+        self.value_line(as_type, &ev.object.object)
+    }
+
+    fn value_line(&self, as_type: EventType, obj: &Value) -> Bytes {
+        let v = event(&self.call, as_type.as_str(), obj.clone(), self.as_table);
+        line_of(&v)
+    }
+
+    fn bookmark(&self, rev: i64, initial_end: bool) -> Bytes {
+        line_of(&bookmark(&self.call, rev, initial_end))
+    }
+}
+
+fn line_of(v: &Value) -> Bytes {
+    let mut bytes = field_order::to_json(v).into_bytes();
+    bytes.push(b'\n');
+    Bytes::from(bytes)
+}
+
+/// The watch's body: what was sent first, then the inbox, until the
+/// timeout or until the cache ends the watcher.
+fn lines(
+    first: Vec<Bytes>,
+    inbox: Inbox,
+    render: Render,
+    deadline: tokio::time::Sleep,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    struct State {
+        first: std::vec::IntoIter<Bytes>,
+        inbox: Inbox,
+        render: Render,
+        deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    }
+    let state = State { first: first.into_iter(), inbox, render, deadline: Box::pin(deadline) };
+    futures_util::stream::unfold(state, |mut st| async move {
+        if let Some(b) = st.first.next() {
+            return Some((Ok(b), st));
+        }
+        let item = tokio::select! {
+            _ = &mut st.deadline => None,
+            d = st.inbox.recv() => d,
+        }?;
+        let bytes = match item {
+            Delivery::Event(t, ev) => st.render.event(t, &ev),
+            Delivery::Bookmark(rev) => st.render.bookmark(rev, false),
+        };
+        Some((Ok(bytes), st))
+    })
+}
+
+/// How long a watch lasts when the client does not say.
+pub(super) const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(30 * 60);

@@ -1,0 +1,387 @@
+//! One resource's cache (upstream's Cacher): a reflector lists the
+//! resource once and then follows one store watch, keeping the current
+//! objects, a window of recent events and the revision it has reached;
+//! lists and watches of the resource are served from it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+
+use super::object::{CachedEvent, CachedObject, EventType};
+use super::watcher::{Filter, Inbox, Watchers};
+use super::window::{TooOld, Window};
+use crate::apiserver::selectable_fields::SelectableField;
+use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::storage::{Change, Storage, Stored};
+
+/// How often watchers that allow bookmarks are told how far the cache is
+/// (upstream sends one about every minute).
+const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
+
+/// What a resource is, as far as its cache needs to know.
+pub struct Shape {
+    /// `/registry/<resource>/`: every key of the resource.
+    pub prefix: String,
+    pub namespaced: bool,
+    pub api_version: String,
+    pub kind: String,
+    /// A field the cache indexes (pods by spec.nodeName).
+    pub index: Option<SelectableField>,
+}
+
+pub struct Cacher {
+    pub shape: Shape,
+    pub(super) storage: Storage,
+    window_size: usize,
+    pub(super) state: RwLock<State>,
+    /// The cache's revision; 0 while it (re)lists.
+    pub(super) rev: watch::Sender<i64>,
+    /// Asks the store watch for a progress notification.
+    pub(super) asks: Mutex<Option<mpsc::Sender<()>>>,
+}
+
+pub(super) struct State {
+    objects: BTreeMap<String, Arc<CachedObject>>,
+    /// Keys by the value of the indexed field.
+    by_index: HashMap<String, BTreeSet<String>>,
+    pub(super) rev: i64,
+    window: Window,
+    watchers: Watchers,
+    bookmark_due: bool,
+}
+
+/// A snapshot of some of the objects, at one revision.
+pub struct Listed {
+    pub items: Vec<Arc<CachedObject>>,
+    pub rev: i64,
+    /// The key the next page starts at.
+    pub next_key: Option<Vec<u8>>,
+    /// Objects after this page (counted when there are no selectors).
+    pub remaining: Option<i64>,
+}
+
+/// Where a watch starts.
+pub enum StartAt {
+    /// The current objects first, as ADDED events.
+    Now,
+    /// The events after this revision.
+    Rev(i64),
+}
+
+/// A watch as registered: what to send first, from which revision on, and
+/// the inbox of everything after.
+pub struct Registered {
+    pub initial: Vec<Arc<CachedObject>>,
+    pub replay: Vec<(EventType, Arc<CachedEvent>)>,
+    pub rev: i64,
+    pub inbox: Inbox,
+}
+
+/// Why a watch could not be registered.
+pub enum NotServed {
+    /// Older than the window (after events left it).
+    TooOld(TooOld),
+    /// Older than the cache, which has not dropped any event yet: the
+    /// revision is from before the cache began (it was created lazily, or
+    /// the server restarted), and the store may still have it.
+    BeforeCache,
+}
+
+impl Cacher {
+    /// A cache for `shape`; it lists and starts watching at once.
+    pub fn start(storage: Storage, shape: Shape, window_size: usize) -> Arc<Cacher> {
+        let cacher = Arc::new(Cacher {
+            state: RwLock::new(State {
+                objects: BTreeMap::new(),
+                by_index: HashMap::new(),
+                rev: 0,
+                window: Window::new(window_size, 0),
+                watchers: Watchers::default(),
+                bookmark_due: false,
+            }),
+            shape,
+            storage,
+            window_size,
+            rev: watch::channel(0).0,
+            asks: Mutex::new(None),
+        });
+        tokio::spawn(cacher.clone().reflect());
+        cacher
+    }
+
+    pub(super) fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The value of the indexed field in `obj`.
+    pub fn index_value(&self, obj: &Value) -> Option<String> {
+        self.shape.index.map(|f| f.value_in(obj))
+    }
+
+    /// Lists and watches for as long as the server runs; when the store
+    /// watch ends (compaction past it, a restored store, an etcd restart),
+    /// the watchers are ended and the cache lists again.
+    async fn reflect(self: Arc<Self>) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.list_and_watch().await {
+                Ok(()) => tracing::info!(prefix = %self.shape.prefix, "watch cache: the store watch ended; relisting"),
+                Err(e) => {
+                    tracing::warn!(prefix = %self.shape.prefix, error = %e, "watch cache: relisting")
+                }
+            }
+            self.invalidate();
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Nothing is served until the cache has listed again.
+    fn invalidate(&self) {
+        let mut st = self.write();
+        st.watchers.end_all();
+        self.rev.send_replace(0);
+        if let Ok(mut asks) = self.asks.lock() {
+            *asks = None;
+        }
+    }
+
+    async fn list_and_watch(&self) -> ApiResult<()> {
+        let (items, rev) = self.storage.list_all(&self.shape.prefix).await?;
+        let (ask, asks) = mpsc::channel(1);
+        let changes = self.storage.watch_asking_progress(&self.shape.prefix, false, rev, asks).await?;
+        {
+            let mut st = self.write();
+            st.objects.clear();
+            st.by_index.clear();
+            for s in items {
+                let obj = Arc::new(self.cached(s));
+                if let Some(v) = self.index_value(&obj.object) {
+                    st.by_index.entry(v).or_default().insert(obj.key.clone());
+                }
+                st.objects.insert(obj.key.clone(), obj);
+            }
+            st.rev = rev;
+            st.window = Window::new(self.window_size, rev);
+            st.watchers.end_all();
+        }
+        if let Ok(mut slot) = self.asks.lock() {
+            *slot = Some(ask);
+        }
+        self.rev.send_replace(rev.max(1));
+        tracing::debug!(prefix = %self.shape.prefix, revision = rev, "watch cache: listed");
+        let mut changes = std::pin::pin!(changes);
+        let mut tick = tokio::time::interval(BOOKMARK_EVERY);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                change = changes.next() => match change {
+                    None => return Ok(()),
+                    Some(Err(e)) => return Err(e),
+                    Some(Ok(change)) => self.apply(change),
+                },
+                _ = tick.tick() => {
+                    let due = {
+                        let mut st = self.write();
+                        st.bookmark_due = st.watchers.any_bookmarks();
+                        st.bookmark_due
+                    };
+                    if due {
+                        self.ask_progress();
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks the store watch to confirm how far it is (a progress notify).
+    pub(super) fn ask_progress(&self) {
+        if let Ok(asks) = self.asks.lock() {
+            if let Some(ask) = asks.as_ref() {
+                let _ = ask.try_send(());
+            }
+        }
+    }
+
+    fn key_of(&self, obj: &Value) -> String {
+        let meta = obj.get("metadata");
+        let field = |f: &str| meta.and_then(|m| m.get(f)).and_then(Value::as_str).unwrap_or_default();
+        if self.shape.namespaced {
+            format!("{}{}/{}", self.shape.prefix, field("namespace"), field("name"))
+        } else {
+            format!("{}{}", self.shape.prefix, field("name"))
+        }
+    }
+
+    fn cached(&self, s: Stored) -> CachedObject {
+        CachedObject::new(self.key_of(&s.object), s.rev, s.object)
+    }
+
+    /// One change from the store: into the objects, the window and every
+    /// watcher that sees it, decoded once and encoded once for all.
+    fn apply(&self, change: Change) {
+        let (kind, new) = match change {
+            Change::Progress(rev) => {
+                let mut st = self.write();
+                if rev > st.rev {
+                    st.rev = rev;
+                }
+                if std::mem::take(&mut st.bookmark_due) {
+                    let rev = st.rev;
+                    st.watchers.bookmark(rev);
+                }
+                let rev = st.rev;
+                drop(st);
+                self.rev.send_replace(rev);
+                return;
+            }
+            Change::Added(s) => (EventType::Added, s),
+            Change::Modified { new, .. } => (EventType::Modified, new),
+            Change::Deleted(s) => (EventType::Deleted, s),
+        };
+        let rev = new.rev;
+        let object = Arc::new(self.cached(new));
+        let mut st = self.write();
+        if rev < st.rev {
+            return;
+        }
+        let prev = match kind {
+            EventType::Deleted => st.objects.remove(&object.key),
+            _ => st.objects.insert(object.key.clone(), object.clone()),
+        };
+        if let Some(p) = &prev {
+            if let Some(v) = self.index_value(&p.object) {
+                if let Some(keys) = st.by_index.get_mut(&v) {
+                    keys.remove(&p.key);
+                    if keys.is_empty() {
+                        st.by_index.remove(&v);
+                    }
+                }
+            }
+        }
+        if kind != EventType::Deleted {
+            if let Some(v) = self.index_value(&object.object) {
+                st.by_index.entry(v).or_default().insert(object.key.clone());
+            }
+        }
+        let event = Arc::new(CachedEvent::new(kind, object, prev));
+        if !st.watchers.is_empty() {
+            // Encoded here, once, for every watcher (and its size bounds
+            // the watchers' buffers).
+            event.object.json(&self.shape.api_version, &self.shape.kind);
+        }
+        st.window.push(event.clone());
+        st.rev = rev;
+        let index = |v: &Value| self.index_value(v);
+        st.watchers.dispatch(&event, &index);
+        drop(st);
+        self.rev.send_replace(rev);
+    }
+
+    /// The objects under `key_prefix` that `filter` admits, in key order,
+    /// from `start` on, at most `limit` (0: all).
+    pub fn list(&self, filter: &Filter, start: Option<&[u8]>, limit: usize) -> Listed {
+        let st = self.read();
+        let from = start.map(|s| String::from_utf8_lossy(s).into_owned()).unwrap_or_else(|| filter.key.clone());
+        let mut items = Vec::new();
+        let mut next_key = None;
+        let mut remaining = None;
+        let indexed: Option<Vec<Arc<CachedObject>>> = filter.trigger.as_ref().map(|v| {
+            st.by_index
+                .get(v)
+                .map(|keys| keys.range(from.clone()..).filter_map(|k| st.objects.get(k).cloned()).collect())
+                .unwrap_or_default()
+        });
+        let mut candidates: Box<dyn Iterator<Item = &Arc<CachedObject>>> = match &indexed {
+            Some(objs) => Box::new(objs.iter()),
+            None => Box::new(st.objects.range(from..).map(|(_, o)| o)),
+        };
+        for obj in candidates.by_ref() {
+            if !obj.key.starts_with(&filter.key) {
+                if indexed.is_some() {
+                    continue;
+                }
+                break;
+            }
+            if !filter.admits(obj) {
+                continue;
+            }
+            items.push(obj.clone());
+            if limit > 0 && items.len() >= limit {
+                let mut k = obj.key.clone().into_bytes();
+                k.push(0);
+                next_key = Some(k);
+                break;
+            }
+        }
+        if next_key.is_some() {
+            let left = candidates.take_while(|o| o.key.starts_with(&filter.key)).count() as i64;
+            if left == 0 {
+                next_key = None;
+            } else if filter.predicate.is_none() {
+                remaining = Some(left);
+            }
+        }
+        Listed { items, rev: st.rev, next_key, remaining }
+    }
+
+    /// Registers a watcher: under the cache's lock, so that what it is sent
+    /// first and what it is sent after follow each other with no gap and no
+    /// repeat.
+    pub fn watch(&self, from: StartAt, filter: Filter, bookmarks: bool) -> Result<Registered, NotServed> {
+        let mut st = self.write();
+        let index = |v: &Value| self.index_value(v);
+        let (initial, replay, rev) = match from {
+            StartAt::Now => {
+                let listed = {
+                    let objs: Vec<Arc<CachedObject>> = match (&filter.trigger, filter.exact) {
+                        (_, true) => st.objects.get(&filter.key).cloned().into_iter().collect(),
+                        (Some(v), false) => st
+                            .by_index
+                            .get(v)
+                            .map(|keys| keys.iter().filter_map(|k| st.objects.get(k).cloned()).collect())
+                            .unwrap_or_default(),
+                        (None, false) => st
+                            .objects
+                            .range(filter.key.clone()..)
+                            .take_while(|(k, _)| k.starts_with(&filter.key))
+                            .map(|(_, o)| o.clone())
+                            .collect(),
+                    };
+                    objs.into_iter().filter(|o| filter.admits(o)).collect()
+                };
+                (listed, Vec::new(), st.rev)
+            }
+            StartAt::Rev(rev) => match st.window.since(rev) {
+                Ok(events) => {
+                    let replay = events.into_iter().filter_map(|e| filter.sees(&e, &index).map(|t| (t, e))).collect();
+                    (Vec::new(), replay, rev)
+                }
+                Err(_) if !st.window.trimmed() => return Err(NotServed::BeforeCache),
+                Err(too_old) => return Err(NotServed::TooOld(too_old)),
+            },
+        };
+        let inbox = st.watchers.add(filter, bookmarks);
+        Ok(Registered { initial, replay, rev, inbox })
+    }
+
+    /// How many objects and watchers the cache holds (for logs and tests).
+    pub fn sizes(&self) -> (usize, usize, usize) {
+        let st = self.read();
+        (st.objects.len(), st.window.len(), st.watchers.len())
+    }
+}
+
+/// The error upstream's cache answers a watch from a revision it no longer
+/// holds with.
+pub fn too_old(rev: i64, t: TooOld) -> ApiError {
+    ApiError::gone(format!("too old resource version: {rev} ({})", t.oldest))
+}

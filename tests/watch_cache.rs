@@ -1,0 +1,392 @@
+//! The API server's watch cache, driven over HTTPS with the `kube` client
+//! and kubectl: resourceVersion semantics of lists (unset sees a write
+//! just made, 0, NotOlderThan, Exact, paging), watches resumed from the
+//! window, 410 Gone past the window and after compaction, a watch resumed
+//! after a restart, the slow-watcher limit, and selectors (spec.nodeName).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{kube_client, ApiServer};
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{json, Value};
+
+fn cm(name: &str, data: &str) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": data}})).expect("configmap")
+}
+
+async fn create(cms: &Api<ConfigMap>, name: &str, data: &str) -> i64 {
+    let made = cms.create(&PostParams::default(), &cm(name, data)).await.expect("create");
+    made.metadata.resource_version.expect("rv").parse().expect("rv number")
+}
+
+/// GET `path`: status code, Retry-After, and body as JSON.
+async fn get(client: &kube::Client, path: &str) -> (u16, Option<String>, Value) {
+    let req = axum::http::Request::get(path).body(kube::client::Body::empty()).expect("request");
+    let resp = client.send(req).await.expect("send");
+    let code = resp.status().as_u16();
+    let retry = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (code, retry, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list["items"]
+        .as_array()
+        .map(|items| items.iter().filter_map(|i| i["metadata"]["name"].as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
+fn rv_of(list: &Value) -> i64 {
+    list["metadata"]["resourceVersion"].as_str().and_then(|r| r.parse().ok()).expect("list resourceVersion")
+}
+
+/// A watch read line by line.
+struct Watch {
+    body: kube::client::Body,
+    buf: Vec<u8>,
+}
+
+impl Watch {
+    async fn open(client: &kube::Client, path: &str) -> Watch {
+        let req = axum::http::Request::get(path).body(kube::client::Body::empty()).expect("request");
+        let resp = client.send(req).await.expect("watch");
+        assert_eq!(resp.status().as_u16(), 200, "watch {path}");
+        Watch { body: resp.into_body(), buf: Vec::new() }
+    }
+
+    /// The next event, None at the end of the stream; fails after `limit`.
+    async fn next(&mut self, limit: Duration) -> Option<Value> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return Some(serde_json::from_slice(&line).expect("event JSON"));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let frame = tokio::time::timeout(left, self.body.frame()).await.expect("an event in time")?;
+            if let Ok(data) = frame.expect("frame").into_data() {
+                self.buf.extend_from_slice(&data);
+            }
+        }
+    }
+
+    /// (type, name) of the next `n` events that are not bookmarks.
+    async fn take(&mut self, n: usize) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            let ev = self.next(Duration::from_secs(20)).await.expect("more events");
+            let t = ev["type"].as_str().unwrap_or_default().to_string();
+            if t == "BOOKMARK" {
+                continue;
+            }
+            out.push((t, ev["object"]["metadata"]["name"].as_str().unwrap_or_default().to_string()));
+        }
+        out
+    }
+}
+
+const CMS: &str = "/api/v1/namespaces/default/configmaps";
+
+#[tokio::test]
+async fn lists_follow_upstreams_resource_version_semantics() {
+    let server = ApiServer::start();
+    let client = kube_client(&server.kubeconfig()).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+
+    // Unset: a consistent read sees every write made before it.
+    for i in 0..20 {
+        let name = format!("w{i}");
+        create(&cms, &name, "x").await;
+        let (code, _, list) = get(&client, CMS).await;
+        assert_eq!(code, 200);
+        assert!(names(&list).contains(&name), "a list right after the create sees {name}");
+    }
+    // A write elsewhere moves the store on; a consistent read still answers
+    // (the idle resource's cache is confirmed current by progress).
+    let (_, _, before) = get(&client, CMS).await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), "default");
+    let s: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(json!({"metadata": {"name": "s"}})).expect("secret");
+    let srv: i64 = secrets
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("secret")
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+    let started = Instant::now();
+    let (_, _, after) = get(&client, CMS).await;
+    assert!(rv_of(&after) >= srv, "the consistent list is at the store's revision {srv}: {}", rv_of(&after));
+    assert!(started.elapsed() < Duration::from_secs(1), "and did not wait for a timeout: {:?}", started.elapsed());
+    assert_eq!(names(&before), names(&after));
+
+    // 0: whatever the cache has (here: everything).
+    let (code, _, zero) = get(&client, &format!("{CMS}?resourceVersion=0")).await;
+    assert_eq!(code, 200);
+    assert!(names(&zero).contains(&"w19".to_string()));
+
+    // N not yet reached: upstream's 504 "Too large resource version" after ~3 s.
+    let future = rv_of(&after) + 1000;
+    let started = Instant::now();
+    let (code, retry, status) = get(&client, &format!("{CMS}?resourceVersion={future}")).await;
+    assert_eq!(code, 504, "{status}");
+    assert_eq!(status["reason"], "Timeout");
+    assert!(status["message"].as_str().unwrap_or_default().starts_with("Too large resource version"), "{status}");
+    assert_eq!(retry.as_deref(), Some("1"));
+    assert!(started.elapsed() >= Duration::from_secs(2), "it waited first");
+    // N reached: served at once, at N or newer.
+    let (code, _, list) = get(&client, &format!("{CMS}?resourceVersion={srv}&resourceVersionMatch=NotOlderThan")).await;
+    assert_eq!(code, 200);
+    assert!(rv_of(&list) >= srv);
+
+    // Exact: the state at that revision.
+    let at = rv_of(&after);
+    create(&cms, "later", "x").await;
+    let (code, _, exact) = get(&client, &format!("{CMS}?resourceVersion={at}&resourceVersionMatch=Exact")).await;
+    assert_eq!(code, 200);
+    assert_eq!(rv_of(&exact), at);
+    assert!(!names(&exact).contains(&"later".to_string()));
+
+    // Paging: the pages are one snapshot, whatever is written in between.
+    let (_, _, first) = get(&client, &format!("{CMS}?limit=5")).await;
+    assert_eq!(names(&first).len(), 5);
+    let total = names(&get(&client, CMS).await.2).len() as i64;
+    assert_eq!(first["metadata"]["remainingItemCount"], json!(total - 5));
+    let token = first["metadata"]["continue"].as_str().expect("continue").to_string();
+    create(&cms, "zz-after-first-page", "x").await;
+    cms.delete("w9", &DeleteParams::default()).await.expect("delete");
+    let mut all = names(&first);
+    let mut token = Some(token);
+    while let Some(t) = token {
+        let (code, _, page) = get(&client, &format!("{CMS}?limit=5&continue={t}")).await;
+        assert_eq!(code, 200, "{page}");
+        assert_eq!(rv_of(&page), rv_of(&first), "every page at the first page's revision");
+        all.extend(names(&page));
+        token = page["metadata"]["continue"].as_str().map(str::to_string);
+    }
+    assert!(all.contains(&"w9".to_string()) && !all.contains(&"zz-after-first-page".to_string()), "{all:?}");
+    assert_eq!(all.len() as i64, total);
+    let mut sorted = all.clone();
+    sorted.sort();
+    assert_eq!(all, sorted, "key order");
+
+    // Table and metadata-only answers come from the cache too.
+    let req = axum::http::Request::get(CMS)
+        .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+        .body(kube::client::Body::empty())
+        .expect("request");
+    let body = client.send(req).await.expect("table").into_body().collect().await.expect("body").to_bytes();
+    let table: Value = serde_json::from_slice(&body).expect("table JSON");
+    assert_eq!(table["kind"], "Table");
+    assert_eq!(table["rows"].as_array().map(Vec::len), Some(total as usize));
+}
+
+#[tokio::test]
+async fn watches_resume_from_the_window_and_older_revisions_are_gone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = ApiServer::start_with(
+        dir,
+        common::free_port(),
+        &["--default-watch-cache-size", "20", "--etcd-compaction-interval", "0"],
+    );
+    let client = kube_client(&server.kubeconfig()).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let (_, _, list) = get(&client, CMS).await;
+    let r0 = rv_of(&list);
+    for i in 0..5 {
+        create(&cms, &format!("a{i}"), "x").await;
+    }
+    cms.delete("a1", &DeleteParams::default()).await.expect("delete");
+    // Resumed from r0: every change after it, in order, once.
+    let mut w = Watch::open(&client, &format!("{CMS}?watch=1&resourceVersion={r0}&timeoutSeconds=30")).await;
+    let seen = w.take(6).await;
+    let want: Vec<(String, String)> = (0..5)
+        .map(|i| ("ADDED".to_string(), format!("a{i}")))
+        .chain([("DELETED".to_string(), "a1".to_string())])
+        .collect();
+    assert_eq!(seen, want);
+    // and the ones made while it watches.
+    create(&cms, "b0", "x").await;
+    assert_eq!(w.take(1).await, vec![("ADDED".to_string(), "b0".to_string())]);
+
+    // Past the window (20 events): 410 with upstream's message.
+    for i in 0..25 {
+        create(&cms, &format!("c{i}"), "x").await;
+    }
+    assert_eq!(w.take(25).await.len(), 25, "the live watch got all of them");
+    let mut old = Watch::open(&client, &format!("{CMS}?watch=1&resourceVersion={r0}")).await;
+    let ev = old.next(Duration::from_secs(10)).await.expect("an error event");
+    assert_eq!(ev["type"], "ERROR", "{ev}");
+    assert_eq!(ev["object"]["code"], 410);
+    assert_eq!(ev["object"]["reason"], "Expired");
+    assert!(ev["object"]["message"].as_str().unwrap_or_default().starts_with("too old resource version: "), "{ev}");
+    assert!(old.next(Duration::from_secs(5)).await.is_none(), "and the stream ends");
+
+    // sendInitialEvents: the current state, then the initial-events-end bookmark.
+    let mut wl = Watch::open(
+        &client,
+        &format!("{CMS}?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan"),
+    )
+    .await;
+    let mut added = 0;
+    loop {
+        let ev = wl.next(Duration::from_secs(10)).await.expect("event");
+        if ev["type"] == "BOOKMARK" {
+            assert_eq!(ev["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"], "true");
+            break;
+        }
+        assert_eq!(ev["type"], "ADDED");
+        added += 1;
+    }
+    assert_eq!(added, names(&get(&client, CMS).await.2).len());
+
+    // One named object.
+    let mut one = Watch::open(&client, &format!("{CMS}?watch=1&fieldSelector=metadata.name%3Dc3")).await;
+    assert_eq!(one.take(1).await, vec![("ADDED".to_string(), "c3".to_string())]);
+    cms.delete("c4", &DeleteParams::default()).await.expect("delete");
+    cms.delete("c3", &DeleteParams::default()).await.expect("delete");
+    assert_eq!(one.take(1).await, vec![("DELETED".to_string(), "c3".to_string())]);
+}
+
+#[tokio::test]
+async fn a_watch_from_before_the_cache_is_served_until_compacted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = common::free_port();
+    let server = ApiServer::start_with(dir, port, &["--etcd-compaction-interval", "0"]);
+    let client = kube_client(&server.kubeconfig()).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let (_, _, list) = get(&client, CMS).await;
+    let last_seen = rv_of(&list);
+    create(&cms, "while-away", "x").await;
+
+    // A new process on the same data dir: the client resumes from the last
+    // revision it saw and gets what it missed, then what comes after.
+    let (dir, port) = server.stop();
+    let server = ApiServer::start_with(dir, port, &["--etcd-compaction-interval", "0"]);
+    let client = kube_client(&server.kubeconfig()).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let (_, _, _) = get(&client, CMS).await;
+    let mut w = Watch::open(&client, &format!("{CMS}?watch=1&resourceVersion={last_seen}&timeoutSeconds=60")).await;
+    assert_eq!(w.take(1).await, vec![("ADDED".to_string(), "while-away".to_string())]);
+    create(&cms, "after-restart", "x").await;
+    assert_eq!(w.take(1).await, vec![("ADDED".to_string(), "after-restart".to_string())]);
+    drop(w);
+
+    // (A watch compacted while it runs is 410 too: compaction starts only now.)
+    let (dir, port) = server.stop();
+    let server = ApiServer::start_with(dir, port, &["--etcd-compaction-interval", "1s"]);
+    let client = kube_client(&server.kubeconfig()).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+
+    // Once the store has compacted that history, the same watch is 410.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for tick in 0.. {
+        create(&cms, &format!("tick-{tick}"), "x").await;
+        let mut again =
+            Watch::open(&client, &format!("{CMS}?watch=1&resourceVersion={last_seen}&timeoutSeconds=1")).await;
+        let first = again.next(Duration::from_secs(10)).await;
+        if let Some(ev) = first.filter(|e| e["type"] == "ERROR") {
+            assert_eq!(ev["object"]["code"], 410, "{ev}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the watch never became 410 after compaction");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_watcher_that_does_not_read_is_ended_and_the_others_get_everything() {
+    let server = ApiServer::start();
+    let client = kube_client(&server.kubeconfig()).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let (_, _, list) = get(&client, CMS).await;
+    let r0 = rv_of(&list);
+    // Each on its own connection.
+    let stuck_client = kube_client(&server.kubeconfig()).await;
+    let mut stuck = Watch::open(&stuck_client, &format!("{CMS}?watch=1&resourceVersion={r0}&timeoutSeconds=300")).await;
+    let mut reader = Watch::open(&client, &format!("{CMS}?watch=1&resourceVersion={r0}&timeoutSeconds=300")).await;
+    let n = 120;
+    let big = "x".repeat(256 << 10);
+    let writer = {
+        let cms = cms.clone();
+        tokio::spawn(async move {
+            for i in 0..n {
+                create(&cms, &format!("big-{i:03}"), &big).await;
+            }
+        })
+    };
+    let got = reader.take(n).await;
+    writer.await.expect("writer");
+    let want: Vec<(String, String)> = (0..n).map(|i| ("ADDED".to_string(), format!("big-{i:03}"))).collect();
+    assert_eq!(got, want, "the reading watcher got every event, in order");
+    // The stuck one got a prefix, then the end of its stream (long before
+    // its timeout).
+    let mut stuck_got = 0;
+    while let Some(ev) = stuck.next(Duration::from_secs(20)).await {
+        assert_eq!(ev["object"]["metadata"]["name"], format!("big-{stuck_got:03}"), "a prefix, in order");
+        stuck_got += 1;
+    }
+    assert!(stuck_got < n, "the stuck watcher was ended ({stuck_got} of {n} events)");
+}
+
+#[tokio::test]
+async fn selectors_and_the_node_name_index() {
+    let server = ApiServer::start();
+    let client = kube_client(&server.kubeconfig()).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = |name: &str, node: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"app": "a"}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}
+        }))
+        .expect("pod")
+    };
+    const PODS: &str = "/api/v1/pods";
+    let mut w = Watch::open(&client, &format!("{PODS}?watch=1&fieldSelector=spec.nodeName%3Dn1")).await;
+    for (name, node) in [("p1", "n1"), ("p2", "n2"), ("p3", "n1")] {
+        pods.create(&PostParams::default(), &pod(name, node)).await.expect("create pod");
+    }
+    assert_eq!(w.take(2).await, vec![("ADDED".into(), "p1".into()), ("ADDED".into(), "p3".into())]);
+    let (_, _, on_n1) = get(&client, &format!("{PODS}?fieldSelector=spec.nodeName%3Dn1")).await;
+    assert_eq!(names(&on_n1), vec!["p1", "p3"]);
+    let (_, _, paged) = get(&client, &format!("{PODS}?fieldSelector=spec.nodeName%3Dn1&limit=1")).await;
+    assert_eq!(names(&paged), vec!["p1"]);
+    let token = paged["metadata"]["continue"].as_str().expect("continue");
+    let (_, _, rest) = get(&client, &format!("{PODS}?fieldSelector=spec.nodeName%3Dn1&limit=1&continue={token}")).await;
+    assert_eq!(names(&rest), vec!["p3"]);
+    let (_, _, not_n1) = get(&client, &format!("{PODS}?fieldSelector=spec.nodeName!%3Dn1")).await;
+    assert_eq!(names(&not_n1), vec!["p2"]);
+    pods.delete("p2", &DeleteParams::default().grace_period(0)).await.expect("delete");
+    pods.delete("p1", &DeleteParams::default().grace_period(0)).await.expect("delete");
+    assert_eq!(w.take(1).await, vec![("DELETED".into(), "p1".into())], "p2 is on n2, not seen");
+
+    // A label that stops or starts matching: DELETED and ADDED for the watcher.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let mut lw = Watch::open(&client, &format!("{CMS}?watch=1&labelSelector=tier%3Dweb")).await;
+    let labelled = |tier: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": "l", "labels": {"tier": tier}}})).expect("cm")
+    };
+    cms.create(&PostParams::default(), &labelled("db")).await.expect("create");
+    cms.replace("l", &PostParams::default(), &{
+        let mut c = cms.get("l").await.expect("get");
+        c.metadata.labels = Some([("tier".to_string(), "web".to_string())].into());
+        c
+    })
+    .await
+    .expect("relabel");
+    assert_eq!(lw.take(1).await, vec![("ADDED".into(), "l".into())]);
+    cms.replace("l", &PostParams::default(), &{
+        let mut c = cms.get("l").await.expect("get");
+        c.metadata.labels = Some([("tier".to_string(), "db".to_string())].into());
+        c
+    })
+    .await
+    .expect("relabel");
+    assert_eq!(lw.take(1).await, vec![("DELETED".into(), "l".into())]);
+}
