@@ -14,14 +14,6 @@ use common::{client, rss_kib, start_with};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, PostParams};
 
-fn percentile(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i].as_secs_f64() * 1000.0
-}
-
 fn cm(name: &str) -> ConfigMap {
     let mut c = ConfigMap::default();
     c.metadata.name = Some(name.to_string());
@@ -53,19 +45,7 @@ where
             lat
         }));
     }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.expect("task"));
-    }
-    let elapsed = started.elapsed();
-    all.sort();
-    println!(
-        "{label:<8} clients={clients:<3} ops={:<6} {:>8.0} ops/s  p50 {:>6.2} ms  p99 {:>6.2} ms",
-        all.len(),
-        all.len() as f64 / elapsed.as_secs_f64(),
-        percentile(&all, 0.5),
-        percentile(&all, 0.99)
-    );
+    common::report_phase(label, clients, started, tasks).await;
 }
 
 #[tokio::main]

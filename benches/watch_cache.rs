@@ -5,7 +5,8 @@
 //! change. Prints figures; it is not a pass/fail test.
 //!
 //! `cargo bench --bench watch_cache [-- --quick]`; `FERROK_BENCH_ARGS`
-//! adds server flags (`--default-watch-cache-size 0` reads the store as
+//! adds server flags (the cache is off by default: `--default-watch-cache-size 4096`
+//! turns it on; without it the store is read as
 //! before the cache), `FERROK_BIN` runs another binary.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,18 +15,11 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{client, rss_kib, start_with};
+use common::{client, percentile, rss_kib, start_with};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-
-fn ms(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
-}
 
 /// utime + stime of `pid`, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
@@ -66,19 +60,7 @@ where
             lat
         }));
     }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.expect("task"));
-    }
-    let elapsed = started.elapsed();
-    all.sort();
-    println!(
-        "{label:<28} clients={clients:<3} ops={:<6} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms",
-        all.len(),
-        all.len() as f64 / elapsed.as_secs_f64(),
-        ms(&all, 0.5),
-        ms(&all, 0.99)
-    );
+    common::report_phase(label, clients, started, tasks).await;
 }
 
 fn cm(name: &str) -> ConfigMap {
@@ -248,8 +230,8 @@ async fn main() {
             "watchers={watchers:<3} changes={changes:<5} ({:>5.0}/s) delivered={:<6} latency p50 {:>7.2} ms p99 {:>8.2} ms  server CPU {:.2} s = {:>6.1} µs/change, {:>5.1} µs/delivery",
             changes as f64 / elapsed.as_secs_f64(),
             lat.len(),
-            ms(&lat, 0.5),
-            ms(&lat, 0.99),
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
             cpu,
             cpu * 1e6 / changes.max(1) as f64,
             cpu * 1e6 / lat.len().max(1) as f64,

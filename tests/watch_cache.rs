@@ -91,9 +91,18 @@ impl Watch {
 
 const CMS: &str = "/api/v1/namespaces/default/configmaps";
 
+/// A server with the watch cache on (it is off by default for now).
+fn cached_server() -> ApiServer {
+    ApiServer::start_with(
+        tempfile::tempdir().expect("tempdir"),
+        common::free_port(),
+        &["--default-watch-cache-size", "4096"],
+    )
+}
+
 #[tokio::test]
 async fn lists_follow_upstreams_resource_version_semantics() {
-    let server = ApiServer::start();
+    let server = cached_server();
     let client = kube_client(&server.kubeconfig()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
 
@@ -258,7 +267,8 @@ async fn watches_resume_from_the_window_and_older_revisions_are_gone() {
 async fn a_watch_from_before_the_cache_is_served_until_compacted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = common::free_port();
-    let server = ApiServer::start_with(dir, port, &["--etcd-compaction-interval", "0"]);
+    let server =
+        ApiServer::start_with(dir, port, &["--default-watch-cache-size", "4096", "--etcd-compaction-interval", "0"]);
     let client = kube_client(&server.kubeconfig()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let (_, _, list) = get(&client, CMS).await;
@@ -268,7 +278,8 @@ async fn a_watch_from_before_the_cache_is_served_until_compacted() {
     // A new process on the same data dir: the client resumes from the last
     // revision it saw and gets what it missed, then what comes after.
     let (dir, port) = server.stop();
-    let server = ApiServer::start_with(dir, port, &["--etcd-compaction-interval", "0"]);
+    let server =
+        ApiServer::start_with(dir, port, &["--default-watch-cache-size", "4096", "--etcd-compaction-interval", "0"]);
     let client = kube_client(&server.kubeconfig()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let (_, _, _) = get(&client, CMS).await;
@@ -280,7 +291,8 @@ async fn a_watch_from_before_the_cache_is_served_until_compacted() {
 
     // (A watch compacted while it runs is 410 too: compaction starts only now.)
     let (dir, port) = server.stop();
-    let server = ApiServer::start_with(dir, port, &["--etcd-compaction-interval", "1s"]);
+    let server =
+        ApiServer::start_with(dir, port, &["--default-watch-cache-size", "4096", "--etcd-compaction-interval", "1s"]);
     let client = kube_client(&server.kubeconfig()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
 
@@ -302,7 +314,7 @@ async fn a_watch_from_before_the_cache_is_served_until_compacted() {
 
 #[tokio::test]
 async fn a_watcher_that_does_not_read_is_ended_and_the_others_get_everything() {
-    let server = ApiServer::start();
+    let server = cached_server();
     let client = kube_client(&server.kubeconfig()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let (_, _, list) = get(&client, CMS).await;
@@ -337,7 +349,7 @@ async fn a_watcher_that_does_not_read_is_ended_and_the_others_get_everything() {
 
 #[tokio::test]
 async fn selectors_and_the_node_name_index() {
-    let server = ApiServer::start();
+    let server = cached_server();
     let client = kube_client(&server.kubeconfig()).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let pod = |name: &str, node: &str| -> Pod {

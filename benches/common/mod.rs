@@ -1,6 +1,7 @@
 //! What the API-level benchmarks share: a `ferrok server` on a free port in
 //! a temporary data dir, clients from its kubeconfig, and the server's
-//! resident memory.
+//! resident memory. Each bench uses part of it.
+#![allow(dead_code)]
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -79,4 +80,35 @@ pub async fn start_with(extra: &[&str]) -> (Server, kube::Client, Duration) {
         assert!(started.elapsed() < Duration::from_secs(20), "server did not start");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The `p` quantile (0..=1) of sorted latencies, in milliseconds.
+pub fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
+}
+
+/// Waits for the clients' tasks (each returning its latencies) and prints
+/// the phase's rate, p50 and p99 on one line.
+pub async fn report_phase(
+    label: &str,
+    clients: usize,
+    started: std::time::Instant,
+    tasks: Vec<tokio::task::JoinHandle<Vec<Duration>>>,
+) {
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    let elapsed = started.elapsed();
+    all.sort();
+    println!(
+        "{label:<28} clients={clients:<3} ops={:<6} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms",
+        all.len(),
+        all.len() as f64 / elapsed.as_secs_f64(),
+        percentile(&all, 0.5),
+        percentile(&all, 0.99)
+    );
 }
