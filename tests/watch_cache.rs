@@ -40,6 +40,20 @@ fn names(list: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The tests of this file run one at a time: each drives thousands of
+/// objects, and side by side on two cores their timings stop meaning much.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits until the root-CA publisher has written `kube-root-ca.crt` in
+/// `default`, so that it does not arrive in the middle of a watch.
+async fn root_ca_published(client: &kube::Client) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !names(&get(client, CMS).await.2).iter().any(|n| n == "kube-root-ca.crt") {
+        assert!(Instant::now() < deadline, "no kube-root-ca.crt in default");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 fn rv_of(list: &Value) -> i64 {
     list["metadata"]["resourceVersion"].as_str().and_then(|r| r.parse().ok()).expect("list resourceVersion")
 }
@@ -102,6 +116,7 @@ fn cached_server() -> ApiServer {
 
 #[tokio::test]
 async fn lists_follow_upstreams_resource_version_semantics() {
+    let _serial = SERIAL.lock().await;
     let server = cached_server();
     let client = kube_client(&server.kubeconfig()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
@@ -198,6 +213,7 @@ async fn lists_follow_upstreams_resource_version_semantics() {
 
 #[tokio::test]
 async fn watches_resume_from_the_window_and_older_revisions_are_gone() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let server = ApiServer::start_with(
         dir,
@@ -265,12 +281,14 @@ async fn watches_resume_from_the_window_and_older_revisions_are_gone() {
 
 #[tokio::test]
 async fn a_watch_from_before_the_cache_is_served_until_compacted() {
+    let _serial = SERIAL.lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let port = common::free_port();
     let server =
         ApiServer::start_with(dir, port, &["--default-watch-cache-size", "4096", "--etcd-compaction-interval", "0"]);
     let client = kube_client(&server.kubeconfig()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    root_ca_published(&client).await;
     let (_, _, list) = get(&client, CMS).await;
     let last_seen = rv_of(&list);
     create(&cms, "while-away", "x").await;
@@ -314,6 +332,7 @@ async fn a_watch_from_before_the_cache_is_served_until_compacted() {
 
 #[tokio::test]
 async fn a_watcher_that_does_not_read_is_ended_and_the_others_get_everything() {
+    let _serial = SERIAL.lock().await;
     let server = cached_server();
     let client = kube_client(&server.kubeconfig()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
@@ -349,6 +368,7 @@ async fn a_watcher_that_does_not_read_is_ended_and_the_others_get_everything() {
 
 #[tokio::test]
 async fn selectors_and_the_node_name_index() {
+    let _serial = SERIAL.lock().await;
     let server = cached_server();
     let client = kube_client(&server.kubeconfig()).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
