@@ -105,6 +105,15 @@ fn read(path: &Path) -> Result<String, Failure> {
     })
 }
 
+/// Keys are readable by the owner only; certificates by all.
+fn mode_of(name: &str) -> u32 {
+    if name.ends_with(".key") {
+        0o600
+    } else {
+        0o644
+    }
+}
+
 async fn rotate(api: &Api, rotation: &CaRotation, request: CaRotationRequest) -> Result<CaRotationAnswer, Failure> {
     let _one = rotation.rotating.lock().await;
     let dir = &rotation.tls_dir;
@@ -133,8 +142,7 @@ async fn rotate(api: &Api, rotation: &CaRotation, request: CaRotationRequest) ->
     let data_dir = dir.parent().and_then(Path::parent).unwrap_or(dir);
     let backup = data_dir.join(format!("tls-backup-{stamp}")).join("server").join("tls");
     for name in files.keys() {
-        let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
-        crate::pki::write(&backup.join(name), &current[name], mode).map_err(|e| Failure::Io {
+        crate::pki::write(&backup.join(name), &current[name], mode_of(name)).map_err(|e| Failure::Io {
             action: "back up",
             path: dir.join(name).display().to_string(),
             message: e.to_string(),
@@ -160,8 +168,7 @@ async fn rotate(api: &Api, rotation: &CaRotation, request: CaRotationRequest) ->
         .await?;
     }
     for (name, contents) in &files {
-        let mode = if name.ends_with(".key") { 0o600 } else { 0o644 };
-        crate::pki::write(&dir.join(name), contents, mode).map_err(|e| Failure::Io {
+        crate::pki::write(&dir.join(name), contents, mode_of(name)).map_err(|e| Failure::Io {
             action: "write",
             path: dir.join(name).display().to_string(),
             message: e.to_string(),

@@ -62,14 +62,6 @@ pub fn chain_pem(bundle: &str) -> Result<String, CertError> {
     Ok(chain)
 }
 
-/// The common name of the (first) certificate of `pem`, empty when unreadable.
-pub fn subject_cn(pem: &str) -> String {
-    let Ok(Some(der)) = certificates(pem).map(|c| c.into_iter().next()) else { return String::new() };
-    let Ok(cert) = parse(&der) else { return String::new() };
-    let cn = cert.subject().iter_common_name().next().and_then(|cn| cn.as_str().ok()).unwrap_or_default().to_string();
-    cn
-}
-
 /// The trailing part of `bundle`, from the start of one of its PEM blocks
 /// (the whole bundle included), whose SHA-256 is `hash`: the bundle a join
 /// token was made for, which a rotation keeps at the end of the new one.

@@ -116,7 +116,8 @@ impl Ca {
         let key = KeyPair::generate()?;
         // Never the name of the CA it succeeds: certificates chain by name.
         let mut stamp = now().unix_timestamp();
-        if super::ca_bundle::subject_cn(self.own_cert_pem()) == format!("{cn}@{stamp}") {
+        let current_cn = pem_der(self.own_cert_pem()).ok().and_then(|der| subject_of(&der)).map(|(cn, _)| cn);
+        if current_cn.as_deref() == Some(format!("{cn}@{stamp}").as_str()) {
             stamp += 1;
         }
         let params = ca_params(cn, stamp)?;

@@ -191,16 +191,21 @@ impl Pki {
 /// rotation (see [`ca_bundle`]) made to name `bundle` itself; the secret
 /// is unchanged, and any other token is returned as it is.
 pub(crate) fn renamed_ca(token: &str, bundle: &str) -> String {
-    match token.strip_prefix("K10").and_then(|rest| rest.split_once("::")) {
+    match k10_parts(token) {
         Some((old, _)) if ca_bundle::suffix_with_hash(bundle, old).is_some() => with_ca_hash(token, bundle),
         _ => token.to_string(),
     }
 }
 
+/// `(CA hash, <user>:<secret>)` of a `K10<hash>::<user>:<secret>` token.
+fn k10_parts(token: &str) -> Option<(&str, &str)> {
+    token.strip_prefix("K10")?.split_once("::")
+}
+
 /// A full token made to name the server CA bundle `bundle`, its secret
 /// unchanged; a bare secret is returned as it is.
 pub(crate) fn with_ca_hash(token: &str, bundle: &str) -> String {
-    match token.strip_prefix("K10").and_then(|rest| rest.split_once("::")) {
+    match k10_parts(token) {
         Some((_, creds)) => format!("K10{}::{creds}", certs::ca_hash(bundle.as_bytes())),
         None => token.to_string(),
     }
