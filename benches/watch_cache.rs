@@ -5,9 +5,8 @@
 //! change. Prints figures; it is not a pass/fail test.
 //!
 //! `cargo bench --bench watch_cache [-- --quick]`; `FERROK_BENCH_ARGS`
-//! adds server flags (the cache is off by default: `--default-watch-cache-size 4096`
-//! turns it on; without it the store is read as
-//! before the cache), `FERROK_BIN` runs another binary.
+//! adds server flags (`--default-watch-cache-size 0` turns the cache off,
+//! so the store answers every read), `FERROK_BIN` runs another binary.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -83,10 +83,9 @@ pub struct ServerArgs {
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = super::duration::parse)]
     pub event_ttl: std::time::Duration,
     /// Events each resource's watch cache keeps for watches to resume from
-    /// (lists and watches are then served from the cache; 4096 is a good
-    /// size); 0, the default for now, leaves the cache off: a race at start
-    /// can leave an informer without some objects.
-    #[arg(long, value_name = "EVENTS", default_value_t = 0)]
+    /// (lists and watches are served from the cache); 0 turns the cache off
+    /// and every read goes to the store.
+    #[arg(long, value_name = "EVENTS", default_value_t = crate::apiserver::watch_cache::DEFAULT_WINDOW)]
     pub default_watch_cache_size: usize,
     /// Space quota of the embedded store in bytes, as etcd's flag: past it,
     /// writes fail with etcd's NOSPACE alarm until it is disarmed. 0 is

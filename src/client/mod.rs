@@ -5,6 +5,7 @@
 //! Events; leader election.
 
 pub mod events;
+pub mod cache_sync;
 pub mod https;
 pub mod labels;
 pub mod leader;

@@ -145,7 +145,7 @@ async fn reconcile(pdb: Arc<PodDisruptionBudget>, ctx: Arc<Context>) -> Result<A
     if pdb.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let _ = ctx.pods.wait_until_ready().await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.pods).await;
     let spec = pdb.spec.clone().unwrap_or_default();
     let pods: Vec<Arc<Pod>> = match &spec.selector {
         // policy/v1: a null selector selects nothing, an empty one everything.

@@ -225,8 +225,8 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
     if svc.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let _ = ctx.pods.wait_until_ready().await;
-    let _ = ctx.endpoints.wait_until_ready().await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.pods).await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.endpoints).await;
     let Some(pods) = selected_pods(&svc, &ctx.pods) else {
         return Ok(Action::await_change());
     };
@@ -295,7 +295,7 @@ async fn delete_orphaned(ep: Arc<Endpoints>, ctx: Arc<Cleanup>) -> Result<Action
     if ep.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(LEADER_ANNOTATION)) {
         return Ok(Action::await_change());
     }
-    let _ = ctx.services.wait_until_ready().await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.services).await;
     if ctx.services.get(&ObjectRef::new(&name).within(&ns)).is_some() {
         return Ok(Action::await_change());
     }

@@ -181,8 +181,8 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
     if svc.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let _ = ctx.pods.wait_until_ready().await;
-    let _ = ctx.slices.wait_until_ready().await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.pods).await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.slices).await;
     let Some(pods) = selected_pods(&svc, &ctx.pods) else {
         return Ok(Action::await_change());
     };

@@ -222,8 +222,8 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Control
     if node.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let _ = ctx.leases.wait_until_ready().await;
-    let _ = ctx.pods.wait_until_ready().await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.leases).await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.pods).await;
     let api: Api<Node> = Api::all(ctx.client.clone());
     let now = Instant::now();
     let deadline = heartbeat_deadline(&ctx, &node, now)?;

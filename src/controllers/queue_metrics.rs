@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
-use futures_util::{FutureExt, Stream, StreamExt};
+use futures_util::{Stream, StreamExt};
 use kube::runtime::controller::{Action, ReconcileRequest};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Resource;
@@ -65,7 +65,7 @@ where
     /// Whether the cache is still taking its initial list (and shows none
     /// of it yet).
     fn listing(&self) -> bool {
-        self.store.wait_until_ready().now_or_never().is_none()
+        !crate::client::cache_sync::has_synced(&self.store)
     }
 
     /// The controller's own watch: each object seen is a request for itself.

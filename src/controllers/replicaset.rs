@@ -111,7 +111,7 @@ impl Context {
 }
 
 async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
-    if ctx.pods.wait_until_ready().await.is_err() {
+    if crate::client::cache_sync::wait_for_cache_sync(&ctx.pods).await.is_err() {
         return Err(ControllerError::Invalid("the pod cache stopped".into()));
     }
     let ns = rs.metadata.namespace.clone().unwrap_or_default();

@@ -211,11 +211,11 @@ async fn reconcile(quota: Arc<ResourceQuota>, ctx: Arc<Context>) -> Result<Actio
         return Ok(Action::await_change());
     }
     for ready in [
-        ctx.pods.wait_until_ready().await,
-        ctx.services.wait_until_ready().await,
-        ctx.configmaps.wait_until_ready().await,
-        ctx.secrets.wait_until_ready().await,
-        ctx.claims.wait_until_ready().await,
+        crate::client::cache_sync::wait_for_cache_sync(&ctx.pods).await,
+        crate::client::cache_sync::wait_for_cache_sync(&ctx.services).await,
+        crate::client::cache_sync::wait_for_cache_sync(&ctx.configmaps).await,
+        crate::client::cache_sync::wait_for_cache_sync(&ctx.secrets).await,
+        crate::client::cache_sync::wait_for_cache_sync(&ctx.claims).await,
     ] {
         let _ = ready;
     }

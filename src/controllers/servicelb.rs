@@ -290,9 +290,9 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
     if !is_ours(&svc) {
         return Ok(Action::await_change());
     }
-    let _ = ctx.nodes.wait_until_ready().await;
-    let _ = ctx.slices.wait_until_ready().await;
-    let _ = ctx.services.wait_until_ready().await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.nodes).await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.slices).await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.services).await;
     let nodes = ctx.nodes.state();
     let placement = place(&ctx.services.state(), &nodes).remove(&key).unwrap_or_default();
     let local = requests_only_local_traffic(&svc).then(|| nodes_with_ready_endpoints(&svc, &ctx.slices));

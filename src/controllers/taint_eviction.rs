@@ -53,7 +53,7 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Controlle
     if pod.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let _ = ctx.nodes.wait_until_ready().await;
+    let _ = crate::client::cache_sync::wait_for_cache_sync(&ctx.nodes).await;
     let node = ctx.nodes.get(&ObjectRef::new(&node_name));
     let taints: Vec<Taint> = node.and_then(|n| n.spec.as_ref()?.taints.clone()).unwrap_or_default();
     match decide(&ctx, &uid, &no_execute_of(&taints), &pod)? {

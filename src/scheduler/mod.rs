@@ -124,11 +124,11 @@ pub async fn run(client: kube::Client, profiles: Vec<Arc<Profile>>) {
     }
     // Scoring and preemption only: do not wait long for these.
     let others = async {
-        let _ = sched.pdbs.wait_until_ready().await;
-        let _ = sched.services.wait_until_ready().await;
-        let _ = sched.replication_controllers.wait_until_ready().await;
-        let _ = sched.replica_sets.wait_until_ready().await;
-        let _ = sched.stateful_sets.wait_until_ready().await;
+        let _ = crate::client::cache_sync::wait_for_cache_sync(&sched.pdbs).await;
+        let _ = crate::client::cache_sync::wait_for_cache_sync(&sched.services).await;
+        let _ = crate::client::cache_sync::wait_for_cache_sync(&sched.replication_controllers).await;
+        let _ = crate::client::cache_sync::wait_for_cache_sync(&sched.replica_sets).await;
+        let _ = crate::client::cache_sync::wait_for_cache_sync(&sched.stateful_sets).await;
     };
     let _ = tokio::time::timeout(std::time::Duration::from_secs(10), others).await;
     tracing::debug!("scheduler caches synced");
