@@ -222,6 +222,7 @@ async fn watches_resume_from_the_window_and_older_revisions_are_gone() {
     );
     let client = kube_client(&server.kubeconfig()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    root_ca_published(&client).await;
     let (_, _, list) = get(&client, CMS).await;
     let r0 = rv_of(&list);
     for i in 0..5 {
@@ -336,6 +337,7 @@ async fn a_watcher_that_does_not_read_is_ended_and_the_others_get_everything() {
     let server = cached_server();
     let client = kube_client(&server.kubeconfig()).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    root_ca_published(&client).await;
     let (_, _, list) = get(&client, CMS).await;
     let r0 = rv_of(&list);
     // Each on its own connection.

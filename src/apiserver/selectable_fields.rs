@@ -146,6 +146,56 @@ pub fn of(group: &str, kind: &str) -> (&'static [SelectableField], Refusal) {
         .unwrap_or((DEFAULT, Refusal::NotKnown))
 }
 
+/// What selectors of `kind` can read of `obj` (its labels, and every
+/// selectable field of any group's `kind`, at the paths they have in the
+/// object): a small stand-in on which `LabelSelector` and `value_in` answer
+/// as they do on the whole object, for caches that keep objects encoded.
+pub fn selector_view(obj: &Value, kind: &str) -> Value {
+    let mut view = serde_json::Map::new();
+    if let Some(labels) = obj.get("metadata").and_then(|m| m.get("labels")) {
+        let mut meta = serde_json::Map::new();
+        meta.insert("labels".into(), labels.clone());
+        view.insert("metadata".into(), Value::Object(meta));
+    }
+    let fields = CONVERSIONS.iter().filter(|(_, k, _, _)| *k == kind).flat_map(|(_, _, f, _)| f.iter()).chain(DEFAULT);
+    for f in fields {
+        for path in [f.path, f.fallback] {
+            if let Some(v) = at(obj, path) {
+                put(&mut view, path, v.clone());
+            }
+        }
+    }
+    Value::Object(view)
+}
+
+/// The value at `path` in `obj`, unless it is missing, null or "".
+fn at<'a>(obj: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    if path.is_empty() {
+        return None;
+    }
+    let mut v = Some(obj);
+    for p in path {
+        v = v.and_then(|x| match x {
+            Value::Array(a) => p.parse::<usize>().ok().and_then(|i| a.get(i)),
+            _ => x.get(p),
+        });
+    }
+    v.filter(|v| !v.is_null() && v.as_str() != Some(""))
+}
+
+/// Sets `path` in `view` to `v`, making objects on the way (an array index
+/// becomes a key, which `at` reads back the same way).
+fn put(view: &mut serde_json::Map<String, Value>, path: &[&str], v: Value) {
+    let Some((last, parents)) = path.split_last() else { return };
+    let mut here = view;
+    for p in parents {
+        let next = here.entry(p.to_string()).or_insert_with(|| Value::Object(serde_json::Map::new()));
+        let Value::Object(m) = next else { return };
+        here = m;
+    }
+    here.insert(last.to_string(), v);
+}
+
 /// Why a label cannot be selected by, in upstream's words.
 pub fn unsupported(label: &str, refusal: Refusal) -> String {
     match refusal {
@@ -160,20 +210,7 @@ pub fn unsupported(label: &str, refusal: Refusal) -> String {
 impl SelectableField {
     /// The field's value in `obj` as a selector compares it.
     pub fn value_in(&self, obj: &Value) -> String {
-        let at = |path: &[&str]| {
-            if path.is_empty() {
-                return None;
-            }
-            let mut v = Some(obj);
-            for p in path {
-                v = v.and_then(|x| match x {
-                    Value::Array(a) => p.parse::<usize>().ok().and_then(|i| a.get(i)),
-                    _ => x.get(p),
-                });
-            }
-            v.filter(|v| !v.is_null() && v.as_str() != Some(""))
-        };
-        match at(self.path).or_else(|| at(self.fallback)) {
+        match at(obj, self.path).or_else(|| at(obj, self.fallback)) {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Bool(b)) => b.to_string(),
             Some(Value::Number(n)) => n.to_string(),
@@ -219,5 +256,29 @@ mod tests {
         let source = event.iter().find(|f| f.label == "source").expect("field");
         assert_eq!(source.value_in(&json!({"reportingComponent": "kubelet"})), "kubelet");
         assert_eq!(source.value_in(&json!({"source": {"component": "sched"}, "reportingComponent": "x"})), "sched");
+    }
+
+    #[test]
+    fn the_selector_view_answers_as_the_whole_object() {
+        let pod = json!({
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"app": "web"}, "annotations": {"a": "b"}},
+            "spec": {"nodeName": "n1", "hostNetwork": true, "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "podIPs": [{"ip": "10.42.0.7"}], "podIP": "10.42.0.7"}
+        });
+        let view = selector_view(&pod, "Pod");
+        for f in of("", "Pod").0 {
+            assert_eq!(f.value_in(&view), f.value_in(&pod), "{}", f.label);
+        }
+        assert_eq!(view.pointer("/metadata/labels/app"), Some(&json!("web")));
+        assert!(view.get("spec").and_then(|s| s.get("containers")).is_none(), "only what selectors read");
+        assert!(view.pointer("/metadata/annotations").is_none());
+        // Both Event kinds' fields, whichever group's selector reads it.
+        let event = json!({"metadata": {"name": "e"}, "involvedObject": {"name": "p"}, "regarding": {"name": "q"}});
+        let view = selector_view(&event, "Event");
+        for (_, _, fields, _) in CONVERSIONS.iter().filter(|(_, k, _, _)| *k == "Event") {
+            for f in fields.iter() {
+                assert_eq!(f.value_in(&view), f.value_in(&event), "{}", f.label);
+            }
+        }
     }
 }

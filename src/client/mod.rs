@@ -4,8 +4,8 @@
 //! authorization, admission and validation as kubectl's; the recorder of
 //! Events; leader election.
 
-pub mod events;
 pub mod cache_sync;
+pub mod events;
 pub mod https;
 pub mod labels;
 pub mod leader;

@@ -211,7 +211,9 @@ pub async fn wait_synced<K: Resource + Clone + 'static>(store: &Store<K>) -> Res
 where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
-    crate::client::cache_sync::wait_for_cache_sync(store).await.map_err(|_| ControllerError::Invalid("informer stopped".into()))
+    crate::client::cache_sync::wait_for_cache_sync(store)
+        .await
+        .map_err(|_| ControllerError::Invalid("informer stopped".into()))
 }
 
 /// Objects in `store` within `namespace` controlled by `uid`.

@@ -103,7 +103,7 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
             return Ok(Some(resp));
         }
     }
-    let items = listed.items.iter().map(|o| o.object.clone()).collect();
+    let items = listed.items.iter().map(|o| o.value()).collect();
     Ok(Some(list_response(call, items, meta)))
 }
 
@@ -177,19 +177,26 @@ impl Render {
         if self.plain {
             return event_line(EventType::Added, &obj.json(&self.api_version, &self.kind));
         }
-        self.value_line(EventType::Added, &obj.object)
+        self.value_line(EventType::Added, obj.value())
     }
 
     fn event(&self, as_type: EventType, ev: &crate::apiserver::watch_cache::object::CachedEvent) -> Bytes {
         if self.plain {
             return ev.line(as_type, &self.api_version, &self.kind);
         }
-        self.value_line(as_type, &ev.object.object)
+        self.value_line(as_type, ev.object.value())
     }
 
-    fn value_line(&self, as_type: EventType, obj: &Value) -> Bytes {
-        let v = event(&self.call, as_type.as_str(), obj.clone(), self.as_table);
+    fn value_line(&self, as_type: EventType, obj: Value) -> Bytes {
+        let v = event(&self.call, as_type.as_str(), obj, self.as_table);
         line_of(&v)
+    }
+
+    fn delivery(&self, d: Delivery) -> Bytes {
+        match d {
+            Delivery::Event(t, ev) => self.event(t, &ev),
+            Delivery::Bookmark(rev) => self.bookmark(rev, false),
+        }
     }
 
     fn bookmark(&self, rev: i64, initial_end: bool) -> Bytes {
@@ -217,7 +224,7 @@ fn lines(
         render: Render,
         deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
     }
-    let state = State { first: first.into_iter(), inbox, render, deadline: Box::pin(deadline) };
+    let state = State { first: coalesce(first).into_iter(), inbox, render, deadline: Box::pin(deadline) };
     futures_util::stream::unfold(state, |mut st| async move {
         if let Some(b) = st.first.next() {
             return Some((Ok(b), st));
@@ -226,13 +233,39 @@ fn lines(
             _ = &mut st.deadline => None,
             d = st.inbox.recv() => d,
         }?;
-        let bytes = match item {
-            Delivery::Event(t, ev) => st.render.event(t, &ev),
-            Delivery::Bookmark(rev) => st.render.bookmark(rev, false),
-        };
-        Some((Ok(bytes), st))
+        let first = st.render.delivery(item);
+        // Events that arrived together leave together: one write (one TLS
+        // record, one frame) for a burst instead of one per event.
+        let Some(next) = st.inbox.try_recv() else { return Some((Ok(first), st)) };
+        let mut out = Vec::with_capacity(first.len() * 2);
+        out.extend_from_slice(&first);
+        out.extend_from_slice(&st.render.delivery(next));
+        while out.len() < COALESCE_BYTES {
+            let Some(d) = st.inbox.try_recv() else { break };
+            out.extend_from_slice(&st.render.delivery(d));
+        }
+        Some((Ok(Bytes::from(out)), st))
     })
 }
+
+/// Lines joined into writes of about `COALESCE_BYTES`.
+fn coalesce(lines: Vec<Bytes>) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut buf: Vec<u8> = Vec::new();
+    for line in lines {
+        if !buf.is_empty() && buf.len() + line.len() > COALESCE_BYTES {
+            out.push(Bytes::from(std::mem::take(&mut buf)));
+        }
+        buf.extend_from_slice(&line);
+    }
+    if !buf.is_empty() {
+        out.push(Bytes::from(buf));
+    }
+    out
+}
+
+/// How many bytes of waiting events a watch sends in one write.
+const COALESCE_BYTES: usize = 64 << 10;
 
 /// How long a watch lasts when the client does not say.
 pub(super) const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(30 * 60);

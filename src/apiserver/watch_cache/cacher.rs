@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
-use super::object::{CachedEvent, CachedObject, EventType};
+use super::object::{CachedEvent, CachedObject, EventType, Form};
 use super::watcher::{Filter, Inbox, Watchers};
 use super::window::{TooOld, Window};
 use crate::apiserver::selectable_fields::SelectableField;
@@ -35,6 +35,7 @@ pub struct Shape {
 
 pub struct Cacher {
     pub shape: Shape,
+    form: Form,
     pub(super) storage: Storage,
     window_size: usize,
     pub(super) state: RwLock<State>,
@@ -94,7 +95,9 @@ pub enum NotServed {
 impl Cacher {
     /// A cache for `shape`; it lists and starts watching at once.
     pub fn start(storage: Storage, shape: Shape, window_size: usize) -> Arc<Cacher> {
+        let form = Form { api_version: shape.api_version.as_str().into(), kind: shape.kind.as_str().into() };
         let cacher = Arc::new(Cacher {
+            form,
             state: RwLock::new(State {
                 objects: BTreeMap::new(),
                 by_index: HashMap::new(),
@@ -164,7 +167,7 @@ impl Cacher {
             st.by_index.clear();
             for s in items {
                 let obj = Arc::new(self.cached(s));
-                if let Some(v) = self.index_value(&obj.object) {
+                if let Some(v) = self.index_value(&obj.attrs) {
                     st.by_index.entry(v).or_default().insert(obj.key.clone());
                 }
                 st.objects.insert(obj.key.clone(), obj);
@@ -222,7 +225,7 @@ impl Cacher {
     }
 
     fn cached(&self, s: Stored) -> CachedObject {
-        CachedObject::new(self.key_of(&s.object), s.rev, s.object)
+        CachedObject::new(self.key_of(&s.object), s.rev, s.object, &self.form)
     }
 
     /// One change from the store: into the objects, the window and every
@@ -258,7 +261,7 @@ impl Cacher {
             _ => st.objects.insert(object.key.clone(), object.clone()),
         };
         if let Some(p) = &prev {
-            if let Some(v) = self.index_value(&p.object) {
+            if let Some(v) = self.index_value(&p.attrs) {
                 if let Some(keys) = st.by_index.get_mut(&v) {
                     keys.remove(&p.key);
                     if keys.is_empty() {
@@ -268,16 +271,11 @@ impl Cacher {
             }
         }
         if kind != EventType::Deleted {
-            if let Some(v) = self.index_value(&object.object) {
+            if let Some(v) = self.index_value(&object.attrs) {
                 st.by_index.entry(v).or_default().insert(object.key.clone());
             }
         }
         let event = Arc::new(CachedEvent::new(kind, object, prev));
-        if !st.watchers.is_empty() {
-            // Encoded here, once, for every watcher (and its size bounds
-            // the watchers' buffers).
-            event.object.json(&self.shape.api_version, &self.shape.kind);
-        }
         st.window.push(event.clone());
         st.rev = rev;
         let index = |v: &Value| self.index_value(v);

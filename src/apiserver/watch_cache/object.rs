@@ -1,58 +1,63 @@
-//! What the cache holds: each object decoded once, and its JSON made once
-//! (lazily) and shared by every list and watch that sends it.
+//! What the cache holds: each object encoded once, as the JSON every list
+//! and watch sends, and the little of it that selectors read. The decoded
+//! object is not kept (it weighs several times its JSON); the few readers
+//! that need it whole (tables, metadata-only reads) decode the JSON again.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use serde_json::Value;
 
-/// One object as the cache holds it: its key, revision and decoded value
-/// (with `metadata.resourceVersion` filled in).
+/// How a cache's objects are encoded: the apiVersion and kind its JSON
+/// carries, and the kind whose selectable fields are kept.
+#[derive(Clone)]
+pub struct Form {
+    pub api_version: Arc<str>,
+    pub kind: Arc<str>,
+}
+
+/// One object as the cache holds it.
 pub struct CachedObject {
     pub key: String,
     pub rev: i64,
-    pub object: Value,
-    /// The object as JSON with apiVersion and kind, made on first use.
-    json: OnceLock<Encoded>,
-}
-
-/// An encoding, and the apiVersion it was made for.
-struct Encoded {
-    api_version: String,
-    bytes: Bytes,
+    /// What label and field selectors and the cache's index read (see
+    /// `selectable_fields::selector_view`).
+    pub attrs: Value,
+    /// The object as upstream's JSON (field order, apiVersion and kind of
+    /// `form`, `metadata.resourceVersion` set).
+    json: Bytes,
+    api_version: Arc<str>,
 }
 
 impl CachedObject {
-    pub fn new(key: String, rev: i64, object: Value) -> Self {
-        CachedObject { key, rev, object, json: OnceLock::new() }
+    /// `object` as the store gave it (resourceVersion set), encoded once.
+    pub fn new(key: String, rev: i64, object: Value, form: &Form) -> Self {
+        let attrs = crate::apiserver::selectable_fields::selector_view(&object, &form.kind);
+        let json = encode(object, &form.api_version, &form.kind);
+        CachedObject { key, rev, attrs, json, api_version: form.api_version.clone() }
     }
 
-    /// The object as upstream's JSON (field order, apiVersion and kind set);
-    /// made once per object for the apiVersion most clients read it in.
+    /// The object as JSON for `api_version`: the shared bytes for the
+    /// cache's own apiVersion, made anew for another.
     pub fn json(&self, api_version: &str, kind: &str) -> Bytes {
-        if let Some(e) = self.json.get() {
-            if e.api_version == api_version {
-                return e.bytes.clone();
-            }
-            return encode(&self.object, api_version, kind);
+        if *self.api_version == *api_version {
+            return self.json.clone();
         }
-        let bytes = encode(&self.object, api_version, kind);
-        let _ = self.json.set(Encoded { api_version: api_version.to_string(), bytes: bytes.clone() });
-        bytes
+        encode(self.value(), api_version, kind)
     }
 
-    /// The length of the JSON made so far (0 when none was made).
+    /// The whole object, decoded again from its JSON.
+    pub fn value(&self) -> Value {
+        serde_json::from_slice(&self.json).unwrap_or(Value::Null)
+    }
+
+    /// The length of its JSON.
     pub fn encoded_len(&self) -> usize {
-        self.json.get().map_or(0, |e| e.bytes.len())
-    }
-
-    pub fn name(&self) -> &str {
-        self.object.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default()
+        self.json.len()
     }
 }
 
-fn encode(object: &Value, api_version: &str, kind: &str) -> Bytes {
-    let mut typed = object.clone();
+fn encode(mut typed: Value, api_version: &str, kind: &str) -> Bytes {
     if let Some(m) = typed.as_object_mut() {
         m.insert("apiVersion".into(), Value::String(api_version.to_string()));
         m.insert("kind".into(), Value::String(kind.to_string()));
@@ -76,10 +81,6 @@ impl EventType {
             EventType::Deleted => "DELETED",
         }
     }
-
-    fn index(self) -> usize {
-        self as usize
-    }
 }
 
 /// A change as the store reported it, decoded once.
@@ -91,31 +92,18 @@ pub struct CachedEvent {
     pub object: Arc<CachedObject>,
     /// The object before the change (selectors look at both).
     pub prev: Option<Arc<CachedObject>>,
-    /// `{"type":…,"object":…}` lines, per type a watcher may see this
-    /// event as (a selector turns a MODIFIED into an ADDED or DELETED).
-    lines: [OnceLock<Bytes>; 3],
 }
 
 impl CachedEvent {
     pub fn new(kind: EventType, object: Arc<CachedObject>, prev: Option<Arc<CachedObject>>) -> Self {
-        CachedEvent { kind, rev: object.rev, object, prev, lines: Default::default() }
+        CachedEvent { kind, rev: object.rev, object, prev }
     }
 
-    /// The event as a line of a JSON watch, shown as `as_type`; made once.
+    /// The event as a line of a JSON watch, shown as `as_type`: the
+    /// object's shared JSON with the event's few bytes around it (a copy
+    /// per watcher, as TLS makes anyway, instead of a line kept per event).
     pub fn line(&self, as_type: EventType, api_version: &str, kind: &str) -> Bytes {
-        let made = |obj: &CachedObject| event_line(as_type, &obj.json(api_version, kind));
-        let slot = &self.lines[as_type.index()];
-        if let Some(line) = slot.get() {
-            if self.object.json.get().is_some_and(|e| e.api_version == api_version) {
-                return line.clone();
-            }
-            return made(&self.object);
-        }
-        let line = made(&self.object);
-        if self.object.json.get().is_some_and(|e| e.api_version == api_version) {
-            let _ = slot.set(line.clone());
-        }
-        line
+        event_line(as_type, &self.object.json(api_version, kind))
     }
 }
 
@@ -134,10 +122,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    pub fn form() -> Form {
+        Form { api_version: "v1".into(), kind: "ConfigMap".into() }
+    }
+
     #[test]
     fn encodings_are_made_once_and_match_the_generic_path() {
-        let obj = json!({"metadata": {"name": "a", "resourceVersion": "5"}, "data": {"k": "v"}});
-        let cached = Arc::new(CachedObject::new("/registry/configmaps/ns/a".into(), 5, obj.clone()));
+        let obj = json!({"metadata": {"name": "a", "resourceVersion": "5", "labels": {"x": "y"}}, "data": {"k": "v"}});
+        let cached = Arc::new(CachedObject::new("/registry/configmaps/ns/a".into(), 5, obj.clone(), &form()));
         let first = cached.json("v1", "ConfigMap");
         let second = cached.json("v1", "ConfigMap");
         assert_eq!(first.as_ptr(), second.as_ptr(), "shared, not made again");
@@ -145,9 +137,10 @@ mod tests {
         typed["apiVersion"] = json!("v1");
         typed["kind"] = json!("ConfigMap");
         assert_eq!(first, Bytes::from(crate::apiserver::field_order::to_json(&typed)));
+        assert_eq!(cached.value(), typed, "decoded back whole");
+        assert_eq!(cached.attrs, json!({"metadata": {"name": "a", "labels": {"x": "y"}}}), "only what selectors read");
         let ev = CachedEvent::new(EventType::Added, cached, None);
         let line = ev.line(EventType::Added, "v1", "ConfigMap");
-        assert_eq!(line.as_ptr(), ev.line(EventType::Added, "v1", "ConfigMap").as_ptr());
         let back: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(back["type"], "ADDED");
         assert_eq!(back["object"]["kind"], "ConfigMap");

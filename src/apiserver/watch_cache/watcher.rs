@@ -53,7 +53,7 @@ impl Filter {
 
     /// Whether an object (for an initial list) is seen by this watcher.
     pub fn admits(&self, obj: &CachedObject) -> bool {
-        self.in_scope(&obj.key) && self.predicate.as_ref().is_none_or(|p| p(&obj.object))
+        self.in_scope(&obj.key) && self.predicate.as_ref().is_none_or(|p| p(&obj.attrs))
     }
 
     /// How this watcher sees `ev` (`index` gives an object's indexed value),
@@ -64,17 +64,17 @@ impl Filter {
             return None;
         }
         if let Some(want) = &self.trigger {
-            let hit = |o: &CachedObject| index(&o.object).as_deref() == Some(want.as_str());
+            let hit = |o: &CachedObject| index(&o.attrs).as_deref() == Some(want.as_str());
             if !hit(&ev.object) && !ev.prev.as_deref().is_some_and(hit) {
                 return None;
             }
         }
         let Some(p) = &self.predicate else { return Some(ev.kind) };
         match ev.kind {
-            EventType::Added | EventType::Deleted => p(&ev.object.object).then_some(ev.kind),
+            EventType::Added | EventType::Deleted => p(&ev.object.attrs).then_some(ev.kind),
             EventType::Modified => {
-                let now = p(&ev.object.object);
-                let before = ev.prev.as_ref().is_some_and(|o| p(&o.object));
+                let now = p(&ev.object.attrs);
+                let before = ev.prev.as_ref().is_some_and(|o| p(&o.attrs));
                 match (before, now) {
                     (true, true) => Some(EventType::Modified),
                     (false, true) => Some(EventType::Added),
@@ -103,6 +103,13 @@ pub struct Inbox {
 impl Inbox {
     pub async fn recv(&mut self) -> Option<Delivery> {
         let (d, size) = self.rx.recv().await?;
+        self.queued.fetch_sub(size, Ordering::Relaxed);
+        Some(d)
+    }
+
+    /// A delivery already waiting, if any.
+    pub fn try_recv(&mut self) -> Option<Delivery> {
+        let (d, size) = self.rx.try_recv().ok()?;
         self.queued.fetch_sub(size, Ordering::Relaxed);
         Some(d)
     }
@@ -185,7 +192,8 @@ mod tests {
     use serde_json::json;
 
     fn pod(key: &str, rev: i64, node: &str) -> Arc<CachedObject> {
-        Arc::new(CachedObject::new(key.into(), rev, json!({"spec": {"nodeName": node}})))
+        let form = super::super::object::Form { api_version: "v1".into(), kind: "Pod".into() };
+        Arc::new(CachedObject::new(key.into(), rev, json!({"spec": {"nodeName": node}}), &form))
     }
 
     fn node_of(v: &Value) -> Option<String> {

@@ -142,7 +142,9 @@ impl DeploymentSync<'_> {
 }
 
 async fn reconcile(d: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
-    if crate::client::cache_sync::wait_for_cache_sync(&ctx.replicasets).await.is_err() || crate::client::cache_sync::wait_for_cache_sync(&ctx.pods).await.is_err() {
+    if crate::client::cache_sync::wait_for_cache_sync(&ctx.replicasets).await.is_err()
+        || crate::client::cache_sync::wait_for_cache_sync(&ctx.pods).await.is_err()
+    {
         return Err(ControllerError::Invalid("the replica set cache stopped".into()));
     }
     let stored_revision = d.metadata.annotations.as_ref().and_then(|a| a.get(util::REVISION)).cloned();
