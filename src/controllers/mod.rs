@@ -89,7 +89,6 @@ pub fn start(
     client_for: crate::client::ClientFor,
     config: Arc<ControllerConfig>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let client = informers.client().clone();
     let f = &informers;
     let pods = informers.informer::<Pod>();
     let jobs = informers.informer::<Job>();
@@ -100,10 +99,10 @@ pub fn start(
         tokio::spawn(job::run(own("job-controller"), f.clone())),
         tokio::spawn(cronjob::run(own("cronjob-controller"), f.clone())),
         tokio::spawn(ttl_after_finished::run(own("ttl-after-finished-controller"), jobs.subscribe())),
-        tokio::spawn(namespace::run(own("namespace-controller"))),
+        tokio::spawn(namespace::run(own("namespace-controller"), f.clone())),
         tokio::spawn(garbage_collector::run(own("generic-garbage-collector"))),
-        tokio::spawn(serviceaccount::run(own("service-account-controller"), client.clone())),
-        tokio::spawn(root_ca::run(own("root-ca-cert-publisher"), client.clone(), config.server_ca_pem.clone())),
+        tokio::spawn(serviceaccount::run(own("service-account-controller"), f.clone())),
+        tokio::spawn(root_ca::run(own("root-ca-cert-publisher"), f.clone(), config.server_ca_pem.clone())),
         // Node IPAM, node lifecycle and taint eviction all act as
         // node-controller, as upstream starts them.
         tokio::spawn(node_ipam::run(own("node-controller"), f.clone(), config.clone())),

@@ -268,7 +268,7 @@ pub async fn run(
     let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
     let (configmaps, configmap_events) = reflected(Api::<ConfigMap>::all(client.clone()), cfg());
     let (secrets, secret_events) = reflected(Api::<Secret>::all(client.clone()), cfg());
-    let (claims, claim_events) = reflected(Api::<PersistentVolumeClaim>::all(client.clone()), cfg());
+    let (claims, claim_events) = informers.informer::<PersistentVolumeClaim>().subscribe().into_parts();
     let (quotas, quota_events) = reflected(Api::<ResourceQuota>::all(client.clone()), cfg());
     let queue = QueueMetrics::new("resourcequota_primary", quotas.clone());
     let (q1, q2, q3, q4, q5) = (quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone());
