@@ -198,6 +198,21 @@ mod tests {
         }
     }
 
+    /// Only a change of NoExecute taints wakes the controller for a node's pods.
+    #[test]
+    fn node_updates_without_no_execute_changes_are_skipped() {
+        let node = |taints: Vec<Taint>, heartbeat: &str| {
+            let mut n = Node::default();
+            n.metadata.resource_version = Some(heartbeat.into());
+            n.spec = Some(k8s_openapi::api::core::v1::NodeSpec { taints: Some(taints), ..Default::default() });
+            n
+        };
+        let no_schedule = Taint { effect: "NoSchedule".into(), ..taint("y") };
+        assert!(same_no_execute_taints(&node(vec![taint("x")], "1"), &node(vec![taint("x")], "2")));
+        assert!(same_no_execute_taints(&node(vec![], "1"), &node(vec![no_schedule], "2")));
+        assert!(!same_no_execute_taints(&node(vec![], "1"), &node(vec![taint("x")], "2")));
+    }
+
     #[test]
     fn tolerations_as_upstream() {
         let unreachable = taint("node.kubernetes.io/unreachable");
