@@ -22,11 +22,14 @@ use serde::de::DeserializeOwned;
 use super::indexer::{self, Index};
 use super::informer::SharedIndexInformer;
 
+/// Each informer, type-erased, by its kind and its selectors.
+type Informers = HashMap<(TypeId, String), Box<dyn Any + Send + Sync>>;
+
 /// The informers of the process, by kind and selector.
 #[derive(Clone)]
 pub struct SharedInformerFactory {
     client: kube::Client,
-    informers: Arc<Mutex<HashMap<(TypeId, String), Box<dyn Any + Send + Sync>>>>,
+    informers: Arc<Mutex<Informers>>,
 }
 
 impl SharedInformerFactory {

@@ -73,7 +73,11 @@ fn error_policy(_ns: Arc<Namespace>, err: &ControllerError, _ctx: Arc<Context>) 
 
 /// `client` is the controller's own; `informers` the process' shared
 /// informers (which watch as the controller manager).
-pub async fn run(client: kube::Client, informers: crate::client::informer_factory::SharedInformerFactory, ca: Arc<String>) {
+pub async fn run(
+    client: kube::Client,
+    informers: crate::client::informer_factory::SharedInformerFactory,
+    ca: Arc<String>,
+) {
     let (namespaces, namespace_events) = informers.informer::<Namespace>().subscribe().into_parts();
     let by_name = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
     let (maps, map_events) = informers.informer_with::<ConfigMap>(by_name).subscribe().into_parts();
