@@ -423,20 +423,24 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         crate::client::supervisor(),
     ))));
     let manager = crate::client::in_process(api.clone(), crate::client::controller_manager());
+    // One informer per kind for the controllers and the scheduler alike.
+    let informers = crate::client::informer_factory::SharedInformerFactory::new(manager.clone());
     let election = crate::client::leader::LeaderElection::new(manager.clone(), "kube-controller-manager", &node_name);
     let for_controllers = api.clone();
     let client_for: crate::client::ClientFor = Arc::new(move |name: &str| {
         crate::client::in_process(for_controllers.clone(), crate::client::controller_service_account(name))
     });
-    followers.push(tokio::spawn(
-        election.run(move || crate::controllers::start(manager.clone(), client_for.clone(), controller_config.clone())),
-    ));
+    let for_manager = informers.clone();
+    followers
+        .push(tokio::spawn(election.run(move || {
+            crate::controllers::start(for_manager.clone(), client_for.clone(), controller_config.clone())
+        })));
     let profiles: Vec<_> = scheduler_profiles(&args.kube_scheduler_arg)?.into_iter().map(Arc::new).collect();
     let scheduler = crate::client::in_process(api.clone(), crate::client::scheduler());
     let election = crate::client::leader::LeaderElection::new(scheduler.clone(), "kube-scheduler", &node_name);
-    followers.push(tokio::spawn(
-        election.run(move || vec![tokio::spawn(crate::scheduler::run(scheduler.clone(), profiles.clone()))]),
-    ));
+    followers.push(tokio::spawn(election.run(move || {
+        vec![tokio::spawn(crate::scheduler::run(scheduler.clone(), informers.clone(), profiles.clone()))]
+    })));
 
     let kubeconfig = args.write_kubeconfig.clone().unwrap_or_else(|| {
         if super::is_root() && args.data_dir.is_none() {

@@ -1,14 +1,19 @@
 //! How components other than the API server reach the API: a `kube::Client`
 //! whose transport is the API server's own router, in process (no TCP, no
 //! TLS), so every request goes through the same authentication,
-//! authorization, admission and validation as kubectl's; the recorder of
-//! Events; leader election.
+//! authorization, admission and validation as kubectl's; the shared
+//! informers (one watch and one indexed cache per kind for the process);
+//! the recorder of Events; leader election.
 
 pub mod cache_sync;
 pub mod events;
 pub mod https;
+pub mod indexer;
+pub mod informer;
+pub mod informer_factory;
 pub mod labels;
 pub mod leader;
+pub mod predicates;
 pub mod scheduling;
 
 use std::sync::Arc;

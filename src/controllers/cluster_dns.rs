@@ -15,10 +15,9 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 
 use super::endpointslice::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
-use super::informers::{reflected, wait_synced};
+use super::informers::wait_synced;
 use super::ControllerError;
 use crate::network::cni::Ipv4Net;
 
@@ -134,8 +133,12 @@ async fn reconcile(client: &kube::Client, nodes: &Store<Node>) -> Result<(), Con
 
 /// `client` is the controller's own; `informers` the controller manager's,
 /// through which it watches Nodes.
-pub async fn run(client: kube::Client, informers: kube::Client) {
-    let (nodes, events) = reflected(Api::<Node>::all(informers), watcher::Config::default());
+pub async fn run(client: kube::Client, informers: crate::client::informer_factory::SharedInformerFactory) {
+    let (nodes, events) = informers
+        .informer::<Node>()
+        .subscribe()
+        .skip_updates(crate::client::predicates::node_heartbeat_only)
+        .into_parts();
     // A burst of node changes is one reconcile.
     let mut events = events.ready_chunks(256).boxed();
     let mut retry_at: Option<tokio::time::Instant> = None;

@@ -14,16 +14,17 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::Resource;
 use serde_json::json;
 
 use super::controller_utils::controller_ref;
 use super::cron_schedule::{due, time_zone, Schedule};
-use super::informers::{self, controlled_by, wait_synced, Informer};
+use super::informers::{self, controlled_by, wait_synced};
 use super::job::has_condition;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
+use crate::client::indexer::Index;
+use crate::client::informer_factory::SharedInformerFactory;
 
 const SCHEDULED_TIMESTAMP: &str = "batch.kubernetes.io/cronjob-scheduled-timestamp";
 /// Upstream requeues a little after the schedule time, so it has passed.
@@ -34,15 +35,15 @@ const MAX_MISSED: usize = 100;
 struct Context {
     client: kube::Client,
     jobs: Store<Job>,
+    jobs_by_owner: Index<Job>,
     recorder: EventRecorder,
 }
 
-pub async fn run(client: kube::Client, jobs: Informer<Job>) {
-    let (cronjobs, cronjob_events) =
-        informers::informer(Api::<CronJob>::all(client.clone()), watcher::Config::default()).trigger_self();
-    let (jobs, job_events) = jobs.trigger_owner::<CronJob>();
+pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
+    let (cronjobs, cronjob_events) = informers.informer::<CronJob>().subscribe().trigger_self();
+    let (jobs, job_events) = informers.informer::<Job>().subscribe().trigger_owner::<CronJob>();
     let recorder = EventRecorder::new(client.clone(), "cronjob-controller");
-    let ctx = Arc::new(Context { client, jobs, recorder });
+    let ctx = Arc::new(Context { client, jobs, jobs_by_owner: informers.by_controller(), recorder });
     informers::run("cronjob", cronjobs, vec![cronjob_events, job_events], reconcile, ctx).await;
 }
 
@@ -99,7 +100,7 @@ async fn reconcile(cj: Arc<CronJob>, ctx: Arc<Context>) -> Result<Action, Contro
     let jobs_api: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
 
     // Reconcile the active list with the Jobs this CronJob controls.
-    let jobs = controlled_by(&ctx.jobs, &ns, &uid);
+    let jobs = controlled_by(&ctx.jobs_by_owner, &ns, &uid);
     // An unfinished Job missing from the active list may only mean the
     // cached CronJob predates our last status write: read it afresh.
     let unlisted = |st: &k8s_openapi::api::batch::v1::CronJobStatus| {

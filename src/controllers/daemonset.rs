@@ -13,16 +13,18 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use serde_json::json;
 
 use super::controller_utils::{controller_ref, is_pod_available, is_pod_ready, pod_from_template, pod_phase};
 use super::daemonset_nodes::{add_default_tolerations, pin_to_node, placement, target_node};
 use super::expectations::Expectations;
 use super::history::{self, NewRevision, REVISION_HASH_LABEL};
-use super::informers::{self, controlled_by, wait_synced, Informer};
+use super::informers::{self, controlled_by, wait_synced};
 use super::{ref_manager, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
+use crate::client::indexer::{controller_uid, Index};
+use crate::client::informer_factory::SharedInformerFactory;
+use crate::client::predicates::node_heartbeat_only;
 
 const REVISION_LABEL: &str = "controller-revision-hash";
 const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
@@ -30,26 +32,60 @@ const TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
 struct Context {
     client: kube::Client,
     pods: Store<Pod>,
+    pods_by_owner: Index<Pod>,
+    orphan_pods: Index<Pod>,
     nodes: Store<Node>,
     revisions: Store<ControllerRevision>,
+    revisions_by_owner: Index<ControllerRevision>,
     expectations: Expectations,
     recorder: EventRecorder,
 }
 
-pub async fn run(client: kube::Client, pods: Informer<Pod>, revisions: Informer<ControllerRevision>) {
-    let (sets, set_events) =
-        informers::informer(Api::<DaemonSet>::all(client.clone()), watcher::Config::default()).trigger_self();
+pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
+    let pods = informers.informer::<Pod>().subscribe();
+    let revisions = informers.informer::<ControllerRevision>().subscribe();
+    let (sets, set_events) = informers.informer::<DaemonSet>().subscribe().trigger_self();
     let (pods, pod_events) =
         pods.trigger_owner_or_selecting(sets.clone(), |s: &DaemonSet| s.spec.as_ref().map(|s| &s.selector));
     let (revisions, revision_events) = revisions.trigger_owner::<DaemonSet>();
-    let all_sets = sets.clone();
-    let (nodes, node_events) = informers::informer(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .trigger_with::<DaemonSet, _>(move |_node: &Node| {
-        all_sets.state().iter().map(|ds| ObjectRef::from_obj(&**ds)).collect::<Vec<_>>()
-    });
+    let (all_sets, pods_on) = (sets.clone(), informers.pods_by_node());
+    let (nodes, node_events) = informers
+        .informer::<Node>()
+        .subscribe()
+        .skip_updates(node_heartbeat_only)
+        .trigger_with::<DaemonSet, _>(move |node: &Node| daemonsets_for_node(&all_sets, &pods_on, node));
     let recorder = EventRecorder::new(client.clone(), "daemonset-controller");
-    let ctx = Arc::new(Context { client, pods, nodes, revisions, expectations: Expectations::default(), recorder });
+    let ctx = Arc::new(Context {
+        client,
+        pods,
+        pods_by_owner: informers.by_controller(),
+        orphan_pods: informers.orphans_by_namespace(),
+        nodes,
+        revisions,
+        revisions_by_owner: informers.by_controller(),
+        expectations: Expectations::default(),
+        recorder,
+    });
     informers::run("daemonset", sets, vec![set_events, pod_events, revision_events, node_events], reconcile, ctx).await;
+}
+
+/// The DaemonSets a Node change concerns (upstream's addNode/updateNode):
+/// those whose pods run on it, and those that should run there.
+fn daemonsets_for_node(sets: &Store<DaemonSet>, pods_by_node: &Index<Pod>, node: &Node) -> Vec<ObjectRef<DaemonSet>> {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let with_pods: HashSet<String> = pods_by_node.get(name).iter().flat_map(|p| controller_uid(&**p)).collect();
+    sets.state()
+        .iter()
+        .filter(|ds| {
+            ds.metadata.uid.as_ref().is_some_and(|u| with_pods.contains(u)) || {
+                let mut spec = ds.spec.as_ref().and_then(|s| s.template.spec.clone()).unwrap_or_default();
+                add_default_tolerations(&mut spec);
+                let p = placement(&spec, node);
+                p.should_run || p.should_continue_running
+            }
+        })
+        .map(|ds| ObjectRef::from_obj(&**ds))
+        .collect()
 }
 
 /// An int-or-percent of `total`, rounded up as upstream's daemon util does.
@@ -87,7 +123,7 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
         return Ok(Action::await_change());
     }
     let Some(spec) = ds.spec.as_ref() else { return Ok(Action::await_change()) };
-    let orphans = ref_manager::orphans(&ctx.pods, &ns, &spec.selector);
+    let orphans = ref_manager::orphans(&ctx.orphan_pods, &ns, &spec.selector);
     if !orphans.is_empty() {
         // The adopted pods come back as watch events and another pass.
         ref_manager::adopt(&ctx.client, &ns, &orphans, &controller_ref(&*ds)).await?;
@@ -96,7 +132,7 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
     let status = ds.status.clone().unwrap_or_default();
 
     let revisions_api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
-    let revisions = history::sorted(controlled_by(&ctx.revisions, &ns, &uid));
+    let revisions = history::sorted(controlled_by(&ctx.revisions_by_owner, &ns, &uid));
     let mut collision_count = status.collision_count.unwrap_or(0);
     let update = NewRevision {
         api: &revisions_api,
@@ -117,7 +153,7 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
     template.spec = Some(pod_spec.clone());
     let nodes = ctx.nodes.state();
     let mut node_pods: HashMap<String, Vec<Arc<Pod>>> = HashMap::new();
-    let owned = controlled_by(&ctx.pods, &ns, &uid);
+    let owned = controlled_by(&ctx.pods_by_owner, &ns, &uid);
     let mut orphaned: Vec<Arc<Pod>> = Vec::new();
     for pod in &owned {
         match target_node(pod) {

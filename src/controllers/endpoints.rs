@@ -309,10 +309,14 @@ async fn delete_orphaned(ep: Arc<Endpoints>, ctx: Arc<Cleanup>) -> Result<Action
     Ok(Action::await_change())
 }
 
-pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
+pub async fn run(
+    client: kube::Client,
+    informers: crate::client::informer_factory::SharedInformerFactory,
+    pod_informer: super::informers::Informer<Pod>,
+) {
     let (pods, pod_events) = pod_informer.into_parts();
     let (endpoints, endpoint_events) = reflected(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
-    let (by_pod, own_events) = reflected(Api::<Service>::all(client.clone()), watcher::Config::default());
+    let (by_pod, own_events) = informers.informer::<Service>().subscribe().into_parts();
     let queue = QueueMetrics::new("endpoint", by_pod.clone());
     let selecting = by_pod.clone();
     let sync = Controller::for_stream(queue.primary(own_events), by_pod)
@@ -329,7 +333,7 @@ pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<
             Arc::new(Context { client: client.clone(), pods, endpoints }),
         );
     // The Service's own events trigger the cleanup, from a cache written first.
-    let (services, service_events) = reflected(Api::<Service>::all(client.clone()), watcher::Config::default());
+    let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
     let cleanup = Controller::new(Api::<Endpoints>::all(client.clone()), watcher::Config::default())
         .watches_stream(service_events, |svc: Service| {
             Some(ObjectRef::<Endpoints>::new(svc.metadata.name.as_deref()?).within(svc.metadata.namespace.as_deref()?))

@@ -263,16 +263,24 @@ fn error_policy(_svc: Arc<Service>, err: &ControllerError, _ctx: Arc<Context>) -
     Action::requeue(Duration::from_secs(2))
 }
 
-pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
+pub async fn run(
+    client: kube::Client,
+    informers: crate::client::informer_factory::SharedInformerFactory,
+    pod_informer: super::informers::Informer<Pod>,
+) {
     let (pods, pod_events) = pod_informer.into_parts();
     let (slices, slice_events) = reflected(
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
     );
     // Nodes only for their zone label; a zone change alone does not resync.
-    let (nodes, node_events) = reflected(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let (nodes, node_events) = informers
+        .informer::<Node>()
+        .subscribe()
+        .skip_updates(crate::client::predicates::node_heartbeat_only)
+        .into_parts();
     let nodes_cache = node_events.for_each(|_| std::future::ready(()));
-    let (services, service_events) = reflected(Api::<Service>::all(client.clone()), watcher::Config::default());
+    let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
     let queue = QueueMetrics::new("endpoint_slice", services.clone());
     let selecting = services.clone();
     let sync = Controller::for_stream(queue.primary(service_events), services)

@@ -1,7 +1,7 @@
-//! Shared informers for workload controllers, as kube-controller-manager
-//! wires them: one watch-fed cache per kind, whose events both fill the
-//! cache and enqueue the owning object (the controllerRef), so a
-//! controller reconciles from its caches and each kind is watched once.
+//! How the controllers turn the shared informers' changes (from
+//! `crate::client::informer_factory`) into reconcile requests: for the
+//! object itself, for its controller (the controllerRef), or mapped; and
+//! the loop that runs a reconcile over them.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -11,83 +11,31 @@ use futures_util::stream::{self, BoxStream};
 use futures_util::{StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{applier, Action, Config, ReconcileRequest};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::Resource;
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::controller_utils::controller_of;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
+use crate::client::indexer::Index;
 use crate::client::labels;
 
 /// A reconcile request, or why the watch feeding it failed.
 pub type Trigger<K> = BoxStream<'static, Result<ReconcileRequest<K>, watcher::Error>>;
 
-/// A watch-fed cache of one kind and the stream of objects it saw change
-/// (including deletions); the stream must be polled for the cache to fill.
-pub struct Informer<K: Resource<DynamicType = ()> + 'static> {
-    pub store: Store<K>,
-    events: BoxStream<'static, Result<K, watcher::Error>>,
-}
+pub use crate::client::informer::{Informer, SharedIndexInformer};
 
-/// Starts an informer over `api`.
+/// A private informer over `api` (for a watch no other component shares:
+/// a selector of its own, or a kind only one controller reads).
 pub fn informer<K>(api: Api<K>, config: watcher::Config) -> Informer<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let (store, writer) = reflector::store();
-    let events =
-        reflector::reflector(writer, watcher::watcher(api, config).modify(forget_managed_fields).default_backoff())
-            .touched_objects()
-            .boxed();
-    Informer { store, events }
-}
-
-/// One watch and one cache of a kind feeding several controllers, as
-/// client-go's shared informers do: every subscriber sees every change.
-/// Subscribe first, then `start` the watch.
-pub struct SharedInformer<K: Resource<DynamicType = ()> + 'static> {
-    store: Store<K>,
-    subscribers: Vec<mpsc::UnboundedSender<K>>,
-    events: BoxStream<'static, Result<K, watcher::Error>>,
-}
-
-impl<K> SharedInformer<K>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    pub fn new(api: Api<K>, config: watcher::Config) -> Self {
-        let Informer { store, events } = informer(api, config);
-        SharedInformer { store, subscribers: Vec::new(), events }
-    }
-
-    /// A view of the shared cache with its own stream of changes.
-    pub fn subscribe(&mut self) -> Informer<K> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.subscribers.push(tx);
-        Informer { store: self.store.clone(), events: UnboundedReceiverStream::new(rx).map(Ok).boxed() }
-    }
-
-    /// Runs the watch, handing each change to every subscriber.
-    pub fn start(self) -> tokio::task::JoinHandle<()> {
-        let SharedInformer { subscribers, events, .. } = self;
-        tokio::spawn(events.for_each(move |event| {
-            match event {
-                Ok(obj) => {
-                    for s in &subscribers {
-                        let _ = s.send(obj.clone());
-                    }
-                }
-                Err(e) => tracing::debug!(kind = %K::kind(&()), error = %e, "shared informer watch error; retrying"),
-            }
-            std::future::ready(())
-        }))
-    }
+    SharedIndexInformer::start(api, config).subscribe()
 }
 
 pub use crate::client::forget_managed_fields;
@@ -96,16 +44,11 @@ impl<K> Informer<K>
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
-    /// The cache and the stream of changed objects, for controllers that
-    /// build their own triggers (as from `reflected`).
-    pub fn into_parts(self) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>) {
-        (self.store, self.events)
-    }
-
     /// Requests for the objects themselves.
     pub fn trigger_self(self) -> (Store<K>, Trigger<K>) {
-        let requests = self.events.map_ok(|o| ReconcileRequest::from(ObjectRef::from_obj(&o))).boxed();
-        (self.store, requests)
+        let (store, events) = self.into_parts();
+        let requests = events.map_ok(|o| ReconcileRequest::from(ObjectRef::from_obj(&o))).boxed();
+        (store, requests)
     }
 
     /// Requests for each object's controller of kind `Owner`.
@@ -113,8 +56,8 @@ where
     where
         Owner: Resource<DynamicType = ()> + 'static,
     {
-        let requests = self
-            .events
+        let (store, events) = self.into_parts();
+        let requests = events
             .try_filter_map(|o| {
                 let meta = o.meta();
                 let owner = controller_of(meta)
@@ -129,7 +72,7 @@ where
                 std::future::ready(Ok(owner))
             })
             .boxed();
-        (self.store, requests)
+        (store, requests)
     }
 
     /// Requests for each object's controller of kind `Owner`, or when it
@@ -174,12 +117,12 @@ where
         I: IntoIterator<Item = ObjectRef<Owner>>,
         I::IntoIter: Send + 'static,
     {
-        let requests = self
-            .events
+        let (store, events) = self.into_parts();
+        let requests = events
             .map_ok(move |o| stream::iter(map(&o).into_iter().map(|r| Ok(ReconcileRequest::from(r)))))
             .try_flatten()
             .boxed();
-        (self.store, requests)
+        (store, requests)
     }
 }
 
@@ -216,14 +159,13 @@ where
         .map_err(|_| ControllerError::Invalid("informer stopped".into()))
 }
 
-/// Objects in `store` within `namespace` controlled by `uid`.
-pub fn controlled_by<K>(store: &Store<K>, namespace: &str, uid: &str) -> Vec<Arc<K>>
+/// Objects within `namespace` controlled by `uid`, looked up in the
+/// controller index (no scan of the whole cache).
+pub fn controlled_by<K>(by_controller: &Index<K>, namespace: &str, uid: &str) -> Vec<Arc<K>>
 where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
-    store.state_filter(|o| {
-        o.meta().namespace.as_deref() == Some(namespace) && super::controller_utils::is_controlled_by(o.meta(), uid)
-    })
+    by_controller.get(uid).into_iter().filter(|o| o.meta().namespace.as_deref() == Some(namespace)).collect()
 }
 
 /// A cache of `api` and the stream of objects touched (applied or deleted),

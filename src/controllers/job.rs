@@ -20,23 +20,32 @@ use serde_json::json;
 
 use super::controller_utils::{is_pod_ready, pod_phase};
 use super::expectations::Expectations;
-use super::informers::{self, controlled_by, wait_synced, Informer};
+use super::informers::{self, controlled_by, wait_synced};
 use super::job_pods::{format_intervals, index_of, is_indexed, new_pod, parse_intervals};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
+use crate::client::indexer::Index;
+use crate::client::informer_factory::SharedInformerFactory;
 
 struct Context {
     client: kube::Client,
     pods: Store<Pod>,
+    pods_by_owner: Index<Pod>,
     expectations: Expectations,
     recorder: EventRecorder,
 }
 
-pub async fn run(client: kube::Client, jobs: Informer<Job>, pods: Informer<Pod>) {
-    let (jobs, job_events) = jobs.trigger_self();
-    let (pods, pod_events) = pods.trigger_owner::<Job>();
+pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
+    let (jobs, job_events) = informers.informer::<Job>().subscribe().trigger_self();
+    let (pods, pod_events) = informers.informer::<Pod>().subscribe().trigger_owner::<Job>();
     let recorder = EventRecorder::new(client.clone(), "job-controller");
-    let ctx = Arc::new(Context { client, pods, expectations: Expectations::default(), recorder });
+    let ctx = Arc::new(Context {
+        client,
+        pods,
+        pods_by_owner: informers.by_controller(),
+        expectations: Expectations::default(),
+        recorder,
+    });
     informers::run("job", jobs, vec![job_events, pod_events], reconcile, ctx).await;
 }
 
@@ -107,7 +116,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Controlle
     let parallelism = spec.parallelism.unwrap_or(1).max(0);
     let suspended = spec.suspend == Some(true);
 
-    let pods = controlled_by(&ctx.pods, &ns, &uid);
+    let pods = controlled_by(&ctx.pods_by_owner, &ns, &uid);
     let active: Vec<Arc<Pod>> =
         pods.iter().filter(|p| !is_finished_pod(p) && p.metadata.deletion_timestamp.is_none()).cloned().collect();
     let terminating = pods.iter().filter(|p| !is_finished_pod(p) && p.metadata.deletion_timestamp.is_some()).count();

@@ -42,11 +42,10 @@ pub mod ttl_after_finished;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
-use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
-use kube::runtime::watcher;
+
+use crate::client::informer_factory::SharedInformerFactory;
 
 /// What a reconcile can fail with; the work queue retries it.
 #[derive(Debug, thiserror::Error)]
@@ -77,59 +76,55 @@ pub struct ControllerConfig {
 }
 
 /// Starts every controller; they run until aborted.
-/// `client` acts as system:kube-controller-manager: the shared informers
-/// (and the few watches a controller's own role does not cover, as
-/// upstream reads them from the manager's informers). `client_for` gives
-/// each controller its own service account's client (upstream's
+/// `informers` is the process' informer factory, which watches as
+/// system:kube-controller-manager (the shared caches, and the few watches
+/// a controller's own role does not cover, as upstream reads them from the
+/// manager's informers); it outlives a lost leader election, so a
+/// controller started again finds its caches warm. `client_for` gives each
+/// controller its own service account's client (upstream's
 /// `--use-service-account-credentials`), under which it writes, so RBAC
 /// constrains it and the audit log names it.
 pub fn start(
-    client: kube::Client,
+    informers: SharedInformerFactory,
     client_for: crate::client::ClientFor,
     config: Arc<ControllerConfig>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    // Informers shared by the workload controllers: one watch and one cache per kind.
-    let mut pods = informers::SharedInformer::<Pod>::new(Api::all(client.clone()), watcher::Config::default());
-    let mut revisions =
-        informers::SharedInformer::<ControllerRevision>::new(Api::all(client.clone()), watcher::Config::default());
-    let mut jobs = informers::SharedInformer::<Job>::new(Api::all(client.clone()), watcher::Config::default());
+    let f = &informers;
+    let pods = informers.informer::<Pod>();
+    let jobs = informers.informer::<Job>();
     let own = |name: &str| client_for(name);
-    let workloads = vec![
-        tokio::spawn(statefulset::run(own("statefulset-controller"), pods.subscribe(), revisions.subscribe())),
-        tokio::spawn(daemonset::run(own("daemon-set-controller"), pods.subscribe(), revisions.subscribe())),
-        tokio::spawn(job::run(own("job-controller"), jobs.subscribe(), pods.subscribe())),
-        tokio::spawn(cronjob::run(own("cronjob-controller"), jobs.subscribe())),
-        tokio::spawn(ttl_after_finished::run(own("ttl-after-finished-controller"), jobs.subscribe())),
-    ];
     let mut handles = vec![
-        tokio::spawn(namespace::run(own("namespace-controller"))),
+        tokio::spawn(statefulset::run(own("statefulset-controller"), f.clone())),
+        tokio::spawn(daemonset::run(own("daemon-set-controller"), f.clone())),
+        tokio::spawn(job::run(own("job-controller"), f.clone())),
+        tokio::spawn(cronjob::run(own("cronjob-controller"), f.clone())),
+        tokio::spawn(ttl_after_finished::run(own("ttl-after-finished-controller"), jobs.subscribe())),
+        tokio::spawn(namespace::run(own("namespace-controller"), f.clone())),
         tokio::spawn(garbage_collector::run(own("generic-garbage-collector"))),
-        tokio::spawn(serviceaccount::run(own("service-account-controller"), client.clone())),
-        tokio::spawn(root_ca::run(own("root-ca-cert-publisher"), client.clone(), config.server_ca_pem.clone())),
+        tokio::spawn(serviceaccount::run(own("service-account-controller"), f.clone())),
+        tokio::spawn(root_ca::run(own("root-ca-cert-publisher"), f.clone(), config.server_ca_pem.clone())),
         // Node IPAM, node lifecycle and taint eviction all act as
         // node-controller, as upstream starts them.
-        tokio::spawn(node_ipam::run(own("node-controller"), config.clone())),
-        tokio::spawn(node_lifecycle::run(own("node-controller"), client.clone(), pods.subscribe())),
-        tokio::spawn(taint_eviction::run(own("node-controller"))),
-        tokio::spawn(endpoints::run(own("endpoint-controller"), pods.subscribe())),
-        tokio::spawn(endpointslice::run(own("endpointslice-controller"), pods.subscribe())),
+        tokio::spawn(node_ipam::run(own("node-controller"), f.clone(), config.clone())),
+        tokio::spawn(node_lifecycle::run(own("node-controller"), f.clone(), pods.subscribe())),
+        tokio::spawn(taint_eviction::run(own("node-controller"), f.clone())),
+        tokio::spawn(endpoints::run(own("endpoint-controller"), f.clone(), pods.subscribe())),
+        tokio::spawn(endpointslice::run(own("endpointslice-controller"), f.clone(), pods.subscribe())),
         tokio::spawn(disruption::run(own("disruption-controller"), pods.subscribe())),
-        tokio::spawn(persistentvolume::run(own("persistent-volume-binder"), pods.subscribe())),
-        tokio::spawn(replicaset::run(own("replicaset-controller"))),
-        tokio::spawn(deployment::run(own("deployment-controller"))),
-        tokio::spawn(resourcequota::run(own("resourcequota-controller"), pods.subscribe())),
+        tokio::spawn(persistentvolume::run(own("persistent-volume-binder"), f.clone(), pods.subscribe())),
+        tokio::spawn(replicaset::run(own("replicaset-controller"), f.clone())),
+        tokio::spawn(deployment::run(own("deployment-controller"), f.clone())),
+        tokio::spawn(resourcequota::run(own("resourcequota-controller"), f.clone(), pods.subscribe())),
     ];
     if config.cluster_dns {
-        handles.push(tokio::spawn(cluster_dns::run(own("endpointslice-controller"), client.clone())));
+        handles.push(tokio::spawn(cluster_dns::run(own("endpointslice-controller"), f.clone())));
     }
     if config.servicelb {
         // ServiceLB acts as upstream's cloud service-controller does.
-        handles.push(tokio::spawn(servicelb::run(own(servicelb::CONTROLLER_NAME))));
+        handles.push(tokio::spawn(servicelb::run(own(servicelb::CONTROLLER_NAME), f.clone())));
     }
     if let Some(dir) = &config.local_storage {
         handles.push(tokio::spawn(local_path::run(own("persistent-volume-binder"), pods.subscribe(), dir.clone())));
     }
-    handles.extend(workloads);
-    handles.extend([pods.start(), revisions.start(), jobs.start()]);
     handles
 }

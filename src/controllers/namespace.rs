@@ -10,9 +10,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::discovery::{verbs, Discovery, Scope};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
 
-use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 
@@ -87,8 +85,8 @@ fn error_policy(_ns: Arc<Namespace>, err: &ControllerError, _ctx: Arc<Context>) 
     Action::requeue(Duration::from_secs(2))
 }
 
-pub async fn run(client: kube::Client) {
-    let (namespaces, namespace_events) = reflected(Api::<Namespace>::all(client.clone()), watcher::Config::default());
+pub async fn run(client: kube::Client, informers: crate::client::informer_factory::SharedInformerFactory) {
+    let (namespaces, namespace_events) = informers.informer::<Namespace>().subscribe().into_parts();
     let queue = QueueMetrics::new("namespace", namespaces.clone());
     let results = Controller::for_stream(queue.primary(namespace_events), namespaces).run(
         queue.timed(reconcile),

@@ -14,9 +14,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 
-use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::{ControllerConfig, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
@@ -148,7 +146,11 @@ fn error_policy(_node: Arc<Node>, err: &ControllerError, _ctx: Arc<Context>) -> 
     Action::requeue(Duration::from_secs(2))
 }
 
-pub async fn run(client: kube::Client, config: Arc<ControllerConfig>) {
+pub async fn run(
+    client: kube::Client,
+    informers: crate::client::informer_factory::SharedInformerFactory,
+    config: Arc<ControllerConfig>,
+) {
     let cidrs = match CidrSet::new(config.cluster_cidr, config.node_cidr_mask) {
         Ok(c) => c,
         Err(e) => {
@@ -156,7 +158,11 @@ pub async fn run(client: kube::Client, config: Arc<ControllerConfig>) {
             return;
         }
     };
-    let (nodes, node_events) = reflected(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let (nodes, node_events) = informers
+        .informer::<Node>()
+        .subscribe()
+        .skip_updates(crate::client::predicates::node_heartbeat_only)
+        .into_parts();
     let queue = QueueMetrics::new("cidrallocator_node", nodes.clone());
     let ctx = Arc::new(Context {
         recorder: EventRecorder::new(client.clone(), "node-ipam-controller"),

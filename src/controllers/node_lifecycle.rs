@@ -319,11 +319,17 @@ fn error_policy(_node: Arc<Node>, err: &ControllerError, _ctx: Arc<Context>) -> 
 /// controller manager's, through which it watches the node Leases (which
 /// upstream's node-controller role does not cover: it reads them from the
 /// manager's shared informer too).
-pub async fn run(client: kube::Client, informers: kube::Client, pod_informer: super::informers::Informer<Pod>) {
-    let (leases, lease_events) =
-        reflected(Api::<Lease>::namespaced(informers, NODE_LEASE_NAMESPACE), watcher::Config::default());
+pub async fn run(
+    client: kube::Client,
+    informers: crate::client::informer_factory::SharedInformerFactory,
+    pod_informer: super::informers::Informer<Pod>,
+) {
+    let (leases, lease_events) = reflected(
+        Api::<Lease>::namespaced(informers.client().clone(), NODE_LEASE_NAMESPACE),
+        watcher::Config::default(),
+    );
     let (pods, pod_events) = pod_informer.into_parts();
-    let (nodes, node_events) = reflected(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let (nodes, node_events) = informers.informer::<Node>().subscribe().into_parts();
     let queue = QueueMetrics::new("node_lifecycle_controller", nodes.clone());
     let ctx = Arc::new(Context {
         recorder: EventRecorder::new(client.clone(), "node-controller"),

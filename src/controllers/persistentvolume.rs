@@ -14,12 +14,13 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use serde_json::json;
 
-use super::informers::{self, Informer, SharedInformer};
+use super::informers::{self, Informer};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
+use crate::client::informer_factory::SharedInformerFactory;
+use crate::client::predicates::node_heartbeat_only;
 use crate::client::{labels, scheduling};
 use crate::quantity;
 
@@ -37,15 +38,15 @@ struct Context {
     recorder: EventRecorder,
 }
 
-pub async fn run(client: kube::Client, pods: Informer<Pod>) {
-    let mut claims = SharedInformer::<PersistentVolumeClaim>::new(Api::all(client.clone()), watcher::Config::default());
-    let mut volumes = SharedInformer::<PersistentVolume>::new(Api::all(client.clone()), watcher::Config::default());
+pub async fn run(client: kube::Client, factory: SharedInformerFactory, pods: Informer<Pod>) {
+    let claims = factory.informer::<PersistentVolumeClaim>();
+    let volumes = factory.informer::<PersistentVolume>();
     let claims_for_claims = claims.subscribe();
     let claims_for_volumes = claims.subscribe();
     let volumes_for_claims = volumes.subscribe();
     let volumes_for_volumes = volumes.subscribe();
-    let classes = informers::informer(Api::<StorageClass>::all(client.clone()), watcher::Config::default());
-    let nodes = informers::informer(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let classes = factory.informer::<StorageClass>().subscribe();
+    let nodes = factory.informer::<Node>().subscribe().skip_updates(node_heartbeat_only);
     let (claim_store, claim_requests) = claims_for_claims.trigger_self();
     // Any volume or class that changes may let a pending claim bind.
     let pending = {
@@ -89,7 +90,6 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>) {
     let (_, volumes_of_claims) = claims_for_volumes.trigger_with(|c: &PersistentVolumeClaim| {
         claim_volume(c).map(ObjectRef::<PersistentVolume>::new).into_iter().collect::<Vec<_>>()
     });
-    let handles = [claims.start(), volumes.start()];
     let node_cache = tokio::spawn(futures_util::StreamExt::for_each(node_events, |_| std::future::ready(())));
     let binder = informers::run(
         // Upstream's queue names: the binder's claim and volume queues.
@@ -102,9 +102,6 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>) {
     let phases = informers::run("volumes", own_volumes, vec![own_volume_requests, volumes_of_claims], sync_volume, ctx);
     tokio::join!(binder, phases);
     node_cache.abort();
-    for h in handles {
-        h.abort();
-    }
 }
 
 fn claim_volume(c: &PersistentVolumeClaim) -> Option<&str> {

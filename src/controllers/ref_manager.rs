@@ -8,24 +8,28 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::Store;
 use serde_json::json;
 
 use super::controller_utils::controller_of;
 use super::ControllerError;
+use crate::client::indexer::Index;
 use crate::client::labels;
 
 /// Pods in `namespace` matching `selector` that have no controller.
-pub fn orphans(store: &Store<Pod>, namespace: &str, selector: &LabelSelector) -> Vec<Arc<Pod>> {
+/// (through the index of orphans by namespace: no scan of other pods).
+pub fn orphans(orphans_by_namespace: &Index<Pod>, namespace: &str, selector: &LabelSelector) -> Vec<Arc<Pod>> {
     if labels::is_empty(selector) {
         return Vec::new();
     }
-    store.state_filter(|p| {
-        p.metadata.namespace.as_deref() == Some(namespace)
-            && p.metadata.deletion_timestamp.is_none()
-            && controller_of(&p.metadata).is_none()
-            && labels::matches(selector, p.metadata.labels.as_ref())
-    })
+    orphans_by_namespace
+        .get(namespace)
+        .into_iter()
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && controller_of(&p.metadata).is_none()
+                && labels::matches(selector, p.metadata.labels.as_ref())
+        })
+        .collect()
 }
 
 /// Makes `owner` the controller of each pod; a pod changed meanwhile is

@@ -18,18 +18,20 @@ use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{applier, trigger_self, Action, ReconcileRequest};
-use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::controller::{applier, Action, ReconcileRequest};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher::Event;
 
 use self::status::{calculate_status, desired_replicas, next_availability, status_equal};
 use super::controller_utils::{controller_of, controller_ref, is_pod_active, pod_from_template};
 use super::expectations::Expectations;
+use super::informers::controlled_by;
 use super::queue_metrics::QueueMetrics;
 use super::retry_backoff::RetryBackoff;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
+use crate::client::indexer::Index;
+use crate::client::informer_factory::SharedInformerFactory;
 use crate::client::labels;
 
 /// At most this many pods are created or deleted in one sync (upstream's burstReplicas).
@@ -41,7 +43,9 @@ struct Context {
     client: kube::Client,
     backoff: RetryBackoff,
     pods: Store<Pod>,
-    replicasets: Store<ReplicaSet>,
+    pods_by_owner: Index<Pod>,
+    orphan_pods: Index<Pod>,
+    replicasets_by_namespace: Index<ReplicaSet>,
     recorder: EventRecorder,
     expectations: Expectations,
 }
@@ -76,10 +80,9 @@ impl Context {
             }
             return Vec::new();
         }
-        self.replicasets
-            .state()
+        self.replicasets_by_namespace
+            .get(&ns)
             .iter()
-            .filter(|rs| rs.metadata.namespace.as_deref() == Some(ns.as_str()))
             .filter(|rs| {
                 let selector = rs.spec.as_ref().map(|s| &s.selector);
                 selector.is_some_and(|s| !labels::is_empty(s) && labels::matches(s, pod.metadata.labels.as_ref()))
@@ -118,11 +121,12 @@ async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, Con
     let name = rs.metadata.name.clone().unwrap_or_default();
     let key = key_of(&ns, &name);
     let now = k8s_openapi::jiff::Timestamp::now();
-    let active: Vec<Arc<Pod>> = ctx
-        .pods
-        .state()
+    // Its own pods, and the orphans of its namespace it may adopt.
+    let uid = rs.metadata.uid.clone().unwrap_or_default();
+    let active: Vec<Arc<Pod>> = controlled_by(&ctx.pods_by_owner, &ns, &uid)
         .into_iter()
-        .filter(|p| p.metadata.namespace.as_deref() == Some(ns.as_str()) && is_pod_active(p))
+        .chain(ctx.orphan_pods.get(&ns))
+        .filter(|p| is_pod_active(p))
         .collect();
     let owned = claim_pods(&ctx, &rs, active).await?;
     let needs_sync = ctx.expectations.satisfied(&key, |n| ctx.seen(&ns, n));
@@ -325,37 +329,26 @@ fn error_policy(rs: Arc<ReplicaSet>, err: &ControllerError, ctx: Arc<Context>) -
     Action::requeue(ctx.backoff.next(&key))
 }
 
-pub async fn run(client: kube::Client) {
-    let (rs_reader, rs_writer) = reflector::store::<ReplicaSet>();
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
+    let (rs_reader, own) = informers.informer::<ReplicaSet>().subscribe().trigger_self();
+    let (pod_reader, pod_events) = informers.informer::<Pod>().subscribe().into_watch_events();
     let ctx = Arc::new(Context {
         client: client.clone(),
         pods: pod_reader,
-        replicasets: rs_reader.clone(),
+        pods_by_owner: informers.by_controller(),
+        orphan_pods: informers.orphans_by_namespace(),
+        replicasets_by_namespace: informers.by_namespace(),
         backoff: RetryBackoff::default(),
         recorder: EventRecorder::new(client.clone(), "replicaset-controller"),
         expectations: Expectations::default(),
     });
-    let rs_api: Api<ReplicaSet> = Api::all(client.clone());
-    let pod_api: Api<Pod> = Api::all(client);
-    let own = trigger_self(
-        reflector(
-            rs_writer,
-            watcher(rs_api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
-        )
-        .applied_objects(),
-        (),
-    );
     let pod_ctx = ctx.clone();
-    let pods = reflector(
-        pod_writer,
-        watcher(pod_api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
-    )
-    .map_ok(move |ev| {
-        let refs = pod_ctx.on_pod_event(&ev);
-        stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
-    })
-    .try_flatten();
+    let pods = pod_events
+        .map_ok(move |ev| {
+            let refs = pod_ctx.on_pod_event(&ev);
+            stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
+        })
+        .try_flatten();
     let queue = QueueMetrics::new("replicaset", rs_reader.clone());
     applier(
         queue.timed(sync_and_forget),

@@ -258,13 +258,17 @@ fn quotas_in(quotas: &Store<ResourceQuota>, ns: Option<&str>) -> Vec<ObjectRef<R
     quotas.state().iter().filter(|q| q.metadata.namespace.as_deref() == ns).map(|q| ObjectRef::from_obj(&**q)).collect()
 }
 
-pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
+pub async fn run(
+    client: kube::Client,
+    informers: crate::client::informer_factory::SharedInformerFactory,
+    pod_informer: super::informers::Informer<Pod>,
+) {
     let cfg = watcher::Config::default;
     let (pods, pod_events) = pod_informer.into_parts();
-    let (services, service_events) = reflected(Api::<Service>::all(client.clone()), cfg());
+    let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
     let (configmaps, configmap_events) = reflected(Api::<ConfigMap>::all(client.clone()), cfg());
     let (secrets, secret_events) = reflected(Api::<Secret>::all(client.clone()), cfg());
-    let (claims, claim_events) = reflected(Api::<PersistentVolumeClaim>::all(client.clone()), cfg());
+    let (claims, claim_events) = informers.informer::<PersistentVolumeClaim>().subscribe().into_parts();
     let (quotas, quota_events) = reflected(Api::<ResourceQuota>::all(client.clone()), cfg());
     let queue = QueueMetrics::new("resourcequota_primary", quotas.clone());
     let (q1, q2, q3, q4, q5) = (quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone());

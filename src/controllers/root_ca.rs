@@ -13,7 +13,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::informers::{reflected, wait_synced};
+use super::informers::wait_synced;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 
@@ -71,13 +71,16 @@ fn error_policy(_ns: Arc<Namespace>, err: &ControllerError, _ctx: Arc<Context>) 
     Action::requeue(Duration::from_secs(2))
 }
 
-/// `client` is the controller's own; `informers` the controller manager's,
-/// through which it watches.
-pub async fn run(client: kube::Client, informers: kube::Client, ca: Arc<String>) {
-    let (namespaces, namespace_events) =
-        reflected(Api::<Namespace>::all(informers.clone()), watcher::Config::default());
+/// `client` is the controller's own; `informers` the process' shared
+/// informers (which watch as the controller manager).
+pub async fn run(
+    client: kube::Client,
+    informers: crate::client::informer_factory::SharedInformerFactory,
+    ca: Arc<String>,
+) {
+    let (namespaces, namespace_events) = informers.informer::<Namespace>().subscribe().into_parts();
     let by_name = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
-    let (maps, map_events) = reflected(Api::<ConfigMap>::all(informers), by_name);
+    let (maps, map_events) = informers.informer_with::<ConfigMap>(by_name).subscribe().into_parts();
     let queue = QueueMetrics::new("root_ca_cert_publisher", namespaces.clone());
     let results = Controller::for_stream(queue.primary(namespace_events), namespaces)
         .watches_stream(

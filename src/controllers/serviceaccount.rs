@@ -11,7 +11,6 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 
@@ -52,13 +51,14 @@ fn error_policy(_ns: Arc<Namespace>, err: &ControllerError, _ctx: Arc<Context>) 
     Action::requeue(Duration::from_secs(2))
 }
 
-/// `client` is the controller's own; `informers` the controller manager's,
-/// through which it watches.
-pub async fn run(client: kube::Client, informers: kube::Client) {
-    let (namespaces, namespace_events) =
-        reflected(Api::<Namespace>::all(informers.clone()), watcher::Config::default());
-    let (accounts, account_events) =
-        reflected(Api::<ServiceAccount>::all(informers), watcher::Config::default().fields("metadata.name=default"));
+/// `client` is the controller's own; `informers` the process' shared
+/// informers (which watch as the controller manager).
+pub async fn run(client: kube::Client, informers: crate::client::informer_factory::SharedInformerFactory) {
+    let (namespaces, namespace_events) = informers.informer::<Namespace>().subscribe().into_parts();
+    let (accounts, account_events) = informers
+        .informer_with::<ServiceAccount>(watcher::Config::default().fields("metadata.name=default"))
+        .subscribe()
+        .into_parts();
     let queue = QueueMetrics::new("serviceaccount", namespaces.clone());
     let results = Controller::for_stream(queue.primary(namespace_events), namespaces)
         .watches_stream(

@@ -339,8 +339,8 @@ fn all_load_balancers(services: &Store<Service>) -> Vec<ObjectRef<Service>> {
     services.state().iter().filter(|s| is_load_balancer(s)).map(|s| ObjectRef::from_obj(&**s)).collect()
 }
 
-pub async fn run(client: kube::Client) {
-    let service_informer = informer(Api::<Service>::all(client.clone()), watcher::Config::default());
+pub async fn run(client: kube::Client, informers: crate::client::informer_factory::SharedInformerFactory) {
+    let service_informer = informers.informer::<Service>().subscribe();
     let services = service_informer.store.clone();
     let lbs = services.clone();
     let (services, service_triggers) = service_informer.trigger_with(move |svc: &Service| {
@@ -352,7 +352,10 @@ pub async fn run(client: kube::Client) {
         refs
     });
     let lbs = services.clone();
-    let (nodes, node_triggers) = informer(Api::<Node>::all(client.clone()), watcher::Config::default())
+    let (nodes, node_triggers) = informers
+        .informer::<Node>()
+        .subscribe()
+        .skip_updates(crate::client::predicates::node_heartbeat_only)
         .trigger_with(move |_: &Node| all_load_balancers(&lbs));
     let (slices, slice_triggers) =
         informer(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default().labels(SERVICE_NAME_LABEL))

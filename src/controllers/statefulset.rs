@@ -14,36 +14,50 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use serde_json::json;
 
 use super::controller_utils::{controller_ref, is_pod_available};
 use super::expectations::Expectations;
 use super::history::{self, NewRevision};
-use super::informers::{self, controlled_by, wait_synced, Informer};
+use super::informers::{self, controlled_by, wait_synced};
 use super::statefulset_pods::{
     create_claims, is_failed, is_running_and_ready, is_succeeded, is_terminating, new_pod, ordinal_of,
     release_claims_on_scale_down, revision_of,
 };
 use super::{ref_manager, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
+use crate::client::indexer::Index;
+use crate::client::informer_factory::SharedInformerFactory;
 
 struct Context {
     client: kube::Client,
     pods: Store<Pod>,
+    pods_by_owner: Index<Pod>,
+    orphan_pods: Index<Pod>,
     revisions: Store<ControllerRevision>,
+    revisions_by_owner: Index<ControllerRevision>,
     expectations: Expectations,
     recorder: EventRecorder,
 }
 
-pub async fn run(client: kube::Client, pods: Informer<Pod>, revisions: Informer<ControllerRevision>) {
-    let (sets, set_events) =
-        informers::informer(Api::<StatefulSet>::all(client.clone()), watcher::Config::default()).trigger_self();
+pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
+    let pods = informers.informer::<Pod>().subscribe();
+    let revisions = informers.informer::<ControllerRevision>().subscribe();
+    let (sets, set_events) = informers.informer::<StatefulSet>().subscribe().trigger_self();
     let (pods, pod_events) =
         pods.trigger_owner_or_selecting(sets.clone(), |s: &StatefulSet| s.spec.as_ref().map(|s| &s.selector));
     let (revisions, revision_events) = revisions.trigger_owner::<StatefulSet>();
     let recorder = EventRecorder::new(client.clone(), "statefulset-controller");
-    let ctx = Arc::new(Context { client, pods, revisions, expectations: Expectations::default(), recorder });
+    let ctx = Arc::new(Context {
+        client,
+        pods,
+        pods_by_owner: informers.by_controller(),
+        orphan_pods: informers.orphans_by_namespace(),
+        revisions,
+        revisions_by_owner: informers.by_controller(),
+        expectations: Expectations::default(),
+        recorder,
+    });
     informers::run("statefulset", sets, vec![set_events, pod_events, revision_events], reconcile, ctx).await;
 }
 
@@ -70,7 +84,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
         return Ok(Action::await_change());
     }
     let Some(spec) = set.spec.as_ref() else { return Ok(Action::await_change()) };
-    let orphans = ref_manager::orphans(&ctx.pods, &ns, &spec.selector);
+    let orphans = ref_manager::orphans(&ctx.orphan_pods, &ns, &spec.selector);
     if !orphans.is_empty() {
         // The adopted pods come back as watch events and another pass.
         ref_manager::adopt(&ctx.client, &ns, &orphans, &controller_ref(&*set)).await?;
@@ -80,7 +94,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
 
     // Revisions: the one for the current template, and the one pods had.
     let revisions_api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &ns);
-    let revisions = history::sorted(controlled_by(&ctx.revisions, &ns, &uid));
+    let revisions = history::sorted(controlled_by(&ctx.revisions_by_owner, &ns, &uid));
     let mut collision_count = status.collision_count.unwrap_or(0);
     let update = NewRevision {
         api: &revisions_api,
@@ -107,7 +121,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
     let replicas = spec.replicas.unwrap_or(1).max(0);
     let mut slots: BTreeMap<i32, Arc<Pod>> = BTreeMap::new();
     let mut condemned: Vec<(i32, Arc<Pod>)> = Vec::new();
-    for pod in controlled_by(&ctx.pods, &ns, &uid) {
+    for pod in controlled_by(&ctx.pods_by_owner, &ns, &uid) {
         let Some(ord) = ordinal_of(&name, pod.metadata.name.as_deref().unwrap_or_default()) else { continue };
         if ord >= start && ord < start + replicas {
             slots.insert(ord, pod);

@@ -14,12 +14,11 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 
-use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
+use crate::client::informer_factory::SharedInformerFactory;
 use crate::client::scheduling::tolerates;
 
 /// How long the pod may stay: `None` = evict now, `Some(None)` = forever,
@@ -149,9 +148,19 @@ fn error_policy(_pod: Arc<Pod>, err: &ControllerError, _ctx: Arc<Context>) -> Ac
     Action::requeue(Duration::from_secs(1))
 }
 
-pub async fn run(client: kube::Client) {
-    let (nodes, node_events) = reflected(Api::<Node>::all(client.clone()), watcher::Config::default());
-    let (pods, pod_events) = reflected(Api::<Pod>::all(client.clone()), watcher::Config::default());
+/// Whether a Node update leaves its NoExecute taints as they were (a
+/// heartbeat, a label): nothing for this controller to look at again.
+fn same_no_execute_taints(old: &Node, new: &Node) -> bool {
+    let taints = |n: &Node| n.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
+    let (old, new) = (taints(old), taints(new));
+    no_execute_of(&old) == no_execute_of(&new)
+}
+
+pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
+    let (nodes, node_events) =
+        informers.informer::<Node>().subscribe().skip_updates(same_no_execute_taints).into_parts();
+    let (pods, pod_events) = informers.informer::<Pod>().subscribe().into_parts();
+    let pods_by_node = informers.pods_by_node();
     let queue = QueueMetrics::new("noexec_taint_pod", pods.clone());
     let ctx = Arc::new(Context {
         recorder: EventRecorder::new(client.clone(), "taint-eviction-controller"),
@@ -159,17 +168,12 @@ pub async fn run(client: kube::Client) {
         nodes,
         first_seen: Mutex::new(HashMap::new()),
     });
-    let on_node = pods.clone();
     let results = Controller::for_stream(queue.primary(pod_events), pods)
         .watches_stream(
             node_events,
             queue.mapped(move |node: Node| {
                 let name = node.metadata.name.clone().unwrap_or_default();
-                on_node
-                    .state_filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str()))
-                    .iter()
-                    .map(|p| ObjectRef::from_obj(&**p))
-                    .collect::<Vec<_>>()
+                pods_by_node.get(&name).iter().map(|p| ObjectRef::from_obj(&**p)).collect::<Vec<_>>()
             }),
         )
         .run(queue.timed(reconcile), queue.retried(error_policy), ctx);
@@ -192,6 +196,21 @@ mod tests {
             toleration_seconds: secs,
             value: None,
         }
+    }
+
+    /// Only a change of NoExecute taints wakes the controller for a node's pods.
+    #[test]
+    fn node_updates_without_no_execute_changes_are_skipped() {
+        let node = |taints: Vec<Taint>, heartbeat: &str| {
+            let mut n = Node::default();
+            n.metadata.resource_version = Some(heartbeat.into());
+            n.spec = Some(k8s_openapi::api::core::v1::NodeSpec { taints: Some(taints), ..Default::default() });
+            n
+        };
+        let no_schedule = Taint { effect: "NoSchedule".into(), ..taint("y") };
+        assert!(same_no_execute_taints(&node(vec![taint("x")], "1"), &node(vec![taint("x")], "2")));
+        assert!(same_no_execute_taints(&node(vec![], "1"), &node(vec![no_schedule], "2")));
+        assert!(!same_no_execute_taints(&node(vec![], "1"), &node(vec![taint("x")], "2")));
     }
 
     #[test]

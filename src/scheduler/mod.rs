@@ -29,12 +29,17 @@ use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, Replicatio
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
 use tokio::sync::Semaphore;
 
 use crate::client::events::{EventRecorder, EventType};
+use crate::client::indexer::Index;
+use crate::client::informer_factory::SharedInformerFactory;
+use crate::client::predicates::node_heartbeat_only;
+
+/// A subscription's watch events.
+type WatchEvents<K> = futures_util::stream::BoxStream<'static, Result<Event<K>, watcher::Error>>;
 use cache::SchedulerCache;
 use framework::{Code, CycleState, NodeFailure, Snapshot};
 use node_info::PodInfo;
@@ -54,7 +59,7 @@ struct Scheduler {
     queue: SchedulingQueue,
     next_start: AtomicUsize,
     pdbs: Store<PodDisruptionBudget>,
-    services: Store<Service>,
+    services: Index<Service>,
     replication_controllers: Store<ReplicationController>,
     replica_sets: Store<ReplicaSet>,
     stateful_sets: Store<StatefulSet>,
@@ -78,28 +83,17 @@ enum Decision {
     Error(String),
 }
 
-/// Keeps a store of every `K` filled from a watch while the task lives.
-fn reflect<K>(client: &kube::Client) -> (Store<K>, AbortOnDrop)
-where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-{
-    let (store, writer) = reflector::store();
-    let api: Api<K> = Api::all(client.clone());
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
-    );
-    (store, AbortOnDrop(tokio::spawn(stream.for_each(|_| std::future::ready(())))))
-}
-
-/// Runs the scheduler with `profiles` (one per schedulerName) until aborted.
-pub async fn run(client: kube::Client, profiles: Vec<Arc<Profile>>) {
-    let (pdbs, _pdb_task) = reflect(&client);
+/// Runs the scheduler with `profiles` (one per schedulerName) until
+/// aborted. It reads pods, nodes and what its plugins look up from the
+/// process' shared informers, and writes (bindings, status, Events) with
+/// `client`, as itself.
+pub async fn run(client: kube::Client, informers: SharedInformerFactory, profiles: Vec<Arc<Profile>>) {
+    let pdbs = informers.informer().store();
     // For PodTopologySpread's system default constraints.
-    let (services, _services_task) = reflect(&client);
-    let (replication_controllers, _rc_task) = reflect(&client);
-    let (replica_sets, _rs_task) = reflect(&client);
-    let (stateful_sets, _sts_task) = reflect(&client);
+    let services = informers.by_namespace();
+    let replication_controllers = informers.informer().store();
+    let replica_sets = informers.informer().store();
+    let stateful_sets = informers.informer().store();
     let sched = Arc::new(Scheduler {
         recorder: EventRecorder::new(client.clone(), DEFAULT_SCHEDULER_NAME),
         profiles: profiles.into_iter().map(|p| (p.scheduler_name.clone(), p)).collect(),
@@ -117,15 +111,17 @@ pub async fn run(client: kube::Client, profiles: Vec<Arc<Profile>>) {
     });
     let (nodes_synced_tx, mut nodes_synced) = tokio::sync::watch::channel(false);
     let (pods_synced_tx, mut pods_synced) = tokio::sync::watch::channel(false);
-    let _nodes = AbortOnDrop(tokio::spawn(watch_nodes(sched.clone(), nodes_synced_tx)));
-    let _pods = AbortOnDrop(tokio::spawn(watch_pods(sched.clone(), pods_synced_tx)));
+    let nodes = informers.informer::<Node>().subscribe().skip_updates(node_heartbeat_only).into_watch_events().1;
+    let pods = informers.informer::<Pod>().subscribe().into_watch_events().1;
+    let _nodes = AbortOnDrop(tokio::spawn(watch_nodes(sched.clone(), nodes, nodes_synced_tx)));
+    let _pods = AbortOnDrop(tokio::spawn(watch_pods(sched.clone(), pods, pods_synced_tx)));
     if nodes_synced.wait_for(|s| *s).await.is_err() || pods_synced.wait_for(|s| *s).await.is_err() {
         return;
     }
     // Scoring and preemption only: do not wait long for these.
     let others = async {
         let _ = crate::client::cache_sync::wait_for_cache_sync(&sched.pdbs).await;
-        let _ = crate::client::cache_sync::wait_for_cache_sync(&sched.services).await;
+        let _ = crate::client::cache_sync::wait_for_cache_sync(sched.services.store()).await;
         let _ = crate::client::cache_sync::wait_for_cache_sync(&sched.replication_controllers).await;
         let _ = crate::client::cache_sync::wait_for_cache_sync(&sched.replica_sets).await;
         let _ = crate::client::cache_sync::wait_for_cache_sync(&sched.stateful_sets).await;
@@ -180,12 +176,7 @@ impl Scheduler {
         if spec.and_then(|s| s.topology_spread_constraints.as_ref()).is_some_and(|c| !c.is_empty()) {
             return None;
         }
-        let services: Vec<Arc<Service>> = self
-            .services
-            .state()
-            .into_iter()
-            .filter(|s| s.metadata.namespace.as_deref() == Some(pod.namespace.as_str()))
-            .collect();
+        let services = self.services.get(&pod.namespace);
         let owner = pod.pod.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
         let ns = pod.namespace.as_str();
         let (rc, rs, sts) = match owner.map(|o| (o.api_version.as_str(), o.kind.as_str(), o.name.as_str())) {
@@ -288,10 +279,9 @@ fn scheduling_relevant_change(old: &Node, new: &Node) -> bool {
         || ready(old) != ready(new)
 }
 
-async fn watch_pods(sched: Arc<Scheduler>, synced: tokio::sync::watch::Sender<bool>) {
-    let api: Api<Pod> = Api::all(sched.client.clone());
-    let config = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-    let mut events = watcher(api, config).modify(crate::client::forget_managed_fields).default_backoff().boxed();
+/// Feeds the queue and the cache from the shared pod informer (finished
+/// pods count as deleted: `on_pod` drops them).
+async fn watch_pods(sched: Arc<Scheduler>, mut events: WatchEvents<Pod>, synced: tokio::sync::watch::Sender<bool>) {
     let mut seen: Option<HashSet<String>> = None;
     while let Some(event) = events.next().await {
         match event {
@@ -322,9 +312,8 @@ async fn watch_pods(sched: Arc<Scheduler>, synced: tokio::sync::watch::Sender<bo
     }
 }
 
-async fn watch_nodes(sched: Arc<Scheduler>, synced: tokio::sync::watch::Sender<bool>) {
-    let api: Api<Node> = Api::all(sched.client.clone());
-    let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
+/// Feeds the cache from the shared node informer (heartbeats skipped).
+async fn watch_nodes(sched: Arc<Scheduler>, mut events: WatchEvents<Node>, synced: tokio::sync::watch::Sender<bool>) {
     let mut seen: Option<HashSet<String>> = None;
     while let Some(event) = events.next().await {
         match event {

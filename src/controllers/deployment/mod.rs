@@ -26,15 +26,16 @@ use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{applier, trigger_self, Action, ReconcileRequest};
-use kube::runtime::reflector::{self, reflector, ObjectRef, Store};
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::controller::{applier, Action, ReconcileRequest};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher::Event;
 
 use super::controller_utils::{controller_of, pod_phase};
 use super::retry_backoff::RetryBackoff;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
+use crate::client::indexer::Index;
+use crate::client::informer_factory::SharedInformerFactory;
 use crate::client::labels;
 use crate::controllers::queue_metrics::QueueMetrics;
 
@@ -42,9 +43,13 @@ struct Context {
     client: kube::Client,
     backoff: RetryBackoff,
     replicasets: Store<ReplicaSet>,
+    /// ReplicaSets by controller, and those without one (which it may adopt).
+    replicasets_by_owner: Index<ReplicaSet>,
+    orphan_replicasets: Index<ReplicaSet>,
     /// Pods, for Recreate: new pods wait until every old one is gone.
     pods: Store<Pod>,
-    deployments: Store<Deployment>,
+    pods_by_owner: Index<Pod>,
+    deployments_by_namespace: Index<Deployment>,
     recorder: EventRecorder,
 }
 
@@ -59,10 +64,9 @@ impl Context {
             }
             return Vec::new();
         }
-        self.deployments
-            .state()
+        self.deployments_by_namespace
+            .get(&ns)
             .iter()
-            .filter(|d| d.metadata.namespace.as_deref() == Some(ns.as_str()))
             .filter(|d| {
                 let selector = d.spec.as_ref().map(|s| &s.selector);
                 selector.is_some_and(|s| !labels::is_empty(s) && labels::matches(s, rs.metadata.labels.as_ref()))
@@ -207,52 +211,38 @@ fn error_policy(d: Arc<Deployment>, err: &ControllerError, ctx: Arc<Context>) ->
     Action::requeue(ctx.backoff.next(&key))
 }
 
-pub async fn run(client: kube::Client) {
-    let (d_reader, d_writer) = reflector::store::<Deployment>();
-    let (rs_reader, rs_writer) = reflector::store::<ReplicaSet>();
-    let (pod_reader, pod_writer) = reflector::store::<Pod>();
+pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
+    let (d_reader, own) = informers.informer::<Deployment>().subscribe().trigger_self();
+    let (rs_reader, rs_events) = informers.informer::<ReplicaSet>().subscribe().into_watch_events();
+    let (pod_reader, pod_events) = informers.informer::<Pod>().subscribe().into_watch_events();
     let ctx = Arc::new(Context {
         client: client.clone(),
         replicasets: rs_reader,
+        replicasets_by_owner: informers.by_controller(),
+        orphan_replicasets: informers.orphans_by_namespace(),
         pods: pod_reader,
-        deployments: d_reader.clone(),
+        pods_by_owner: informers.by_controller(),
+        deployments_by_namespace: informers.by_namespace(),
         backoff: RetryBackoff::default(),
         recorder: EventRecorder::new(client.clone(), "deployment-controller"),
     });
-    let d_api: Api<Deployment> = Api::all(client.clone());
-    let rs_api: Api<ReplicaSet> = Api::all(client.clone());
-    let pod_api: Api<Pod> = Api::all(client);
-    let own = trigger_self(
-        reflector(
-            d_writer,
-            watcher(d_api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
-        )
-        .applied_objects(),
-        (),
-    );
     let rs_ctx = ctx.clone();
-    let replicasets = reflector(
-        rs_writer,
-        watcher(rs_api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
-    )
-    .map_ok(move |ev| {
-        let refs = match &ev {
-            Event::Apply(rs) | Event::InitApply(rs) | Event::Delete(rs) => rs_ctx.deployments_for(rs),
-            Event::Init | Event::InitDone => Vec::new(),
-        };
-        stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
-    })
-    .try_flatten();
+    let replicasets = rs_events
+        .map_ok(move |ev| {
+            let refs = match &ev {
+                Event::Apply(rs) | Event::InitApply(rs) | Event::Delete(rs) => rs_ctx.deployments_for(rs),
+                Event::Init | Event::InitDone => Vec::new(),
+            };
+            stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
+        })
+        .try_flatten();
     let pod_ctx = ctx.clone();
-    let pods = reflector(
-        pod_writer,
-        watcher(pod_api, watcher::Config::default()).modify(crate::client::forget_managed_fields).default_backoff(),
-    )
-    .map_ok(move |ev| {
-        let refs = pod_ctx.deployments_for_pod(&ev);
-        stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
-    })
-    .try_flatten();
+    let pods = pod_events
+        .map_ok(move |ev| {
+            let refs = pod_ctx.deployments_for_pod(&ev);
+            stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
+        })
+        .try_flatten();
     let queue = QueueMetrics::new("deployment", d_reader.clone());
     applier(
         queue.timed(sync_and_forget),

@@ -8,7 +8,8 @@ use super::progress::deployment_complete;
 use super::sync::active;
 use super::util::{replicas, status_replicas};
 use super::DeploymentSync;
-use crate::controllers::controller_utils::{controller_of, pod_phase};
+use crate::controllers::controller_utils::pod_phase;
+use crate::controllers::informers::controlled_by;
 use crate::controllers::ControllerError;
 
 impl DeploymentSync<'_> {
@@ -49,11 +50,10 @@ impl DeploymentSync<'_> {
             return true;
         }
         let ns = self.namespace();
-        let uids: Vec<&str> = old.iter().filter_map(|rs| rs.metadata.uid.as_deref()).collect();
-        self.ctx.pods.state().iter().any(|p| {
-            p.metadata.namespace.as_deref() == Some(ns.as_str())
-                && controller_of(&p.metadata).is_some_and(|c| uids.contains(&c.uid.as_str()))
-                && !matches!(pod_phase(p), "Succeeded" | "Failed")
+        old.iter().filter_map(|rs| rs.metadata.uid.as_deref()).any(|uid| {
+            controlled_by(&self.ctx.pods_by_owner, &ns, uid)
+                .iter()
+                .any(|p| !matches!(pod_phase(p), "Succeeded" | "Failed"))
         })
     }
 }

@@ -24,6 +24,7 @@ use crate::client::events::EventType;
 use crate::client::labels;
 use crate::controllers::controller_utils::ignore_not_found;
 use crate::controllers::controller_utils::{controller_of, controller_ref, is_controlled_by};
+use crate::controllers::informers::controlled_by;
 use crate::controllers::replicaset::error_message;
 use crate::controllers::ControllerError;
 
@@ -91,8 +92,12 @@ impl DeploymentSync<'_> {
         let api = self.replicasets_api();
         let mut can_adopt: Option<bool> = None;
         let mut owned = Vec::new();
-        let candidates = self.ctx.replicasets.state();
-        for rs in candidates.iter().filter(|rs| rs.metadata.namespace.as_deref() == Some(ns.as_str())) {
+        // Its own ReplicaSets, and the orphans of its namespace it may adopt.
+        let candidates: Vec<_> = controlled_by(&self.ctx.replicasets_by_owner, &ns, &uid)
+            .into_iter()
+            .chain(self.ctx.orphan_replicasets.get(&ns))
+            .collect();
+        for rs in &candidates {
             let name = rs.metadata.name.clone().unwrap_or_default();
             let matches = labels::matches(&selector, rs.metadata.labels.as_ref());
             match controller_of(&rs.metadata) {

@@ -1,0 +1,362 @@
+//! client-go's SharedIndexInformer: one watch of a kind (list, then watch,
+//! relisting when the watch breaks) writing one cache (`Store`, whose
+//! objects are `Arc`s, so every reader shares each object), keeping its
+//! indexes up to date, and telling every subscriber each change.
+//!
+//! Subscribers may come and go while the watch runs (the controller
+//! manager and the scheduler start under separate leader elections): one
+//! subscribing after the first list is handed the cache's current objects
+//! first, as client-go's `AddEventHandler` replays them. The store, the
+//! indexes and the subscriber list change under one lock, so a subscriber
+//! sees each change exactly once, after the cache holds it.
+
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::indexer::{Index, IndexFunc, Indexer};
+
+/// What a subscriber is told, in the order the watch saw it.
+#[derive(Debug)]
+pub enum Change<K> {
+    /// A (re)list starts: the objects that follow are the whole collection.
+    Relist,
+    /// An object of the list.
+    Listed(Arc<K>),
+    /// The list is complete and in the cache.
+    Synced,
+    /// An object created or updated, with what the cache held before.
+    Applied { old: Option<Arc<K>>, new: Arc<K> },
+    /// An object deleted (its last state).
+    Deleted(Arc<K>),
+}
+
+impl<K> Clone for Change<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Change::Relist => Change::Relist,
+            Change::Listed(o) => Change::Listed(o.clone()),
+            Change::Synced => Change::Synced,
+            Change::Applied { old, new } => Change::Applied { old: old.clone(), new: new.clone() },
+            Change::Deleted(o) => Change::Deleted(o.clone()),
+        }
+    }
+}
+
+impl<K> Change<K> {
+    /// The object this change is about, if any.
+    pub fn object(&self) -> Option<&Arc<K>> {
+        match self {
+            Change::Listed(o) | Change::Deleted(o) | Change::Applied { new: o, .. } => Some(o),
+            Change::Relist | Change::Synced => None,
+        }
+    }
+}
+
+struct Subscriber<K> {
+    tx: mpsc::UnboundedSender<Change<K>>,
+    /// Joined while a list was under way, after its start: it is handed the
+    /// whole cache when the list completes.
+    replay_at_sync: bool,
+}
+
+struct Shared<K: Resource<DynamicType = ()> + 'static> {
+    store: Store<K>,
+    indexer: Indexer<K>,
+    /// The subscribers; its lock also orders writes of the store and the
+    /// indexes against subscriptions.
+    subscribers: Mutex<Vec<Subscriber<K>>>,
+}
+
+/// One watch and one indexed cache of a kind for the whole process.
+pub struct SharedIndexInformer<K: Resource<DynamicType = ()> + 'static> {
+    shared: Arc<Shared<K>>,
+}
+
+impl<K: Resource<DynamicType = ()> + 'static> Clone for SharedIndexInformer<K> {
+    fn clone(&self) -> Self {
+        SharedIndexInformer { shared: self.shared.clone() }
+    }
+}
+
+/// A subscription: the shared cache and this subscriber's own stream of
+/// changes (which must be polled, or its changes queue up).
+pub struct Informer<K: Resource<DynamicType = ()> + 'static> {
+    pub store: Store<K>,
+    changes: BoxStream<'static, Change<K>>,
+}
+
+fn lock<K>(m: &Mutex<Vec<Subscriber<K>>>) -> MutexGuard<'_, Vec<Subscriber<K>>> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<K> SharedIndexInformer<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// Starts watching `api` (managedFields dropped from every object, as
+    /// no in-process reader uses them); runs for the life of the process.
+    pub fn start(api: Api<K>, config: watcher::Config) -> Self {
+        let (store, writer) = reflector::store();
+        let shared =
+            Arc::new(Shared { store: store.clone(), indexer: Indexer::default(), subscribers: Mutex::new(Vec::new()) });
+        let events = watcher::watcher(api, config).modify(super::forget_managed_fields).default_backoff().boxed();
+        tokio::spawn(run(shared.clone(), writer, events));
+        SharedIndexInformer { shared }
+    }
+}
+
+async fn run<K>(
+    shared: Arc<Shared<K>>,
+    mut writer: reflector::store::Writer<K>,
+    mut events: BoxStream<'static, Result<Event<K>, watcher::Error>>,
+) where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+{
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(event) => shared.apply(&mut writer, event),
+            Err(e) => tracing::debug!(kind = %K::kind(&()), error = %e, "informer watch failed; retrying"),
+        }
+    }
+}
+
+impl<K> Shared<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    /// Writes one watch event into the cache and the indexes, then tells
+    /// every subscriber (dropping those that went away).
+    fn apply(&self, writer: &mut reflector::store::Writer<K>, event: Event<K>) {
+        let mut subscribers = lock(&self.subscribers);
+        let change = match &event {
+            Event::Init => {
+                writer.apply_watcher_event(&event);
+                subscribers.iter_mut().for_each(|s| s.replay_at_sync = false);
+                Change::Relist
+            }
+            Event::InitApply(obj) => {
+                writer.apply_watcher_event(&event);
+                Change::Listed(Arc::new(obj.clone()))
+            }
+            Event::InitDone => {
+                writer.apply_watcher_event(&event);
+                let state = self.store.state();
+                self.indexer.rebuild(&state);
+                subscribers.retain_mut(|s| {
+                    if std::mem::take(&mut s.replay_at_sync) {
+                        replay(&s.tx, &state)
+                    } else {
+                        s.tx.send(Change::Synced).is_ok()
+                    }
+                });
+                return;
+            }
+            Event::Apply(obj) => {
+                let key = ObjectRef::from_obj(obj);
+                let old = self.store.get(&key);
+                writer.apply_watcher_event(&event);
+                let Some(new) = self.store.get(&key) else { return };
+                self.indexer.update(&key, old.as_deref(), Some(&new));
+                Change::Applied { old, new }
+            }
+            Event::Delete(obj) => {
+                let key = ObjectRef::from_obj(obj);
+                let old = self.store.get(&key);
+                writer.apply_watcher_event(&event);
+                self.indexer.update(&key, old.as_deref(), None);
+                Change::Deleted(Arc::new(obj.clone()))
+            }
+        };
+        subscribers.retain(|s| s.tx.send(change.clone()).is_ok());
+    }
+}
+
+/// Hands `tx` the whole collection as a list; false when it went away.
+fn replay<K>(tx: &mpsc::UnboundedSender<Change<K>>, state: &[Arc<K>]) -> bool {
+    tx.send(Change::Relist).is_ok()
+        && state.iter().all(|o| tx.send(Change::Listed(o.clone())).is_ok())
+        && tx.send(Change::Synced).is_ok()
+}
+
+impl<K> SharedIndexInformer<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    /// The shared cache.
+    pub fn store(&self) -> Store<K> {
+        self.shared.store.clone()
+    }
+
+    /// A new subscriber: the cache and a stream of every change from now
+    /// (from the current objects, replayed as a list, when the cache has
+    /// already synced).
+    pub fn subscribe(&self) -> Informer<K> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut subscribers = lock(&self.shared.subscribers);
+        let synced = super::cache_sync::has_synced(&self.shared.store);
+        if synced && !replay(&tx, &self.shared.store.state()) {
+            tracing::debug!(kind = %K::kind(&()), "subscriber went away before its replay");
+        }
+        subscribers.push(Subscriber { tx, replay_at_sync: !synced });
+        Informer { store: self.shared.store.clone(), changes: UnboundedReceiverStream::new(rx).boxed() }
+    }
+
+    /// The index `name` of the cache, computed by `func` (registered on
+    /// first use, from the objects cached then; kept up to date with every
+    /// change after).
+    pub fn index(&self, name: &'static str, func: IndexFunc<K>) -> Index<K> {
+        let _ordered = lock(&self.shared.subscribers);
+        self.shared.indexer.add(name, func, &self.shared.store.state());
+        Index::new(name, func, self.shared.store.clone(), self.shared.indexer.clone())
+    }
+}
+
+impl<K> Informer<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    /// The changes themselves, for a consumer that needs the old object or
+    /// the list boundaries.
+    pub fn into_changes(self) -> (Store<K>, BoxStream<'static, Change<K>>) {
+        (self.store, self.changes)
+    }
+
+    /// Drops updates for which `ignore(old, new)` holds (controller-runtime's
+    /// update predicates), e.g. a Node's heartbeat for a controller that
+    /// does not read it.
+    pub fn skip_updates(self, ignore: fn(&K, &K) -> bool) -> Self {
+        let changes = self
+            .changes
+            .filter(move |c| {
+                let skip = matches!(c, Change::Applied { old: Some(old), new } if ignore(old, new));
+                std::future::ready(!skip)
+            })
+            .boxed();
+        Informer { store: self.store, changes }
+    }
+
+    /// The cache and the stream of objects touched (listed, applied or
+    /// deleted), for `Controller::watches_stream`: the cache is written
+    /// before the object is seen, so a reconcile it causes sees it.
+    pub fn into_parts(self) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>) {
+        let touched = self.changes.filter_map(|c| std::future::ready(c.object().map(|o| Ok((**o).clone())))).boxed();
+        (self.store, touched)
+    }
+
+    /// The cache and its changes as kube's watcher events (Init, InitApply,
+    /// InitDone for a list; Apply and Delete after).
+    pub fn into_watch_events(self) -> (Store<K>, BoxStream<'static, Result<Event<K>, watcher::Error>>) {
+        let events = self
+            .changes
+            .map(|c| {
+                Ok(match c {
+                    Change::Relist => Event::Init,
+                    Change::Listed(o) => Event::InitApply((*o).clone()),
+                    Change::Synced => Event::InitDone,
+                    Change::Applied { new, .. } => Event::Apply((*new).clone()),
+                    Change::Deleted(o) => Event::Delete((*o).clone()),
+                })
+            })
+            .boxed();
+        (self.store, events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    fn cm(name: &str, value: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta { name: Some(name.into()), namespace: Some("ns".into()), ..Default::default() },
+            data: Some([("k".to_string(), value.to_string())].into()),
+            ..Default::default()
+        }
+    }
+
+    fn informer() -> (SharedIndexInformer<ConfigMap>, reflector::store::Writer<ConfigMap>) {
+        let (store, writer) = reflector::store();
+        let shared = Arc::new(Shared { store, indexer: Indexer::default(), subscribers: Mutex::new(Vec::new()) });
+        (SharedIndexInformer { shared }, writer)
+    }
+
+    fn drain(rx: &mut BoxStream<'static, Change<ConfigMap>>) -> Vec<String> {
+        let mut seen = Vec::new();
+        while let Some(Some(c)) = rx.next().now_or_never() {
+            seen.push(match c {
+                Change::Relist => "relist".to_string(),
+                Change::Listed(o) => format!("listed {}", o.metadata.name.as_deref().unwrap_or_default()),
+                Change::Synced => "synced".into(),
+                Change::Applied { old, new } => format!(
+                    "applied {} old={}",
+                    new.metadata.name.as_deref().unwrap_or_default(),
+                    old.and_then(|o| o.data.as_ref()?.get("k").cloned()).unwrap_or_default()
+                ),
+                Change::Deleted(o) => format!("deleted {}", o.metadata.name.as_deref().unwrap_or_default()),
+            });
+        }
+        seen
+    }
+
+    use futures_util::FutureExt;
+
+    /// A subscriber from the start sees the list once; one joining during
+    /// the list gets the whole cache when it completes; one joining after
+    /// gets it at once; every one sees later changes with the old object.
+    #[tokio::test]
+    async fn late_subscribers_get_the_cache_replayed_and_every_change_once() {
+        let (inf, mut writer) = informer();
+        let (_, mut early) = inf.subscribe().into_changes();
+        inf.shared.apply(&mut writer, Event::Init);
+        inf.shared.apply(&mut writer, Event::InitApply(cm("a", "1")));
+        let (_, mut during) = inf.subscribe().into_changes();
+        inf.shared.apply(&mut writer, Event::InitApply(cm("b", "1")));
+        inf.shared.apply(&mut writer, Event::InitDone);
+        let (store, mut late) = inf.subscribe().into_changes();
+        inf.shared.apply(&mut writer, Event::Apply(cm("a", "2")));
+        inf.shared.apply(&mut writer, Event::Delete(cm("b", "1")));
+        assert_eq!(drain(&mut early), ["relist", "listed a", "listed b", "synced", "applied a old=1", "deleted b"]);
+        let during = drain(&mut during);
+        assert_eq!(during[0], "listed b");
+        assert_eq!(during[1], "relist");
+        let mut listed = during[2..4].to_vec();
+        listed.sort();
+        assert_eq!(listed, ["listed a", "listed b"]);
+        assert_eq!(during[4..], ["synced", "applied a old=1", "deleted b"]);
+        let late = drain(&mut late);
+        assert_eq!(late[0], "relist");
+        assert_eq!(late[3..], ["synced", "applied a old=1", "deleted b"]);
+        assert_eq!(store.state().len(), 1);
+    }
+
+    fn same_data(old: &ConfigMap, new: &ConfigMap) -> bool {
+        old.data == new.data
+    }
+
+    #[tokio::test]
+    async fn skipped_updates_are_not_seen() {
+        let (inf, mut writer) = informer();
+        let (_, mut rx) = inf.subscribe().skip_updates(same_data).into_changes();
+        inf.shared.apply(&mut writer, Event::Init);
+        inf.shared.apply(&mut writer, Event::InitDone);
+        inf.shared.apply(&mut writer, Event::Apply(cm("a", "1")));
+        let mut relabelled = cm("a", "1");
+        relabelled.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+        inf.shared.apply(&mut writer, Event::Apply(relabelled));
+        inf.shared.apply(&mut writer, Event::Apply(cm("a", "2")));
+        assert_eq!(drain(&mut rx), ["relist", "synced", "applied a old=", "applied a old=1"]);
+    }
+}
