@@ -227,3 +227,29 @@ fn int_of(u: &Option<TargetUnion>) -> i64 {
         _ => 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(request: Request) -> RequestOp {
+        RequestOp { request: Some(request) }
+    }
+
+    #[test]
+    fn only_a_lone_final_put_skips_the_savepoint() {
+        let put = || op(Request::RequestPut(PutRequest { key: b"k".to_vec(), ..Default::default() }));
+        let range = || op(Request::RequestRange(RangeRequest { key: b"k".to_vec(), ..Default::default() }));
+        let del = || op(Request::RequestDeleteRange(DeleteRangeRequest { key: b"k".to_vec(), ..Default::default() }));
+        let txn = |success: Vec<RequestOp>, failure: Vec<RequestOp>| TxnRequest { compare: vec![], success, failure };
+        // The apiserver's create, update and get.
+        assert!(fails_before_writing(&txn(vec![put()], vec![])));
+        assert!(fails_before_writing(&txn(vec![put()], vec![range()])));
+        assert!(fails_before_writing(&txn(vec![range(), put()], vec![range(), range()])));
+        // A range after a put may fail (a compacted revision) after it wrote.
+        assert!(!fails_before_writing(&txn(vec![put(), range()], vec![])));
+        assert!(!fails_before_writing(&txn(vec![put(), put()], vec![])));
+        assert!(!fails_before_writing(&txn(vec![], vec![del()])));
+        assert!(!fails_before_writing(&txn(vec![op(Request::RequestTxn(txn(vec![put()], vec![])))], vec![])));
+    }
+}
