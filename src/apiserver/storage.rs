@@ -128,7 +128,9 @@ impl serde::Serialize for WithoutResourceVersion<'_> {
         let mut map = s.serialize_map(Some(fields.len()))?;
         for (k, v) in fields {
             match v {
-                Value::Object(meta) if k == "metadata" => map.serialize_entry(k, &MetadataWithoutResourceVersion(meta))?,
+                Value::Object(meta) if k == "metadata" => {
+                    map.serialize_entry(k, &MetadataWithoutResourceVersion(meta))?
+                }
                 _ => map.serialize_entry(k, v)?,
             }
         }

@@ -295,9 +295,7 @@ impl Writer {
         let committed = if done.iter().any(Done::storage_failed) {
             Err("a storage error aborted the batch".to_string())
         } else {
-            schema::write_meta(&self.conn, &self.meta)
-                .and_then(|_| self.exec("COMMIT"))
-                .map_err(|e| e.to_string())
+            schema::write_meta(&self.conn, &self.meta).and_then(|_| self.exec("COMMIT")).map_err(|e| e.to_string())
         };
         match committed {
             Ok(()) => {
