@@ -108,13 +108,45 @@ pub fn set_resource_version(object: &mut Value, rev: i64) {
     }
 }
 
-/// The stored form: everything but the resourceVersion.
+/// The stored form: everything but the resourceVersion, written straight
+/// from `object` (no copy of it).
 fn encode(object: &Value) -> ApiResult<Vec<u8>> {
-    let mut copy = object.clone();
-    if let Some(meta) = copy.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("resourceVersion");
+    serde_json::to_vec(&WithoutResourceVersion(object))
+        .map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
+}
+
+/// An object serialized without `metadata.resourceVersion`.
+struct WithoutResourceVersion<'a>(&'a Value);
+
+/// A `metadata` map serialized without its `resourceVersion`.
+struct MetadataWithoutResourceVersion<'a>(&'a serde_json::Map<String, Value>);
+
+impl serde::Serialize for WithoutResourceVersion<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let Value::Object(fields) = self.0 else { return self.0.serialize(s) };
+        let mut map = s.serialize_map(Some(fields.len()))?;
+        for (k, v) in fields {
+            match v {
+                Value::Object(meta) if k == "metadata" => {
+                    map.serialize_entry(k, &MetadataWithoutResourceVersion(meta))?
+                }
+                _ => map.serialize_entry(k, v)?,
+            }
+        }
+        map.end()
     }
-    serde_json::to_vec(&copy).map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
+}
+
+impl serde::Serialize for MetadataWithoutResourceVersion<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in self.0.iter().filter(|(k, _)| k.as_str() != "resourceVersion") {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
 }
 
 fn put(key: &str, value: Vec<u8>, lease: i64) -> RequestOp {
@@ -551,5 +583,19 @@ mod tests {
         let (rev, key) = decode_continue(&t, "/registry/pods/").unwrap();
         assert_eq!((rev, key), (42, b"/registry/pods/ns/b\0".to_vec()));
         assert!(decode_continue("garbage", "/registry/pods/").is_err());
+    }
+
+    #[test]
+    fn the_stored_form_leaves_out_the_resource_version_only() {
+        let obj = serde_json::json!({
+            "kind": "ConfigMap",
+            "metadata": {"name": "a", "resourceVersion": "7", "labels": {"resourceVersion": "x"}},
+            "data": {"resourceVersion": "y"},
+        });
+        let stored: Value = serde_json::from_slice(&encode(&obj).unwrap()).unwrap();
+        let mut want = obj.clone();
+        want["metadata"].as_object_mut().unwrap().remove("resourceVersion");
+        assert_eq!(stored, want);
+        assert_eq!(encode(&serde_json::json!([1])).unwrap(), b"[1]");
     }
 }

@@ -196,16 +196,37 @@ pub fn read_alarms(conn: &Connection) -> rusqlite::Result<Vec<crate::store::prot
 }
 
 /// Size of the database in bytes and the part of it holding live pages.
+/// The writer asks after every batch (for the quota): one statement,
+/// prepared once, whose pragma functions are read when it runs.
 pub fn db_size(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
-    let page_size: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
-    let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
-    let free: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
-    Ok((pages * page_size, (pages - free) * page_size))
+    conn.prepare_cached(
+        "SELECT s.page_size, c.page_count, f.freelist_count
+         FROM pragma_page_size() s, pragma_page_count() c, pragma_freelist_count() f",
+    )?
+    .query_row([], |r| {
+        let (page_size, pages, free): (i64, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+        Ok((pages * page_size, (pages - free) * page_size))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn db_size_follows_the_file_with_one_prepared_statement() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conn = open_writer(&dir.path().join("db"), SyncMode::Normal).expect("open");
+        conn.execute_batch("CREATE TABLE t (x BLOB)").expect("table");
+        let (before, _) = db_size(&conn).expect("size");
+        conn.execute("INSERT INTO t VALUES (zeroblob(100000))", []).expect("insert");
+        let (after, in_use) = db_size(&conn).expect("size");
+        assert!(after > before + 90_000, "{before} -> {after}");
+        conn.execute("DELETE FROM t", []).expect("delete");
+        let (same, less) = db_size(&conn).expect("size");
+        assert_eq!(same, after);
+        assert!(less < in_use, "{in_use} -> {less}");
+    }
 
     #[test]
     fn ids_order_by_revision_then_sub() {

@@ -250,7 +250,7 @@ impl Writer {
         let mut done = Vec::with_capacity(batch.len());
         let mut events = Vec::new();
         let start = self.meta;
-        if let Err(e) = self.conn.execute_batch("BEGIN IMMEDIATE") {
+        if let Err(e) = self.exec("BEGIN IMMEDIATE") {
             tracing::error!(error = %e, "cannot start a write transaction");
             let stop = batch.iter().any(|c| matches!(c, Command::Shutdown { .. }));
             for cmd in batch {
@@ -261,9 +261,13 @@ impl Writer {
         for cmd in batch {
             match cmd {
                 Command::Txn { req, reply } => {
-                    let res = self
-                        .admit(quota::txn_cost(&req))
-                        .and_then(|_| self.in_savepoint(&mut events, |w, ev| w.apply_txn_request(&req, ev)));
+                    let res = self.admit(quota::txn_cost(&req)).and_then(|_| {
+                        if txn::fails_before_writing(&req) {
+                            self.undo_on_error(&mut events, |w, ev| w.apply_txn_request(req, ev))
+                        } else {
+                            self.in_savepoint(&mut events, |w, ev| w.apply_txn_request(req, ev))
+                        }
+                    });
                     done.push(Done::Txn(reply, res));
                 }
                 Command::Compact { rev, physical, reply } => {
@@ -291,9 +295,7 @@ impl Writer {
         let committed = if done.iter().any(Done::storage_failed) {
             Err("a storage error aborted the batch".to_string())
         } else {
-            schema::write_meta(&self.conn, &self.meta)
-                .and_then(|_| self.conn.execute_batch("COMMIT"))
-                .map_err(|e| e.to_string())
+            schema::write_meta(&self.conn, &self.meta).and_then(|_| self.exec("COMMIT")).map_err(|e| e.to_string())
         };
         match committed {
             Ok(()) => {
@@ -302,7 +304,7 @@ impl Writer {
             }
             Err(why) => {
                 tracing::error!(error = %why, "write batch rolled back");
-                let _ = self.conn.execute_batch("ROLLBACK");
+                let _ = self.exec("ROLLBACK");
                 self.meta = start;
                 match schema::read_alarms(&self.conn) {
                     Ok(alarms) => self.alarms = alarms,
@@ -362,26 +364,48 @@ impl Writer {
         self.wake_physical_waiters();
     }
 
+    /// Runs one statement without rows, prepared once per connection
+    /// (`execute_batch` would parse it again on every call).
+    fn exec(&self, sql: &str) -> rusqlite::Result<()> {
+        self.conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    }
+
     /// Runs `f` so that an error undoes exactly what `f` wrote.
     fn in_savepoint<T>(
         &mut self,
         events: &mut Vec<Event>,
         f: impl FnOnce(&mut Self, &mut Vec<Event>) -> Result<T>,
     ) -> Result<T> {
-        let (meta, n_events) = (self.meta, events.len());
-        self.conn.execute_batch("SAVEPOINT req")?;
-        match f(self, events) {
+        self.exec("SAVEPOINT req")?;
+        match self.undo_on_error(events, f) {
             Ok(v) => {
-                self.conn.execute_batch("RELEASE req")?;
+                self.exec("RELEASE req")?;
                 Ok(v)
             }
             Err(e) => {
-                self.conn.execute_batch("ROLLBACK TO req; RELEASE req")?;
-                self.meta = meta;
-                events.truncate(n_events);
+                self.exec("ROLLBACK TO req")?;
+                self.exec("RELEASE req")?;
                 Err(e)
             }
         }
+    }
+
+    /// Runs `f`, which writes nothing to the database before its last
+    /// chance to fail (any SQLite error rolls the whole batch back), so
+    /// that an error leaves the revision and the events as they were.
+    fn undo_on_error<T>(
+        &mut self,
+        events: &mut Vec<Event>,
+        f: impl FnOnce(&mut Self, &mut Vec<Event>) -> Result<T>,
+    ) -> Result<T> {
+        let (meta, n_events) = (self.meta, events.len());
+        let res = f(self, events);
+        if res.is_err() {
+            self.meta = meta;
+            events.truncate(n_events);
+        }
+        res
     }
 
     fn want_events(&self) -> bool {

@@ -10,7 +10,7 @@ use crate::store::sqlite::schema::{self, row_id, MAX_SUB};
 use crate::store::{KeyRange, Result, StoreError};
 
 impl Writer {
-    pub(super) fn apply_txn_request(&mut self, req: &TxnRequest, events: &mut Vec<Event>) -> Result<TxnResponse> {
+    pub(super) fn apply_txn_request(&mut self, req: TxnRequest, events: &mut Vec<Event>) -> Result<TxnResponse> {
         let rev = self.meta.rev + 1;
         let mut sub = 0;
         let mut resp = self.apply_txn(req, rev, &mut sub, events)?;
@@ -21,27 +21,42 @@ impl Writer {
         Ok(resp)
     }
 
-    fn apply_txn(&mut self, req: &TxnRequest, rev: i64, sub: &mut i64, events: &mut Vec<Event>) -> Result<TxnResponse> {
+    fn apply_txn(&mut self, req: TxnRequest, rev: i64, sub: &mut i64, events: &mut Vec<Event>) -> Result<TxnResponse> {
+        let TxnRequest { compare, success, failure } = req;
         let mut succeeded = true;
-        for c in &req.compare {
-            if !self.compare(c)? {
+        // The live row of the key of a single-key compare: the put of that
+        // key that opens the branch (the apiserver's create and update)
+        // need not read it again.
+        let mut compared: Option<(usize, Option<Row>)> = None;
+        for (i, c) in compare.iter().enumerate() {
+            let (ok, row) = self.compare(c)?;
+            if let Some(row) = row {
+                compared = Some((i, row));
+            }
+            if !ok {
                 succeeded = false;
                 break;
             }
         }
-        let ops = if succeeded { &req.success } else { &req.failure };
+        let ops = if succeeded { success } else { failure };
         let mut responses = Vec::with_capacity(ops.len());
-        for op in ops {
-            let response = match &op.request {
+        for (n, op) in ops.into_iter().enumerate() {
+            let response = match op.request {
                 Some(Request::RequestRange(r)) => {
                     let head = if *sub > 0 { rev } else { self.meta.rev };
-                    let mut resp = read::range(&self.conn, r, head, self.meta.compact_rev)?;
+                    let mut resp = read::range(&self.conn, &r, head, self.meta.compact_rev)?;
                     resp.header = Some(ResponseHeader { revision: head, ..Default::default() });
                     Response::ResponseRange(resp)
                 }
-                Some(Request::RequestPut(p)) => Response::ResponsePut(self.put(p, rev, sub, events)?),
+                Some(Request::RequestPut(p)) => {
+                    let known = match compared.take() {
+                        Some((i, row)) if n == 0 && compare[i].key == p.key => Some(row),
+                        _ => None,
+                    };
+                    Response::ResponsePut(self.put(p, known, rev, sub, events)?)
+                }
                 Some(Request::RequestDeleteRange(d)) => {
-                    Response::ResponseDeleteRange(self.delete_range(d, rev, sub, events)?)
+                    Response::ResponseDeleteRange(self.delete_range(&d, rev, sub, events)?)
                 }
                 Some(Request::RequestTxn(t)) => {
                     let mut inner = self.apply_txn(t, rev, sub, events)?;
@@ -56,24 +71,29 @@ impl Writer {
         Ok(TxnResponse { header: None, succeeded, responses })
     }
 
-    fn compare(&self, c: &Compare) -> Result<bool> {
+    /// Whether the compare holds, and for a single key its live row.
+    fn compare(&self, c: &Compare) -> Result<(bool, Option<Option<Row>>)> {
         let target = CompareTarget::try_from(c.target).unwrap_or(CompareTarget::Version);
-        let range = KeyRange::new(&c.key, &c.range_end);
-        let rows = match &range {
-            KeyRange::Single(key) => read::get_current(&self.conn, key)?.into_iter().collect(),
-            _ => read::current_in_range(&self.conn, &range, None, target != CompareTarget::Value)?,
+        let absent = |c: &Compare| {
+            target != CompareTarget::Value
+                && compare_row(
+                    c,
+                    target,
+                    &Row { id: 0, key: Vec::new(), create_rev: 0, version: 0, lease: 0, value: Vec::new() },
+                )
         };
-        if rows.is_empty() {
-            if target == CompareTarget::Value {
-                return Ok(false);
-            }
-            return Ok(compare_row(
-                c,
-                target,
-                &Row { id: 0, key: Vec::new(), create_rev: 0, version: 0, lease: 0, value: Vec::new() },
-            ));
+        let range = KeyRange::new(&c.key, &c.range_end);
+        if let KeyRange::Single(key) = &range {
+            let row = read::get_current(&self.conn, key)?;
+            let ok = match &row {
+                Some(row) => compare_row(c, target, row),
+                None => absent(c),
+            };
+            return Ok((ok, Some(row)));
         }
-        Ok(rows.iter().all(|row| compare_row(c, target, row)))
+        let rows = read::current_in_range(&self.conn, &range, None, target != CompareTarget::Value)?;
+        let ok = if rows.is_empty() { absent(c) } else { rows.iter().all(|row| compare_row(c, target, row)) };
+        Ok((ok, None))
     }
 
     fn next_id(rev: i64, sub: &mut i64) -> Result<i64> {
@@ -85,8 +105,19 @@ impl Writer {
         Ok(id)
     }
 
-    fn put(&mut self, p: &PutRequest, rev: i64, sub: &mut i64, events: &mut Vec<Event>) -> Result<PutResponse> {
-        let prev = read::get_current(&self.conn, &p.key)?;
+    /// `known`: the key's live row when the txn's compare has just read it.
+    fn put(
+        &mut self,
+        p: PutRequest,
+        known: Option<Option<Row>>,
+        rev: i64,
+        sub: &mut i64,
+        events: &mut Vec<Event>,
+    ) -> Result<PutResponse> {
+        let prev = match known {
+            Some(row) => row,
+            None => read::get_current(&self.conn, &p.key)?,
+        };
         if (p.ignore_value || p.ignore_lease) && prev.is_none() {
             return Err(StoreError::KeyNotFound);
         }
@@ -99,7 +130,7 @@ impl Writer {
         }
         let value = match (&prev, p.ignore_value) {
             (Some(prev), true) => prev.value.clone(),
-            _ => p.value.clone(),
+            _ => p.value,
         };
         let (create_rev, version) = prev.as_ref().map_or((rev, 1), |r| (r.create_rev, r.version + 1));
         let id = Self::next_id(rev, sub)?;
@@ -116,7 +147,7 @@ impl Writer {
             .execute((&p.key, id))?;
         let prev_kv = if p.prev_kv { prev.as_ref().map(Row::to_kv) } else { None };
         if self.want_events() {
-            let row = Row { id, key: p.key.clone(), create_rev, version, lease, value };
+            let row = Row { id, key: p.key, create_rev, version, lease, value };
             events.push(event_of(row, prev));
         }
         Ok(PutResponse { header: Some(ResponseHeader { revision: rev, ..Default::default() }), prev_kv })
@@ -154,6 +185,21 @@ impl Writer {
     }
 }
 
+/// Whether an error in `req` always comes before it writes anything: each
+/// branch reads and then puts at most one key as its last step (the
+/// apiserver's create, update and get). A put fails only before its
+/// INSERTs; a storage error rolls the whole batch back anyway. Such a txn
+/// needs no savepoint of its own.
+pub(super) fn fails_before_writing(req: &TxnRequest) -> bool {
+    [&req.success, &req.failure].into_iter().all(|ops| {
+        ops.iter().enumerate().all(|(i, op)| match &op.request {
+            Some(Request::RequestRange(_)) | None => true,
+            Some(Request::RequestPut(_)) => i + 1 == ops.len(),
+            Some(Request::RequestDeleteRange(_)) | Some(Request::RequestTxn(_)) => false,
+        })
+    })
+}
+
 fn compare_row(c: &Compare, target: CompareTarget, row: &Row) -> bool {
     use std::cmp::Ordering;
     let ord = match (target, &c.target_union) {
@@ -179,5 +225,31 @@ fn int_of(u: &Option<TargetUnion>) -> i64 {
         | Some(TargetUnion::ModRevision(v))
         | Some(TargetUnion::Lease(v)) => *v,
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(request: Request) -> RequestOp {
+        RequestOp { request: Some(request) }
+    }
+
+    #[test]
+    fn only_a_lone_final_put_skips_the_savepoint() {
+        let put = || op(Request::RequestPut(PutRequest { key: b"k".to_vec(), ..Default::default() }));
+        let range = || op(Request::RequestRange(RangeRequest { key: b"k".to_vec(), ..Default::default() }));
+        let del = || op(Request::RequestDeleteRange(DeleteRangeRequest { key: b"k".to_vec(), ..Default::default() }));
+        let txn = |success: Vec<RequestOp>, failure: Vec<RequestOp>| TxnRequest { compare: vec![], success, failure };
+        // The apiserver's create, update and get.
+        assert!(fails_before_writing(&txn(vec![put()], vec![])));
+        assert!(fails_before_writing(&txn(vec![put()], vec![range()])));
+        assert!(fails_before_writing(&txn(vec![range(), put()], vec![range(), range()])));
+        // A range after a put may fail (a compacted revision) after it wrote.
+        assert!(!fails_before_writing(&txn(vec![put(), range()], vec![])));
+        assert!(!fails_before_writing(&txn(vec![put(), put()], vec![])));
+        assert!(!fails_before_writing(&txn(vec![], vec![del()])));
+        assert!(!fails_before_writing(&txn(vec![op(Request::RequestTxn(txn(vec![put()], vec![])))], vec![])));
     }
 }
