@@ -290,3 +290,47 @@ fn pods_of_a_service_are_spread_by_default() {
         .collect();
     assert!(hosts.contains(&"small".to_string()), "{hosts:?}");
 }
+
+/// `scheduler_schedule_attempts_total` of the default profile with `result`.
+fn attempts(s: &common::ApiServer, result: &str) -> u64 {
+    let (ok, out) = kubectl(s, &["get", "--raw", "/metrics"]);
+    assert!(ok, "{out}");
+    let series = format!("scheduler_schedule_attempts_total{{profile=\"default-scheduler\",result=\"{result}\"}} ");
+    out.lines().find_map(|l| l.strip_prefix(series.as_str())).map_or(0, |n| n.parse().expect("a count"))
+}
+
+/// Upstream's queueing hints: a pod that fit nowhere is tried again only
+/// for a cluster event that may help it, as the plugins that rejected it
+/// judge; other node events leave it waiting.
+#[test]
+fn a_waiting_pod_is_woken_only_by_a_node_that_may_take_it() {
+    let s = common::ApiServer::start();
+    node(&s, "n1", "1", json!({}), json!(null));
+    pod(&s, "ssd", json!({}), "100m", json!({"nodeSelector": {"disk": "ssd"}}));
+    pod(&s, "probe", json!({}), "100m", json!({"nodeSelector": {"probe": "yes"}}));
+    failed_scheduling(&s, "ssd");
+    failed_scheduling(&s, "probe");
+    let failed = attempts(&s, "unschedulable");
+    assert!(failed >= 2, "{failed}");
+
+    // Neither a new node without the label, nor one with another value,
+    // nor a label change on n1 can let either pod fit.
+    node(&s, "n2", "1", json!({}), json!(null));
+    node(&s, "n3", "1", json!({"disk": "hdd"}), json!(null));
+    let (ok, out) = kubectl(&s, &["label", "node", "n1", "zone=a"]);
+    assert!(ok, "{out}");
+    // The scheduler reads node events in order: once `probe` is placed on
+    // n4, the events before it have been judged (and `ssd`, had it been
+    // woken by one, tried first, being older).
+    node(&s, "n4", "1", json!({"probe": "yes"}), json!(null));
+    assert_eq!(wait_bound(&s, "probe"), "n4");
+    assert_eq!(attempts(&s, "unschedulable"), failed, "a node that cannot take a pod woke it");
+    assert!(node_of(&s, "ssd").is_empty());
+
+    // A label that matches wakes it.
+    let (ok, out) = kubectl(&s, &["label", "node", "n2", "disk=ssd"]);
+    assert!(ok, "{out}");
+    assert_eq!(wait_bound(&s, "ssd"), "n2");
+    let (_, metrics) = kubectl(&s, &["get", "--raw", "/metrics"]);
+    assert!(metrics.contains("scheduler_queue_incoming_pods_total{event=\"NodeUpdate\","), "{metrics}");
+}

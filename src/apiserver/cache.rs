@@ -16,7 +16,8 @@ use super::storage::{Change, Storage};
 /// Every object under one key prefix, by `Kind/namespace/name` (or `Kind/name`).
 pub struct PrefixCache {
     prefix: String,
-    objects: RwLock<HashMap<String, Value>>,
+    /// Shared, so that readers take a snapshot without copying objects.
+    objects: RwLock<HashMap<String, Arc<Value>>>,
     /// What is kept of each object (the whole object when None).
     project: Option<fn(&Value) -> Value>,
     /// Bumped at every change applied, for readers that wait for one.
@@ -58,11 +59,11 @@ impl PrefixCache {
         })
     }
 
-    fn keep(&self, obj: &Value) -> Value {
-        match self.project {
+    fn keep(&self, obj: &Value) -> Arc<Value> {
+        Arc::new(match self.project {
             Some(p) => p(obj),
             None => obj.clone(),
-        }
+        })
     }
 
     /// A receiver told of every change applied from now on.
@@ -71,8 +72,8 @@ impl PrefixCache {
     }
 
     /// Whether any cached object satisfies `pred` (nothing is copied).
-    pub fn any(&self, pred: impl FnMut(&Value) -> bool) -> bool {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).values().any(pred)
+    pub fn any(&self, mut pred: impl FnMut(&Value) -> bool) -> bool {
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).values().any(|o| pred(o))
     }
 
     /// How many objects are cached.
@@ -84,13 +85,13 @@ impl PrefixCache {
         self.len() == 0
     }
 
-    /// Every cached object, in no particular order.
-    pub fn all(&self) -> Vec<Value> {
+    /// Every cached object, in no particular order (shared, not copied).
+    pub fn all(&self) -> Vec<Arc<Value>> {
         self.objects.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 
     /// The objects of one namespace.
-    pub fn in_namespace(&self, namespace: &str) -> Vec<Value> {
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<Value>> {
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
         objects.values().filter(|o| is_in(o, namespace)).cloned().collect()
     }
@@ -100,7 +101,7 @@ impl PrefixCache {
         self.objects.read().unwrap_or_else(|e| e.into_inner()).values().any(|o| is_in(o, namespace))
     }
 
-    pub fn get(&self, id: &str) -> Option<Value> {
+    pub fn get(&self, id: &str) -> Option<Arc<Value>> {
         self.objects.read().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
     }
 
@@ -126,7 +127,8 @@ impl PrefixCache {
 
     async fn load(&self, storage: &Storage) -> Result<i64, ApiError> {
         let (items, rev) = storage.list_all(&self.prefix).await?;
-        let all: HashMap<String, Value> = items.into_iter().map(|s| (id_of(&s.object), self.keep(&s.object))).collect();
+        let all: HashMap<String, Arc<Value>> =
+            items.into_iter().map(|s| (id_of(&s.object), self.keep(&s.object))).collect();
         *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
         self.changes.send_modify(|n| *n += 1);
         self.synced.store(true, std::sync::atomic::Ordering::Release);

@@ -395,6 +395,7 @@ pub async fn serve(api: &Api) -> Response {
     m.write_storage(&mut out);
     write_storage_objects(api, &mut out).await;
     crate::metrics::workqueue::write_all(&mut out);
+    crate::metrics::scheduler::write_all(&mut out);
     (StatusCode::OK, [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)], out).into_response()
 }
 

@@ -4,9 +4,11 @@
 //! record metrics (the API server, the controllers' work queues) keep their
 //! own series and write them out with the helpers here. Apart from
 //! `workqueue` (client-go's work queue series, which every controller
-//! reports and the API server's /metrics serves), this module knows no
+//! reports and the API server's /metrics serves) and `scheduler` (the
+//! scheduler's attempts and queue moves), this module knows no
 //! Kubernetes names, so every floor may use it.
 
+pub mod scheduler;
 pub mod workqueue;
 
 use std::fmt::Write;

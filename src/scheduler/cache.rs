@@ -83,12 +83,13 @@ impl SchedulerCache {
         }
     }
 
-    pub fn remove_pod(&mut self, uid: &str) -> bool {
-        let Some((node, _, _)) = self.pods.remove(uid) else { return false };
+    /// Removes a placed or assumed pod; returns it if it was here.
+    pub fn remove_pod(&mut self, uid: &str) -> Option<Arc<PodInfo>> {
+        let (node, pod, _) = self.pods.remove(uid)?;
         if let Some(i) = self.index.get(&node) {
             self.nodes[*i].remove_pod(uid);
         }
-        true
+        Some(pod)
     }
 
     pub fn contains(&self, uid: &str) -> bool {

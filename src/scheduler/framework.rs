@@ -31,26 +31,67 @@ pub enum Code {
 pub struct Status {
     pub code: Code,
     pub reasons: Vec<String>,
+    /// The plugin that answered (set by the profile that ran it), so a pod
+    /// that fit nowhere knows which plugins to ask about cluster events.
+    pub plugin: &'static str,
 }
 
 impl Status {
     pub fn success() -> Self {
-        Status { code: Code::Success, reasons: Vec::new() }
+        Status { code: Code::Success, reasons: Vec::new(), plugin: "" }
     }
     pub fn skip() -> Self {
-        Status { code: Code::Skip, reasons: Vec::new() }
+        Status { code: Code::Skip, reasons: Vec::new(), plugin: "" }
     }
     pub fn unschedulable(reason: impl Into<String>) -> Self {
-        Status { code: Code::Unschedulable, reasons: vec![reason.into()] }
+        Status { code: Code::Unschedulable, reasons: vec![reason.into()], plugin: "" }
     }
     pub fn unresolvable(reason: impl Into<String>) -> Self {
-        Status { code: Code::UnschedulableAndUnresolvable, reasons: vec![reason.into()] }
+        Status { code: Code::UnschedulableAndUnresolvable, reasons: vec![reason.into()], plugin: "" }
     }
     pub fn error(reason: impl Into<String>) -> Self {
-        Status { code: Code::Error, reasons: vec![reason.into()] }
+        Status { code: Code::Error, reasons: vec![reason.into()], plugin: "" }
     }
     pub fn is_success(&self) -> bool {
         self.code == Code::Success
+    }
+    /// The same answer, naming the plugin that gave it.
+    pub fn from_plugin(mut self, plugin: &'static str) -> Self {
+        self.plugin = plugin;
+        self
+    }
+}
+
+/// A change in the cluster that may let a pod that fit nowhere fit now
+/// (upstream's ClusterEvent, with the object it is about).
+pub enum ClusterEvent<'a> {
+    /// A node was added, or changed in what scheduling looks at (labels,
+    /// spec, allocatable, conditions); with the pods placed on it.
+    Node(&'a NodeInfo),
+    /// A pod was placed on a node.
+    AssignedPodAdded(&'a PodInfo),
+    /// A placed pod left its node (deleted or finished).
+    AssignedPodDeleted(&'a PodInfo),
+}
+
+/// The kinds of `ClusterEvent`, for plugins to say which they care about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Node = 0,
+    AssignedPodAdded = 1,
+    AssignedPodDeleted = 2,
+}
+
+/// How many kinds of `ClusterEvent` there are.
+pub const EVENT_KINDS: usize = 3;
+
+impl ClusterEvent<'_> {
+    pub fn kind(&self) -> EventKind {
+        match self {
+            ClusterEvent::Node(_) => EventKind::Node,
+            ClusterEvent::AssignedPodAdded(_) => EventKind::AssignedPodAdded,
+            ClusterEvent::AssignedPodDeleted(_) => EventKind::AssignedPodDeleted,
+        }
     }
 }
 
@@ -125,6 +166,28 @@ pub trait FilterPlugin: Send + Sync {
     /// adds or removes a pod on `node` (victims, nominated pods).
     fn add_pod(&self, _state: &mut CycleState, _pod: &PodInfo, _added: &PodInfo, _node: &NodeInfo) {}
     fn remove_pod(&self, _state: &mut CycleState, _pod: &PodInfo, _removed: &PodInfo, _node: &NodeInfo) {}
+
+    /// Upstream's EventsToRegister: whether events of `kind` can ever let a
+    /// pod this plugin rejected pass it. The default is every kind.
+    fn registers(&self, _kind: EventKind) -> bool {
+        true
+    }
+
+    /// Upstream's QueueingHint: whether `event` (of a kind the plugin
+    /// registers) may let `pod`, which this plugin rejected, pass it now.
+    /// `false` leaves the pod waiting for a better event.
+    fn is_schedulable_after(&self, _pod: &PodInfo, _event: &ClusterEvent) -> bool {
+        true
+    }
+}
+
+/// The hint of a plugin that looks only at the node object: a node event
+/// helps when the plugin lets the pod through on that node.
+pub fn node_event_passes(plugin: &dyn FilterPlugin, pod: &PodInfo, event: &ClusterEvent) -> bool {
+    match event {
+        ClusterEvent::Node(node) => plugin.filter(&CycleState::default(), pod, node).is_success(),
+        ClusterEvent::AssignedPodAdded(_) | ClusterEvent::AssignedPodDeleted(_) => false,
+    }
 }
 
 /// A plugin that ranks the nodes a pod fits on.

@@ -41,7 +41,7 @@ use crate::client::predicates::node_heartbeat_only;
 /// A subscription's watch events.
 type WatchEvents<K> = futures_util::stream::BoxStream<'static, Result<Event<K>, watcher::Error>>;
 use cache::SchedulerCache;
-use framework::{Code, CycleState, NodeFailure, Snapshot};
+use framework::{ClusterEvent, Code, CycleState, NodeFailure, Snapshot};
 use node_info::PodInfo;
 use profile::{fit_error_message, Profile};
 use queue::SchedulingQueue;
@@ -70,14 +70,13 @@ struct Scheduler {
 /// What one scheduling cycle decided.
 enum Decision {
     Bind(String),
-    /// `waits_for_pods`: some node failed only for lack of other pods
-    /// (pod affinity, topology spread), so a pod placed anywhere may help.
-    /// `clear_nomination`: preemption found no node, so the pod's earlier
+    /// `rejected_by`: the filter plugins that rejected it (their queueing
+    /// hints decide which cluster events wake it). `clear_nomination`: preemption found no node, so the pod's earlier
     /// nomination is dropped (as upstream's empty PostFilter nomination).
     Unschedulable {
         message: String,
         candidate: Option<preemption::Candidate>,
-        waits_for_pods: bool,
+        rejected_by: Vec<&'static str>,
         clear_nomination: bool,
     },
     Error(String),
@@ -218,13 +217,13 @@ impl Scheduler {
                 let newly_assigned = {
                     let mut cache = self.cache();
                     let newly = !cache.contains(&uid) || cache.is_assumed(&uid);
-                    cache.add_pod(info, &node);
+                    cache.add_pod(info.clone(), &node);
                     newly
                 };
                 // A pod placed: pods waiting for pod affinity or a better
                 // spread may fit now (upstream's AssignedPodAdd event).
                 if newly_assigned {
-                    self.queue.move_pods_waiting_for_pods();
+                    self.on_cluster_event(&ClusterEvent::AssignedPodAdded(&info), "AssignedPodAdd");
                 }
             }
             None => {
@@ -240,25 +239,48 @@ impl Scheduler {
 
     fn on_pod_deleted(&self, uid: &str) {
         self.queue.delete(uid);
-        if self.cache().remove_pod(uid) {
+        let removed = self.cache().remove_pod(uid);
+        if let Some(pod) = removed {
             // Room was freed: pods that did not fit may now.
-            self.queue.move_all_to_active_or_backoff();
+            self.on_cluster_event(&ClusterEvent::AssignedPodDeleted(&pod), "AssignedPodDelete");
         }
+    }
+
+    /// Moves the unschedulable pods that `event` may help, as the queueing
+    /// hints of the plugins that rejected each say.
+    /// A pod nominated to a node is also woken by any change of that node,
+    /// so a nomination the node can no longer honour (it was cordoned,
+    /// tainted) is dropped at once rather than at the five-minute flush.
+    /// `label` names the event in `scheduler_queue_incoming_pods_total`.
+    fn on_cluster_event(&self, event: &ClusterEvent, label: &'static str) {
+        let (active, backoff) = self.queue.on_event(event.kind(), |pod, rejected_by| {
+            let nominated_here = match event {
+                ClusterEvent::Node(node) => {
+                    pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref()) == Some(node.name.as_str())
+                }
+                _ => false,
+            };
+            nominated_here
+                || self.profile_for(&pod.pod).is_some_and(|p| p.is_schedulable_after(pod, rejected_by, event))
+        });
+        crate::metrics::scheduler::incoming_pods(label, "active", active);
+        crate::metrics::scheduler::incoming_pods(label, "backoff", backoff);
     }
 
     fn on_node(&self, node: Node) {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let changed = {
+        let (changed, label) = {
             let mut cache = self.cache();
-            let changed = match cache.node(&name) {
-                Some(old) => scheduling_relevant_change(&old.node, &node),
-                None => true,
+            let (changed, label) = match cache.node(&name) {
+                Some(old) => (scheduling_relevant_change(&old.node, &node), "NodeUpdate"),
+                None => (true, "NodeAdd"),
             };
             cache.set_node(Arc::new(node));
-            changed
+            // The node with its pods, for the hints (outside the lock).
+            (changed.then(|| cache.node(&name).cloned()).flatten(), label)
         };
-        if changed {
-            self.queue.move_all_to_active_or_backoff();
+        if let Some(info) = changed {
+            self.on_cluster_event(&ClusterEvent::Node(&info), label);
         }
     }
 }
@@ -352,7 +374,7 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
             return Decision::Unschedulable {
                 message: fit_error_message(0, &[]),
                 candidate: None,
-                waits_for_pods: false,
+                rejected_by: Vec::new(),
                 clear_nomination: false,
             };
         }
@@ -367,7 +389,7 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
             return Decision::Unschedulable {
                 message,
                 candidate: None,
-                waits_for_pods: false,
+                rejected_by: vec![status.plugin],
                 clear_nomination: false,
             };
         }
@@ -418,12 +440,13 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
                     Err(_) => {}
                 }
             }
-            let waits_for_pods = feasible.failures.iter().any(|f| {
-                f.status.reasons.iter().any(|r| {
-                    r == plugins::inter_pod_affinity::ERR_AFFINITY || r == plugins::pod_topology_spread::ERR_CONSTRAINTS
-                })
-            });
-            return Decision::Unschedulable { message, candidate, waits_for_pods, clear_nomination };
+            let mut rejected_by: Vec<&'static str> = Vec::new();
+            for f in &feasible.failures {
+                if !rejected_by.contains(&f.status.plugin) {
+                    rejected_by.push(f.status.plugin);
+                }
+            }
+            return Decision::Unschedulable { message, candidate, rejected_by, clear_nomination };
         }
         if let Some(selector) = sched.default_spread_selector(pod) {
             state.write(plugins::pod_topology_spread::DEFAULT_SELECTOR_KEY, selector);
@@ -454,7 +477,14 @@ async fn schedule_one(sched: &Arc<Scheduler>, pod: Arc<PodInfo>, cycle: u64) {
         sched.queue.done(&pod.uid);
         return;
     };
-    match decide(sched, &profile, &pod) {
+    let decision = decide(sched, &profile, &pod);
+    let result = match &decision {
+        Decision::Bind(_) => "scheduled",
+        Decision::Unschedulable { .. } => "unschedulable",
+        Decision::Error(_) => "error",
+    };
+    crate::metrics::scheduler::schedule_attempt(result, &profile.scheduler_name);
+    match decision {
         Decision::Bind(node) => {
             let Ok(permit) = sched.bindings.clone().acquire_owned().await else { return };
             let sched = sched.clone();
@@ -463,7 +493,7 @@ async fn schedule_one(sched: &Arc<Scheduler>, pod: Arc<PodInfo>, cycle: u64) {
                 bind(&sched, &pod, &node).await;
             });
         }
-        Decision::Unschedulable { message, candidate, waits_for_pods, clear_nomination } => {
+        Decision::Unschedulable { message, candidate, rejected_by, clear_nomination } => {
             let nomination = match candidate {
                 Some(c) => match preemption::preempt(&sched.client, &sched.recorder, &pod, &c).await {
                     Ok(()) => Nomination::Set(c.node),
@@ -476,7 +506,8 @@ async fn schedule_one(sched: &Arc<Scheduler>, pod: Arc<PodInfo>, cycle: u64) {
                 None => Nomination::Keep,
             };
             record_failure(sched, &pod, "Unschedulable", &message, nomination).await;
-            sched.queue.unschedulable(&pod.uid, cycle, waits_for_pods);
+            let registered = profile.registered_kinds(&rejected_by);
+            sched.queue.unschedulable(&pod.uid, cycle, rejected_by, registered);
         }
         Decision::Error(message) => {
             tracing::warn!(pod = %pod.key, error = %message, "scheduling failed");

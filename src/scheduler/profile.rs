@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use super::framework::{Code, CycleState, FilterPlugin, NodeFailure, ScorePlugin, Snapshot, Status};
+use super::framework::{
+    ClusterEvent, Code, CycleState, EventKind, FilterPlugin, NodeFailure, ScorePlugin, Snapshot, Status, EVENT_KINDS,
+};
 use super::node_info::{NodeInfo, PodInfo};
 use super::plugins::{self, node_resources_fit::ScoringStrategy};
 
@@ -52,7 +54,7 @@ impl Profile {
                 Code::Skip => {
                     state.skipped_filters.insert(f.name());
                 }
-                _ => return Err(status),
+                _ => return Err(status.from_plugin(f.name())),
             }
         }
         Ok(())
@@ -66,10 +68,35 @@ impl Profile {
             }
             let status = f.filter(state, pod, node);
             if !status.is_success() {
-                return status;
+                return status.from_plugin(f.name());
             }
         }
         Status::success()
+    }
+
+    /// Whether `event` may let `pod` fit, asking the plugins that rejected
+    /// it in its last cycle (upstream's queueing hints). A pod no plugin
+    /// rejected (there was no node at all) is woken by any event.
+    pub fn is_schedulable_after(&self, pod: &PodInfo, rejected_by: &[&'static str], event: &ClusterEvent) -> bool {
+        if rejected_by.is_empty() {
+            return true;
+        }
+        rejected_by.iter().any(|name| match self.filters.iter().find(|f| f.name() == *name) {
+            Some(f) => f.registers(event.kind()) && f.is_schedulable_after(pod, event),
+            None => true,
+        })
+    }
+
+    /// Which kinds of event may let a pod rejected by `rejected_by` fit,
+    /// indexed by `EventKind as usize`.
+    pub fn registered_kinds(&self, rejected_by: &[&'static str]) -> [bool; EVENT_KINDS] {
+        let kinds = [EventKind::Node, EventKind::AssignedPodAdded, EventKind::AssignedPodDeleted];
+        kinds.map(|kind| {
+            rejected_by.is_empty()
+                || rejected_by
+                    .iter()
+                    .any(|name| self.filters.iter().find(|f| f.name() == *name).is_none_or(|f| f.registers(kind)))
+        })
     }
 
     /// The Filter plugins with the pods nominated to this node that are at

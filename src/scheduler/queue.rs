@@ -1,22 +1,29 @@
-//! The scheduling queue: an active queue ordered by priority then age, a
-//! backoff queue for pods that failed recently (1 s doubling to 10 s), and
-//! the unschedulable pods, which wait for a cluster event that may help them
-//! (a node added or changed, a pod deleted) or for five minutes. Nothing
-//! here polls: `pop` sleeps until a pod is added or the next backoff or
-//! flush deadline.
+//! The scheduling queue, as upstream's PriorityQueue: an active queue
+//! ordered by priority then age; a backoff queue for pods that failed
+//! recently (1 s doubling to 10 s), from which the next pod is taken early
+//! when nothing else is active (upstream's SchedulerPopFromBackoffQ, KEP
+//! 5142; pods that failed with an error wait out their backoff); and the
+//! unschedulable pods, each remembering the plugins that rejected it, which
+//! a cluster event moves only when those plugins' queueing hints say it may
+//! help (or after five minutes). Nothing here polls: `pop` sleeps until a
+//! pod is added or the next backoff or flush deadline.
 
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use super::framework::{EventKind, EVENT_KINDS};
 use super::node_info::PodInfo;
 
 const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 const MAX_UNSCHEDULABLE: Duration = Duration::from_secs(300);
+/// How often the unschedulable pods are looked at for the five-minute
+/// flush (upstream's 30 s), rather than at every pop.
+const FLUSH_INTERVAL: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
@@ -36,8 +43,9 @@ struct Queued {
     unschedulable_since: Instant,
     /// The pod changed while it was being scheduled.
     updated_in_flight: bool,
-    /// It last failed for lack of other pods (pod affinity, spread).
-    waits_for_pods: bool,
+    /// The filter plugins that rejected it in its last cycle (empty: none
+    /// did, as when there was no node at all).
+    rejected_by: Vec<&'static str>,
 }
 
 /// Max-heap entry: higher priority first, then the older pod.
@@ -59,18 +67,27 @@ impl PartialOrd for ActiveEntry {
     }
 }
 
-#[derive(Default)]
+type BackoffHeap = BinaryHeap<Reverse<(Instant, String)>>;
+
 struct Inner {
     pods: HashMap<String, Queued>,
     active: BinaryHeap<ActiveEntry>,
-    backoff: BinaryHeap<Reverse<(Instant, String)>>,
+    /// Pods that fit nowhere and were moved by an event before their
+    /// backoff ended; taken early when nothing is active.
+    backoff: BackoffHeap,
+    /// Pods whose cycle or binding failed with an error.
+    error_backoff: BackoffHeap,
+    /// Pods with `status.nominatedNodeName` set.
+    nominated: HashSet<String>,
+    /// The pods in `Place::Unschedulable` (events look only at these).
+    unschedulable: HashSet<String>,
     next_seq: u64,
-    /// Counts pops; a cluster event during a cycle sends a failing pod to
-    /// backoff rather than to the unschedulable pods.
+    /// Counts pops; an event during a pod's cycle that may help it sends it
+    /// to backoff rather than to the unschedulable pods.
     cycle: u64,
-    moved_at_cycle: u64,
-    /// The same for a pod being placed (only pods waiting for pods care).
-    pods_moved_at_cycle: u64,
+    /// The cycle at which each kind of cluster event last happened.
+    event_cycle: [u64; EVENT_KINDS],
+    next_flush: Instant,
 }
 
 pub struct SchedulingQueue {
@@ -83,6 +100,20 @@ fn backoff_for(attempts: u32) -> Duration {
     (INITIAL_BACKOFF * (1u32 << shift)).min(MAX_BACKOFF)
 }
 
+fn nominated_node(info: &PodInfo) -> Option<&str> {
+    info.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref()).filter(|n| !n.is_empty())
+}
+
+/// Whether an update of a pod can change where it fits: a change of its
+/// labels, annotations or spec (its status, written by the scheduler
+/// itself after a failure, cannot), as upstream's isPodUpdated.
+fn scheduling_properties_changed(old: &PodInfo, new: &PodInfo) -> bool {
+    let (old, new) = (&old.pod, &new.pod);
+    old.metadata.labels != new.metadata.labels
+        || old.metadata.annotations != new.metadata.annotations
+        || old.spec != new.spec
+}
+
 impl Default for SchedulingQueue {
     fn default() -> Self {
         Self::new()
@@ -91,7 +122,19 @@ impl Default for SchedulingQueue {
 
 impl SchedulingQueue {
     pub fn new() -> Self {
-        SchedulingQueue { inner: Mutex::new(Inner::default()), wake: Notify::new() }
+        let inner = Inner {
+            pods: HashMap::new(),
+            active: BinaryHeap::new(),
+            backoff: BinaryHeap::new(),
+            error_backoff: BinaryHeap::new(),
+            nominated: HashSet::new(),
+            unschedulable: HashSet::new(),
+            next_seq: 0,
+            cycle: 0,
+            event_cycle: [0; EVENT_KINDS],
+            next_flush: Instant::now() + FLUSH_INTERVAL,
+        };
+        SchedulingQueue { inner: Mutex::new(inner), wake: Notify::new() }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -103,13 +146,23 @@ impl SchedulingQueue {
         let mut q = self.lock();
         let inner = &mut *q;
         let now = Instant::now();
+        if nominated_node(&info).is_some() {
+            inner.nominated.insert(info.uid.clone());
+        } else {
+            inner.nominated.remove(&info.uid);
+        }
         match inner.pods.get_mut(&info.uid) {
             Some(queued) => {
+                let changed = scheduling_properties_changed(&queued.info, &info);
                 queued.info = info;
+                if !changed {
+                    return;
+                }
                 match queued.place {
                     Place::InFlight => queued.updated_in_flight = true,
                     // A change to the pod may make it fit: try it again.
                     Place::Unschedulable => {
+                        inner.unschedulable.remove(&queued.info.uid);
                         queued.place = Place::Active;
                         inner.active.push(ActiveEntry {
                             priority: queued.info.priority,
@@ -135,7 +188,7 @@ impl SchedulingQueue {
                         backoff_until: now,
                         unschedulable_since: now,
                         updated_in_flight: false,
-                        waits_for_pods: false,
+                        rejected_by: Vec::new(),
                     },
                 );
                 self.wake.notify_one();
@@ -145,7 +198,10 @@ impl SchedulingQueue {
 
     /// The pod is gone or has a node; forget it.
     pub fn delete(&self, uid: &str) {
-        self.lock().pods.remove(uid);
+        let mut q = self.lock();
+        q.pods.remove(uid);
+        q.nominated.remove(uid);
+        q.unschedulable.remove(uid);
     }
 
     pub fn len(&self) -> usize {
@@ -160,9 +216,9 @@ impl SchedulingQueue {
     /// victims are leaving), by node; pods being scheduled or bound are not.
     pub fn nominated_pods(&self) -> HashMap<String, Vec<Arc<PodInfo>>> {
         let mut out: HashMap<String, Vec<Arc<PodInfo>>> = HashMap::new();
-        for q in self.lock().pods.values().filter(|q| q.place != Place::InFlight) {
-            let status = q.info.pod.status.as_ref();
-            if let Some(node) = status.and_then(|s| s.nominated_node_name.as_deref()).filter(|n| !n.is_empty()) {
+        let q = self.lock();
+        for q in q.nominated.iter().filter_map(|uid| q.pods.get(uid)).filter(|q| q.place != Place::InFlight) {
+            if let Some(node) = nominated_node(&q.info) {
                 out.entry(node.to_string()).or_default().push(q.info.clone());
             }
         }
@@ -177,24 +233,19 @@ impl SchedulingQueue {
                 let inner = &mut *q;
                 let now = Instant::now();
                 flush_backoff(inner, now);
-                flush_unschedulable(inner, now);
-                while let Some(entry) = inner.active.pop() {
-                    let Some(queued) = inner.pods.get_mut(&entry.uid) else { continue };
-                    if queued.place != Place::Active || queued.seq != entry.seq {
-                        continue;
-                    }
-                    queued.place = Place::InFlight;
-                    queued.updated_in_flight = false;
-                    inner.cycle += 1;
-                    return (queued.info.clone(), inner.cycle);
+                if now >= inner.next_flush {
+                    flush_unschedulable(inner, now);
+                    inner.next_flush = now + FLUSH_INTERVAL;
                 }
-                let backoff = inner.backoff.peek().map(|Reverse((t, _))| *t);
-                let flush = inner
-                    .pods
-                    .values()
-                    .filter(|p| p.place == Place::Unschedulable)
-                    .map(|p| p.unschedulable_since + MAX_UNSCHEDULABLE)
-                    .min();
+                if let Some(popped) = pop_active(inner) {
+                    return popped;
+                }
+                // Nothing active: the pod whose backoff ends first goes now.
+                if let Some(popped) = pop_backoff_early(inner) {
+                    return popped;
+                }
+                let backoff = inner.error_backoff.peek().map(|Reverse((t, _))| *t);
+                let flush = (!inner.unschedulable.is_empty()).then_some(inner.next_flush);
                 backoff.into_iter().chain(flush).min()
             };
             match next_deadline {
@@ -208,28 +259,37 @@ impl SchedulingQueue {
 
     /// The pod was bound (or handed to the binder): it leaves the queue.
     pub fn done(&self, uid: &str) {
-        self.lock().pods.remove(uid);
+        self.delete(uid);
     }
 
-    /// The pod fit nowhere in cycle `cycle`. It waits among the
-    /// unschedulable pods, unless the cluster changed meanwhile (or the pod
-    /// itself did), in which case it is retried after its backoff.
-    pub fn unschedulable(&self, uid: &str, cycle: u64, waits_for_pods: bool) {
+    /// The pod fit nowhere in cycle `cycle`, rejected by the plugins
+    /// `rejected_by`. It waits among the unschedulable pods, unless an event
+    /// of a kind in `registered` (those plugins may be helped by it)
+    /// happened meanwhile, or the pod itself changed: then it is retried
+    /// after its backoff.
+    pub fn unschedulable(
+        &self,
+        uid: &str,
+        cycle: u64,
+        rejected_by: Vec<&'static str>,
+        registered: [bool; EVENT_KINDS],
+    ) {
         let mut q = self.lock();
-        let moved = q.moved_at_cycle >= cycle || (waits_for_pods && q.pods_moved_at_cycle >= cycle);
+        let moved = q.event_cycle.iter().zip(registered).any(|(at, r)| r && *at >= cycle);
         let now = Instant::now();
-        let Some(queued) = q.pods.get_mut(uid) else { return };
+        let inner = &mut *q;
+        let Some(queued) = inner.pods.get_mut(uid) else { return };
         queued.attempts += 1;
-        queued.waits_for_pods = waits_for_pods;
+        queued.rejected_by = rejected_by;
         queued.backoff_until = now + backoff_for(queued.attempts);
         if moved || queued.updated_in_flight {
             queued.place = Place::Backoff;
-            let entry = Reverse((queued.backoff_until, uid.to_string()));
-            q.backoff.push(entry);
+            inner.backoff.push(Reverse((queued.backoff_until, uid.to_string())));
             self.wake.notify_one();
         } else {
             queued.place = Place::Unschedulable;
             queued.unschedulable_since = now;
+            inner.unschedulable.insert(uid.to_string());
         }
     }
 
@@ -237,79 +297,106 @@ impl SchedulingQueue {
     pub fn retry(&self, uid: &str) {
         let mut q = self.lock();
         let now = Instant::now();
-        let Some(queued) = q.pods.get_mut(uid) else { return };
+        let inner = &mut *q;
+        let Some(queued) = inner.pods.get_mut(uid) else { return };
         queued.attempts += 1;
         queued.place = Place::Backoff;
         queued.backoff_until = now + backoff_for(queued.attempts);
-        let entry = Reverse((queued.backoff_until, uid.to_string()));
-        q.backoff.push(entry);
+        inner.error_backoff.push(Reverse((queued.backoff_until, uid.to_string())));
         self.wake.notify_one();
     }
 
-    /// A cluster event that may let unschedulable pods fit: move them all
-    /// to the active queue (or to backoff if they failed very recently).
-    pub fn move_all_to_active_or_backoff(&self) {
-        self.move_to_active_or_backoff(false);
-    }
-
-    /// A pod was placed: move the pods that wait for other pods.
-    pub fn move_pods_waiting_for_pods(&self) {
-        self.move_to_active_or_backoff(true);
-    }
-
-    fn move_to_active_or_backoff(&self, only_waiting_for_pods: bool) {
+    /// A cluster event of `kind` happened: every unschedulable pod for which
+    /// `may_help(pod, rejected_by)` holds (its rejecting plugins' queueing
+    /// hints) moves to the active queue, or to backoff if it failed very
+    /// recently. Returns how many moved to each (active, backoff).
+    pub fn on_event(&self, kind: EventKind, may_help: impl Fn(&PodInfo, &[&'static str]) -> bool) -> (u64, u64) {
         let mut q = self.lock();
         let inner = &mut *q;
-        if only_waiting_for_pods {
-            inner.pods_moved_at_cycle = inner.cycle;
-        } else {
-            inner.moved_at_cycle = inner.cycle;
-        }
+        inner.event_cycle[kind as usize] = inner.cycle;
         let now = Instant::now();
-        let mut moved = false;
-        let eligible = |p: &Queued| p.place == Place::Unschedulable && (!only_waiting_for_pods || p.waits_for_pods);
-        for queued in inner.pods.values_mut().filter(|p| eligible(p)) {
-            moved = true;
-            if queued.backoff_until > now {
-                queued.place = Place::Backoff;
-                inner.backoff.push(Reverse((queued.backoff_until, queued.info.uid.clone())));
-            } else {
-                queued.place = Place::Active;
-                inner.active.push(ActiveEntry {
-                    priority: queued.info.priority,
-                    seq: queued.seq,
-                    uid: queued.info.uid.clone(),
-                });
+        let Inner { pods, unschedulable, active, backoff, .. } = inner;
+        let (mut to_active, mut to_backoff) = (0, 0);
+        unschedulable.retain(|uid| {
+            let Some(queued) = pods.get_mut(uid) else { return false };
+            if !may_help(&queued.info, &queued.rejected_by) {
+                return true;
             }
-        }
-        if moved {
+            if queued.backoff_until > now {
+                to_backoff += 1;
+                queued.place = Place::Backoff;
+                backoff.push(Reverse((queued.backoff_until, uid.clone())));
+            } else {
+                to_active += 1;
+                queued.place = Place::Active;
+                active.push(ActiveEntry { priority: queued.info.priority, seq: queued.seq, uid: uid.clone() });
+            }
+            false
+        });
+        if to_active + to_backoff > 0 {
             self.wake.notify_one();
         }
+        (to_active, to_backoff)
     }
 }
 
-fn flush_backoff(inner: &mut Inner, now: Instant) {
-    while let Some(Reverse((at, _))) = inner.backoff.peek() {
-        if *at > now {
-            break;
+fn pop_active(inner: &mut Inner) -> Option<(Arc<PodInfo>, u64)> {
+    while let Some(entry) = inner.active.pop() {
+        let Some(queued) = inner.pods.get_mut(&entry.uid) else { continue };
+        if queued.place != Place::Active || queued.seq != entry.seq {
+            continue;
         }
-        let Some(Reverse((at, uid))) = inner.backoff.pop() else { break };
-        if let Some(q) = inner.pods.get_mut(&uid) {
-            if q.place == Place::Backoff && q.backoff_until == at {
-                q.place = Place::Active;
-                inner.active.push(ActiveEntry { priority: q.info.priority, seq: q.seq, uid });
+        return Some(start_cycle(&mut inner.cycle, queued));
+    }
+    None
+}
+
+fn pop_backoff_early(inner: &mut Inner) -> Option<(Arc<PodInfo>, u64)> {
+    while let Some(Reverse((at, uid))) = inner.backoff.pop() {
+        let Some(queued) = inner.pods.get_mut(&uid) else { continue };
+        if queued.place != Place::Backoff || queued.backoff_until != at {
+            continue;
+        }
+        return Some(start_cycle(&mut inner.cycle, queued));
+    }
+    None
+}
+
+fn start_cycle(cycle: &mut u64, queued: &mut Queued) -> (Arc<PodInfo>, u64) {
+    queued.place = Place::InFlight;
+    queued.updated_in_flight = false;
+    *cycle += 1;
+    (queued.info.clone(), *cycle)
+}
+
+fn flush_backoff(inner: &mut Inner, now: Instant) {
+    for heap in [&mut inner.backoff, &mut inner.error_backoff] {
+        while let Some(Reverse((at, _))) = heap.peek() {
+            if *at > now {
+                break;
+            }
+            let Some(Reverse((at, uid))) = heap.pop() else { break };
+            if let Some(q) = inner.pods.get_mut(&uid) {
+                if q.place == Place::Backoff && q.backoff_until == at {
+                    q.place = Place::Active;
+                    inner.active.push(ActiveEntry { priority: q.info.priority, seq: q.seq, uid });
+                }
             }
         }
     }
 }
 
 fn flush_unschedulable(inner: &mut Inner, now: Instant) {
-    for q in inner.pods.values_mut() {
-        if q.place == Place::Unschedulable && now >= q.unschedulable_since + MAX_UNSCHEDULABLE {
-            q.place = Place::Active;
-            inner.active.push(ActiveEntry { priority: q.info.priority, seq: q.seq, uid: q.info.uid.clone() });
+    let Inner { pods, unschedulable, active, .. } = inner;
+    unschedulable.retain(|uid| {
+        let Some(q) = pods.get_mut(uid) else { return false };
+        if now < q.unschedulable_since + MAX_UNSCHEDULABLE {
+            return true;
         }
-    }
+        q.place = Place::Active;
+        active.push(ActiveEntry { priority: q.info.priority, seq: q.seq, uid: uid.clone() });
+        false
+    });
 }
 
 #[cfg(test)]
@@ -337,34 +424,86 @@ mod tests {
         assert_eq!(order, ["b", "a", "c"]);
     }
 
+    const ALL_KINDS: [bool; EVENT_KINDS] = [true; EVENT_KINDS];
+
     #[tokio::test]
     async fn unschedulable_pods_wait_for_a_cluster_event() {
         let q = SchedulingQueue::new();
         q.add_or_update(pod("a", 0));
         let (p, cycle) = q.pop().await;
-        q.unschedulable(&p.uid, cycle, false);
+        q.unschedulable(&p.uid, cycle, vec!["NodeResourcesFit"], ALL_KINDS);
         assert!(tokio::time::timeout(Duration::from_millis(50), q.pop()).await.is_err());
-        q.move_all_to_active_or_backoff();
-        // Its one-second backoff has to pass first.
+        assert_eq!(q.on_event(EventKind::Node, |_, _| true), (0, 1));
+        // Its one-second backoff has not passed, but nothing else is
+        // active: it is taken from the backoff queue at once.
         let started = Instant::now();
         let (again, _) = q.pop().await;
         assert_eq!(again.uid, "a");
-        assert!(started.elapsed() >= Duration::from_millis(500));
+        assert!(started.elapsed() < Duration::from_millis(500));
     }
 
     #[tokio::test]
-    async fn placed_pods_move_only_pods_waiting_for_pods() {
+    async fn an_active_pod_goes_before_one_in_backoff() {
+        let q = SchedulingQueue::new();
+        q.add_or_update(pod("failed", 0));
+        let (p, cycle) = q.pop().await;
+        q.unschedulable(&p.uid, cycle, vec!["NodeResourcesFit"], ALL_KINDS);
+        q.on_event(EventKind::Node, |_, _| true);
+        q.add_or_update(pod("new", 0));
+        assert_eq!(q.pop().await.0.uid, "new");
+        assert_eq!(q.pop().await.0.uid, "failed");
+    }
+
+    #[tokio::test]
+    async fn hints_choose_which_pods_an_event_moves() {
         let q = SchedulingQueue::new();
         q.add_or_update(pod("cpu", 0));
         q.add_or_update(pod("affinity", 0));
-        let (a, c1) = q.pop().await;
-        let (b, c2) = q.pop().await;
-        q.unschedulable(&a.uid, c1, a.uid == "affinity");
-        q.unschedulable(&b.uid, c2, b.uid == "affinity");
-        q.move_pods_waiting_for_pods();
-        let (again, _) = q.pop().await;
-        assert_eq!(again.uid, "affinity");
+        for _ in 0..2 {
+            let (p, cycle) = q.pop().await;
+            let plugin = if p.uid == "affinity" { "InterPodAffinity" } else { "NodeResourcesFit" };
+            q.unschedulable(&p.uid, cycle, vec![plugin], ALL_KINDS);
+        }
+        let moved = q.on_event(EventKind::AssignedPodAdded, |_, rejected| rejected.contains(&"InterPodAffinity"));
+        assert_eq!(moved, (0, 1));
+        assert_eq!(q.pop().await.0.uid, "affinity");
         assert!(tokio::time::timeout(Duration::from_millis(1500), q.pop()).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn an_event_during_the_cycle_counts_only_if_registered() {
+        let q = SchedulingQueue::new();
+        q.add_or_update(pod("a", 0));
+        q.add_or_update(pod("b", 0));
+        let (a, ca) = q.pop().await;
+        let (b, cb) = q.pop().await;
+        // A pod was placed while both were being scheduled.
+        q.on_event(EventKind::AssignedPodAdded, |_, _| true);
+        let only_nodes = [true, false, false];
+        q.unschedulable(&a.uid, ca, vec!["TaintToleration"], only_nodes);
+        q.unschedulable(&b.uid, cb, vec!["InterPodAffinity"], ALL_KINDS);
+        // `b` may be helped by it and is retried; `a` waits.
+        assert_eq!(q.pop().await.0.uid, b.uid);
+        assert!(tokio::time::timeout(Duration::from_millis(100), q.pop()).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_status_only_update_leaves_an_unschedulable_pod_waiting() {
+        let q = SchedulingQueue::new();
+        q.add_or_update(pod("a", 0));
+        let (p, cycle) = q.pop().await;
+        q.unschedulable(&p.uid, cycle, vec!["NodeResourcesFit"], ALL_KINDS);
+        let mut updated = (*p.pod).clone();
+        updated.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            nominated_node_name: Some("n1".into()),
+            ..Default::default()
+        });
+        q.add_or_update(Arc::new(PodInfo::new(Arc::new(updated.clone()))));
+        assert!(tokio::time::timeout(Duration::from_millis(50), q.pop()).await.is_err());
+        assert_eq!(q.nominated_pods().get("n1").map(Vec::len), Some(1));
+        updated.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+        q.add_or_update(Arc::new(PodInfo::new(Arc::new(updated))));
+        assert_eq!(q.pop().await.0.uid, "a");
     }
 
     #[test]

@@ -151,10 +151,10 @@ async fn priority(call: &Call, pod: &mut Value) -> ApiResult<()> {
     let class = pod.pointer("/spec/priorityClassName").and_then(Value::as_str).unwrap_or_default().to_string();
     let classes = call.api.caches.priority_classes.all();
     let chosen = if class.is_empty() {
-        classes.iter().find(|c| c.get("globalDefault").and_then(Value::as_bool) == Some(true)).cloned()
+        classes.iter().find(|c| c.get("globalDefault").and_then(Value::as_bool) == Some(true)).map(|c| (**c).clone())
     } else {
         match classes.iter().find(|c| c.pointer("/metadata/name").and_then(Value::as_str) == Some(class.as_str())) {
-            Some(c) => Some(c.clone()),
+            Some(c) => Some((**c).clone()),
             None if class == "system-node-critical" => Some(json!({"metadata": {"name": class}, "value": 2000001000})),
             None if class == "system-cluster-critical" => {
                 Some(json!({"metadata": {"name": class}, "value": 2000000000}))

@@ -60,7 +60,7 @@ async fn namespace_labels(call: &Call) -> Option<Value> {
     let ns = call.namespace()?;
     let obj = match call.api.caches.namespaces.get(&format!("Namespace/{ns}")) {
         Some(o) => o,
-        None => call.api.storage.get(&format!("/registry/namespaces/{ns}")).await.ok()??.object,
+        None => std::sync::Arc::new(call.api.storage.get(&format!("/registry/namespaces/{ns}")).await.ok()??.object),
     };
     obj.pointer("/metadata/labels").cloned()
 }

@@ -33,7 +33,11 @@ fn subject_matches(subject: &Value, user: &User, binding_ns: &str) -> bool {
         "Group" => user.in_group(name),
         "ServiceAccount" => {
             let ns = subject["namespace"].as_str().filter(|n| !n.is_empty()).unwrap_or(binding_ns);
-            user.name == format!("system:serviceaccount:{ns}:{name}")
+            user.name
+                .strip_prefix("system:serviceaccount:")
+                .and_then(|rest| rest.strip_prefix(ns))
+                .and_then(|rest| rest.strip_prefix(':'))
+                == Some(name)
         }
         _ => false,
     }
@@ -54,13 +58,16 @@ pub fn rule_allows(rule: &Value, a: &Attributes) -> bool {
     if !has(&rule["apiGroups"], &a.group) {
         return false;
     }
-    let combined =
-        if a.subresource.is_empty() { a.resource.clone() } else { format!("{}/{}", a.resource, a.subresource) };
-    let resource_ok = rule["resources"].as_array().is_some_and(|rs| {
-        rs.iter()
-            .filter_map(Value::as_str)
-            .any(|r| r == "*" || r == combined || (!a.subresource.is_empty() && r == format!("*/{}", a.subresource)))
-    });
+    // `resource`, or `resource/subresource`, or `*/subresource`.
+    let names_request = |r: &str| {
+        if a.subresource.is_empty() {
+            return r == a.resource;
+        }
+        r.split_once('/').is_some_and(|(res, sub)| (res == a.resource || res == "*") && sub == a.subresource)
+    };
+    let resource_ok = rule["resources"]
+        .as_array()
+        .is_some_and(|rs| rs.iter().filter_map(Value::as_str).any(|r| r == "*" || names_request(r)));
     if !resource_ok {
         return false;
     }
@@ -101,13 +108,18 @@ impl RbacCache {
         RbacCache { objects }
     }
 
-    fn role_rules(&self, role_ref: &Value, binding_ns: Option<&str>) -> Vec<Value> {
+    /// The role a binding refers to (its `rules` are what it grants).
+    fn role(&self, role_ref: &Value, binding_ns: Option<&str>) -> Option<Arc<Value>> {
         let name = role_ref["name"].as_str().unwrap_or_default();
         let id = match (role_ref["kind"].as_str(), binding_ns) {
             (Some("Role"), Some(ns)) => format!("Role/{ns}/{name}"),
             _ => format!("ClusterRole/{name}"),
         };
-        self.objects.get(&id).and_then(|r| r["rules"].as_array().cloned()).unwrap_or_default()
+        self.objects.get(&id)
+    }
+
+    fn role_rules(&self, role_ref: &Value, binding_ns: Option<&str>) -> Vec<Value> {
+        self.role(role_ref, binding_ns).and_then(|r| r["rules"].as_array().cloned()).unwrap_or_default()
     }
 
     /// Every rule that applies to `user` in `namespace` (cluster-wide ones too).
@@ -123,7 +135,7 @@ impl RbacCache {
             if namespaced && (namespace.is_empty() || ns != namespace) {
                 continue;
             }
-            let subjects = obj["subjects"].as_array().cloned().unwrap_or_default();
+            let subjects = obj["subjects"].as_array().map(Vec::as_slice).unwrap_or_default();
             if subjects.iter().any(|s| subject_matches(s, user, ns)) {
                 refs.push((obj["roleRef"].clone(), namespaced.then(|| ns.to_string())));
             }
@@ -149,7 +161,8 @@ impl RbacCache {
                 }
                 let subjects = obj["subjects"].as_array().map(Vec::as_slice).unwrap_or_default();
                 let Some(subject) = subjects.iter().find(|s| subject_matches(s, user, ns)) else { continue };
-                let rules = self.role_rules(&obj["roleRef"], namespaced.then_some(ns));
+                let Some(role) = self.role(&obj["roleRef"], namespaced.then_some(ns)) else { continue };
+                let rules = role["rules"].as_array().map(Vec::as_slice).unwrap_or_default();
                 if rules.iter().any(|r| rule_allows(r, a)) {
                     return Some(describe(obj, namespaced.then_some(ns), subject));
                 }

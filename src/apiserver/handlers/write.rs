@@ -93,7 +93,9 @@ async fn check_namespace(call: &Call, creating: bool) -> ApiResult<()> {
     // The cache first; a namespace created a moment ago may not be in it yet.
     let namespace = match call.api.caches.namespaces.get(&format!("Namespace/{ns}")) {
         Some(o) => Some(o),
-        None => call.api.storage.get(&format!("/registry/namespaces/{ns}")).await?.map(|s| s.object),
+        None => {
+            call.api.storage.get(&format!("/registry/namespaces/{ns}")).await?.map(|s| std::sync::Arc::new(s.object))
+        }
     };
     match namespace {
         None => Err(ApiError::not_found("", "namespaces", ns)),

@@ -5,7 +5,9 @@ use k8s_openapi::api::core::v1::{NodeSelectorTerm, PreferredSchedulingTerm};
 
 use crate::client::scheduling;
 
-use crate::scheduler::framework::{default_normalize, CycleState, FilterPlugin, ScorePlugin, Status};
+use crate::scheduler::framework::{
+    default_normalize, node_event_passes, ClusterEvent, CycleState, EventKind, FilterPlugin, ScorePlugin, Status,
+};
 use crate::scheduler::node_info::{NodeInfo, PodInfo};
 
 pub const ERR_REASON: &str = "node(s) didn't match Pod's node affinity/selector";
@@ -34,6 +36,14 @@ impl FilterPlugin for NodeAffinity {
         } else {
             Status::unresolvable(ERR_REASON)
         }
+    }
+
+    fn registers(&self, kind: EventKind) -> bool {
+        kind == EventKind::Node
+    }
+
+    fn is_schedulable_after(&self, pod: &PodInfo, event: &ClusterEvent) -> bool {
+        node_event_passes(self, pod, event)
     }
 }
 

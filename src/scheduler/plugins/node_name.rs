@@ -1,6 +1,6 @@
 //! NodeName: a pod that names its node fits only there.
 
-use crate::scheduler::framework::{CycleState, FilterPlugin, Status};
+use crate::scheduler::framework::{node_event_passes, ClusterEvent, CycleState, EventKind, FilterPlugin, Status};
 use crate::scheduler::node_info::{NodeInfo, PodInfo};
 
 pub struct NodeName;
@@ -15,5 +15,13 @@ impl FilterPlugin for NodeName {
             Some(wanted) if wanted != node.name => Status::unresolvable("node(s) didn't match the requested node name"),
             _ => Status::success(),
         }
+    }
+
+    fn registers(&self, kind: EventKind) -> bool {
+        kind == EventKind::Node
+    }
+
+    fn is_schedulable_after(&self, pod: &PodInfo, event: &ClusterEvent) -> bool {
+        node_event_passes(self, pod, event)
     }
 }

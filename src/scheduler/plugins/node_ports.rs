@@ -1,6 +1,6 @@
 //! NodePorts: a pod asking for host ports fits only where they are free.
 
-use crate::scheduler::framework::{CycleState, FilterPlugin, Status};
+use crate::scheduler::framework::{ClusterEvent, CycleState, EventKind, FilterPlugin, Status};
 use crate::scheduler::node_info::{NodeInfo, PodInfo};
 
 pub struct NodePorts;
@@ -22,6 +22,22 @@ impl FilterPlugin for NodePorts {
             Status::unschedulable("node(s) didn't have free ports for the requested pod ports")
         } else {
             Status::success()
+        }
+    }
+
+    /// A node event helps where the ports are free; a pod leaving helps
+    /// when it held a port this pod wants.
+    fn registers(&self, kind: EventKind) -> bool {
+        kind != EventKind::AssignedPodAdded
+    }
+
+    fn is_schedulable_after(&self, pod: &PodInfo, event: &ClusterEvent) -> bool {
+        match event {
+            ClusterEvent::Node(node) => self.filter(&CycleState::default(), pod, node).is_success(),
+            ClusterEvent::AssignedPodDeleted(gone) => {
+                gone.host_ports.iter().any(|held| pod.host_ports.iter().any(|want| conflicts(want, held)))
+            }
+            ClusterEvent::AssignedPodAdded(_) => false,
         }
     }
 }

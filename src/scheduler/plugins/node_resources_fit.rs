@@ -2,7 +2,9 @@
 //! pods already request plus this pod's requests; nodes score by the
 //! LeastAllocated (default) or MostAllocated strategy over CPU and memory.
 
-use crate::scheduler::framework::{CycleState, FilterPlugin, ScorePlugin, Status, MAX_NODE_SCORE};
+use crate::scheduler::framework::{
+    ClusterEvent, CycleState, EventKind, FilterPlugin, ScorePlugin, Status, MAX_NODE_SCORE,
+};
 use crate::scheduler::node_info::{NodeInfo, PodInfo};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +55,21 @@ impl FilterPlugin for NodeResourcesFit {
         if reasons.is_empty() {
             Status::success()
         } else {
-            Status { code: crate::scheduler::framework::Code::Unschedulable, reasons }
+            Status { code: crate::scheduler::framework::Code::Unschedulable, reasons, plugin: "" }
+        }
+    }
+
+    /// A node event helps where the pod fits now; any placed pod leaving
+    /// frees at least a pod slot; a pod placed never helps.
+    fn registers(&self, kind: EventKind) -> bool {
+        kind != EventKind::AssignedPodAdded
+    }
+
+    fn is_schedulable_after(&self, pod: &PodInfo, event: &ClusterEvent) -> bool {
+        match event {
+            ClusterEvent::Node(node) => insufficient(pod, node).is_empty(),
+            ClusterEvent::AssignedPodDeleted(_) => true,
+            ClusterEvent::AssignedPodAdded(_) => false,
         }
     }
 }

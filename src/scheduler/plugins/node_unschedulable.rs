@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Taint;
 
 use super::taint_toleration::{tolerates, tolerations};
-use crate::scheduler::framework::{CycleState, FilterPlugin, Status};
+use crate::scheduler::framework::{node_event_passes, ClusterEvent, CycleState, EventKind, FilterPlugin, Status};
 use crate::scheduler::node_info::{NodeInfo, PodInfo};
 
 pub struct NodeUnschedulable;
@@ -25,5 +25,13 @@ impl FilterPlugin for NodeUnschedulable {
         } else {
             Status::unresolvable("node(s) were unschedulable")
         }
+    }
+
+    fn registers(&self, kind: EventKind) -> bool {
+        kind == EventKind::Node
+    }
+
+    fn is_schedulable_after(&self, pod: &PodInfo, event: &ClusterEvent) -> bool {
+        node_event_passes(self, pod, event)
     }
 }

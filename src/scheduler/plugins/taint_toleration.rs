@@ -6,7 +6,9 @@ use k8s_openapi::api::core::v1::{Taint, Toleration};
 
 pub use crate::client::scheduling::tolerates;
 
-use crate::scheduler::framework::{default_normalize, CycleState, FilterPlugin, ScorePlugin, Status};
+use crate::scheduler::framework::{
+    default_normalize, node_event_passes, ClusterEvent, CycleState, EventKind, FilterPlugin, ScorePlugin, Status,
+};
 use crate::scheduler::node_info::{NodeInfo, PodInfo};
 
 pub fn tolerations(pod: &PodInfo) -> &[Toleration] {
@@ -37,6 +39,14 @@ impl FilterPlugin for TaintToleration {
             )),
             None => Status::success(),
         }
+    }
+
+    fn registers(&self, kind: EventKind) -> bool {
+        kind == EventKind::Node
+    }
+
+    fn is_schedulable_after(&self, pod: &PodInfo, event: &ClusterEvent) -> bool {
+        node_event_passes(self, pod, event)
     }
 }
 
