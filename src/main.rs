@@ -1,5 +1,10 @@
 //! ferrok: Kubernetes in one executable.
 
+/// mimalloc rather than glibc's malloc: see the note on the dependency in
+/// Cargo.toml for the figures that chose it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     ferrok::cli::main()
 }

@@ -30,16 +30,17 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher::{self, Event};
 use tokio::sync::Semaphore;
 
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::indexer::Index;
+use crate::client::informer::Change;
 use crate::client::informer_factory::SharedInformerFactory;
 use crate::client::predicates::node_heartbeat_only;
 
-/// A subscription's watch events.
-type WatchEvents<K> = futures_util::stream::BoxStream<'static, Result<Event<K>, watcher::Error>>;
+/// A subscription's changes, each object shared with the informer's cache
+/// (the scheduler keeps no copy of its own).
+type Changes<K> = futures_util::stream::BoxStream<'static, Change<K>>;
 use cache::SchedulerCache;
 use framework::{ClusterEvent, Code, CycleState, NodeFailure, Snapshot};
 use node_info::PodInfo;
@@ -110,8 +111,8 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory, profile
     });
     let (nodes_synced_tx, mut nodes_synced) = tokio::sync::watch::channel(false);
     let (pods_synced_tx, mut pods_synced) = tokio::sync::watch::channel(false);
-    let nodes = informers.informer::<Node>().subscribe().skip_updates(node_heartbeat_only).into_watch_events().1;
-    let pods = informers.informer::<Pod>().subscribe().into_watch_events().1;
+    let nodes = informers.informer::<Node>().subscribe().skip_updates(node_heartbeat_only).into_changes().1;
+    let pods = informers.informer::<Pod>().subscribe().into_changes().1;
     let _nodes = AbortOnDrop(tokio::spawn(watch_nodes(sched.clone(), nodes, nodes_synced_tx)));
     let _pods = AbortOnDrop(tokio::spawn(watch_pods(sched.clone(), pods, pods_synced_tx)));
     if nodes_synced.wait_for(|s| *s).await.is_err() || pods_synced.wait_for(|s| *s).await.is_err() {
@@ -202,7 +203,7 @@ impl Scheduler {
     }
 
     /// A pod as the watch shows it now.
-    fn on_pod(&self, pod: Pod) {
+    fn on_pod(&self, pod: Arc<Pod>) {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
         let finished = matches!(phase, "Succeeded" | "Failed");
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
@@ -213,7 +214,7 @@ impl Scheduler {
         match node {
             Some(node) => {
                 self.queue.delete(&uid);
-                let info = Arc::new(PodInfo::new(Arc::new(pod)));
+                let info = Arc::new(PodInfo::new(pod));
                 let newly_assigned = {
                     let mut cache = self.cache();
                     let newly = !cache.contains(&uid) || cache.is_assumed(&uid);
@@ -231,7 +232,7 @@ impl Scheduler {
                 if pod.metadata.deletion_timestamp.is_some() || gated || self.profile_for(&pod).is_none() {
                     self.queue.delete(&uid);
                 } else {
-                    self.queue.add_or_update(Arc::new(PodInfo::new(Arc::new(pod))));
+                    self.queue.add_or_update(Arc::new(PodInfo::new(pod)));
                 }
             }
         }
@@ -267,7 +268,7 @@ impl Scheduler {
         crate::metrics::scheduler::incoming_pods(label, "backoff", backoff);
     }
 
-    fn on_node(&self, node: Node) {
+    fn on_node(&self, node: Arc<Node>) {
         let name = node.metadata.name.clone().unwrap_or_default();
         let (changed, label) = {
             let mut cache = self.cache();
@@ -275,7 +276,7 @@ impl Scheduler {
                 Some(old) => (scheduling_relevant_change(&old.node, &node), "NodeUpdate"),
                 None => (true, "NodeAdd"),
             };
-            cache.set_node(Arc::new(node));
+            cache.set_node(node);
             // The node with its pods, for the hints (outside the lock).
             (changed.then(|| cache.node(&name).cloned()).flatten(), label)
         };
@@ -303,20 +304,20 @@ fn scheduling_relevant_change(old: &Node, new: &Node) -> bool {
 
 /// Feeds the queue and the cache from the shared pod informer (finished
 /// pods count as deleted: `on_pod` drops them).
-async fn watch_pods(sched: Arc<Scheduler>, mut events: WatchEvents<Pod>, synced: tokio::sync::watch::Sender<bool>) {
+async fn watch_pods(sched: Arc<Scheduler>, mut changes: Changes<Pod>, synced: tokio::sync::watch::Sender<bool>) {
     let mut seen: Option<HashSet<String>> = None;
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(Event::Apply(pod)) => sched.on_pod(pod),
-            Ok(Event::Delete(pod)) => sched.on_pod_deleted(pod.metadata.uid.as_deref().unwrap_or_default()),
-            Ok(Event::Init) => seen = Some(HashSet::new()),
-            Ok(Event::InitApply(pod)) => {
+    while let Some(change) = changes.next().await {
+        match change {
+            Change::Applied { new, .. } => sched.on_pod(new),
+            Change::Deleted(pod) => sched.on_pod_deleted(pod.metadata.uid.as_deref().unwrap_or_default()),
+            Change::Relist => seen = Some(HashSet::new()),
+            Change::Listed(pod) => {
                 if let Some(s) = seen.as_mut() {
                     s.insert(pod.metadata.uid.clone().unwrap_or_default());
                 }
                 sched.on_pod(pod);
             }
-            Ok(Event::InitDone) => {
+            Change::Synced => {
                 // Pods deleted while the watch was down were never reported.
                 if let Some(seen) = seen.take() {
                     let stale: Vec<String> =
@@ -329,26 +330,25 @@ async fn watch_pods(sched: Arc<Scheduler>, mut events: WatchEvents<Pod>, synced:
                 }
                 let _ = synced.send(true);
             }
-            Err(e) => tracing::debug!(error = %e, "scheduler pod watch failed; retrying"),
         }
     }
 }
 
 /// Feeds the cache from the shared node informer (heartbeats skipped).
-async fn watch_nodes(sched: Arc<Scheduler>, mut events: WatchEvents<Node>, synced: tokio::sync::watch::Sender<bool>) {
+async fn watch_nodes(sched: Arc<Scheduler>, mut changes: Changes<Node>, synced: tokio::sync::watch::Sender<bool>) {
     let mut seen: Option<HashSet<String>> = None;
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(Event::Apply(node)) => sched.on_node(node),
-            Ok(Event::Delete(node)) => sched.cache().remove_node(node.metadata.name.as_deref().unwrap_or_default()),
-            Ok(Event::Init) => seen = Some(HashSet::new()),
-            Ok(Event::InitApply(node)) => {
+    while let Some(change) = changes.next().await {
+        match change {
+            Change::Applied { new, .. } => sched.on_node(new),
+            Change::Deleted(node) => sched.cache().remove_node(node.metadata.name.as_deref().unwrap_or_default()),
+            Change::Relist => seen = Some(HashSet::new()),
+            Change::Listed(node) => {
                 if let Some(s) = seen.as_mut() {
                     s.insert(node.metadata.name.clone().unwrap_or_default());
                 }
                 sched.on_node(node);
             }
-            Ok(Event::InitDone) => {
+            Change::Synced => {
                 if let Some(seen) = seen.take() {
                     let mut cache = sched.cache();
                     let stale: Vec<String> =
@@ -359,7 +359,6 @@ async fn watch_nodes(sched: Arc<Scheduler>, mut events: WatchEvents<Node>, synce
                 }
                 let _ = synced.send(true);
             }
-            Err(e) => tracing::debug!(error = %e, "scheduler node watch failed; retrying"),
         }
     }
 }
