@@ -10,7 +10,8 @@ use std::sync::{Mutex, OnceLock};
 
 use super as metrics;
 
-type Series = Mutex<BTreeMap<(&'static str, String), u64>>;
+/// Counts by the values of two labels, in the order they are written.
+type Series = Mutex<BTreeMap<(String, String), u64>>;
 
 fn attempts() -> &'static Series {
     static ATTEMPTS: OnceLock<Series> = OnceLock::new();
@@ -22,45 +23,48 @@ fn incoming() -> &'static Series {
     INCOMING.get_or_init(Default::default)
 }
 
-fn add(series: &Series, key: (&'static str, String), by: u64) {
+fn add(series: &Series, key: (String, String), by: u64) {
     *series.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default() += by;
 }
 
 /// One scheduling cycle of a pod of `profile` ended with `result`
 /// (`scheduled`, `unschedulable` or `error`).
 pub fn schedule_attempt(result: &'static str, profile: &str) {
-    add(attempts(), (result, profile.to_string()), 1);
+    add(attempts(), (profile.to_string(), result.to_string()), 1);
 }
 
 /// `event` moved `count` pods to the `active` or `backoff` queue.
 pub fn incoming_pods(event: &'static str, queue: &'static str, count: u64) {
     if count > 0 {
-        add(incoming(), (event, queue.to_string()), count);
+        add(incoming(), (event.to_string(), queue.to_string()), count);
+    }
+}
+
+/// Writes one counter family whose series are keyed by two label values.
+fn write_counter(out: &mut String, name: &str, help: &str, series: &Series, keys: [&str; 2]) {
+    metrics::write_header(out, name, help, "counter");
+    for ((a, b), n) in series.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        let labels = metrics::labels(&[(keys[0], a), (keys[1], b)]);
+        out.push_str(&format!("{name}{{{labels}}} {n}\n"));
     }
 }
 
 /// Writes the scheduler's series in the text format.
 pub fn write_all(out: &mut String) {
-    metrics::write_header(
+    write_counter(
         out,
         "scheduler_schedule_attempts_total",
         "Number of attempts to schedule pods, by the result.",
-        "counter",
+        attempts(),
+        ["profile", "result"],
     );
-    for ((result, profile), n) in attempts().lock().unwrap_or_else(|e| e.into_inner()).iter() {
-        let labels = metrics::labels(&[("profile", profile), ("result", result)]);
-        out.push_str(&format!("scheduler_schedule_attempts_total{{{labels}}} {n}\n"));
-    }
-    metrics::write_header(
+    write_counter(
         out,
         "scheduler_queue_incoming_pods_total",
         "Number of pods added to scheduling queues by event and queue type.",
-        "counter",
+        incoming(),
+        ["event", "queue"],
     );
-    for ((event, queue), n) in incoming().lock().unwrap_or_else(|e| e.into_inner()).iter() {
-        let labels = metrics::labels(&[("event", event), ("queue", queue)]);
-        out.push_str(&format!("scheduler_queue_incoming_pods_total{{{labels}}} {n}\n"));
-    }
 }
 
 #[cfg(test)]
