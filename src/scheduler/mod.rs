@@ -72,8 +72,9 @@ struct Scheduler {
 enum Decision {
     Bind(String),
     /// `rejected_by`: the filter plugins that rejected it (their queueing
-    /// hints decide which cluster events wake it). `clear_nomination`: preemption found no node, so the pod's earlier
-    /// nomination is dropped (as upstream's empty PostFilter nomination).
+    /// hints decide which cluster events wake it). `clear_nomination`:
+    /// preemption found no node, so the pod's earlier nomination is
+    /// dropped (as upstream's empty PostFilter nomination).
     Unschedulable {
         message: String,
         candidate: Option<preemption::Candidate>,
