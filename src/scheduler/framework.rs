@@ -85,6 +85,12 @@ pub enum EventKind {
 /// How many kinds of `ClusterEvent` there are.
 pub const EVENT_KINDS: usize = 3;
 
+impl EventKind {
+    /// Every kind, in the order of their indexes.
+    pub const ALL: [EventKind; EVENT_KINDS] =
+        [EventKind::Node, EventKind::AssignedPodAdded, EventKind::AssignedPodDeleted];
+}
+
 impl ClusterEvent<'_> {
     pub fn kind(&self) -> EventKind {
         match self {

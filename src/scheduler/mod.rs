@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod config;
+mod event_handlers;
 pub mod framework;
 pub mod node_info;
 pub mod plugins;
@@ -19,11 +20,10 @@ pub mod queue;
 pub mod resources;
 pub mod volume_binding;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, ReplicationController, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -34,15 +34,11 @@ use tokio::sync::Semaphore;
 
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::indexer::Index;
-use crate::client::informer::Change;
 use crate::client::informer_factory::SharedInformerFactory;
 use crate::client::predicates::node_heartbeat_only;
 
-/// A subscription's changes, each object shared with the informer's cache
-/// (the scheduler keeps no copy of its own).
-type Changes<K> = futures_util::stream::BoxStream<'static, Change<K>>;
 use cache::SchedulerCache;
-use framework::{ClusterEvent, Code, CycleState, NodeFailure, Snapshot};
+use framework::{Code, CycleState, NodeFailure, Snapshot};
 use node_info::PodInfo;
 use profile::{fit_error_message, Profile};
 use queue::SchedulingQueue;
@@ -114,8 +110,8 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory, profile
     let (pods_synced_tx, mut pods_synced) = tokio::sync::watch::channel(false);
     let nodes = informers.informer::<Node>().subscribe().skip_updates(node_heartbeat_only).into_changes().1;
     let pods = informers.informer::<Pod>().subscribe().into_changes().1;
-    let _nodes = AbortOnDrop(tokio::spawn(watch_nodes(sched.clone(), nodes, nodes_synced_tx)));
-    let _pods = AbortOnDrop(tokio::spawn(watch_pods(sched.clone(), pods, pods_synced_tx)));
+    let _nodes = AbortOnDrop(tokio::spawn(event_handlers::watch_nodes(sched.clone(), nodes, nodes_synced_tx)));
+    let _pods = AbortOnDrop(tokio::spawn(event_handlers::watch_pods(sched.clone(), pods, pods_synced_tx)));
     if nodes_synced.wait_for(|s| *s).await.is_err() || pods_synced.wait_for(|s| *s).await.is_err() {
         return;
     }
@@ -201,166 +197,6 @@ impl Scheduler {
             sts.as_ref().and_then(|s| s.spec.as_ref()).map(|s| OwnerSelector::Selector(&s.selector))
         };
         default_selector(pod, &services, owner)
-    }
-
-    /// A pod as the watch shows it now.
-    fn on_pod(&self, pod: Arc<Pod>) {
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or_default();
-        let finished = matches!(phase, "Succeeded" | "Failed");
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty());
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        if finished {
-            return self.on_pod_deleted(&uid);
-        }
-        match node {
-            Some(node) => {
-                self.queue.delete(&uid);
-                let info = Arc::new(PodInfo::new(pod));
-                let newly_assigned = {
-                    let mut cache = self.cache();
-                    let newly = !cache.contains(&uid) || cache.is_assumed(&uid);
-                    cache.add_pod(info.clone(), &node);
-                    newly
-                };
-                // A pod placed: pods waiting for pod affinity or a better
-                // spread may fit now (upstream's AssignedPodAdd event).
-                if newly_assigned {
-                    self.on_cluster_event(&ClusterEvent::AssignedPodAdded(&info), "AssignedPodAdd");
-                }
-            }
-            None => {
-                let gated = pod.spec.as_ref().and_then(|s| s.scheduling_gates.as_ref()).is_some_and(|g| !g.is_empty());
-                if pod.metadata.deletion_timestamp.is_some() || gated || self.profile_for(&pod).is_none() {
-                    self.queue.delete(&uid);
-                } else {
-                    self.queue.add_or_update(Arc::new(PodInfo::new(pod)));
-                }
-            }
-        }
-    }
-
-    fn on_pod_deleted(&self, uid: &str) {
-        self.queue.delete(uid);
-        let removed = self.cache().remove_pod(uid);
-        if let Some(pod) = removed {
-            // Room was freed: pods that did not fit may now.
-            self.on_cluster_event(&ClusterEvent::AssignedPodDeleted(&pod), "AssignedPodDelete");
-        }
-    }
-
-    /// Moves the unschedulable pods that `event` may help, as the queueing
-    /// hints of the plugins that rejected each say.
-    /// A pod nominated to a node is also woken by any change of that node,
-    /// so a nomination the node can no longer honour (it was cordoned,
-    /// tainted) is dropped at once rather than at the five-minute flush.
-    /// `label` names the event in `scheduler_queue_incoming_pods_total`.
-    fn on_cluster_event(&self, event: &ClusterEvent, label: &'static str) {
-        let (active, backoff) = self.queue.on_event(event.kind(), |pod, rejected_by| {
-            let nominated_here = match event {
-                ClusterEvent::Node(node) => {
-                    pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref()) == Some(node.name.as_str())
-                }
-                _ => false,
-            };
-            nominated_here
-                || self.profile_for(&pod.pod).is_some_and(|p| p.is_schedulable_after(pod, rejected_by, event))
-        });
-        crate::metrics::scheduler::incoming_pods(label, "active", active);
-        crate::metrics::scheduler::incoming_pods(label, "backoff", backoff);
-    }
-
-    fn on_node(&self, node: Arc<Node>) {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let (changed, label) = {
-            let mut cache = self.cache();
-            let (changed, label) = match cache.node(&name) {
-                Some(old) => (scheduling_relevant_change(&old.node, &node), "NodeUpdate"),
-                None => (true, "NodeAdd"),
-            };
-            cache.set_node(node);
-            // The node with its pods, for the hints (outside the lock).
-            (changed.then(|| cache.node(&name).cloned()).flatten(), label)
-        };
-        if let Some(info) = changed {
-            self.on_cluster_event(&ClusterEvent::Node(&info), label);
-        }
-    }
-}
-
-/// Whether a node update could make a pod fit that did not (heartbeats that
-/// only touch conditions' times do not).
-fn scheduling_relevant_change(old: &Node, new: &Node) -> bool {
-    let allocatable = |n: &Node| n.status.as_ref().and_then(|s| s.allocatable.clone());
-    let ready = |n: &Node| {
-        n.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .map(|c| c.iter().map(|c| (c.type_.clone(), c.status.clone())).collect::<Vec<_>>())
-    };
-    old.metadata.labels != new.metadata.labels
-        || old.spec != new.spec
-        || allocatable(old) != allocatable(new)
-        || ready(old) != ready(new)
-}
-
-/// Feeds the queue and the cache from the shared pod informer (finished
-/// pods count as deleted: `on_pod` drops them).
-async fn watch_pods(sched: Arc<Scheduler>, mut changes: Changes<Pod>, synced: tokio::sync::watch::Sender<bool>) {
-    let mut seen: Option<HashSet<String>> = None;
-    while let Some(change) = changes.next().await {
-        match change {
-            Change::Applied { new, .. } => sched.on_pod(new),
-            Change::Deleted(pod) => sched.on_pod_deleted(pod.metadata.uid.as_deref().unwrap_or_default()),
-            Change::Relist => seen = Some(HashSet::new()),
-            Change::Listed(pod) => {
-                if let Some(s) = seen.as_mut() {
-                    s.insert(pod.metadata.uid.clone().unwrap_or_default());
-                }
-                sched.on_pod(pod);
-            }
-            Change::Synced => {
-                // Pods deleted while the watch was down were never reported.
-                if let Some(seen) = seen.take() {
-                    let stale: Vec<String> =
-                        sched.cache().pod_uids().filter(|u| !seen.contains(*u)).map(str::to_string).collect();
-                    for uid in stale {
-                        if !sched.cache().is_assumed(&uid) {
-                            sched.on_pod_deleted(&uid);
-                        }
-                    }
-                }
-                let _ = synced.send(true);
-            }
-        }
-    }
-}
-
-/// Feeds the cache from the shared node informer (heartbeats skipped).
-async fn watch_nodes(sched: Arc<Scheduler>, mut changes: Changes<Node>, synced: tokio::sync::watch::Sender<bool>) {
-    let mut seen: Option<HashSet<String>> = None;
-    while let Some(change) = changes.next().await {
-        match change {
-            Change::Applied { new, .. } => sched.on_node(new),
-            Change::Deleted(node) => sched.cache().remove_node(node.metadata.name.as_deref().unwrap_or_default()),
-            Change::Relist => seen = Some(HashSet::new()),
-            Change::Listed(node) => {
-                if let Some(s) = seen.as_mut() {
-                    s.insert(node.metadata.name.clone().unwrap_or_default());
-                }
-                sched.on_node(node);
-            }
-            Change::Synced => {
-                if let Some(seen) = seen.take() {
-                    let mut cache = sched.cache();
-                    let stale: Vec<String> =
-                        cache.node_names().filter(|n| !seen.contains(*n)).map(str::to_string).collect();
-                    for name in stale {
-                        cache.remove_node(&name);
-                    }
-                }
-                let _ = synced.send(true);
-            }
-        }
     }
 }
 

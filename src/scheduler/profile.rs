@@ -74,28 +74,27 @@ impl Profile {
         Status::success()
     }
 
+    /// The filter plugin called `name`, if this profile runs it.
+    fn filter_named(&self, name: &str) -> Option<&Arc<dyn FilterPlugin>> {
+        self.filters.iter().find(|f| f.name() == name)
+    }
+
     /// Whether `event` may let `pod` fit, asking the plugins that rejected
     /// it in its last cycle (upstream's queueing hints). A pod no plugin
     /// rejected (there was no node at all) is woken by any event.
     pub fn is_schedulable_after(&self, pod: &PodInfo, rejected_by: &[&'static str], event: &ClusterEvent) -> bool {
-        if rejected_by.is_empty() {
-            return true;
-        }
-        rejected_by.iter().any(|name| match self.filters.iter().find(|f| f.name() == *name) {
-            Some(f) => f.registers(event.kind()) && f.is_schedulable_after(pod, event),
-            None => true,
-        })
+        rejected_by.is_empty()
+            || rejected_by.iter().any(|name| {
+                self.filter_named(name).is_none_or(|f| f.registers(event.kind()) && f.is_schedulable_after(pod, event))
+            })
     }
 
     /// Which kinds of event may let a pod rejected by `rejected_by` fit,
     /// indexed by `EventKind as usize`.
     pub fn registered_kinds(&self, rejected_by: &[&'static str]) -> [bool; EVENT_KINDS] {
-        let kinds = [EventKind::Node, EventKind::AssignedPodAdded, EventKind::AssignedPodDeleted];
-        kinds.map(|kind| {
+        EventKind::ALL.map(|kind| {
             rejected_by.is_empty()
-                || rejected_by
-                    .iter()
-                    .any(|name| self.filters.iter().find(|f| f.name() == *name).is_none_or(|f| f.registers(kind)))
+                || rejected_by.iter().any(|name| self.filter_named(name).is_none_or(|f| f.registers(kind)))
         })
     }
 
