@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::status::ApiError;
-use super::storage::{Change, Storage};
+use super::storage::{Change, Old, Storage};
 
 /// Every object under one key prefix, by `Kind/namespace/name` (or `Kind/name`).
 pub struct PrefixCache {
@@ -144,7 +144,7 @@ impl PrefixCache {
 
     async fn follow(&self, storage: Storage, mut from: i64) {
         loop {
-            match storage.watch(&self.prefix, false, from, std::time::Duration::from_secs(3600)).await {
+            match storage.watch(&self.prefix, false, from, std::time::Duration::from_secs(3600), Old::Skipped).await {
                 Ok(changes) => {
                     let mut changes = Box::pin(changes);
                     while let Some(change) = changes.next().await {

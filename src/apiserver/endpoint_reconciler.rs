@@ -17,7 +17,7 @@ use futures_util::{Stream, StreamExt};
 use serde_json::{json, Value};
 
 use super::status::{ApiError, ApiResult};
-use super::storage::{Change, WriteError};
+use super::storage::{Change, Old, WriteError};
 use super::{meta, Api};
 use crate::store::proto::{LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest, PutRequest};
 
@@ -136,7 +136,8 @@ impl LeaseEndpointReconciler {
     /// A watch of the records after the current revision.
     async fn watch_records(&self) -> ApiResult<Changes> {
         let (_, rev) = self.api.storage.list_all(MASTER_LEASES_PREFIX).await?;
-        let changes = self.api.storage.watch(MASTER_LEASES_PREFIX, false, rev, Duration::from_secs(3600)).await?;
+        let changes =
+            self.api.storage.watch(MASTER_LEASES_PREFIX, false, rev, Duration::from_secs(3600), Old::Skipped).await?;
         Ok(Box::pin(changes))
     }
 

@@ -81,6 +81,8 @@ pub enum Change {
     Added(Stored),
     Modified {
         new: Stored,
+        /// The object before the change, decoded only for watches that
+        /// asked for it (`Old::Decoded`).
         old: Option<Stored>,
     },
     Deleted(Stored),
@@ -100,6 +102,16 @@ fn decode(enc: Option<&Encryption>, kv: &KeyValue) -> ApiResult<Stored> {
         .map_err(|e| ApiError::internal(format!("object at {} is not JSON: {e}", String::from_utf8_lossy(&kv.key))))?;
     set_resource_version(&mut object, kv.mod_revision);
     Ok(Stored { object, rev: kv.mod_revision })
+}
+
+/// Whether a watch's `Change::Modified` carries the object as it was.
+/// Only a watch that filters (a selector that an object may enter or
+/// leave) reads it; every other watcher would decode each old object for
+/// nothing.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Old {
+    Decoded,
+    Skipped,
 }
 
 pub fn set_resource_version(object: &mut Value, rev: i64) {
@@ -405,6 +417,7 @@ impl Storage {
         exact: bool,
         after: i64,
         progress_every: std::time::Duration,
+        old: Old,
     ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
         let (ask, asks) = tokio::sync::mpsc::channel(1);
         // Progress requests ask the store to confirm how far we are, which
@@ -421,7 +434,7 @@ impl Storage {
         });
         // When the caller drops the stream, the ticker stops.
         let guard = AbortOnDrop(ticker.abort_handle());
-        let changes = self.watch_asking_progress(key, exact, after, asks).await?;
+        let changes = self.watch_asking_progress(key, exact, after, asks, old).await?;
         Ok(changes.map(move |c| {
             let _held = &guard;
             c
@@ -437,6 +450,7 @@ impl Storage {
         exact: bool,
         after: i64,
         mut asks: tokio::sync::mpsc::Receiver<()>,
+        old: Old,
     ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
         let create = WatchCreateRequest {
             key: key.as_bytes().to_vec(),
@@ -480,7 +494,7 @@ impl Storage {
                     if let (true, Some(e)) = (behind, &enc) {
                         e.catch_up().await;
                     }
-                    futures_util::stream::iter(changes(enc.as_deref(), resp))
+                    futures_util::stream::iter(changes(enc.as_deref(), resp, old))
                 }
             })
             .flatten()
@@ -507,7 +521,7 @@ impl Drop for AbortOnDrop {
     }
 }
 
-fn changes(enc: Option<&Encryption>, resp: crate::store::Result<WatchResponse>) -> Vec<ApiResult<Change>> {
+fn changes(enc: Option<&Encryption>, resp: crate::store::Result<WatchResponse>, old: Old) -> Vec<ApiResult<Change>> {
     let resp = match resp {
         Ok(r) => r,
         Err(e) => return vec![Err(e.into())],
@@ -543,7 +557,10 @@ fn changes(enc: Option<&Encryption>, resp: crate::store::Result<WatchResponse>) 
             } else {
                 Ok(Change::Modified {
                     new: decode(enc, kv)?,
-                    old: ev.prev_kv.as_ref().map(|kv| decode(enc, kv)).transpose()?,
+                    old: match old {
+                        Old::Decoded => ev.prev_kv.as_ref().map(|kv| decode(enc, kv)).transpose()?,
+                        Old::Skipped => None,
+                    },
                 })
             }
         })

@@ -52,17 +52,20 @@ pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             &format!("pod {name} is being deleted, cannot be assigned to a host"),
         ));
     }
-    let mut new = old.object.clone();
+    let (mut new, rev) = (old.object, old.rev);
     new["spec"]["nodeName"] = json!(target);
     let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now_rfc3339()});
-    let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
-    let mut conds: Vec<Value> =
-        conds.into_iter().filter(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled")).collect();
-    conds.push(cond);
-    new["status"]["conditions"] = json!(conds);
+    let status = &mut new["status"];
+    match status.get_mut("conditions").and_then(Value::as_array_mut) {
+        Some(conds) => {
+            conds.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
+            conds.push(cond);
+        }
+        None => status["conditions"] = json!([cond]),
+    }
     if !call.dry_run() {
         let key = call.resource.key(call.namespace(), &name);
-        call.api.storage.update(&key, &new, old.rev).await.map_err(|e| write_error(call, &name, e))?;
+        call.api.storage.update(&key, &new, rev).await.map_err(|e| write_error(call, &name, e))?;
     }
     Ok(call.respond(
         StatusCode::CREATED,

@@ -12,11 +12,11 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use super::object::{CachedEvent, CachedObject, EventType, Form};
-use super::watcher::{Filter, Inbox, Watchers};
+use super::watcher::{Filter, Inbox, Views, Watchers};
 use super::window::{TooOld, Window};
 use crate::apiserver::selectable_fields::SelectableField;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::storage::{Change, Storage, Stored};
+use crate::apiserver::storage::{Change, Old, Storage, Stored};
 
 /// How often watchers that allow bookmarks are told how far the cache is
 /// (upstream sends one about every minute).
@@ -95,7 +95,11 @@ pub enum NotServed {
 impl Cacher {
     /// A cache for `shape`; it lists and starts watching at once.
     pub fn start(storage: Storage, shape: Shape, window_size: usize) -> Arc<Cacher> {
-        let form = Form { api_version: shape.api_version.as_str().into(), kind: shape.kind.as_str().into() };
+        let form = Form {
+            api_version: shape.api_version.as_str().into(),
+            kind: shape.kind.as_str().into(),
+            index: shape.index,
+        };
         let cacher = Arc::new(Cacher {
             form,
             state: RwLock::new(State {
@@ -122,11 +126,6 @@ impl Cacher {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
         self.state.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The value of the indexed field in `obj`.
-    pub fn index_value(&self, obj: &Value) -> Option<String> {
-        self.shape.index.map(|f| f.value_in(obj))
     }
 
     /// Lists and watches for as long as the server runs; when the store
@@ -160,15 +159,15 @@ impl Cacher {
     async fn list_and_watch(&self) -> ApiResult<()> {
         let (items, rev) = self.storage.list_all(&self.shape.prefix).await?;
         let (ask, asks) = mpsc::channel(1);
-        let changes = self.storage.watch_asking_progress(&self.shape.prefix, false, rev, asks).await?;
+        let changes = self.storage.watch_asking_progress(&self.shape.prefix, false, rev, asks, Old::Skipped).await?;
         {
             let mut st = self.write();
             st.objects.clear();
             st.by_index.clear();
             for s in items {
                 let obj = Arc::new(self.cached(s));
-                if let Some(v) = self.index_value(&obj.attrs) {
-                    st.by_index.entry(v).or_default().insert(obj.key.clone());
+                if let Some(v) = &obj.index {
+                    st.by_index.entry(v.to_string()).or_default().insert(obj.key.clone());
                 }
                 st.objects.insert(obj.key.clone(), obj);
             }
@@ -261,25 +260,24 @@ impl Cacher {
             _ => st.objects.insert(object.key.clone(), object.clone()),
         };
         if let Some(p) = &prev {
-            if let Some(v) = self.index_value(&p.attrs) {
-                if let Some(keys) = st.by_index.get_mut(&v) {
+            if let Some(v) = &p.index {
+                if let Some(keys) = st.by_index.get_mut(&**v) {
                     keys.remove(&p.key);
                     if keys.is_empty() {
-                        st.by_index.remove(&v);
+                        st.by_index.remove(&**v);
                     }
                 }
             }
         }
         if kind != EventType::Deleted {
-            if let Some(v) = self.index_value(&object.attrs) {
-                st.by_index.entry(v).or_default().insert(object.key.clone());
+            if let Some(v) = &object.index {
+                st.by_index.entry(v.to_string()).or_default().insert(object.key.clone());
             }
         }
         let event = Arc::new(CachedEvent::new(kind, object, prev));
         st.window.push(event.clone());
         st.rev = rev;
-        let index = |v: &Value| self.index_value(v);
-        st.watchers.dispatch(&event, &index);
+        st.watchers.dispatch(&event);
         drop(st);
         self.rev.send_replace(rev);
     }
@@ -336,7 +334,6 @@ impl Cacher {
     /// repeat.
     pub fn watch(&self, from: StartAt, filter: Filter, bookmarks: bool) -> Result<Registered, NotServed> {
         let mut st = self.write();
-        let index = |v: &Value| self.index_value(v);
         let (initial, replay, rev) = match from {
             StartAt::Now => {
                 let listed = {
@@ -360,7 +357,8 @@ impl Cacher {
             }
             StartAt::Rev(rev) => match st.window.since(rev) {
                 Ok(events) => {
-                    let replay = events.into_iter().filter_map(|e| filter.sees(&e, &index).map(|t| (t, e))).collect();
+                    let replay =
+                        events.into_iter().filter_map(|e| filter.sees(&Views::of(&e)).map(|t| (t, e))).collect();
                     (Vec::new(), replay, rev)
                 }
                 Err(_) if !st.window.trimmed() => return Err(NotServed::BeforeCache),

@@ -3,6 +3,7 @@
 //! is closed "due to unresponsiveness"): its client re-watches from the
 //! last resourceVersion it saw, and nobody else waits for it.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -53,28 +54,29 @@ impl Filter {
 
     /// Whether an object (for an initial list) is seen by this watcher.
     pub fn admits(&self, obj: &CachedObject) -> bool {
-        self.in_scope(&obj.key) && self.predicate.as_ref().is_none_or(|p| p(&obj.attrs))
+        self.in_scope(&obj.key) && self.predicate.as_ref().is_none_or(|p| p(&obj.attrs()))
     }
 
-    /// How this watcher sees `ev` (`index` gives an object's indexed value),
-    /// if at all: with selectors, an object that starts to match is ADDED
-    /// and one that stops matching is DELETED, as upstream.
-    pub fn sees(&self, ev: &CachedEvent, index: &dyn Fn(&Value) -> Option<String>) -> Option<EventType> {
+    /// How this watcher sees the event of `views`, if at all: with
+    /// selectors, an object that starts to match is ADDED and one that
+    /// stops matching is DELETED, as upstream.
+    pub fn sees(&self, views: &Views) -> Option<EventType> {
+        let ev = views.ev;
         if !self.in_scope(&ev.object.key) {
             return None;
         }
         if let Some(want) = &self.trigger {
-            let hit = |o: &CachedObject| index(&o.attrs).as_deref() == Some(want.as_str());
+            let hit = |o: &CachedObject| o.index.as_deref() == Some(want.as_str());
             if !hit(&ev.object) && !ev.prev.as_deref().is_some_and(hit) {
                 return None;
             }
         }
         let Some(p) = &self.predicate else { return Some(ev.kind) };
         match ev.kind {
-            EventType::Added | EventType::Deleted => p(&ev.object.attrs).then_some(ev.kind),
+            EventType::Added | EventType::Deleted => p(views.now()).then_some(ev.kind),
             EventType::Modified => {
-                let now = p(&ev.object.attrs);
-                let before = ev.prev.as_ref().is_some_and(|o| p(&o.attrs));
+                let now = p(views.now());
+                let before = views.before().is_some_and(|o| p(o));
                 match (before, now) {
                     (true, true) => Some(EventType::Modified),
                     (false, true) => Some(EventType::Added),
@@ -83,6 +85,28 @@ impl Filter {
                 }
             }
         }
+    }
+}
+
+/// An event and its objects' selector views, decoded on first use and at
+/// most once however many watchers' selectors read them.
+pub struct Views<'a> {
+    ev: &'a CachedEvent,
+    now: OnceCell<Value>,
+    before: OnceCell<Option<Value>>,
+}
+
+impl<'a> Views<'a> {
+    pub fn of(ev: &'a CachedEvent) -> Self {
+        Views { ev, now: OnceCell::new(), before: OnceCell::new() }
+    }
+
+    fn now(&self) -> &Value {
+        self.now.get_or_init(|| self.ev.object.attrs())
+    }
+
+    fn before(&self) -> Option<&Value> {
+        self.before.get_or_init(|| self.ev.prev.as_ref().map(|p| p.attrs())).as_ref()
     }
 }
 
@@ -150,10 +174,11 @@ impl Watchers {
 
     /// Hands `ev` to every watcher that sees it; a watcher whose buffer is
     /// full, or whose client went away, is ended.
-    pub fn dispatch(&mut self, ev: &Arc<CachedEvent>, index: &dyn Fn(&Value) -> Option<String>) {
+    pub fn dispatch(&mut self, ev: &Arc<CachedEvent>) {
         let size = ev.object.encoded_len().max(1);
+        let views = Views::of(ev);
         self.slots.retain(|id, slot| {
-            let Some(as_type) = slot.filter.sees(ev, index) else { return !slot.tx.is_closed() };
+            let Some(as_type) = slot.filter.sees(&views) else { return !slot.tx.is_closed() };
             if slot.queued.load(Ordering::Relaxed) + size > BUFFER_BYTES {
                 tracing::debug!(watcher = id, "ending a watcher that does not read (buffer bytes full)");
                 return false;
@@ -192,12 +217,18 @@ mod tests {
     use serde_json::json;
 
     fn pod(key: &str, rev: i64, node: &str) -> Arc<CachedObject> {
-        let form = super::super::object::Form { api_version: "v1".into(), kind: "Pod".into() };
+        let index =
+            crate::apiserver::selectable_fields::of("", "Pod").0.iter().find(|f| f.label == "spec.nodeName").copied();
+        let form = super::super::object::Form { api_version: "v1".into(), kind: "Pod".into(), index };
         Arc::new(CachedObject::new(key.into(), rev, json!({"spec": {"nodeName": node}}), &form))
     }
 
     fn node_of(v: &Value) -> Option<String> {
         v.pointer("/spec/nodeName").and_then(Value::as_str).map(str::to_string)
+    }
+
+    fn sees(f: &Filter, ev: &CachedEvent) -> Option<EventType> {
+        f.sees(&Views::of(ev))
     }
 
     #[test]
@@ -208,10 +239,10 @@ mod tests {
         let moved_out = CachedEvent::new(EventType::Modified, pod("/p/x", 3, "b"), Some(pod("/p/x", 2, "a")));
         let elsewhere = CachedEvent::new(EventType::Added, pod("/p/y", 4, "b"), None);
         let other_prefix = CachedEvent::new(EventType::Added, pod("/q/y", 5, "a"), None);
-        assert_eq!(f.sees(&moved_in, &node_of), Some(EventType::Added));
-        assert_eq!(f.sees(&moved_out, &node_of), Some(EventType::Deleted));
-        assert_eq!(f.sees(&elsewhere, &node_of), None);
-        assert_eq!(f.sees(&other_prefix, &node_of), None);
+        assert_eq!(sees(&f, &moved_in), Some(EventType::Added));
+        assert_eq!(sees(&f, &moved_out), Some(EventType::Deleted));
+        assert_eq!(sees(&f, &elsewhere), None);
+        assert_eq!(sees(&f, &other_prefix), None);
     }
 
     #[tokio::test]
@@ -223,7 +254,7 @@ mod tests {
         let mut got = 0;
         for rev in 1..=(BUFFER_EVENTS as i64 + 10) {
             let ev = Arc::new(CachedEvent::new(EventType::Added, pod(&format!("/p/{rev}"), rev, "a"), None));
-            w.dispatch(&ev, &node_of);
+            w.dispatch(&ev);
             while let Ok(Some(_)) = tokio::time::timeout(std::time::Duration::ZERO, reader.recv()).await {
                 got += 1;
             }
