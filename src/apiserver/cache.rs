@@ -11,15 +11,15 @@ use futures_util::StreamExt;
 use serde_json::Value;
 
 use super::status::ApiError;
-use super::storage::{Change, Old, Storage};
+use super::storage::{whole, Change, Decoding, Parse, Storage};
 
 /// Every object under one key prefix, by `Kind/namespace/name` (or `Kind/name`).
 pub struct PrefixCache {
     prefix: String,
     /// Shared, so that readers take a snapshot without copying objects.
     objects: RwLock<HashMap<String, Arc<Value>>>,
-    /// What is kept of each object (the whole object when None).
-    project: Option<fn(&Value) -> Value>,
+    /// What is kept of each object, made from its stored JSON.
+    parse: Parse,
     /// Bumped at every change applied, for readers that wait for one.
     changes: tokio::sync::watch::Sender<u64>,
     /// The first load has finished (upstream's informer HasSynced).
@@ -40,29 +40,22 @@ impl PrefixCache {
         Arc::new(PrefixCache {
             prefix: prefix.to_string(),
             objects: RwLock::default(),
-            project: None,
+            parse: whole,
             changes: tokio::sync::watch::Sender::new(0),
             synced: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    /// A cache that keeps only what `project` makes of each object (which
-    /// must keep `kind`, `metadata.name` and `metadata.namespace`), for
-    /// sets too large to hold whole.
-    pub fn projected(prefix: &str, project: fn(&Value) -> Value) -> Arc<Self> {
+    /// A cache that keeps only what `parse` makes of each object's JSON
+    /// (which must keep `kind`, `metadata.name` and `metadata.namespace`),
+    /// for sets too large to hold whole or to decode whole at every change.
+    pub fn projected(prefix: &str, parse: Parse) -> Arc<Self> {
         Arc::new(PrefixCache {
             prefix: prefix.to_string(),
             objects: RwLock::default(),
-            project: Some(project),
+            parse,
             changes: tokio::sync::watch::Sender::new(0),
             synced: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-
-    fn keep(&self, obj: &Value) -> Arc<Value> {
-        Arc::new(match self.project {
-            Some(p) => p(obj),
-            None => obj.clone(),
         })
     }
 
@@ -105,16 +98,18 @@ impl PrefixCache {
         self.objects.read().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
     }
 
+    /// Adds `obj` as if the store had sent it.
     #[cfg(test)]
-    pub(crate) fn apply_for_test(&self, change: &Change) {
-        self.apply(change)
+    pub(crate) fn apply_for_test(&self, obj: &Value) {
+        let object = serde_json::to_vec(obj).and_then(|b| (self.parse)(&b)).expect("a parsable object");
+        self.apply(Change::Added(super::storage::Stored { object, rev: 1 }))
     }
 
-    fn apply(&self, change: &Change) {
+    fn apply(&self, change: Change) {
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         match change {
             Change::Added(s) | Change::Modified { new: s, .. } => {
-                objects.insert(id_of(&s.object), self.keep(&s.object));
+                objects.insert(id_of(&s.object), Arc::new(s.object));
             }
             Change::Deleted(s) => {
                 objects.remove(&id_of(&s.object));
@@ -126,9 +121,9 @@ impl PrefixCache {
     }
 
     async fn load(&self, storage: &Storage) -> Result<i64, ApiError> {
-        let (items, rev) = storage.list_all(&self.prefix).await?;
+        let (items, rev) = storage.list_all_parsed(&self.prefix, self.parse).await?;
         let all: HashMap<String, Arc<Value>> =
-            items.into_iter().map(|s| (id_of(&s.object), self.keep(&s.object))).collect();
+            items.into_iter().map(|s| (id_of(&s.object), Arc::new(s.object))).collect();
         *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
         self.changes.send_modify(|n| *n += 1);
         self.synced.store(true, std::sync::atomic::Ordering::Release);
@@ -144,7 +139,10 @@ impl PrefixCache {
 
     async fn follow(&self, storage: Storage, mut from: i64) {
         loop {
-            match storage.watch(&self.prefix, false, from, std::time::Duration::from_secs(3600), Old::Skipped).await {
+            match storage
+                .watch(&self.prefix, false, from, std::time::Duration::from_secs(3600), Decoding::projected(self.parse))
+                .await
+            {
                 Ok(changes) => {
                     let mut changes = Box::pin(changes);
                     while let Some(change) = changes.next().await {
@@ -153,7 +151,7 @@ impl PrefixCache {
                                 if let Change::Added(s) | Change::Deleted(s) | Change::Modified { new: s, .. } = &c {
                                     from = s.rev;
                                 }
-                                self.apply(&c);
+                                self.apply(c);
                             }
                             Err(e) => {
                                 tracing::warn!(prefix = %self.prefix, error = %e, "cache watch ended; reloading");
@@ -206,12 +204,15 @@ impl Default for Caches {
             limit_ranges: PrefixCache::new("/registry/limitranges/"),
             priority_classes: PrefixCache::new("/registry/scheduling.k8s.io/priorityclasses/"),
             storage_classes: PrefixCache::new("/registry/storage.k8s.io/storageclasses/"),
-            node_pods: PrefixCache::projected("/registry/pods/", super::auth::node_graph::pod_edges),
+            node_pods: PrefixCache::projected("/registry/pods/", super::auth::node_graph::parse_pod_edges),
             node_claims: PrefixCache::projected(
                 "/registry/persistentvolumeclaims/",
-                super::auth::node_graph::claim_edges,
+                super::auth::node_graph::parse_claim_edges,
             ),
-            node_volumes: PrefixCache::projected("/registry/persistentvolumes/", super::auth::node_graph::volume_edges),
+            node_volumes: PrefixCache::projected(
+                "/registry/persistentvolumes/",
+                super::auth::node_graph::parse_volume_edges,
+            ),
         }
     }
 }

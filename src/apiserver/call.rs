@@ -76,6 +76,19 @@ impl Call {
         managed_fields::record_update(old, new, &writer, subresource);
     }
 
+    /// The object the request's path names as the watch cache holds it,
+    /// else as the store does (NotFound when neither has it). It may be
+    /// behind the store: only for a write whose revision check catches
+    /// that, and which reads again then.
+    pub async fn load_object_cached_first(&self) -> ApiResult<Stored> {
+        let name = self.path.name.as_deref().unwrap_or_default();
+        let key = self.resource.key(self.namespace(), name);
+        match self.api.watch_cache.get(&self.resource, &key) {
+            Some(stored) => Ok(stored),
+            None => self.load_object().await,
+        }
+    }
+
     /// The object the request's path names, or NotFound.
     pub async fn load_object(&self) -> ApiResult<Stored> {
         let name = self.path.name.as_deref().unwrap_or_default();

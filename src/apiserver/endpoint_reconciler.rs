@@ -17,7 +17,7 @@ use futures_util::{Stream, StreamExt};
 use serde_json::{json, Value};
 
 use super::status::{ApiError, ApiResult};
-use super::storage::{Change, Old, WriteError};
+use super::storage::{Change, Decoding, WriteError};
 use super::{meta, Api};
 use crate::store::proto::{LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest, PutRequest};
 
@@ -137,7 +137,7 @@ impl LeaseEndpointReconciler {
     async fn watch_records(&self) -> ApiResult<Changes> {
         let (_, rev) = self.api.storage.list_all(MASTER_LEASES_PREFIX).await?;
         let changes =
-            self.api.storage.watch(MASTER_LEASES_PREFIX, false, rev, Duration::from_secs(3600), Old::Skipped).await?;
+            self.api.storage.watch(MASTER_LEASES_PREFIX, false, rev, Duration::from_secs(3600), Decoding::NEW).await?;
         Ok(Box::pin(changes))
     }
 

@@ -82,7 +82,7 @@ pub enum Change {
     Modified {
         new: Stored,
         /// The object before the change, decoded only for watches that
-        /// asked for it (`Old::Decoded`).
+        /// asked for it (`Decoding::old`).
         old: Option<Stored>,
     },
     Deleted(Stored),
@@ -92,26 +92,53 @@ pub enum Change {
 
 /// The object stored in `kv`, opened first when its resource is encrypted.
 fn decode(enc: Option<&Encryption>, kv: &KeyValue) -> ApiResult<Stored> {
+    decode_with(enc, kv, whole)
+}
+
+/// The object stored in `kv` as `parse` makes it.
+fn decode_with(enc: Option<&Encryption>, kv: &KeyValue, parse: Parse) -> ApiResult<Stored> {
     let value = match enc {
         Some(enc) => enc.open(&kv.key, &kv.value).map_err(|e| {
             ApiError::internal(format!("unable to transform key {:?}: {e}", String::from_utf8_lossy(&kv.key)))
         })?,
         None => std::borrow::Cow::Borrowed(kv.value.as_slice()),
     };
-    let mut object: Value = serde_json::from_slice(&value)
+    let mut object: Value = parse(&value)
         .map_err(|e| ApiError::internal(format!("object at {} is not JSON: {e}", String::from_utf8_lossy(&kv.key))))?;
     set_resource_version(&mut object, kv.mod_revision);
     Ok(Stored { object, rev: kv.mod_revision })
 }
 
-/// Whether a watch's `Change::Modified` carries the object as it was.
-/// Only a watch that filters (a selector that an object may enter or
-/// leave) reads it; every other watcher would decode each old object for
-/// nothing.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Old {
-    Decoded,
-    Skipped,
+/// How stored bytes become the object a reader keeps: whole, or a
+/// reader's own small projection, parsed without building the rest (the
+/// Node authorizer keeps a few references of each pod).
+pub type Parse = fn(&[u8]) -> serde_json::Result<Value>;
+
+/// The whole object.
+pub fn whole(bytes: &[u8]) -> serde_json::Result<Value> {
+    serde_json::from_slice(bytes)
+}
+
+/// What a watch decodes of each change.
+#[derive(Clone, Copy)]
+pub struct Decoding {
+    /// Whether `Change::Modified` carries the object as it was. Only a
+    /// watch that filters (a selector an object may enter or leave) reads
+    /// it; every other watcher would decode each old object for nothing.
+    pub old: bool,
+    pub parse: Parse,
+}
+
+impl Decoding {
+    /// The new object, whole.
+    pub const NEW: Decoding = Decoding { old: false, parse: whole };
+    /// The new and the old object, whole.
+    pub const NEW_AND_OLD: Decoding = Decoding { old: true, parse: whole };
+
+    /// The new object as `parse` makes it.
+    pub fn projected(parse: Parse) -> Decoding {
+        Decoding { old: false, parse }
+    }
 }
 
 pub fn set_resource_version(object: &mut Value, rev: i64) {
@@ -295,7 +322,9 @@ impl Storage {
     }
 
     /// Creates `key`; fails with `Exists` when it is there.
-    pub async fn create(&self, key: &str, object: &Value) -> Result<Stored, WriteError> {
+    /// Creates `key`; returns the revision it was written at (the object's
+    /// resourceVersion), so that no copy of the object is made.
+    pub async fn create(&self, key: &str, object: &Value) -> Result<i64, WriteError> {
         let lease = self.lease_for(key).await?;
         let (value, _held) = self.seal(key, object).await?;
         let req = TxnRequest {
@@ -307,14 +336,12 @@ impl Storage {
         if !resp.succeeded {
             return Err(WriteError::Exists);
         }
-        let rev = header_rev(&resp.header);
-        let mut object = object.clone();
-        set_resource_version(&mut object, rev);
-        Ok(Stored { object, rev })
+        Ok(header_rev(&resp.header))
     }
 
-    /// Replaces `key` if it is still at `expected`.
-    pub async fn update(&self, key: &str, object: &Value, expected: i64) -> Result<Stored, WriteError> {
+    /// Replaces `key` if it is still at `expected`; returns the revision
+    /// it was written at.
+    pub async fn update(&self, key: &str, object: &Value, expected: i64) -> Result<i64, WriteError> {
         let lease = self.lease_for(key).await?;
         let (value, _held) = self.seal(key, object).await?;
         let req = TxnRequest {
@@ -326,10 +353,7 @@ impl Storage {
         if !resp.succeeded {
             return Err(WriteError::Changed(found(self.enc(), &resp)?));
         }
-        let rev = header_rev(&resp.header);
-        let mut object = object.clone();
-        set_resource_version(&mut object, rev);
-        Ok(Stored { object, rev })
+        Ok(header_rev(&resp.header))
     }
 
     /// Deletes `key` if it is still at `expected`; returns the delete revision.
@@ -355,6 +379,18 @@ impl Storage {
     /// One page of the objects under `prefix`, starting at `start` (a key
     /// under the prefix) and read at `at`.
     pub async fn list(&self, prefix: &str, start: Option<Vec<u8>>, limit: i64, at: ReadAt) -> ApiResult<Page> {
+        self.list_parsed(prefix, start, limit, at, whole).await
+    }
+
+    /// A page of objects as `parse` makes them.
+    async fn list_parsed(
+        &self,
+        prefix: &str,
+        start: Option<Vec<u8>>,
+        limit: i64,
+        at: ReadAt,
+        parse: Parse,
+    ) -> ApiResult<Page> {
         let key = start.unwrap_or_else(|| prefix.as_bytes().to_vec());
         let revision = match at {
             ReadAt::Latest => 0,
@@ -378,7 +414,7 @@ impl Storage {
         })?;
         let rev = if revision > 0 { revision } else { header_rev(&resp.header) };
         self.catch_up(&resp.kvs).await;
-        let items = resp.kvs.iter().map(|kv| decode(self.enc(), kv)).collect::<ApiResult<Vec<_>>>()?;
+        let items = resp.kvs.iter().map(|kv| decode_with(self.enc(), kv, parse)).collect::<ApiResult<Vec<_>>>()?;
         let next_key = if resp.more {
             resp.kvs.last().map(|kv| {
                 let mut k = kv.key.clone();
@@ -395,10 +431,15 @@ impl Storage {
     /// Every object under `prefix`, read in pages at one revision (so the
     /// result is a consistent snapshot), and that revision.
     pub async fn list_all(&self, prefix: &str) -> ApiResult<(Vec<Stored>, i64)> {
+        self.list_all_parsed(prefix, whole).await
+    }
+
+    /// Every object under `prefix` as `parse` makes it, and the revision read at.
+    pub async fn list_all_parsed(&self, prefix: &str, parse: Parse) -> ApiResult<(Vec<Stored>, i64)> {
         let mut out = Vec::new();
         let (mut start, mut at) = (None, ReadAt::Latest);
         loop {
-            let page = self.list(prefix, start.take(), 1000, at).await?;
+            let page = self.list_parsed(prefix, start.take(), 1000, at, parse).await?;
             out.extend(page.items);
             match page.next_key {
                 Some(k) => {
@@ -417,7 +458,7 @@ impl Storage {
         exact: bool,
         after: i64,
         progress_every: std::time::Duration,
-        old: Old,
+        decoding: Decoding,
     ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
         let (ask, asks) = tokio::sync::mpsc::channel(1);
         // Progress requests ask the store to confirm how far we are, which
@@ -434,7 +475,7 @@ impl Storage {
         });
         // When the caller drops the stream, the ticker stops.
         let guard = AbortOnDrop(ticker.abort_handle());
-        let changes = self.watch_asking_progress(key, exact, after, asks, old).await?;
+        let changes = self.watch_asking_progress(key, exact, after, asks, decoding).await?;
         Ok(changes.map(move |c| {
             let _held = &guard;
             c
@@ -450,7 +491,7 @@ impl Storage {
         exact: bool,
         after: i64,
         mut asks: tokio::sync::mpsc::Receiver<()>,
-        old: Old,
+        decoding: Decoding,
     ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
         let create = WatchCreateRequest {
             key: key.as_bytes().to_vec(),
@@ -494,7 +535,7 @@ impl Storage {
                     if let (true, Some(e)) = (behind, &enc) {
                         e.catch_up().await;
                     }
-                    futures_util::stream::iter(changes(enc.as_deref(), resp, old))
+                    futures_util::stream::iter(changes(enc.as_deref(), resp, decoding))
                 }
             })
             .flatten()
@@ -521,7 +562,12 @@ impl Drop for AbortOnDrop {
     }
 }
 
-fn changes(enc: Option<&Encryption>, resp: crate::store::Result<WatchResponse>, old: Old) -> Vec<ApiResult<Change>> {
+fn changes(
+    enc: Option<&Encryption>,
+    resp: crate::store::Result<WatchResponse>,
+    decoding: Decoding,
+) -> Vec<ApiResult<Change>> {
+    let decode = |kv: &KeyValue| decode_with(enc, kv, decoding.parse);
     let resp = match resp {
         Ok(r) => r,
         Err(e) => return vec![Err(e.into())],
@@ -548,19 +594,16 @@ fn changes(enc: Option<&Encryption>, resp: crate::store::Result<WatchResponse>, 
             let kv = ev.kv.as_ref().ok_or_else(|| ApiError::internal("watch event without kv"))?;
             if ev.r#type == EventType::Delete as i32 {
                 let prev = ev.prev_kv.as_ref().ok_or_else(|| ApiError::internal("delete event without prev_kv"))?;
-                let mut gone = decode(enc, prev)?;
+                let mut gone = decode(prev)?;
                 set_resource_version(&mut gone.object, kv.mod_revision);
                 gone.rev = kv.mod_revision;
                 Ok(Change::Deleted(gone))
             } else if kv.create_revision == kv.mod_revision {
-                Ok(Change::Added(decode(enc, kv)?))
+                Ok(Change::Added(decode(kv)?))
             } else {
                 Ok(Change::Modified {
-                    new: decode(enc, kv)?,
-                    old: match old {
-                        Old::Decoded => ev.prev_kv.as_ref().map(|kv| decode(enc, kv)).transpose()?,
-                        Old::Skipped => None,
-                    },
+                    new: decode(kv)?,
+                    old: if decoding.old { ev.prev_kv.as_ref().map(decode).transpose()? } else { None },
                 })
             }
         })

@@ -71,7 +71,15 @@ async fn service_account_token_volume(call: &Call, pod: &mut Value) -> ApiResult
         None => {
             let ns = crate::apiserver::meta::namespace_of(pod).unwrap_or("default").to_string();
             let sa = spec.get("serviceAccountName").and_then(Value::as_str).unwrap_or("default");
-            let stored = call.api.storage.get(&format!("/registry/serviceaccounts/{ns}/{sa}")).await?;
+            // The cached account first, the store when the cache has none
+            // (yet), as upstream's admission asks its lister, then the API.
+            let key = format!("/registry/serviceaccounts/{ns}/{sa}");
+            let cached =
+                call.api.registry.get("", "v1", "serviceaccounts").and_then(|r| call.api.watch_cache.get(&r, &key));
+            let stored = match cached {
+                Some(s) => Some(s),
+                None => call.api.storage.get(&key).await?,
+            };
             stored.and_then(|s| s.object.get("automountServiceAccountToken").and_then(Value::as_bool)).unwrap_or(true)
         }
     };

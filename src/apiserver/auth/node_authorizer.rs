@@ -221,13 +221,13 @@ mod tests {
     type Caches = (std::sync::Arc<PrefixCache>, std::sync::Arc<PrefixCache>, std::sync::Arc<PrefixCache>);
 
     fn graph_with(objects: &[Value]) -> Caches {
-        let p = PrefixCache::projected("/registry/pods/", node_graph::pod_edges);
-        let v = PrefixCache::projected("/registry/persistentvolumes/", node_graph::volume_edges);
+        let p = PrefixCache::projected("/registry/pods/", node_graph::parse_pod_edges);
+        let v = PrefixCache::projected("/registry/persistentvolumes/", node_graph::parse_volume_edges);
         for obj in objects {
             let cache = if obj["kind"] == "PersistentVolume" { &v } else { &p };
-            cache.apply_for_test(&Change::Added(Stored { object: obj.clone(), rev: 1 }));
+            cache.apply_for_test(obj);
         }
-        (p, PrefixCache::projected("/registry/persistentvolumeclaims/", node_graph::claim_edges), v)
+        (p, PrefixCache::projected("/registry/persistentvolumeclaims/", node_graph::parse_claim_edges), v)
     }
 
     #[test]

@@ -111,6 +111,73 @@ pub fn pod_edges(pod: &Value) -> Value {
     })
 }
 
+/// The parts of a pod that hold references, and nothing else: what the
+/// pod cache parses of each pod it is sent (a pod's resources, probes,
+/// status and managed fields are skipped, never built).
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PodReferences {
+    #[serde(skip_serializing_if = "Value::is_null")]
+    metadata: Value,
+    spec: PodSpecReferences,
+    status: PodStatusReferences,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PodSpecReferences {
+    #[serde(skip_serializing_if = "Value::is_null")]
+    node_name: Value,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    service_account_name: Value,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    service_account: Value,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    image_pull_secrets: Value,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    init_containers: Vec<ContainerReferences>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    containers: Vec<ContainerReferences>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    ephemeral_containers: Vec<ContainerReferences>,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    volumes: Value,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    resource_claims: Value,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct ContainerReferences {
+    #[serde(skip_serializing_if = "Value::is_null")]
+    env_from: Value,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    env: Value,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[serde(default, rename_all = "camelCase")]
+struct PodStatusReferences {
+    #[serde(skip_serializing_if = "Value::is_null")]
+    resource_claim_statuses: Value,
+}
+
+/// `pod_edges` of a pod's JSON, parsing only the parts that hold references.
+pub fn parse_pod_edges(bytes: &[u8]) -> serde_json::Result<Value> {
+    let pod: PodReferences = serde_json::from_slice(bytes)?;
+    Ok(pod_edges(&serde_json::to_value(&pod)?))
+}
+
+/// `claim_edges` of a claim's JSON.
+pub fn parse_claim_edges(bytes: &[u8]) -> serde_json::Result<Value> {
+    serde_json::from_slice(bytes).map(|c| claim_edges(&c))
+}
+
+/// `volume_edges` of a volume's JSON.
+pub fn parse_volume_edges(bytes: &[u8]) -> serde_json::Result<Value> {
+    serde_json::from_slice(bytes).map(|v| volume_edges(&v))
+}
+
 /// What the claim cache keeps of a PersistentVolumeClaim.
 pub fn claim_edges(claim: &Value) -> Value {
     json!({
@@ -237,6 +304,8 @@ mod tests {
             },
         });
         let refs = pod_references(&pod);
+        let bytes = serde_json::to_vec(&pod).unwrap();
+        assert_eq!(parse_pod_edges(&bytes).unwrap(), pod_edges(&pod), "the partial parse sees every reference");
         for (k, n) in [
             (SERVICE_ACCOUNTS, "robot"),
             (SECRETS, "pull"),
@@ -259,25 +328,21 @@ mod tests {
         assert_eq!(refs.len(), 15, "{refs:?}");
     }
 
-    fn change(obj: &Value) -> crate::apiserver::storage::Change {
-        crate::apiserver::storage::Change::Added(crate::apiserver::storage::Stored { object: obj.clone(), rev: 1 })
-    }
-
     #[test]
     fn the_graph_answers_per_node() {
-        let pods = PrefixCache::projected("/registry/pods/", pod_edges);
-        let claims = PrefixCache::projected("/registry/persistentvolumeclaims/", claim_edges);
+        let pods = PrefixCache::projected("/registry/pods/", parse_pod_edges);
+        let claims = PrefixCache::projected("/registry/persistentvolumeclaims/", parse_claim_edges);
         let pod = |name: &str, node: &str, secret: &str, claim: &str| {
             json!({"kind": "Pod", "metadata": {"name": name, "namespace": "ns"}, "spec": {"nodeName": node,
                 "volumes": [{"name": "s", "secret": {"secretName": secret}}, {"name": "d", "persistentVolumeClaim": {"claimName": claim}}]}})
         };
-        pods.apply_for_test(&change(&pod("a", "n1", "s1", "c1")));
-        pods.apply_for_test(&change(&pod("b", "n2", "s2", "c2")));
+        pods.apply_for_test(&(pod("a", "n1", "s1", "c1")));
+        pods.apply_for_test(&(pod("b", "n2", "s2", "c2")));
         let pending = json!({"kind": "Pod", "metadata": {"name": "c", "namespace": "ns"}, "spec": {"volumes": [{"name": "s", "secret": {"secretName": "s3"}}]}});
-        pods.apply_for_test(&change(&pending));
-        claims.apply_for_test(&change(&json!({"kind": "PersistentVolumeClaim", "metadata": {"name": "c1", "namespace": "ns"}, "spec": {"volumeName": "pv1"}})));
-        claims.apply_for_test(&change(&json!({"kind": "PersistentVolumeClaim", "metadata": {"name": "c2", "namespace": "ns"}, "spec": {"volumeName": "pv2"}})));
-        let volumes = PrefixCache::projected("/registry/persistentvolumes/", volume_edges);
+        pods.apply_for_test(&(pending));
+        claims.apply_for_test(&(json!({"kind": "PersistentVolumeClaim", "metadata": {"name": "c1", "namespace": "ns"}, "spec": {"volumeName": "pv1"}})));
+        claims.apply_for_test(&(json!({"kind": "PersistentVolumeClaim", "metadata": {"name": "c2", "namespace": "ns"}, "spec": {"volumeName": "pv2"}})));
+        let volumes = PrefixCache::projected("/registry/persistentvolumes/", parse_volume_edges);
         let g = NodeGraph { pods: &pods, claims: &claims, volumes: &volumes };
         assert!(g.referenced_by_node("n1", SECRETS, "ns", "s1"));
         assert!(!g.referenced_by_node("n1", SECRETS, "ns", "s2"), "another node's pod's secret");
@@ -303,9 +368,9 @@ mod tests {
         assert_eq!(local_path_node(&local_volume("v", "someone.else/csi", &["n1"])), None);
         assert_eq!(local_path_node(&local_volume("v", "rancher.io/local-path", &["n1", "n2"])), None);
         assert_eq!(local_path_node(&local_volume("v", "rancher.io/local-path", &[])), None);
-        let volumes = PrefixCache::projected("/registry/persistentvolumes/", volume_edges);
-        volumes.apply_for_test(&change(&local_volume("pvc-1", "rancher.io/local-path", &["n1"])));
-        volumes.apply_for_test(&change(&local_volume("pvc-2", "someone.else/csi", &["n1"])));
+        let volumes = PrefixCache::projected("/registry/persistentvolumes/", parse_volume_edges);
+        volumes.apply_for_test(&(local_volume("pvc-1", "rancher.io/local-path", &["n1"])));
+        volumes.apply_for_test(&(local_volume("pvc-2", "someone.else/csi", &["n1"])));
         let (pods, claims) =
             (PrefixCache::new("/registry/pods/"), PrefixCache::new("/registry/persistentvolumeclaims/"));
         let g = NodeGraph { pods: &pods, claims: &claims, volumes: &volumes };

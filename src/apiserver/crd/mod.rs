@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use super::meta;
 use super::resource::{Resource, ScalePaths, CRUD_VERBS};
 use super::status::Cause;
-use super::storage::{Change, Old, ReadAt};
+use super::storage::{Change, Decoding, ReadAt};
 use super::strategy::Strategy;
 use super::table::Column;
 use super::Api;
@@ -304,7 +304,7 @@ pub async fn start(api: Arc<Api>) -> Result<tokio::task::JoinHandle<()>, super::
 async fn follow(api: Arc<Api>, mut from: i64) {
     loop {
         let mut changes =
-            match api.storage.watch(PREFIX, false, from, std::time::Duration::from_secs(3600), Old::Skipped).await {
+            match api.storage.watch(PREFIX, false, from, std::time::Duration::from_secs(3600), Decoding::NEW).await {
                 Ok(c) => Box::pin(c),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot watch CustomResourceDefinitions");

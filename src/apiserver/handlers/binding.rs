@@ -10,6 +10,7 @@ use super::write::write_error;
 use super::{decode_body, Call};
 use crate::apiserver::meta;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
+use crate::apiserver::storage::WriteError;
 
 /// `POST namespaces/<ns>/bindings`: the same as `pods/<name>/binding` for
 /// the pod the Binding's `metadata.name` names.
@@ -39,33 +40,47 @@ pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             vec![Cause::required("target.name")],
         ));
     }
-    let old = call.load_object().await?;
     let name = call.path.name.clone().unwrap_or_default();
-    if let Some(node) = meta::str_at(&old.object, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
-        return Err(ApiError::conflict("", "pods", &name, &format!("pod {name} is already assigned to node {node:?}")));
-    }
-    if old.object.pointer("/metadata/deletionTimestamp").is_some() {
-        return Err(ApiError::conflict(
-            "",
-            "pods",
-            &name,
-            &format!("pod {name} is being deleted, cannot be assigned to a host"),
-        ));
-    }
-    let (mut new, rev) = (old.object, old.rev);
-    new["spec"]["nodeName"] = json!(target);
-    let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now_rfc3339()});
-    let status = &mut new["status"];
-    match status.get_mut("conditions").and_then(Value::as_array_mut) {
-        Some(conds) => {
-            conds.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
-            conds.push(cond);
+    let key = call.resource.key(call.namespace(), &name);
+    // The cached pod first; when the store has a newer one, that one (as
+    // upstream's GuaranteedUpdate does with its cached first guess).
+    let mut old = call.load_object_cached_first().await?;
+    for attempt in 0.. {
+        if let Some(node) = meta::str_at(&old.object, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
+            return Err(ApiError::conflict(
+                "",
+                "pods",
+                &name,
+                &format!("pod {name} is already assigned to node {node:?}"),
+            ));
         }
-        None => status["conditions"] = json!([cond]),
-    }
-    if !call.dry_run() {
-        let key = call.resource.key(call.namespace(), &name);
-        call.api.storage.update(&key, &new, rev).await.map_err(|e| write_error(call, &name, e))?;
+        if old.object.pointer("/metadata/deletionTimestamp").is_some() {
+            return Err(ApiError::conflict(
+                "",
+                "pods",
+                &name,
+                &format!("pod {name} is being deleted, cannot be assigned to a host"),
+            ));
+        }
+        let (mut new, rev) = (old.object, old.rev);
+        new["spec"]["nodeName"] = json!(target);
+        let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now_rfc3339()});
+        let status = &mut new["status"];
+        match status.get_mut("conditions").and_then(Value::as_array_mut) {
+            Some(conds) => {
+                conds.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
+                conds.push(cond);
+            }
+            None => status["conditions"] = json!([cond]),
+        }
+        if call.dry_run() {
+            break;
+        }
+        match call.api.storage.update(&key, &new, rev).await {
+            Ok(_) => break,
+            Err(WriteError::Changed(Some(current))) if attempt < 3 => old = current,
+            Err(e) => return Err(write_error(call, &name, e)),
+        }
     }
     Ok(call.respond(
         StatusCode::CREATED,

@@ -103,6 +103,11 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
             return Ok(Some(resp));
         }
     }
+    if wants_metadata(call.accept()) && !wants_table(call.accept()) {
+        let items: Vec<Value> = listed.items.iter().map(|o| o.partial()).collect();
+        let list = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items});
+        return Ok(Some(call.respond(StatusCode::OK, &list)));
+    }
     let items = listed.items.iter().map(|o| o.value()).collect();
     Ok(Some(list_response(call, items, meta)))
 }
@@ -143,6 +148,7 @@ pub(super) async fn watch(call: Call) -> ApiResult<Result<Response, Call>> {
     };
     let render = Render {
         plain: !wants_table(call.accept()) && !wants_metadata(call.accept()),
+        metadata_only: wants_metadata(call.accept()),
         as_table: wants_table(call.accept()),
         api_version: call.resource.api_version(),
         kind: call.resource.kind.clone(),
@@ -166,6 +172,8 @@ fn streamed(body: Body) -> Response {
 struct Render {
     /// Plain JSON: the cache's shared lines are sent as they are.
     plain: bool,
+    /// PartialObjectMetadata: only the metadata is decoded.
+    metadata_only: bool,
     as_table: bool,
     api_version: String,
     kind: String,
@@ -177,12 +185,18 @@ impl Render {
         if self.plain {
             return event_line(EventType::Added, &obj.json(&self.api_version, &self.kind));
         }
+        if self.metadata_only {
+            return line_of(&json!({"type": EventType::Added.as_str(), "object": obj.partial()}));
+        }
         self.value_line(EventType::Added, obj.value())
     }
 
     fn event(&self, as_type: EventType, ev: &crate::apiserver::watch_cache::object::CachedEvent) -> Bytes {
         if self.plain {
             return ev.line(as_type, &self.api_version, &self.kind);
+        }
+        if self.metadata_only {
+            return line_of(&json!({"type": as_type.as_str(), "object": ev.object.partial()}));
         }
         self.value_line(as_type, ev.object.value())
     }

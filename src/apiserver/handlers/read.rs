@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::Call;
 use crate::apiserver::selector::{FieldSelector, LabelSelector};
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::storage::{decode_continue, encode_continue, Change, Old, ReadAt};
+use crate::apiserver::storage::{decode_continue, encode_continue, Change, Decoding, ReadAt};
 use crate::apiserver::table::wants_table;
 
 /// Fills in apiVersion and kind, which every answer carries.
@@ -340,8 +340,8 @@ pub async fn watch(call: Call) -> ApiResult<Response> {
     let progress_every = if bookmarks { Duration::from_secs(60) } else { Duration::from_secs(3600) };
     // Only a selector needs the old object: to tell an object entering it
     // from one leaving it.
-    let old = if filters.is_empty() { Old::Skipped } else { Old::Decoded };
-    let changes = call.api.storage.watch(&key, exact, start, progress_every, old).await?;
+    let decoding = if filters.is_empty() { Decoding::NEW } else { Decoding::NEW_AND_OLD };
+    let changes = call.api.storage.watch(&key, exact, start, progress_every, decoding).await?;
     let call = std::sync::Arc::new(call);
     let lines = futures_util::stream::iter(initial.into_iter().map(Ok::<Value, ApiError>)).chain(changes.filter_map(
         move |change| {

@@ -12,7 +12,7 @@ use super::{decode_body, Call};
 use crate::apiserver::admission::{self, Operation};
 use crate::apiserver::meta::{self, metadata_mut, name_of};
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::apiserver::storage::{Stored, WriteError};
+use crate::apiserver::storage::{set_resource_version, Stored, WriteError};
 use crate::apiserver::strategy::check_name;
 
 /// Metadata fields only the server sets.
@@ -231,7 +231,10 @@ pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<(StatusCode, Va
         let name = name_of(&obj).to_string();
         let key = r.key(meta::namespace_of(&obj), &name);
         match call.api.storage.create(&key, &obj).await {
-            Ok(stored) => return Ok((StatusCode::CREATED, stored.object)),
+            Ok(rev) => {
+                set_resource_version(&mut obj, rev);
+                return Ok((StatusCode::CREATED, obj));
+            }
             Err(WriteError::Exists) => {
                 let prefix = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(str::to_string);
                 match prefix {
@@ -349,7 +352,10 @@ pub async fn store_update(call: &Call, mut new: Value, old: &Stored) -> ApiResul
         return Ok((StatusCode::OK, old.object.clone()));
     }
     match call.api.storage.update(&key, &new, old.rev).await {
-        Ok(stored) => Ok((StatusCode::OK, stored.object)),
+        Ok(rev) => {
+            set_resource_version(&mut new, rev);
+            Ok((StatusCode::OK, new))
+        }
         Err(e) => Err(write_error(call, &name, e)),
     }
 }
@@ -554,8 +560,9 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
         return Ok((StatusCode::OK, typed(call, new)));
     }
     let key = r.key(meta::namespace_of(&old.object), &name);
-    let stored = call.api.storage.update(&key, &new, old.rev).await.map_err(|e| write_error(call, &name, e))?;
-    Ok((StatusCode::OK, typed(call, stored.object)))
+    let rev = call.api.storage.update(&key, &new, old.rev).await.map_err(|e| write_error(call, &name, e))?;
+    set_resource_version(&mut new, rev);
+    Ok((StatusCode::OK, typed(call, new)))
 }
 
 pub async fn delete(call: &mut Call, body: Bytes) -> ApiResult<Response> {

@@ -16,7 +16,7 @@ use super::watcher::{Filter, Inbox, Views, Watchers};
 use super::window::{TooOld, Window};
 use crate::apiserver::selectable_fields::SelectableField;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::storage::{Change, Old, Storage, Stored};
+use crate::apiserver::storage::{Change, Decoding, Storage, Stored};
 
 /// How often watchers that allow bookmarks are told how far the cache is
 /// (upstream sends one about every minute).
@@ -159,7 +159,7 @@ impl Cacher {
     async fn list_and_watch(&self) -> ApiResult<()> {
         let (items, rev) = self.storage.list_all(&self.shape.prefix).await?;
         let (ask, asks) = mpsc::channel(1);
-        let changes = self.storage.watch_asking_progress(&self.shape.prefix, false, rev, asks, Old::Skipped).await?;
+        let changes = self.storage.watch_asking_progress(&self.shape.prefix, false, rev, asks, Decoding::NEW).await?;
         {
             let mut st = self.write();
             st.objects.clear();
@@ -367,6 +367,15 @@ impl Cacher {
         };
         let inbox = st.watchers.add(filter, bookmarks);
         Ok(Registered { initial, replay, rev, inbox })
+    }
+
+    /// The object at `key` as the cache holds it; None when the cache has
+    /// not listed yet or holds no such object.
+    pub fn get(&self, key: &str) -> Option<Arc<CachedObject>> {
+        if *self.rev.borrow() == 0 {
+            return None;
+        }
+        self.read().objects.get(key).cloned()
     }
 
     /// How many objects and watchers the cache holds (for logs and tests).

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::apiserver::resource::Resource;
 use crate::apiserver::selectable_fields;
-use crate::apiserver::storage::Storage;
+use crate::apiserver::storage::{Storage, Stored};
 pub use cacher::{Cacher, Shape};
 
 /// Events a watch can resume from, per resource, unless told otherwise
@@ -69,6 +69,17 @@ impl WatchCache {
         let c = Cacher::start(self.storage.clone(), shape, self.window_size);
         cachers.insert(prefix, c.clone());
         Some(c)
+    }
+}
+
+impl WatchCache {
+    /// The object at `key` of `r` as the cache holds it, possibly behind
+    /// the store: a first guess for a write that checks the revision it
+    /// read (upstream's GuaranteedUpdate takes the cached object the same
+    /// way), or a read that, like upstream's listers, may lag.
+    pub fn get(&self, r: &Resource, key: &str) -> Option<Stored> {
+        let obj = self.cacher(r)?.get(key)?;
+        Some(Stored { object: obj.value(), rev: obj.rev })
     }
 }
 

@@ -68,6 +68,19 @@ impl CachedObject {
         serde_json::from_slice(&self.json).unwrap_or(Value::Null)
     }
 
+    /// The object as a PartialObjectMetadata: its metadata read from the
+    /// JSON, nothing else of it built (what metadata-only lists and watches,
+    /// the garbage collector's, send).
+    pub fn partial(&self) -> Value {
+        #[derive(serde::Deserialize)]
+        struct MetadataOnly {
+            #[serde(default)]
+            metadata: Value,
+        }
+        let metadata = serde_json::from_slice::<MetadataOnly>(&self.json).map(|m| m.metadata).unwrap_or_default();
+        serde_json::json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata})
+    }
+
     /// The length of its JSON.
     pub fn encoded_len(&self) -> usize {
         self.json.len()
@@ -155,6 +168,11 @@ mod tests {
         typed["kind"] = json!("ConfigMap");
         assert_eq!(first, Bytes::from(crate::apiserver::field_order::to_json(&typed)));
         assert_eq!(cached.value(), typed, "decoded back whole");
+        assert_eq!(
+            cached.partial(),
+            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": typed["metadata"]}),
+            "metadata alone, as the generic path makes it"
+        );
         assert_eq!(
             cached.attrs(),
             json!({"metadata": {"name": "a", "labels": {"x": "y"}}}),
