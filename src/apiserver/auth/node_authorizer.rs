@@ -203,7 +203,6 @@ fn csi_node(node: &str, a: &Attributes) -> NodeDecision {
 mod tests {
     use super::*;
     use crate::apiserver::cache::PrefixCache;
-    use crate::apiserver::storage::{Change, Stored};
     use serde_json::json;
 
     fn attrs(verb: &str, group: &str, resource: &str, sub: &str, ns: &str, name: &str) -> Attributes {
