@@ -92,7 +92,11 @@ fn encode(mut typed: Value, api_version: &str, kind: &str) -> Bytes {
         m.insert("apiVersion".into(), Value::String(api_version.to_string()));
         m.insert("kind".into(), Value::String(kind.to_string()));
     }
-    Bytes::from(crate::apiserver::field_order::to_json(&typed))
+    // The encoder grows its buffer by doubling; what the cache keeps is
+    // trimmed to the JSON's length (Bytes keeps a Vec's whole capacity).
+    let mut json = crate::apiserver::field_order::to_json(&typed).into_bytes();
+    json.shrink_to_fit();
+    Bytes::from(json)
 }
 
 /// A watch event's type.
