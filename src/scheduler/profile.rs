@@ -52,7 +52,7 @@ impl Profile {
             match status.code {
                 Code::Success => {}
                 Code::Skip => {
-                    state.skipped_filters.insert(f.name());
+                    state.skip_filter(f.name());
                 }
                 _ => return Err(status.from_plugin(f.name())),
             }
@@ -63,7 +63,7 @@ impl Profile {
     /// Runs the Filter plugins on one node; the first failure answers.
     pub fn filter(&self, state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
         for f in &self.filters {
-            if state.skipped_filters.contains(f.name()) {
+            if state.skips_filter(f.name()) {
                 continue;
             }
             let status = f.filter(state, pod, node);

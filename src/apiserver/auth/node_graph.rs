@@ -117,10 +117,22 @@ pub fn pod_edges(pod: &Value) -> Value {
 #[derive(serde::Serialize, serde::Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct PodReferences {
-    #[serde(skip_serializing_if = "Value::is_null")]
-    metadata: Value,
+    metadata: PodName,
     spec: PodSpecReferences,
     status: PodStatusReferences,
+}
+
+/// Of the metadata, only what names the pod (its managed fields, labels
+/// and annotations are skipped).
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[serde(default)]
+struct PodName {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    namespace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uid: Option<String>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize, Default)]
