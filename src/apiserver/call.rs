@@ -83,10 +83,11 @@ impl Call {
     pub async fn load_object_cached_first(&self) -> ApiResult<Stored> {
         let name = self.path.name.as_deref().unwrap_or_default();
         let key = self.resource.key(self.namespace(), name);
-        match self.api.watch_cache.get(&self.resource, &key) {
-            Some(stored) => Ok(stored),
-            None => self.load_object().await,
-        }
+        self.api
+            .watch_cache
+            .get_or_read(&self.resource, &key)
+            .await?
+            .ok_or_else(|| ApiError::not_found(&self.resource.group, &self.resource.plural, name))
     }
 
     /// The object the request's path names, or NotFound.

@@ -74,10 +74,8 @@ async fn service_account_token_volume(call: &Call, pod: &mut Value) -> ApiResult
             // The cached account first, the store when the cache has none
             // (yet), as upstream's admission asks its lister, then the API.
             let key = format!("/registry/serviceaccounts/{ns}/{sa}");
-            let cached =
-                call.api.registry.get("", "v1", "serviceaccounts").and_then(|r| call.api.watch_cache.get(&r, &key));
-            let stored = match cached {
-                Some(s) => Some(s),
+            let stored = match call.api.registry.get("", "v1", "serviceaccounts") {
+                Some(r) => call.api.watch_cache.get_or_read(&r, &key).await?,
                 None => call.api.storage.get(&key).await?,
             };
             stored.and_then(|s| s.object.get("automountServiceAccountToken").and_then(Value::as_bool)).unwrap_or(true)

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use serde_json::{json, Value};
 
-use super::read::{bookmark, event, list_response, wants_metadata, Filters, WatchParams};
+use super::read::{bookmark, event, list_response, partial_of, wants_metadata, Filters, WatchParams};
 use super::Call;
 use crate::apiserver::field_order;
 use crate::apiserver::status::{ApiError, ApiResult};
@@ -104,7 +104,7 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         }
     }
     if wants_metadata(call.accept()) && !wants_table(call.accept()) {
-        let items: Vec<Value> = listed.items.iter().map(|o| o.partial()).collect();
+        let items: Vec<Value> = listed.items.iter().map(|o| partial_of(o.metadata())).collect();
         let list = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items});
         return Ok(Some(call.respond(StatusCode::OK, &list)));
     }
@@ -186,7 +186,7 @@ impl Render {
             return event_line(EventType::Added, &obj.json(&self.api_version, &self.kind));
         }
         if self.metadata_only {
-            return line_of(&json!({"type": EventType::Added.as_str(), "object": obj.partial()}));
+            return line_of(&json!({"type": EventType::Added.as_str(), "object": partial_of(obj.metadata())}));
         }
         self.value_line(EventType::Added, obj.value())
     }
@@ -196,7 +196,7 @@ impl Render {
             return ev.line(as_type, &self.api_version, &self.kind);
         }
         if self.metadata_only {
-            return line_of(&json!({"type": as_type.as_str(), "object": ev.object.partial()}));
+            return line_of(&json!({"type": as_type.as_str(), "object": partial_of(ev.object.metadata())}));
         }
         self.value_line(as_type, ev.object.value())
     }

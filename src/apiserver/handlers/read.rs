@@ -31,11 +31,12 @@ pub(super) fn wants_metadata(accept: &str) -> bool {
 
 /// An object reduced to its metadata.
 pub(super) fn partial(obj: &Value) -> Value {
-    json!({
-        "kind": "PartialObjectMetadata",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
-    })
+    partial_of(obj.get("metadata").cloned().unwrap_or_else(|| json!({})))
+}
+
+/// A PartialObjectMetadata of `metadata`.
+pub(super) fn partial_of(metadata: Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata})
 }
 
 /// An object answer, as a Table or metadata only when asked so.

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::apiserver::resource::Resource;
 use crate::apiserver::selectable_fields;
+use crate::apiserver::status::ApiResult;
 use crate::apiserver::storage::{Storage, Stored};
 pub use cacher::{Cacher, Shape};
 
@@ -73,13 +74,16 @@ impl WatchCache {
 }
 
 impl WatchCache {
-    /// The object at `key` of `r` as the cache holds it, possibly behind
-    /// the store: a first guess for a write that checks the revision it
-    /// read (upstream's GuaranteedUpdate takes the cached object the same
-    /// way), or a read that, like upstream's listers, may lag.
-    pub fn get(&self, r: &Resource, key: &str) -> Option<Stored> {
-        let obj = self.cacher(r)?.get(key)?;
-        Some(Stored { object: obj.value(), rev: obj.rev })
+    /// The object at `key` of `r` as the cache holds it, else as the store
+    /// does. The cached one may be behind the store: a first guess for a
+    /// write that checks the revision it read (upstream's GuaranteedUpdate
+    /// takes the cached object the same way), or a read that, like
+    /// upstream's listers, may lag.
+    pub async fn get_or_read(&self, r: &Resource, key: &str) -> ApiResult<Option<Stored>> {
+        if let Some(obj) = self.cacher(r).and_then(|c| c.get(key)) {
+            return Ok(Some(Stored { object: obj.value(), rev: obj.rev }));
+        }
+        self.storage.get(key).await
     }
 }
 

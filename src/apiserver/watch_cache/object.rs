@@ -68,17 +68,16 @@ impl CachedObject {
         serde_json::from_slice(&self.json).unwrap_or(Value::Null)
     }
 
-    /// The object as a PartialObjectMetadata: its metadata read from the
-    /// JSON, nothing else of it built (what metadata-only lists and watches,
-    /// the garbage collector's, send).
-    pub fn partial(&self) -> Value {
+    /// The object's metadata, read from its JSON with nothing else of it
+    /// built (what metadata-only lists and watches, the garbage
+    /// collector's, send).
+    pub fn metadata(&self) -> Value {
         #[derive(serde::Deserialize)]
         struct MetadataOnly {
             #[serde(default)]
             metadata: Value,
         }
-        let metadata = serde_json::from_slice::<MetadataOnly>(&self.json).map(|m| m.metadata).unwrap_or_default();
-        serde_json::json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata})
+        serde_json::from_slice::<MetadataOnly>(&self.json).map(|m| m.metadata).unwrap_or_default()
     }
 
     /// The length of its JSON.
@@ -172,11 +171,7 @@ mod tests {
         typed["kind"] = json!("ConfigMap");
         assert_eq!(first, Bytes::from(crate::apiserver::field_order::to_json(&typed)));
         assert_eq!(cached.value(), typed, "decoded back whole");
-        assert_eq!(
-            cached.partial(),
-            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": typed["metadata"]}),
-            "metadata alone, as the generic path makes it"
-        );
+        assert_eq!(cached.metadata(), typed["metadata"], "the metadata alone");
         assert_eq!(
             cached.attrs(),
             json!({"metadata": {"name": "a", "labels": {"x": "y"}}}),
