@@ -163,8 +163,8 @@ impl CycleState {
     }
 
     /// Whether PreFilter left the filter plugin `name` out of this cycle.
-    pub fn skips_filter(&self, name: &str) -> bool {
-        self.skipped_filters.iter().any(|s| *s == name)
+    pub fn skips_filter(&self, name: &'static str) -> bool {
+        self.skipped_filters.contains(&name)
     }
 }
 
