@@ -1,0 +1,202 @@
+//! Watches of the store: changes under a prefix after a revision, decoded
+//! as the watcher asks (`Decoding`), with progress requests that become
+//! bookmarks. The watch cache's reflector and the uncached watch path both
+//! stand on it.
+
+use futures_util::{Stream, StreamExt};
+
+use super::{decode_with, header_rev, set_resource_version, whole, Parse, Storage, Stored};
+use crate::apiserver::encryption::Encryption;
+use crate::apiserver::status::{ApiError, ApiResult};
+use crate::store::prefix_end;
+use crate::store::proto::*;
+
+/// A change to an object seen by a watch.
+#[derive(Debug, Clone)]
+pub enum Change {
+    Added(Stored),
+    Modified {
+        new: Stored,
+        /// The object before the change, decoded only for watches that
+        /// asked for it (`Decoding::old`).
+        old: Option<Stored>,
+    },
+    Deleted(Stored),
+    /// Everything up to this revision has been sent.
+    Progress(i64),
+}
+
+/// What a watch decodes of each change.
+#[derive(Clone, Copy)]
+pub struct Decoding {
+    /// Whether `Change::Modified` carries the object as it was. Only a
+    /// watch that filters (a selector an object may enter or leave) reads
+    /// it; every other watcher would decode each old object for nothing.
+    pub old: bool,
+    pub parse: Parse,
+}
+
+impl Decoding {
+    /// The new object, whole.
+    pub const NEW: Decoding = Decoding { old: false, parse: whole };
+    /// The new and the old object, whole.
+    pub const NEW_AND_OLD: Decoding = Decoding { old: true, parse: whole };
+
+    /// The new object as `parse` makes it.
+    pub fn projected(parse: Parse) -> Decoding {
+        Decoding { old: false, parse }
+    }
+}
+
+impl Storage {
+    /// Changes under `prefix` (or to exactly `key` when `exact`) after `after`.
+    pub async fn watch(
+        &self,
+        key: &str,
+        exact: bool,
+        after: i64,
+        progress_every: std::time::Duration,
+        decoding: Decoding,
+    ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
+        let (ask, asks) = tokio::sync::mpsc::channel(1);
+        // Progress requests ask the store to confirm how far we are, which
+        // becomes a BOOKMARK; the ticker sleeps, it does not poll data.
+        let ticker = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(progress_every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if ask.send(()).await.is_err() {
+                    return;
+                }
+            }
+        });
+        // When the caller drops the stream, the ticker stops.
+        let guard = AbortOnDrop(ticker.abort_handle());
+        let changes = self.watch_asking_progress(key, exact, after, asks, decoding).await?;
+        Ok(changes.map(move |c| {
+            let _held = &guard;
+            c
+        }))
+    }
+
+    /// Changes under `prefix` (or to exactly `key` when `exact`) after
+    /// `after`; each `()` received on `asks` asks the store for a progress
+    /// notification (a `Change::Progress` once everything before it is sent).
+    pub async fn watch_asking_progress(
+        &self,
+        key: &str,
+        exact: bool,
+        after: i64,
+        mut asks: tokio::sync::mpsc::Receiver<()>,
+        decoding: Decoding,
+    ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
+        let create = WatchCreateRequest {
+            key: key.as_bytes().to_vec(),
+            range_end: if exact { Vec::new() } else { prefix_end(key.as_bytes()) },
+            start_revision: after + 1,
+            prev_kv: true,
+            progress_notify: false,
+            ..Default::default()
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let create = WatchRequest { request_union: Some(watch_request::RequestUnion::CreateRequest(create)) };
+        let _ = tx.send(create).await;
+        let forward = tokio::spawn(async move {
+            while asks.recv().await.is_some() {
+                let progress = WatchRequest {
+                    request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})),
+                };
+                if tx.send(progress).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let responses = self.store.watch(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))).await?;
+        // When the caller drops the stream, the forwarder stops; its sender
+        // goes with it, which ends the store's watch at once.
+        let guard = AbortOnDrop(forward.abort_handle());
+        let enc = self.encryption.clone();
+        Ok(responses
+            .then(move |resp| {
+                let enc = enc.clone();
+                async move {
+                    let behind = match (&enc, &resp) {
+                        (Some(e), Ok(r)) => e.behind(
+                            r.events
+                                .iter()
+                                .flat_map(|ev| ev.kv.iter().chain(ev.prev_kv.iter()))
+                                .map(|kv| (kv.key.as_slice(), kv.value.as_slice())),
+                        ),
+                        _ => false,
+                    };
+                    if let (true, Some(e)) = (behind, &enc) {
+                        e.catch_up().await;
+                    }
+                    futures_util::stream::iter(changes(enc.as_deref(), resp, decoding))
+                }
+            })
+            .flatten()
+            .map(move |change| {
+                let _held = &guard;
+                change
+            }))
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn changes(
+    enc: Option<&Encryption>,
+    resp: crate::store::Result<WatchResponse>,
+    decoding: Decoding,
+) -> Vec<ApiResult<Change>> {
+    let decode = |kv: &KeyValue| decode_with(enc, kv, decoding.parse);
+    let resp = match resp {
+        Ok(r) => r,
+        Err(e) => return vec![Err(e.into())],
+    };
+    if resp.canceled {
+        if resp.compact_revision > 0 {
+            return vec![Err(ApiError::gone(format!(
+                "too old resource version: {} ({})",
+                resp.compact_revision - 1,
+                resp.compact_revision
+            )))];
+        }
+        return vec![Err(ApiError::internal(format!("watch canceled: {}", resp.cancel_reason)))];
+    }
+    if resp.created {
+        return Vec::new();
+    }
+    if resp.events.is_empty() {
+        return vec![Ok(Change::Progress(header_rev(&resp.header)))];
+    }
+    resp.events
+        .iter()
+        .map(|ev| {
+            let kv = ev.kv.as_ref().ok_or_else(|| ApiError::internal("watch event without kv"))?;
+            if ev.r#type == EventType::Delete as i32 {
+                let prev = ev.prev_kv.as_ref().ok_or_else(|| ApiError::internal("delete event without prev_kv"))?;
+                let mut gone = decode(prev)?;
+                set_resource_version(&mut gone.object, kv.mod_revision);
+                gone.rev = kv.mod_revision;
+                Ok(Change::Deleted(gone))
+            } else if kv.create_revision == kv.mod_revision {
+                Ok(Change::Added(decode(kv)?))
+            } else {
+                Ok(Change::Modified {
+                    new: decode(kv)?,
+                    old: if decoding.old { ev.prev_kv.as_ref().map(decode).transpose()? } else { None },
+                })
+            }
+        })
+        .collect()
+}
