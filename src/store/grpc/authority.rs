@@ -8,8 +8,8 @@
 //! is read through `AuthorityFix`: it passes the client's frames on as they
 //! are, except header blocks, which it decodes (HPACK), gives a plain
 //! `host:port` authority (or none, when nothing valid is left), and encodes
-//! again. Being the only encoder the server's decoder hears, it keeps the
-//! two HPACK tables in step on its own.
+//! again (`hpack`), without ever inserting into the server's dynamic table,
+//! so that table stays empty and needs no keeping in step.
 
 use std::io;
 use std::pin::Pin;
@@ -38,8 +38,8 @@ pub enum RewriteError {
     Frame(&'static str),
     #[error("header block of stream {0} exceeds {MAX_BLOCK} bytes")]
     BlockTooLarge(u32),
-    #[error("cannot decode header block: {0:?}")]
-    Hpack(loona_hpack::decoder::DecoderError),
+    #[error("cannot decode header block: {0}")]
+    Hpack(#[from] super::hpack::HpackError),
 }
 
 /// The `:authority` a server accepts for `value`: the scheme and anything
@@ -65,21 +65,17 @@ pub struct HeaderRewriter {
     /// Not HTTP/2 with prior knowledge: bytes pass as they come, for the
     /// server to answer as it does.
     passthrough: bool,
-    decoder: loona_hpack::Decoder<'static>,
-    encoder: loona_hpack::Encoder<'static>,
+    decoder: super::hpack::Decoder,
     block: Option<Block>,
 }
 
 impl Default for HeaderRewriter {
     fn default() -> Self {
-        let mut decoder = loona_hpack::Decoder::new();
-        // What the server announces (SETTINGS_HEADER_TABLE_SIZE's default).
-        decoder.set_max_allowed_table_size(4096);
         HeaderRewriter {
             preface_seen: false,
             passthrough: false,
-            decoder,
-            encoder: loona_hpack::Encoder::new(),
+            // What the server announces (SETTINGS_HEADER_TABLE_SIZE's default).
+            decoder: super::hpack::Decoder::new(4096),
             block: None,
         }
     }
@@ -177,19 +173,16 @@ impl HeaderRewriter {
     /// frame and as many CONTINUATION frames as it needs.
     fn finish(&mut self, output: &mut Vec<u8>) -> Result<(), RewriteError> {
         let Some(block) = self.block.take() else { return Ok(()) };
-        let mut fields = Vec::new();
-        self.decoder
-            .decode_with_cb(&block.fragment, |name, value| {
-                if name.as_ref() == b":authority" {
-                    if let Some(authority) = plain_authority(&value) {
-                        fields.push((name.into_owned(), authority));
-                    }
-                } else {
-                    fields.push((name.into_owned(), value.into_owned()));
-                }
+        let fields: Vec<(Vec<u8>, Vec<u8>)> = self
+            .decoder
+            .decode(&block.fragment)?
+            .into_iter()
+            .filter_map(|(name, value)| match name.as_slice() {
+                b":authority" => plain_authority(&value).map(|authority| (name, authority)),
+                _ => Some((name, value)),
             })
-            .map_err(RewriteError::Hpack)?;
-        let encoded = self.encoder.encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+            .collect();
+        let encoded = super::hpack::encode(fields.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
 
         let mut first = block.priority.map(Vec::from).unwrap_or_default();
         let room = MAX_FRAME - first.len();

@@ -2,6 +2,7 @@
 //! client-certificate checks when a trusted CA is given).
 
 mod authority;
+mod hpack;
 mod services;
 
 use std::net::SocketAddr;
