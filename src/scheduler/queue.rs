@@ -160,15 +160,23 @@ impl SchedulingQueue {
                 }
                 match queued.place {
                     Place::InFlight => queued.updated_in_flight = true,
-                    // A change to the pod may make it fit: try it again.
+                    // A change to the pod may make it fit: try it again,
+                    // once its backoff is over (upstream's Update): a pod
+                    // updated often is not retried, nor its failure
+                    // reported, at every update.
                     Place::Unschedulable => {
                         inner.unschedulable.remove(&queued.info.uid);
-                        queued.place = Place::Active;
-                        inner.active.push(ActiveEntry {
-                            priority: queued.info.priority,
-                            seq: queued.seq,
-                            uid: queued.info.uid.clone(),
-                        });
+                        if queued.backoff_until > now {
+                            queued.place = Place::Backoff;
+                            inner.backoff.push(Reverse((queued.backoff_until, queued.info.uid.clone())));
+                        } else {
+                            queued.place = Place::Active;
+                            inner.active.push(ActiveEntry {
+                                priority: queued.info.priority,
+                                seq: queued.seq,
+                                uid: queued.info.uid.clone(),
+                            });
+                        }
                         self.wake.notify_one();
                     }
                     Place::Active | Place::Backoff => {}
@@ -502,7 +510,23 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_millis(50), q.pop()).await.is_err());
         assert_eq!(q.nominated_pods().get("n1").map(Vec::len), Some(1));
         updated.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
+        q.add_or_update(Arc::new(PodInfo::new(Arc::new(updated.clone()))));
+        assert_eq!(q.pop().await.0.uid, "a");
+    }
+
+    #[tokio::test]
+    async fn an_update_retries_an_unschedulable_pod_after_its_backoff() {
+        let q = SchedulingQueue::new();
+        q.add_or_update(pod("a", 0));
+        let (p, cycle) = q.pop().await;
+        q.unschedulable(&p.uid, cycle, vec!["NodeResourcesFit"], ALL_KINDS);
+        let mut updated = (*p.pod).clone();
+        updated.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
         q.add_or_update(Arc::new(PodInfo::new(Arc::new(updated))));
+        // Moved by the update to backoff, not to the active queue: a pod
+        // queued after it goes first.
+        q.add_or_update(pod("b", 0));
+        assert_eq!(q.pop().await.0.uid, "b");
         assert_eq!(q.pop().await.0.uid, "a");
     }
 
