@@ -42,7 +42,11 @@ fn key_element(keys: &[String], item: &Value) -> Option<String> {
     Some(format!("k:{}", Value::Object(id)))
 }
 
-fn collect(v: &Value, node: SchemaNode, prefix: &mut Path, out: &mut FieldSet) {
+/// Adds the fields `v` sets under `prefix`. With `other`, the value at the
+/// same place in another version of the object, a field whose value equals
+/// the other's is left out with everything under it (inside objects; list
+/// items are matched by key, so lists are walked whole).
+fn collect(v: &Value, other: Option<&Value>, node: SchemaNode, prefix: &mut Path, out: &mut FieldSet) {
     match v {
         Value::Object(m) if !m.is_empty() => {
             for (k, c) in m {
@@ -52,8 +56,12 @@ fn collect(v: &Value, node: SchemaNode, prefix: &mut Path, out: &mut FieldSet) {
                 if prefix.len() == 1 && prefix[0] == "f:metadata" && UNOWNED_META.contains(&k.as_str()) {
                     continue;
                 }
+                let counterpart = other.and_then(|o| o.get(k));
+                if counterpart == Some(c) {
+                    continue;
+                }
                 prefix.push(format!("f:{k}"));
-                collect(c, node.field(k), prefix, out);
+                collect(c, counterpart, node.field(k), prefix, out);
                 prefix.pop();
             }
         }
@@ -71,7 +79,7 @@ fn collect(v: &Value, node: SchemaNode, prefix: &mut Path, out: &mut FieldSet) {
                     if let Value::Object(m) = item {
                         for (k, c) in m {
                             prefix.push(format!("f:{k}"));
-                            collect(c, node.items().field(k), prefix, out);
+                            collect(c, None, node.items().field(k), prefix, out);
                             prefix.pop();
                         }
                     }
@@ -100,7 +108,15 @@ fn collect(v: &Value, node: SchemaNode, prefix: &mut Path, out: &mut FieldSet) {
 /// The fields an object sets.
 pub fn field_set(obj: &Value, node: SchemaNode) -> FieldSet {
     let mut out = FieldSet::new();
-    collect(obj, node, &mut Vec::new(), &mut out);
+    collect(obj, None, node, &mut Vec::new(), &mut out);
+    out
+}
+
+/// The fields `obj` sets whose values may differ from `other`'s: a superset
+/// of those that do, without the subtrees the two hold equal.
+fn field_set_unlike(obj: &Value, other: &Value, node: SchemaNode) -> FieldSet {
+    let mut out = FieldSet::new();
+    collect(obj, Some(other), node, &mut Vec::new(), &mut out);
     out
 }
 
@@ -286,10 +302,16 @@ pub struct Writer<'a> {
 pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer, subresource: Option<&str>) {
     let Writer { manager, api_version, schema } = *writer;
     let mut list = entries(old.unwrap_or(&Value::Null));
-    let changed: FieldSet =
-        field_set(new, schema).into_iter().filter(|p| old.is_none_or(|o| value_at(o, p) != value_at(new, p))).collect();
+    // Fields in subtrees old and new hold equal are neither changed nor gone:
+    // only where they differ is walked.
+    let changed: FieldSet = match old {
+        None => field_set(new, schema),
+        Some(o) => {
+            field_set_unlike(new, o, schema).into_iter().filter(|p| value_at(o, p) != value_at(new, p)).collect()
+        }
+    };
     let gone: FieldSet = old
-        .map(|o| field_set(o, schema))
+        .map(|o| field_set_unlike(o, new, schema))
         .unwrap_or_default()
         .into_iter()
         .filter(|p| value_at(new, p).is_none())
@@ -453,5 +475,41 @@ mod tests {
         smaller["metadata"].as_object_mut().unwrap().remove("labels");
         let after = apply(Some(&forced), &smaller, &me, false).unwrap();
         assert!(after.pointer("/metadata/labels/a").is_none(), "{after}");
+    }
+
+    #[test]
+    fn updates_take_only_the_fields_they_change_or_remove() {
+        let schema = deployment_schema();
+        let (creator, editor) = (writer(&schema, "creator"), writer(&schema, "editor"));
+        let mut created = deploy(1, "x");
+        record_update(None, &mut created, &creator, None);
+        let mut edited = created.clone();
+        edited["metadata"]["labels"]["b"] = json!("2");
+        edited["spec"]["template"]["spec"]["containers"][0]["image"] = json!("y");
+        edited["spec"].as_object_mut().unwrap().remove("replicas");
+        record_update(Some(&created), &mut edited, &editor, None);
+        let owned = |who: &str| -> FieldSet {
+            entries(&edited).into_iter().find(|e| e.manager == who).map(|e| e.set).unwrap_or_default()
+        };
+        let path = |p: &[&str]| p.iter().map(|s| s.to_string()).collect::<Path>();
+        let image = ["f:spec", "f:template", "f:spec", "f:containers", "k:{\"name\":\"c\"}", "f:image"];
+        let editors = owned("editor");
+        let item = ["f:spec", "f:template", "f:spec", "f:containers", "k:{\"name\":\"c\"}", "."];
+        assert_eq!(
+            editors,
+            [path(&["f:metadata", "f:labels", "f:b"]), path(&item), path(&image)].into_iter().collect()
+        );
+        let creators = owned("creator");
+        assert!(creators.contains(&path(&["f:metadata", "f:labels", "f:a"])));
+        assert!(creators.contains(&path(&[
+            "f:spec",
+            "f:template",
+            "f:spec",
+            "f:containers",
+            "k:{\"name\":\"c\"}",
+            "f:name"
+        ])));
+        assert!(!creators.contains(&path(&image)));
+        assert!(!creators.contains(&path(&["f:spec", "f:replicas"])), "a removed field is no one's");
     }
 }

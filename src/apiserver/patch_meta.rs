@@ -182,42 +182,34 @@ impl<'a> SchemaNode<'a> {
         self.component == Some("io.k8s.apimachinery.pkg.api.resource.Quantity")
     }
 
-    /// The first quantity under `value` that does not parse, with its path.
-    pub fn invalid_quantity(self, value: &Value, path: &str) -> Option<String> {
-        match value {
-            Value::String(s) if self.is_quantity() && !crate::quantity::is_valid(s) => Some(path.to_string()),
-            Value::Object(m) if self.schema.is_some() => {
-                m.iter().find_map(|(k, v)| self.field(k).invalid_quantity(v, &format!("{path}.{k}")))
-            }
-            Value::Array(items) if self.schema.is_some() => {
-                items.iter().enumerate().find_map(|(i, v)| self.items().invalid_quantity(v, &format!("{path}[{i}]")))
-            }
-            _ => None,
-        }
-    }
-
     /// Rewrites every quantity under `value` in upstream's canonical form
     /// (`0.5` → `500m`, `1024Mi` → `1Gi`), as a Go apiserver's decode and
-    /// encode round trip does.
-    pub fn canonicalize_quantities(self, value: &mut Value) {
+    /// encode round trip does; Err(path) names the first quantity that does
+    /// not parse (`.spec.containers[0].resources.limits.cpu`). One walk,
+    /// and a path is built only for the error.
+    pub fn canonicalize_quantities(self, value: &mut Value) -> Result<(), String> {
         match value {
             Value::String(s) if self.is_quantity() => {
+                if !crate::quantity::is_valid(s) {
+                    return Err(String::new());
+                }
                 if let Some(c) = crate::quantity::canonical(s) {
                     *s = c;
                 }
             }
             Value::Object(m) if self.schema.is_some() => {
                 for (k, v) in m.iter_mut() {
-                    self.field(k).canonicalize_quantities(v);
+                    self.field(k).canonicalize_quantities(v).map_err(|rest| format!(".{k}{rest}"))?;
                 }
             }
             Value::Array(items) if self.schema.is_some() => {
-                for v in items.iter_mut() {
-                    self.items().canonicalize_quantities(v);
+                for (i, v) in items.iter_mut().enumerate() {
+                    self.items().canonicalize_quantities(v).map_err(|rest| format!("[{i}]{rest}"))?;
                 }
             }
             _ => {}
         }
+        Ok(())
     }
 
     fn extension(&self, name: &str) -> Option<&'a Value> {
@@ -318,13 +310,13 @@ mod tests {
         assert_eq!(meta.field("ownerReferences").patch_list_merge(), ListMerge::ByKey(vec!["uid".into()]));
         let limits = containers.items().field("resources").field("limits");
         assert!(limits.field("cpu").is_quantity());
-        let pod = json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "lots"}}}]}});
+        let mut pod = json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "lots"}}}]}});
         assert_eq!(
-            SchemaNode::root(&set).invalid_quantity(&pod, "").as_deref(),
-            Some(".spec.containers[0].resources.limits.cpu")
+            SchemaNode::root(&set).canonicalize_quantities(&mut pod),
+            Err(".spec.containers[0].resources.limits.cpu".to_string())
         );
         let mut pod = json!({"spec": {"containers": [{"name": "0.5", "resources": {"limits": {"cpu": "0.5", "memory": "1024Mi"}}}]}});
-        SchemaNode::root(&set).canonicalize_quantities(&mut pod);
+        assert_eq!(SchemaNode::root(&set).canonicalize_quantities(&mut pod), Ok(()));
         assert_eq!(
             pod,
             json!({"spec": {"containers": [{"name": "0.5", "resources": {"limits": {"cpu": "500m", "memory": "1Gi"}}}]}})

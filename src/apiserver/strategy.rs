@@ -211,13 +211,12 @@ where
         // parse, and stores the others in canonical form.
         if let Some(set) = self.patch_schema() {
             let root = crate::apiserver::patch_meta::SchemaNode::root(&set);
-            if let Some(path) = root.invalid_quantity(&back, "") {
+            if let Err(path) = root.canonicalize_quantities(&mut back) {
                 return Err(format!(
                     "{}: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
                     path.trim_start_matches('.')
                 ));
             }
-            root.canonicalize_quantities(&mut back);
         }
         let mut unknown = Vec::new();
         unknown_fields(obj, &back, String::new(), &mut unknown);
