@@ -173,7 +173,7 @@ impl HeaderRewriter {
     /// frame and as many CONTINUATION frames as it needs.
     fn finish(&mut self, output: &mut Vec<u8>) -> Result<(), RewriteError> {
         let Some(block) = self.block.take() else { return Ok(()) };
-        let fields: Vec<(Vec<u8>, Vec<u8>)> = self
+        let fields: Vec<super::hpack::Field> = self
             .decoder
             .decode(&block.fragment)?
             .into_iter()

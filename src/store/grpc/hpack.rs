@@ -209,6 +209,9 @@ fn string(block: &[u8], at: &mut usize) -> Result<Vec<u8>, HpackError> {
     Ok(out)
 }
 
+/// A header field: name and value.
+pub type Field = (Vec<u8>, Vec<u8>);
+
 /// The receiving side of one connection's header compression.
 pub struct Decoder {
     /// Newest first.
@@ -260,7 +263,7 @@ impl Decoder {
     }
 
     /// The fields of one header block, in order.
-    pub fn decode(&mut self, block: &[u8]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, HpackError> {
+    pub fn decode(&mut self, block: &[u8]) -> Result<Vec<Field>, HpackError> {
         let mut fields = Vec::new();
         let mut at = 0;
         while at < block.len() {
@@ -345,7 +348,7 @@ mod tests {
         (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
     }
 
-    fn pairs(fields: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fn pairs(fields: &[(&str, &str)]) -> Vec<Field> {
         fields.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec())).collect()
     }
 
