@@ -510,7 +510,7 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_millis(50), q.pop()).await.is_err());
         assert_eq!(q.nominated_pods().get("n1").map(Vec::len), Some(1));
         updated.metadata.labels = Some([("x".to_string(), "y".to_string())].into());
-        q.add_or_update(Arc::new(PodInfo::new(Arc::new(updated.clone()))));
+        q.add_or_update(Arc::new(PodInfo::new(Arc::new(updated))));
         assert_eq!(q.pop().await.0.uid, "a");
     }
 
