@@ -166,17 +166,7 @@ impl SchedulingQueue {
                     // reported, at every update.
                     Place::Unschedulable => {
                         inner.unschedulable.remove(&queued.info.uid);
-                        if queued.backoff_until > now {
-                            queued.place = Place::Backoff;
-                            inner.backoff.push(Reverse((queued.backoff_until, queued.info.uid.clone())));
-                        } else {
-                            queued.place = Place::Active;
-                            inner.active.push(ActiveEntry {
-                                priority: queued.info.priority,
-                                seq: queued.seq,
-                                uid: queued.info.uid.clone(),
-                            });
-                        }
+                        requeue(queued, &mut inner.active, &mut inner.backoff, now);
                         self.wake.notify_one();
                     }
                     Place::Active | Place::Backoff => {}
@@ -330,14 +320,9 @@ impl SchedulingQueue {
             if !may_help(&queued.info, &queued.rejected_by) {
                 return true;
             }
-            if queued.backoff_until > now {
-                to_backoff += 1;
-                queued.place = Place::Backoff;
-                backoff.push(Reverse((queued.backoff_until, uid.clone())));
-            } else {
-                to_active += 1;
-                queued.place = Place::Active;
-                active.push(ActiveEntry { priority: queued.info.priority, seq: queued.seq, uid: uid.clone() });
+            match requeue(queued, active, backoff, now) {
+                Place::Backoff => to_backoff += 1,
+                _ => to_active += 1,
             }
             false
         });
@@ -346,6 +331,25 @@ impl SchedulingQueue {
         }
         (to_active, to_backoff)
     }
+}
+
+/// Moves an unschedulable pod to backoff while its backoff lasts, else to
+/// the active queue; returns where it went.
+fn requeue(
+    queued: &mut Queued,
+    active: &mut BinaryHeap<ActiveEntry>,
+    backoff: &mut BackoffHeap,
+    now: Instant,
+) -> Place {
+    let uid = queued.info.uid.clone();
+    if queued.backoff_until > now {
+        queued.place = Place::Backoff;
+        backoff.push(Reverse((queued.backoff_until, uid)));
+    } else {
+        queued.place = Place::Active;
+        active.push(ActiveEntry { priority: queued.info.priority, seq: queued.seq, uid });
+    }
+    queued.place
 }
 
 fn pop_active(inner: &mut Inner) -> Option<(Arc<PodInfo>, u64)> {
