@@ -215,7 +215,7 @@ pub type Field = (Vec<u8>, Vec<u8>);
 /// The receiving side of one connection's header compression.
 pub struct Decoder {
     /// Newest first.
-    dynamic: VecDeque<(Vec<u8>, Vec<u8>)>,
+    dynamic: VecDeque<Field>,
     size: usize,
     max_size: usize,
     /// What the server announced (SETTINGS_HEADER_TABLE_SIZE).
