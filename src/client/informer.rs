@@ -104,13 +104,13 @@ impl<K> SharedIndexInformer<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    /// Starts watching `api` (managedFields dropped from every object, as
-    /// no in-process reader uses them); runs for the life of the process.
+    /// Starts watching `api` (each object cut down to what in-process
+    /// readers use, `transform`); runs for the life of the process.
     pub fn start(api: Api<K>, config: watcher::Config) -> Self {
         let (store, writer) = reflector::store();
         let shared =
             Arc::new(Shared { store: store.clone(), indexer: Indexer::default(), subscribers: Mutex::new(Vec::new()) });
-        let events = watcher::watcher(api, config).modify(super::forget_managed_fields).default_backoff().boxed();
+        let events = watcher::watcher(api, config).modify(super::transform::transform).default_backoff().boxed();
         tokio::spawn(run(shared.clone(), writer, events));
         SharedIndexInformer { shared }
     }
@@ -145,9 +145,12 @@ where
                 subscribers.iter_mut().for_each(|s| s.replay_at_sync = false);
                 Change::Relist
             }
-            Event::InitApply(obj) => {
+            Event::InitApply(_) => {
+                // Into the writer's buffer; subscribers are handed the
+                // listed objects at the end, as the cache holds them (the
+                // same Arcs, not copies of their own).
                 writer.apply_watcher_event(&event);
-                Change::Listed(Arc::new(obj.clone()))
+                return;
             }
             Event::InitDone => {
                 writer.apply_watcher_event(&event);
@@ -157,7 +160,7 @@ where
                     if std::mem::take(&mut s.replay_at_sync) {
                         replay(&s.tx, &state)
                     } else {
-                        s.tx.send(Change::Synced).is_ok()
+                        listed(&s.tx, &state)
                     }
                 });
                 return;
@@ -184,9 +187,12 @@ where
 
 /// Hands `tx` the whole collection as a list; false when it went away.
 fn replay<K>(tx: &mpsc::UnboundedSender<Change<K>>, state: &[Arc<K>]) -> bool {
-    tx.send(Change::Relist).is_ok()
-        && state.iter().all(|o| tx.send(Change::Listed(o.clone())).is_ok())
-        && tx.send(Change::Synced).is_ok()
+    tx.send(Change::Relist).is_ok() && listed(tx, state)
+}
+
+/// Hands `tx` the objects of a list it was told of, and its end.
+fn listed<K>(tx: &mpsc::UnboundedSender<Change<K>>, state: &[Arc<K>]) -> bool {
+    state.iter().all(|o| tx.send(Change::Listed(o.clone())).is_ok()) && tx.send(Change::Synced).is_ok()
 }
 
 impl<K> SharedIndexInformer<K>
@@ -328,18 +334,39 @@ mod tests {
         let (store, mut late) = inf.subscribe().into_changes();
         inf.shared.apply(&mut writer, Event::Apply(cm("a", "2")));
         inf.shared.apply(&mut writer, Event::Delete(cm("b", "1")));
-        assert_eq!(drain(&mut early), ["relist", "listed a", "listed b", "synced", "applied a old=1", "deleted b"]);
-        let during = drain(&mut during);
-        assert_eq!(during[0], "listed b");
-        assert_eq!(during[1], "relist");
-        let mut listed = during[2..4].to_vec();
+        // Listed objects come at the list's end, from the cache (in no
+        // particular order): the same Arcs the cache holds.
+        let early = drain(&mut early);
+        assert_eq!(early[0], "relist");
+        let mut listed = early[1..3].to_vec();
         listed.sort();
         assert_eq!(listed, ["listed a", "listed b"]);
-        assert_eq!(during[4..], ["synced", "applied a old=1", "deleted b"]);
+        assert_eq!(early[3..], ["synced", "applied a old=1", "deleted b"]);
+        // One subscribing during the list is handed it whole at its end.
+        let during = drain(&mut during);
+        assert_eq!(during[0], "relist");
+        let mut listed = during[1..3].to_vec();
+        listed.sort();
+        assert_eq!(listed, ["listed a", "listed b"]);
+        assert_eq!(during[3..], ["synced", "applied a old=1", "deleted b"]);
         let late = drain(&mut late);
         assert_eq!(late[0], "relist");
         assert_eq!(late[3..], ["synced", "applied a old=1", "deleted b"]);
         assert_eq!(store.state().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn listed_objects_are_the_cached_ones_not_copies() {
+        let (inf, mut writer) = informer();
+        let (store, mut rx) = inf.subscribe().into_changes();
+        inf.shared.apply(&mut writer, Event::Init);
+        inf.shared.apply(&mut writer, Event::InitApply(cm("a", "1")));
+        assert!(rx.next().now_or_never().is_some_and(|c| matches!(c, Some(Change::Relist))));
+        assert!(rx.next().now_or_never().is_none(), "nothing before the list ends");
+        inf.shared.apply(&mut writer, Event::InitDone);
+        let Some(Some(Change::Listed(a))) = rx.next().now_or_never() else { panic!("a listed object") };
+        let cached = store.get(&ObjectRef::from_obj(&*a)).expect("cached");
+        assert!(Arc::ptr_eq(&a, &cached));
     }
 
     fn same_data(old: &ConfigMap, new: &ConfigMap) -> bool {

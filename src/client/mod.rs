@@ -15,6 +15,7 @@ pub mod labels;
 pub mod leader;
 pub mod predicates;
 pub mod scheduling;
+pub mod transform;
 
 use std::sync::Arc;
 
@@ -81,9 +82,9 @@ pub fn supervisor() -> User {
     }
 }
 
-/// Controllers and the scheduler never read managedFields; dropping them
-/// from cached objects keeps each cached pod a fraction of its size (as
-/// kube-scheduler does).
+/// The agent never reads managedFields; dropping them from its cached pods
+/// keeps each a fraction of its size (the shared informers' `transform`
+/// drops them too).
 pub fn forget_managed_fields<K: kube::Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }

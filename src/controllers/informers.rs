@@ -38,8 +38,6 @@ where
     SharedIndexInformer::start(api, config).subscribe()
 }
 
-pub use crate::client::forget_managed_fields;
-
 impl<K> Informer<K>
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
