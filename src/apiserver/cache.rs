@@ -10,14 +10,40 @@ use std::sync::{Arc, RwLock};
 use futures_util::StreamExt;
 use serde_json::Value;
 
+use super::auth::node_graph::PodEdges;
 use super::status::ApiError;
 use super::storage::{whole, Change, Decoding, Parse, Storage};
 
+/// What a cache holds of each object: the JSON value its parse made, or
+/// a leaner form of it for a cache of many objects.
+pub trait Cached: Send + Sync + Sized + 'static {
+    /// The cached form of what the cache's parse made of the stored JSON
+    /// (None for a value it cannot hold, which is left out).
+    fn from_parsed(parsed: Value) -> Option<Self>;
+    /// `Kind/namespace/name` (or `Kind/name`).
+    fn id(&self) -> String;
+    fn namespace(&self) -> Option<&str>;
+}
+
+impl Cached for Value {
+    fn from_parsed(parsed: Value) -> Option<Self> {
+        Some(parsed)
+    }
+
+    fn id(&self) -> String {
+        id_of(self)
+    }
+
+    fn namespace(&self) -> Option<&str> {
+        self.pointer("/metadata/namespace").and_then(Value::as_str)
+    }
+}
+
 /// Every object under one key prefix, by `Kind/namespace/name` (or `Kind/name`).
-pub struct PrefixCache {
+pub struct PrefixCache<T: Cached = Value> {
     prefix: String,
     /// Shared, so that readers take a snapshot without copying objects.
-    objects: RwLock<HashMap<String, Arc<Value>>>,
+    objects: RwLock<HashMap<String, Arc<T>>>,
     /// What is kept of each object, made from its stored JSON.
     parse: Parse,
     /// Bumped at every change applied, for readers that wait for one.
@@ -45,10 +71,13 @@ impl PrefixCache {
             synced: std::sync::atomic::AtomicBool::new(false),
         })
     }
+}
 
+impl<T: Cached> PrefixCache<T> {
     /// A cache that keeps only what `parse` makes of each object's JSON
     /// (which must keep `kind`, `metadata.name` and `metadata.namespace`),
-    /// for sets too large to hold whole or to decode whole at every change.
+    /// in the form `T`, for sets too large to hold whole or to decode whole
+    /// at every change.
     pub fn projected(prefix: &str, parse: Parse) -> Arc<Self> {
         Arc::new(PrefixCache {
             prefix: prefix.to_string(),
@@ -65,7 +94,7 @@ impl PrefixCache {
     }
 
     /// Whether any cached object satisfies `pred` (nothing is copied).
-    pub fn any(&self, mut pred: impl FnMut(&Value) -> bool) -> bool {
+    pub fn any(&self, mut pred: impl FnMut(&T) -> bool) -> bool {
         self.objects.read().unwrap_or_else(|e| e.into_inner()).values().any(|o| pred(o))
     }
 
@@ -79,22 +108,22 @@ impl PrefixCache {
     }
 
     /// Every cached object, in no particular order (shared, not copied).
-    pub fn all(&self) -> Vec<Arc<Value>> {
+    pub fn all(&self) -> Vec<Arc<T>> {
         self.objects.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
 
     /// The objects of one namespace.
-    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<Value>> {
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<T>> {
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
-        objects.values().filter(|o| is_in(o, namespace)).cloned().collect()
+        objects.values().filter(|o| o.namespace() == Some(namespace)).cloned().collect()
     }
 
     /// Whether one namespace has any object (nothing is copied).
     pub fn any_in_namespace(&self, namespace: &str) -> bool {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).values().any(|o| is_in(o, namespace))
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).values().any(|o| o.namespace() == Some(namespace))
     }
 
-    pub fn get(&self, id: &str) -> Option<Arc<Value>> {
+    pub fn get(&self, id: &str) -> Option<Arc<T>> {
         self.objects.read().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
     }
 
@@ -109,10 +138,14 @@ impl PrefixCache {
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         match change {
             Change::Added(s) | Change::Modified { new: s, .. } => {
-                objects.insert(id_of(&s.object), Arc::new(s.object));
+                if let Some(obj) = T::from_parsed(s.object) {
+                    objects.insert(obj.id(), Arc::new(obj));
+                }
             }
             Change::Deleted(s) => {
-                objects.remove(&id_of(&s.object));
+                if let Some(obj) = T::from_parsed(s.object) {
+                    objects.remove(&obj.id());
+                }
             }
             Change::Progress(_) => return,
         }
@@ -122,8 +155,8 @@ impl PrefixCache {
 
     async fn load(&self, storage: &Storage) -> Result<i64, ApiError> {
         let (items, rev) = storage.list_all_parsed(&self.prefix, self.parse).await?;
-        let all: HashMap<String, Arc<Value>> =
-            items.into_iter().map(|s| (id_of(&s.object), Arc::new(s.object))).collect();
+        let all: HashMap<String, Arc<T>> =
+            items.into_iter().filter_map(|s| T::from_parsed(s.object)).map(|o| (o.id(), Arc::new(o))).collect();
         *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
         self.changes.send_modify(|n| *n += 1);
         self.synced.store(true, std::sync::atomic::Ordering::Release);
@@ -182,7 +215,7 @@ pub struct Caches {
     pub priority_classes: Arc<PrefixCache>,
     pub storage_classes: Arc<PrefixCache>,
     /// Pods as the Node authorizer sees them: bound node and references.
-    pub node_pods: Arc<PrefixCache>,
+    pub node_pods: Arc<PrefixCache<PodEdges>>,
     /// PersistentVolumeClaims as the Node authorizer sees them: bound volume.
     pub node_claims: Arc<PrefixCache>,
     /// PersistentVolumes as the Node authorizer sees them: the node of a local-path volume.
@@ -218,7 +251,8 @@ impl Default for Caches {
 }
 
 impl Caches {
-    fn all(&self) -> [&Arc<PrefixCache>; 11] {
+    /// Every cache but `node_pods`, whose type differs.
+    fn all(&self) -> [&Arc<PrefixCache>; 10] {
         [
             &self.rbac,
             &self.namespaces,
@@ -228,7 +262,6 @@ impl Caches {
             &self.limit_ranges,
             &self.priority_classes,
             &self.storage_classes,
-            &self.node_pods,
             &self.node_claims,
             &self.node_volumes,
         ]
@@ -240,15 +273,13 @@ impl Caches {
         for c in self.all() {
             tasks.push(c.start(storage.clone()).await?);
         }
+        tasks.push(self.node_pods.start(storage.clone()).await?);
         Ok(tasks)
     }
 
     /// Every cache has loaded once (readiness' `informer-sync`).
     pub fn synced(&self) -> bool {
-        self.all().iter().all(|c| c.synced.load(std::sync::atomic::Ordering::Acquire))
+        let synced = |s: &std::sync::atomic::AtomicBool| s.load(std::sync::atomic::Ordering::Acquire);
+        self.all().iter().all(|c| synced(&c.synced)) && synced(&self.node_pods.synced)
     }
-}
-
-fn is_in(obj: &Value, namespace: &str) -> bool {
-    obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(namespace)
 }

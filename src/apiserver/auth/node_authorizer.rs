@@ -217,14 +217,18 @@ mod tests {
         }
     }
 
-    type Caches = (std::sync::Arc<PrefixCache>, std::sync::Arc<PrefixCache>, std::sync::Arc<PrefixCache>);
+    type Caches =
+        (std::sync::Arc<PrefixCache<node_graph::PodEdges>>, std::sync::Arc<PrefixCache>, std::sync::Arc<PrefixCache>);
 
     fn graph_with(objects: &[Value]) -> Caches {
         let p = PrefixCache::projected("/registry/pods/", node_graph::parse_pod_edges);
         let v = PrefixCache::projected("/registry/persistentvolumes/", node_graph::parse_volume_edges);
         for obj in objects {
-            let cache = if obj["kind"] == "PersistentVolume" { &v } else { &p };
-            cache.apply_for_test(obj);
+            if obj["kind"] == "PersistentVolume" {
+                v.apply_for_test(obj)
+            } else {
+                p.apply_for_test(obj)
+            }
         }
         (p, PrefixCache::projected("/registry/persistentvolumeclaims/", node_graph::parse_claim_edges), v)
     }
