@@ -299,14 +299,14 @@ fn budgets_of(pod: &Pod, budgets: &Store<PodDisruptionBudget>) -> Vec<ObjectRef<
 }
 
 pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
-    let (pods, pod_events) = pod_informer.into_parts();
+    let (pods, pod_events) = pod_informer.into_shared_parts();
     let (budgets, budget_events) =
         reflected(Api::<PodDisruptionBudget>::all(client.clone()), watcher::Config::default());
     let queue = QueueMetrics::new("disruption", budgets.clone());
     let ctx = Arc::new(Context { recorder: EventRecorder::new(client.clone(), "controllermanager"), client, pods });
     let by_pod = budgets.clone();
     let results = Controller::for_stream(queue.primary(budget_events), budgets)
-        .watches_stream(pod_events, queue.mapped(move |pod: Pod| budgets_of(&pod, &by_pod)))
+        .watches_shared_stream(pod_events, queue.mapped(move |pod: Arc<Pod>| budgets_of(&pod, &by_pod)))
         .run(queue.timed(reconcile), queue.retried(error_policy), ctx);
     drain("disruption", results).await;
 }

@@ -314,13 +314,13 @@ pub async fn run(
     informers: crate::client::informer_factory::SharedInformerFactory,
     pod_informer: super::informers::Informer<Pod>,
 ) {
-    let (pods, pod_events) = pod_informer.into_parts();
+    let (pods, pod_events) = pod_informer.into_shared_parts();
     let (endpoints, endpoint_events) = reflected(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
     let (by_pod, own_events) = informers.informer::<Service>().subscribe().into_parts();
     let queue = QueueMetrics::new("endpoint", by_pod.clone());
     let selecting = by_pod.clone();
     let sync = Controller::for_stream(queue.primary(own_events), by_pod)
-        .watches_stream(pod_events, queue.mapped(move |pod: Pod| services_selecting(&pod, &selecting)))
+        .watches_shared_stream(pod_events, queue.mapped(move |pod: Arc<Pod>| services_selecting(&pod, &selecting)))
         .watches_stream(
             endpoint_events,
             queue.mapped(|ep: Endpoints| {

@@ -268,7 +268,7 @@ pub async fn run(
     informers: crate::client::informer_factory::SharedInformerFactory,
     pod_informer: super::informers::Informer<Pod>,
 ) {
-    let (pods, pod_events) = pod_informer.into_parts();
+    let (pods, pod_events) = pod_informer.into_shared_parts();
     let (slices, slice_events) = reflected(
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
@@ -284,7 +284,7 @@ pub async fn run(
     let queue = QueueMetrics::new("endpoint_slice", services.clone());
     let selecting = services.clone();
     let sync = Controller::for_stream(queue.primary(service_events), services)
-        .watches_stream(pod_events, queue.mapped(move |pod: Pod| services_selecting(&pod, &selecting)))
+        .watches_shared_stream(pod_events, queue.mapped(move |pod: Arc<Pod>| services_selecting(&pod, &selecting)))
         .watches_stream(slice_events, queue.mapped(|slice: EndpointSlice| owning_service(&slice)))
         .run(queue.timed(reconcile), queue.retried(error_policy), Arc::new(Context { client, pods, slices, nodes }));
     tokio::join!(drain("endpoint_slice", sync), nodes_cache);

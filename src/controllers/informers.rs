@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream};
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 use kube::api::Api;
 use kube::runtime::controller::{applier, Action, Config, ReconcileRequest};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -44,8 +44,8 @@ where
 {
     /// Requests for the objects themselves.
     pub fn trigger_self(self) -> (Store<K>, Trigger<K>) {
-        let (store, events) = self.into_parts();
-        let requests = events.map_ok(|o| ReconcileRequest::from(ObjectRef::from_obj(&o))).boxed();
+        let (store, events) = self.into_shared_parts();
+        let requests = events.map(|o| Ok(ReconcileRequest::from(ObjectRef::from_obj(&*o)))).boxed();
         (store, requests)
     }
 
@@ -54,9 +54,9 @@ where
     where
         Owner: Resource<DynamicType = ()> + 'static,
     {
-        let (store, events) = self.into_parts();
+        let (store, events) = self.into_shared_parts();
         let requests = events
-            .try_filter_map(|o| {
+            .filter_map(|o| {
                 let meta = o.meta();
                 let owner = controller_of(meta)
                     .filter(|r| r.kind == Owner::kind(&()) && r.api_version == Owner::api_version(&()))
@@ -67,7 +67,7 @@ where
                         }
                         ReconcileRequest::from(oref)
                     });
-                std::future::ready(Ok(owner))
+                std::future::ready(owner.map(Ok))
             })
             .boxed();
         (store, requests)
@@ -115,11 +115,9 @@ where
         I: IntoIterator<Item = ObjectRef<Owner>>,
         I::IntoIter: Send + 'static,
     {
-        let (store, events) = self.into_parts();
-        let requests = events
-            .map_ok(move |o| stream::iter(map(&o).into_iter().map(|r| Ok(ReconcileRequest::from(r)))))
-            .try_flatten()
-            .boxed();
+        let (store, events) = self.into_shared_parts();
+        let requests =
+            events.flat_map(move |o| stream::iter(map(&o).into_iter().map(|r| Ok(ReconcileRequest::from(r))))).boxed();
         (store, requests)
     }
 }

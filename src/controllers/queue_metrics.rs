@@ -83,6 +83,15 @@ where
         })
     }
 
+    /// `primary` of a stream of cached objects (`Informer::into_shared_parts`).
+    pub fn primary_shared(
+        &self,
+        objects: impl Stream<Item = Arc<K>> + Send + 'static,
+    ) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        let this = self.clone();
+        objects.inspect(move |obj| this.count(&ObjectRef::from_obj(&**obj)))
+    }
+
     /// Requests already made (for an `applier` fed directly); those made
     /// during the initial list are counted, as `primary` counts them.
     pub fn requests<E>(

@@ -91,7 +91,7 @@ impl Context {
             .collect()
     }
 
-    fn on_pod_event(&self, event: &Event<Pod>) -> Vec<ObjectRef<ReplicaSet>> {
+    fn on_pod_event(&self, event: &Event<Arc<Pod>>) -> Vec<ObjectRef<ReplicaSet>> {
         match event {
             Event::Apply(p) | Event::InitApply(p) => self.replicasets_for(p),
             Event::Delete(p) => {

@@ -264,7 +264,7 @@ pub async fn run(
     pod_informer: super::informers::Informer<Pod>,
 ) {
     let cfg = watcher::Config::default;
-    let (pods, pod_events) = pod_informer.into_parts();
+    let (pods, pod_events) = pod_informer.into_shared_parts();
     let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
     let (configmaps, configmap_events) = reflected(Api::<ConfigMap>::all(client.clone()), cfg());
     let (secrets, secret_events) = reflected(Api::<Secret>::all(client.clone()), cfg());
@@ -275,7 +275,10 @@ pub async fn run(
     let lowering = std::sync::Mutex::default();
     let ctx = Arc::new(Context { client, pods, services, configmaps, secrets, claims, lowering });
     let results = Controller::for_stream(queue.primary(quota_events), quotas)
-        .watches_stream(pod_events, queue.mapped(move |o: Pod| quotas_in(&q1, o.metadata.namespace.as_deref())))
+        .watches_shared_stream(
+            pod_events,
+            queue.mapped(move |o: Arc<Pod>| quotas_in(&q1, o.metadata.namespace.as_deref())),
+        )
         .watches_stream(service_events, queue.mapped(move |o: Service| quotas_in(&q2, o.metadata.namespace.as_deref())))
         .watches_stream(
             configmap_events,

@@ -159,7 +159,7 @@ fn same_no_execute_taints(old: &Node, new: &Node) -> bool {
 pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
     let (nodes, node_events) =
         informers.informer::<Node>().subscribe().skip_updates(same_no_execute_taints).into_parts();
-    let (pods, pod_events) = informers.informer::<Pod>().subscribe().into_parts();
+    let (pods, pod_events) = informers.informer::<Pod>().subscribe().into_shared_parts();
     let pods_by_node = informers.pods_by_node();
     let queue = QueueMetrics::new("noexec_taint_pod", pods.clone());
     let ctx = Arc::new(Context {
@@ -168,7 +168,7 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
         nodes,
         first_seen: Mutex::new(HashMap::new()),
     });
-    let results = Controller::for_stream(queue.primary(pod_events), pods)
+    let results = Controller::for_shared_stream(queue.primary_shared(pod_events), pods)
         .watches_stream(
             node_events,
             queue.mapped(move |node: Node| {

@@ -77,7 +77,7 @@ impl Context {
 
     /// The Deployment whose ReplicaSet controlled a pod that is gone or
     /// finished (what a Recreate rollout waits for).
-    fn deployments_for_pod(&self, event: &Event<Pod>) -> Vec<ObjectRef<Deployment>> {
+    fn deployments_for_pod(&self, event: &Event<Arc<Pod>>) -> Vec<ObjectRef<Deployment>> {
         let pod = match event {
             Event::Delete(p) => p,
             Event::Apply(p) if matches!(pod_phase(p), "Succeeded" | "Failed") => p,
