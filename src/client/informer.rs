@@ -63,6 +63,9 @@ impl<K> Change<K> {
     }
 }
 
+/// An informer's changes as kube's watcher events of the cached objects.
+pub type WatchEvents<K> = BoxStream<'static, Result<Event<Arc<K>>, watcher::Error>>;
+
 struct Subscriber<K> {
     tx: mpsc::UnboundedSender<Change<K>>,
     /// Joined while a list was under way, after its start: it is handed the
@@ -273,7 +276,7 @@ where
 
     /// The cache and its changes as kube's watcher events (Init, InitApply,
     /// InitDone for a list; Apply and Delete after), of the cached objects.
-    pub fn into_watch_events(self) -> (Store<K>, BoxStream<'static, Result<Event<Arc<K>>, watcher::Error>>) {
+    pub fn into_watch_events(self) -> (Store<K>, WatchEvents<K>) {
         let events = self
             .changes
             .map(|c| {

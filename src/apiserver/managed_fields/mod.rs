@@ -6,235 +6,17 @@
 //! does not, and conflicts with other managers that own a field it would
 //! change, unless forced.
 
-use std::collections::BTreeSet;
+mod field_set;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::meta;
-use super::patch_meta::{ListMerge, SchemaNode};
+use super::patch_meta::SchemaNode;
 use super::status::{ApiError, Cause};
 use super::strategic::{strategic_merge, MergeRules};
-
-type Path = Vec<String>;
-type FieldSet = BTreeSet<Path>;
-
-/// Metadata fields nobody owns.
-const UNOWNED_META: &[&str] = &[
-    "name",
-    "namespace",
-    "uid",
-    "resourceVersion",
-    "creationTimestamp",
-    "managedFields",
-    "generation",
-    "deletionTimestamp",
-    "deletionGracePeriodSeconds",
-    "selfLink",
-    "generateName",
-];
-
-/// `k:{"name":"c"}`: a keyed list item (keys in sorted order, as upstream).
-fn key_element(keys: &[String], item: &Value) -> Option<String> {
-    let mut id = Map::new();
-    for k in keys {
-        id.insert(k.clone(), item.get(k)?.clone());
-    }
-    Some(format!("k:{}", Value::Object(id)))
-}
-
-/// Adds the fields `v` sets under `prefix`. With `other`, the value at the
-/// same place in another version of the object, a field whose value equals
-/// the other's is left out with everything under it (inside objects; list
-/// items are matched by key, so lists are walked whole).
-fn collect(v: &Value, other: Option<&Value>, node: SchemaNode, prefix: &mut Path, out: &mut FieldSet) {
-    match v {
-        Value::Object(m) if !m.is_empty() => {
-            for (k, c) in m {
-                if prefix.is_empty() && (k == "apiVersion" || k == "kind") {
-                    continue;
-                }
-                if prefix.len() == 1 && prefix[0] == "f:metadata" && UNOWNED_META.contains(&k.as_str()) {
-                    continue;
-                }
-                let counterpart = other.and_then(|o| o.get(k));
-                if counterpart == Some(c) {
-                    continue;
-                }
-                prefix.push(format!("f:{k}"));
-                collect(c, counterpart, node.field(k), prefix, out);
-                prefix.pop();
-            }
-        }
-        Value::Array(items) if !items.is_empty() => match node.apply_list_merge() {
-            ListMerge::ByKey(keys) => {
-                for item in items {
-                    let Some(el) = key_element(&keys, item) else {
-                        out.insert(prefix.clone());
-                        return;
-                    };
-                    prefix.push(el);
-                    let mut dot = prefix.clone();
-                    dot.push(".".into());
-                    out.insert(dot);
-                    if let Value::Object(m) = item {
-                        for (k, c) in m {
-                            prefix.push(format!("f:{k}"));
-                            collect(c, None, node.items().field(k), prefix, out);
-                            prefix.pop();
-                        }
-                    }
-                    prefix.pop();
-                }
-            }
-            ListMerge::Set => {
-                for item in items {
-                    prefix.push(format!("v:{item}"));
-                    out.insert(prefix.clone());
-                    prefix.pop();
-                }
-            }
-            ListMerge::Replace => {
-                out.insert(prefix.clone());
-            }
-        },
-        _ => {
-            if !prefix.is_empty() {
-                out.insert(prefix.clone());
-            }
-        }
-    }
-}
-
-/// The fields an object sets.
-pub fn field_set(obj: &Value, node: SchemaNode) -> FieldSet {
-    let mut out = FieldSet::new();
-    collect(obj, None, node, &mut Vec::new(), &mut out);
-    out
-}
-
-/// The fields `obj` sets whose values may differ from `other`'s: a superset
-/// of those that do, without the subtrees the two hold equal.
-fn field_set_unlike(obj: &Value, other: &Value, node: SchemaNode) -> FieldSet {
-    let mut out = FieldSet::new();
-    collect(obj, Some(other), node, &mut Vec::new(), &mut out);
-    out
-}
-
-/// FieldsV1 JSON of a set.
-pub fn encode(set: &FieldSet) -> Value {
-    let mut root = Map::new();
-    for path in set {
-        let mut node = &mut root;
-        for el in path {
-            let next = node.entry(el.clone()).or_insert_with(|| json!({}));
-            node = match next {
-                Value::Object(m) => m,
-                _ => return Value::Object(root),
-            };
-        }
-    }
-    Value::Object(root)
-}
-
-fn decode_into(node: &Map<String, Value>, prefix: &mut Path, out: &mut FieldSet) {
-    for (k, child) in node {
-        prefix.push(k.clone());
-        match child.as_object() {
-            Some(m) if !m.is_empty() => decode_into(m, prefix, out),
-            _ => {
-                out.insert(prefix.clone());
-            }
-        }
-        prefix.pop();
-    }
-}
-
-pub fn decode(fields: &Value) -> FieldSet {
-    let mut out = FieldSet::new();
-    if let Some(m) = fields.as_object() {
-        decode_into(m, &mut Vec::new(), &mut out);
-    }
-    out
-}
-
-/// The value a path points at, if present.
-fn value_at<'a>(obj: &'a Value, path: &[String]) -> Option<&'a Value> {
-    let mut v = obj;
-    for el in path {
-        if el == "." {
-            return Some(v);
-        }
-        if let Some(f) = el.strip_prefix("f:") {
-            v = v.get(f)?;
-        } else if let Some(k) = el.strip_prefix("k:") {
-            let want: Map<String, Value> = serde_json::from_str(k).ok()?;
-            v = v.as_array()?.iter().find(|item| want.iter().all(|(wk, wv)| item.get(wk) == Some(wv)))?;
-        } else if let Some(m) = el.strip_prefix("v:") {
-            let want: Value = serde_json::from_str(m).ok()?;
-            return v.as_array()?.iter().find(|x| **x == want);
-        } else {
-            return None;
-        }
-    }
-    Some(v)
-}
-
-/// Removes what a path points at.
-fn remove_at(obj: &mut Value, path: &[String]) {
-    let Some((last, parent_path)) = path.split_last() else { return };
-    if last == "." {
-        return remove_at(obj, parent_path);
-    }
-    let mut v = obj;
-    for el in parent_path {
-        let next = if let Some(f) = el.strip_prefix("f:") {
-            v.get_mut(f)
-        } else if let Some(k) = el.strip_prefix("k:") {
-            let want: Map<String, Value> = match serde_json::from_str(k) {
-                Ok(w) => w,
-                Err(_) => return,
-            };
-            v.as_array_mut()
-                .and_then(|a| a.iter_mut().find(|item| want.iter().all(|(wk, wv)| item.get(wk) == Some(wv))))
-        } else {
-            None
-        };
-        match next {
-            Some(n) => v = n,
-            None => return,
-        }
-    }
-    if let Some(f) = last.strip_prefix("f:") {
-        if let Some(m) = v.as_object_mut() {
-            m.remove(f);
-        }
-    } else if let Some(k) = last.strip_prefix("k:") {
-        if let (Ok(want), Some(a)) = (serde_json::from_str::<Map<String, Value>>(k), v.as_array_mut()) {
-            a.retain(|item| !want.iter().all(|(wk, wv)| item.get(wk) == Some(wv)));
-        }
-    } else if let Some(m) = last.strip_prefix("v:") {
-        if let (Ok(want), Some(a)) = (serde_json::from_str::<Value>(m), v.as_array_mut()) {
-            a.retain(|x| *x != want);
-        }
-    }
-}
-
-fn path_string(path: &[String]) -> String {
-    path.iter()
-        .filter(|e| *e != ".")
-        .map(|e| {
-            if let Some(f) = e.strip_prefix("f:") {
-                format!(".{f}")
-            } else if let Some(k) = e.strip_prefix("k:") {
-                format!("[{}]", k.trim_start_matches('{').trim_end_matches('}').replace('"', "").replace(':', "="))
-            } else if let Some(v) = e.strip_prefix("v:") {
-                format!("[{v}]")
-            } else {
-                e.clone()
-            }
-        })
-        .collect()
-}
+use field_set::{
+    decode, encode, field_set, field_set_unlike, fields_v1, path_string, remove_at, value_at, FieldSet, Path,
+};
 
 struct Entry {
     manager: String,
@@ -268,20 +50,38 @@ fn store_entries(obj: &mut Value, list: Vec<Entry>) {
         .into_iter()
         .filter(|e| !e.set.is_empty())
         .map(|e| {
-            let mut v = json!({
-                "manager": e.manager,
-                "operation": e.operation,
-                "apiVersion": e.api_version,
-                "time": e.raw.get("time").cloned().unwrap_or_else(|| json!(meta::now_rfc3339())),
-                "fieldsType": "FieldsV1",
-                "fieldsV1": encode(&e.set),
-            });
-            if let Some(s) = e.subresource {
-                v["subresource"] = json!(s);
-            }
-            v
+            let time = e.raw.get("time").cloned().unwrap_or_else(|| json!(meta::now_rfc3339()));
+            let fields = encode(&e.set);
+            managed_entry(e.manager, e.operation, e.api_version, time, fields, e.subresource)
         })
         .collect();
+    set_managed_fields(obj, values);
+}
+
+/// One entry of `metadata.managedFields`.
+fn managed_entry(
+    manager: String,
+    operation: String,
+    api_version: String,
+    time: Value,
+    fields: Value,
+    subresource: Option<String>,
+) -> Value {
+    let mut v = json!({
+        "manager": manager,
+        "operation": operation,
+        "apiVersion": api_version,
+        "time": time,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": fields,
+    });
+    if let Some(s) = subresource {
+        v["subresource"] = json!(s);
+    }
+    v
+}
+
+fn set_managed_fields(obj: &mut Value, values: Vec<Value>) {
     let m = meta::metadata_mut(obj);
     if values.is_empty() {
         m.remove("managedFields");
@@ -301,21 +101,31 @@ pub struct Writer<'a> {
 /// Records a non-apply write: the fields `manager` changed become its own.
 pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer, subresource: Option<&str>) {
     let Writer { manager, api_version, schema } = *writer;
-    let mut list = entries(old.unwrap_or(&Value::Null));
+    let Some(old) = old else {
+        // A create: every field the object sets is the writer's, recorded
+        // without a path per field.
+        let fields = fields_v1(new, schema);
+        let values = match fields.as_object().is_some_and(|f| !f.is_empty()) {
+            true => vec![managed_entry(
+                manager.to_string(),
+                "Update".into(),
+                api_version.to_string(),
+                json!(meta::now_rfc3339()),
+                fields,
+                subresource.map(str::to_string),
+            )],
+            false => Vec::new(),
+        };
+        set_managed_fields(new, values);
+        return;
+    };
+    let mut list = entries(old);
     // Fields in subtrees old and new hold equal are neither changed nor gone:
     // only where they differ is walked.
-    let changed: FieldSet = match old {
-        None => field_set(new, schema),
-        Some(o) => {
-            field_set_unlike(new, o, schema).into_iter().filter(|p| value_at(o, p) != value_at(new, p)).collect()
-        }
-    };
-    let gone: FieldSet = old
-        .map(|o| field_set_unlike(o, new, schema))
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|p| value_at(new, p).is_none())
-        .collect();
+    let changed: FieldSet =
+        field_set_unlike(new, old, schema).into_iter().filter(|p| value_at(old, p) != value_at(new, p)).collect();
+    let gone: FieldSet =
+        field_set_unlike(old, new, schema).into_iter().filter(|p| value_at(new, p).is_none()).collect();
     for e in list.iter_mut() {
         e.set.retain(|p| !changed.contains(p) && !gone.contains(p));
     }
@@ -445,6 +255,34 @@ mod tests {
     fn deploy(replicas: i64, image: &str) -> Value {
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "labels": {"a": "1"}},
                "spec": {"replicas": replicas, "template": {"spec": {"containers": [{"name": "c", "image": image}]}}}})
+    }
+
+    #[test]
+    fn a_create_records_the_fields_of_the_whole_object_as_the_path_sets_do() {
+        let schemas = deployment_schema();
+        let schema = writer(&schemas, "m").schema;
+        let mut d = deploy(3, "nginx");
+        d["metadata"]["labels"] = json!({"app": "web"});
+        d["metadata"]["finalizers"] = json!(["a", "b"]);
+        d["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .expect("containers")
+            .push(json!({"name": "side", "image": "busybox", "ports": [{"containerPort": 80}, {"containerPort": 80}]}));
+        d["spec"]["template"]["spec"]["containers"][0]["env"] = json!([]);
+        d["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["a", "b"]);
+        d["spec"]["strategy"] = json!({});
+        for obj in [d, json!({"apiVersion": "v1", "kind": "X", "metadata": {"name": "only-unowned"}}), json!({})] {
+            assert_eq!(fields_v1(&obj, schema), encode(&field_set(&obj, schema)), "{obj}");
+        }
+        // A keyed list with an item lacking its key: the list itself, as with paths.
+        let keyless =
+            json!({"spec": {"template": {"spec": {"containers": [{"name": "a"}, {"image": "x"}, {"name": "b"}]}}}});
+        assert_eq!(fields_v1(&keyless, schema), encode(&field_set(&keyless, schema)));
+        let mut created = deploy(1, "nginx");
+        record_update(None, &mut created, &writer(&schemas, "kubectl"), None);
+        let entry = &created["metadata"]["managedFields"][0];
+        assert_eq!((entry["manager"].as_str(), entry["operation"].as_str()), (Some("kubectl"), Some("Update")));
+        assert_eq!(entry["fieldsV1"], encode(&field_set(&deploy(1, "nginx"), schema)));
     }
 
     #[test]
