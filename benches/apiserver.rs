@@ -112,12 +112,7 @@ async fn main() {
         db as f64 / 1048576.0
     );
     // Idle CPU over 10 s.
-    let ticks = |pid: u32| -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
-        fields.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
-            + fields.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
-    };
+    let ticks = common::cpu_ticks;
     let before = ticks(pid);
     let secs = if quick { 3 } else { 10 };
     tokio::time::sleep(Duration::from_secs(secs)).await;

@@ -165,6 +165,15 @@ async fn main() {
     }
     let (rss, peak) = rss_mib(pid);
     println!("  server RSS {rss:.1} MiB (peak {peak:.1} MiB) holding {nodes} nodes and {pods} pods");
+    // The same cluster at rest, in three windows from the last binding on
+    // (its nodes send no heartbeats, so this stays within their 40 s grace).
+    for window in 0..3 {
+        let before = common::cpu_ticks(pid);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let used = common::cpu_ticks(pid) - before;
+        let from = window * 5;
+        println!("  idle CPU {from}..{} s after: {:.2} % of one core", from + 5, used as f64 / 5.0);
+    }
 
     // A 100-replica Deployment in its own namespace.
     let ns: k8s_openapi::api::core::v1::Namespace =

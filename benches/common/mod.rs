@@ -42,6 +42,14 @@ pub fn rss_kib(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// CPU time (user and system) `pid` has used, in clock ticks (1/100 s).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or_default().split_whitespace().collect();
+    fields.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+}
+
 /// A client with the admin kubeconfig at `kubeconfig`, one connection of its own.
 pub async fn client(kubeconfig: &std::path::Path) -> Result<kube::Client, kube::Error> {
     let config = kube::config::Kubeconfig::read_from(kubeconfig).map_err(kube::Error::InferKubeconfig)?;

@@ -47,9 +47,10 @@ impl WatchCache {
     }
 
     /// The cache of `r`, created (and filled) on first use; None when the
-    /// cache is off.
+    /// cache is off, or for Events, which upstream does not cache either
+    /// (`DefaultWatchCacheSizes`): many, written once, read rarely.
     pub fn cacher(&self, r: &Resource) -> Option<Arc<Cacher>> {
-        if self.window_size == 0 {
+        if self.window_size == 0 || is_event(r) {
             return None;
         }
         let prefix = r.key_prefix();
@@ -87,5 +88,26 @@ impl WatchCache {
     }
 }
 
+/// Events of either group (`events` and `events.k8s.io/events`).
+fn is_event(r: &Resource) -> bool {
+    r.plural == "events" && (r.group.is_empty() || r.group == "events.k8s.io")
+}
+
 /// The field kubelets select their pods by, which the pods' cache indexes.
 pub const NODE_NAME: &str = "spec.nodeName";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::registry::Registry;
+
+    #[test]
+    fn events_of_both_groups_are_not_cached() {
+        let r = Registry::builtin();
+        let get = |group: &str, version: &str, plural: &str| r.get(group, version, plural).expect(plural);
+        assert!(is_event(&get("", "v1", "events")));
+        assert!(is_event(&get("events.k8s.io", "v1", "events")));
+        assert!(!is_event(&get("", "v1", "pods")));
+        assert!(!is_event(&get("", "v1", "configmaps")));
+    }
+}
