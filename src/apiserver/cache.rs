@@ -17,17 +17,16 @@ use super::storage::{whole, Change, Decoding, Parse, Storage};
 /// What a cache holds of each object: the JSON value its parse made, or
 /// a leaner form of it for a cache of many objects.
 pub trait Cached: Send + Sync + Sized + 'static {
-    /// The cached form of what the cache's parse made of the stored JSON
-    /// (None for a value it cannot hold, which is left out).
-    fn from_parsed(parsed: Value) -> Option<Self>;
+    /// The cached form of what the cache's parse made of the stored JSON.
+    fn from_parsed(parsed: Value) -> Self;
     /// `Kind/namespace/name` (or `Kind/name`).
     fn id(&self) -> String;
     fn namespace(&self) -> Option<&str>;
 }
 
 impl Cached for Value {
-    fn from_parsed(parsed: Value) -> Option<Self> {
-        Some(parsed)
+    fn from_parsed(parsed: Value) -> Self {
+        parsed
     }
 
     fn id(&self) -> String {
@@ -138,14 +137,11 @@ impl<T: Cached> PrefixCache<T> {
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         match change {
             Change::Added(s) | Change::Modified { new: s, .. } => {
-                if let Some(obj) = T::from_parsed(s.object) {
-                    objects.insert(obj.id(), Arc::new(obj));
-                }
+                let obj = T::from_parsed(s.object);
+                objects.insert(obj.id(), Arc::new(obj));
             }
             Change::Deleted(s) => {
-                if let Some(obj) = T::from_parsed(s.object) {
-                    objects.remove(&obj.id());
-                }
+                objects.remove(&T::from_parsed(s.object).id());
             }
             Change::Progress(_) => return,
         }
@@ -156,7 +152,7 @@ impl<T: Cached> PrefixCache<T> {
     async fn load(&self, storage: &Storage) -> Result<i64, ApiError> {
         let (items, rev) = storage.list_all_parsed(&self.prefix, self.parse).await?;
         let all: HashMap<String, Arc<T>> =
-            items.into_iter().filter_map(|s| T::from_parsed(s.object)).map(|o| (o.id(), Arc::new(o))).collect();
+            items.into_iter().map(|s| T::from_parsed(s.object)).map(|o| (o.id(), Arc::new(o))).collect();
         *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
         self.changes.send_modify(|n| *n += 1);
         self.synced.store(true, std::sync::atomic::Ordering::Release);

@@ -244,15 +244,15 @@ pub struct PodEdges {
 }
 
 impl Cached for PodEdges {
-    fn from_parsed(edges: Value) -> Option<Self> {
+    fn from_parsed(edges: Value) -> Self {
         let text = |path: &str| -> Box<str> { str_at(&edges, path).unwrap_or_default().into() };
         let refs = items(&edges, "/refs").filter_map(Value::as_str).map(Box::from).collect();
-        Some(PodEdges {
+        PodEdges {
             name: text("/metadata/name"),
             namespace: text("/metadata/namespace"),
             node_name: text("/nodeName"),
             refs,
-        })
+        }
     }
 
     fn id(&self) -> String {
