@@ -112,10 +112,9 @@ async fn main() {
         db as f64 / 1048576.0
     );
     // Idle CPU over 10 s.
-    let ticks = common::cpu_ticks;
-    let before = ticks(pid);
+    let before = common::cpu_ticks(pid);
     let secs = if quick { 3 } else { 10 };
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let used = ticks(pid) - before;
+    let used = common::cpu_ticks(pid) - before;
     println!("idle CPU over {secs} s: {:.2} % of one core", used as f64 / (secs as f64 * 100.0) * 100.0);
 }

@@ -8,6 +8,7 @@
 //!
 //! `cargo bench --bench node [-- --burst N --serial N --idle SECONDS]`
 
+mod common;
 #[path = "../tests/common/mod.rs"]
 mod tcommon;
 
@@ -151,14 +152,6 @@ async fn wait_all(seen: &Mutex<HashMap<String, Instant>>, names: &[String], limi
     }
 }
 
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-}
-
 /// Pids of processes whose command line contains `needle`.
 fn pids_with(needle: &str) -> Vec<u32> {
     let mut out = Vec::new();
@@ -244,9 +237,9 @@ fn main() {
         // Idle CPU with the pods running.
         if let Some(pid) = node.pid() {
             let hz = 100.0; // USER_HZ on Linux
-            let before = cpu_ticks(pid);
+            let before = common::cpu_ticks(pid);
             tokio::time::sleep(Duration::from_secs(idle)).await;
-            let used = (cpu_ticks(pid) - before) as f64 / hz;
+            let used = (common::cpu_ticks(pid) - before) as f64 / hz;
             println!(
                 "ferrok CPU at rest with {burst} pods over {idle} s: {:.2} % of a core",
                 used / idle as f64 * 100.0

@@ -31,12 +31,7 @@ fn sent_stamp(line: &[u8]) -> Option<u64> {
 
 /// utime + stime of `pid`, in seconds.
 fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let f: Vec<u64> = after.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    // Fields after the comm: state is not a number, so utime/stime are 11/12 here.
-    let ticks = f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0);
-    ticks as f64 / 100.0
+    common::cpu_ticks(pid) as f64 / 100.0
 }
 
 async fn raw_get(client: &kube::Client, path: &str) -> usize {

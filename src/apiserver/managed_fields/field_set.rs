@@ -27,6 +27,45 @@ const UNOWNED_META: &[&str] = &[
     "generateName",
 ];
 
+/// Where in an object a field is, for the fields nobody owns.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Top {
+    /// The object itself (its apiVersion and kind are unowned).
+    Root,
+    /// Its top-level metadata (`UNOWNED_META`).
+    Metadata,
+    Below,
+}
+
+impl Top {
+    /// Where the fields of the object at `prefix` are.
+    fn of(prefix: &[String]) -> Top {
+        match prefix {
+            [] => Top::Root,
+            [m] if m == "f:metadata" => Top::Metadata,
+            _ => Top::Below,
+        }
+    }
+
+    /// Whether field `k` here is owned by nobody.
+    fn unowned(self, k: &str) -> bool {
+        match self {
+            Top::Root => k == "apiVersion" || k == "kind",
+            Top::Metadata => UNOWNED_META.contains(&k),
+            Top::Below => false,
+        }
+    }
+
+    /// Where the fields of field `k`'s value are.
+    fn below(self, k: &str) -> Top {
+        if self == Top::Root && k == "metadata" {
+            Top::Metadata
+        } else {
+            Top::Below
+        }
+    }
+}
+
 /// `k:{"name":"c"}`: a keyed list item (keys in sorted order, as upstream).
 fn key_element(keys: &[String], item: &Value) -> Option<String> {
     let mut id = Map::new();
@@ -43,11 +82,9 @@ fn key_element(keys: &[String], item: &Value) -> Option<String> {
 fn collect(v: &Value, other: Option<&Value>, node: SchemaNode, prefix: &mut Path, out: &mut FieldSet) {
     match v {
         Value::Object(m) if !m.is_empty() => {
+            let top = Top::of(prefix);
             for (k, c) in m {
-                if prefix.is_empty() && (k == "apiVersion" || k == "kind") {
-                    continue;
-                }
-                if prefix.len() == 1 && prefix[0] == "f:metadata" && UNOWNED_META.contains(&k.as_str()) {
+                if top.unowned(k) {
                     continue;
                 }
                 let counterpart = other.and_then(|o| o.get(k));
@@ -135,23 +172,15 @@ fn put(map: &mut Map<String, Value>, key: String, found: Found) {
 
 /// `encode(field_set(v))` built directly, without a path per field: the
 /// FieldsV1 of everything `v` sets (`collect` without `other`, in nested
-/// form). `top` is the depth-0 object or its metadata, where unowned
-/// fields are skipped.
+/// form). `top` is where `v` is, for the fields nobody owns.
 fn fields_of(v: &Value, node: SchemaNode, top: Top) -> Found {
     match v {
         Value::Object(m) if !m.is_empty() => {
             let mut out = Map::new();
             for (k, c) in m {
-                let skip = match top {
-                    Top::Root => k == "apiVersion" || k == "kind",
-                    Top::Metadata => UNOWNED_META.contains(&k.as_str()),
-                    Top::Below => false,
-                };
-                if skip {
-                    continue;
+                if !top.unowned(k) {
+                    put(&mut out, format!("f:{k}"), fields_of(c, node.field(k), top.below(k)));
                 }
-                let below = if top == Top::Root && k == "metadata" { Top::Metadata } else { Top::Below };
-                put(&mut out, format!("f:{k}"), fields_of(c, node.field(k), below));
             }
             if out.is_empty() {
                 Found::Nothing
@@ -192,15 +221,8 @@ fn fields_of(v: &Value, node: SchemaNode, top: Top) -> Found {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Top {
-    Root,
-    Metadata,
-    Below,
-}
-
 /// FieldsV1 JSON of every field an object sets (`encode(&field_set(..))`).
-pub fn fields_v1(obj: &Value, node: SchemaNode) -> Value {
+pub(super) fn fields_v1(obj: &Value, node: SchemaNode) -> Value {
     match fields_of(obj, node, Top::Root) {
         Found::Fields(m) => Value::Object(m),
         Found::Nothing | Found::Leaf => json!({}),
@@ -208,7 +230,7 @@ pub fn fields_v1(obj: &Value, node: SchemaNode) -> Value {
 }
 
 /// The fields an object sets.
-pub fn field_set(obj: &Value, node: SchemaNode) -> FieldSet {
+pub(super) fn field_set(obj: &Value, node: SchemaNode) -> FieldSet {
     let mut out = FieldSet::new();
     collect(obj, None, node, &mut Vec::new(), &mut out);
     out
@@ -223,7 +245,7 @@ pub(super) fn field_set_unlike(obj: &Value, other: &Value, node: SchemaNode) -> 
 }
 
 /// FieldsV1 JSON of a set.
-pub fn encode(set: &FieldSet) -> Value {
+pub(super) fn encode(set: &FieldSet) -> Value {
     let mut root = Map::new();
     for path in set {
         let mut node = &mut root;
@@ -251,7 +273,7 @@ fn decode_into(node: &Map<String, Value>, prefix: &mut Path, out: &mut FieldSet)
     }
 }
 
-pub fn decode(fields: &Value) -> FieldSet {
+pub(super) fn decode(fields: &Value) -> FieldSet {
     let mut out = FieldSet::new();
     if let Some(m) = fields.as_object() {
         decode_into(m, &mut Vec::new(), &mut out);
