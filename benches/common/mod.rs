@@ -30,16 +30,18 @@ pub fn free_port() -> u16 {
 
 /// (VmRSS, VmHWM) of `pid` in KiB.
 pub fn rss_kib(pid: u32) -> (u64, u64) {
+    (status_kib(pid, "VmRSS:"), status_kib(pid, "VmHWM:"))
+}
+
+/// A KiB figure of `/proc/<pid>/status` (`VmRSS:`, `RssAnon:`, `RssFile:`).
+pub fn status_kib(pid: u32, name: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    status
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// CPU time (user and system) `pid` has used, in clock ticks (1/100 s).

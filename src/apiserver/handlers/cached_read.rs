@@ -22,7 +22,7 @@ use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::storage::encode_continue;
 use crate::apiserver::table::wants_table;
 use crate::apiserver::watch_cache::cacher::{too_old, NotServed, StartAt};
-use crate::apiserver::watch_cache::object::{event_line, CachedObject, EventType};
+use crate::apiserver::watch_cache::object::{event_line, partial_event_line, CachedObject, EventType};
 use crate::apiserver::watch_cache::watcher::{Delivery, Filter, Inbox};
 use crate::apiserver::watch_cache::{Cacher, NODE_NAME};
 
@@ -186,7 +186,7 @@ impl Render {
             return event_line(EventType::Added, &obj.json(&self.api_version, &self.kind));
         }
         if self.metadata_only {
-            return line_of(&json!({"type": EventType::Added.as_str(), "object": partial_of(obj.metadata())}));
+            return partial_event_line(EventType::Added, obj.metadata_json());
         }
         self.value_line(EventType::Added, obj.value())
     }
@@ -196,7 +196,7 @@ impl Render {
             return ev.line(as_type, &self.api_version, &self.kind);
         }
         if self.metadata_only {
-            return line_of(&json!({"type": as_type.as_str(), "object": partial_of(ev.object.metadata())}));
+            return partial_event_line(as_type, ev.object.metadata_json());
         }
         self.value_line(as_type, ev.object.value())
     }

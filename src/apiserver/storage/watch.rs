@@ -133,7 +133,7 @@ impl Storage {
                     if let (true, Some(e)) = (behind, &enc) {
                         e.catch_up().await;
                     }
-                    futures_util::stream::iter(changes(enc.as_deref(), resp, decoding))
+                    futures_util::stream::iter(changes(enc, resp, decoding))
                 }
             })
             .flatten()
@@ -153,50 +153,51 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The changes of one store response, each decoded only when the reader
+/// takes it: a response can carry hundreds of events (a watch catching
+/// up), and decoding them all at once held every decoded object together.
 fn changes(
-    enc: Option<&Encryption>,
+    enc: Option<std::sync::Arc<Encryption>>,
     resp: crate::store::Result<WatchResponse>,
     decoding: Decoding,
-) -> Vec<ApiResult<Change>> {
-    let decode = |kv: &KeyValue| decode_with(enc, kv, decoding.parse);
+) -> Box<dyn Iterator<Item = ApiResult<Change>> + Send> {
+    let one = |c: ApiResult<Change>| -> Box<dyn Iterator<Item = ApiResult<Change>> + Send> { Box::new(std::iter::once(c)) };
     let resp = match resp {
         Ok(r) => r,
-        Err(e) => return vec![Err(e.into())],
+        Err(e) => return one(Err(e.into())),
     };
     if resp.canceled {
         if resp.compact_revision > 0 {
-            return vec![Err(ApiError::gone(format!(
+            return one(Err(ApiError::gone(format!(
                 "too old resource version: {} ({})",
                 resp.compact_revision - 1,
                 resp.compact_revision
-            )))];
+            ))));
         }
-        return vec![Err(ApiError::internal(format!("watch canceled: {}", resp.cancel_reason)))];
+        return one(Err(ApiError::internal(format!("watch canceled: {}", resp.cancel_reason))));
     }
     if resp.created {
-        return Vec::new();
+        return Box::new(std::iter::empty());
     }
     if resp.events.is_empty() {
-        return vec![Ok(Change::Progress(header_rev(&resp.header)))];
+        return one(Ok(Change::Progress(header_rev(&resp.header))));
     }
-    resp.events
-        .iter()
-        .map(|ev| {
-            let kv = ev.kv.as_ref().ok_or_else(|| ApiError::internal("watch event without kv"))?;
-            if ev.r#type == EventType::Delete as i32 {
-                let prev = ev.prev_kv.as_ref().ok_or_else(|| ApiError::internal("delete event without prev_kv"))?;
-                let mut gone = decode(prev)?;
-                set_resource_version(&mut gone.object, kv.mod_revision);
-                gone.rev = kv.mod_revision;
-                Ok(Change::Deleted(gone))
-            } else if kv.create_revision == kv.mod_revision {
-                Ok(Change::Added(decode(kv)?))
-            } else {
-                Ok(Change::Modified {
-                    new: decode(kv)?,
-                    old: if decoding.old { ev.prev_kv.as_ref().map(decode).transpose()? } else { None },
-                })
-            }
-        })
-        .collect()
+    Box::new(resp.events.into_iter().map(move |ev| {
+        let decode = |kv: &KeyValue| decode_with(enc.as_deref(), kv, decoding.parse);
+        let kv = ev.kv.as_ref().ok_or_else(|| ApiError::internal("watch event without kv"))?;
+        if ev.r#type == EventType::Delete as i32 {
+            let prev = ev.prev_kv.as_ref().ok_or_else(|| ApiError::internal("delete event without prev_kv"))?;
+            let mut gone = decode(prev)?;
+            set_resource_version(&mut gone.object, kv.mod_revision);
+            gone.rev = kv.mod_revision;
+            Ok(Change::Deleted(gone))
+        } else if kv.create_revision == kv.mod_revision {
+            Ok(Change::Added(decode(kv)?))
+        } else {
+            Ok(Change::Modified {
+                new: decode(kv)?,
+                old: if decoding.old { ev.prev_kv.as_ref().map(decode).transpose()? } else { None },
+            })
+        }
+    }))
 }

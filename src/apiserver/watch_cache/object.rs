@@ -80,6 +80,21 @@ impl CachedObject {
         serde_json::from_slice::<MetadataOnly>(&self.json).map(|m| m.metadata).unwrap_or_default()
     }
 
+    /// The object's metadata as its JSON holds it, not decoded: the
+    /// bytes a metadata-only watch sends (the garbage collector watches
+    /// every kind so, and would otherwise decode each change).
+    pub fn metadata_json(&self) -> &[u8] {
+        #[derive(serde::Deserialize)]
+        struct MetadataOnly<'a> {
+            #[serde(borrow, default)]
+            metadata: Option<&'a serde_json::value::RawValue>,
+        }
+        serde_json::from_slice::<MetadataOnly>(&self.json)
+            .ok()
+            .and_then(|m| m.metadata)
+            .map_or(b"{}", |raw| raw.get().as_bytes())
+    }
+
     /// The length of its JSON.
     pub fn encoded_len(&self) -> usize {
         self.json.len()
@@ -150,6 +165,21 @@ pub fn event_line(as_type: EventType, object_json: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
+/// `{"type":"ADDED","object":<PartialObjectMetadata>}` and a newline,
+/// around metadata already encoded.
+pub fn partial_event_line(as_type: EventType, metadata_json: &[u8]) -> Bytes {
+    const HEAD: &str = r#","object":{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#;
+    let kind = as_type.as_str();
+    let mut out = Vec::with_capacity(10 + kind.len() + HEAD.len() + metadata_json.len() + 3);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.push(b'"');
+    out.extend_from_slice(HEAD.as_bytes());
+    out.extend_from_slice(metadata_json);
+    out.extend_from_slice(b"}}\n");
+    Bytes::from(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,6 +206,13 @@ mod tests {
             cached.attrs(),
             json!({"metadata": {"name": "a", "labels": {"x": "y"}}}),
             "only what selectors read"
+        );
+        assert_eq!(cached.metadata_json(), serde_json::to_vec(&typed["metadata"]).unwrap(), "the metadata's own bytes");
+        let partial = json!({"type": "MODIFIED", "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": typed["metadata"]}});
+        assert_eq!(
+            String::from_utf8_lossy(&partial_event_line(EventType::Modified, cached.metadata_json())),
+            crate::apiserver::field_order::to_json(&partial) + "\n",
+            "a metadata-only event as the generic path writes it"
         );
         let ev = CachedEvent::new(EventType::Added, cached, None);
         let line = ev.line(EventType::Added, "v1", "ConfigMap");

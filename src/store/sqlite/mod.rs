@@ -35,8 +35,12 @@ use super::{DEFAULT_MAX_REQUEST_BYTES, ETCD_API_VERSION, MAX_LEASE_TTL};
 /// Commits kept for watchers that are slow to take them; past this a
 /// watcher re-reads from the log instead of holding memory.
 const COMMIT_BACKLOG: usize = 256;
-/// Idle read connections kept open.
-const MAX_IDLE_READERS: usize = 4;
+/// Read connections: at most this many reads run at once, each on a
+/// connection kept open for the next. Reads are CPU-bound on the file's
+/// pages, so more than a few at once only adds threads: when every
+/// informer listed at start, each read took a blocking thread and a
+/// connection of its own (32 threads, 32 opened and closed connections).
+const MAX_READERS: usize = 4;
 const SNAPSHOT_CHUNK: usize = 32 * 1024;
 
 #[derive(Debug, Clone)]
@@ -123,9 +127,14 @@ impl Shared {
 pub struct Readers {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
+    running: Arc<tokio::sync::Semaphore>,
 }
 
 impl Readers {
+    pub fn new(path: PathBuf) -> Self {
+        Readers { path, idle: Mutex::new(Vec::new()), running: Arc::new(tokio::sync::Semaphore::new(MAX_READERS)) }
+    }
+
     /// Runs `f` with a read connection on a blocking thread.
     pub async fn run<T, F>(self: &Arc<Self>, f: F) -> Result<T>
     where
@@ -133,14 +142,21 @@ impl Readers {
         F: FnOnce(&Connection) -> Result<T> + Send + 'static,
     {
         let this = self.clone();
+        let permit = self
+            .running
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| StoreError::Internal(format!("read slots closed: {e}")))?;
         tokio::task::spawn_blocking(move || {
+            let _running = permit;
             let conn = match this.idle().pop() {
                 Some(conn) => conn,
                 None => schema::open_reader(&this.path)?,
             };
             let res = f(&conn);
             let mut idle = this.idle();
-            if idle.len() < MAX_IDLE_READERS {
+            if idle.len() < MAX_READERS {
                 idle.push(conn);
             }
             res
@@ -205,7 +221,7 @@ impl SqliteStore {
         let writer =
             Writer::new(conn, meta, shared.clone(), opts.min_lease_ttl, opts.quota_backend_bytes, checkpointer)?;
         let handle = std::thread::Builder::new().name("store-writer".into()).spawn(move || writer.run(rx))?;
-        let readers = Arc::new(Readers { path: opts.path.clone(), idle: Mutex::new(Vec::new()) });
+        let readers = Arc::new(Readers::new(opts.path.clone()));
         let store = Arc::new(SqliteStore { opts, shared, readers, commands, writer: Mutex::new(Some(handle)) });
         tokio::spawn(expire_leases(store.shared.clone(), store.commands.downgrade()));
         Ok(store)

@@ -453,3 +453,36 @@ async fn grouped_creates_and_updates_keep_revisions_versions_and_events() {
     }
     assert_eq!(seen, (2..=head).collect::<Vec<_>>());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_run_a_few_at_once_on_connections_kept_for_the_next() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (dir, s) = store().await;
+    drop(s);
+    let readers = Arc::new(Readers::new(dir.path().join("state.db")));
+    let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let reads = (0..4 * MAX_READERS).map(|_| {
+        let (readers, running, most) = (readers.clone(), running.clone(), most.clone());
+        tokio::spawn(async move {
+            readers
+                .run(move |conn| {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    let one: i64 = conn.query_row("SELECT 1", [], |r| r.get(0))?;
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    Ok(one)
+                })
+                .await
+        })
+    });
+    for read in futures_util::future::join_all(reads).await {
+        assert_eq!(read.expect("task").expect("read"), 1);
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most > 1, "reads run side by side ({most})");
+    assert!(most <= MAX_READERS, "at most {MAX_READERS} reads at once, saw {most}");
+    // A connection is opened only when every open one is busy, so as many
+    // were opened as ran at once, and all of them are kept.
+    assert_eq!(readers.idle().len(), most, "their connections are kept for the next reads");
+}
