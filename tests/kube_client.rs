@@ -48,6 +48,8 @@ async fn typed_crud_watch_and_errors() {
     // Watch from the create's resourceVersion sees what comes after it.
     let stream = cms.watch(&WatchParams::default(), &rv).await.expect("watch");
     let mut stream = stream.boxed();
+    // And a metadata-only watch (the garbage collector's kind) beside it.
+    let mut metadata_only = cms.watch_metadata(&WatchParams::default(), &rv).await.expect("metadata watch").boxed();
     let mut updated = created.clone();
     updated.data = Some([("k".to_string(), "2".to_string())].into_iter().collect());
     let replaced = cms.replace("a", &PostParams::default(), &updated).await.expect("replace");
@@ -78,6 +80,31 @@ async fn typed_crud_watch_and_errors() {
         }
     }
     assert_eq!(seen, vec!["MODIFIED 2".to_string(), "DELETED a".to_string()]);
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let ev = tokio::time::timeout(Duration::from_secs(5), metadata_only.try_next())
+            .await
+            .expect("metadata event in time")
+            .expect("metadata event")
+            .expect("open");
+        let (kind, m) = match ev {
+            WatchEvent::Modified(m) => ("MODIFIED", m),
+            WatchEvent::Deleted(m) => ("DELETED", m),
+            WatchEvent::Added(m) => ("ADDED", m),
+            WatchEvent::Bookmark(_) => continue,
+            WatchEvent::Error(e) => panic!("{e:?}"),
+        };
+        if m.metadata.name.as_deref() != Some("a") {
+            continue;
+        }
+        let types = m.types.clone().expect("apiVersion and kind");
+        assert_eq!((types.api_version.as_str(), types.kind.as_str()), ("meta.k8s.io/v1", "PartialObjectMetadata"));
+        assert_eq!(m.metadata.uid, created.metadata.uid, "the object's own metadata");
+        seen.push(format!("{kind} {}", m.metadata.resource_version.unwrap_or_default()));
+    }
+    let replaced_rv = replaced.metadata.resource_version.clone().unwrap_or_default();
+    assert_eq!(seen[0], format!("MODIFIED {replaced_rv}"), "{seen:?}");
+    assert!(seen[1].starts_with("DELETED "), "{seen:?}");
 
     // Labelled, so that kube-root-ca.crt (made by a controller) stays out of the pages.
     for i in 0..5 {
