@@ -153,6 +153,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
+type Changes = Box<dyn Iterator<Item = ApiResult<Change>> + Send>;
+
 /// The changes of one store response, each decoded only when the reader
 /// takes it: a response can carry hundreds of events (a watch catching
 /// up), and decoding them all at once held every decoded object together.
@@ -160,8 +162,8 @@ fn changes(
     enc: Option<std::sync::Arc<Encryption>>,
     resp: crate::store::Result<WatchResponse>,
     decoding: Decoding,
-) -> Box<dyn Iterator<Item = ApiResult<Change>> + Send> {
-    let one = |c: ApiResult<Change>| -> Box<dyn Iterator<Item = ApiResult<Change>> + Send> { Box::new(std::iter::once(c)) };
+) -> Changes {
+    let one = |c: ApiResult<Change>| -> Changes { Box::new(std::iter::once(c)) };
     let resp = match resp {
         Ok(r) => r,
         Err(e) => return one(Err(e.into())),
