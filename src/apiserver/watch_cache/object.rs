@@ -68,18 +68,6 @@ impl CachedObject {
         serde_json::from_slice(&self.json).unwrap_or(Value::Null)
     }
 
-    /// The object's metadata, read from its JSON with nothing else of it
-    /// built (what metadata-only lists and watches, the garbage
-    /// collector's, send).
-    pub fn metadata(&self) -> Value {
-        #[derive(serde::Deserialize)]
-        struct MetadataOnly {
-            #[serde(default)]
-            metadata: Value,
-        }
-        serde_json::from_slice::<MetadataOnly>(&self.json).map(|m| m.metadata).unwrap_or_default()
-    }
-
     /// The object's metadata as its JSON holds it, not decoded: the
     /// bytes a metadata-only watch sends (the garbage collector watches
     /// every kind so, and would otherwise decode each change).
@@ -93,6 +81,12 @@ impl CachedObject {
             .ok()
             .and_then(|m| m.metadata)
             .map_or(b"{}", |raw| raw.get().as_bytes())
+    }
+
+    /// The object's metadata decoded, nothing else of it built (what
+    /// metadata-only lists send).
+    pub fn metadata(&self) -> Value {
+        serde_json::from_slice(self.metadata_json()).unwrap_or_default()
     }
 
     /// The length of its JSON.
@@ -165,19 +159,15 @@ pub fn event_line(as_type: EventType, object_json: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
-/// `{"type":"ADDED","object":<PartialObjectMetadata>}` and a newline,
-/// around metadata already encoded.
+/// A watch event line of the PartialObjectMetadata around metadata
+/// already encoded.
 pub fn partial_event_line(as_type: EventType, metadata_json: &[u8]) -> Bytes {
-    const HEAD: &str = r#","object":{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#;
-    let kind = as_type.as_str();
-    let mut out = Vec::with_capacity(10 + kind.len() + HEAD.len() + metadata_json.len() + 3);
-    out.extend_from_slice(b"{\"type\":\"");
-    out.extend_from_slice(kind.as_bytes());
-    out.push(b'"');
-    out.extend_from_slice(HEAD.as_bytes());
-    out.extend_from_slice(metadata_json);
-    out.extend_from_slice(b"}}\n");
-    Bytes::from(out)
+    const HEAD: &[u8] = br#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#;
+    let mut object = Vec::with_capacity(HEAD.len() + metadata_json.len() + 1);
+    object.extend_from_slice(HEAD);
+    object.extend_from_slice(metadata_json);
+    object.push(b'}');
+    event_line(as_type, &object)
 }
 
 #[cfg(test)]
