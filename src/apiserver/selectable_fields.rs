@@ -157,15 +157,27 @@ pub fn selector_view(obj: &Value, kind: &str) -> Value {
         meta.insert("labels".into(), labels.clone());
         view.insert("metadata".into(), Value::Object(meta));
     }
-    let fields = CONVERSIONS.iter().filter(|(_, k, _, _)| *k == kind).flat_map(|(_, _, f, _)| f.iter()).chain(DEFAULT);
-    for f in fields {
-        for path in [f.path, f.fallback] {
-            if let Some(v) = at(obj, path) {
-                put(&mut view, path, v.clone());
-            }
+    for path in field_paths(kind) {
+        if let Some(v) = at(obj, path) {
+            put(&mut view, path, v.clone());
         }
     }
     Value::Object(view)
+}
+
+/// Where an object's labels are.
+pub const LABELS: &[&str] = &["metadata", "labels"];
+
+/// Every path `selector_view` reads of a `kind` object besides its labels:
+/// each selectable field's path and fallback, of any group's `kind`.
+pub fn field_paths(kind: &str) -> impl Iterator<Item = &'static [&'static str]> + '_ {
+    CONVERSIONS
+        .iter()
+        .filter(move |(_, k, _, _)| *k == kind)
+        .flat_map(|(_, _, f, _)| f.iter())
+        .chain(DEFAULT)
+        .flat_map(|f| [f.path, f.fallback])
+        .filter(|p| !p.is_empty())
 }
 
 /// The value at `path` in `obj`, unless it is missing, null or "".

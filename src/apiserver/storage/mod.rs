@@ -20,8 +20,8 @@ pub use watch::{Change, Decoding};
 
 /// An object as read from the store, its resourceVersion filled in.
 #[derive(Debug, Clone)]
-pub struct Stored {
-    pub object: Value,
+pub struct Stored<T = Value> {
+    pub object: T,
     pub rev: i64,
 }
 
@@ -58,8 +58,8 @@ struct Expiring {
 }
 
 /// A page of a list.
-pub struct Page {
-    pub items: Vec<Stored>,
+pub struct Page<T = Value> {
+    pub items: Vec<Stored<T>>,
     /// The revision the list was read at.
     pub rev: i64,
     /// Where the next page starts (a key), when there is one.
@@ -83,27 +83,53 @@ fn decode(enc: Option<&Encryption>, kv: &KeyValue) -> ApiResult<Stored> {
 }
 
 /// The object stored in `kv` as `parse` makes it.
-fn decode_with(enc: Option<&Encryption>, kv: &KeyValue, parse: Parse) -> ApiResult<Stored> {
+fn decode_with<T: Decoded>(enc: Option<&Encryption>, kv: &KeyValue, parse: Parse<T>) -> ApiResult<Stored<T>> {
     let value = match enc {
         Some(enc) => enc.open(&kv.key, &kv.value).map_err(|e| {
             ApiError::internal(format!("unable to transform key {:?}: {e}", String::from_utf8_lossy(&kv.key)))
         })?,
         None => std::borrow::Cow::Borrowed(kv.value.as_slice()),
     };
-    let mut object: Value = parse(&value)
+    let mut object = parse(&value)
         .map_err(|e| ApiError::internal(format!("object at {} is not JSON: {e}", String::from_utf8_lossy(&kv.key))))?;
-    set_resource_version(&mut object, kv.mod_revision);
+    object.set_resource_version(kv.mod_revision);
     Ok(Stored { object, rev: kv.mod_revision })
 }
 
-/// How stored bytes become the object a reader keeps: whole, or a
-/// reader's own small projection, parsed without building the rest (the
-/// Node authorizer keeps a few references of each pod).
-pub type Parse = fn(&[u8]) -> serde_json::Result<Value>;
+/// How stored bytes become the object a reader keeps: whole, a reader's
+/// own small projection, parsed without building the rest (the Node
+/// authorizer keeps a few references of each pod), or the bytes as they
+/// are (the watch cache encodes them itself).
+pub type Parse<T = Value> = fn(&[u8]) -> serde_json::Result<T>;
+
+/// What a `Parse` makes, which the revision it was read at is set on.
+pub trait Decoded: Sized {
+    fn set_resource_version(&mut self, rev: i64);
+}
+
+impl Decoded for Value {
+    fn set_resource_version(&mut self, rev: i64) {
+        set_resource_version(self, rev)
+    }
+}
+
+/// An object's stored JSON (opened, when its resource is encrypted), which
+/// carries no resourceVersion: its reader takes `Stored::rev`.
+#[derive(Debug, Clone)]
+pub struct Raw(pub Vec<u8>);
+
+impl Decoded for Raw {
+    fn set_resource_version(&mut self, _: i64) {}
+}
 
 /// The whole object.
 pub fn whole(bytes: &[u8]) -> serde_json::Result<Value> {
     serde_json::from_slice(bytes)
+}
+
+/// The stored bytes, not parsed.
+pub fn raw(bytes: &[u8]) -> serde_json::Result<Raw> {
+    Ok(Raw(bytes.to_vec()))
 }
 
 pub fn set_resource_version(object: &mut Value, rev: i64) {
@@ -348,14 +374,14 @@ impl Storage {
     }
 
     /// A page of objects as `parse` makes them.
-    async fn list_parsed(
+    async fn list_parsed<T: Decoded>(
         &self,
         prefix: &str,
         start: Option<Vec<u8>>,
         limit: i64,
         at: ReadAt,
-        parse: Parse,
-    ) -> ApiResult<Page> {
+        parse: Parse<T>,
+    ) -> ApiResult<Page<T>> {
         let key = start.unwrap_or_else(|| prefix.as_bytes().to_vec());
         let revision = match at {
             ReadAt::Latest => 0,
@@ -400,7 +426,7 @@ impl Storage {
     }
 
     /// Every object under `prefix` as `parse` makes it, and the revision read at.
-    pub async fn list_all_parsed(&self, prefix: &str, parse: Parse) -> ApiResult<(Vec<Stored>, i64)> {
+    pub async fn list_all_parsed<T: Decoded>(&self, prefix: &str, parse: Parse<T>) -> ApiResult<(Vec<Stored<T>>, i64)> {
         let mut out = Vec::new();
         let (mut start, mut at) = (None, ReadAt::Latest);
         loop {

@@ -5,7 +5,7 @@
 
 use futures_util::{Stream, StreamExt};
 
-use super::{decode_with, header_rev, set_resource_version, whole, Parse, Storage, Stored};
+use super::{decode_with, header_rev, whole, Decoded, Parse, Storage, Stored};
 use crate::apiserver::encryption::Encryption;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::store::prefix_end;
@@ -13,37 +13,46 @@ use crate::store::proto::*;
 
 /// A change to an object seen by a watch.
 #[derive(Debug, Clone)]
-pub enum Change {
-    Added(Stored),
+pub enum Change<T = serde_json::Value> {
+    Added(Stored<T>),
     Modified {
-        new: Stored,
+        new: Stored<T>,
         /// The object before the change, decoded only for watches that
         /// asked for it (`Decoding::old`).
-        old: Option<Stored>,
+        old: Option<Stored<T>>,
     },
-    Deleted(Stored),
+    Deleted(Stored<T>),
     /// Everything up to this revision has been sent.
     Progress(i64),
 }
 
 /// What a watch decodes of each change.
-#[derive(Clone, Copy)]
-pub struct Decoding {
+pub struct Decoding<T = serde_json::Value> {
     /// Whether `Change::Modified` carries the object as it was. Only a
     /// watch that filters (a selector an object may enter or leave) reads
     /// it; every other watcher would decode each old object for nothing.
     pub old: bool,
-    pub parse: Parse,
+    pub parse: Parse<T>,
 }
+
+impl<T> Clone for Decoding<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Decoding<T> {}
 
 impl Decoding {
     /// The new object, whole.
     pub const NEW: Decoding = Decoding { old: false, parse: whole };
     /// The new and the old object, whole.
     pub const NEW_AND_OLD: Decoding = Decoding { old: true, parse: whole };
+}
 
+impl<T> Decoding<T> {
     /// The new object as `parse` makes it.
-    pub fn projected(parse: Parse) -> Decoding {
+    pub fn projected(parse: Parse<T>) -> Decoding<T> {
         Decoding { old: false, parse }
     }
 }
@@ -83,14 +92,14 @@ impl Storage {
     /// Changes under `prefix` (or to exactly `key` when `exact`) after
     /// `after`; each `()` received on `asks` asks the store for a progress
     /// notification (a `Change::Progress` once everything before it is sent).
-    pub async fn watch_asking_progress(
+    pub async fn watch_asking_progress<T: Decoded + Send + 'static>(
         &self,
         key: &str,
         exact: bool,
         after: i64,
         mut asks: tokio::sync::mpsc::Receiver<()>,
-        decoding: Decoding,
-    ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
+        decoding: Decoding<T>,
+    ) -> ApiResult<impl Stream<Item = ApiResult<Change<T>>> + Send + 'static> {
         let create = WatchCreateRequest {
             key: key.as_bytes().to_vec(),
             range_end: if exact { Vec::new() } else { prefix_end(key.as_bytes()) },
@@ -153,17 +162,17 @@ impl Drop for AbortOnDrop {
     }
 }
 
-type Changes = Box<dyn Iterator<Item = ApiResult<Change>> + Send>;
+type Changes<T> = Box<dyn Iterator<Item = ApiResult<Change<T>>> + Send>;
 
 /// The changes of one store response, each decoded only when the reader
 /// takes it: a response can carry hundreds of events (a watch catching
 /// up), and decoding them all at once held every decoded object together.
-fn changes(
+fn changes<T: Decoded + Send + 'static>(
     enc: Option<std::sync::Arc<Encryption>>,
     resp: crate::store::Result<WatchResponse>,
-    decoding: Decoding,
-) -> Changes {
-    let one = |c: ApiResult<Change>| -> Changes { Box::new(std::iter::once(c)) };
+    decoding: Decoding<T>,
+) -> Changes<T> {
+    let one = |c: ApiResult<Change<T>>| -> Changes<T> { Box::new(std::iter::once(c)) };
     let resp = match resp {
         Ok(r) => r,
         Err(e) => return one(Err(e.into())),
@@ -190,7 +199,7 @@ fn changes(
         if ev.r#type == EventType::Delete as i32 {
             let prev = ev.prev_kv.as_ref().ok_or_else(|| ApiError::internal("delete event without prev_kv"))?;
             let mut gone = decode(prev)?;
-            set_resource_version(&mut gone.object, kv.mod_revision);
+            gone.object.set_resource_version(kv.mod_revision);
             gone.rev = kv.mod_revision;
             Ok(Change::Deleted(gone))
         } else if kv.create_revision == kv.mod_revision {

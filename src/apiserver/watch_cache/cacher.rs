@@ -16,7 +16,7 @@ use super::watcher::{Filter, Inbox, Views, Watchers};
 use super::window::{TooOld, Window};
 use crate::apiserver::selectable_fields::SelectableField;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::storage::{Change, Decoding, Storage, Stored};
+use crate::apiserver::storage::{raw, Change, Decoding, Raw, Storage, Stored};
 
 /// How often watchers that allow bookmarks are told how far the cache is
 /// (upstream sends one about every minute).
@@ -95,11 +95,7 @@ pub enum NotServed {
 impl Cacher {
     /// A cache for `shape`; it lists and starts watching at once.
     pub fn start(storage: Storage, shape: Shape, window_size: usize) -> Arc<Cacher> {
-        let form = Form {
-            api_version: shape.api_version.as_str().into(),
-            kind: shape.kind.as_str().into(),
-            index: shape.index,
-        };
+        let form = Form::new(&shape.api_version, &shape.kind, shape.index);
         let cacher = Arc::new(Cacher {
             form,
             state: RwLock::new(State {
@@ -157,15 +153,17 @@ impl Cacher {
     }
 
     async fn list_and_watch(&self) -> ApiResult<()> {
-        let (items, rev) = self.storage.list_all(&self.shape.prefix).await?;
+        let (items, rev) = self.storage.list_all_parsed(&self.shape.prefix, raw).await?;
         let (ask, asks) = mpsc::channel(1);
-        let changes = self.storage.watch_asking_progress(&self.shape.prefix, false, rev, asks, Decoding::NEW).await?;
+        let changes =
+            self.storage.watch_asking_progress(&self.shape.prefix, false, rev, asks, Decoding::projected(raw)).await?;
+        let items = items.into_iter().map(|s| self.cached(s)).collect::<ApiResult<Vec<_>>>()?;
         {
             let mut st = self.write();
             st.objects.clear();
             st.by_index.clear();
-            for s in items {
-                let obj = Arc::new(self.cached(s));
+            for obj in items {
+                let obj = Arc::new(obj);
                 if let Some(v) = &obj.index {
                     st.by_index.entry(v.to_string()).or_default().insert(obj.key.clone());
                 }
@@ -188,7 +186,7 @@ impl Cacher {
                 change = changes.next() => match change {
                     None => return Ok(()),
                     Some(Err(e)) => return Err(e),
-                    Some(Ok(change)) => self.apply(change),
+                    Some(Ok(change)) => self.apply(change)?,
                 },
                 _ = tick.tick() => {
                     let due = {
@@ -223,13 +221,16 @@ impl Cacher {
         }
     }
 
-    fn cached(&self, s: Stored) -> CachedObject {
-        CachedObject::new(self.key_of(&s.object), s.rev, s.object, &self.form)
+    /// A stored object as the cache holds it.
+    fn cached(&self, s: Stored<Raw>) -> ApiResult<CachedObject> {
+        CachedObject::from_stored(&s.object.0, s.rev, &self.form, |o| self.key_of(o)).map_err(|e| {
+            ApiError::internal(format!("an object under {} at revision {} is not JSON: {e}", self.shape.prefix, s.rev))
+        })
     }
 
     /// One change from the store: into the objects, the window and every
-    /// watcher that sees it, decoded once and encoded once for all.
-    fn apply(&self, change: Change) {
+    /// watcher that sees it, encoded once for all.
+    fn apply(&self, change: Change<Raw>) -> ApiResult<()> {
         let (kind, new) = match change {
             Change::Progress(rev) => {
                 let mut st = self.write();
@@ -243,17 +244,17 @@ impl Cacher {
                 let rev = st.rev;
                 drop(st);
                 self.rev.send_replace(rev);
-                return;
+                return Ok(());
             }
             Change::Added(s) => (EventType::Added, s),
             Change::Modified { new, .. } => (EventType::Modified, new),
             Change::Deleted(s) => (EventType::Deleted, s),
         };
         let rev = new.rev;
-        let object = Arc::new(self.cached(new));
+        let object = Arc::new(self.cached(new)?);
         let mut st = self.write();
         if rev < st.rev {
-            return;
+            return Ok(());
         }
         let prev = match kind {
             EventType::Deleted => st.objects.remove(&object.key),
@@ -280,6 +281,7 @@ impl Cacher {
         st.watchers.dispatch(&event);
         drop(st);
         self.rev.send_replace(rev);
+        Ok(())
     }
 
     /// The objects under `key_prefix` that `filter` admits, in key order,

@@ -6,6 +6,7 @@
 //!
 //! - `cacher`: one resource's cache and the reflector that fills it;
 //! - `object`: what it holds, with the shared encodings;
+//! - `splice`: the cache's JSON made from the stored JSON without decoding it;
 //! - `window`: the recent events a watch may resume from;
 //! - `watcher`: watchers' filters and bounded buffers;
 //! - `consistent_read`: waiting for a revision before reading.
@@ -13,6 +14,7 @@
 pub mod cacher;
 pub mod consistent_read;
 pub mod object;
+pub mod splice;
 pub mod watcher;
 pub mod window;
 

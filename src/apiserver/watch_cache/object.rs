@@ -12,7 +12,9 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use serde_json::Value;
 
-use crate::apiserver::selectable_fields::{selector_view, SelectableField};
+use super::splice::{splice, Paths};
+use crate::apiserver::selectable_fields::{field_paths, selector_view, SelectableField, LABELS};
+use crate::apiserver::storage::set_resource_version;
 
 /// How a cache's objects are encoded: the apiVersion and kind its JSON
 /// carries, the kind whose selectable fields are kept, and the field the
@@ -22,6 +24,17 @@ pub struct Form {
     pub api_version: Arc<str>,
     pub kind: Arc<str>,
     pub index: Option<SelectableField>,
+    /// What the cache reads of an object besides its JSON: the paths of
+    /// its labels, selectable fields and indexed field.
+    paths: Arc<Paths>,
+}
+
+impl Form {
+    pub fn new(api_version: &str, kind: &str, index: Option<SelectableField>) -> Form {
+        let indexed = index.iter().flat_map(|f| [f.path, f.fallback]);
+        let paths = Paths::new(std::iter::once(LABELS).chain(field_paths(kind)).chain(indexed));
+        Form { api_version: api_version.into(), kind: kind.into(), index, paths: Arc::new(paths) }
+    }
 }
 
 /// One object as the cache holds it.
@@ -42,10 +55,44 @@ pub struct CachedObject {
 impl CachedObject {
     /// `object` as the store gave it (resourceVersion set), encoded once.
     pub fn new(key: String, rev: i64, object: Value, form: &Form) -> Self {
-        let attrs = serde_json::to_vec(&selector_view(&object, &form.kind)).unwrap_or_default().into_boxed_slice();
-        let index = form.index.map(|f| f.value_in(&object).into_boxed_str());
+        let (attrs, index) = Self::read_by_selectors(&object, form);
         let json = encode(object, &form.api_version, &form.kind);
         CachedObject { key, rev, index, attrs, json, api_version: form.api_version.clone() }
+    }
+
+    /// An object from its stored JSON at `rev`, keyed by `key_of` (which
+    /// reads its name and namespace): spliced into the cache's JSON
+    /// (`splice`), or decoded and encoded when the bytes are not in the
+    /// store's own encoding.
+    pub fn from_stored(
+        stored: &[u8],
+        rev: i64,
+        form: &Form,
+        key_of: impl Fn(&Value) -> String,
+    ) -> serde_json::Result<Self> {
+        let Some(spliced) = splice(stored, rev, &form.api_version, &form.kind, &form.paths) else {
+            let mut object: Value = serde_json::from_slice(stored)?;
+            set_resource_version(&mut object, rev);
+            return Ok(Self::new(key_of(&object), rev, object, form));
+        };
+        let (attrs, index) = Self::read_by_selectors(&spliced.view, form);
+        let mut json = spliced.json;
+        json.shrink_to_fit();
+        Ok(CachedObject {
+            key: key_of(&spliced.view),
+            rev,
+            index,
+            attrs,
+            json: Bytes::from(json),
+            api_version: form.api_version.clone(),
+        })
+    }
+
+    /// The selector view and the indexed field's value of `object` (whole,
+    /// or cut down to `form`'s paths).
+    fn read_by_selectors(object: &Value, form: &Form) -> (Box<[u8]>, Option<Box<str>>) {
+        let attrs = serde_json::to_vec(&selector_view(object, &form.kind)).unwrap_or_default().into_boxed_slice();
+        (attrs, form.index.map(|f| f.value_in(object).into_boxed_str()))
     }
 
     /// What selectors read of the object: a small stand-in on which label
@@ -176,7 +223,7 @@ mod tests {
     use serde_json::json;
 
     pub fn form() -> Form {
-        Form { api_version: "v1".into(), kind: "ConfigMap".into(), index: None }
+        Form::new("v1", "ConfigMap", None)
     }
 
     #[test]

@@ -81,11 +81,7 @@ mod tests {
     use crate::apiserver::watch_cache::object::{CachedObject, EventType};
 
     fn ev(rev: i64) -> Arc<CachedEvent> {
-        let form = crate::apiserver::watch_cache::object::Form {
-            api_version: "v1".into(),
-            kind: "ConfigMap".into(),
-            index: None,
-        };
+        let form = crate::apiserver::watch_cache::object::Form::new("v1", "ConfigMap", None);
         let obj = Arc::new(CachedObject::new(format!("/k/{rev}"), rev, serde_json::json!({}), &form));
         Arc::new(CachedEvent::new(EventType::Added, obj, None))
     }
