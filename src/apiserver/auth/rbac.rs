@@ -2,7 +2,8 @@
 //! watch of the store, and the decision whether a user may do a verb on a
 //! resource, as upstream's RBAC authorizer makes it.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
@@ -101,11 +102,53 @@ fn describe(binding: &Value, namespace: Option<&str>, subject: &Value) -> String
 /// RBAC decisions over the watch-fed cache of RBAC objects.
 pub struct RbacCache {
     objects: Arc<PrefixCache>,
+    /// The bindings as of a change count of `objects`, grouped again when
+    /// the count moves (RBAC objects change rarely; requests ask at every
+    /// call, and each would otherwise visit every Role and ClusterRole).
+    bindings: Mutex<(u64, Arc<Bindings>)>,
+    changes: tokio::sync::watch::Receiver<u64>,
+}
+
+/// The bindings, grouped as `allowed_by` visits them.
+#[derive(Default)]
+struct Bindings {
+    cluster: Vec<Arc<Value>>,
+    by_namespace: HashMap<String, Vec<Arc<Value>>>,
+}
+
+impl Bindings {
+    fn of(objects: &[Arc<Value>]) -> Bindings {
+        let mut b = Bindings::default();
+        for obj in objects {
+            match obj["kind"].as_str() {
+                Some("ClusterRoleBinding") => b.cluster.push(obj.clone()),
+                Some("RoleBinding") => {
+                    let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+                    b.by_namespace.entry(ns.to_string()).or_default().push(obj.clone());
+                }
+                _ => {}
+            }
+        }
+        b
+    }
 }
 
 impl RbacCache {
     pub fn new(objects: Arc<PrefixCache>) -> Self {
-        RbacCache { objects }
+        let changes = objects.subscribe();
+        RbacCache { objects, bindings: Mutex::new((u64::MAX, Arc::default())), changes }
+    }
+
+    /// The bindings as the cache holds them now.
+    fn bindings(&self) -> Arc<Bindings> {
+        // Read before the objects: a change applied meanwhile is regrouped
+        // at the next call.
+        let seen = *self.changes.borrow();
+        let mut slot = self.bindings.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.0 != seen {
+            *slot = (seen, Arc::new(Bindings::of(&self.objects.all())));
+        }
+        slot.1.clone()
     }
 
     /// The role a binding refers to (its `rules` are what it grants).
@@ -148,17 +191,14 @@ impl RbacCache {
     /// None when nothing does. ClusterRoleBindings are tried first, then
     /// the RoleBindings of the request's namespace, as upstream visits them.
     pub fn allowed_by(&self, user: &User, a: &Attributes) -> Option<String> {
-        let objects = self.objects.all();
-        for namespaced in [false, true] {
-            for obj in &objects {
-                let kind = if namespaced { "RoleBinding" } else { "ClusterRoleBinding" };
-                if obj["kind"].as_str() != Some(kind) {
-                    continue;
-                }
+        let bindings = self.bindings();
+        let in_namespace = match a.namespace.as_str() {
+            "" => None,
+            ns => bindings.by_namespace.get(ns),
+        };
+        for (namespaced, group) in [(false, Some(&bindings.cluster)), (true, in_namespace)] {
+            for obj in group.into_iter().flatten() {
                 let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
-                if namespaced && (a.namespace.is_empty() || ns != a.namespace) {
-                    continue;
-                }
                 let subjects = obj["subjects"].as_array().map(Vec::as_slice).unwrap_or_default();
                 let Some(subject) = subjects.iter().find(|s| subject_matches(s, user, ns)) else { continue };
                 let Some(role) = self.role(&obj["roleRef"], namespaced.then_some(ns)) else { continue };
@@ -200,6 +240,35 @@ mod tests {
         let mut n = a("get", "", "");
         n.path = Some("/api/v1".into());
         assert!(rule_allows(&urls, &n));
+    }
+
+    #[test]
+    fn decisions_follow_bindings_and_roles_that_change_after_the_first() {
+        let objects = PrefixCache::new("/registry/");
+        let rbac = RbacCache::new(objects.clone());
+        let alice = User { name: "alice".into(), groups: vec!["devs".into()] };
+        let get_pods = |ns: &str| Attributes {
+            verb: "get".into(),
+            resource: "pods".into(),
+            namespace: ns.into(),
+            ..Default::default()
+        };
+        assert!(!rbac.allows(&alice, &get_pods("dev")), "no binding yet");
+        objects.apply_for_test(&json!({"kind": "ClusterRole", "metadata": {"name": "view"},
+            "rules": [{"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]}]}));
+        objects.apply_for_test(&json!({"kind": "RoleBinding", "metadata": {"name": "devs-view", "namespace": "dev"},
+            "roleRef": {"kind": "ClusterRole", "name": "view"}, "subjects": [{"kind": "Group", "name": "devs"}]}));
+        assert!(rbac.allows(&alice, &get_pods("dev")), "a RoleBinding added after the first decision");
+        assert!(!rbac.allows(&alice, &get_pods("prod")), "only in its namespace");
+        assert!(!rbac.allows(&alice, &get_pods("")), "not cluster-wide");
+        objects.apply_for_test(&json!({"kind": "ClusterRoleBinding", "metadata": {"name": "alice-view"},
+            "roleRef": {"kind": "ClusterRole", "name": "view"}, "subjects": [{"kind": "User", "name": "alice"}]}));
+        assert_eq!(
+            rbac.allowed_by(&alice, &get_pods("prod")).as_deref(),
+            Some(r#"ClusterRoleBinding "alice-view" of ClusterRole "view" to User "alice""#)
+        );
+        objects.apply_for_test(&json!({"kind": "ClusterRole", "metadata": {"name": "view"}, "rules": []}));
+        assert!(!rbac.allows(&alice, &get_pods("dev")), "the role's rules as they are now");
     }
 
     #[test]
