@@ -22,6 +22,7 @@ pub mod endpoint_reconciler;
 pub mod field_order;
 pub mod handlers;
 pub mod health;
+pub mod json_entries;
 pub mod kinds;
 pub mod kubelet;
 pub mod label_parser;

@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
+use super::assign_pod::{self, Assignment};
 use super::write::write_error;
 use super::{decode_body, Call};
 use crate::apiserver::meta;
@@ -42,29 +43,36 @@ pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     }
     let name = call.path.name.clone().unwrap_or_default();
     let key = call.resource.key(call.namespace(), &name);
-    // The cached pod first; when the store has a newer one, that one (as
-    // upstream's GuaranteedUpdate does with its cached first guess).
-    let mut old = call.load_object_cached_first().await?;
+    let now = meta::now_rfc3339();
+    // The cached pod first, assigned without decoding it; when the store
+    // has a newer one, that one (as upstream's GuaranteedUpdate does with
+    // its cached first guess).
+    let cached = if call.dry_run() { None } else { call.api.watch_cache.cached(&call.resource, &key) };
+    let assignment = cached.as_ref().and_then(|pod| {
+        assign_pod::assign(&pod.json(&call.resource.api_version(), &call.resource.kind), &target, &now)
+    });
+    let mut old = match (assignment, cached) {
+        (Some(Assignment::AlreadyAssigned(node)), _) => return Err(already_assigned(&name, &node)),
+        (Some(Assignment::BeingDeleted), _) => return Err(being_deleted(&name)),
+        (Some(Assignment::Bound(stored)), Some(pod)) => {
+            match call.api.storage.update_encoded(&key, stored, pod.rev).await {
+                Ok(_) => return Ok(created(call)),
+                Err(WriteError::Changed(Some(current))) => current,
+                Err(e) => return Err(write_error(call, &name, e)),
+            }
+        }
+        _ => call.load_object_cached_first().await?,
+    };
     for attempt in 0.. {
         if let Some(node) = meta::str_at(&old.object, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
-            return Err(ApiError::conflict(
-                "",
-                "pods",
-                &name,
-                &format!("pod {name} is already assigned to node {node:?}"),
-            ));
+            return Err(already_assigned(&name, node));
         }
         if old.object.pointer("/metadata/deletionTimestamp").is_some() {
-            return Err(ApiError::conflict(
-                "",
-                "pods",
-                &name,
-                &format!("pod {name} is being deleted, cannot be assigned to a host"),
-            ));
+            return Err(being_deleted(&name));
         }
         let (mut new, rev) = (old.object, old.rev);
         new["spec"]["nodeName"] = json!(target);
-        let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now_rfc3339()});
+        let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now});
         let status = &mut new["status"];
         match status.get_mut("conditions").and_then(Value::as_array_mut) {
             Some(conds) => {
@@ -82,8 +90,20 @@ pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             Err(e) => return Err(write_error(call, &name, e)),
         }
     }
-    Ok(call.respond(
+    Ok(created(call))
+}
+
+fn already_assigned(name: &str, node: &str) -> ApiError {
+    ApiError::conflict("", "pods", name, &format!("pod {name} is already assigned to node {node:?}"))
+}
+
+fn being_deleted(name: &str) -> ApiError {
+    ApiError::conflict("", "pods", name, &format!("pod {name} is being deleted, cannot be assigned to a host"))
+}
+
+fn created(call: &Call) -> Response {
+    call.respond(
         StatusCode::CREATED,
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
-    ))
+    )
 }

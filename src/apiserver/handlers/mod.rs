@@ -3,6 +3,7 @@
 //! write or patch handler. Bodies come in as JSON or YAML; answers go out as
 //! JSON, YAML or a Table.
 
+mod assign_pod;
 mod binding;
 mod cached_read;
 mod computed;

@@ -140,7 +140,7 @@ pub fn set_resource_version(object: &mut Value, rev: i64) {
 
 /// The stored form: everything but the resourceVersion, written straight
 /// from `object` (no copy of it).
-fn encode(object: &Value) -> ApiResult<Vec<u8>> {
+pub(crate) fn encode(object: &Value) -> ApiResult<Vec<u8>> {
     serde_json::to_vec(&WithoutResourceVersion(object))
         .map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
 }
@@ -242,7 +242,11 @@ impl Storage {
     /// The stored form of `object` under `key`, sealed when its resource is
     /// encrypted, with the hold the write keeps until it has committed.
     async fn seal(&self, key: &str, object: &Value) -> ApiResult<(Vec<u8>, super::encryption::WriteGuard)> {
-        let plain = encode(object)?;
+        self.seal_encoded(key, encode(object)?).await
+    }
+
+    /// `seal` of an object already encoded.
+    async fn seal_encoded(&self, key: &str, plain: Vec<u8>) -> ApiResult<(Vec<u8>, super::encryption::WriteGuard)> {
         match &self.encryption {
             Some(enc) => enc
                 .seal(key.as_bytes(), plain)
@@ -333,8 +337,13 @@ impl Storage {
     /// Replaces `key` if it is still at `expected`; returns the revision
     /// it was written at.
     pub async fn update(&self, key: &str, object: &Value, expected: i64) -> Result<i64, WriteError> {
+        self.update_encoded(key, encode(object)?, expected).await
+    }
+
+    /// `update` of an object already in the stored encoding (`encode`'s).
+    pub async fn update_encoded(&self, key: &str, plain: Vec<u8>, expected: i64) -> Result<i64, WriteError> {
         let lease = self.lease_for(key).await?;
-        let (value, _held) = self.seal(key, object).await?;
+        let (value, _held) = self.seal_encoded(key, plain).await?;
         let req = TxnRequest {
             compare: vec![Compare::mod_revision_is(key.as_bytes(), expected)],
             success: vec![put(key, value, lease)],

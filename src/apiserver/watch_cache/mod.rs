@@ -83,10 +83,17 @@ impl WatchCache {
     /// takes the cached object the same way), or a read that, like
     /// upstream's listers, may lag.
     pub async fn get_or_read(&self, r: &Resource, key: &str) -> ApiResult<Option<Stored>> {
-        if let Some(obj) = self.cacher(r).and_then(|c| c.get(key)) {
+        if let Some(obj) = self.cached(r, key) {
             return Ok(Some(Stored { object: obj.value(), rev: obj.rev }));
         }
         self.storage.get(key).await
+    }
+}
+
+impl WatchCache {
+    /// The object at `key` of `r` as the cache holds it, not decoded.
+    pub fn cached(&self, r: &Resource, key: &str) -> Option<Arc<object::CachedObject>> {
+        self.cacher(r).and_then(|c| c.get(key))
     }
 }
 

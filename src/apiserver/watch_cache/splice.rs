@@ -13,12 +13,13 @@
 //! top level that `field_order` orders below it, control bytes) is left
 //! to that slower path.
 
-use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+
+use crate::apiserver::json_entries::{write_str, Entries, Key, MapWriter};
 
 /// The keys an object leads with in the cache's JSON, in that order; the
 /// rest follow in the stored (sorted) order.
@@ -119,104 +120,31 @@ fn with_resource_version(out: &mut Vec<u8>, raw: &RawValue, rev: i64) -> Option<
         out.extend_from_slice(raw.get().as_bytes());
         return Some(());
     }
-    let meta: Entries = serde_json::from_str(raw.get()).ok()?;
-    if !meta.sorted() {
-        return None;
-    }
+    let meta = Entries::of(raw.get()).filter(Entries::sorted)?;
     let mut written = false;
-    let mut first = true;
-    out.push(b'{');
-    let mut entry = |out: &mut Vec<u8>, key: &str, value: &[u8]| {
-        if !std::mem::take(&mut first) {
-            out.push(b',');
-        }
-        write_str(out, key);
-        out.push(b':');
-        out.extend_from_slice(value);
-    };
+    let mut map = MapWriter::new(out);
     let version = format!("\"{rev}\"");
     for (key, value) in &meta.0 {
         if !written && &**key >= RV {
-            entry(out, RV, version.as_bytes());
+            map.entry(RV, version.as_bytes());
             written = true;
             if key == RV {
                 continue;
             }
         }
-        entry(out, key, value.get().as_bytes());
+        map.entry(key, value.get().as_bytes());
     }
     if !written {
-        entry(out, RV, version.as_bytes());
+        map.entry(RV, version.as_bytes());
     }
-    out.push(b'}');
+    map.end();
     Some(())
-}
-
-fn write_str(out: &mut Vec<u8>, s: &str) {
-    // Writing a str into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 /// `raw` cut down to `paths`.
 fn project(raw: &RawValue, paths: &Paths) -> serde_json::Result<Value> {
     let mut de = serde_json::Deserializer::from_str(raw.get());
     Project(paths).deserialize(&mut de)
-}
-
-/// A map's entries in order, each value unparsed.
-struct Entries<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
-
-impl<'a> Entries<'a> {
-    /// Keys strictly increasing: sorted, none repeated.
-    fn sorted(&self) -> bool {
-        self.0.windows(2).all(|w| w[0].0 < w[1].0)
-    }
-
-    fn get(&self, key: &str) -> Option<&'a RawValue> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Entries<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Entries<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
-                let mut out = Vec::new();
-                while let Some(Key(k)) = map.next_key()? {
-                    out.push((k, map.next_value::<&RawValue>()?));
-                }
-                Ok(Entries(out))
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
-/// A map key, borrowed from the input unless it holds escapes.
-struct Key<'a>(Cow<'a, str>);
-
-impl<'de> serde::Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(s)))
-            }
-            fn visit_str<E>(self, s: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(s.to_owned())))
-            }
-        }
-        d.deserialize_str(V)
-    }
 }
 
 /// Parses a value keeping only what `Paths` lead to: maps keep the keys on

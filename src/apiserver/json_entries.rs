@@ -1,0 +1,104 @@
+//! A JSON map read as its entries in order, each value left unparsed (a
+//! slice of the input), and written back the same way: how the watch
+//! cache and the binding edit an object's JSON at the few places they
+//! change without decoding the rest of it.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+/// A map's entries in order, each value unparsed.
+pub struct Entries<'a>(pub Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'a> Entries<'a> {
+    /// The entries of the JSON map `json`; None when it is not one.
+    pub fn of(json: &'a str) -> Option<Entries<'a>> {
+        serde_json::from_str(json).ok()
+    }
+
+    /// Keys strictly increasing: sorted, none repeated (serde_json's
+    /// encoding of a map).
+    pub fn sorted(&self) -> bool {
+        self.0.windows(2).all(|w| w[0].0 < w[1].0)
+    }
+
+    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Entries<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Entries<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<'de>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(Key(k)) = map.next_key()? {
+                    out.push((k, map.next_value::<&RawValue>()?));
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// A map key, borrowed from the input unless it holds escapes.
+pub struct Key<'a>(pub Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(s.to_owned())))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// Writes `s` as a JSON string, escaped as serde_json escapes it.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    // Writing a str into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// Writes a JSON map of `entries`, each value already JSON.
+pub struct MapWriter<'o> {
+    out: &'o mut Vec<u8>,
+    first: bool,
+}
+
+impl<'o> MapWriter<'o> {
+    pub fn new(out: &'o mut Vec<u8>) -> Self {
+        out.push(b'{');
+        MapWriter { out, first: true }
+    }
+
+    pub fn entry(&mut self, key: &str, value: &[u8]) {
+        if !std::mem::take(&mut self.first) {
+            self.out.push(b',');
+        }
+        write_str(self.out, key);
+        self.out.push(b':');
+        self.out.extend_from_slice(value);
+    }
+
+    pub fn end(self) {
+        self.out.push(b'}');
+    }
+}
