@@ -8,24 +8,57 @@
 //! binding takes that slower path.
 
 use serde_json::value::RawValue;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::apiserver::json_entries::{write_str, Entries, MapWriter};
+use crate::apiserver::meta;
+use crate::apiserver::status::ApiError;
 
-/// What assigning the pod comes to.
+/// Why a pod cannot be assigned.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Assignment {
-    /// The pod as the store is to hold it.
-    Bound(Vec<u8>),
+pub enum Refusal {
     /// The pod is already assigned, to this node.
     AlreadyAssigned(String),
     /// The pod has a deletionTimestamp.
     BeingDeleted,
 }
 
+impl Refusal {
+    /// The Conflict upstream answers with, for the pod `name`.
+    pub fn error(&self, name: &str) -> ApiError {
+        let message = match self {
+            Refusal::AlreadyAssigned(node) => format!("pod {name} is already assigned to node {node:?}"),
+            Refusal::BeingDeleted => format!("pod {name} is being deleted, cannot be assigned to a host"),
+        };
+        ApiError::conflict("", "pods", name, &message)
+    }
+}
+
+/// The decoded path: `pod` assigned to `node` at `now`, in place.
+pub fn assign_decoded(pod: &mut Value, node: &str, now: &str) -> Result<(), Refusal> {
+    if let Some(n) = meta::str_at(pod, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
+        return Err(Refusal::AlreadyAssigned(n.to_string()));
+    }
+    if pod.pointer("/metadata/deletionTimestamp").is_some() {
+        return Err(Refusal::BeingDeleted);
+    }
+    pod["spec"]["nodeName"] = json!(node);
+    let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now});
+    let status = &mut pod["status"];
+    match status.get_mut("conditions").and_then(Value::as_array_mut) {
+        Some(conds) => {
+            conds.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
+            conds.push(cond);
+        }
+        None => status["conditions"] = json!([cond]),
+    }
+    Ok(())
+}
+
 /// The pod of `cached` (its JSON in the watch cache) assigned to `node` at
-/// `now`; None when the JSON is not in the shape the cache writes.
-pub fn assign(cached: &[u8], node: &str, now: &str) -> Option<Assignment> {
+/// `now`, as the store is to hold it; None when the JSON is not in the
+/// shape the cache writes.
+pub fn assign(cached: &[u8], node: &str, now: &str) -> Option<Result<Vec<u8>, Refusal>> {
     let mut top = Entries::of(std::str::from_utf8(cached).ok()?)?;
     // The cache leads with kind and apiVersion; the store sorts every key.
     top.0.sort_by(|a, b| a.0.cmp(&b.0));
@@ -36,12 +69,12 @@ pub fn assign(cached: &[u8], node: &str, now: &str) -> Option<Assignment> {
     let assigned = top.get("spec").and_then(|s| Entries::of(s.get())).and_then(|s| s.get("nodeName"));
     if let Some(Value::String(n)) = assigned.and_then(|n| serde_json::from_str(n.get()).ok()) {
         if !n.is_empty() {
-            return Some(Assignment::AlreadyAssigned(n));
+            return Some(Err(Refusal::AlreadyAssigned(n)));
         }
     }
     let meta = top.get("metadata").and_then(|m| Entries::of(m.get()));
     if meta.is_some_and(|m| m.get("deletionTimestamp").is_some()) {
-        return Some(Assignment::BeingDeleted);
+        return Some(Err(Refusal::BeingDeleted));
     }
     let mut out = Vec::with_capacity(cached.len() + 128);
     let mut pod = MapWriter::new(&mut out);
@@ -90,7 +123,7 @@ pub fn assign(cached: &[u8], node: &str, now: &str) -> Option<Assignment> {
         pod.entry("status", &status(None, now)?);
     }
     pod.end();
-    Some(Assignment::Bound(out))
+    Some(Ok(out))
 }
 
 /// The spec with `nodeName` set (a missing or null spec becomes one with
@@ -170,25 +203,10 @@ mod tests {
 
     /// The slow path: the cached pod decoded, changed as the binding
     /// changes it, and encoded for the store.
-    fn decoded(cached: &[u8], node: &str, now: &str) -> Assignment {
+    fn decoded(cached: &[u8], node: &str, now: &str) -> Result<Vec<u8>, Refusal> {
         let mut new: Value = serde_json::from_slice(cached).unwrap();
-        if let Some(n) = crate::apiserver::meta::str_at(&new, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
-            return Assignment::AlreadyAssigned(n.to_string());
-        }
-        if new.pointer("/metadata/deletionTimestamp").is_some() {
-            return Assignment::BeingDeleted;
-        }
-        new["spec"]["nodeName"] = json!(node);
-        let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now});
-        let status = &mut new["status"];
-        match status.get_mut("conditions").and_then(Value::as_array_mut) {
-            Some(conds) => {
-                conds.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
-                conds.push(cond);
-            }
-            None => status["conditions"] = json!([cond]),
-        }
-        Assignment::Bound(crate::apiserver::storage::encode(&new).unwrap())
+        assign_decoded(&mut new, node, now)?;
+        Ok(crate::apiserver::storage::encode(&new).unwrap())
     }
 
     /// The pod as the watch cache holds it.
@@ -216,9 +234,9 @@ mod tests {
             let cached = cached(&pod);
             let got = assign(&cached, "node-1", "2026-11-28T10:00:00Z").expect("the cache's shape");
             let want = decoded(&cached, "node-1", "2026-11-28T10:00:00Z");
-            let show = |a: &Assignment| match a {
-                Assignment::Bound(b) => String::from_utf8_lossy(b).into_owned(),
-                other => format!("{other:?}"),
+            let show = |a: &Result<Vec<u8>, Refusal>| match a {
+                Ok(b) => String::from_utf8_lossy(b).into_owned(),
+                Err(refused) => format!("{refused:?}"),
             };
             assert_eq!(show(&got), show(&want), "{pod}");
         }
@@ -227,10 +245,10 @@ mod tests {
     #[test]
     fn an_assigned_or_deleted_pod_is_refused() {
         let assigned = cached(&json!({"kind": "Pod", "metadata": {"name": "p"}, "spec": {"nodeName": "node-2"}}));
-        assert_eq!(assign(&assigned, "node-1", "t"), Some(Assignment::AlreadyAssigned("node-2".into())));
+        assert_eq!(assign(&assigned, "node-1", "t"), Some(Err(Refusal::AlreadyAssigned("node-2".into()))));
         let deleted =
             cached(&json!({"kind": "Pod", "metadata": {"name": "p", "deletionTimestamp": "2026-11-28T10:00:00Z"}}));
-        assert_eq!(assign(&deleted, "node-1", "t"), Some(Assignment::BeingDeleted));
+        assert_eq!(assign(&deleted, "node-1", "t"), Some(Err(Refusal::BeingDeleted)));
         assert_eq!(assign(br#"{"kind":"Pod","kind":"Pod"}"#, "n", "t"), None, "a repeated key");
         assert_eq!(assign(br#"{"metadata":{"uid":"u","name":"p"}}"#, "n", "t"), None, "metadata out of order");
         assert_eq!(assign(br#"{"spec":"text"}"#, "n", "t"), None, "a spec that is not a map");

@@ -4,9 +4,9 @@
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use super::assign_pod::{self, Assignment};
+use super::assign_pod;
 use super::write::write_error;
 use super::{decode_body, Call};
 use crate::apiserver::meta;
@@ -52,35 +52,17 @@ pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         assign_pod::assign(&pod.json(&call.resource.api_version(), &call.resource.kind), &target, &now)
     });
     let mut old = match (assignment, cached) {
-        (Some(Assignment::AlreadyAssigned(node)), _) => return Err(already_assigned(&name, &node)),
-        (Some(Assignment::BeingDeleted), _) => return Err(being_deleted(&name)),
-        (Some(Assignment::Bound(stored)), Some(pod)) => {
-            match call.api.storage.update_encoded(&key, stored, pod.rev).await {
-                Ok(_) => return Ok(created(call)),
-                Err(WriteError::Changed(Some(current))) => current,
-                Err(e) => return Err(write_error(call, &name, e)),
-            }
-        }
+        (Some(Err(refused)), _) => return Err(refused.error(&name)),
+        (Some(Ok(stored)), Some(pod)) => match call.api.storage.update_encoded(&key, stored, pod.rev).await {
+            Ok(_) => return Ok(created(call)),
+            Err(WriteError::Changed(Some(current))) => current,
+            Err(e) => return Err(write_error(call, &name, e)),
+        },
         _ => call.load_object_cached_first().await?,
     };
     for attempt in 0.. {
-        if let Some(node) = meta::str_at(&old.object, &["spec", "nodeName"]).filter(|n| !n.is_empty()) {
-            return Err(already_assigned(&name, node));
-        }
-        if old.object.pointer("/metadata/deletionTimestamp").is_some() {
-            return Err(being_deleted(&name));
-        }
         let (mut new, rev) = (old.object, old.rev);
-        new["spec"]["nodeName"] = json!(target);
-        let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": now});
-        let status = &mut new["status"];
-        match status.get_mut("conditions").and_then(Value::as_array_mut) {
-            Some(conds) => {
-                conds.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
-                conds.push(cond);
-            }
-            None => status["conditions"] = json!([cond]),
-        }
+        assign_pod::assign_decoded(&mut new, &target, &now).map_err(|refused| refused.error(&name))?;
         if call.dry_run() {
             break;
         }
@@ -91,14 +73,6 @@ pub async fn bind(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         }
     }
     Ok(created(call))
-}
-
-fn already_assigned(name: &str, node: &str) -> ApiError {
-    ApiError::conflict("", "pods", name, &format!("pod {name} is already assigned to node {node:?}"))
-}
-
-fn being_deleted(name: &str) -> ApiError {
-    ApiError::conflict("", "pods", name, &format!("pod {name} is being deleted, cannot be assigned to a host"))
 }
 
 fn created(call: &Call) -> Response {
