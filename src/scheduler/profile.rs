@@ -62,16 +62,13 @@ impl Profile {
 
     /// Runs the Filter plugins on one node; the first failure answers.
     pub fn filter(&self, state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
-        for f in &self.filters {
-            if state.skips_filter(f.name()) {
-                continue;
-            }
-            let status = f.filter(state, pod, node);
-            if !status.is_success() {
-                return status.from_plugin(f.name());
-            }
-        }
-        Status::success()
+        run_filters(&self.active_filters(state), state, pod, node)
+    }
+
+    /// The Filter plugins PreFilter left in this cycle, found once for all
+    /// the nodes the cycle filters.
+    fn active_filters(&self, state: &CycleState) -> Vec<&dyn FilterPlugin> {
+        self.filters.iter().filter(|f| !state.skips_filter(f.name())).map(|f| &**f).collect()
     }
 
     /// The filter plugin called `name`, if this profile runs it.
@@ -158,13 +155,14 @@ impl Profile {
         let all = snapshot.nodes.len();
         let want = self.nodes_to_find(all);
         let mut out = Feasible { nodes: Vec::new(), failures: Vec::new(), processed: 0 };
+        let filters = self.active_filters(state);
         for i in 0..all {
             let index = (start + i) % all;
             let node = &snapshot.nodes[index];
             out.processed += 1;
             let status = match nominated.get(&node.name) {
                 Some(pods) => self.filter_with_nominated(state, pod, node, pods),
-                None => self.filter(state, pod, node),
+                None => run_filters(&filters, state, pod, node),
             };
             if status.is_success() {
                 out.nodes.push(index);
@@ -197,6 +195,17 @@ impl Profile {
         }
         totals
     }
+}
+
+/// Runs `filters` on one node; the first failure answers.
+fn run_filters(filters: &[&dyn FilterPlugin], state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
+    for f in filters {
+        let status = f.filter(state, pod, node);
+        if !status.is_success() {
+            return status.from_plugin(f.name());
+        }
+    }
+    Status::success()
 }
 
 /// Upstream's FitError message: "0/3 nodes are available: 1 Insufficient
