@@ -139,7 +139,10 @@ pub fn set_resource_version(object: &mut Value, rev: i64) {
 }
 
 /// The stored form: everything but the resourceVersion, written straight
-/// from `object` (no copy of it).
+/// from `object` (no copy of it). Compact with every map's keys sorted:
+/// the watch cache (`watch_cache::splice`) and the binding
+/// (`handlers::assign_pod`) edit this encoding in place, and take the
+/// decoding path for bytes that are not in it.
 pub(crate) fn encode(object: &Value) -> ApiResult<Vec<u8>> {
     serde_json::to_vec(&WithoutResourceVersion(object))
         .map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
