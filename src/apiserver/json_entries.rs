@@ -27,6 +27,30 @@ impl<'a> Entries<'a> {
     pub fn get(&self, key: &str) -> Option<&'a RawValue> {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
     }
+
+    /// Writes the map with `changes` made, each at its sorted place:
+    /// `Some(json)` sets the key (replacing its value), `None` removes it.
+    /// The entries and the changes must both be sorted by key.
+    pub fn write_changed(&self, out: &mut Vec<u8>, changes: &[(&str, Option<&[u8]>)]) {
+        let mut map = MapWriter::new(out);
+        let mut pending = changes.iter().peekable();
+        for (key, value) in &self.0 {
+            while let Some((k, change)) = pending.next_if(|(k, _)| *k <= &**key) {
+                if let Some(v) = change {
+                    map.entry(k, v);
+                }
+            }
+            if !changes.iter().any(|(k, _)| *k == &**key) {
+                map.entry(key, value.get().as_bytes());
+            }
+        }
+        for (k, change) in pending {
+            if let Some(v) = change {
+                map.entry(k, v);
+            }
+        }
+        map.end();
+    }
 }
 
 impl<'de> serde::Deserialize<'de> for Entries<'de> {
@@ -100,5 +124,28 @@ impl<'o> MapWriter<'o> {
 
     pub fn end(self) {
         self.out.push(b'}');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_land_at_their_sorted_places() {
+        let changed = |json: &str, changes: &[(&str, Option<&[u8]>)]| {
+            let mut out = Vec::new();
+            Entries::of(json).unwrap().write_changed(&mut out, changes);
+            String::from_utf8(out).unwrap()
+        };
+        let map = r#"{"b":1,"d":{"x": 2},"f":"é"}"#;
+        assert_eq!(changed(map, &[]), r#"{"b":1,"d":{"x": 2},"f":"é"}"#);
+        assert_eq!(
+            changed(map, &[("a", Some(b"0")), ("c", Some(b"3")), ("g", Some(b"7"))]),
+            r#"{"a":0,"b":1,"c":3,"d":{"x": 2},"f":"é","g":7}"#
+        );
+        assert_eq!(changed(map, &[("d", Some(b"null")), ("f", None)]), r#"{"b":1,"d":null}"#);
+        assert_eq!(changed(map, &[("b", None), ("e", None)]), r#"{"d":{"x": 2},"f":"é"}"#);
+        assert_eq!(changed("{}", &[("k", Some(br#""v""#))]), r#"{"k":"v"}"#);
     }
 }

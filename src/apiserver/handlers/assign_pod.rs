@@ -73,56 +73,30 @@ pub fn assign(cached: &[u8], node: &str, now: &str) -> Option<Result<Vec<u8>, Re
         }
     }
     let meta = top.get("metadata").and_then(|m| Entries::of(m.get()));
-    if meta.is_some_and(|m| m.get("deletionTimestamp").is_some()) {
+    if meta.as_ref().is_some_and(|m| m.get("deletionTimestamp").is_some()) {
         return Some(Err(Refusal::BeingDeleted));
     }
+    // metadata without its resourceVersion; one that is not a map is kept
+    // as it is, as the store's encoder keeps it.
+    let metadata = match (top.get("metadata"), &meta) {
+        (Some(_), Some(m)) if m.sorted() => {
+            let mut without = Vec::new();
+            m.write_changed(&mut without, &[("resourceVersion", None)]);
+            Some(without)
+        }
+        (Some(raw), _) if raw.get().starts_with('{') => return None,
+        _ => None,
+    };
+    let spec = spec(top.get("spec"), node)?;
+    let status = status(top.get("status"), now)?;
+    let mut changes = Vec::with_capacity(3);
+    if let Some(m) = &metadata {
+        changes.push(("metadata", Some(m.as_slice())));
+    }
+    changes.push(("spec", Some(spec.as_slice())));
+    changes.push(("status", Some(status.as_slice())));
     let mut out = Vec::with_capacity(cached.len() + 128);
-    let mut pod = MapWriter::new(&mut out);
-    let mut wrote_spec = false;
-    let mut wrote_status = false;
-    let mut value = Vec::new();
-    for (key, raw) in &top.0 {
-        // Keys after one the pod lacks: write that one first.
-        if !wrote_spec && &**key > "spec" {
-            pod.entry("spec", &spec(None, node)?);
-            wrote_spec = true;
-        }
-        if !wrote_status && &**key > "status" {
-            pod.entry("status", &status(None, now)?);
-            wrote_status = true;
-        }
-        value.clear();
-        match &**key {
-            "metadata" => match Entries::of(raw.get()).filter(Entries::sorted) {
-                Some(meta) => {
-                    let mut m = MapWriter::new(&mut value);
-                    for (k, v) in meta.0.iter().filter(|(k, _)| k != "resourceVersion") {
-                        m.entry(k, v.get().as_bytes());
-                    }
-                    m.end();
-                }
-                None if raw.get().starts_with('{') => return None,
-                None => value.extend_from_slice(raw.get().as_bytes()),
-            },
-            "spec" => {
-                value = spec(Some(raw), node)?;
-                wrote_spec = true;
-            }
-            "status" => {
-                value = status(Some(raw), now)?;
-                wrote_status = true;
-            }
-            _ => value.extend_from_slice(raw.get().as_bytes()),
-        }
-        pod.entry(key, &value);
-    }
-    if !wrote_spec {
-        pod.entry("spec", &spec(None, node)?);
-    }
-    if !wrote_status {
-        pod.entry("status", &status(None, now)?);
-    }
-    pod.end();
+    top.write_changed(&mut out, &changes);
     Some(Ok(out))
 }
 
@@ -176,22 +150,7 @@ fn with_entry(raw: Option<&RawValue>, key: &str, value: &[u8]) -> Option<Vec<u8>
         Some(json) => Entries::of(json).filter(Entries::sorted)?,
     };
     let mut out = Vec::with_capacity(raw.map_or(0, |r| r.get().len()) + value.len() + 16);
-    let mut map = MapWriter::new(&mut out);
-    let mut written = false;
-    for (k, v) in &entries.0 {
-        if !written && &**k >= key {
-            map.entry(key, value);
-            written = true;
-            if k == key {
-                continue;
-            }
-        }
-        map.entry(k, v.get().as_bytes());
-    }
-    if !written {
-        map.entry(key, value);
-    }
-    map.end();
+    entries.write_changed(&mut out, &[(key, Some(value))]);
     Some(out)
 }
 

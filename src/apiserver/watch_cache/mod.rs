@@ -88,9 +88,7 @@ impl WatchCache {
         }
         self.storage.get(key).await
     }
-}
 
-impl WatchCache {
     /// The object at `key` of `r` as the cache holds it, not decoded.
     pub fn cached(&self, r: &Resource, key: &str) -> Option<Arc<object::CachedObject>> {
         self.cacher(r).and_then(|c| c.get(key))

@@ -19,7 +19,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::apiserver::json_entries::{write_str, Entries, Key, MapWriter};
+use crate::apiserver::json_entries::{write_str, Entries, Key};
 
 /// The keys an object leads with in the cache's JSON, in that order; the
 /// rest follow in the stored (sorted) order.
@@ -115,29 +115,13 @@ pub fn splice(stored: &[u8], rev: i64, api_version: &str, kind: &str, paths: &Pa
 /// metadata that is not a map is copied as it is, as `set_resource_version`
 /// leaves it).
 fn with_resource_version(out: &mut Vec<u8>, raw: &RawValue, rev: i64) -> Option<()> {
-    const RV: &str = "resourceVersion";
     if !raw.get().starts_with('{') {
         out.extend_from_slice(raw.get().as_bytes());
         return Some(());
     }
     let meta = Entries::of(raw.get()).filter(Entries::sorted)?;
-    let mut written = false;
-    let mut map = MapWriter::new(out);
     let version = format!("\"{rev}\"");
-    for (key, value) in &meta.0 {
-        if !written && &**key >= RV {
-            map.entry(RV, version.as_bytes());
-            written = true;
-            if key == RV {
-                continue;
-            }
-        }
-        map.entry(key, value.get().as_bytes());
-    }
-    if !written {
-        map.entry(RV, version.as_bytes());
-    }
-    map.end();
+    meta.write_changed(out, &[("resourceVersion", Some(version.as_bytes()))]);
     Some(())
 }
 
