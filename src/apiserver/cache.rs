@@ -12,23 +12,17 @@ use serde_json::Value;
 
 use super::auth::node_graph::PodEdges;
 use super::status::ApiError;
-use super::storage::{whole, Change, Decoding, Parse, Storage};
+use super::storage::{whole, Change, Decoded, Decoding, Parse, Storage};
 
-/// What a cache holds of each object: the JSON value its parse made, or
-/// a leaner form of it for a cache of many objects.
-pub trait Cached: Send + Sync + Sized + 'static {
-    /// The cached form of what the cache's parse made of the stored JSON.
-    fn from_parsed(parsed: Value) -> Self;
+/// What a cache holds of each object, as its parse makes it of the stored
+/// JSON: the JSON value, or a leaner form for a cache of many objects.
+pub trait Cached: Decoded + Send + Sync + Sized + 'static {
     /// `Kind/namespace/name` (or `Kind/name`).
     fn id(&self) -> String;
     fn namespace(&self) -> Option<&str>;
 }
 
 impl Cached for Value {
-    fn from_parsed(parsed: Value) -> Self {
-        parsed
-    }
-
     fn id(&self) -> String {
         id_of(self)
     }
@@ -44,7 +38,7 @@ pub struct PrefixCache<T: Cached = Value> {
     /// Shared, so that readers take a snapshot without copying objects.
     objects: RwLock<HashMap<String, Arc<T>>>,
     /// What is kept of each object, made from its stored JSON.
-    parse: Parse,
+    parse: Parse<T>,
     /// Bumped at every change applied, for readers that wait for one.
     changes: tokio::sync::watch::Sender<u64>,
     /// The first load has finished (upstream's informer HasSynced).
@@ -77,7 +71,7 @@ impl<T: Cached> PrefixCache<T> {
     /// (which must keep `kind`, `metadata.name` and `metadata.namespace`),
     /// in the form `T`, for sets too large to hold whole or to decode whole
     /// at every change.
-    pub fn projected(prefix: &str, parse: Parse) -> Arc<Self> {
+    pub fn projected(prefix: &str, parse: Parse<T>) -> Arc<Self> {
         Arc::new(PrefixCache {
             prefix: prefix.to_string(),
             objects: RwLock::default(),
@@ -133,15 +127,14 @@ impl<T: Cached> PrefixCache<T> {
         self.apply(Change::Added(super::storage::Stored { object, rev: 1 }))
     }
 
-    fn apply(&self, change: Change) {
+    fn apply(&self, change: Change<T>) {
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         match change {
             Change::Added(s) | Change::Modified { new: s, .. } => {
-                let obj = T::from_parsed(s.object);
-                objects.insert(obj.id(), Arc::new(obj));
+                objects.insert(s.object.id(), Arc::new(s.object));
             }
             Change::Deleted(s) => {
-                objects.remove(&T::from_parsed(s.object).id());
+                objects.remove(&s.object.id());
             }
             Change::Progress(_) => return,
         }
@@ -151,8 +144,7 @@ impl<T: Cached> PrefixCache<T> {
 
     async fn load(&self, storage: &Storage) -> Result<i64, ApiError> {
         let (items, rev) = storage.list_all_parsed(&self.prefix, self.parse).await?;
-        let all: HashMap<String, Arc<T>> =
-            items.into_iter().map(|s| T::from_parsed(s.object)).map(|o| (o.id(), Arc::new(o))).collect();
+        let all: HashMap<String, Arc<T>> = items.into_iter().map(|s| (s.object.id(), Arc::new(s.object))).collect();
         *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
         self.changes.send_modify(|n| *n += 1);
         self.synced.store(true, std::sync::atomic::Ordering::Release);

@@ -15,6 +15,7 @@
 use serde_json::{json, Value};
 
 use crate::apiserver::cache::{Cached, PrefixCache};
+use crate::apiserver::storage::Decoded;
 
 /// The kinds of object a pod references, by their resource names.
 pub const SECRETS: &str = "secrets";
@@ -23,12 +24,13 @@ pub const CLAIMS: &str = "persistentvolumeclaims";
 pub const SERVICE_ACCOUNTS: &str = "serviceaccounts";
 pub const RESOURCE_CLAIMS: &str = "resourceclaims";
 
-fn str_at<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
-    v.pointer(path).and_then(Value::as_str).filter(|s| !s.is_empty())
+/// The non-empty string at `path` (keys, walked without parsing a pointer).
+fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
+    crate::apiserver::meta::str_at(v, path).filter(|s| !s.is_empty())
 }
 
-fn items<'a>(v: &'a Value, path: &str) -> impl Iterator<Item = &'a Value> {
-    v.pointer(path).and_then(Value::as_array).into_iter().flatten()
+fn items<'a>(v: &'a Value, path: &[&str]) -> impl Iterator<Item = &'a Value> {
+    crate::apiserver::meta::at(v, path).and_then(Value::as_array).into_iter().flatten()
 }
 
 /// Every `(resource, name)` a pod references in its own namespace, as
@@ -43,36 +45,36 @@ pub fn pod_references(pod: &Value) -> Vec<(&'static str, String)> {
             }
         }
     };
-    let sa = str_at(pod, "/spec/serviceAccountName").or_else(|| str_at(pod, "/spec/serviceAccount"));
+    let sa = str_at(pod, &["spec", "serviceAccountName"]).or_else(|| str_at(pod, &["spec", "serviceAccount"]));
     add(SERVICE_ACCOUNTS, sa);
-    for s in items(pod, "/spec/imagePullSecrets") {
-        add(SECRETS, str_at(s, "/name"));
+    for s in items(pod, &["spec", "imagePullSecrets"]) {
+        add(SECRETS, str_at(s, &["name"]));
     }
-    for list in ["/spec/initContainers", "/spec/containers", "/spec/ephemeralContainers"] {
-        for c in items(pod, list) {
-            for from in items(c, "/envFrom") {
-                add(SECRETS, str_at(from, "/secretRef/name"));
-                add(CONFIG_MAPS, str_at(from, "/configMapRef/name"));
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        for c in items(pod, &["spec", list]) {
+            for from in items(c, &["envFrom"]) {
+                add(SECRETS, str_at(from, &["secretRef", "name"]));
+                add(CONFIG_MAPS, str_at(from, &["configMapRef", "name"]));
             }
-            for env in items(c, "/env") {
-                add(SECRETS, str_at(env, "/valueFrom/secretKeyRef/name"));
-                add(CONFIG_MAPS, str_at(env, "/valueFrom/configMapKeyRef/name"));
+            for env in items(c, &["env"]) {
+                add(SECRETS, str_at(env, &["valueFrom", "secretKeyRef", "name"]));
+                add(CONFIG_MAPS, str_at(env, &["valueFrom", "configMapKeyRef", "name"]));
             }
         }
     }
-    let pod_name = str_at(pod, "/metadata/name").unwrap_or_default();
-    for vol in items(pod, "/spec/volumes") {
-        add(SECRETS, str_at(vol, "/secret/secretName"));
-        add(CONFIG_MAPS, str_at(vol, "/configMap/name"));
-        add(CLAIMS, str_at(vol, "/persistentVolumeClaim/claimName"));
+    let pod_name = str_at(pod, &["metadata", "name"]).unwrap_or_default();
+    for vol in items(pod, &["spec", "volumes"]) {
+        add(SECRETS, str_at(vol, &["secret", "secretName"]));
+        add(CONFIG_MAPS, str_at(vol, &["configMap", "name"]));
+        add(CLAIMS, str_at(vol, &["persistentVolumeClaim", "claimName"]));
         if vol.get("ephemeral").is_some() {
             // The claim the ephemeral volume controller makes: <pod>-<volume>.
-            let volume = str_at(vol, "/name").unwrap_or_default();
+            let volume = str_at(vol, &["name"]).unwrap_or_default();
             add(CLAIMS, Some(&format!("{pod_name}-{volume}")));
         }
-        for src in items(vol, "/projected/sources") {
-            add(SECRETS, str_at(src, "/secret/name"));
-            add(CONFIG_MAPS, str_at(src, "/configMap/name"));
+        for src in items(vol, &["projected", "sources"]) {
+            add(SECRETS, str_at(src, &["secret", "name"]));
+            add(CONFIG_MAPS, str_at(src, &["configMap", "name"]));
         }
         // The volume plugins that name a secret of the pod's namespace.
         if let Some(source) = vol.as_object() {
@@ -80,36 +82,21 @@ pub fn pod_references(pod: &Value) -> Vec<(&'static str, String)> {
                 if kind == "name" {
                     continue;
                 }
-                add(SECRETS, str_at(spec, "/secretRef/name"));
-                add(SECRETS, str_at(spec, "/nodePublishSecretRef/name"));
+                add(SECRETS, str_at(spec, &["secretRef", "name"]));
+                add(SECRETS, str_at(spec, &["nodePublishSecretRef", "name"]));
                 if kind == "azureFile" {
-                    add(SECRETS, str_at(spec, "/secretName"));
+                    add(SECRETS, str_at(spec, &["secretName"]));
                 }
             }
         }
     }
-    for claim in items(pod, "/spec/resourceClaims") {
-        add(RESOURCE_CLAIMS, str_at(claim, "/resourceClaimName"));
+    for claim in items(pod, &["spec", "resourceClaims"]) {
+        add(RESOURCE_CLAIMS, str_at(claim, &["resourceClaimName"]));
     }
-    for status in items(pod, "/status/resourceClaimStatuses") {
-        add(RESOURCE_CLAIMS, str_at(status, "/resourceClaimName"));
+    for status in items(pod, &["status", "resourceClaimStatuses"]) {
+        add(RESOURCE_CLAIMS, str_at(status, &["resourceClaimName"]));
     }
     refs
-}
-
-/// What the pod cache keeps of a pod.
-pub fn pod_edges(pod: &Value) -> Value {
-    let refs: Vec<String> = pod_references(pod).into_iter().map(|(k, n)| format!("{k}/{n}")).collect();
-    json!({
-        "kind": "Pod",
-        "metadata": {
-            "name": pod.pointer("/metadata/name"),
-            "namespace": pod.pointer("/metadata/namespace"),
-            "uid": pod.pointer("/metadata/uid"),
-        },
-        "nodeName": str_at(pod, "/spec/nodeName").unwrap_or_default(),
-        "refs": refs,
-    })
 }
 
 /// The parts of a pod that hold references, and nothing else: what the
@@ -175,10 +162,10 @@ struct PodStatusReferences {
     resource_claim_statuses: Value,
 }
 
-/// `pod_edges` of a pod's JSON, parsing only the parts that hold references.
-pub fn parse_pod_edges(bytes: &[u8]) -> serde_json::Result<Value> {
+/// `PodEdges::of` a pod's JSON, parsing only the parts that hold references.
+pub fn parse_pod_edges(bytes: &[u8]) -> serde_json::Result<PodEdges> {
     let pod: PodReferences = serde_json::from_slice(bytes)?;
-    Ok(pod_edges(&serde_json::to_value(&pod)?))
+    Ok(PodEdges::of(&serde_json::to_value(&pod)?))
 }
 
 /// `claim_edges` of a claim's JSON.
@@ -199,7 +186,7 @@ pub fn claim_edges(claim: &Value) -> Value {
             "name": claim.pointer("/metadata/name"),
             "namespace": claim.pointer("/metadata/namespace"),
         },
-        "volumeName": str_at(claim, "/spec/volumeName").unwrap_or_default(),
+        "volumeName": str_at(claim, &["spec", "volumeName"]).unwrap_or_default(),
     })
 }
 
@@ -218,7 +205,7 @@ pub fn local_path_node(volume: &Value) -> Option<&str> {
     let expressions = term.get("matchExpressions")?.as_array()?;
     let [e] = expressions.as_slice() else { return None };
     let values = e.get("values")?.as_array()?;
-    match (str_at(e, "/key"), str_at(e, "/operator"), values.as_slice()) {
+    match (str_at(e, &["key"]), str_at(e, &["operator"]), values.as_slice()) {
         (Some("kubernetes.io/hostname"), Some("In"), [node]) => node.as_str().filter(|n| !n.is_empty()),
         _ => None,
     }
@@ -233,7 +220,8 @@ pub fn volume_edges(volume: &Value) -> Value {
     })
 }
 
-/// What the Node authorizer keeps of a pod (made from `pod_edges`).
+/// What the Node authorizer keeps of a pod.
+#[derive(Debug, PartialEq)]
 pub struct PodEdges {
     name: Box<str>,
     namespace: Box<str>,
@@ -243,18 +231,24 @@ pub struct PodEdges {
     refs: Box<[Box<str>]>,
 }
 
-impl Cached for PodEdges {
-    fn from_parsed(edges: Value) -> Self {
-        let text = |path: &str| -> Box<str> { str_at(&edges, path).unwrap_or_default().into() };
-        let refs = items(&edges, "/refs").filter_map(Value::as_str).map(Box::from).collect();
+impl PodEdges {
+    /// What the pod cache keeps of `pod`.
+    pub fn of(pod: &Value) -> PodEdges {
+        let text = |path: &[&str]| -> Box<str> { str_at(pod, path).unwrap_or_default().into() };
         PodEdges {
-            name: text("/metadata/name"),
-            namespace: text("/metadata/namespace"),
-            node_name: text("/nodeName"),
-            refs,
+            name: text(&["metadata", "name"]),
+            namespace: text(&["metadata", "namespace"]),
+            node_name: text(&["spec", "nodeName"]),
+            refs: pod_references(pod).into_iter().map(|(k, n)| format!("{k}/{n}").into_boxed_str()).collect(),
         }
     }
+}
 
+impl Decoded for PodEdges {
+    fn set_resource_version(&mut self, _: i64) {}
+}
+
+impl Cached for PodEdges {
     fn id(&self) -> String {
         format!("Pod/{}/{}", self.namespace, self.name)
     }
@@ -343,7 +337,7 @@ mod tests {
         });
         let refs = pod_references(&pod);
         let bytes = serde_json::to_vec(&pod).unwrap();
-        assert_eq!(parse_pod_edges(&bytes).unwrap(), pod_edges(&pod), "the partial parse sees every reference");
+        assert_eq!(parse_pod_edges(&bytes).unwrap(), PodEdges::of(&pod), "the partial parse sees every reference");
         for (k, n) in [
             (SERVICE_ACCOUNTS, "robot"),
             (SECRETS, "pull"),

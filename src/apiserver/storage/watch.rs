@@ -59,14 +59,14 @@ impl<T> Decoding<T> {
 
 impl Storage {
     /// Changes under `prefix` (or to exactly `key` when `exact`) after `after`.
-    pub async fn watch(
+    pub async fn watch<T: Decoded + Send + 'static>(
         &self,
         key: &str,
         exact: bool,
         after: i64,
         progress_every: std::time::Duration,
-        decoding: Decoding,
-    ) -> ApiResult<impl Stream<Item = ApiResult<Change>> + Send + 'static> {
+        decoding: Decoding<T>,
+    ) -> ApiResult<impl Stream<Item = ApiResult<Change<T>>> + Send + 'static> {
         let (ask, asks) = tokio::sync::mpsc::channel(1);
         // Progress requests ask the store to confirm how far we are, which
         // becomes a BOOKMARK; the ticker sleeps, it does not poll data.
