@@ -131,8 +131,7 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
                 }
                 let obj = managed_fields::apply(None, &obj, &writer, force)?;
                 let obj = admit_create(call, obj).await?;
-                let (code, out) = store_new(call, obj).await?;
-                return Ok(object_response(call, code, out));
+                return Ok(store_new(call, obj).await?.response(call));
             }
             Err(e) => return Err(e),
         };

@@ -7,13 +7,15 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::read::{object_response, scale_of, typed};
+use super::read::{object_response, scale_of, typed, wants_metadata};
 use super::{decode_body, Call};
 use crate::apiserver::admission::{self, Operation};
 use crate::apiserver::meta::{self, metadata_mut, name_of};
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::apiserver::storage::{set_resource_version, Stored, WriteError};
+use crate::apiserver::storage::{encode, set_resource_version, Stored, WriteError};
 use crate::apiserver::strategy::check_name;
+use crate::apiserver::table::wants_table;
+use crate::apiserver::watch_cache::splice::{splice, Paths};
 
 /// Metadata fields only the server sets.
 const SERVER_OWNED: &[&str] =
@@ -215,25 +217,54 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         m.remove("managedFields");
     }
     call.record_update(None, &mut obj, None);
-    let (code, out) = store_new(call, obj).await?;
-    Ok(object_response(call, code, out))
+    Ok(store_new(call, obj).await?.response(call))
+}
+
+/// A new object as `store_new` left it.
+pub struct Created {
+    pub code: StatusCode,
+    /// resourceVersion set.
+    pub object: Value,
+    /// The stored encoding and its revision (None on a dry run), from which
+    /// the answer is spliced instead of encoding the object again.
+    stored: Option<(Vec<u8>, i64)>,
+}
+
+impl Created {
+    /// The answer to the create: the stored JSON spliced into the answer's
+    /// form (apiVersion and kind first, the resourceVersion set), the
+    /// object encoded when the client asked for a Table, metadata only,
+    /// YAML, or the bytes are not in the store's encoding.
+    pub fn response(self, call: &Call) -> Response {
+        let plain_json = !wants_metadata(call.accept()) && !wants_table(call.accept());
+        if let Some((stored, rev)) = self.stored.as_ref().filter(|_| plain_json) {
+            let (api_version, kind) = (call.resource.api_version(), &call.resource.kind);
+            if let Some(spliced) = splice(stored, *rev, &api_version, kind, &Paths::default()) {
+                if let Some(resp) = call.respond_json_bytes(self.code, spliced.json) {
+                    return resp;
+                }
+            }
+        }
+        object_response(call, self.code, self.object)
+    }
 }
 
 /// Stores a prepared new object (retrying generated names that collide).
-pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<(StatusCode, Value)> {
+pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<Created> {
     let r = &call.resource;
     let key = r.key(meta::namespace_of(&obj), name_of(&obj));
     let _held = r.begin_write(&mut obj, &key, None).await?;
     if call.dry_run() {
-        return Ok((StatusCode::CREATED, obj));
+        return Ok(Created { code: StatusCode::CREATED, object: obj, stored: None });
     }
     for _ in 0..8 {
         let name = name_of(&obj).to_string();
         let key = r.key(meta::namespace_of(&obj), &name);
-        match call.api.storage.create(&key, &obj).await {
+        let plain = encode(&obj)?;
+        match call.api.storage.create_encoded(&key, plain.clone()).await {
             Ok(rev) => {
                 set_resource_version(&mut obj, rev);
-                return Ok((StatusCode::CREATED, obj));
+                return Ok(Created { code: StatusCode::CREATED, object: obj, stored: Some((plain, rev)) });
             }
             Err(WriteError::Exists) => {
                 let prefix = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(str::to_string);

@@ -140,9 +140,10 @@ pub fn set_resource_version(object: &mut Value, rev: i64) {
 
 /// The stored form: everything but the resourceVersion, written straight
 /// from `object` (no copy of it). Compact with every map's keys sorted:
-/// the watch cache (`watch_cache::splice`) and the binding
-/// (`handlers::assign_pod`) edit this encoding in place, and take the
-/// decoding path for bytes that are not in it.
+/// the watch cache (`watch_cache::splice`), the answer to a create
+/// (`handlers::write::Created`) and the binding (`handlers::assign_pod`)
+/// edit this encoding in place, and take the decoding path for bytes that
+/// are not in it.
 pub(crate) fn encode(object: &Value) -> ApiResult<Vec<u8>> {
     serde_json::to_vec(&WithoutResourceVersion(object))
         .map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
@@ -242,13 +243,9 @@ impl Storage {
         }
     }
 
-    /// The stored form of `object` under `key`, sealed when its resource is
-    /// encrypted, with the hold the write keeps until it has committed.
-    async fn seal(&self, key: &str, object: &Value) -> ApiResult<(Vec<u8>, super::encryption::WriteGuard)> {
-        self.seal_encoded(key, encode(object)?).await
-    }
-
-    /// `seal` of an object already encoded.
+    /// The stored form of an encoded object under `key`, sealed when its
+    /// resource is encrypted, with the hold the write keeps until it has
+    /// committed.
     async fn seal_encoded(&self, key: &str, plain: Vec<u8>) -> ApiResult<(Vec<u8>, super::encryption::WriteGuard)> {
         match &self.encryption {
             Some(enc) => enc
@@ -319,12 +316,17 @@ impl Storage {
         resp.kvs.first().map(|kv| decode(self.enc(), kv)).transpose()
     }
 
-    /// Creates `key`; fails with `Exists` when it is there.
-    /// Creates `key`; returns the revision it was written at (the object's
-    /// resourceVersion), so that no copy of the object is made.
+    /// Creates `key`; fails with `Exists` when it is there. Returns the
+    /// revision it was written at (the object's resourceVersion), so that
+    /// no copy of the object is made.
     pub async fn create(&self, key: &str, object: &Value) -> Result<i64, WriteError> {
+        self.create_encoded(key, encode(object)?).await
+    }
+
+    /// `create` of an object already in the stored encoding (`encode`'s).
+    pub async fn create_encoded(&self, key: &str, plain: Vec<u8>) -> Result<i64, WriteError> {
         let lease = self.lease_for(key).await?;
-        let (value, _held) = self.seal(key, object).await?;
+        let (value, _held) = self.seal_encoded(key, plain).await?;
         let req = TxnRequest {
             compare: vec![Compare::mod_revision_is(key.as_bytes(), 0)],
             success: vec![put(key, value, lease)],
