@@ -316,7 +316,9 @@ impl Writer {
             }
         }
         self.shared.set_alarms(&self.alarms);
-        self.measure();
+        if self.quota.stale() {
+            self.measure();
+        }
         // A defragment is the vacuum run to its end, step by step between
         // writes (never one long VACUUM that would hold every writer).
         if !defrags.is_empty() {
