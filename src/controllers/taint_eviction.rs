@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -156,6 +157,17 @@ fn same_no_execute_taints(old: &Node, new: &Node) -> bool {
     no_execute_of(&old) == no_execute_of(&new)
 }
 
+/// Whether `pod` is bound, not being deleted, to a node that (as the node
+/// informer has it) has NoExecute taints.
+fn on_tainted_node(nodes: &Store<Node>, pod: &Pod) -> bool {
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { return false };
+    if pod.metadata.deletion_timestamp.is_some() {
+        return false;
+    }
+    let node = nodes.get(&ObjectRef::new(node));
+    node.is_some_and(|n| n.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| !no_execute_of(t).is_empty()))
+}
+
 pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
     let (nodes, node_events) =
         informers.informer::<Node>().subscribe().skip_updates(same_no_execute_taints).into_parts();
@@ -168,6 +180,11 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
         nodes,
         first_seen: Mutex::new(HashMap::new()),
     });
+    // A pod asks for a look only when bound to a node that has NoExecute
+    // taints (what reconcile would act on); a node whose taints change
+    // brings its pods in through the node watch below.
+    let tainted = ctx.nodes.clone();
+    let pod_events = pod_events.filter(move |pod| std::future::ready(on_tainted_node(&tainted, pod)));
     let results = Controller::for_shared_stream(queue.primary_shared(pod_events), pods)
         .watches_stream(
             node_events,
