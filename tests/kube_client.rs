@@ -167,3 +167,61 @@ async fn server_side_apply_and_conflicts() {
     assert_eq!(merged.metadata.labels.unwrap_or_default().get("team").map(String::as_str), Some("x"));
     assert_eq!(merged.metadata.generation, Some(2));
 }
+
+/// The raw answer to `method uri` with `body`, sent as `accept` wants.
+async fn raw(client: &kube::Client, method: &str, uri: &str, accept: &str, body: &str) -> (u16, Vec<u8>) {
+    use http_body_util::BodyExt;
+    let req = axum::http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("Accept", accept)
+        .header("Content-Type", "application/json")
+        .body(kube::client::Body::from(body.as_bytes().to_vec()))
+        .expect("request");
+    let resp = client.send(req).await.unwrap_or_else(|e| panic!("{method} {uri}: {e}"));
+    let code = resp.status().as_u16();
+    (code, resp.into_body().collect().await.expect("body").to_bytes().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_create_answers_with_the_bytes_a_get_reads() {
+    let (_server, client) = start().await;
+    // The answer to a create is made from what was stored; a get reads the
+    // object back through the watch cache. The two are the same bytes:
+    // field order, apiVersion and kind, resourceVersion, escapes. (No
+    // scheduler writes the pod's status in between: its scheduler is nobody.)
+    let objects = [
+        (
+            "/api/v1/namespaces/default/configmaps",
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"answer","labels":{"a":"b"}},
+               "data":{"text":"caf\u00e9 \"quoted\" \\ tab\t ☃","z":"last","a":"first"}}"#,
+        ),
+        (
+            "/api/v1/namespaces/default/pods",
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"answer","annotations":{"x":"y"}},
+               "spec":{"schedulerName":"nobody","containers":[{"name":"c","image":"busybox","resources":{"requests":{"cpu":"0.5"}}}]}}"#,
+        ),
+    ];
+    for (collection, body) in objects {
+        let (code, created) = raw(&client, "POST", collection, "application/json", body).await;
+        let text = String::from_utf8_lossy(&created).into_owned();
+        assert_eq!(code, 201, "{text}");
+        let v: serde_json::Value = serde_json::from_slice(&created).expect("JSON");
+        assert!(text.starts_with(r#"{"kind":"#), "kind leads: {text}");
+        assert!(v.pointer("/metadata/resourceVersion").and_then(|r| r.as_str()).is_some_and(|r| r != "0"), "{text}");
+        let (code, read) = raw(&client, "GET", &format!("{collection}/answer"), "application/json", "").await;
+        assert_eq!(code, 200);
+        assert_eq!(text, String::from_utf8_lossy(&read), "the create's answer and a get of {collection}/answer");
+    }
+    // Other forms of the answer are made from the object as before.
+    let table = "application/json;as=Table;g=meta.k8s.io;v=v1";
+    let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"as-table"}}"#;
+    let (code, answer) = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", table, body).await;
+    let v: serde_json::Value = serde_json::from_slice(&answer).expect("JSON");
+    assert_eq!((code, v["kind"].as_str()), (201, Some("Table")), "{v}");
+    let yaml = "application/yaml";
+    let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"as-yaml"}}"#;
+    let (code, answer) = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", yaml, body).await;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    assert!(code == 201 && text.contains("name: as-yaml") && !text.starts_with('{'), "{code} {text}");
+}
