@@ -230,6 +230,37 @@ mod tests {
         assert!(!same_no_execute_taints(&node(vec![], "1"), &node(vec![taint("x")], "2")));
     }
 
+    /// Pod events reach reconcile only from bound, live pods of NoExecute-tainted nodes.
+    #[test]
+    fn only_pods_on_tainted_nodes_are_looked_at() {
+        use kube::runtime::watcher::Event;
+        let mut writer = kube::runtime::reflector::store::Writer::<Node>::default();
+        for (name, taints) in
+            [("tainted", vec![taint("x")]), ("no-schedule", vec![Taint { effect: "NoSchedule".into(), ..taint("y") }])]
+        {
+            let mut n = Node::default();
+            n.metadata.name = Some(name.into());
+            n.spec = Some(k8s_openapi::api::core::v1::NodeSpec { taints: Some(taints), ..Default::default() });
+            writer.apply_watcher_event(&Event::Apply(n));
+        }
+        let nodes = writer.as_reader();
+        let pod = |node: Option<&str>, deleting: bool| {
+            let mut p = Pod::default();
+            p.spec =
+                Some(k8s_openapi::api::core::v1::PodSpec { node_name: node.map(Into::into), ..Default::default() });
+            p.metadata.deletion_timestamp = deleting.then(|| Time(Timestamp::now()));
+            p
+        };
+        assert!(on_tainted_node(&nodes, &pod(Some("tainted"), false)));
+        assert!(!on_tainted_node(&nodes, &pod(Some("tainted"), true)), "being deleted");
+        assert!(!on_tainted_node(&nodes, &pod(None, false)), "unbound");
+        assert!(!on_tainted_node(&nodes, &pod(Some("no-schedule"), false)), "no NoExecute taint");
+        assert!(
+            !on_tainted_node(&nodes, &pod(Some("unknown"), false)),
+            "a node not seen yet comes in by its own event"
+        );
+    }
+
     #[test]
     fn tolerations_as_upstream() {
         let unreachable = taint("node.kubernetes.io/unreachable");
