@@ -223,7 +223,7 @@ where
             }
         }
         let mut unknown = Vec::new();
-        unknown_fields(obj, &back, String::new(), &mut unknown);
+        unknown_fields(obj, &back, &mut String::new(), &mut unknown);
         Ok((back, unknown))
     }
 
@@ -269,21 +269,27 @@ where
 }
 
 /// Paths present (and not null) in `input` but absent from `decoded`.
-pub fn unknown_fields(input: &Value, decoded: &Value, path: String, out: &mut Vec<String>) {
+pub fn unknown_fields(input: &Value, decoded: &Value, path: &mut String, out: &mut Vec<String>) {
+    let len = path.len();
     match (input, decoded) {
         (Value::Object(a), Value::Object(b)) => {
             for (k, v) in a {
-                let p = format!("{path}.{k}");
+                path.push('.');
+                path.push_str(k);
                 match b.get(k) {
-                    None if !v.is_null() && !is_empty_default(v) => out.push(p),
+                    None if !v.is_null() && !is_empty_default(v) => out.push(path.clone()),
                     None => {}
-                    Some(bv) => unknown_fields(v, bv, p, out),
+                    Some(bv) => unknown_fields(v, bv, path, out),
                 }
+                path.truncate(len);
             }
         }
         (Value::Array(a), Value::Array(b)) => {
             for (i, (x, y)) in a.iter().zip(b.iter()).enumerate() {
-                unknown_fields(x, y, format!("{path}[{i}]"), out);
+                use std::fmt::Write;
+                let _ = write!(path, "[{i}]");
+                unknown_fields(x, y, path, out);
+                path.truncate(len);
             }
         }
         _ => {}
@@ -345,6 +351,11 @@ mod tests {
         let bad = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": 5}});
         let err = s.decode(&bad).unwrap_err();
         assert!(err.starts_with("data.k:"), "{err}");
+        let pods = Typed::<k8s_openapi::api::core::v1::Pod>::new(Hooks::default());
+        let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "a"}, {"name": "b", "bogus": 1, "ports": [{"containerPort": 80, "x": 2}]}]}});
+        let (_, unknown) = pods.decode(&pod).unwrap();
+        assert_eq!(unknown, vec![".spec.containers[1].bogus", ".spec.containers[1].ports[0].x"]);
     }
 
     #[test]
