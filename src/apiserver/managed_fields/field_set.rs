@@ -154,20 +154,31 @@ fn put(map: &mut Map<String, Value>, key: String, found: Found) {
         Found::Leaf => Map::new(),
         Found::Fields(m) => m,
     };
-    match map.get_mut(&key) {
-        Some(Value::Object(existing)) => {
-            for (k, v) in children {
-                let found = match v {
-                    Value::Object(m) if !m.is_empty() => Found::Fields(m),
-                    _ => Found::Leaf,
-                };
-                put(existing, k, found);
+    match map.entry(key) {
+        serde_json::map::Entry::Occupied(mut place) => match place.get_mut() {
+            Value::Object(existing) => {
+                for (k, v) in children {
+                    let found = match v {
+                        Value::Object(m) if !m.is_empty() => Found::Fields(m),
+                        _ => Found::Leaf,
+                    };
+                    put(existing, k, found);
+                }
             }
-        }
-        _ => {
-            map.insert(key, Value::Object(children));
+            other => *other = Value::Object(children),
+        },
+        serde_json::map::Entry::Vacant(place) => {
+            place.insert(Value::Object(children));
         }
     }
+}
+
+/// `prefix` followed by `key` (`f:name`), sized once.
+fn prefixed(prefix: &str, key: &str) -> String {
+    let mut s = String::with_capacity(prefix.len() + key.len());
+    s.push_str(prefix);
+    s.push_str(key);
+    s
 }
 
 /// `encode(field_set(v))` built directly, without a path per field: the
@@ -179,7 +190,7 @@ fn fields_of(v: &Value, node: SchemaNode, top: Top) -> Found {
             let mut out = Map::new();
             for (k, c) in m {
                 if !top.unowned(k) {
-                    put(&mut out, format!("f:{k}"), fields_of(c, node.field(k), top.below(k)));
+                    put(&mut out, prefixed("f:", k), fields_of(c, node.field(k), top.below(k)));
                 }
             }
             if out.is_empty() {
@@ -200,7 +211,7 @@ fn fields_of(v: &Value, node: SchemaNode, top: Top) -> Found {
                     fields.insert(".".into(), json!({}));
                     if let Value::Object(m) = item {
                         for (k, c) in m {
-                            put(&mut fields, format!("f:{k}"), fields_of(c, node.items().field(k), Top::Below));
+                            put(&mut fields, prefixed("f:", k), fields_of(c, node.items().field(k), Top::Below));
                         }
                     }
                     put(&mut out, el, Found::Fields(fields));

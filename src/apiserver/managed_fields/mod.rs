@@ -67,18 +67,18 @@ fn managed_entry(
     fields: Value,
     subresource: Option<String>,
 ) -> Value {
-    let mut v = json!({
-        "manager": manager,
-        "operation": operation,
-        "apiVersion": api_version,
-        "time": time,
-        "fieldsType": "FieldsV1",
-        "fieldsV1": fields,
-    });
+    // Built in place: `json!` would copy `fields` (to_value of a reference).
+    let mut m = serde_json::Map::new();
+    m.insert("manager".into(), Value::String(manager));
+    m.insert("operation".into(), Value::String(operation));
+    m.insert("apiVersion".into(), Value::String(api_version));
+    m.insert("time".into(), time);
+    m.insert("fieldsType".into(), Value::String("FieldsV1".into()));
+    m.insert("fieldsV1".into(), fields);
     if let Some(s) = subresource {
-        v["subresource"] = json!(s);
+        m.insert("subresource".into(), Value::String(s));
     }
-    v
+    Value::Object(m)
 }
 
 fn set_managed_fields(obj: &mut Value, values: Vec<Value>) {
