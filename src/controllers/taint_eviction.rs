@@ -245,9 +245,8 @@ mod tests {
         }
         let nodes = writer.as_reader();
         let pod = |node: Option<&str>, deleting: bool| {
-            let mut p = Pod::default();
-            p.spec =
-                Some(k8s_openapi::api::core::v1::PodSpec { node_name: node.map(Into::into), ..Default::default() });
+            let spec = k8s_openapi::api::core::v1::PodSpec { node_name: node.map(Into::into), ..Default::default() };
+            let mut p = Pod { spec: Some(spec), ..Default::default() };
             p.metadata.deletion_timestamp = deleting.then(|| Time(Timestamp::now()));
             p
         };
