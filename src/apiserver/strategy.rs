@@ -198,17 +198,13 @@ where
     }
 
     fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String> {
-        // Decoded plainly; only a refused object is decoded again with the
-        // path tracked for the message (tracking costs an allocation per key).
-        let typed: K = K::deserialize(obj).or_else(|_| {
-            serde_path_to_error::deserialize(obj).map_err(|e| {
-                let path = e.path().to_string();
-                if path == "." || path.is_empty() {
-                    e.inner().to_string()
-                } else {
-                    format!("{}: {}", path, e.inner())
-                }
-            })
+        let typed: K = serde_path_to_error::deserialize(obj).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." || path.is_empty() {
+                e.inner().to_string()
+            } else {
+                format!("{}: {}", path, e.inner())
+            }
         })?;
         let mut back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
         // Quantities are strings to serde; upstream refuses those that do not
