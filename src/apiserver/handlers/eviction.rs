@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::write::delete_object;
+use super::delete::delete_object;
 use super::{decode_body, Call};
 use crate::apiserver::meta;
 use crate::apiserver::status::{ApiError, ApiResult, Cause};

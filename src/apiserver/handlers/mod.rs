@@ -8,6 +8,7 @@ mod binding;
 mod cached_read;
 mod computed;
 mod connect;
+mod delete;
 mod eviction;
 mod options;
 mod patch;
@@ -118,8 +119,8 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
             patch::patch(&mut call, body).await
         }
         ("patch", Some("scale")) => patch::patch_scale(&mut call, body).await,
-        ("delete", None) => write::delete(&mut call, body).await,
-        ("deletecollection", None) => write::delete_collection(&mut call, body).await,
+        ("delete", None) => delete::delete(&mut call, body).await,
+        ("deletecollection", None) => delete::delete_collection(&mut call, body).await,
         _ => Err(ApiError::method_not_allowed(format!(
             "{verb} is not supported on {}{}",
             r.plural,

@@ -1,13 +1,14 @@
-//! create, update, delete and deletecollection, and the binding and scale
-//! subresources. Every write goes through `admit` (defaulting, metadata
-//! rules, the status/spec split, validation) before it reaches the store.
+//! create and update, and the scale subresource (delete is in `delete`).
+//! Every write goes through `admit_create` or `admit_update` (defaulting,
+//! metadata rules, the status/spec split, validation) before it reaches
+//! the store.
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::read::{object_response, scale_of, typed, wants_metadata};
+use super::read::{object_response, scale_of, wants_metadata};
 use super::{decode_body, Call};
 use crate::apiserver::admission::{self, Operation};
 use crate::apiserver::meta::{self, metadata_mut, name_of};
@@ -222,9 +223,9 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
 
 /// A new object as `store_new` left it.
 pub struct Created {
-    pub code: StatusCode,
+    code: StatusCode,
     /// resourceVersion set.
-    pub object: Value,
+    object: Value,
     /// The stored encoding and its revision (None on a dry run), from which
     /// the answer is spliced instead of encoding the object again.
     stored: Option<(Vec<u8>, i64)>,
@@ -493,137 +494,4 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
         }
     }
     Err(ApiError::new(409, "Conflict", "the scale could not be applied after repeated conflicts"))
-}
-
-/// The DeleteOptions of a request: body or query.
-fn delete_options(call: &Call, body: &Bytes) -> ApiResult<Value> {
-    let mut opts = if body.is_empty() { json!({}) } else { decode_body(&call.headers, body)? };
-    if let Some(g) = call.param("gracePeriodSeconds").and_then(|g| g.parse::<i64>().ok()) {
-        opts["gracePeriodSeconds"] = json!(g);
-    }
-    if let Some(p) = call.param("propagationPolicy") {
-        opts["propagationPolicy"] = json!(p);
-    }
-    Ok(opts)
-}
-
-/// Deletes one stored object, gracefully when it has finalizers or is a
-/// pod on a node; returns the answer body and code.
-pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<(StatusCode, Value)> {
-    let r = &call.resource;
-    let name = name_of(&old.object).to_string();
-    if let Some(uid) = opts.pointer("/preconditions/uid").and_then(Value::as_str) {
-        if old.object.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
-            return Err(ApiError::conflict(
-                &r.group,
-                &r.plural,
-                &name,
-                &format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    old.object.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default()
-                ),
-            ));
-        }
-    }
-    if let Some(rv) = opts.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
-        if rv != old.rev.to_string() {
-            return Err(ApiError::conflict(
-                &r.group,
-                &r.plural,
-                &name,
-                &format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    old.rev
-                ),
-            ));
-        }
-    }
-    admission::validate(call, &old.object, Some(&old.object), Operation::Delete).await?;
-    let rules = r.strategy.delete_rules();
-    let finalizers =
-        old.object.pointer("/metadata/finalizers").and_then(Value::as_array).is_some_and(|f| !f.is_empty());
-    let grace = (rules.grace_period)(&old.object, opts.get("gracePeriodSeconds").and_then(Value::as_i64));
-    // Foreground and Orphan propagation hand the object to the garbage
-    // collector through a finalizer, as upstream does; Background (the
-    // default) deletes now and leaves the dependents to the collector.
-    let orphan_dependents = opts.get("orphanDependents").and_then(Value::as_bool).and_then(|o| o.then_some("Orphan"));
-    let policy = opts.get("propagationPolicy").and_then(Value::as_str).or(orphan_dependents);
-    let propagation_finalizer = match policy {
-        Some("Foreground") => Some("foregroundDeletion"),
-        Some("Orphan") => Some("orphan"),
-        Some("Background") | None => None,
-        Some(other) => {
-            let message =
-                format!("Unsupported value: {other:?}: supported values: \"Background\", \"Foreground\", \"Orphan\"");
-            let cause = Cause { reason: "FieldValueNotSupported", message, field: "propagationPolicy".into() };
-            return Err(ApiError::invalid(&r.group, "DeleteOptions", &name, vec![cause]));
-        }
-    };
-    let graceful = finalizers || rules.terminate.is_some() || grace.is_some() || propagation_finalizer.is_some();
-    if !graceful {
-        if !call.dry_run() {
-            let key = r.key(meta::namespace_of(&old.object), &name);
-            call.api.storage.delete(&key, old.rev).await.map_err(|e| write_error(call, &name, e))?;
-        }
-        return Ok((StatusCode::OK, typed(call, old.object)));
-    }
-    if old.object.pointer("/metadata/deletionTimestamp").is_some() {
-        return Ok((StatusCode::OK, typed(call, old.object)));
-    }
-    let mut new = old.object.clone();
-    let now = meta::unix_now();
-    let m = metadata_mut(&mut new);
-    let grace = grace.unwrap_or(0);
-    m.insert("deletionTimestamp".into(), json!(meta::rfc3339(now + grace)));
-    m.insert("deletionGracePeriodSeconds".into(), json!(grace));
-    if let Some(f) = propagation_finalizer {
-        let list = m.entry("finalizers").or_insert_with(|| json!([]));
-        if let Some(a) = list.as_array_mut() {
-            if !a.iter().any(|x| x == f) {
-                a.push(json!(f));
-            }
-        }
-    }
-    if let Some(terminate) = rules.terminate {
-        terminate(&mut new);
-    }
-    if call.dry_run() {
-        return Ok((StatusCode::OK, typed(call, new)));
-    }
-    let key = r.key(meta::namespace_of(&old.object), &name);
-    let rev = call.api.storage.update(&key, &new, old.rev).await.map_err(|e| write_error(call, &name, e))?;
-    set_resource_version(&mut new, rev);
-    Ok((StatusCode::OK, typed(call, new)))
-}
-
-pub async fn delete(call: &mut Call, body: Bytes) -> ApiResult<Response> {
-    let opts = delete_options(call, &body)?;
-    let old = call.load_object().await?;
-    let (code, out) = delete_object(call, old, &opts).await?;
-    Ok(call.respond(code, &out))
-}
-
-pub async fn delete_collection(call: &mut Call, body: Bytes) -> ApiResult<Response> {
-    let opts = delete_options(call, &body)?;
-    let labels = crate::apiserver::selector::LabelSelector::parse(call.param("labelSelector").unwrap_or_default())?;
-    let fields = crate::apiserver::selector::FieldSelector::parse(
-        call.param("fieldSelector").unwrap_or_default(),
-        &call.resource.group,
-        &call.resource.kind,
-    )?;
-    let prefix = call.resource.list_prefix(call.namespace());
-    let (items, _) = call.api.storage.list_all(&prefix).await?;
-    let mut deleted = Vec::new();
-    for stored in items {
-        if labels.matches_object(&stored.object) && fields.matches(&stored.object) {
-            match delete_object(call, stored, &opts).await {
-                Ok((_, obj)) => deleted.push(obj),
-                Err(e) if e.code == 404 || e.code == 409 => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    let r = &call.resource;
-    let list = json!({"kind": r.list_kind, "apiVersion": r.api_version(), "metadata": {}, "items": deleted});
-    Ok(call.respond(StatusCode::OK, &list))
 }
