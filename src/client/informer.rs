@@ -156,14 +156,20 @@ where
                 return;
             }
             Event::InitDone => {
+                let before = self.store.state();
                 writer.apply_watcher_event(&event);
                 let state = self.store.state();
                 self.indexer.rebuild(&state);
+                // What the new list lacks was deleted while the watch was
+                // down: told as deletions, as client-go's Replace does, or
+                // a controller waiting for one would wait for ever.
+                let gone: Vec<Arc<K>> =
+                    before.into_iter().filter(|o| self.store.get(&ObjectRef::from_obj(&**o)).is_none()).collect();
                 subscribers.retain_mut(|s| {
                     if std::mem::take(&mut s.replay_at_sync) {
                         replay(&s.tx, &state)
                     } else {
-                        listed(&s.tx, &state)
+                        listed(&s.tx, &state) && gone.iter().all(|o| s.tx.send(Change::Deleted(o.clone())).is_ok())
                     }
                 });
                 return;
@@ -359,6 +365,26 @@ mod tests {
             assert_eq!(listed, ["listed a", "listed b"]);
             assert_eq!(seen[3..], ["synced", "applied a old=1", "deleted b"]);
         }
+        assert_eq!(store.state().len(), 1);
+    }
+
+    /// An object missing from a relist was deleted while the watch was
+    /// down: subscribers that knew it are told of its deletion.
+    #[tokio::test]
+    async fn a_relist_tells_of_objects_deleted_meanwhile() {
+        let (inf, mut writer) = informer();
+        let (_, mut rx) = inf.subscribe().into_changes();
+        for ev in [Event::Init, Event::InitApply(cm("a", "1")), Event::InitApply(cm("b", "1")), Event::InitDone] {
+            inf.shared.apply(&mut writer, ev);
+        }
+        drain(&mut rx);
+        for ev in [Event::Init, Event::InitApply(cm("a", "2")), Event::InitDone] {
+            inf.shared.apply(&mut writer, ev);
+        }
+        assert_eq!(drain(&mut rx), ["relist", "listed a", "synced", "deleted b"]);
+        // One subscribing afterwards never knew b.
+        let (store, mut late) = inf.subscribe().into_changes();
+        assert_eq!(drain(&mut late), ["relist", "listed a", "synced"]);
         assert_eq!(store.state().len(), 1);
     }
 

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -104,13 +104,20 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Controlle
     }
     let seen =
         |pod: &str| ctx.pods.get(&ObjectRef::new(pod).within(&ns)).map(|p| p.metadata.deletion_timestamp.is_some());
-    if !ctx.expectations.satisfied(&uid, seen) {
-        return Ok(Action::await_change());
-    }
     let Some(spec) = job.spec.as_ref() else { return Ok(Action::await_change()) };
+    let now = Timestamp::now();
+    if !ctx.expectations.satisfied(&uid, seen) {
+        // A requeue handed back earlier is dropped when another request
+        // was already waiting (kube's scheduler keeps only the waiting
+        // one), so the deadline's own requeue is kept through the wait.
+        let start = job.status.as_ref().and_then(|s| s.start_time.as_ref());
+        return Ok(match deadline_left(spec, start, now) {
+            Some(left) => Action::requeue(Duration::from_secs(left.max(0).unsigned_abs())),
+            None => Action::await_change(),
+        });
+    }
     let old = job.status.clone().unwrap_or_default();
     let mut status = old.clone();
-    let now = Timestamp::now();
     let indexed = is_indexed(&job);
     let completions = spec.completions;
     let parallelism = spec.parallelism.unwrap_or(1).max(0);
@@ -157,14 +164,11 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Controlle
     if failure.is_none() && !success {
         if failed > spec.backoff_limit.unwrap_or(6) {
             failure = Some(("BackoffLimitExceeded", failure_message("BackoffLimitExceeded")));
-        } else if let (Some(deadline), Some(start), false) =
-            (spec.active_deadline_seconds, status.start_time.as_ref(), suspended)
-        {
-            let left = start.0.as_second() + deadline - now.as_second();
+        } else if let Some(left) = deadline_left(spec, status.start_time.as_ref(), now) {
             if left <= 0 {
                 failure = Some(("DeadlineExceeded", failure_message("DeadlineExceeded")));
             } else {
-                requeue = Some(Duration::from_secs(u64::try_from(left).unwrap_or(1)));
+                requeue = Some(Duration::from_secs(left.unsigned_abs()));
             }
         }
         success = failure.is_none()
@@ -306,9 +310,36 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Controlle
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
+/// Seconds left before `activeDeadlineSeconds` of a Job that started at
+/// `start` and is not suspended (at most zero once past).
+fn deadline_left(spec: &JobSpec, start: Option<&Time>, now: Timestamp) -> Option<i64> {
+    if spec.suspend == Some(true) {
+        return None;
+    }
+    Some(start?.0.as_second() + spec.active_deadline_seconds? - now.as_second())
+}
+
 fn failure_message(reason: &str) -> &'static str {
     match reason {
         "DeadlineExceeded" => "Job was active longer than specified deadline",
         _ => "Job has reached the specified backoff limit",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deadline_counts_from_the_start_unless_suspended() {
+        let start = Time("2026-01-01T00:00:10Z".parse().expect("time"));
+        let at = |s: &str| -> Timestamp { s.parse().expect("time") };
+        let spec = JobSpec { active_deadline_seconds: Some(5), ..JobSpec::default() };
+        assert_eq!(deadline_left(&spec, Some(&start), at("2026-01-01T00:00:12Z")), Some(3));
+        assert_eq!(deadline_left(&spec, Some(&start), at("2026-01-01T00:00:16Z")), Some(-1));
+        assert_eq!(deadline_left(&spec, None, at("2026-01-01T00:00:12Z")), None);
+        let suspended = JobSpec { suspend: Some(true), ..spec.clone() };
+        assert_eq!(deadline_left(&suspended, Some(&start), at("2026-01-01T00:00:12Z")), None);
+        assert_eq!(deadline_left(&JobSpec::default(), Some(&start), at("2026-01-01T00:00:12Z")), None);
     }
 }

@@ -208,6 +208,25 @@ impl Drop for ApiServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            print_server_logs(self.dir.path());
+        }
+    }
+}
+
+/// The tail of each server log in `dir`, for a test that failed (the data
+/// dir goes with the test).
+fn print_server_logs(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("server-") && n.ends_with(".log")) {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!("--- last lines of {} ---", path.display());
+            for line in &lines[lines.len().saturating_sub(80)..] {
+                eprintln!("{line}");
+            }
+        }
     }
 }
 
