@@ -13,10 +13,9 @@ use super::{decode_body, Call};
 use crate::apiserver::admission::{self, Operation};
 use crate::apiserver::meta::{self, metadata_mut, name_of};
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::apiserver::storage::{encode, set_resource_version, Stored, WriteError};
+use crate::apiserver::storage::{set_resource_version, Encoded, Stored, WriteError};
 use crate::apiserver::strategy::check_name;
 use crate::apiserver::table::wants_table;
-use crate::apiserver::watch_cache::splice::{splice, Paths};
 
 /// Metadata fields only the server sets.
 const SERVER_OWNED: &[&str] =
@@ -227,21 +226,21 @@ pub struct Created {
     /// resourceVersion set.
     object: Value,
     /// The stored encoding and its revision (None on a dry run), from which
-    /// the answer is spliced instead of encoding the object again.
-    stored: Option<(Vec<u8>, i64)>,
+    /// the answer is put together instead of encoding the object again.
+    stored: Option<(Encoded, i64)>,
 }
 
 impl Created {
-    /// The answer to the create: the stored JSON spliced into the answer's
-    /// form (apiVersion and kind first, the resourceVersion set), the
+    /// The answer to the create: the stored JSON put together in the
+    /// answer's form (apiVersion and kind first, the resourceVersion set), the
     /// object encoded when the client asked for a Table, metadata only,
     /// YAML, or the bytes are not in the store's encoding.
     pub fn response(self, call: &Call) -> Response {
         let plain_json = !wants_metadata(call.accept()) && !wants_table(call.accept());
         if let Some((stored, rev)) = self.stored.as_ref().filter(|_| plain_json) {
             let (api_version, kind) = (call.resource.api_version(), &call.resource.kind);
-            if let Some(spliced) = splice(stored, *rev, &api_version, kind, &Paths::default()) {
-                if let Some(resp) = call.respond_json_bytes(self.code, spliced.json) {
+            if let Some(json) = stored.answer(*rev, &api_version, kind) {
+                if let Some(resp) = call.respond_json_bytes(self.code, json) {
                     return resp;
                 }
             }
@@ -261,11 +260,11 @@ pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<Created> {
     for _ in 0..8 {
         let name = name_of(&obj).to_string();
         let key = r.key(meta::namespace_of(&obj), &name);
-        let plain = encode(&obj)?;
-        match call.api.storage.create_encoded(&key, plain.clone()).await {
+        let encoded = Encoded::of(&obj)?;
+        match call.api.storage.create_encoded(&key, encoded.bytes.clone()).await {
             Ok(rev) => {
                 set_resource_version(&mut obj, rev);
-                return Ok(Created { code: StatusCode::CREATED, object: obj, stored: Some((plain, rev)) });
+                return Ok(Created { code: StatusCode::CREATED, object: obj, stored: Some((encoded, rev)) });
             }
             Err(WriteError::Exists) => {
                 let prefix = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(str::to_string);

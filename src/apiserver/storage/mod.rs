@@ -15,7 +15,10 @@ use super::status::{ApiError, ApiResult};
 use crate::store::proto::*;
 use crate::store::{prefix_end, Store};
 
+mod encoded;
 mod watch;
+
+pub(crate) use encoded::Encoded;
 pub use watch::{Change, Decoding};
 
 /// An object as read from the store, its resourceVersion filled in.
@@ -138,49 +141,12 @@ pub fn set_resource_version(object: &mut Value, rev: i64) {
     }
 }
 
-/// The stored form: everything but the resourceVersion, written straight
-/// from `object` (no copy of it). Compact with every map's keys sorted:
-/// the watch cache (`watch_cache::splice`), the answer to a create
-/// (`handlers::write::Created`) and the binding (`handlers::assign_pod`)
-/// edit this encoding in place, and take the decoding path for bytes that
-/// are not in it.
+/// The stored form (`Encoded::of`'s bytes). The watch cache
+/// (`watch_cache::splice`), the answer to a create (`handlers::write::Created`)
+/// and the binding (`handlers::assign_pod`) edit this encoding in place, and
+/// take the decoding path for bytes that are not in it.
 pub(crate) fn encode(object: &Value) -> ApiResult<Vec<u8>> {
-    serde_json::to_vec(&WithoutResourceVersion(object))
-        .map_err(|e| ApiError::internal(format!("cannot encode object: {e}")))
-}
-
-/// An object serialized without `metadata.resourceVersion`.
-struct WithoutResourceVersion<'a>(&'a Value);
-
-/// A `metadata` map serialized without its `resourceVersion`.
-struct MetadataWithoutResourceVersion<'a>(&'a serde_json::Map<String, Value>);
-
-impl serde::Serialize for WithoutResourceVersion<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let Value::Object(fields) = self.0 else { return self.0.serialize(s) };
-        let mut map = s.serialize_map(Some(fields.len()))?;
-        for (k, v) in fields {
-            match v {
-                Value::Object(meta) if k == "metadata" => {
-                    map.serialize_entry(k, &MetadataWithoutResourceVersion(meta))?
-                }
-                _ => map.serialize_entry(k, v)?,
-            }
-        }
-        map.end()
-    }
-}
-
-impl serde::Serialize for MetadataWithoutResourceVersion<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = s.serialize_map(None)?;
-        for (k, v) in self.0.iter().filter(|(k, _)| k.as_str() != "resourceVersion") {
-            map.serialize_entry(k, v)?;
-        }
-        map.end()
-    }
+    Encoded::of(object).map(|e| e.bytes)
 }
 
 fn put(key: &str, value: Vec<u8>, lease: i64) -> RequestOp {

@@ -19,7 +19,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::apiserver::json_entries::{write_str, Entries, Key};
+use crate::apiserver::json_entries::{write_str, Entries, Key, MapWriter};
 
 /// The keys an object leads with in the cache's JSON, in that order; the
 /// rest follow in the stored (sorted) order.
@@ -75,33 +75,15 @@ pub fn splice(stored: &[u8], rev: i64, api_version: &str, kind: &str, paths: &Pa
         return None;
     }
     let top: Entries = serde_json::from_slice(stored).ok()?;
-    if !top.sorted() || top.0.iter().any(|(k, _)| k == "items" || k == "object") {
+    if !top.sorted() {
         return None;
     }
-    let mut json = Vec::with_capacity(stored.len() + 64);
-    json.extend_from_slice(b"{\"kind\":");
-    write_str(&mut json, kind);
-    json.extend_from_slice(b",\"apiVersion\":");
-    write_str(&mut json, api_version);
-    for lead in &LEADING[2..] {
-        if let Some(raw) = top.get(lead) {
-            json.push(b',');
-            write_str(&mut json, lead);
-            json.push(b':');
-            if *lead == "metadata" {
-                with_resource_version(&mut json, raw, rev)?;
-            } else {
-                json.extend_from_slice(raw.get().as_bytes());
-            }
-        }
-    }
-    for (key, raw) in top.0.iter().filter(|(k, _)| !LEADING.contains(&&**k)) {
-        json.push(b',');
-        write_str(&mut json, key);
-        json.push(b':');
-        json.extend_from_slice(raw.get().as_bytes());
-    }
-    json.push(b'}');
+    let metadata = match top.get("metadata").map(RawValue::get) {
+        Some(raw) if raw.starts_with('{') => Some(Entries::of(raw).filter(Entries::sorted)?),
+        _ => None,
+    };
+    let meta = metadata.as_ref().map(slices);
+    let json = assemble(&slices(&top), meta.as_deref(), rev, api_version, kind)?;
     let mut view = Map::new();
     for (key, raw) in &top.0 {
         if let Some(wanted) = paths.step(key) {
@@ -111,18 +93,72 @@ pub fn splice(stored: &[u8], rev: i64, api_version: &str, kind: &str, paths: &Pa
     Some(Spliced { json, view: Value::Object(view) })
 }
 
-/// Metadata with `resourceVersion` set to `rev`, at its sorted place (a
-/// metadata that is not a map is copied as it is, as `set_resource_version`
-/// leaves it).
-fn with_resource_version(out: &mut Vec<u8>, raw: &RawValue, rev: i64) -> Option<()> {
-    if !raw.get().starts_with('{') {
-        out.extend_from_slice(raw.get().as_bytes());
-        return Some(());
+fn slices<'a>(entries: &'a Entries<'_>) -> Vec<(&'a str, &'a [u8])> {
+    entries.0.iter().map(|(k, v)| (&**k, v.get().as_bytes())).collect()
+}
+
+/// The cache's JSON at `rev` put together from an object's stored entries:
+/// `top`, its top-level keys and values (sorted, as stored), and `metadata`,
+/// metadata's own when it is a map (sorted; a metadata that is not a map is
+/// copied as it is, as `set_resource_version` leaves it). apiVersion and
+/// kind are set and the resourceVersion goes at its sorted place. None for
+/// a top level that `field_order` orders below it (`items`, `object`).
+pub fn assemble(
+    top: &[(&str, &[u8])],
+    metadata: Option<&[(&str, &[u8])]>,
+    rev: i64,
+    api_version: &str,
+    kind: &str,
+) -> Option<Vec<u8>> {
+    if top.iter().any(|(k, _)| *k == "items" || *k == "object") {
+        return None;
     }
-    let meta = Entries::of(raw.get()).filter(Entries::sorted)?;
+    let size = top.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>() + 64;
+    let mut json = Vec::with_capacity(size);
+    json.extend_from_slice(b"{\"kind\":");
+    write_str(&mut json, kind);
+    json.extend_from_slice(b",\"apiVersion\":");
+    write_str(&mut json, api_version);
+    let value = |key: &str| top.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+    for lead in &LEADING[2..] {
+        let Some(raw) = value(lead) else { continue };
+        json.push(b',');
+        write_str(&mut json, lead);
+        json.push(b':');
+        match metadata.filter(|_| *lead == "metadata") {
+            Some(entries) => with_resource_version(&mut json, entries, rev),
+            None => json.extend_from_slice(raw),
+        }
+    }
+    for (key, raw) in top.iter().filter(|(k, _)| !LEADING.contains(k)) {
+        json.push(b',');
+        write_str(&mut json, key);
+        json.push(b':');
+        json.extend_from_slice(raw);
+    }
+    json.push(b'}');
+    Some(json)
+}
+
+/// Metadata's sorted entries with `resourceVersion` set to `rev` at its
+/// sorted place.
+fn with_resource_version(out: &mut Vec<u8>, entries: &[(&str, &[u8])], rev: i64) {
     let version = format!("\"{rev}\"");
-    meta.write_changed(out, &[("resourceVersion", Some(version.as_bytes()))]);
-    Some(())
+    let mut map = MapWriter::new(out);
+    let mut placed = false;
+    for (key, value) in entries {
+        if !placed && *key >= "resourceVersion" {
+            map.entry("resourceVersion", version.as_bytes());
+            placed = true;
+        }
+        if *key != "resourceVersion" {
+            map.entry(key, value);
+        }
+    }
+    if !placed {
+        map.entry("resourceVersion", version.as_bytes());
+    }
+    map.end();
 }
 
 /// `raw` cut down to `paths`.
