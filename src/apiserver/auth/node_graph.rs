@@ -162,8 +162,27 @@ struct PodStatusReferences {
     resource_claim_statuses: Value,
 }
 
+/// Only the name of a pod, everything else skipped unbuilt.
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct PodOnlyName {
+    metadata: PodName,
+}
+
 /// `PodEdges::of` a pod's JSON, parsing only the parts that hold references.
+/// A pod bound to no node grants nothing, so for JSON without a `nodeName`
+/// key anywhere only its name is read (an unbound pod's edges are never
+/// looked at: `on_node` is false for it).
 pub fn parse_pod_edges(bytes: &[u8]) -> serde_json::Result<PodEdges> {
+    if !bytes.windows(10).any(|w| w == b"\"nodeName\"") {
+        let PodOnlyName { metadata } = serde_json::from_slice(bytes)?;
+        return Ok(PodEdges {
+            name: metadata.name.unwrap_or_default().into(),
+            namespace: metadata.namespace.unwrap_or_default().into(),
+            node_name: "".into(),
+            refs: Box::default(),
+        });
+    }
     let pod: PodReferences = serde_json::from_slice(bytes)?;
     Ok(PodEdges::of(&serde_json::to_value(&pod)?))
 }
@@ -316,6 +335,7 @@ mod tests {
         let pod = json!({
             "metadata": {"name": "web", "namespace": "default"},
             "spec": {
+                "nodeName": "n1",
                 "serviceAccountName": "robot",
                 "imagePullSecrets": [{"name": "pull"}],
                 "initContainers": [{"env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "init-cm", "key": "k"}}}]}],
@@ -338,6 +358,12 @@ mod tests {
         let refs = pod_references(&pod);
         let bytes = serde_json::to_vec(&pod).unwrap();
         assert_eq!(parse_pod_edges(&bytes).unwrap(), PodEdges::of(&pod), "the partial parse sees every reference");
+        // Unbound, only its name is kept; it is on no node.
+        let mut unbound = pod.clone();
+        unbound["spec"].as_object_mut().unwrap().remove("nodeName");
+        let edges = parse_pod_edges(&serde_json::to_vec(&unbound).unwrap()).unwrap();
+        assert_eq!((&*edges.name, &*edges.namespace, &*edges.node_name, edges.refs.len()), ("web", "default", "", 0));
+        assert!(!edges.on_node("n1") && !edges.on_node(""));
         for (k, n) in [
             (SERVICE_ACCOUNTS, "robot"),
             (SECRETS, "pull"),
