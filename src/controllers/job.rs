@@ -109,10 +109,11 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Controlle
     if !ctx.expectations.satisfied(&uid, seen) {
         // A requeue handed back earlier is dropped when another request
         // was already waiting (kube's scheduler keeps only the waiting
-        // one), so the deadline's own requeue is kept through the wait.
+        // one), so the deadline's own requeue is kept through the wait
+        // (a second apart at most once it has passed: no busy loop).
         let start = job.status.as_ref().and_then(|s| s.start_time.as_ref());
         return Ok(match deadline_left(spec, start, now) {
-            Some(left) => Action::requeue(Duration::from_secs(left.max(0).unsigned_abs())),
+            Some(left) => Action::requeue(Duration::from_secs(left.max(1).unsigned_abs())),
             None => Action::await_change(),
         });
     }
