@@ -110,7 +110,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Controlle
         // A requeue handed back earlier is dropped when another request
         // was already waiting (kube's scheduler keeps only the waiting
         // one), so the deadline's own requeue is kept through the wait
-        // (a second apart at most once it has passed: no busy loop).
+        // (at least a second away once it has passed: no busy loop).
         let start = job.status.as_ref().and_then(|s| s.start_time.as_ref());
         return Ok(match deadline_left(spec, start, now) {
             Some(left) => Action::requeue(Duration::from_secs(left.max(1).unsigned_abs())),
