@@ -32,25 +32,35 @@ impl<'a> Entries<'a> {
     /// `Some(json)` sets the key (replacing its value), `None` removes it.
     /// The entries and the changes must both be sorted by key.
     pub fn write_changed(&self, out: &mut Vec<u8>, changes: &[(&str, Option<&[u8]>)]) {
-        let mut map = MapWriter::new(out);
-        let mut pending = changes.iter().peekable();
-        for (key, value) in &self.0 {
-            while let Some((k, change)) = pending.next_if(|(k, _)| *k <= &**key) {
-                if let Some(v) = change {
-                    map.entry(k, v);
-                }
-            }
-            if !changes.iter().any(|(k, _)| *k == &**key) {
-                map.entry(key, value.get().as_bytes());
-            }
-        }
-        for (k, change) in pending {
+        write_changed(out, self.0.iter().map(|(k, v)| (&**k, v.get().as_bytes())), changes);
+    }
+}
+
+/// `Entries::write_changed` of a map given as its sorted entries, each
+/// value already JSON.
+pub fn write_changed<'e>(
+    out: &mut Vec<u8>,
+    entries: impl IntoIterator<Item = (&'e str, &'e [u8])>,
+    changes: &[(&str, Option<&[u8]>)],
+) {
+    let mut map = MapWriter::new(out);
+    let mut pending = changes.iter().peekable();
+    for (key, value) in entries {
+        while let Some((k, change)) = pending.next_if(|(k, _)| *k <= key) {
             if let Some(v) = change {
                 map.entry(k, v);
             }
         }
-        map.end();
+        if !changes.iter().any(|(k, _)| *k == key) {
+            map.entry(key, value);
+        }
     }
+    for (k, change) in pending {
+        if let Some(v) = change {
+            map.entry(k, v);
+        }
+    }
+    map.end();
 }
 
 impl<'de> serde::Deserialize<'de> for Entries<'de> {

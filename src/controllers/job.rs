@@ -312,7 +312,7 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Controlle
 }
 
 /// Seconds left before `activeDeadlineSeconds` of a Job that started at
-/// `start` and is not suspended (at most zero once past).
+/// `start` and is not suspended (zero or less once past).
 fn deadline_left(spec: &JobSpec, start: Option<&Time>, now: Timestamp) -> Option<i64> {
     if spec.suspend == Some(true) {
         return None;

@@ -19,7 +19,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::apiserver::json_entries::{write_str, Entries, Key, MapWriter};
+use crate::apiserver::json_entries::{write_changed, write_str, Entries, Key};
 
 /// The keys an object leads with in the cache's JSON, in that order; the
 /// rest follow in the stored (sorted) order.
@@ -144,21 +144,7 @@ pub fn assemble(
 /// sorted place.
 fn with_resource_version(out: &mut Vec<u8>, entries: &[(&str, &[u8])], rev: i64) {
     let version = format!("\"{rev}\"");
-    let mut map = MapWriter::new(out);
-    let mut placed = false;
-    for (key, value) in entries {
-        if !placed && *key >= "resourceVersion" {
-            map.entry("resourceVersion", version.as_bytes());
-            placed = true;
-        }
-        if *key != "resourceVersion" {
-            map.entry(key, value);
-        }
-    }
-    if !placed {
-        map.entry("resourceVersion", version.as_bytes());
-    }
-    map.end();
+    write_changed(out, entries.iter().copied(), &[("resourceVersion", Some(version.as_bytes()))]);
 }
 
 /// `raw` cut down to `paths`.
