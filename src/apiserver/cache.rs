@@ -20,6 +20,12 @@ pub trait Cached: Decoded + Send + Sync + Sized + 'static {
     /// `Kind/namespace/name` (or `Kind/name`).
     fn id(&self) -> String;
     fn namespace(&self) -> Option<&str>;
+    /// The key the cache also indexes the object by (a pod's node), so
+    /// that `any_with_key` visits only the objects that have it; none by
+    /// default.
+    fn index_key(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl Cached for Value {
@@ -36,13 +42,52 @@ impl Cached for Value {
 pub struct PrefixCache<T: Cached = Value> {
     prefix: String,
     /// Shared, so that readers take a snapshot without copying objects.
-    objects: RwLock<HashMap<String, Arc<T>>>,
+    objects: RwLock<Objects<T>>,
     /// What is kept of each object, made from its stored JSON.
     parse: Parse<T>,
     /// Bumped at every change applied, for readers that wait for one.
     changes: tokio::sync::watch::Sender<u64>,
     /// The first load has finished (upstream's informer HasSynced).
     synced: std::sync::atomic::AtomicBool,
+}
+
+/// The objects by id, and by `Cached::index_key` for those that have one.
+struct Objects<T> {
+    by_id: HashMap<String, Arc<T>>,
+    by_key: HashMap<Box<str>, Vec<Arc<T>>>,
+}
+
+impl<T> Default for Objects<T> {
+    fn default() -> Self {
+        Objects { by_id: HashMap::new(), by_key: HashMap::new() }
+    }
+}
+
+impl<T: Cached> Objects<T> {
+    fn insert(&mut self, id: String, obj: Arc<T>) {
+        if let Some(key) = obj.index_key() {
+            self.by_key.entry(key.into()).or_default().push(obj.clone());
+        }
+        if let Some(old) = self.by_id.insert(id, obj) {
+            self.unindex(&old);
+        }
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(old) = self.by_id.remove(id) {
+            self.unindex(&old);
+        }
+    }
+
+    fn unindex(&mut self, old: &Arc<T>) {
+        let Some(key) = old.index_key() else { return };
+        if let Some(list) = self.by_key.get_mut(key) {
+            list.retain(|o| !Arc::ptr_eq(o, old));
+            if list.is_empty() {
+                self.by_key.remove(key);
+            }
+        }
+    }
 }
 
 pub fn id_of(obj: &Value) -> String {
@@ -88,12 +133,19 @@ impl<T: Cached> PrefixCache<T> {
 
     /// Whether any cached object satisfies `pred` (nothing is copied).
     pub fn any(&self, mut pred: impl FnMut(&T) -> bool) -> bool {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).values().any(|o| pred(o))
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).by_id.values().any(|o| pred(o))
+    }
+
+    /// Whether any cached object whose `Cached::index_key` is `key`
+    /// satisfies `pred` (only those objects are visited).
+    pub fn any_with_key(&self, key: &str, mut pred: impl FnMut(&T) -> bool) -> bool {
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        objects.by_key.get(key).is_some_and(|list| list.iter().any(|o| pred(o)))
     }
 
     /// How many objects are cached.
     pub fn len(&self) -> usize {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).len()
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).by_id.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -102,22 +154,22 @@ impl<T: Cached> PrefixCache<T> {
 
     /// Every cached object, in no particular order (shared, not copied).
     pub fn all(&self) -> Vec<Arc<T>> {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).by_id.values().cloned().collect()
     }
 
     /// The objects of one namespace.
     pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<T>> {
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
-        objects.values().filter(|o| o.namespace() == Some(namespace)).cloned().collect()
+        objects.by_id.values().filter(|o| o.namespace() == Some(namespace)).cloned().collect()
     }
 
     /// Whether one namespace has any object (nothing is copied).
     pub fn any_in_namespace(&self, namespace: &str) -> bool {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).values().any(|o| o.namespace() == Some(namespace))
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).by_id.values().any(|o| o.namespace() == Some(namespace))
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<T>> {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).by_id.get(id).cloned()
     }
 
     /// Adds `obj` as if the store had sent it.
@@ -127,15 +179,18 @@ impl<T: Cached> PrefixCache<T> {
         self.apply(Change::Added(super::storage::Stored { object, rev: 1 }))
     }
 
+    /// Removes `obj` as if the store had sent its deletion.
+    #[cfg(test)]
+    pub(crate) fn delete_for_test(&self, obj: &Value) {
+        let object = serde_json::to_vec(obj).and_then(|b| (self.parse)(&b)).expect("a parsable object");
+        self.apply(Change::Deleted(super::storage::Stored { object, rev: 1 }))
+    }
+
     fn apply(&self, change: Change<T>) {
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         match change {
-            Change::Added(s) | Change::Modified { new: s, .. } => {
-                objects.insert(s.object.id(), Arc::new(s.object));
-            }
-            Change::Deleted(s) => {
-                objects.remove(&s.object.id());
-            }
+            Change::Added(s) | Change::Modified { new: s, .. } => objects.insert(s.object.id(), Arc::new(s.object)),
+            Change::Deleted(s) => objects.remove(&s.object.id()),
             Change::Progress(_) => return,
         }
         drop(objects);
@@ -144,7 +199,10 @@ impl<T: Cached> PrefixCache<T> {
 
     async fn load(&self, storage: &Storage) -> Result<i64, ApiError> {
         let (items, rev) = storage.list_all_parsed(&self.prefix, self.parse).await?;
-        let all: HashMap<String, Arc<T>> = items.into_iter().map(|s| (s.object.id(), Arc::new(s.object))).collect();
+        let mut all = Objects::default();
+        for s in items {
+            all.insert(s.object.id(), Arc::new(s.object));
+        }
         *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
         self.changes.send_modify(|n| *n += 1);
         self.synced.store(true, std::sync::atomic::Ordering::Release);

@@ -275,6 +275,11 @@ impl Cached for PodEdges {
     fn namespace(&self) -> Option<&str> {
         Some(&self.namespace)
     }
+
+    /// Bound pods are indexed by their node.
+    fn index_key(&self) -> Option<&str> {
+        Some(&*self.node_name).filter(|n| !n.is_empty())
+    }
 }
 
 impl PodEdges {
@@ -294,7 +299,9 @@ impl NodeGraph<'_> {
     /// Whether a pod bound to `node` references `resource/name` in `namespace`.
     pub fn referenced_by_node(&self, node: &str, resource: &str, namespace: &str, name: &str) -> bool {
         let wanted = format!("{resource}/{name}");
-        self.pods.any(|p| p.on_node(node) && *p.namespace == *namespace && p.refs.iter().any(|r| **r == *wanted))
+        self.pods.any_with_key(node, |p| {
+            p.on_node(node) && *p.namespace == *namespace && p.refs.iter().any(|r| **r == *wanted)
+        })
     }
 
     /// Whether the pod `namespace/name` is bound to `node`.
@@ -411,6 +418,17 @@ mod tests {
         assert!(!g.pod_on_node("n1", "ns", "b"));
         assert!(g.volume_used_by_node("n1", "pv1"));
         assert!(!g.volume_used_by_node("n1", "pv2"));
+        // The index by node follows binding, moving and deletion.
+        pods.apply_for_test(&pod("c", "n1", "s3", "c3"));
+        assert!(g.referenced_by_node("n1", SECRETS, "ns", "s3"), "bound since");
+        pods.apply_for_test(&pod("a", "n2", "s1", "c1"));
+        assert!(!g.referenced_by_node("n1", SECRETS, "ns", "s1"), "moved off n1");
+        assert!(g.referenced_by_node("n2", SECRETS, "ns", "s1") && g.referenced_by_node("n2", SECRETS, "ns", "s2"));
+        pods.delete_for_test(&pod("b", "n2", "s2", "c2"));
+        assert!(!g.referenced_by_node("n2", SECRETS, "ns", "s2"), "deleted");
+        assert!(g.referenced_by_node("n2", SECRETS, "ns", "s1"), "a stays on n2");
+        pods.delete_for_test(&pod("a", "n2", "s1", "c1"));
+        assert!(!g.referenced_by_node("n2", SECRETS, "ns", "s1"));
     }
 
     fn local_volume(name: &str, by: &str, nodes: &[&str]) -> Value {
