@@ -422,3 +422,50 @@ spec:
     let status = get(&s, &["get", "cronjob", "nightly", "-o", "jsonpath={.status.lastScheduleTime}{.status.active}"]);
     assert_eq!(status, "");
 }
+
+/// A surge rollout with minReadySeconds: the node's old pod goes once the
+/// new one has been ready that long, although nothing changes at that
+/// moment (the controller must have asked to look again).
+#[test]
+fn daemonset_surge_removes_the_old_pod_once_the_new_one_is_available() {
+    let s = common::ApiServer::start();
+    apply(&s, &node_yaml("n1", "", ""));
+    apply(
+        &s,
+        r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  minReadySeconds: 2
+  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      containers: [{name: c, image: "agent:1"}]
+"#,
+    );
+    // Ready since now, as a kubelet reports it.
+    let ready = |pod: &str| {
+        let now = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let patch = format!(
+            r#"{{"status":{{"phase":"Running","conditions":[{{"type":"Ready","status":"True","lastTransitionTime":"{now}"}}]}}}}"#
+        );
+        get(&s, &["patch", "pod", pod, "--subresource=status", "--type=merge", "-p", &patch]);
+    };
+    eventually("the daemon pod", || pods(&s, "app=agent").len() == 1);
+    let old = pods(&s, "app=agent")[0].clone();
+    ready(&old);
+    eventually("available", || get(&s, &["get", "ds", "agent", "-o", "jsonpath={.status.numberAvailable}"]) == "1");
+    get(&s, &["set", "image", "ds/agent", "c=agent:2"]);
+    eventually("a surge pod beside the old one", || pods(&s, "app=agent").len() == 2);
+    let new = pods(&s, "app=agent").into_iter().find(|p| *p != old).expect("the new pod");
+    ready(&new);
+    // Well inside the 40 s after which the node, which sends no heartbeat,
+    // would change and wake the controller anyway.
+    common::eventually_within("the old pod deleted", Duration::from_secs(12), || {
+        let gone = get(&s, &["get", "pod", &old, "--ignore-not-found", "-o", "jsonpath={.metadata.deletionTimestamp}"]);
+        !gone.is_empty() || !pods(&s, "app=agent").contains(&old)
+    });
+}

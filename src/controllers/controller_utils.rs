@@ -47,6 +47,12 @@ pub fn is_pod_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// When to look again at a pod that is ready but not yet available: after
+/// `min_ready_seconds`, and at least a second from now.
+pub fn look_again_for_available(min_ready_seconds: i32) -> std::time::Duration {
+    std::time::Duration::from_secs(u64::try_from(min_ready_seconds).unwrap_or(0).max(1))
+}
+
 /// Ready for at least `min_ready_seconds` by `now`.
 pub fn is_pod_available(pod: &Pod, min_ready_seconds: i32, now: k8s_openapi::jiff::Timestamp) -> bool {
     if !is_pod_ready(pod) {

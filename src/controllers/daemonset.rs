@@ -15,7 +15,9 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
-use super::controller_utils::{controller_ref, is_pod_available, is_pod_ready, pod_from_template, pod_phase};
+use super::controller_utils::{
+    controller_ref, is_pod_available, is_pod_ready, look_again_for_available, pod_from_template, pod_phase,
+};
 use super::daemonset_nodes::{add_default_tolerations, pin_to_node, placement, target_node};
 use super::expectations::Expectations;
 use super::history::{self, NewRevision, REVISION_HASH_LABEL};
@@ -197,7 +199,7 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
                     if available(first) {
                         counts.available += 1;
                     } else {
-                        requeue = Some(Duration::from_secs(u64::try_from(min_ready).unwrap_or(0).max(1)));
+                        requeue = Some(look_again_for_available(min_ready));
                     }
                 }
                 if live.iter().any(|p| revision_hash(p) == Some(hash.as_str())) {
@@ -227,6 +229,11 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
                 delete.extend(new[1..].iter().cloned());
             }
             let new_pod = new.first().cloned();
+            // A surged pod is not the node's oldest (counted above), yet the
+            // old pod goes only once it has waited out minReadySeconds.
+            if new_pod.as_ref().is_some_and(|p| is_pod_ready(p) && !available(p)) {
+                requeue = Some(look_again_for_available(min_ready));
+            }
             if !new_pod.as_ref().is_some_and(|p| available(p)) && !old.iter().any(|p| available(p)) {
                 unavailable += 1;
             }

@@ -16,7 +16,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
-use super::controller_utils::{controller_ref, is_pod_available};
+use super::controller_utils::{controller_ref, is_pod_available, look_again_for_available};
 use super::expectations::Expectations;
 use super::history::{self, NewRevision};
 use super::informers::{self, controlled_by, wait_synced};
@@ -81,7 +81,22 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
     let seen =
         |pod: &str| ctx.pods.get(&ObjectRef::new(pod).within(&ns)).map(|p| p.metadata.deletion_timestamp.is_some());
     if !ctx.expectations.satisfied(&uid, seen) {
-        return Ok(Action::await_change());
+        // A requeue handed back earlier is dropped when another request
+        // was already waiting (kube's scheduler keeps only the waiting
+        // one), so the minReadySeconds look-again is kept through the
+        // wait, as the Job keeps its deadline's.
+        let min_ready = set.spec.as_ref().and_then(|s| s.min_ready_seconds).unwrap_or(0);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let becoming_available = controlled_by(&ctx.pods_by_owner, &ns, &uid).iter().any(|p| {
+            ordinal_of(&name, p.metadata.name.as_deref().unwrap_or_default()).is_some()
+                && is_running_and_ready(p)
+                && !is_pod_available(p, min_ready, now)
+        });
+        return Ok(if becoming_available {
+            Action::requeue(look_again_for_available(min_ready))
+        } else {
+            Action::await_change()
+        });
     }
     let Some(spec) = set.spec.as_ref() else { return Ok(Action::await_change()) };
     let orphans = ref_manager::orphans(&ctx.orphan_pods, &ns, &spec.selector);
@@ -246,7 +261,7 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
             if is_pod_available(pod, min_ready, now) {
                 counts.available += 1;
             } else {
-                requeue = Some(Duration::from_secs(u64::try_from(min_ready).unwrap_or(0).max(1)));
+                requeue = Some(look_again_for_available(min_ready));
             }
         }
         match revision_of(pod) {
