@@ -139,8 +139,16 @@ pub fn new_uid() -> String {
     crate::pki::fill_random(&mut b);
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(36);
+    for (i, x) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out.push('-');
+        }
+        out.push(HEX[usize::from(x >> 4)] as char);
+        out.push(HEX[usize::from(x & 0x0f)] as char);
+    }
+    out
 }
 
 /// `generateName` plus five characters from upstream's alphabet.
@@ -217,6 +225,12 @@ mod tests {
         let uid = new_uid();
         assert_eq!(uid.len(), 36);
         assert_eq!(&uid[14..15], "4");
+        assert!(matches!(&uid[19..20], "8" | "9" | "a" | "b"), "{uid}");
+        for (i, c) in uid.char_indices() {
+            let dash = matches!(i, 8 | 13 | 18 | 23);
+            assert!(if dash { c == '-' } else { c.is_ascii_hexdigit() && !c.is_ascii_uppercase() }, "{uid}");
+        }
+        assert_ne!(uid, new_uid());
         assert_eq!(generate_name("web-").len(), 9);
         // A multi-byte character across byte 58 is cut whole, not split.
         let prefix = format!("{}\u{e9}tail", "a".repeat(57));

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 
 use super::resources::{pod_requests, Resources};
 
@@ -87,6 +87,11 @@ pub struct NodeInfo {
     /// Pods here with any pod (anti-)affinity; with required anti-affinity.
     pub pods_with_affinity: usize,
     pub pods_with_required_anti_affinity: usize,
+    /// `spec.unschedulable` and `spec.taints`, kept beside the counts the
+    /// filters read so that filtering a node that has neither does not
+    /// reach into the node object (a cache miss per node and cycle).
+    pub unschedulable: bool,
+    pub taints: Vec<Taint>,
 }
 
 impl NodeInfo {
@@ -102,6 +107,8 @@ impl NodeInfo {
             images: BTreeMap::new(),
             pods_with_affinity: 0,
             pods_with_required_anti_affinity: 0,
+            unschedulable: false,
+            taints: Vec::new(),
         };
         info.set_node(node);
         info
@@ -117,6 +124,9 @@ impl NodeInfo {
                 self.images.insert(name.clone(), image.size_bytes.unwrap_or(0));
             }
         }
+        let spec = node.spec.as_ref();
+        self.unschedulable = spec.and_then(|s| s.unschedulable).unwrap_or(false);
+        self.taints = spec.and_then(|s| s.taints.clone()).unwrap_or_default();
         self.node = node;
     }
 

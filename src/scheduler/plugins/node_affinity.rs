@@ -6,7 +6,8 @@ use k8s_openapi::api::core::v1::{NodeSelectorTerm, PreferredSchedulingTerm};
 use crate::client::scheduling;
 
 use crate::scheduler::framework::{
-    default_normalize, node_event_passes, ClusterEvent, CycleState, EventKind, FilterPlugin, ScorePlugin, Status,
+    default_normalize, node_event_passes, ClusterEvent, CycleState, EventKind, FilterPlugin, ScorePlugin, Snapshot,
+    Status,
 };
 use crate::scheduler::node_info::{NodeInfo, PodInfo};
 
@@ -28,6 +29,22 @@ pub struct NodeAffinity;
 impl FilterPlugin for NodeAffinity {
     fn name(&self) -> &'static str {
         "NodeAffinity"
+    }
+
+    /// Nothing to filter for a pod with neither a nodeSelector nor required
+    /// node affinity: left out of Filter, as upstream's PreFilter does.
+    fn pre_filter(&self, _state: &mut CycleState, pod: &PodInfo, _snapshot: &Snapshot) -> Status {
+        let spec = pod.pod.spec.as_ref();
+        let selector = spec.and_then(|s| s.node_selector.as_ref()).is_some_and(|s| !s.is_empty());
+        let required = spec
+            .and_then(|s| s.affinity.as_ref())
+            .and_then(|a| a.node_affinity.as_ref())
+            .is_some_and(|a| a.required_during_scheduling_ignored_during_execution.is_some());
+        if selector || required {
+            Status::success()
+        } else {
+            Status::skip()
+        }
     }
 
     fn filter(&self, _state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
@@ -62,6 +79,15 @@ impl ScorePlugin for NodeAffinity {
         "NodeAffinity"
     }
 
+    /// No preferred terms: every node would score 0 (upstream skips it too).
+    fn pre_score(&self, _state: &mut CycleState, pod: &PodInfo, _nodes: &[&NodeInfo], _snapshot: &Snapshot) -> Status {
+        if preferred(pod).is_empty() {
+            Status::skip()
+        } else {
+            Status::success()
+        }
+    }
+
     fn score(&self, _state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> i64 {
         preferred(pod)
             .iter()
@@ -72,5 +98,85 @@ impl ScorePlugin for NodeAffinity {
 
     fn normalize(&self, _state: &CycleState, _pod: &PodInfo, scores: &mut [i64]) {
         default_normalize(scores, false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use serde_json::json;
+
+    use super::*;
+    use crate::scheduler::framework::Code;
+    use crate::scheduler::plugins::node_resources_fit::ScoringStrategy;
+    use crate::scheduler::profile::Profile;
+
+    fn node(name: &str, disk: &str, spec: serde_json::Value) -> NodeInfo {
+        let n: Node =
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": {"disk": disk}}, "spec": spec,
+            "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}}))
+            .unwrap();
+        NodeInfo::new(Arc::new(n))
+    }
+
+    fn pod(spec: serde_json::Value) -> PodInfo {
+        let mut spec = spec;
+        spec["containers"] = json!([{"name": "c"}]);
+        let p: Pod = serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "default", "uid": "p"},
+            "spec": spec}))
+        .unwrap();
+        PodInfo::new(Arc::new(p))
+    }
+
+    /// The feasible node names, and whether NodeAffinity was left out.
+    fn feasible(pod: &PodInfo, nodes: &[NodeInfo]) -> (Vec<String>, bool) {
+        let profile = Profile::new("default-scheduler", ScoringStrategy::LeastAllocated);
+        let snapshot = Snapshot { nodes };
+        let mut state = CycleState::default();
+        profile.pre_filter(&mut state, pod, &snapshot).expect("pre_filter");
+        let found = profile.find_feasible(&state, pod, &snapshot, 0, &HashMap::new());
+        let names = found.nodes.iter().map(|i| nodes[*i].name.clone()).collect();
+        (names, state.skips_filter("NodeAffinity"))
+    }
+
+    #[test]
+    fn filter_is_skipped_only_for_pods_without_selector_or_required_affinity() {
+        let mut cordoned = node("c", "ssd", json!({"unschedulable": true}));
+        let nodes = vec![
+            node("ssd", "ssd", json!({})),
+            node("hdd", "hdd", json!({})),
+            node("tainted", "ssd", json!({"taints": [{"key": "k", "effect": "NoSchedule"}]})),
+            cordoned.clone(),
+        ];
+        assert_eq!(feasible(&pod(json!({})), &nodes), (vec!["ssd".to_string(), "hdd".to_string()], true));
+        assert!(feasible(&pod(json!({"nodeSelector": {}})), &nodes).1, "an empty selector selects all");
+        assert_eq!(feasible(&pod(json!({"nodeSelector": {"disk": "ssd"}})), &nodes), (vec!["ssd".to_string()], false));
+        let required = json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+            {"nodeSelectorTerms": [{"matchExpressions": [{"key": "disk", "operator": "In", "values": ["hdd"]}]}]}}}});
+        assert_eq!(feasible(&pod(required), &nodes), (vec!["hdd".to_string()], false));
+        // Taints and cordoning are read from the node as it is now.
+        let tolerating = pod(json!({"tolerations": [{"key": "k", "operator": "Exists"}]}));
+        assert_eq!(feasible(&tolerating, &nodes).0, ["ssd", "hdd", "tainted"]);
+        let uncordoned: Node = serde_json::from_value(json!({"metadata": {"name": "c", "labels": {"disk": "ssd"}},
+            "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}}))
+        .unwrap();
+        cordoned.set_node(Arc::new(uncordoned));
+        let nodes = vec![nodes[2].clone(), cordoned];
+        assert_eq!(feasible(&pod(json!({})), &nodes).0, ["c"]);
+    }
+
+    #[test]
+    fn scoring_is_skipped_without_preferred_terms() {
+        let (plain, nodes) = (pod(json!({})), [node("a", "ssd", json!({}))]);
+        let refs: Vec<&NodeInfo> = nodes.iter().collect();
+        let snapshot = Snapshot { nodes: &nodes };
+        assert_eq!(NodeAffinity.pre_score(&mut CycleState::default(), &plain, &refs, &snapshot).code, Code::Skip);
+        let preferred = pod(json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution":
+            [{"weight": 5, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}]}}}));
+        assert!(NodeAffinity.pre_score(&mut CycleState::default(), &preferred, &refs, &snapshot).is_success());
+        assert_eq!(NodeAffinity.score(&CycleState::default(), &preferred, &nodes[0]), 5);
     }
 }

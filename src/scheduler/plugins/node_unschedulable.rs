@@ -15,7 +15,7 @@ impl FilterPlugin for NodeUnschedulable {
     }
 
     fn filter(&self, _state: &CycleState, pod: &PodInfo, node: &NodeInfo) -> Status {
-        if !node.node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+        if !node.unschedulable {
             return Status::success();
         }
         let taint =

@@ -16,7 +16,7 @@ pub fn tolerations(pod: &PodInfo) -> &[Toleration] {
 }
 
 pub fn taints(node: &NodeInfo) -> &[Taint] {
-    node.node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default()
+    &node.taints
 }
 
 pub struct TaintToleration;
