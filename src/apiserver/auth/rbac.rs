@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::User;
 use crate::apiserver::cache::PrefixCache;
+use crate::apiserver::meta::namespace_of;
 
 /// What a request wants to do.
 #[derive(Debug, Clone, Default)]
@@ -123,7 +124,7 @@ impl Bindings {
             match obj["kind"].as_str() {
                 Some("ClusterRoleBinding") => b.cluster.push(obj.clone()),
                 Some("RoleBinding") => {
-                    let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+                    let ns = namespace_of(obj).unwrap_or_default();
                     b.by_namespace.entry(ns.to_string()).or_default().push(obj.clone());
                 }
                 _ => {}
@@ -174,7 +175,7 @@ impl RbacCache {
                 Some("ClusterRoleBinding") => false,
                 _ => continue,
             };
-            let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+            let ns = namespace_of(&obj).unwrap_or_default();
             if namespaced && (namespace.is_empty() || ns != namespace) {
                 continue;
             }
@@ -198,7 +199,7 @@ impl RbacCache {
         };
         for (namespaced, group) in [(false, Some(&bindings.cluster)), (true, in_namespace)] {
             for obj in group.into_iter().flatten() {
-                let ns = obj.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+                let ns = namespace_of(obj).unwrap_or_default();
                 let subjects = obj["subjects"].as_array().map(Vec::as_slice).unwrap_or_default();
                 let Some(subject) = subjects.iter().find(|s| subject_matches(s, user, ns)) else { continue };
                 let Some(role) = self.role(&obj["roleRef"], namespaced.then_some(ns)) else { continue };
