@@ -299,9 +299,8 @@ impl NodeGraph<'_> {
     /// Whether a pod bound to `node` references `resource/name` in `namespace`.
     pub fn referenced_by_node(&self, node: &str, resource: &str, namespace: &str, name: &str) -> bool {
         let wanted = format!("{resource}/{name}");
-        self.pods.any_with_key(node, |p| {
-            p.on_node(node) && *p.namespace == *namespace && p.refs.iter().any(|r| **r == *wanted)
-        })
+        // Only bound pods are indexed, by their node: each one visited is on `node`.
+        self.pods.any_with_key(node, |p| *p.namespace == *namespace && p.refs.iter().any(|r| **r == *wanted))
     }
 
     /// Whether the pod `namespace/name` is bound to `node`.
