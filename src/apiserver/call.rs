@@ -18,6 +18,7 @@ use super::request::ResourcePath;
 use super::resource::Resource;
 use super::status::{ApiError, ApiResult};
 use super::storage::Stored;
+use super::watch_cache::object::Omit;
 use super::Api;
 
 /// The largest body accepted, as upstream's 3 MiB.
@@ -39,7 +40,16 @@ pub struct Call {
     pub raw_query: Option<String>,
     /// The client's connection once upgraded (exec, attach, port-forward, proxies).
     pub upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// What the client leaves out of the objects it lists and watches.
+    pub omit: Omit,
 }
+
+/// A request extension that only the in-process transport sets, for the
+/// shared informers (`client::in_process_for_informers`): lists and watches
+/// served from the watch cache leave managedFields out, which those
+/// informers drop anyway (`client::transform`). No HTTP request can carry it.
+#[derive(Debug, Clone, Copy)]
+pub struct OmitManagedFields;
 
 impl Call {
     pub fn param(&self, key: &str) -> Option<&str> {

@@ -132,6 +132,11 @@ impl<'o> MapWriter<'o> {
         self.out.extend_from_slice(value);
     }
 
+    /// Where the next byte will go in the output.
+    pub fn position(&self) -> usize {
+        self.out.len()
+    }
+
     pub fn end(self) {
         self.out.push(b'}');
     }

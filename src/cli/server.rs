@@ -424,7 +424,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     ))));
     let manager = crate::client::in_process(api.clone(), crate::client::controller_manager());
     // One informer per kind for the controllers and the scheduler alike.
-    let informers = crate::client::informer_factory::SharedInformerFactory::new(manager.clone());
+    let informers = crate::client::informer_factory::SharedInformerFactory::new(
+        crate::client::in_process_for_informers(api.clone(), crate::client::controller_manager()),
+    );
     let election = crate::client::leader::LeaderElection::new(manager.clone(), "kube-controller-manager", &node_name);
     let for_controllers = api.clone();
     let client_for: crate::client::ClientFor = Arc::new(move |name: &str| {

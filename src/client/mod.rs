@@ -28,6 +28,18 @@ pub fn in_process(api: Arc<Api>, user: User) -> kube::Client {
     kube::Client::new(service, "default")
 }
 
+/// `in_process` for the shared informers, whose caches drop managedFields
+/// (`transform`): the API server leaves them out of what it lists and
+/// watches for this client, instead of sending what is decoded only to be
+/// dropped.
+pub fn in_process_for_informers(api: Arc<Api>, user: User) -> kube::Client {
+    let service = router(api)
+        .layer(axum::Extension(user))
+        .layer(axum::Extension(crate::apiserver::call::OmitManagedFields))
+        .into_service::<kube::client::Body>();
+    kube::Client::new(service, "default")
+}
+
 /// The identity ferrok's controller manager uses in process: the shared
 /// informers and its leader election, bound by the
 /// `system:kube-controller-manager` role (list and watch of everything,

@@ -22,7 +22,7 @@ use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::storage::encode_continue;
 use crate::apiserver::table::wants_table;
 use crate::apiserver::watch_cache::cacher::{too_old, NotServed, StartAt};
-use crate::apiserver::watch_cache::object::{event_line, partial_event_line, CachedObject, EventType};
+use crate::apiserver::watch_cache::object::{event_line, partial_event_line, CachedObject, EventType, Omit};
 use crate::apiserver::watch_cache::watcher::{Delivery, Filter, Inbox};
 use crate::apiserver::watch_cache::{Cacher, NODE_NAME};
 
@@ -88,7 +88,7 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         // The objects' JSON is shared; only the list around it is made here.
         let head = json!({"kind": call.resource.list_kind, "apiVersion": api_version, "metadata": meta});
         let head = field_order::to_json(&head);
-        let parts: Vec<Bytes> = listed.items.iter().map(|o| o.json(&api_version, &kind)).collect();
+        let parts: Vec<Bytes> = listed.items.iter().map(|o| o.json_for(&api_version, &kind, call.omit)).collect();
         let mut out = Vec::with_capacity(head.len() + 16 + parts.iter().map(|p| p.len() + 1).sum::<usize>());
         out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
         out.extend_from_slice(b",\"items\":[");
@@ -152,6 +152,7 @@ pub(super) async fn watch(call: Call) -> ApiResult<Result<Response, Call>> {
         as_table: wants_table(call.accept()),
         api_version: call.resource.api_version(),
         kind: call.resource.kind.clone(),
+        omit: call.omit,
         call: Arc::new(call),
     };
     let mut first: Vec<Bytes> = registered.initial.iter().map(|o| render.added(o)).collect();
@@ -177,13 +178,14 @@ struct Render {
     as_table: bool,
     api_version: String,
     kind: String,
+    omit: Omit,
     call: Arc<Call>,
 }
 
 impl Render {
     fn added(&self, obj: &CachedObject) -> Bytes {
         if self.plain {
-            return event_line(EventType::Added, &obj.json(&self.api_version, &self.kind));
+            return event_line(EventType::Added, &obj.json_for(&self.api_version, &self.kind, self.omit));
         }
         if self.metadata_only {
             return partial_event_line(EventType::Added, obj.metadata_json());
@@ -193,7 +195,7 @@ impl Render {
 
     fn event(&self, as_type: EventType, ev: &crate::apiserver::watch_cache::object::CachedEvent) -> Bytes {
         if self.plain {
-            return ev.line(as_type, &self.api_version, &self.kind);
+            return ev.line(as_type, &self.api_version, &self.kind, self.omit);
         }
         if self.metadata_only {
             return partial_event_line(as_type, ev.object.metadata_json());

@@ -29,9 +29,10 @@ use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
 use super::auth::{DecisionRecord, User};
-use super::call::{decode_body, Call};
+use super::call::{decode_body, Call, OmitManagedFields};
 use super::request::{parse_query, ResourcePath};
 use super::status::{ApiError, ApiResult};
+use super::watch_cache::object::Omit;
 use super::Api;
 
 /// Serves one resource request.
@@ -50,6 +51,7 @@ pub async fn serve(api: Arc<Api>, user: User, path: ResourcePath, mut parts: Par
         upgrade: parts.extensions.remove::<hyper::upgrade::OnUpgrade>(),
         headers: parts.headers,
         warnings: Vec::new(),
+        omit: if parts.extensions.get::<OmitManagedFields>().is_some() { Omit::ManagedFields } else { Omit::Nothing },
     };
     match dispatch(call, parts.method, body).await {
         Ok(resp) => resp,

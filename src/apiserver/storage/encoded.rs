@@ -70,7 +70,7 @@ impl Encoded {
     pub fn answer(&self, rev: i64, api_version: &str, kind: &str) -> Option<Vec<u8>> {
         let top = self.slices(self.top.as_deref()?);
         let metadata = self.metadata.as_deref().map(|m| self.slices(m));
-        assemble(&top, metadata.as_deref(), rev, api_version, kind)
+        assemble(&top, metadata.as_deref(), rev, api_version, kind).map(|a| a.json)
     }
 
     fn slices<'a>(&'a self, entries: &'a [(String, Range<usize>)]) -> Vec<(&'a str, &'a [u8])> {

@@ -49,6 +49,9 @@ pub struct CachedObject {
     /// The object as upstream's JSON (field order, apiVersion and kind of
     /// `form`, `metadata.resourceVersion` set).
     json: Bytes,
+    /// Where `json` holds metadata's managedFields entry (`Assembled`), for
+    /// readers that drop them.
+    managed_fields: Option<(u32, u32)>,
     api_version: Arc<str>,
 }
 
@@ -57,7 +60,7 @@ impl CachedObject {
     pub fn new(key: String, rev: i64, object: Value, form: &Form) -> Self {
         let (attrs, index) = Self::read_by_selectors(&object, form);
         let json = encode(object, &form.api_version, &form.kind);
-        CachedObject { key, rev, index, attrs, json, api_version: form.api_version.clone() }
+        CachedObject { key, rev, index, attrs, json, managed_fields: None, api_version: form.api_version.clone() }
     }
 
     /// An object from its stored JSON at `rev`, keyed by `key_of` (which
@@ -78,12 +81,15 @@ impl CachedObject {
         let (attrs, index) = Self::read_by_selectors(&spliced.view, form);
         let mut json = spliced.json;
         json.shrink_to_fit();
+        let managed_fields =
+            spliced.managed_fields.and_then(|r| Some((u32::try_from(r.start).ok()?, u32::try_from(r.end).ok()?)));
         Ok(CachedObject {
             key: key_of(&spliced.view),
             rev,
             index,
             attrs,
             json: Bytes::from(json),
+            managed_fields,
             api_version: form.api_version.clone(),
         })
     }
@@ -108,6 +114,21 @@ impl CachedObject {
             return self.json.clone();
         }
         encode(self.value(), api_version, kind)
+    }
+
+    /// `json`, without metadata's managedFields for a reader that drops
+    /// them (`Omit::ManagedFields`) when the cache knows where they are.
+    pub fn json_for(&self, api_version: &str, kind: &str, omit: Omit) -> Bytes {
+        match self.managed_fields {
+            Some((start, end)) if omit == Omit::ManagedFields && *self.api_version == *api_version => {
+                let (start, end) = (start as usize, end as usize);
+                let mut out = Vec::with_capacity(self.json.len() - (end - start));
+                out.extend_from_slice(&self.json[..start]);
+                out.extend_from_slice(&self.json[end..]);
+                Bytes::from(out)
+            }
+            _ => self.json(api_version, kind),
+        }
     }
 
     /// The whole object, decoded again from its JSON.
@@ -154,6 +175,17 @@ fn encode(mut typed: Value, api_version: &str, kind: &str) -> Bytes {
     Bytes::from(json)
 }
 
+/// What a reader leaves out of the objects it lists and watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Omit {
+    Nothing,
+    /// metadata.managedFields: the shared informers of ferrok's own
+    /// controllers and scheduler drop them on arrival (upstream's
+    /// kube-controller-manager and kube-scheduler do the same with an
+    /// informer transform), so they are not sent to them.
+    ManagedFields,
+}
+
 /// A watch event's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
@@ -191,8 +223,8 @@ impl CachedEvent {
     /// The event as a line of a JSON watch, shown as `as_type`: the
     /// object's shared JSON with the event's few bytes around it (a copy
     /// per watcher, as TLS makes anyway, instead of a line kept per event).
-    pub fn line(&self, as_type: EventType, api_version: &str, kind: &str) -> Bytes {
-        event_line(as_type, &self.object.json(api_version, kind))
+    pub fn line(&self, as_type: EventType, api_version: &str, kind: &str, omit: Omit) -> Bytes {
+        event_line(as_type, &self.object.json_for(api_version, kind, omit))
     }
 }
 
@@ -252,7 +284,7 @@ mod tests {
             "a metadata-only event as the generic path writes it"
         );
         let ev = CachedEvent::new(EventType::Added, cached, None);
-        let line = ev.line(EventType::Added, "v1", "ConfigMap");
+        let line = ev.line(EventType::Added, "v1", "ConfigMap", Omit::Nothing);
         let back: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(back["type"], "ADDED");
         assert_eq!(back["object"]["kind"], "ConfigMap");
@@ -262,5 +294,37 @@ mod tests {
             crate::apiserver::field_order::to_json(&event),
             "the same bytes as the uncached watch"
         );
+    }
+
+    #[test]
+    fn managed_fields_are_cut_out_only_for_readers_that_drop_them() {
+        let entry = json!([{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:data": {"f:k": {}}}}]);
+        let objects = [
+            json!({"data": {"k": "v"}, "metadata": {"annotations": {"managedFields": "[]"}, "creationTimestamp": "2026-01-01T00:00:00Z",
+                "managedFields": entry, "name": "a", "namespace": "ns"}}),
+            json!({"metadata": {"managedFields": entry, "name": "a"}}),
+            json!({"metadata": {"managedFields": [], "name": "a", "uid": "u"}}),
+            json!({"metadata": {"name": "a"}}),
+        ];
+        for obj in objects {
+            let stored = serde_json::to_vec(&obj).unwrap();
+            let cached = CachedObject::from_stored(&stored, 7, &form(), |_| "/k".into()).unwrap();
+            let mut typed = obj.clone();
+            typed["apiVersion"] = json!("v1");
+            typed["kind"] = json!("ConfigMap");
+            typed["metadata"]["resourceVersion"] = json!("7");
+            let whole = crate::apiserver::field_order::to_json(&typed);
+            assert_eq!(String::from_utf8_lossy(&cached.json_for("v1", "ConfigMap", Omit::Nothing)), whole, "{obj}");
+            typed["metadata"].as_object_mut().unwrap().remove("managedFields");
+            let without = crate::apiserver::field_order::to_json(&typed);
+            let omitted = cached.json_for("v1", "ConfigMap", Omit::ManagedFields);
+            assert_eq!(String::from_utf8_lossy(&omitted), without, "{obj}");
+            let back: Value = serde_json::from_slice(&omitted).unwrap();
+            assert_eq!(back["metadata"]["annotations"], obj["metadata"]["annotations"], "other fields kept: {obj}");
+            // Another apiVersion is encoded anew, managedFields and all.
+            let other: Value =
+                serde_json::from_slice(&cached.json_for("v2", "ConfigMap", Omit::ManagedFields)).unwrap();
+            assert_eq!(other["metadata"].get("managedFields"), obj["metadata"].get("managedFields"), "{obj}");
+        }
     }
 }

@@ -14,12 +14,13 @@
 //! to that slower path.
 
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::apiserver::json_entries::{write_changed, write_str, Entries, Key};
+use crate::apiserver::json_entries::{write_str, Entries, Key, MapWriter};
 
 /// The keys an object leads with in the cache's JSON, in that order; the
 /// rest follow in the stored (sorted) order.
@@ -29,6 +30,8 @@ const LEADING: [&str; 5] = ["kind", "apiVersion", "metadata", "spec", "status"];
 pub struct Spliced {
     /// The object as the cache sends it.
     pub json: Vec<u8>,
+    /// Where in `json` its metadata's managedFields entry is (`assemble`).
+    pub managed_fields: Option<Range<usize>>,
     /// The object cut down to the paths asked for (missing ones absent),
     /// on which those paths read as on the whole object.
     pub view: Value,
@@ -83,18 +86,27 @@ pub fn splice(stored: &[u8], rev: i64, api_version: &str, kind: &str, paths: &Pa
         _ => None,
     };
     let meta = metadata.as_ref().map(slices);
-    let json = assemble(&slices(&top), meta.as_deref(), rev, api_version, kind)?;
+    let Assembled { json, managed_fields } = assemble(&slices(&top), meta.as_deref(), rev, api_version, kind)?;
     let mut view = Map::new();
     for (key, raw) in &top.0 {
         if let Some(wanted) = paths.step(key) {
             view.insert(key.to_string(), project(raw, wanted).ok()?);
         }
     }
-    Some(Spliced { json, view: Value::Object(view) })
+    Some(Spliced { json, managed_fields, view: Value::Object(view) })
 }
 
 fn slices<'a>(entries: &'a Entries<'_>) -> Vec<(&'a str, &'a [u8])> {
     entries.0.iter().map(|(k, v)| (&**k, v.get().as_bytes())).collect()
+}
+
+/// An object's JSON as the cache sends it.
+pub struct Assembled {
+    pub json: Vec<u8>,
+    /// The bytes of metadata's `managedFields` entry with one comma beside
+    /// it: what is cut out for a reader that drops managedFields
+    /// (`CachedObject::json_for`). None when metadata has none.
+    pub managed_fields: Option<Range<usize>>,
 }
 
 /// The cache's JSON at `rev` put together from an object's stored entries:
@@ -109,7 +121,7 @@ pub fn assemble(
     rev: i64,
     api_version: &str,
     kind: &str,
-) -> Option<Vec<u8>> {
+) -> Option<Assembled> {
     if top.iter().any(|(k, _)| *k == "items" || *k == "object") {
         return None;
     }
@@ -120,13 +132,14 @@ pub fn assemble(
     json.extend_from_slice(b",\"apiVersion\":");
     write_str(&mut json, api_version);
     let value = |key: &str| top.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+    let mut managed_fields = None;
     for lead in &LEADING[2..] {
         let Some(raw) = value(lead) else { continue };
         json.push(b',');
         write_str(&mut json, lead);
         json.push(b':');
         match metadata.filter(|_| *lead == "metadata") {
-            Some(entries) => with_resource_version(&mut json, entries, rev),
+            Some(entries) => managed_fields = with_resource_version(&mut json, entries, rev),
             None => json.extend_from_slice(raw),
         }
     }
@@ -137,14 +150,40 @@ pub fn assemble(
         json.extend_from_slice(raw);
     }
     json.push(b'}');
-    Some(json)
+    Some(Assembled { json, managed_fields })
 }
 
 /// Metadata's sorted entries with `resourceVersion` set to `rev` at its
-/// sorted place.
-fn with_resource_version(out: &mut Vec<u8>, entries: &[(&str, &[u8])], rev: i64) {
+/// sorted place; answers where its managedFields entry went, with the
+/// comma before it (or, as the first entry, the one after it: the
+/// resourceVersion always follows it).
+fn with_resource_version(out: &mut Vec<u8>, entries: &[(&str, &[u8])], rev: i64) -> Option<Range<usize>> {
+    const RESOURCE_VERSION: &str = "resourceVersion";
     let version = format!("\"{rev}\"");
-    write_changed(out, entries.iter().copied(), &[("resourceVersion", Some(version.as_bytes()))]);
+    let start = out.len();
+    let mut managed_fields = None;
+    let mut map = MapWriter::new(out);
+    let mut versioned = false;
+    for &(key, value) in entries {
+        if key == RESOURCE_VERSION {
+            continue;
+        }
+        if !versioned && key > RESOURCE_VERSION {
+            map.entry(RESOURCE_VERSION, version.as_bytes());
+            versioned = true;
+        }
+        let before = map.position();
+        map.entry(key, value);
+        if key == "managedFields" {
+            let first = before == start + 1;
+            managed_fields = Some(before..map.position() + usize::from(first));
+        }
+    }
+    if !versioned {
+        map.entry(RESOURCE_VERSION, version.as_bytes());
+    }
+    map.end();
+    managed_fields
 }
 
 /// `raw` cut down to `paths`.

@@ -5,6 +5,7 @@
 pub mod backup;
 mod checkpoint;
 mod compact;
+mod fanout;
 mod lease;
 mod quota;
 mod read;
@@ -22,7 +23,7 @@ use async_trait::async_trait;
 use rusqlite::Connection;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 pub use quota::DEFAULT_QUOTA_BYTES;
 pub use schema::SyncMode;
@@ -85,7 +86,8 @@ pub struct Committed {
 pub struct Shared {
     head: AtomicI64,
     compact_rev: AtomicI64,
-    events: broadcast::Sender<Arc<Committed>>,
+    /// Hands commits to the watch streams that want them.
+    fanout: Arc<fanout::Fanout>,
     leases: lease::Leases,
     /// The alarms raised, as the writer last stored them.
     alarms: Mutex<Vec<AlarmMember>>,
@@ -196,11 +198,10 @@ impl SqliteStore {
     pub fn open(opts: SqliteOptions) -> Result<Arc<Self>> {
         let conn = schema::open_writer(&opts.path, opts.sync)?;
         let meta = schema::init(&conn, random_u64)?;
-        let (events, _) = broadcast::channel(COMMIT_BACKLOG);
         let shared = Arc::new(Shared {
             head: AtomicI64::new(meta.rev),
             compact_rev: AtomicI64::new(meta.compact_rev),
-            events,
+            fanout: Arc::new(fanout::Fanout::new(meta.rev, COMMIT_BACKLOG)),
             leases: lease::Leases::default(),
             alarms: Mutex::new(Vec::new()),
             cluster_id: meta.cluster_id,

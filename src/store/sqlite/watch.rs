@@ -1,7 +1,8 @@
 //! One task per watch stream. Watchers that are level with the store take
-//! their events straight from the commits the writer broadcasts; watchers
+//! their events straight from the commits the writer hands the stream
+//! (only those with a key in one of its watchers' ranges: `fanout`); watchers
 //! that start in the past, or fell behind because the client read slowly,
-//! catch up from the log in bounded reads and then rejoin the broadcast.
+//! catch up from the log in bounded reads and then rejoin.
 //! Nothing polls: the task sleeps until a request, a commit, a finished read
 //! or the progress-notify tick wakes it.
 
@@ -11,9 +12,10 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use prost::Message;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::fanout::{Received, Subscription};
 use super::read::{self, Changes};
 use super::schema::{self, first_id, rev_of};
 use super::{Committed, Readers, Shared};
@@ -55,8 +57,9 @@ struct WatchStream {
     shared: Arc<Shared>,
     readers: Arc<Readers>,
     out: mpsc::Sender<Result<WatchResponse>>,
-    commits: broadcast::Receiver<Arc<Committed>>,
-    /// Every commit up to this revision has been dispatched.
+    commits: Subscription,
+    /// Every commit up to this revision that the watchers want has been
+    /// dispatched.
     processed: i64,
     watchers: BTreeMap<i64, Watcher>,
     next_watch_id: i64,
@@ -74,8 +77,8 @@ pub(super) fn spawn(
     max_response_bytes: usize,
 ) -> WatchResponseStream {
     let (out, rx) = mpsc::channel(64);
-    let commits = shared.events.subscribe();
-    let processed = shared.head();
+    let commits = shared.fanout.subscribe();
+    let processed = commits.level();
     let stream = WatchStream {
         shared,
         readers,
@@ -107,12 +110,12 @@ impl WatchStream {
                     None => break,
                 },
                 commit = self.commits.recv() => match commit {
-                    Ok(commit) => self.dispatch(&commit).await,
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                    Received::Commit(commit) => self.dispatch(&commit).await,
+                    Received::Lagged => {
                         self.fall_behind();
                         Ok(())
                     }
-                    Err(broadcast::error::RecvError::Closed) => break,
+                    Received::Closed => break,
                 },
                 done = wait_catch_up(&mut self.catching_up), if self.catching_up.is_some() => {
                     self.finish_catch_up(done).await
@@ -142,6 +145,7 @@ impl WatchStream {
             Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
             Some(RequestUnion::CancelRequest(c)) => {
                 if self.watchers.remove(&c.watch_id).is_some() {
+                    self.subscribe_ranges(None);
                     let mut resp = self.response(c.watch_id);
                     resp.canceled = true;
                     self.send(resp).await?;
@@ -173,9 +177,15 @@ impl WatchStream {
             return self.send(resp).await;
         }
         let key = if c.key.is_empty() { vec![0] } else { c.key };
+        let range = KeyRange::new(&key, &c.range_end);
+        // From here on the stream is handed the commits in this range;
+        // those before are in the log. Level with the store, so that a
+        // watch from now starts at the store's revision.
+        let level = self.subscribe_ranges(Some(&range));
+        self.catch_level(level).await?;
         let next_id = if c.start_revision > 0 { first_id(c.start_revision) } else { first_id(self.processed + 1) };
         let watcher = Watcher {
-            range: KeyRange::new(&key, &c.range_end),
+            range,
             prev_kv: c.prev_kv,
             no_put: c.filters.contains(&(FilterType::Noput as i32)),
             no_delete: c.filters.contains(&(FilterType::Nodelete as i32)),
@@ -196,8 +206,36 @@ impl WatchStream {
         Ok(())
     }
 
+    /// Subscribes to the ranges of the watchers, and `extra`; answers the
+    /// newest revision handed out (`Subscription::set_ranges`).
+    fn subscribe_ranges(&self, extra: Option<&KeyRange>) -> i64 {
+        let ranges = self.watchers.values().map(|w| &w.range).chain(extra).cloned().collect();
+        self.commits.set_ranges(ranges)
+    }
+
+    /// Brings the stream level with `level`, a revision handed out: the
+    /// commits queued for it are dispatched, and the stream then has every
+    /// event up to `level` its watchers want (commits it was not handed
+    /// held none).
+    async fn catch_level(&mut self, level: i64) -> Result<(), Gone> {
+        while let Some(commit) = self.commits.try_recv() {
+            self.dispatch(&commit).await?;
+        }
+        if self.commits.take_lagged() {
+            self.fall_behind();
+            return Ok(());
+        }
+        self.processed = self.processed.max(level);
+        let next = first_id(self.processed + 1);
+        for w in self.watchers.values_mut().filter(|w| w.synced) {
+            w.next_id = w.next_id.max(next);
+        }
+        Ok(())
+    }
+
     async fn send_compacted(&mut self, id: i64, compact_rev: i64) -> Result<(), Gone> {
         self.watchers.remove(&id);
+        self.subscribe_ranges(None);
         let mut resp = self.response(id);
         // etcd sends this one with a header whose revision is 0.
         resp.header = Some(self.shared.header(0));
@@ -263,9 +301,10 @@ impl WatchStream {
         self.send(resp).await
     }
 
-    /// The broadcast overran this stream: everyone re-reads from the log.
+    /// Commits for this stream were dropped (its queue was full, or they
+    /// were made without events): everyone re-reads from the log.
     fn fall_behind(&mut self) {
-        self.processed = self.shared.head();
+        self.processed = self.commits.level();
         for w in self.watchers.values_mut() {
             w.synced = false;
         }
@@ -317,6 +356,7 @@ impl WatchStream {
             Err(e) => {
                 tracing::warn!(error = %e, watch_id = id, "watch catch-up failed");
                 self.watchers.remove(&id);
+                self.subscribe_ranges(None);
                 let mut resp = self.response(id);
                 resp.canceled = true;
                 resp.cancel_reason = e.to_string();
@@ -328,7 +368,11 @@ impl WatchStream {
     /// Answers a progress request once every watcher is level with the store,
     /// so that its revision promises nothing older is still on its way.
     async fn finish_progress_request(&mut self) -> Result<(), Gone> {
-        if self.progress_pending && self.watchers.values().all(|w| w.synced) {
+        if !self.progress_pending || !self.watchers.values().all(|w| w.synced) {
+            return Ok(());
+        }
+        self.catch_level(self.commits.level()).await?;
+        if self.watchers.values().all(|w| w.synced) {
             self.progress_pending = false;
             self.send(self.response(-1)).await?;
         }
@@ -336,6 +380,7 @@ impl WatchStream {
     }
 
     async fn progress_tick(&mut self) -> Result<(), Gone> {
+        self.catch_level(self.commits.level()).await?;
         let due: Vec<i64> = self
             .watchers
             .iter()

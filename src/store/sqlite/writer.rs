@@ -109,6 +109,9 @@ pub struct Writer {
     alarms: Vec<AlarmMember>,
     /// Checkpoints the WAL off this thread, kicked after each commit.
     pub(super) checkpointer: super::checkpoint::Checkpointer,
+    /// Whether this batch makes events: some watch stream was subscribed
+    /// when it began.
+    collect_events: bool,
 }
 
 impl Writer {
@@ -134,6 +137,7 @@ impl Writer {
             quota: Quota::new(quota_bytes),
             alarms,
             checkpointer,
+            collect_events: false,
         };
         writer.measure();
         Ok(writer)
@@ -250,6 +254,7 @@ impl Writer {
         let mut done = Vec::with_capacity(batch.len());
         let mut events = Vec::new();
         let start = self.meta;
+        self.collect_events = self.shared.fanout.has_subscribers();
         if let Err(e) = self.exec("BEGIN IMMEDIATE") {
             tracing::error!(error = %e, "cannot start a write transaction");
             let stop = batch.iter().any(|c| matches!(c, Command::Shutdown { .. }));
@@ -335,9 +340,10 @@ impl Writer {
     /// Makes a committed batch visible: revision, events, leases, replies.
     fn publish(&mut self, done: Vec<Done>, events: Vec<Event>) {
         self.shared.publish_head(self.meta.rev, self.meta.compact_rev);
-        if !events.is_empty() {
-            // No receiver simply means no watcher right now.
-            let _ = self.shared.events.send(Arc::new(Committed { rev: self.meta.rev, events }));
+        if self.collect_events {
+            self.shared.fanout.publish(Committed { rev: self.meta.rev, events });
+        } else {
+            self.shared.fanout.uncollected(self.meta.rev);
         }
         for d in done {
             match d {
@@ -411,7 +417,7 @@ impl Writer {
     }
 
     fn want_events(&self) -> bool {
-        self.shared.events.receiver_count() > 0
+        self.collect_events
     }
 
     pub(super) fn lease_exists(&self, id: i64) -> Result<bool> {
