@@ -154,6 +154,11 @@ async fn lists_follow_upstreams_resource_version_semantics() {
     let (code, _, zero) = get(&client, &format!("{CMS}?resourceVersion=0")).await;
     assert_eq!(code, 200);
     assert!(names(&zero).contains(&"w19".to_string()));
+    // Served from the cache, the objects keep their managedFields (only
+    // ferrok's own informers are sent them without).
+    let w19 = zero["items"].as_array().and_then(|items| items.iter().find(|i| i["metadata"]["name"] == "w19"));
+    let managers = w19.map(|o| o["metadata"]["managedFields"].clone()).unwrap_or_default();
+    assert!(managers.as_array().is_some_and(|m| !m.is_empty()), "managedFields from the cache: {managers}");
 
     // N not yet reached: upstream's 504 "Too large resource version" after ~3 s.
     let future = rv_of(&after) + 1000;

@@ -264,6 +264,36 @@ async fn watch_filters_and_progress() {
     assert_eq!((progress.watch_id, progress.header.unwrap().revision), (-1, 3));
 }
 
+/// A stream whose watchers' keys no commit touches is not handed those
+/// commits, yet its progress answer, a new watcher's start and its created
+/// header still stand at the store's revision.
+#[tokio::test]
+async fn a_stream_not_handed_commits_is_still_level_with_the_store() {
+    let (_dir, s) = store().await;
+    let (tx, mut stream) = watch(&s, WatchCreateRequest { key: b"quiet".to_vec(), ..Default::default() }).await;
+    assert!(next(&mut stream).await.created);
+    for i in 0..5 {
+        s.put(put(&format!("busy{i}"), "x")).await.unwrap();
+    }
+    let head = s.put(put("busy", "last")).await.unwrap().header.unwrap().revision;
+    let create = WatchCreateRequest { key: b"busy".to_vec(), watch_id: 7, ..Default::default() };
+    tx.send(WatchRequest { request_union: Some(watch_request::RequestUnion::CreateRequest(create)) }).await.unwrap();
+    let created = next(&mut stream).await;
+    assert!(created.created);
+    assert_eq!(created.header.unwrap().revision, head, "created at the store's revision");
+    let next_rev = s.put(put("busy", "after")).await.unwrap().header.unwrap().revision;
+    let resp = next(&mut stream).await;
+    assert_eq!(resp.watch_id, 7);
+    let revs: Vec<i64> = resp.events.iter().map(|e| e.kv.as_ref().unwrap().mod_revision).collect();
+    assert_eq!(revs, vec![next_rev], "only what came after the watch began");
+    let head = s.put(put("busy-not", "x")).await.unwrap().header.unwrap().revision;
+    tx.send(WatchRequest { request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})) })
+        .await
+        .unwrap();
+    let progress = next(&mut stream).await;
+    assert_eq!((progress.watch_id, progress.header.unwrap().revision), (-1, head), "progress at the store's revision");
+}
+
 #[tokio::test]
 async fn watch_fragments_large_responses() {
     let (_dir, s) = store().await;
