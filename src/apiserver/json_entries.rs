@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -43,6 +44,21 @@ pub fn write_changed<'e>(
     entries: impl IntoIterator<Item = (&'e str, &'e [u8])>,
     changes: &[(&str, Option<&[u8]>)],
 ) {
+    write_changed_finding(out, entries, changes, None);
+}
+
+/// `write_changed`, answering where the unchanged entry `find` went: its
+/// bytes with one comma beside it (the one before it, or for the first
+/// entry the one after it), so that cutting that range out leaves the
+/// map without it.
+pub fn write_changed_finding<'e>(
+    out: &mut Vec<u8>,
+    entries: impl IntoIterator<Item = (&'e str, &'e [u8])>,
+    changes: &[(&str, Option<&[u8]>)],
+    find: Option<&str>,
+) -> Option<Range<usize>> {
+    let start = out.len();
+    let mut found = None;
     let mut map = MapWriter::new(out);
     let mut pending = changes.iter().peekable();
     for (key, value) in entries {
@@ -52,7 +68,11 @@ pub fn write_changed<'e>(
             }
         }
         if !changes.iter().any(|(k, _)| *k == key) {
+            let before = map.out.len();
             map.entry(key, value);
+            if find == Some(key) {
+                found = Some((before, map.out.len()));
+            }
         }
     }
     for (k, change) in pending {
@@ -60,7 +80,11 @@ pub fn write_changed<'e>(
             map.entry(k, v);
         }
     }
+    let end = map.out.len();
     map.end();
+    let (before, after) = found?;
+    let first = before == start + 1;
+    Some(before..after + usize::from(first && end > after))
 }
 
 impl<'de> serde::Deserialize<'de> for Entries<'de> {
@@ -132,11 +156,6 @@ impl<'o> MapWriter<'o> {
         self.out.extend_from_slice(value);
     }
 
-    /// Where the next byte will go in the output.
-    pub fn position(&self) -> usize {
-        self.out.len()
-    }
-
     pub fn end(self) {
         self.out.push(b'}');
     }
@@ -145,6 +164,24 @@ impl<'o> MapWriter<'o> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_entry_found_is_cut_out_with_one_comma() {
+        let cut = |json: &str, changes: &[(&str, Option<&[u8]>)]| {
+            let entries = Entries::of(json).unwrap();
+            let mut out = Vec::new();
+            let entries = entries.0.iter().map(|(k, v)| (&**k, v.get().as_bytes()));
+            let range = write_changed_finding(&mut out, entries, changes, Some("m")).expect("found");
+            out.drain(range);
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(cut(r#"{"a":1,"m":[2],"z":3}"#, &[]), r#"{"a":1,"z":3}"#, "in the middle");
+        assert_eq!(cut(r#"{"m":[2],"z":3}"#, &[]), r#"{"z":3}"#, "first");
+        assert_eq!(cut(r#"{"a":1,"m":[2]}"#, &[]), r#"{"a":1}"#, "last");
+        assert_eq!(cut(r#"{"m":[2]}"#, &[]), "{}", "alone");
+        assert_eq!(cut(r#"{"m":[2]}"#, &[("r", Some(b"4"))]), r#"{"r":4}"#, "first, a change after it");
+        assert_eq!(cut(r#"{"m":[2],"r":0}"#, &[("a", Some(b"4"))]), r#"{"a":4,"r":0}"#, "after a change");
+    }
 
     #[test]
     fn changes_land_at_their_sorted_places() {

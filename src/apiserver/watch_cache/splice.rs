@@ -20,7 +20,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::apiserver::json_entries::{write_str, Entries, Key, MapWriter};
+use crate::apiserver::json_entries::{write_changed_finding, write_str, Entries, Key};
 
 /// The keys an object leads with in the cache's JSON, in that order; the
 /// rest follow in the stored (sorted) order.
@@ -154,36 +154,12 @@ pub fn assemble(
 }
 
 /// Metadata's sorted entries with `resourceVersion` set to `rev` at its
-/// sorted place; answers where its managedFields entry went, with the
-/// comma before it (or, as the first entry, the one after it: the
-/// resourceVersion always follows it).
+/// sorted place; answers where its managedFields entry went
+/// (`write_changed_finding`).
 fn with_resource_version(out: &mut Vec<u8>, entries: &[(&str, &[u8])], rev: i64) -> Option<Range<usize>> {
-    const RESOURCE_VERSION: &str = "resourceVersion";
     let version = format!("\"{rev}\"");
-    let start = out.len();
-    let mut managed_fields = None;
-    let mut map = MapWriter::new(out);
-    let mut versioned = false;
-    for &(key, value) in entries {
-        if key == RESOURCE_VERSION {
-            continue;
-        }
-        if !versioned && key > RESOURCE_VERSION {
-            map.entry(RESOURCE_VERSION, version.as_bytes());
-            versioned = true;
-        }
-        let before = map.position();
-        map.entry(key, value);
-        if key == "managedFields" {
-            let first = before == start + 1;
-            managed_fields = Some(before..map.position() + usize::from(first));
-        }
-    }
-    if !versioned {
-        map.entry(RESOURCE_VERSION, version.as_bytes());
-    }
-    map.end();
-    managed_fields
+    let changes = [("resourceVersion", Some(version.as_bytes()))];
+    write_changed_finding(out, entries.iter().copied(), &changes, Some("managedFields"))
 }
 
 /// `raw` cut down to `paths`.

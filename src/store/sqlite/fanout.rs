@@ -115,7 +115,8 @@ pub enum Received {
     Commit(Arc<Committed>),
     /// Commits it wanted were dropped: its queue was full.
     Lagged,
-    /// The writer is gone.
+    /// The queue closed. The fanout keeps each queue's sender until the
+    /// subscription is dropped, so this answers only a fanout that is gone.
     Closed,
 }
 

@@ -287,9 +287,11 @@ async fn a_stream_not_handed_commits_is_still_level_with_the_store() {
     let revs: Vec<i64> = resp.events.iter().map(|e| e.kv.as_ref().unwrap().mod_revision).collect();
     assert_eq!(revs, vec![next_rev], "only what came after the watch began");
     let head = s.put(put("busy-not", "x")).await.unwrap().header.unwrap().revision;
-    tx.send(WatchRequest { request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})) })
-        .await
-        .unwrap();
+    tx.send(WatchRequest {
+        request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})),
+    })
+    .await
+    .unwrap();
     let progress = next(&mut stream).await;
     assert_eq!((progress.watch_id, progress.header.unwrap().revision), (-1, head), "progress at the store's revision");
 }
