@@ -179,9 +179,8 @@ async fn write_events(client: kube::Client, component: String, host: Option<Stri
             reporting_instance: host.clone(),
             ..Default::default()
         };
-        let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
-        match events.create(&PostParams::default(), &event).await {
-            Ok(_) => {
+        match create(&client, &namespace, &event).await {
+            Ok(()) => {
                 if seen.len() >= REMEMBERED {
                     seen.clear();
                 }
@@ -190,6 +189,16 @@ async fn write_events(client: kube::Client, component: String, host: Option<Stri
             Err(e) => tracing::debug!(error = %e, "cannot record an event"),
         }
     }
+}
+
+/// Creates `event`. The created Event the server answers is read as text
+/// and dropped: nothing here needs it decoded.
+async fn create(client: &kube::Client, namespace: &str, event: &Event) -> Result<(), kube::Error> {
+    let body = serde_json::to_vec(event).map_err(kube::Error::SerdeError)?;
+    let request = kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/events"))
+        .create(&PostParams::default(), body)
+        .map_err(kube::Error::BuildRequest)?;
+    client.request_text(request).await.map(drop)
 }
 
 #[cfg(test)]

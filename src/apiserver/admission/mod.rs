@@ -40,7 +40,7 @@ impl Operation {
 pub async fn mutate(call: &Call, obj: &mut Value, old: Option<&Value>, op: Operation) -> ApiResult<()> {
     node_restriction::admit(call, obj, old, op).await?;
     builtin::mutate(call, obj, op).await?;
-    webhook::call_all(call, obj, old, op, true).await
+    webhook::call_all(call, webhook::Reviewed::Mutable(obj), old, op).await
 }
 
 /// The validating plugins (and, for a delete, which no mutating plugin
@@ -49,7 +49,6 @@ pub async fn validate(call: &Call, obj: &Value, old: Option<&Value>, op: Operati
     if op == Operation::Delete {
         node_restriction::admit(call, obj, old, op).await?;
     }
-    let mut copy = obj.clone();
-    webhook::call_all(call, &mut copy, old, op, false).await?;
+    webhook::call_all(call, webhook::Reviewed::ReadOnly(obj), old, op).await?;
     resource_quota::admit(call, obj, old, op).await
 }

@@ -162,14 +162,26 @@ fn review(call: &Call, obj: &Value, old: Option<&Value>, op: Operation) -> Value
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
 }
 
-/// Calls every matching webhook of one kind (mutating or validating).
-pub async fn call_all(
-    call: &Call,
-    obj: &mut Value,
-    old: Option<&Value>,
-    op: Operation,
-    mutating: bool,
-) -> ApiResult<()> {
+/// The object the webhooks review: mutating webhooks may patch it,
+/// validating webhooks only read it (so it needs no copy).
+pub enum Reviewed<'a> {
+    Mutable(&'a mut Value),
+    ReadOnly(&'a Value),
+}
+
+impl Reviewed<'_> {
+    fn get(&self) -> &Value {
+        match self {
+            Reviewed::Mutable(obj) => obj,
+            Reviewed::ReadOnly(obj) => obj,
+        }
+    }
+}
+
+/// Calls every matching webhook of one kind: mutating ones for a
+/// `Reviewed::Mutable` object, validating ones for a read-only one.
+pub async fn call_all(call: &Call, mut obj: Reviewed<'_>, old: Option<&Value>, op: Operation) -> ApiResult<()> {
+    let mutating = matches!(obj, Reviewed::Mutable(_));
     // Webhooks never gate their own configuration, so they cannot lock the cluster.
     if call.resource.group == "admissionregistration.k8s.io" || call.resource.ephemeral {
         return Ok(());
@@ -192,7 +204,7 @@ pub async fn call_all(
                 }
             }
             if let Some(sel) = hook.get("objectSelector").filter(|s| s.as_object().is_some_and(|m| !m.is_empty())) {
-                let labels = obj.pointer("/metadata/labels").or(old.and_then(|o| o.pointer("/metadata/labels")));
+                let labels = obj.get().pointer("/metadata/labels").or(old.and_then(|o| o.pointer("/metadata/labels")));
                 if !LabelSelector::from_object(sel).matches(labels) {
                     continue;
                 }
@@ -204,7 +216,7 @@ pub async fn call_all(
             let timeout = Duration::from_secs(hook["timeoutSeconds"].as_u64().unwrap_or(10).clamp(1, 30));
             let ca = hook.pointer("/clientConfig/caBundle").and_then(Value::as_str).map(str::to_string);
             let outcome = match target(call, &hook["clientConfig"]).await {
-                Ok(t) => send(&t, ca.as_deref(), &review(call, obj, old, op), timeout).await,
+                Ok(t) => send(&t, ca.as_deref(), &review(call, obj.get(), old, op), timeout).await,
                 Err(e) => Err(e),
             };
             let response = match outcome {
@@ -226,7 +238,7 @@ pub async fn call_all(
                 };
                 return Err(ApiError::new(code, reason, text));
             }
-            if mutating {
+            if let Reviewed::Mutable(obj) = &mut obj {
                 if let Some(patch) = response["patch"].as_str() {
                     let raw = base64::engine::general_purpose::STANDARD.decode(patch).map_err(|e| {
                         ApiError::internal(format!("webhook \"{name}\" sent a patch that is not base64: {e}"))

@@ -164,19 +164,29 @@ pub fn init(conn: &Connection, new_id: impl Fn() -> u64) -> Result<Meta> {
     Ok(meta)
 }
 
+/// The meta row, with the revision the log has reached. The writer stores
+/// `meta.rev` only when it writes the row for another reason (compaction):
+/// every revision made since has rows in the log, and compaction removes
+/// none of them before it writes the row again, so the newest row's
+/// revision answers the rest.
 pub fn read_meta(conn: &Connection) -> rusqlite::Result<Meta> {
-    conn.prepare_cached("SELECT rev, compact_rev, compact_cursor, cluster_id, member_id FROM meta WHERE one = 0")?
-        .query_row([], |r| {
-            Ok(Meta {
-                rev: r.get(0)?,
-                compact_rev: r.get(1)?,
-                compact_cursor: r.get(2)?,
-                cluster_id: r.get::<_, i64>(3)? as u64,
-                member_id: r.get::<_, i64>(4)? as u64,
-            })
+    conn.prepare_cached(
+        "SELECT rev, compact_rev, compact_cursor, cluster_id, member_id, (SELECT max(id) FROM log)
+         FROM meta WHERE one = 0",
+    )?
+    .query_row([], |r| {
+        let newest_row: Option<i64> = r.get(5)?;
+        Ok(Meta {
+            rev: r.get::<_, i64>(0)?.max(newest_row.map_or(0, rev_of)),
+            compact_rev: r.get(1)?,
+            compact_cursor: r.get(2)?,
+            cluster_id: r.get::<_, i64>(3)? as u64,
+            member_id: r.get::<_, i64>(4)? as u64,
         })
+    })
 }
 
+/// Stores the meta row (see `read_meta` for when the writer needs to).
 pub fn write_meta(conn: &Connection, meta: &Meta) -> rusqlite::Result<()> {
     conn.prepare_cached("UPDATE meta SET rev = ?1, compact_rev = ?2, compact_cursor = ?3 WHERE one = 0")?.execute((
         meta.rev,

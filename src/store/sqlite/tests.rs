@@ -158,6 +158,42 @@ async fn physical_compaction_removes_superseded_rows() {
     assert!(matches!(err, StoreError::Compacted { .. }));
 }
 
+/// The meta row is written only when compaction moves; the revision after
+/// a restart is still the newest one made, whether it was made after the
+/// last compaction (rows in the log) or its rows were compacted away (a
+/// tombstone at the head).
+#[tokio::test]
+async fn the_revision_survives_a_restart_without_a_meta_row_per_commit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("state.db");
+    let reopen = |s: Arc<SqliteStore>| {
+        let path = path.clone();
+        async move {
+            s.close().await;
+            SqliteStore::open(SqliteOptions::new(path)).expect("reopen")
+        }
+    };
+    let s = SqliteStore::open(SqliteOptions::new(path.clone())).expect("open");
+    for i in 0..10 {
+        s.put(put("a", &i.to_string())).await.unwrap();
+    }
+    let head = get(&s, "a", 0).await.header.unwrap().revision;
+    assert_eq!(head, 11);
+    let s = reopen(s).await;
+    assert_eq!(get(&s, "a", 0).await.header.unwrap().revision, head, "writes since the last meta row");
+    assert_eq!(s.put(put("b", "1")).await.unwrap().header.unwrap().revision, head + 1);
+
+    // The head is a tombstone that a physical compaction removes.
+    s.delete_range(DeleteRangeRequest { key: b"b".to_vec(), ..Default::default() }).await.unwrap();
+    let head = head + 2;
+    s.compact(CompactionRequest { revision: head, physical: true }).await.unwrap();
+    let newest: i64 = s.read(|conn, _| Ok(conn.query_row("SELECT max(id) FROM log", [], |r| r.get(0))?)).await.unwrap();
+    assert!(schema::rev_of(newest) < head, "the head's rows are gone");
+    let s = reopen(s).await;
+    assert_eq!(get(&s, "a", 0).await.header.unwrap().revision, head, "a compacted head");
+    assert_eq!(s.put(put("c", "1")).await.unwrap().header.unwrap().revision, head + 1);
+}
+
 #[tokio::test]
 async fn compaction_in_many_steps_keeps_the_newest_rows_and_lets_writes_through() {
     let (_dir, s) = store().await;

@@ -300,7 +300,7 @@ impl Writer {
         let committed = if done.iter().any(Done::storage_failed) {
             Err("a storage error aborted the batch".to_string())
         } else {
-            schema::write_meta(&self.conn, &self.meta).and_then(|_| self.exec("COMMIT")).map_err(|e| e.to_string())
+            self.write_meta_if_compacted(&start).and_then(|_| self.exec("COMMIT")).map_err(|e| e.to_string())
         };
         match committed {
             Ok(()) => {
@@ -370,6 +370,16 @@ impl Writer {
             }
         }
         self.wake_physical_waiters();
+    }
+
+    /// Stores the meta row when this batch moved compaction's marks; the
+    /// revision alone needs no row write (`schema::read_meta` finds it in
+    /// the log), which spares every commit a statement and a page.
+    fn write_meta_if_compacted(&self, start: &schema::Meta) -> rusqlite::Result<()> {
+        if (self.meta.compact_rev, self.meta.compact_cursor) == (start.compact_rev, start.compact_cursor) {
+            return Ok(());
+        }
+        schema::write_meta(&self.conn, &self.meta)
     }
 
     /// Runs one statement without rows, prepared once per connection
