@@ -14,7 +14,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::store::Result;
 
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 const SUB_BITS: u32 = 24;
 /// The most changes one revision may carry (a delete of a huge range or a
 /// lease revoke with more attached keys fails rather than wrap).
@@ -151,6 +151,12 @@ pub fn init(conn: &Connection, new_id: impl Fn() -> u64) -> Result<Meta> {
              PRAGMA user_version = 2;
              COMMIT;",
         )?;
+    }
+    if version < 3 {
+        // Version 3: `meta.rev` is stored only with compaction's marks; the
+        // log's newest row gives the revision (`read_meta`). An older ferrok
+        // would read a stale revision and reuse it, so it must refuse the file.
+        conn.execute_batch("PRAGMA user_version = 3;")?;
     }
     if let Some(meta) = read_meta(conn).optional()? {
         return Ok(meta);

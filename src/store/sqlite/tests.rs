@@ -174,6 +174,9 @@ async fn the_revision_survives_a_restart_without_a_meta_row_per_commit() {
         }
     };
     let s = SqliteStore::open(SqliteOptions::new(path.clone())).expect("open");
+    // An older ferrok, which would read a stale revision, refuses the file.
+    let version: i64 = s.read(|conn, _| Ok(conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)).await.unwrap();
+    assert_eq!(version, 3);
     for i in 0..10 {
         s.put(put("a", &i.to_string())).await.unwrap();
     }
