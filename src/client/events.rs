@@ -195,7 +195,7 @@ async fn write_events(client: kube::Client, component: String, host: Option<Stri
 /// and dropped: nothing here needs it decoded.
 async fn create(client: &kube::Client, namespace: &str, event: &Event) -> Result<(), kube::Error> {
     let body = serde_json::to_vec(event).map_err(kube::Error::SerdeError)?;
-    let request = kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/events"))
+    let request = kube::core::Request::new(Event::url_path(&(), Some(namespace)))
         .create(&PostParams::default(), body)
         .map_err(kube::Error::BuildRequest)?;
     client.request_text(request).await.map(drop)

@@ -8,6 +8,11 @@ async fn store() -> (tempfile::TempDir, Arc<SqliteStore>) {
     (dir, store)
 }
 
+/// The one integer `sql` answers, read on one of the store's readers.
+async fn query_i64(s: &SqliteStore, sql: &'static str) -> i64 {
+    s.read(move |conn, _| Ok(conn.query_row(sql, [], |r| r.get(0))?)).await.unwrap()
+}
+
 fn put(key: &str, value: &str) -> PutRequest {
     PutRequest { key: key.into(), value: value.into(), ..Default::default() }
 }
@@ -148,7 +153,7 @@ async fn physical_compaction_removes_superseded_rows() {
     s.delete_range(DeleteRangeRequest { key: b"c0".to_vec(), ..Default::default() }).await.unwrap();
     let head = get(&s, "c1", 0).await.header.unwrap().revision;
     s.compact(CompactionRequest { revision: head, physical: true }).await.unwrap();
-    let rows: i64 = s.read(|conn, _| Ok(conn.query_row("SELECT count(*) FROM log", [], |r| r.get(0))?)).await.unwrap();
+    let rows = query_i64(&s, "SELECT count(*) FROM log").await;
     // c1..c4 keep their newest row; c0's tombstone and history are gone.
     assert_eq!(rows, 4);
     assert_eq!(get(&s, "c4", head).await.kvs[0].value, b"49");
@@ -175,7 +180,7 @@ async fn the_revision_survives_a_restart_without_a_meta_row_per_commit() {
     };
     let s = SqliteStore::open(SqliteOptions::new(path.clone())).expect("open");
     // An older ferrok, which would read a stale revision, refuses the file.
-    let version: i64 = s.read(|conn, _| Ok(conn.query_row("PRAGMA user_version", [], |r| r.get(0))?)).await.unwrap();
+    let version = query_i64(&s, "PRAGMA user_version").await;
     assert_eq!(version, 3);
     for i in 0..10 {
         s.put(put("a", &i.to_string())).await.unwrap();
@@ -190,7 +195,7 @@ async fn the_revision_survives_a_restart_without_a_meta_row_per_commit() {
     s.delete_range(DeleteRangeRequest { key: b"b".to_vec(), ..Default::default() }).await.unwrap();
     let head = head + 2;
     s.compact(CompactionRequest { revision: head, physical: true }).await.unwrap();
-    let newest: i64 = s.read(|conn, _| Ok(conn.query_row("SELECT max(id) FROM log", [], |r| r.get(0))?)).await.unwrap();
+    let newest = query_i64(&s, "SELECT max(id) FROM log").await;
     assert!(schema::rev_of(newest) < head, "the head's rows are gone");
     let s = reopen(s).await;
     assert_eq!(get(&s, "a", 0).await.header.unwrap().revision, head, "a compacted head");
