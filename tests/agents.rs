@@ -419,7 +419,9 @@ fn pods_on_every_node_reach_each_other() {
     b.launch();
     let server = cluster.server();
     server.apply(&manifests());
-    server.eventually("the DaemonSet's pod running on all three nodes", 120, || pods_of(server, "hello").len() == 3);
+    server.eventually_across("the DaemonSet's pod running on all three nodes", 120, &[&a, &b], || {
+        pods_of(server, "hello").len() == 3
+    });
     let hello = pods_of(server, "hello");
     let by_name = |n: &str| -> &Node {
         [server, &a, &b].into_iter().find(|x| x.name == n).unwrap_or_else(|| panic!("no node {n}"))

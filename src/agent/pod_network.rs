@@ -68,6 +68,12 @@ pub async fn run(
                 continue;
             }
         };
+        if node.metadata.name.as_deref() != Some(net.node_name.as_str()) {
+            // The watch's field selector answers only this node; another's
+            // podCIDR on this node's bridge would break every new pod.
+            tracing::warn!(node = ?node.metadata.name, "the node watch answered another node; ignored");
+            continue;
+        }
         let Some(cidr) = node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()) else { continue };
         let cidr = match Ipv4Net::parse(cidr) {
             Ok(c) => c,
@@ -78,6 +84,9 @@ pub async fn run(
         };
         if current == Some(cidr) {
             continue;
+        }
+        if let Some(old) = current {
+            tracing::warn!(%old, new = %cidr, "the node's podCIDR changed; pods on the old one lose their network");
         }
         if let Err(e) = bridge::ensure(cidr, net.service_cidr).await {
             tracing::error!(error = %e, "cannot set up the pods' bridge");

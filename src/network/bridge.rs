@@ -7,6 +7,7 @@
 use std::net::Ipv4Addr;
 
 use super::cni::{Ipv4Net, BRIDGE};
+use super::overlay::{ip as iproute, OverlayError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
@@ -16,6 +17,8 @@ pub enum BridgeError {
     Failed { args: String, message: String },
     #[error("cannot set {path}: {source}")]
     Sysctl { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Ip(#[from] OverlayError),
 }
 
 async fn ip(args: &[&str]) -> Result<(), BridgeError> {
@@ -49,6 +52,12 @@ pub async fn ensure(pod_cidr: Ipv4Net, service_cidr: Ipv4Net) -> Result<(), Brid
     }
     let addr = format!("{}/{}", gateway(pod_cidr), pod_cidr.prefix);
     ip(&["addr", "replace", &addr, "dev", BRIDGE]).await?;
+    // The CNI bridge plugin refuses a bridge with any other IPv4 address
+    // (an earlier podCIDR's gateway), so every new pod would fail.
+    for stale in iproute::other_ipv4_addrs(BRIDGE, &addr).await? {
+        tracing::warn!(address = %stale, "removing an address of another podCIDR from the pods' bridge");
+        iproute::ip_delete(&["addr", "del", &stale, "dev", BRIDGE]).await?;
+    }
     ip(&["link", "set", BRIDGE, "up"]).await?;
     ip(&["route", "replace", &service_cidr.to_string(), "dev", BRIDGE]).await?;
     sysctl("/proc/sys/net/ipv4/ip_forward", "1")?;

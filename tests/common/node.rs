@@ -500,7 +500,13 @@ spec:
     }
 
     /// Polls `check` every 200 ms until it holds, for up to `secs` seconds.
-    pub fn eventually(&self, what: &str, secs: u64, mut check: impl FnMut() -> bool) {
+    pub fn eventually(&self, what: &str, secs: u64, check: impl FnMut() -> bool) {
+        self.eventually_across(what, secs, &[], check)
+    }
+
+    /// `eventually`, and on a timeout also the pod-network state and the
+    /// warnings of the other `nodes` (agents) the check depends on.
+    pub fn eventually_across(&self, what: &str, secs: u64, nodes: &[&Node], mut check: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(secs);
         while !check() {
             if Instant::now() >= deadline {
@@ -512,10 +518,27 @@ spec:
                     .filter(|l| !l.contains("ferrok::apiserver: request"))
                     .collect::<Vec<_>>()
                     .join("\n");
-                panic!("timed out waiting for {what}\n--- pods ---\n{pods}\n--- events ---\n{}\n--- server log tail ---\n{}", tail(&events, 40), tail(&log, 40));
+                let others: String =
+                    std::iter::once(self).chain(nodes.iter().copied()).map(Node::network_report).collect();
+                panic!("timed out waiting for {what}\n--- pods ---\n{pods}\n--- events ---\n{}\n{others}--- server log tail ---\n{}", tail(&events, 40), tail(&log, 40));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// The node's pod bridge addresses, and its log's pod-network lines and
+    /// warnings, for a failure message.
+    pub fn network_report(&self) -> String {
+        let bridge = self.on_host(&["ip", "-4", "-br", "addr", "show", "dev", "ferrok0"]).1;
+        let log: Vec<String> = self
+            .log()
+            .lines()
+            .filter(|l| {
+                l.contains("pod_cidr") || l.contains("podCIDR") || l.contains(" WARN ") || l.contains(" ERROR ")
+            })
+            .map(str::to_string)
+            .collect();
+        format!("--- {} ({}): {}\n{}\n", self.name, self.netns, bridge.trim(), tail(&log.join("\n"), 15))
     }
 }
 

@@ -247,8 +247,45 @@ pub fn serviceaccount_hooks() -> Hooks {
     }
 }
 
+/// A node's podCIDRs as upstream keeps them (`podCIDRs`, else `[podCIDR]`).
+fn node_pod_cidrs(o: &Value) -> Vec<&str> {
+    let list: Vec<&str> = at(o, &["spec", "podCIDRs"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    if !list.is_empty() {
+        return list;
+    }
+    str_at(o, &["spec", "podCIDR"]).filter(|c| !c.is_empty()).into_iter().collect()
+}
+
+/// Upstream's `ValidateNodeUpdate`: a podCIDR or providerID, once set, stays
+/// (pods and routes are built on them).
+fn validate_node_change(subresource: Option<&str>, new: &Value, old: Option<&Value>) -> Vec<Cause> {
+    let (None, Some(old)) = (subresource, old) else { return Vec::new() };
+    let mut causes = Vec::new();
+    let old_cidrs = node_pod_cidrs(old);
+    if !old_cidrs.is_empty() && old_cidrs != node_pod_cidrs(new) {
+        causes.push(Cause::forbidden(
+            "spec.podCIDRs",
+            "Forbidden: node updates may not change podCIDR except from \"\" to valid",
+        ));
+    }
+    let provider = |o| str_at(o, &["spec", "providerID"]).unwrap_or_default();
+    if !provider(old).is_empty() && provider(old) != provider(new) {
+        causes.push(Cause::forbidden(
+            "spec.providerID",
+            "Forbidden: node updates may not change providerID except from \"\" to valid",
+        ));
+    }
+    causes
+}
+
 pub fn node_hooks() -> Hooks {
     Hooks {
+        validate_change: validate_node_change,
         // A kubelet registers its node with the status filled in; upstream
         // keeps all of it on create.
         initial_status: |obj| Some(obj.get("status").cloned().unwrap_or_else(|| json!({}))),
@@ -333,5 +370,35 @@ mod secret_tests {
         let mut o = json!({"stringData": {"k": "v"}});
         super::merge_string_data(&mut o);
         assert_eq!(o, json!({"data": {"k": "dg=="}}));
+    }
+}
+
+#[cfg(test)]
+mod node_tests {
+    use serde_json::json;
+
+    use super::validate_node_change;
+
+    #[test]
+    fn a_podcidr_once_set_stays() {
+        let unset = json!({"spec": {}});
+        let a = json!({"spec": {"podCIDR": "10.42.1.0/24", "podCIDRs": ["10.42.1.0/24"]}});
+        let b = json!({"spec": {"podCIDR": "10.42.2.0/24", "podCIDRs": ["10.42.2.0/24"]}});
+        // From unset to a value: the IPAM controller's allocation.
+        assert!(validate_node_change(None, &a, Some(&unset)).is_empty());
+        assert!(validate_node_change(None, &a, Some(&a)).is_empty());
+        let causes = validate_node_change(None, &b, Some(&a));
+        assert_eq!(causes.len(), 1);
+        assert_eq!(causes[0].field, "spec.podCIDRs");
+        assert_eq!(causes[0].reason, "FieldValueForbidden");
+        // Cleared is a change too; the old single-field form counts.
+        assert_eq!(validate_node_change(None, &unset, Some(&a)).len(), 1);
+        assert_eq!(validate_node_change(None, &b, Some(&json!({"spec": {"podCIDR": "10.42.1.0/24"}}))).len(), 1);
+        // The status subresource keeps the spec anyway; a create has no old.
+        assert!(validate_node_change(Some("status"), &b, Some(&a)).is_empty());
+        assert!(validate_node_change(None, &b, None).is_empty());
+        let p = |id: &str| json!({"spec": {"providerID": id}});
+        assert!(validate_node_change(None, &p("k3s://n"), Some(&json!({"spec": {}}))).is_empty());
+        assert_eq!(validate_node_change(None, &p("k3s://m"), Some(&p("k3s://n")))[0].field, "spec.providerID");
     }
 }

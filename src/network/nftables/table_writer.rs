@@ -9,8 +9,11 @@
 //!   transaction, and falling back to one transaction per update when a
 //!   batch is refused, so one part's mistake does not hold up another's;
 //! - when a part renders itself in full again (after a refused update, say),
-//!   asks every part for a fresh rendering and replaces the whole table
-//!   atomically, since nothing else is known to be in step.
+//!   asks every *other* part for a fresh rendering and replaces the whole
+//!   table atomically, since nothing else is known to be in step. The part
+//!   that asked is not asked back: its rendering is the fresh one, and a
+//!   part asked by its own rendering would answer with another one, which
+//!   would ask again, reloading the table every [`RESYNC_WAIT`] forever.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -28,7 +31,7 @@ const RESYNC_WAIT: Duration = Duration::from_secs(2);
 type Done = oneshot::Sender<Result<(), NftError>>;
 
 enum Request {
-    Register(&'static str),
+    Register(&'static str, watch::Sender<u64>),
     Full { part: &'static str, gen: u64, text: String, done: Done },
     Update { part: &'static str, text: String, done: Done },
 }
@@ -52,7 +55,6 @@ impl Apply for Nft {
 #[derive(Clone)]
 pub struct TableWriter {
     tx: mpsc::UnboundedSender<Request>,
-    resync: watch::Receiver<u64>,
 }
 
 /// One part's way to the table.
@@ -71,15 +73,15 @@ impl TableWriter {
 
     pub fn start_with(apply: impl Apply) -> TableWriter {
         let (tx, rx) = mpsc::unbounded_channel();
-        let (gen_tx, gen_rx) = watch::channel(0);
-        let writer = Writer { apply, parts: BTreeMap::new(), gen: gen_tx, loaded: false, wait: None };
+        let writer = Writer { apply, parts: BTreeMap::new(), gen: 0, loaded: false, wait: None };
         tokio::spawn(writer.run(rx));
-        TableWriter { tx, resync: gen_rx }
+        TableWriter { tx }
     }
 
     pub fn part(&self, name: &'static str) -> Part {
-        let _ = self.tx.send(Request::Register(name));
-        Part { name, tx: self.tx.clone(), resync: self.resync.clone() }
+        let (resync_tx, resync) = watch::channel(0);
+        let _ = self.tx.send(Request::Register(name, resync_tx));
+        Part { name, tx: self.tx.clone(), resync }
     }
 }
 
@@ -95,7 +97,7 @@ impl Part {
         self.send(|done| Request::Update { part: self.name, text, done }).await
     }
 
-    /// Changes when the writer wants a full rendering from every part.
+    /// Changes when the writer wants a full rendering from this part.
     pub fn resync_requests(&self) -> watch::Receiver<u64> {
         let mut rx = self.resync.clone();
         rx.mark_unchanged();
@@ -109,12 +111,13 @@ impl Part {
     }
 }
 
-#[derive(Default)]
 struct PartState {
     /// The latest full rendering, and the resync generation it answers.
     full: Option<(String, u64)>,
     /// Whether the table holds this part's objects.
     loaded: bool,
+    /// Where this part is asked for a rendering of a newer generation.
+    resync: watch::Sender<u64>,
 }
 
 /// A whole-table load being prepared: the parts' renderings are awaited.
@@ -129,7 +132,8 @@ struct Wait {
 struct Writer<A> {
     apply: A,
     parts: BTreeMap<&'static str, PartState>,
-    gen: watch::Sender<u64>,
+    /// The resync generation every part's rendering must answer.
+    gen: u64,
     /// Whether the first whole-table load has happened.
     loaded: bool,
     wait: Option<Wait>,
@@ -163,18 +167,22 @@ impl<A: Apply> Writer<A> {
 
     async fn handle(&mut self, msg: Request, updates: &mut Vec<(&'static str, String, Done)>) {
         match msg {
-            Request::Register(name) => {
-                self.parts.entry(name).or_default();
+            Request::Register(name, resync) => {
+                // One registered after a resync (none do today) starts in step.
+                resync.send_if_modified(|g| std::mem::replace(g, self.gen) != self.gen);
+                self.parts.insert(name, PartState { full: None, loaded: false, resync });
                 if !self.loaded && self.wait.is_none() {
                     self.wait =
                         Some(Wait { deadline: Instant::now() + START_WAIT, fulls: Vec::new(), updates: Vec::new() });
                 }
             }
             Request::Full { part, gen, text, done } => {
-                let state = self.parts.entry(part).or_default();
-                let was_loaded = state.loaded;
-                state.full = Some((text, gen));
+                let Some(state) = self.parts.get_mut(part) else {
+                    let _ = done.send(Err(NftError::Stopped));
+                    return;
+                };
                 if let Some(wait) = &mut self.wait {
+                    state.full = Some((text, gen));
                     // Its earlier updates are part of this rendering.
                     for (_, _, d) in wait.updates.extract_if(.., |(p, _, _)| *p == part) {
                         let _ = d.send(Ok(()));
@@ -183,17 +191,22 @@ impl<A: Apply> Writer<A> {
                         let _ = d.send(Ok(()));
                     }
                     wait.fulls.push(done);
-                } else if !was_loaded {
+                } else if !state.loaded {
                     // A part that missed the first load only adds its objects.
-                    let text = state.full.as_ref().map(|(t, _)| t.clone()).unwrap_or_default();
                     let result = self.apply.apply(&text).await;
-                    if result.is_ok() {
-                        state.loaded = true;
-                    }
+                    state.loaded = result.is_ok();
+                    state.full = Some((text, gen));
                     let _ = done.send(result);
                 } else {
-                    let next = *self.gen.borrow() + 1;
-                    self.gen.send_replace(next);
+                    // This rendering answers a new generation; the other
+                    // parts are asked for theirs.
+                    self.gen += 1;
+                    state.full = Some((text, self.gen));
+                    for (name, other) in &self.parts {
+                        if *name != part {
+                            other.resync.send_replace(self.gen);
+                        }
+                    }
                     for (_, _, d) in updates.extract_if(.., |(p, _, _)| *p == part) {
                         let _ = d.send(Ok(()));
                     }
@@ -215,8 +228,7 @@ impl<A: Apply> Writer<A> {
 
     /// Every registered part has answered the current resync generation.
     fn all_rendered(&self) -> bool {
-        let gen = *self.gen.borrow();
-        self.parts.values().all(|p| p.full.as_ref().is_some_and(|(_, g)| *g >= gen))
+        self.parts.values().all(|p| p.full.as_ref().is_some_and(|(_, g)| *g >= self.gen))
     }
 
     /// Replaces the whole table with the parts' latest renderings.
@@ -340,17 +352,25 @@ mod tests {
         ra.unwrap();
         rb.unwrap();
         rec.take();
+        let a_asked = a.resync_requests();
         let mut asked = b.resync_requests();
         let answer_b = async {
             asked.changed().await.unwrap();
             b.full("B2\n".into()).await
         };
-        let (ra, rb) = tokio::join!(a.full("A2\n".into()), answer_b);
+        // A's rendering answers the resync it starts: the table is reloaded
+        // as soon as B has answered, not when the wait for laggards ends.
+        let (ra, rb) = tokio::time::timeout(RESYNC_WAIT / 2, async { tokio::join!(a.full("A2\n".into()), answer_b) })
+            .await
+            .expect("the reload waited for a part that had already rendered");
         ra.unwrap();
         rb.unwrap();
         let log = rec.take();
         assert_eq!(log.len(), 1);
         assert!(log[0].ends_with("A2\nB2\n"));
+        // And A is not asked back (its answer would start another resync,
+        // and so on forever).
+        assert!(!a_asked.has_changed().unwrap(), "a part was asked to resync by its own rendering");
     }
 
     #[tokio::test]

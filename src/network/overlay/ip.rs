@@ -50,6 +50,18 @@ pub async fn bridge_delete(args: &[&str]) -> Result<(), OverlayError> {
     delete("bridge", args).await
 }
 
+/// The IPv4 addresses (`a.b.c.d/n`) on `dev` other than `keep`.
+pub async fn other_ipv4_addrs(dev: &str, keep: &str) -> Result<Vec<String>, OverlayError> {
+    let links = json("ip", &["-j", "-4", "addr", "show", "dev", dev]).await?;
+    Ok(links
+        .iter()
+        .filter_map(|l| l.get("addr_info")?.as_array())
+        .flatten()
+        .filter_map(|a| Some(format!("{}/{}", str_of(a, "local")?, a.get("prefixlen")?)))
+        .filter(|have| have != keep)
+        .collect())
+}
+
 async fn json(cmd: &str, args: &[&str]) -> Result<Vec<Value>, OverlayError> {
     let out = run(cmd, args).await?;
     if out.trim().is_empty() {

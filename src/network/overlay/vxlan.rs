@@ -73,16 +73,7 @@ pub async fn ensure_device(underlay: &Underlay, pod_cidr: Ipv4Net) -> Result<Str
     ip::ip(&["link", "set", "dev", DEVICE, "mtu", &mtu(underlay).to_string()]).await?;
     let vtep = format!("{}/32", pod_cidr.addr);
     // Any other address (an earlier podCIDR's) goes.
-    let addrs = ip::ip(&["-j", "-4", "addr", "show", "dev", DEVICE]).await?;
-    let addrs: Vec<Value> = serde_json::from_str(&addrs).unwrap_or_default();
-    let stale: Vec<String> = addrs
-        .iter()
-        .filter_map(|l| l.get("addr_info")?.as_array())
-        .flatten()
-        .filter_map(|a| Some(format!("{}/{}", a.get("local")?.as_str()?, a.get("prefixlen")?)))
-        .filter(|have| *have != vtep)
-        .collect();
-    for have in stale {
+    for have in ip::other_ipv4_addrs(DEVICE, &vtep).await? {
         ip::ip_delete(&["addr", "del", &have, "dev", DEVICE]).await?;
     }
     ip::ip(&["addr", "replace", &vtep, "dev", DEVICE]).await?;
