@@ -91,6 +91,46 @@ fn pod_cidrs(node: &Node) -> Vec<String> {
     out
 }
 
+/// What a reconcile does for a node without a podCIDR (as far as the
+/// object it was handed knows).
+#[derive(Debug, PartialEq, Eq)]
+enum Allocation {
+    /// The cache has caught up with an earlier allocation: nothing to do.
+    Done,
+    /// Write this slice (a new one, or the one already chosen for the node).
+    Write(u32),
+    /// No slice is free.
+    Exhausted,
+}
+
+/// Chooses the node's slice from the cache and the allocations written but
+/// not yet seen in it.
+fn allocate(name: &str, cached: &[Arc<Node>], cidrs: &CidrSet, pending: &mut BTreeMap<String, u32>) -> Allocation {
+    let named = |c: &Node| c.metadata.name.as_deref() == Some(name);
+    // The reconciled object can be older than the cache read here: once
+    // the cache shows the node's podCIDR, its slice counts as used, and a
+    // second allocation would move the node to another (which the API
+    // server refuses, as upstream).
+    if cached.iter().any(|c| named(c) && !pod_cidrs(c).is_empty()) {
+        pending.remove(name);
+        return Allocation::Done;
+    }
+    // Forget pending allocations the cache has caught up with, or whose node is gone.
+    pending.retain(|n, _| cached.iter().any(|c| c.metadata.name.as_deref() == Some(n) && pod_cidrs(c).is_empty()));
+    if let Some(i) = pending.get(name) {
+        return Allocation::Write(*i);
+    }
+    let mut used: BTreeSet<u32> = cached.iter().flat_map(|n| pod_cidrs(n)).filter_map(|c| cidrs.index_of(&c)).collect();
+    used.extend(pending.values().copied());
+    match cidrs.first_free(&used) {
+        Some(i) => {
+            pending.insert(name.to_string(), i);
+            Allocation::Write(i)
+        }
+        None => Allocation::Exhausted,
+    }
+}
+
 async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     let name = node.metadata.name.clone().unwrap_or_default();
     if node.metadata.deletion_timestamp.is_some() || !pod_cidrs(&node).is_empty() {
@@ -100,20 +140,10 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Control
         let Ok(mut pending) = ctx.pending.lock() else {
             return Err(ControllerError::Invalid("node IPAM state poisoned".into()));
         };
-        let cached = ctx.nodes.state();
-        // Forget pending allocations the cache has caught up with, or whose node is gone.
-        pending.retain(|n, _| cached.iter().any(|c| c.metadata.name.as_deref() == Some(n) && pod_cidrs(c).is_empty()));
-        let mut used: BTreeSet<u32> =
-            cached.iter().flat_map(|n| pod_cidrs(n)).filter_map(|c| ctx.cidrs.index_of(&c)).collect();
-        if let Some(i) = pending.get(&name) {
-            Some(*i)
-        } else {
-            used.extend(pending.values().copied());
-            let free = ctx.cidrs.first_free(&used);
-            if let Some(i) = free {
-                pending.insert(name.clone(), i);
-            }
-            free
+        match allocate(&name, &ctx.nodes.state(), &ctx.cidrs, &mut pending) {
+            Allocation::Done => return Ok(Action::await_change()),
+            Allocation::Write(i) => Some(i),
+            Allocation::Exhausted => None,
         }
     };
     let Some(index) = index else {
@@ -198,5 +228,33 @@ mod tests {
         let tiny = CidrSet::new((Ipv4Addr::new(10, 0, 0, 0), 30), 31).unwrap();
         assert_eq!(tiny.first_free(&[0, 1].into_iter().collect()), None);
         assert!(CidrSet::new((Ipv4Addr::new(10, 0, 0, 0), 24), 16).is_err());
+    }
+
+    fn node(name: &str, cidr: Option<&str>) -> Arc<Node> {
+        let spec = cidr.map(|c| serde_json::json!({"podCIDR": c, "podCIDRs": [c]})).unwrap_or_default();
+        Arc::new(serde_json::from_value(serde_json::json!({"metadata": {"name": name}, "spec": spec})).unwrap())
+    }
+
+    #[test]
+    fn a_node_keeps_its_slice_while_the_cache_catches_up() {
+        let set = CidrSet::new((Ipv4Addr::new(10, 42, 0, 0), 16), 24).unwrap();
+        let mut pending = BTreeMap::new();
+        let server = node("server", Some("10.42.0.0/24"));
+        // Two agents register at once: each gets its own slice, and asking
+        // again before the cache has the write gives the same one.
+        let cache = vec![server.clone(), node("a", None), node("b", None)];
+        assert_eq!(allocate("a", &cache, &set, &mut pending), Allocation::Write(1));
+        assert_eq!(allocate("b", &cache, &set, &mut pending), Allocation::Write(2));
+        assert_eq!(allocate("a", &cache, &set, &mut pending), Allocation::Write(1));
+        // The cache has a's write, but this reconcile was handed the object
+        // from before it (the CI failure): a is done, not moved to slice 3.
+        let cache = vec![server.clone(), node("a", Some("10.42.1.0/24")), node("b", None)];
+        assert_eq!(allocate("a", &cache, &set, &mut pending), Allocation::Done);
+        assert_eq!(allocate("b", &cache, &set, &mut pending), Allocation::Write(2));
+        // A deleted node's slice is free again.
+        let cache = vec![server, node("b", Some("10.42.2.0/24")), node("c", None)];
+        assert_eq!(allocate("c", &cache, &set, &mut pending), Allocation::Write(1));
+        let tiny = CidrSet::new((Ipv4Addr::new(10, 0, 0, 0), 31), 31).unwrap();
+        assert_eq!(allocate("z", &[node("y", Some("10.0.0.0/31"))], &tiny, &mut BTreeMap::new()), Allocation::Exhausted);
     }
 }
