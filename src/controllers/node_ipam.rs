@@ -255,6 +255,9 @@ mod tests {
         let cache = vec![server, node("b", Some("10.42.2.0/24")), node("c", None)];
         assert_eq!(allocate("c", &cache, &set, &mut pending), Allocation::Write(1));
         let tiny = CidrSet::new((Ipv4Addr::new(10, 0, 0, 0), 31), 31).unwrap();
-        assert_eq!(allocate("z", &[node("y", Some("10.0.0.0/31"))], &tiny, &mut BTreeMap::new()), Allocation::Exhausted);
+        assert_eq!(
+            allocate("z", &[node("y", Some("10.0.0.0/31"))], &tiny, &mut BTreeMap::new()),
+            Allocation::Exhausted
+        );
     }
 }

@@ -147,7 +147,8 @@ impl Drop for Cluster {
         // Agents first (their pods), then the servers, then the router.
         self.agents.clear();
         self.servers.clear();
-        let _ = Command::new("ip").args(["netns", "del", &self.router]).output();
+        // The host's end of the uplink before the namespace (see Node's teardown).
         let _ = Command::new("ip").args(["link", "del", &format!("fkh{}", self.r)]).output();
+        let _ = Command::new("ip").args(["netns", "del", &self.router]).output();
     }
 }

@@ -368,9 +368,11 @@ impl Node {
         }
         std::thread::sleep(Duration::from_millis(100));
         unmount_under(self.dir.path());
-        let _ = run("ip", &["netns", "del", &self.netns]);
+        // The host's end of the link first, while fk-<n> is still ours: once
+        // the namespace is gone another test may take fk-<n> and its fkh<n>.
         let n = self.netns.trim_start_matches("fk-");
         let _ = run("ip", &["link", "del", &format!("fkh{n}")]);
+        let _ = run("ip", &["netns", "del", &self.netns]);
         if let Ok(entries) = std::fs::read_dir("/sys/fs/cgroup") {
             for e in entries.filter_map(Result::ok) {
                 remove_cgroup(&e.path().join(self.cgroup_root.trim_start_matches('/')));

@@ -182,7 +182,11 @@ impl<A: Apply> Writer<A> {
                     return;
                 };
                 if let Some(wait) = &mut self.wait {
-                    state.full = Some((text, gen));
+                    // A later rendering answers at least what the part's
+                    // earlier one did (the part is not told of the
+                    // generation its own rendering started).
+                    let answered = state.full.as_ref().map_or(0, |(_, g)| *g);
+                    state.full = Some((text, gen.max(answered)));
                     // Its earlier updates are part of this rendering.
                     for (_, _, d) in wait.updates.extract_if(.., |(p, _, _)| *p == part) {
                         let _ = d.send(Ok(()));
@@ -371,6 +375,39 @@ mod tests {
         // And A is not asked back (its answer would start another resync,
         // and so on forever).
         assert!(!a_asked.has_changed().unwrap(), "a part was asked to resync by its own rendering");
+    }
+
+    #[tokio::test]
+    async fn a_part_rendering_again_during_its_own_resync_still_counts() {
+        let rec = Recorder::default();
+        let writer = TableWriter::start_with(rec.clone());
+        let a = writer.part("a");
+        let b = writer.part("b");
+        let (ra, rb) = tokio::join!(a.full("A1\n".into()), b.full("B1\n".into()));
+        ra.unwrap();
+        rb.unwrap();
+        rec.take();
+        let mut asked = b.resync_requests();
+        let answer_b = async {
+            asked.changed().await.unwrap();
+            // A renders once more before B answers.
+            tokio::task::yield_now().await;
+            b.full("B2\n".into()).await
+        };
+        let again = async {
+            tokio::task::yield_now().await;
+            a.full("A3\n".into()).await
+        };
+        let (r2, r3, rb) =
+            tokio::time::timeout(RESYNC_WAIT / 2, async { tokio::join!(a.full("A2\n".into()), again, answer_b) })
+                .await
+                .expect("the reload waited for a part that had rendered twice");
+        r2.unwrap();
+        r3.unwrap();
+        rb.unwrap();
+        let log = rec.take();
+        assert_eq!(log.len(), 1, "{log:?}");
+        assert!(log[0].ends_with("A3\nB2\n"));
     }
 
     #[tokio::test]
