@@ -346,8 +346,8 @@ mod tests {
         assert_eq!(rec.take(), ["u3\nbad", "u3", "bad"]);
     }
 
-    #[tokio::test]
-    async fn a_new_full_rendering_asks_every_part_and_reloads_the_table() {
+    /// Parts a and b, loaded with their first renderings; the log emptied.
+    async fn loaded_pair() -> (Recorder, Part, Part) {
         let rec = Recorder::default();
         let writer = TableWriter::start_with(rec.clone());
         let a = writer.part("a");
@@ -356,6 +356,12 @@ mod tests {
         ra.unwrap();
         rb.unwrap();
         rec.take();
+        (rec, a, b)
+    }
+
+    #[tokio::test]
+    async fn a_new_full_rendering_asks_every_part_and_reloads_the_table() {
+        let (rec, a, b) = loaded_pair().await;
         let a_asked = a.resync_requests();
         let mut asked = b.resync_requests();
         let answer_b = async {
@@ -379,14 +385,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_part_rendering_again_during_its_own_resync_still_counts() {
-        let rec = Recorder::default();
-        let writer = TableWriter::start_with(rec.clone());
-        let a = writer.part("a");
-        let b = writer.part("b");
-        let (ra, rb) = tokio::join!(a.full("A1\n".into()), b.full("B1\n".into()));
-        ra.unwrap();
-        rb.unwrap();
-        rec.take();
+        let (rec, a, b) = loaded_pair().await;
         let mut asked = b.resync_requests();
         let answer_b = async {
             asked.changed().await.unwrap();
