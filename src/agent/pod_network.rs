@@ -68,12 +68,6 @@ pub async fn run(
                 continue;
             }
         };
-        if node.metadata.name.as_deref() != Some(net.node_name.as_str()) {
-            // The watch's field selector answers only this node; another's
-            // podCIDR on this node's bridge would break every new pod.
-            tracing::warn!(node = ?node.metadata.name, "the node watch answered another node; ignored");
-            continue;
-        }
         let Some(cidr) = node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()) else { continue };
         let cidr = match Ipv4Net::parse(cidr) {
             Ok(c) => c,

@@ -7,28 +7,16 @@
 use std::net::Ipv4Addr;
 
 use super::cni::{Ipv4Net, BRIDGE};
-use super::overlay::{ip as iproute, OverlayError};
+use super::overlay::ip::{ip, ip_delete, other_ipv4_addrs};
+use super::overlay::OverlayError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
-    #[error("`ip` is not installed (Debian package: iproute2)")]
-    Missing,
-    #[error("ip {args}: {message}")]
-    Failed { args: String, message: String },
-    #[error("cannot set {path}: {source}")]
-    Sysctl { path: String, source: std::io::Error },
+    /// `ip` is missing or refused a change.
     #[error(transparent)]
     Ip(#[from] OverlayError),
-}
-
-async fn ip(args: &[&str]) -> Result<(), BridgeError> {
-    let bin = crate::host::find_binary("ip").ok_or(BridgeError::Missing)?;
-    let failed = |message: String| BridgeError::Failed { args: args.join(" "), message };
-    let out = tokio::process::Command::new(bin).args(args).output().await.map_err(|e| failed(e.to_string()))?;
-    if !out.status.success() {
-        return Err(failed(String::from_utf8_lossy(&out.stderr).trim().to_string()));
-    }
-    Ok(())
+    #[error("cannot set {path}: {source}")]
+    Sysctl { path: String, source: std::io::Error },
 }
 
 fn sysctl(path: &str, value: &str) -> Result<(), BridgeError> {
@@ -52,11 +40,12 @@ pub async fn ensure(pod_cidr: Ipv4Net, service_cidr: Ipv4Net) -> Result<(), Brid
     }
     let addr = format!("{}/{}", gateway(pod_cidr), pod_cidr.prefix);
     ip(&["addr", "replace", &addr, "dev", BRIDGE]).await?;
-    // The CNI bridge plugin refuses a bridge with any other IPv4 address
-    // (an earlier podCIDR's gateway), so every new pod would fail.
-    for stale in iproute::other_ipv4_addrs(BRIDGE, &addr).await? {
+    // The CNI bridge plugin refuses a bridge with any other IPv4 address,
+    // so every new pod would fail: the gateway of the podCIDR this node had
+    // before its Node was deleted and registered again, say.
+    for stale in other_ipv4_addrs(BRIDGE, &addr).await? {
         tracing::warn!(address = %stale, "removing an address of another podCIDR from the pods' bridge");
-        iproute::ip_delete(&["addr", "del", &stale, "dev", BRIDGE]).await?;
+        ip_delete(&["addr", "del", &stale, "dev", BRIDGE]).await?;
     }
     ip(&["link", "set", BRIDGE, "up"]).await?;
     ip(&["route", "replace", &service_cidr.to_string(), "dev", BRIDGE]).await?;
