@@ -11,15 +11,81 @@
 //! [`annotate`]; the served OpenAPI documents then carry them too, as
 //! upstream's do. Custom resources bring theirs in the CRD's schema.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
+
+/// The component every `resource.Quantity` refers to.
+const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
 
 /// The components of an OpenAPI document and the name of a kind's root schema.
 #[derive(Debug, Default, Clone)]
 pub struct SchemaSet {
     pub root: String,
-    pub components: Map<String, Value>,
+    /// By name: every step through a `$ref` looks one up, and a hash beats
+    /// a tree walk comparing names that share their first 20 bytes.
+    components: HashMap<String, Value>,
+    /// The components under which no quantity can be found (an ObjectMeta,
+    /// a Probe), which canonicalizing a write does not walk.
+    quantity_free: HashSet<String>,
+}
+
+impl SchemaSet {
+    pub fn new(root: String, components: Map<String, Value>) -> SchemaSet {
+        let components: HashMap<String, Value> = components.into_iter().collect();
+        let quantity_free = quantity_free(&components);
+        SchemaSet { root, components, quantity_free }
+    }
+
+    /// The components as an OpenAPI document lists them.
+    pub fn components(&self) -> Map<String, Value> {
+        self.components.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    fn component(&self, name: &str) -> Option<&Value> {
+        self.components.get(name)
+    }
+}
+
+/// The names of the components that reach no `Quantity` through their
+/// `$ref`s, however deep.
+fn quantity_free(components: &HashMap<String, Value>) -> HashSet<String> {
+    fn refs<'a>(schema: &'a Value, out: &mut Vec<&'a str>) {
+        match schema {
+            Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("$ref", Value::String(r)) => out.push(r.rsplit('/').next().unwrap_or_default()),
+                        _ => refs(v, out),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let referenced: Vec<(&str, Vec<&str>)> = components
+        .iter()
+        .map(|(name, schema)| {
+            let mut out = Vec::new();
+            refs(schema, &mut out);
+            (name.as_str(), out)
+        })
+        .collect();
+    let mut holding: HashSet<&str> = HashSet::from([QUANTITY]);
+    loop {
+        let before = holding.len();
+        for (name, to) in &referenced {
+            if !holding.contains(name) && to.iter().any(|r| holding.contains(r)) {
+                holding.insert(name);
+            }
+        }
+        if holding.len() == before {
+            break;
+        }
+    }
+    components.keys().filter(|n| !holding.contains(n.as_str())).cloned().collect()
 }
 
 /// `(component, property, x-kubernetes-patch-strategy, x-kubernetes-patch-merge-key)`
@@ -119,7 +185,7 @@ pub enum ListMerge {
 /// every list atomic, as upstream treats fields without patch metadata).
 #[derive(Clone, Copy)]
 pub struct SchemaNode<'a> {
-    components: Option<&'a Map<String, Value>>,
+    set: Option<&'a SchemaSet>,
     schema: Option<&'a Value>,
     /// The component last referenced on the way here.
     component: Option<&'a str>,
@@ -131,13 +197,13 @@ pub struct SchemaNode<'a> {
 impl<'a> SchemaNode<'a> {
     /// No schema at all.
     pub fn none() -> SchemaNode<'static> {
-        SchemaNode { components: None, schema: None, component: None, declared: None }
+        SchemaNode { set: None, schema: None, component: None, declared: None }
     }
 
     /// The root of a kind's schema, when it has one.
     pub fn of(set: Option<&'a SchemaSet>) -> SchemaNode<'a> {
         set.map(SchemaNode::root).unwrap_or(SchemaNode {
-            components: None,
+            set: None,
             schema: None,
             component: None,
             declared: None,
@@ -147,8 +213,8 @@ impl<'a> SchemaNode<'a> {
     /// The root of a kind's schema.
     pub fn root(set: &'a SchemaSet) -> SchemaNode<'a> {
         let node = SchemaNode {
-            components: Some(&set.components),
-            schema: set.components.get(&set.root),
+            set: Some(set),
+            schema: set.component(&set.root),
             component: Some(set.root.as_str()),
             declared: None,
         };
@@ -163,23 +229,23 @@ impl<'a> SchemaNode<'a> {
             if let Some(r) = s.get("$ref").and_then(Value::as_str) {
                 let name = r.rsplit('/').next().unwrap_or_default();
                 component = Some(name);
-                schema = self.components.and_then(|c| c.get(name));
+                schema = self.set.and_then(|c| c.component(name));
             } else if let Some([only]) = s.get("allOf").and_then(Value::as_array).map(Vec::as_slice) {
                 schema = Some(only);
             } else {
                 break;
             }
         }
-        SchemaNode { components: self.components, schema, component, declared: self.declared }
+        SchemaNode { set: self.set, schema, component, declared: self.declared }
     }
 
     fn child(self, schema: Option<&'a Value>) -> SchemaNode<'a> {
-        SchemaNode { components: self.components, schema, component: None, declared: schema }.resolved()
+        SchemaNode { set: self.set, schema, component: None, declared: schema }.resolved()
     }
 
     /// Whether this value is a `resource.Quantity`.
     pub fn is_quantity(&self) -> bool {
-        self.component == Some("io.k8s.apimachinery.pkg.api.resource.Quantity")
+        self.component == Some(QUANTITY)
     }
 
     /// Rewrites every quantity under `value` in upstream's canonical form
@@ -188,6 +254,11 @@ impl<'a> SchemaNode<'a> {
     /// not parse (`.spec.containers[0].resources.limits.cpu`). One walk,
     /// and a path is built only for the error.
     pub fn canonicalize_quantities(self, value: &mut Value) -> Result<(), String> {
+        if let (Some(set), Some(component)) = (self.set, self.component) {
+            if set.quantity_free.contains(component) {
+                return Ok(());
+            }
+        }
         match value {
             Value::String(s) if self.is_quantity() => {
                 if !crate::quantity::is_valid(s) {
@@ -290,7 +361,7 @@ mod tests {
         let _ = generator.subschema_for::<k8s_openapi::api::core::v1::Pod>();
         let mut components = generator.take_definitions(true);
         annotate(&mut components);
-        SchemaSet { root: "io.k8s.api.core.v1.Pod".into(), components }
+        SchemaSet::new("io.k8s.api.core.v1.Pod".into(), components)
     }
 
     #[test]
@@ -323,6 +394,42 @@ mod tests {
         );
         // A map's values: labels are strings, with no list strategy.
         assert_eq!(meta.field("labels").field("anything").patch_list_merge(), ListMerge::Replace);
+    }
+
+    #[test]
+    fn canonicalizing_walks_only_what_can_hold_a_quantity() {
+        let set = pod_schema();
+        for free in ["ObjectMeta", "Probe", "ContainerPort", "SecurityContext", "PodCondition", "ManagedFieldsEntry"] {
+            let name = if free.ends_with("Entry") || free == "ObjectMeta" {
+                format!("io.k8s.apimachinery.pkg.apis.meta.v1.{free}")
+            } else {
+                format!("io.k8s.api.core.v1.{free}")
+            };
+            assert!(set.quantity_free.contains(&name), "{name} holds no quantity");
+        }
+        for holding in ["Pod", "PodSpec", "PodStatus", "Container", "Volume", "EmptyDirVolumeSource", "ContainerStatus"] {
+            let name = format!("io.k8s.api.core.v1.{holding}");
+            assert!(set.components.contains_key(&name) && !set.quantity_free.contains(&name), "{name} holds one");
+        }
+        assert!(!set.quantity_free.contains(QUANTITY));
+        // Quantities deep in the spec and the status are still canonicalized.
+        let mut pod = json!({
+            "metadata": {"name": "p", "labels": {"cpu": "0.5"}},
+            "spec": {"volumes": [{"name": "v", "emptyDir": {"sizeLimit": "1024Mi"}}], "overhead": {"cpu": "0.1"},
+                     "containers": [{"name": "c", "env": [{"name": "x", "value": "0.5"}]}]},
+            "status": {"containerStatuses": [{"name": "c", "allocatedResources": {"memory": "2048Ki"}}]}
+        });
+        assert_eq!(SchemaNode::root(&set).canonicalize_quantities(&mut pod), Ok(()));
+        assert_eq!(pod.pointer("/spec/volumes/0/emptyDir/sizeLimit"), Some(&json!("1Gi")));
+        assert_eq!(pod.pointer("/spec/overhead/cpu"), Some(&json!("100m")));
+        assert_eq!(pod.pointer("/status/containerStatuses/0/allocatedResources/memory"), Some(&json!("2Mi")));
+        assert_eq!(pod.pointer("/metadata/labels/cpu"), Some(&json!("0.5")));
+        assert_eq!(pod.pointer("/spec/containers/0/env/0/value"), Some(&json!("0.5")));
+        let mut bad = json!({"status": {"containerStatuses": [{"name": "c", "allocatedResources": {"cpu": "x"}}]}});
+        assert_eq!(
+            SchemaNode::root(&set).canonicalize_quantities(&mut bad),
+            Err(".status.containerStatuses[0].allocatedResources.cpu".to_string())
+        );
     }
 
     #[test]

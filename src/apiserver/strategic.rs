@@ -159,7 +159,7 @@ mod tests {
         let _ = generator.subschema_for::<K>();
         let mut components = generator.take_definitions(true);
         crate::apiserver::patch_meta::annotate(&mut components);
-        SchemaSet { root: K::schema_name().into_owned(), components }
+        SchemaSet::new(K::schema_name().into_owned(), components)
     }
 
     fn smp<K: schemars::JsonSchema>(doc: &mut Value, patch: &Value) {

@@ -176,7 +176,7 @@ where
 {
     fn openapi_schemas(&self) -> Option<(String, serde_json::Map<String, Value>)> {
         let set = self.patch_schema()?;
-        Some((set.root.clone(), set.components.clone()))
+        Some((set.root.clone(), set.components()))
     }
 
     fn patch_schema(&self) -> Option<crate::apiserver::patch_meta::SharedSchema> {
@@ -185,10 +185,7 @@ where
             let _ = generator.subschema_for::<K>();
             let mut components = generator.take_definitions(true);
             crate::apiserver::patch_meta::annotate(&mut components);
-            std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet {
-                root: K::schema_name().into_owned(),
-                components,
-            })
+            std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet::new(K::schema_name().into_owned(), components))
         });
         Some(set.clone())
     }

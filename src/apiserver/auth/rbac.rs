@@ -115,7 +115,22 @@ pub struct RbacCache {
 struct Bindings {
     cluster: Vec<Arc<Value>>,
     by_namespace: HashMap<String, Vec<Arc<Value>>>,
+    /// The bindings a user (name and groups) is a subject of in a namespace,
+    /// in visiting order: a request then looks only at those, not at the
+    /// ~60 bootstrap ClusterRoleBindings' subjects. Kept as long as these
+    /// bindings are, and emptied when it holds `SUBJECT_MEMO` entries.
+    subject_of: Mutex<HashMap<String, Arc<[Matched]>>>,
 }
+
+/// A binding that names the user, and which of its subjects does.
+struct Matched {
+    binding: Arc<Value>,
+    namespaced: bool,
+    subject: usize,
+}
+
+/// How many (user, namespace) pairs `Bindings::subject_of` remembers.
+const SUBJECT_MEMO: usize = 4096;
 
 impl Bindings {
     fn of(objects: &[Arc<Value>]) -> Bindings {
@@ -131,6 +146,39 @@ impl Bindings {
             }
         }
         b
+    }
+
+    /// The bindings whose subjects include `user` for a request in `namespace`.
+    fn matching(&self, user: &User, namespace: &str) -> Arc<[Matched]> {
+        let mut key = String::with_capacity(64);
+        for part in [namespace, &user.name].into_iter().chain(user.groups.iter().map(String::as_str)) {
+            key.push_str(part);
+            key.push('\0');
+        }
+        let mut memo = self.subject_of.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = memo.get(&key) {
+            return found.clone();
+        }
+        let in_namespace = match namespace {
+            "" => None,
+            ns => self.by_namespace.get(ns),
+        };
+        let mut found = Vec::new();
+        for (namespaced, group) in [(false, Some(&self.cluster)), (true, in_namespace)] {
+            for binding in group.into_iter().flatten() {
+                let ns = namespace_of(binding).unwrap_or_default();
+                let subjects = binding["subjects"].as_array().map(Vec::as_slice).unwrap_or_default();
+                if let Some(subject) = subjects.iter().position(|s| subject_matches(s, user, ns)) {
+                    found.push(Matched { binding: binding.clone(), namespaced, subject });
+                }
+            }
+        }
+        let found: Arc<[Matched]> = found.into();
+        if memo.len() >= SUBJECT_MEMO {
+            memo.clear();
+        }
+        memo.insert(key, found.clone());
+        found
     }
 }
 
@@ -193,20 +241,12 @@ impl RbacCache {
     /// the RoleBindings of the request's namespace, as upstream visits them.
     pub fn allowed_by(&self, user: &User, a: &Attributes) -> Option<String> {
         let bindings = self.bindings();
-        let in_namespace = match a.namespace.as_str() {
-            "" => None,
-            ns => bindings.by_namespace.get(ns),
-        };
-        for (namespaced, group) in [(false, Some(&bindings.cluster)), (true, in_namespace)] {
-            for obj in group.into_iter().flatten() {
-                let ns = namespace_of(obj).unwrap_or_default();
-                let subjects = obj["subjects"].as_array().map(Vec::as_slice).unwrap_or_default();
-                let Some(subject) = subjects.iter().find(|s| subject_matches(s, user, ns)) else { continue };
-                let Some(role) = self.role(&obj["roleRef"], namespaced.then_some(ns)) else { continue };
-                let rules = role["rules"].as_array().map(Vec::as_slice).unwrap_or_default();
-                if rules.iter().any(|r| rule_allows(r, a)) {
-                    return Some(describe(obj, namespaced.then_some(ns), subject));
-                }
+        for m in bindings.matching(user, &a.namespace).iter() {
+            let ns = namespace_of(&m.binding).unwrap_or_default();
+            let Some(role) = self.role(&m.binding["roleRef"], m.namespaced.then_some(ns)) else { continue };
+            let rules = role["rules"].as_array().map(Vec::as_slice).unwrap_or_default();
+            if rules.iter().any(|r| rule_allows(r, a)) {
+                return Some(describe(&m.binding, m.namespaced.then_some(ns), &m.binding["subjects"][m.subject]));
             }
         }
         None
@@ -270,6 +310,44 @@ mod tests {
         );
         objects.apply_for_test(&json!({"kind": "ClusterRole", "metadata": {"name": "view"}, "rules": []}));
         assert!(!rbac.allows(&alice, &get_pods("dev")), "the role's rules as they are now");
+    }
+
+    #[test]
+    fn the_bindings_remembered_for_a_user_are_those_of_its_groups_and_namespace() {
+        let objects = PrefixCache::new("/registry/");
+        let rbac = RbacCache::new(objects.clone());
+        objects.apply_for_test(&json!({"kind": "ClusterRole", "metadata": {"name": "view"},
+            "rules": [{"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]}]}));
+        objects.apply_for_test(&json!({"kind": "RoleBinding", "metadata": {"name": "devs-view", "namespace": "dev"},
+            "roleRef": {"kind": "ClusterRole", "name": "view"}, "subjects": [{"kind": "Group", "name": "devs"}]}));
+        objects.apply_for_test(&json!({"kind": "RoleBinding", "metadata": {"name": "bot-view", "namespace": "dev"},
+            "roleRef": {"kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "User", "name": "x"}, {"kind": "ServiceAccount", "name": "bot"}]}));
+        let get_pods = |ns: &str| Attributes {
+            verb: "get".into(),
+            resource: "pods".into(),
+            namespace: ns.into(),
+            ..Default::default()
+        };
+        let dev = User { name: "alice".into(), groups: vec!["devs".into()] };
+        let other = User { name: "alice".into(), groups: vec!["ops".into()] };
+        for _ in 0..2 {
+            assert!(rbac.allows(&dev, &get_pods("dev")));
+            assert!(!rbac.allows(&other, &get_pods("dev")), "the same name in other groups");
+            assert!(!rbac.allows(&dev, &get_pods("prod")), "another namespace");
+        }
+        let bot = User { name: "system:serviceaccount:dev:bot".into(), groups: vec![] };
+        assert_eq!(
+            rbac.allowed_by(&bot, &get_pods("dev")).as_deref(),
+            Some(r#"RoleBinding "bot-view/dev" of ClusterRole "view" to ServiceAccount "bot/dev""#),
+            "the subject that matched, not the first one"
+        );
+        // Past the memo's size it starts again, and answers the same.
+        for i in 0..=SUBJECT_MEMO {
+            assert!(!rbac.allows(&dev, &get_pods(&format!("ns-{i}"))));
+        }
+        assert!(rbac.allows(&dev, &get_pods("dev")));
+        assert!(rbac.bindings().subject_of.lock().expect("memo").len() <= SUBJECT_MEMO);
     }
 
     #[test]

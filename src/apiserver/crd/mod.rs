@@ -36,6 +36,8 @@ pub struct CustomStrategy {
     schema_name: String,
     columns: Vec<PrinterColumn>,
     has_status: bool,
+    /// The schema as patches and managed fields walk it, built at the first write.
+    patch: std::sync::OnceLock<crate::apiserver::patch_meta::SharedSchema>,
 }
 
 /// Strings in columns are leaked once per CRD version, which is bounded by
@@ -83,8 +85,12 @@ impl Strategy for CustomStrategy {
     }
 
     fn patch_schema(&self) -> Option<crate::apiserver::patch_meta::SharedSchema> {
-        let (root, components) = self.openapi_schemas()?;
-        Some(std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet { root, components }))
+        let set = self.patch.get_or_init(|| {
+            let mut components = serde_json::Map::new();
+            components.insert(self.schema_name.clone(), self.schema.clone());
+            std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet::new(self.schema_name.clone(), components))
+        });
+        Some(set.clone())
     }
 
     fn is_custom(&self) -> bool {
@@ -195,6 +201,7 @@ pub fn resources_of(crd: &Value) -> Vec<Resource> {
                 schema,
                 columns,
                 has_status,
+                patch: std::sync::OnceLock::new(),
             }),
         });
     }
