@@ -102,7 +102,7 @@ pub fn pod_references(pod: &Value) -> Vec<(&'static str, String)> {
 /// The parts of a pod that hold references, and nothing else: what the
 /// pod cache parses of each pod it is sent (a pod's resources, probes,
 /// status and managed fields are skipped, never built).
-#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[derive(serde::Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct PodReferences {
     metadata: PodName,
@@ -112,54 +112,84 @@ struct PodReferences {
 
 /// Of the metadata, only what names the pod (its managed fields, labels
 /// and annotations are skipped).
-#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[derive(serde::Deserialize, Default)]
 #[serde(default)]
 struct PodName {
-    #[serde(skip_serializing_if = "Option::is_none")]
     name: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     namespace: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    uid: Option<String>,
 }
 
-#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[derive(serde::Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct PodSpecReferences {
-    #[serde(skip_serializing_if = "Value::is_null")]
     node_name: Value,
-    #[serde(skip_serializing_if = "Value::is_null")]
     service_account_name: Value,
-    #[serde(skip_serializing_if = "Value::is_null")]
     service_account: Value,
-    #[serde(skip_serializing_if = "Value::is_null")]
     image_pull_secrets: Value,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     init_containers: Vec<ContainerReferences>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     containers: Vec<ContainerReferences>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     ephemeral_containers: Vec<ContainerReferences>,
-    #[serde(skip_serializing_if = "Value::is_null")]
     volumes: Value,
-    #[serde(skip_serializing_if = "Value::is_null")]
     resource_claims: Value,
 }
 
-#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[derive(serde::Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct ContainerReferences {
-    #[serde(skip_serializing_if = "Value::is_null")]
     env_from: Value,
-    #[serde(skip_serializing_if = "Value::is_null")]
     env: Value,
 }
 
-#[derive(serde::Serialize, serde::Deserialize, Default)]
+#[derive(serde::Deserialize, Default)]
 #[serde(default, rename_all = "camelCase")]
 struct PodStatusReferences {
-    #[serde(skip_serializing_if = "Value::is_null")]
     resource_claim_statuses: Value,
+}
+
+/// A JSON object of these fields, moved in (a `json!` would copy each).
+fn object<const N: usize>(fields: [(&str, Value); N]) -> Value {
+    Value::Object(fields.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+impl PodReferences {
+    /// The parts as the pod's own JSON places them, for `PodEdges::of`.
+    fn into_value(self) -> Value {
+        let containers = |list: Vec<ContainerReferences>| {
+            Value::Array(list.into_iter().map(|c| object([("envFrom", c.env_from), ("env", c.env)])).collect())
+        };
+        let PodSpecReferences {
+            node_name,
+            service_account_name,
+            service_account,
+            image_pull_secrets,
+            init_containers,
+            containers: main,
+            ephemeral_containers,
+            volumes,
+            resource_claims,
+        } = self.spec;
+        object([
+            (
+                "metadata",
+                object([("name", self.metadata.name.into()), ("namespace", self.metadata.namespace.into())]),
+            ),
+            (
+                "spec",
+                object([
+                    ("nodeName", node_name),
+                    ("serviceAccountName", service_account_name),
+                    ("serviceAccount", service_account),
+                    ("imagePullSecrets", image_pull_secrets),
+                    ("initContainers", containers(init_containers)),
+                    ("containers", containers(main)),
+                    ("ephemeralContainers", containers(ephemeral_containers)),
+                    ("volumes", volumes),
+                    ("resourceClaims", resource_claims),
+                ]),
+            ),
+            ("status", object([("resourceClaimStatuses", self.status.resource_claim_statuses)])),
+        ])
+    }
 }
 
 /// Only the name of a pod, everything else skipped unbuilt.
@@ -184,7 +214,7 @@ pub fn parse_pod_edges(bytes: &[u8]) -> serde_json::Result<PodEdges> {
         });
     }
     let pod: PodReferences = serde_json::from_slice(bytes)?;
-    Ok(PodEdges::of(&serde_json::to_value(&pod)?))
+    Ok(PodEdges::of(&pod.into_value()))
 }
 
 /// `claim_edges` of a claim's JSON.
