@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{kube_client, ApiServer};
+use common::{kube_client, kube_client_without_retry, ApiServer};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
@@ -161,14 +161,8 @@ async fn lists_follow_upstreams_resource_version_semantics() {
     assert!(managers.as_array().is_some_and(|m| !m.is_empty()), "managedFields from the cache: {managers}");
 
     // N not yet reached: upstream's 504 "Too large resource version" after ~3 s.
-    // Asked by a client that does not retry: kube's default client retries
-    // a 504 with back-off for minutes (this test took 6 minutes so).
-    let once = {
-        let kc = kube::config::Kubeconfig::read_from(server.kubeconfig()).expect("kubeconfig");
-        let mut config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
-        config.default_retry = false;
-        kube::Client::try_from(config).expect("client")
-    };
+    // Asked by a client that does not retry (this test took 6 minutes so).
+    let once = kube_client_without_retry(&server.kubeconfig()).await;
     let future = rv_of(&after) + 1000;
     let started = Instant::now();
     let (code, retry, status) = get(&once, &format!("{CMS}?resourceVersion={future}")).await;

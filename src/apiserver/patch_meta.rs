@@ -202,12 +202,10 @@ impl<'a> SchemaNode<'a> {
 
     /// The root of a kind's schema, when it has one.
     pub fn of(set: Option<&'a SchemaSet>) -> SchemaNode<'a> {
-        set.map(SchemaNode::root).unwrap_or(SchemaNode {
-            set: None,
-            schema: None,
-            component: None,
-            declared: None,
-        })
+        match set {
+            Some(set) => SchemaNode::root(set),
+            None => SchemaNode::none(),
+        }
     }
 
     /// The root of a kind's schema.
@@ -399,15 +397,18 @@ mod tests {
     #[test]
     fn canonicalizing_walks_only_what_can_hold_a_quantity() {
         let set = pod_schema();
-        for free in ["ObjectMeta", "Probe", "ContainerPort", "SecurityContext", "PodCondition", "ManagedFieldsEntry"] {
-            let name = if free.ends_with("Entry") || free == "ObjectMeta" {
-                format!("io.k8s.apimachinery.pkg.apis.meta.v1.{free}")
-            } else {
-                format!("io.k8s.api.core.v1.{free}")
-            };
-            assert!(set.quantity_free.contains(&name), "{name} holds no quantity");
+        for name in [
+            "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta",
+            "io.k8s.apimachinery.pkg.apis.meta.v1.ManagedFieldsEntry",
+            "io.k8s.api.core.v1.Probe",
+            "io.k8s.api.core.v1.ContainerPort",
+            "io.k8s.api.core.v1.SecurityContext",
+            "io.k8s.api.core.v1.PodCondition",
+        ] {
+            assert!(set.quantity_free.contains(name), "{name} holds no quantity");
         }
-        for holding in ["Pod", "PodSpec", "PodStatus", "Container", "Volume", "EmptyDirVolumeSource", "ContainerStatus"] {
+        for holding in ["Pod", "PodSpec", "PodStatus", "Container", "Volume", "EmptyDirVolumeSource", "ContainerStatus"]
+        {
             let name = format!("io.k8s.api.core.v1.{holding}");
             assert!(set.components.contains_key(&name) && !set.quantity_free.contains(&name), "{name} holds one");
         }

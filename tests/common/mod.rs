@@ -232,9 +232,20 @@ fn print_server_logs(dir: &std::path::Path) {
 
 /// A `kube` client from a kubeconfig file the server wrote.
 pub async fn kube_client(kubeconfig: &std::path::Path) -> kube::Client {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config");
+    kube::Client::try_from(kube_config(kubeconfig).await).expect("client")
+}
+
+/// A client that hands back a 429, 503 or 504 as it comes: kube's default
+/// client retries them with back-off, for minutes.
+pub async fn kube_client_without_retry(kubeconfig: &std::path::Path) -> kube::Client {
+    let mut config = kube_config(kubeconfig).await;
+    config.default_retry = false;
     kube::Client::try_from(config).expect("client")
+}
+
+async fn kube_config(kubeconfig: &std::path::Path) -> kube::Config {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("kubeconfig");
+    kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("config")
 }
 
 impl ApiServer {

@@ -169,10 +169,7 @@ impl PodReferences {
             resource_claims,
         } = self.spec;
         object([
-            (
-                "metadata",
-                object([("name", self.metadata.name.into()), ("namespace", self.metadata.namespace.into())]),
-            ),
+            ("metadata", object([("name", self.metadata.name.into()), ("namespace", self.metadata.namespace.into())])),
             (
                 "spec",
                 object([

@@ -46,6 +46,15 @@ fn leak(s: &str) -> &'static str {
     Box::leak(s.to_string().into_boxed_str())
 }
 
+impl CustomStrategy {
+    /// The version's schema as the only component of its set, and its name.
+    fn schemas(&self) -> (String, serde_json::Map<String, Value>) {
+        let mut schemas = serde_json::Map::new();
+        schemas.insert(self.schema_name.clone(), self.schema.clone());
+        (self.schema_name.clone(), schemas)
+    }
+}
+
 impl Strategy for CustomStrategy {
     fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String> {
         if !obj.is_object() {
@@ -75,9 +84,7 @@ impl Strategy for CustomStrategy {
     }
 
     fn openapi_schemas(&self) -> Option<(String, serde_json::Map<String, Value>)> {
-        let mut schemas = serde_json::Map::new();
-        schemas.insert(self.schema_name.clone(), self.schema.clone());
-        Some((self.schema_name.clone(), schemas))
+        Some(self.schemas())
     }
 
     fn openapi_name(&self) -> Option<String> {
@@ -86,9 +93,8 @@ impl Strategy for CustomStrategy {
 
     fn patch_schema(&self) -> Option<crate::apiserver::patch_meta::SharedSchema> {
         let set = self.patch.get_or_init(|| {
-            let mut components = serde_json::Map::new();
-            components.insert(self.schema_name.clone(), self.schema.clone());
-            std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet::new(self.schema_name.clone(), components))
+            let (root, components) = self.schemas();
+            std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet::new(root, components))
         });
         Some(set.clone())
     }
