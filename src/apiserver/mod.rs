@@ -10,6 +10,7 @@ pub mod allocator;
 pub mod audit;
 pub mod auth;
 pub mod bootstrap;
+pub mod builtin_schemas;
 pub mod ca_rotation;
 pub mod cache;
 pub mod call;

@@ -7,9 +7,10 @@
 //!
 //! The `k8s-openapi` schemas carry no patch extensions, so the built-in
 //! types' strategies (upstream's `patchStrategy`/`patchMergeKey` struct
-//! tags of Kubernetes v1.33) are written into their schemas by
-//! [`annotate`]; the served OpenAPI documents then carry them too, as
-//! upstream's do. Custom resources bring theirs in the CRD's schema.
+//! tags of Kubernetes v1.33) are written into their schemas by `annotate`
+//! when the test that generates the embedded components runs
+//! (`builtin_schemas`); the served OpenAPI documents then carry them too,
+//! as upstream's do. Custom resources bring theirs in the CRD's schema.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -19,52 +20,82 @@ use serde_json::{json, Map, Value};
 /// The component every `resource.Quantity` refers to.
 const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
 
-/// The components of an OpenAPI document and the name of a kind's root schema.
-#[derive(Debug, Default, Clone)]
-pub struct SchemaSet {
-    pub root: String,
+/// The components of an OpenAPI document, by name, with what is known of
+/// them: every built-in kind shares one set, a CRD version has its own.
+#[derive(Debug, Default)]
+pub struct Components {
     /// By name: every step through a `$ref` looks one up, and a hash beats
     /// a tree walk comparing names that share their first 20 bytes.
-    components: HashMap<String, Value>,
+    by_name: HashMap<String, Value>,
     /// The components under which no quantity can be found (an ObjectMeta,
     /// a Probe), which canonicalizing a write does not walk.
     quantity_free: HashSet<String>,
 }
 
+impl Components {
+    pub fn new(components: Map<String, Value>) -> Components {
+        let by_name: HashMap<String, Value> = components.into_iter().collect();
+        let quantity_free = quantity_free(&by_name);
+        Components { by_name, quantity_free }
+    }
+}
+
+/// A kind's root schema, among the components.
+#[derive(Debug, Default, Clone)]
+pub struct SchemaSet {
+    pub root: String,
+    pub components: Arc<Components>,
+}
+
 impl SchemaSet {
     pub fn new(root: String, components: Map<String, Value>) -> SchemaSet {
-        let components: HashMap<String, Value> = components.into_iter().collect();
-        let quantity_free = quantity_free(&components);
-        SchemaSet { root, components, quantity_free }
+        SchemaSet::sharing(root, Arc::new(Components::new(components)))
     }
 
-    /// The components as an OpenAPI document lists them.
+    pub fn sharing(root: String, components: Arc<Components>) -> SchemaSet {
+        SchemaSet { root, components }
+    }
+
+    /// The components the root reaches through `$ref`s (itself included),
+    /// as an OpenAPI document lists them.
     pub fn components(&self) -> Map<String, Value> {
-        self.components.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        let mut out = Map::new();
+        let mut pending = vec![self.root.as_str()];
+        while let Some(name) = pending.pop() {
+            if out.contains_key(name) {
+                continue;
+            }
+            let Some(schema) = self.component(name) else { continue };
+            refs(schema, &mut pending);
+            out.insert(name.to_string(), schema.clone());
+        }
+        out
     }
 
     fn component(&self, name: &str) -> Option<&Value> {
-        self.components.get(name)
+        self.components.by_name.get(name)
+    }
+}
+
+/// The component names `schema` refers to, however deep.
+fn refs<'a>(schema: &'a Value, out: &mut Vec<&'a str>) {
+    match schema {
+        Value::Object(m) => {
+            for (k, v) in m {
+                match (k.as_str(), v) {
+                    ("$ref", Value::String(r)) => out.push(r.rsplit('/').next().unwrap_or_default()),
+                    _ => refs(v, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+        _ => {}
     }
 }
 
 /// The names of the components that reach no `Quantity` through their
 /// `$ref`s, however deep.
 fn quantity_free(components: &HashMap<String, Value>) -> HashSet<String> {
-    fn refs<'a>(schema: &'a Value, out: &mut Vec<&'a str>) {
-        match schema {
-            Value::Object(m) => {
-                for (k, v) in m {
-                    match (k.as_str(), v) {
-                        ("$ref", Value::String(r)) => out.push(r.rsplit('/').next().unwrap_or_default()),
-                        _ => refs(v, out),
-                    }
-                }
-            }
-            Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
-            _ => {}
-        }
-    }
     let referenced: Vec<(&str, Vec<&str>)> = components
         .iter()
         .map(|(name, schema)| {
@@ -90,6 +121,7 @@ fn quantity_free(components: &HashMap<String, Value>) -> HashSet<String> {
 
 /// `(component, property, x-kubernetes-patch-strategy, x-kubernetes-patch-merge-key)`
 /// of the built-in types ferrok serves.
+#[cfg(test)]
 const PATCH_STRATEGIES: &[(&str, &str, &str, Option<&str>)] = &[
     ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "finalizers", "merge", None),
     ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "ownerReferences", "merge", Some("uid")),
@@ -148,6 +180,7 @@ const PATCH_STRATEGIES: &[(&str, &str, &str, Option<&str>)] = &[
 ];
 
 /// Writes the built-in patch strategies and list types into `components`.
+#[cfg(test)]
 pub fn annotate(components: &mut Map<String, Value>) {
     for (component, property, strategy, key) in PATCH_STRATEGIES {
         let Some(p) = property_mut(components, component, property) else { continue };
@@ -162,6 +195,7 @@ pub fn annotate(components: &mut Map<String, Value>) {
     }
 }
 
+#[cfg(test)]
 fn property_mut<'a>(
     components: &'a mut Map<String, Value>,
     component: &str,
@@ -253,7 +287,7 @@ impl<'a> SchemaNode<'a> {
     /// and a path is built only for the error.
     pub fn canonicalize_quantities(self, value: &mut Value) -> Result<(), String> {
         if let (Some(set), Some(component)) = (self.set, self.component) {
-            if set.quantity_free.contains(component) {
+            if set.components.quantity_free.contains(component) {
                 return Ok(());
             }
         }
@@ -355,11 +389,8 @@ mod tests {
     use super::*;
 
     fn pod_schema() -> SchemaSet {
-        let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
-        let _ = generator.subschema_for::<k8s_openapi::api::core::v1::Pod>();
-        let mut components = generator.take_definitions(true);
-        annotate(&mut components);
-        SchemaSet::new("io.k8s.api.core.v1.Pod".into(), components)
+        let set = crate::apiserver::builtin_schemas::schema_set("v1", "Pod").expect("the pod's schema");
+        Arc::unwrap_or_clone(set)
     }
 
     #[test]
@@ -405,14 +436,17 @@ mod tests {
             "io.k8s.api.core.v1.SecurityContext",
             "io.k8s.api.core.v1.PodCondition",
         ] {
-            assert!(set.quantity_free.contains(name), "{name} holds no quantity");
+            assert!(set.components.quantity_free.contains(name), "{name} holds no quantity");
         }
         for holding in ["Pod", "PodSpec", "PodStatus", "Container", "Volume", "EmptyDirVolumeSource", "ContainerStatus"]
         {
             let name = format!("io.k8s.api.core.v1.{holding}");
-            assert!(set.components.contains_key(&name) && !set.quantity_free.contains(&name), "{name} holds one");
+            assert!(
+                set.component(&name).is_some() && !set.components.quantity_free.contains(&name),
+                "{name} holds one"
+            );
         }
-        assert!(!set.quantity_free.contains(QUANTITY));
+        assert!(!set.components.quantity_free.contains(QUANTITY));
         // Quantities deep in the spec and the status are still canonicalized.
         let mut pod = json!({
             "metadata": {"name": "p", "labels": {"cpu": "0.5"}},

@@ -81,6 +81,13 @@ pub trait Strategy: Send + Sync {
         None
     }
 
+    /// Adds a built-in kind's components to `generator` and names its root
+    /// (the test that checks the embedded components generates them so).
+    #[cfg(test)]
+    fn describe(&self, _generator: &mut schemars::SchemaGenerator) -> Option<String> {
+        None
+    }
+
     /// How the kind's objects are deleted.
     fn delete_rules(&self) -> DeleteRules {
         DeleteRules::default()
@@ -161,7 +168,7 @@ impl Default for Hooks {
 pub struct Typed<K> {
     hooks: Hooks,
     kind: PhantomData<fn() -> K>,
-    schema: std::sync::OnceLock<crate::apiserver::patch_meta::SharedSchema>,
+    schema: std::sync::OnceLock<Option<crate::apiserver::patch_meta::SharedSchema>>,
 }
 
 impl<K> Typed<K> {
@@ -170,9 +177,22 @@ impl<K> Typed<K> {
     }
 }
 
+/// What a built-in kind's type must also be in the tests: described by
+/// `schemars`, whose output the embedded components are checked against
+/// (`builtin_schemas`). The tests' dev-dependency turns on `k8s-openapi`'s
+/// `schemars` feature; the binary carries none of that code.
+#[cfg(test)]
+pub trait Described: schemars::JsonSchema {}
+#[cfg(test)]
+impl<K: schemars::JsonSchema> Described for K {}
+#[cfg(not(test))]
+pub trait Described {}
+#[cfg(not(test))]
+impl<K> Described for K {}
+
 impl<K> Strategy for Typed<K>
 where
-    K: DeserializeOwned + Serialize + schemars::JsonSchema + 'static,
+    K: k8s_openapi::Resource + DeserializeOwned + Serialize + Described + 'static,
 {
     fn openapi_schemas(&self) -> Option<(String, serde_json::Map<String, Value>)> {
         let set = self.patch_schema()?;
@@ -180,17 +200,16 @@ where
     }
 
     fn patch_schema(&self) -> Option<crate::apiserver::patch_meta::SharedSchema> {
-        let set = self.schema.get_or_init(|| {
-            let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
-            let _ = generator.subschema_for::<K>();
-            let mut components = generator.take_definitions(true);
-            crate::apiserver::patch_meta::annotate(&mut components);
-            std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet::new(K::schema_name().into_owned(), components))
-        });
-        Some(set.clone())
+        self.schema.get_or_init(|| crate::apiserver::builtin_schemas::schema_set(K::API_VERSION, K::KIND)).clone()
     }
 
     fn openapi_name(&self) -> Option<String> {
+        crate::apiserver::builtin_schemas::root_name(K::API_VERSION, K::KIND)
+    }
+
+    #[cfg(test)]
+    fn describe(&self, generator: &mut schemars::SchemaGenerator) -> Option<String> {
+        let _ = generator.subschema_for::<K>();
         Some(K::schema_name().into_owned())
     }
 

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::apiserver::kinds;
 use crate::apiserver::resource::{Resource, ScalePaths, CRUD_VERBS};
-use crate::apiserver::strategy::{Hooks, Typed};
+use crate::apiserver::strategy::{Described, Hooks, Typed};
 
 /// Whether a `k8s-openapi` scope is namespaced.
 trait Scope {
@@ -40,7 +40,7 @@ struct Spec {
 
 fn resource<K>(spec: Spec) -> Resource
 where
-    K: ListableResource + DeserializeOwned + Serialize + schemars::JsonSchema + 'static,
+    K: ListableResource + DeserializeOwned + Serialize + Described + 'static,
     K::Scope: Scope,
 {
     let scale = spec.scale.then(|| ScalePaths {
@@ -76,7 +76,7 @@ fn with_generation(hooks: Hooks) -> Hooks {
 /// A create-only review resource that is answered, never stored.
 fn review<K>(namespaced: bool) -> Resource
 where
-    K: k8s_openapi::Resource + DeserializeOwned + Serialize + schemars::JsonSchema + 'static,
+    K: k8s_openapi::Resource + DeserializeOwned + Serialize + Described + 'static,
 {
     Resource {
         group: K::GROUP.into(),

@@ -1,0 +1,154 @@
+//! The OpenAPI components of the built-in kinds: `k8s-openapi`'s
+//! descriptions of its types (upstream's field docs, formats, `$ref`s), with
+//! upstream's patch strategies written in by [`annotate`].
+//!
+//! They are not generated at run time. A test,
+//! `the_embedded_components_are_what_k8s_openapi_describes`, generates them
+//! from the types with `schemars` and requires them to equal
+//! `builtin_schemas.json` (one component a line, so that a change reads as
+//! a diff); `FERROK_WRITE_SCHEMAS=1` makes it write the file instead.
+//! `build.rs` deflates the file into the binary: about 140 KB there, where
+//! the generating code was 2 MB. The components are inflated and parsed once,
+//! on first use, and every built-in kind shares them.
+//!
+//! [`annotate`]: crate::apiserver::patch_meta::annotate
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::apiserver::patch_meta::{Components, SchemaSet, SharedSchema};
+
+/// `builtin_schemas.json`, deflated by `build.rs`.
+static EMBEDDED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/builtin_schemas.json.deflate"));
+
+/// The file's shape.
+#[derive(Deserialize)]
+struct Embedded {
+    /// `apiVersion/kind` → the component that describes the kind.
+    roots: HashMap<String, String>,
+    components: Map<String, Value>,
+}
+
+struct Builtin {
+    roots: HashMap<String, String>,
+    components: Arc<Components>,
+}
+
+static BUILTIN: LazyLock<Option<Builtin>> = LazyLock::new(|| match load() {
+    Ok(builtin) => Some(builtin),
+    Err(e) => {
+        // Only a broken build gets here: the test reads the same bytes.
+        tracing::error!("the built-in OpenAPI components do not load ({e}); patches merge lists atomically");
+        None
+    }
+});
+
+fn inflate() -> Result<Vec<u8>, String> {
+    miniz_oxide::inflate::decompress_to_vec(EMBEDDED).map_err(|e| format!("inflate: {e}"))
+}
+
+fn load() -> Result<Builtin, String> {
+    let file: Embedded = serde_json::from_slice(&inflate()?).map_err(|e| e.to_string())?;
+    Ok(Builtin { roots: file.roots, components: Arc::new(Components::new(file.components)) })
+}
+
+fn key(api_version: &str, kind: &str) -> String {
+    format!("{api_version}/{kind}")
+}
+
+/// The name of the component that describes a built-in kind
+/// (`io.k8s.api.core.v1.Pod` for `v1`, `Pod`).
+pub fn root_name(api_version: &str, kind: &str) -> Option<String> {
+    BUILTIN.as_ref()?.roots.get(&key(api_version, kind)).cloned()
+}
+
+/// A built-in kind's schema set, over the components every kind shares.
+pub fn schema_set(api_version: &str, kind: &str) -> Option<SharedSchema> {
+    let builtin = BUILTIN.as_ref()?;
+    let root = builtin.roots.get(&key(api_version, kind))?;
+    Some(Arc::new(SchemaSet::sharing(root.clone(), builtin.components.clone())))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::apiserver::registry::Registry;
+
+    const FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/apiserver/builtin_schemas.json");
+
+    /// One component a line, sorted, so that a regenerated file diffs well.
+    fn render(roots: &BTreeMap<String, String>, components: &Map<String, Value>) -> String {
+        let line = |(k, v): (String, String)| format!("{k}: {v}");
+        let roots: Vec<String> = roots
+            .iter()
+            .map(|(k, v)| line((Value::from(k.as_str()).to_string(), Value::from(v.as_str()).to_string())))
+            .collect();
+        let components: Vec<String> =
+            components.iter().map(|(k, v)| line((Value::from(k.as_str()).to_string(), v.to_string()))).collect();
+        format!("{{\"roots\": {{\n{}\n}},\n\"components\": {{\n{}\n}}}}\n", roots.join(",\n"), components.join(",\n"))
+    }
+
+    #[test]
+    fn the_embedded_components_are_what_k8s_openapi_describes() {
+        let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
+        let mut roots = BTreeMap::new();
+        for r in Registry::builtin().all() {
+            if let Some(name) = r.strategy.describe(&mut generator) {
+                roots.insert(key(&r.api_version(), &r.kind), name);
+            }
+        }
+        assert!(roots.len() > 50, "every built-in kind is described: {roots:?}");
+        let mut components = generator.take_definitions(true);
+        crate::apiserver::patch_meta::annotate(&mut components);
+        let text = render(&roots, &components);
+        if std::env::var_os("FERROK_WRITE_SCHEMAS").is_some() {
+            std::fs::write(FILE, &text).expect("write builtin_schemas.json");
+            return;
+        }
+        let embedded = String::from_utf8(inflate().expect("inflate")).expect("utf-8");
+        assert!(
+            embedded == text,
+            "src/apiserver/builtin_schemas.json is not what k8s-openapi describes: \
+             run `FERROK_WRITE_SCHEMAS=1 cargo test --lib builtin_schemas` and rebuild"
+        );
+    }
+
+    #[test]
+    fn every_built_in_kind_has_its_schema_and_shares_the_components() {
+        let registry = Registry::builtin();
+        let mut described = 0;
+        for r in registry.all() {
+            if r.strategy.describe(&mut schemars::generate::SchemaSettings::openapi3().into_generator()).is_none() {
+                continue;
+            }
+            described += 1;
+            let name = r.strategy.openapi_name().expect("a built-in kind names its component");
+            let set = r.strategy.patch_schema().expect("a built-in kind has a schema");
+            assert_eq!(set.root, name);
+            let (root, components) = r.strategy.openapi_schemas().expect("and serves it");
+            assert_eq!(root, name);
+            assert!(components.contains_key(&name), "{name}");
+            assert!(components.contains_key("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"), "{name}");
+        }
+        assert!(described > 50);
+        // A kind's document lists what its root reaches, not every component.
+        let cm = registry.get("", "v1", "configmaps").expect("configmaps");
+        let (_, components) = cm.strategy.openapi_schemas().expect("schemas");
+        assert!(!components.contains_key("io.k8s.api.core.v1.PodSpec"));
+        let pods = registry.get("", "v1", "pods").expect("pods");
+        let (_, components) = pods.strategy.openapi_schemas().expect("schemas");
+        assert!(components.contains_key("io.k8s.api.core.v1.PodSpec"));
+        assert!(components.contains_key("io.k8s.apimachinery.pkg.api.resource.Quantity"));
+        assert!(!components.contains_key("io.k8s.api.apps.v1.DeploymentSpec"));
+        // One copy of the components, however many kinds use them.
+        assert!(Arc::ptr_eq(
+            &cm.strategy.patch_schema().expect("cm").components,
+            &pods.strategy.patch_schema().expect("pods").components
+        ));
+    }
+}
