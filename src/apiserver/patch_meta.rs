@@ -13,9 +13,10 @@
 //! as upstream's do. Custom resources bring theirs in the CRD's schema.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use serde_json::{json, Map, Value};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
 
 /// The component every `resource.Quantity` refers to.
 const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
@@ -26,16 +27,70 @@ const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
 pub struct Components {
     /// By name: every step through a `$ref` looks one up, and a hash beats
     /// a tree walk comparing names that share their first 20 bytes.
-    by_name: HashMap<String, Value>,
+    by_name: HashMap<String, Component>,
     /// The components under which no quantity can be found (an ObjectMeta,
     /// a Probe), which canonicalizing a write does not walk.
     quantity_free: HashSet<String>,
 }
 
+/// One component: its JSON text, parsed the first time a walk reaches it.
+/// Writes reach few of the built-in kinds' 437 components (those of the
+/// fields that objects set); all of them parsed held 3.4 MiB.
+#[derive(Debug)]
+struct Component {
+    text: Option<Box<RawValue>>,
+    parsed: OnceLock<Value>,
+}
+
+impl Component {
+    fn value(&self) -> &Value {
+        self.parsed.get_or_init(|| match &self.text {
+            Some(text) => serde_json::from_str(text.get()).unwrap_or_else(|e| {
+                tracing::error!("an OpenAPI component does not parse: {e}");
+                Value::Null
+            }),
+            None => Value::Null,
+        })
+    }
+
+    /// A parsed copy, leaving the one walks use as it was.
+    fn to_value(&self) -> Value {
+        match (self.parsed.get(), &self.text) {
+            (Some(v), _) => v.clone(),
+            (None, Some(text)) => serde_json::from_str(text.get()).unwrap_or(Value::Null),
+            (None, None) => Value::Null,
+        }
+    }
+}
+
 impl Components {
+    /// Components already parsed (a CRD's).
     pub fn new(components: Map<String, Value>) -> Components {
-        let by_name: HashMap<String, Value> = components.into_iter().collect();
-        let quantity_free = quantity_free(&by_name);
+        let referenced = components
+            .iter()
+            .map(|(name, schema)| {
+                let mut out = Vec::new();
+                refs(schema, &mut out);
+                (name.clone(), out.into_iter().map(str::to_string).collect())
+            })
+            .collect();
+        let quantity_free = quantity_free(referenced);
+        let by_name = components
+            .into_iter()
+            .map(|(name, schema)| (name, Component { text: None, parsed: OnceLock::from(schema) }))
+            .collect();
+        Components { by_name, quantity_free }
+    }
+
+    /// Components as JSON text (the built-in kinds'), each parsed when
+    /// first reached.
+    pub fn from_text(components: HashMap<String, Box<RawValue>>) -> Components {
+        let referenced = components.iter().map(|(name, text)| (name.clone(), text_refs(text.get()))).collect();
+        let quantity_free = quantity_free(referenced);
+        let by_name = components
+            .into_iter()
+            .map(|(name, text)| (name, Component { text: Some(text), parsed: OnceLock::new() }))
+            .collect();
         Components { by_name, quantity_free }
     }
 }
@@ -60,20 +115,23 @@ impl SchemaSet {
     /// as an OpenAPI document lists them.
     pub fn components(&self) -> Map<String, Value> {
         let mut out = Map::new();
-        let mut pending = vec![self.root.as_str()];
+        let mut pending = vec![self.root.clone()];
         while let Some(name) = pending.pop() {
-            if out.contains_key(name) {
+            if out.contains_key(&name) {
                 continue;
             }
-            let Some(schema) = self.component(name) else { continue };
-            refs(schema, &mut pending);
-            out.insert(name.to_string(), schema.clone());
+            let Some(component) = self.components.by_name.get(&name) else { continue };
+            let schema = component.to_value();
+            let mut to = Vec::new();
+            refs(&schema, &mut to);
+            pending.extend(to.into_iter().filter(|r| !out.contains_key(*r)).map(str::to_string));
+            out.insert(name, schema);
         }
         out
     }
 
     fn component(&self, name: &str) -> Option<&Value> {
-        self.components.by_name.get(name)
+        self.components.by_name.get(name).map(Component::value)
     }
 }
 
@@ -93,22 +151,29 @@ fn refs<'a>(schema: &'a Value, out: &mut Vec<&'a str>) {
     }
 }
 
+/// The component names in a component's JSON text. In JSON text a quote
+/// inside a string is escaped, so `"$ref":"` can only be a key and its value.
+fn text_refs(text: &str) -> Vec<String> {
+    const KEY: &str = "\"$ref\":\"";
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(KEY) {
+        rest = &rest[at + KEY.len()..];
+        let end = rest.find('"').unwrap_or(rest.len());
+        out.push(rest[..end].rsplit('/').next().unwrap_or_default().to_string());
+        rest = &rest[end..];
+    }
+    out
+}
+
 /// The names of the components that reach no `Quantity` through their
-/// `$ref`s, however deep.
-fn quantity_free(components: &HashMap<String, Value>) -> HashSet<String> {
-    let referenced: Vec<(&str, Vec<&str>)> = components
-        .iter()
-        .map(|(name, schema)| {
-            let mut out = Vec::new();
-            refs(schema, &mut out);
-            (name.as_str(), out)
-        })
-        .collect();
+/// `$ref`s, however deep, from what each component refers to.
+fn quantity_free(referenced: Vec<(String, Vec<String>)>) -> HashSet<String> {
     let mut holding: HashSet<&str> = HashSet::from([QUANTITY]);
     loop {
         let before = holding.len();
         for (name, to) in &referenced {
-            if !holding.contains(name) && to.iter().any(|r| holding.contains(r)) {
+            if !holding.contains(name.as_str()) && to.iter().any(|r| holding.contains(r.as_str())) {
                 holding.insert(name);
             }
         }
@@ -116,7 +181,7 @@ fn quantity_free(components: &HashMap<String, Value>) -> HashSet<String> {
             break;
         }
     }
-    components.keys().filter(|n| !holding.contains(n.as_str())).cloned().collect()
+    referenced.iter().filter(|(n, _)| !holding.contains(n.as_str())).map(|(n, _)| n.clone()).collect()
 }
 
 /// `(component, property, x-kubernetes-patch-strategy, x-kubernetes-patch-merge-key)`
@@ -184,13 +249,13 @@ const PATCH_STRATEGIES: &[(&str, &str, &str, Option<&str>)] = &[
 pub fn annotate(components: &mut Map<String, Value>) {
     for (component, property, strategy, key) in PATCH_STRATEGIES {
         let Some(p) = property_mut(components, component, property) else { continue };
-        p.insert("x-kubernetes-patch-strategy".into(), json!(strategy));
+        p.insert("x-kubernetes-patch-strategy".into(), serde_json::json!(strategy));
         if let Some(k) = key {
-            p.insert("x-kubernetes-patch-merge-key".into(), json!(k));
-            p.insert("x-kubernetes-list-type".into(), json!("map"));
-            p.insert("x-kubernetes-list-map-keys".into(), json!([k]));
+            p.insert("x-kubernetes-patch-merge-key".into(), serde_json::json!(k));
+            p.insert("x-kubernetes-list-type".into(), serde_json::json!("map"));
+            p.insert("x-kubernetes-list-map-keys".into(), serde_json::json!([k]));
         } else if strategy.contains("merge") {
-            p.insert("x-kubernetes-list-type".into(), json!("set"));
+            p.insert("x-kubernetes-list-type".into(), serde_json::json!("set"));
         }
     }
 }
@@ -387,6 +452,7 @@ pub type SharedSchema = Arc<SchemaSet>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn pod_schema() -> SchemaSet {
         let set = crate::apiserver::builtin_schemas::schema_set("v1", "Pod").expect("the pod's schema");
@@ -423,6 +489,34 @@ mod tests {
         );
         // A map's values: labels are strings, with no list strategy.
         assert_eq!(meta.field("labels").field("anything").patch_list_merge(), ListMerge::Replace);
+    }
+
+    #[test]
+    fn components_read_as_text_are_those_given_parsed() {
+        let components = json!({
+            QUANTITY: {"type": "string"},
+            "A": {"properties": {"limit": {"$ref": format!("#/components/schemas/{QUANTITY}")}}},
+            "B": {"properties": {"a": {"allOf": [{"$ref": "#/components/schemas/A"}]}}},
+            // A quote in a string is escaped: this names no component.
+            "C": {"description": "not \"$ref\":\"#/components/schemas/A\"", "type": "object"},
+            "D": {"properties": {"c": {"$ref": "#/components/schemas/C"}}},
+        });
+        let Value::Object(parsed) = components else { unreachable!() };
+        let text =
+            parsed.iter().map(|(k, v)| (k.clone(), RawValue::from_string(v.to_string()).expect("raw"))).collect();
+        let (given, read) = (Components::new(parsed.clone()), Components::from_text(text));
+        assert_eq!(given.quantity_free, HashSet::from(["C".to_string(), "D".to_string()]));
+        assert_eq!(read.quantity_free, given.quantity_free);
+        let (given, read) =
+            (SchemaSet::sharing("B".into(), Arc::new(given)), SchemaSet::sharing("B".into(), Arc::new(read)));
+        assert!(read.components.by_name["B"].parsed.get().is_none(), "parsed only when reached");
+        assert_eq!(read.components(), given.components());
+        assert_eq!(read.components().keys().collect::<Vec<_>>(), ["A", "B", QUANTITY]);
+        let mut b = json!({"a": {"limit": "0.5"}});
+        assert_eq!(SchemaNode::root(&read).canonicalize_quantities(&mut b), Ok(()));
+        assert_eq!(b, json!({"a": {"limit": "500m"}}));
+        assert!(read.components.by_name["A"].parsed.get().is_some());
+        assert!(read.components.by_name["D"].parsed.get().is_none());
     }
 
     #[test]
