@@ -1,6 +1,6 @@
 //! The OpenAPI components of the built-in kinds: `k8s-openapi`'s
 //! descriptions of its types (upstream's field docs, formats, `$ref`s), with
-//! upstream's patch strategies written in by [`annotate`].
+//! upstream's patch strategies written in by `tests::annotate`.
 //!
 //! They are not generated at run time. A test,
 //! `the_embedded_components_are_what_k8s_openapi_describes`, generates them
@@ -11,8 +11,6 @@
 //! the generating code was 3 MB. The file is inflated once, on first use;
 //! every built-in kind shares its components, and each component is parsed
 //! when a walk first reaches it.
-//!
-//! [`annotate`]: crate::apiserver::patch_meta::annotate
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
@@ -74,13 +72,95 @@ pub fn schema_set(api_version: &str, kind: &str) -> Option<SharedSchema> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use serde_json::{Map, Value};
 
     use super::*;
     use crate::apiserver::registry::Registry;
+
+    /// `(component, property, x-kubernetes-patch-strategy, x-kubernetes-patch-merge-key)`
+    /// of the built-in types ferrok serves.
+    pub(crate) const PATCH_STRATEGIES: &[(&str, &str, &str, Option<&str>)] = &[
+        ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "finalizers", "merge", None),
+        ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "ownerReferences", "merge", Some("uid")),
+        ("io.k8s.api.core.v1.Container", "ports", "merge", Some("containerPort")),
+        ("io.k8s.api.core.v1.Container", "env", "merge", Some("name")),
+        ("io.k8s.api.core.v1.Container", "volumeMounts", "merge", Some("mountPath")),
+        ("io.k8s.api.core.v1.Container", "volumeDevices", "merge", Some("devicePath")),
+        ("io.k8s.api.core.v1.EphemeralContainer", "ports", "merge", Some("containerPort")),
+        ("io.k8s.api.core.v1.EphemeralContainer", "env", "merge", Some("name")),
+        ("io.k8s.api.core.v1.EphemeralContainer", "volumeMounts", "merge", Some("mountPath")),
+        ("io.k8s.api.core.v1.EphemeralContainer", "volumeDevices", "merge", Some("devicePath")),
+        ("io.k8s.api.core.v1.ContainerStatus", "volumeMounts", "merge", Some("mountPath")),
+        ("io.k8s.api.core.v1.ContainerStatus", "allocatedResourcesStatus", "merge", Some("name")),
+        ("io.k8s.api.core.v1.PodSpec", "volumes", "merge,retainKeys", Some("name")),
+        ("io.k8s.api.core.v1.PodSpec", "initContainers", "merge", Some("name")),
+        ("io.k8s.api.core.v1.PodSpec", "containers", "merge", Some("name")),
+        ("io.k8s.api.core.v1.PodSpec", "ephemeralContainers", "merge", Some("name")),
+        ("io.k8s.api.core.v1.PodSpec", "imagePullSecrets", "merge", Some("name")),
+        ("io.k8s.api.core.v1.PodSpec", "hostAliases", "merge", Some("ip")),
+        ("io.k8s.api.core.v1.PodSpec", "topologySpreadConstraints", "merge", Some("topologyKey")),
+        ("io.k8s.api.core.v1.PodSpec", "schedulingGates", "merge", Some("name")),
+        ("io.k8s.api.core.v1.PodSpec", "resourceClaims", "merge,retainKeys", Some("name")),
+        ("io.k8s.api.core.v1.PodStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.core.v1.PodStatus", "hostIPs", "merge", Some("ip")),
+        ("io.k8s.api.core.v1.PodStatus", "podIPs", "merge", Some("ip")),
+        ("io.k8s.api.core.v1.PodStatus", "resourceClaimStatuses", "merge,retainKeys", Some("name")),
+        ("io.k8s.api.core.v1.PersistentVolumeClaimStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.core.v1.ReplicationControllerStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.core.v1.ServiceSpec", "ports", "merge", Some("port")),
+        ("io.k8s.api.core.v1.ServiceStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.core.v1.ServiceAccount", "secrets", "merge", Some("name")),
+        ("io.k8s.api.core.v1.NodeSpec", "podCIDRs", "merge", None),
+        ("io.k8s.api.core.v1.NodeStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.core.v1.NodeStatus", "addresses", "merge", Some("type")),
+        ("io.k8s.api.core.v1.NamespaceStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.core.v1.ComponentStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.apps.v1.StatefulSetStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.apps.v1.DeploymentSpec", "strategy", "retainKeys", None),
+        ("io.k8s.api.apps.v1.DeploymentStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.apps.v1.DaemonSetStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.apps.v1.ReplicaSetStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.autoscaling.v2.HorizontalPodAutoscalerStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.batch.v1.JobStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.flowcontrol.v1.FlowSchemaStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.flowcontrol.v1.PriorityLevelConfigurationStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.networking.v1.ServiceCIDRStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.policy.v1.PodDisruptionBudgetSpec", "selector", "replace", None),
+        ("io.k8s.api.policy.v1.PodDisruptionBudgetStatus", "conditions", "merge", Some("type")),
+        ("io.k8s.api.storage.v1.CSINodeSpec", "drivers", "merge", Some("name")),
+        ("io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicySpec", "matchConditions", "merge", Some("name")),
+        ("io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicySpec", "variables", "merge", Some("name")),
+        ("io.k8s.api.admissionregistration.v1.ValidatingWebhookConfiguration", "webhooks", "merge", Some("name")),
+        ("io.k8s.api.admissionregistration.v1.MutatingWebhookConfiguration", "webhooks", "merge", Some("name")),
+        ("io.k8s.api.admissionregistration.v1.ValidatingWebhook", "matchConditions", "merge", Some("name")),
+        ("io.k8s.api.admissionregistration.v1.MutatingWebhook", "matchConditions", "merge", Some("name")),
+    ];
+
+    /// Writes the built-in patch strategies and list types into `components`.
+    pub(crate) fn annotate(components: &mut Map<String, Value>) {
+        for (component, property, strategy, key) in PATCH_STRATEGIES {
+            let Some(p) = property_mut(components, component, property) else { continue };
+            p.insert("x-kubernetes-patch-strategy".into(), serde_json::json!(strategy));
+            if let Some(k) = key {
+                p.insert("x-kubernetes-patch-merge-key".into(), serde_json::json!(k));
+                p.insert("x-kubernetes-list-type".into(), serde_json::json!("map"));
+                p.insert("x-kubernetes-list-map-keys".into(), serde_json::json!([k]));
+            } else if strategy.contains("merge") {
+                p.insert("x-kubernetes-list-type".into(), serde_json::json!("set"));
+            }
+        }
+    }
+
+    pub(crate) fn property_mut<'a>(
+        components: &'a mut Map<String, Value>,
+        component: &str,
+        property: &str,
+    ) -> Option<&'a mut Map<String, Value>> {
+        components.get_mut(component)?.get_mut("properties")?.get_mut(property)?.as_object_mut()
+    }
 
     const FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/apiserver/builtin_schemas.json");
 
@@ -107,7 +187,7 @@ mod tests {
         }
         assert!(roots.len() > 50, "every built-in kind is described: {roots:?}");
         let mut components = generator.take_definitions(true);
-        crate::apiserver::patch_meta::annotate(&mut components);
+        annotate(&mut components);
         let text = render(&roots, &components);
         if std::env::var_os("FERROK_WRITE_SCHEMAS").is_some() {
             std::fs::write(FILE, &text).expect("write builtin_schemas.json");

@@ -7,10 +7,9 @@
 //!
 //! The `k8s-openapi` schemas carry no patch extensions, so the built-in
 //! types' strategies (upstream's `patchStrategy`/`patchMergeKey` struct
-//! tags of Kubernetes v1.33) are written into their schemas by `annotate`
-//! when the test that generates the embedded components runs
-//! (`builtin_schemas`); the served OpenAPI documents then carry them too,
-//! as upstream's do. Custom resources bring theirs in the CRD's schema.
+//! tags of Kubernetes v1.33) are written into the embedded components
+//! when the test that generates them runs (`builtin_schemas::annotate`); the
+//! served OpenAPI documents then carry them too, as upstream's do. Custom resources bring theirs in the CRD's schema.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
@@ -182,91 +181,6 @@ fn quantity_free(referenced: Vec<(String, Vec<String>)>) -> HashSet<String> {
         }
     }
     referenced.iter().filter(|(n, _)| !holding.contains(n.as_str())).map(|(n, _)| n.clone()).collect()
-}
-
-/// `(component, property, x-kubernetes-patch-strategy, x-kubernetes-patch-merge-key)`
-/// of the built-in types ferrok serves.
-#[cfg(test)]
-const PATCH_STRATEGIES: &[(&str, &str, &str, Option<&str>)] = &[
-    ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "finalizers", "merge", None),
-    ("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", "ownerReferences", "merge", Some("uid")),
-    ("io.k8s.api.core.v1.Container", "ports", "merge", Some("containerPort")),
-    ("io.k8s.api.core.v1.Container", "env", "merge", Some("name")),
-    ("io.k8s.api.core.v1.Container", "volumeMounts", "merge", Some("mountPath")),
-    ("io.k8s.api.core.v1.Container", "volumeDevices", "merge", Some("devicePath")),
-    ("io.k8s.api.core.v1.EphemeralContainer", "ports", "merge", Some("containerPort")),
-    ("io.k8s.api.core.v1.EphemeralContainer", "env", "merge", Some("name")),
-    ("io.k8s.api.core.v1.EphemeralContainer", "volumeMounts", "merge", Some("mountPath")),
-    ("io.k8s.api.core.v1.EphemeralContainer", "volumeDevices", "merge", Some("devicePath")),
-    ("io.k8s.api.core.v1.ContainerStatus", "volumeMounts", "merge", Some("mountPath")),
-    ("io.k8s.api.core.v1.ContainerStatus", "allocatedResourcesStatus", "merge", Some("name")),
-    ("io.k8s.api.core.v1.PodSpec", "volumes", "merge,retainKeys", Some("name")),
-    ("io.k8s.api.core.v1.PodSpec", "initContainers", "merge", Some("name")),
-    ("io.k8s.api.core.v1.PodSpec", "containers", "merge", Some("name")),
-    ("io.k8s.api.core.v1.PodSpec", "ephemeralContainers", "merge", Some("name")),
-    ("io.k8s.api.core.v1.PodSpec", "imagePullSecrets", "merge", Some("name")),
-    ("io.k8s.api.core.v1.PodSpec", "hostAliases", "merge", Some("ip")),
-    ("io.k8s.api.core.v1.PodSpec", "topologySpreadConstraints", "merge", Some("topologyKey")),
-    ("io.k8s.api.core.v1.PodSpec", "schedulingGates", "merge", Some("name")),
-    ("io.k8s.api.core.v1.PodSpec", "resourceClaims", "merge,retainKeys", Some("name")),
-    ("io.k8s.api.core.v1.PodStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.core.v1.PodStatus", "hostIPs", "merge", Some("ip")),
-    ("io.k8s.api.core.v1.PodStatus", "podIPs", "merge", Some("ip")),
-    ("io.k8s.api.core.v1.PodStatus", "resourceClaimStatuses", "merge,retainKeys", Some("name")),
-    ("io.k8s.api.core.v1.PersistentVolumeClaimStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.core.v1.ReplicationControllerStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.core.v1.ServiceSpec", "ports", "merge", Some("port")),
-    ("io.k8s.api.core.v1.ServiceStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.core.v1.ServiceAccount", "secrets", "merge", Some("name")),
-    ("io.k8s.api.core.v1.NodeSpec", "podCIDRs", "merge", None),
-    ("io.k8s.api.core.v1.NodeStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.core.v1.NodeStatus", "addresses", "merge", Some("type")),
-    ("io.k8s.api.core.v1.NamespaceStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.core.v1.ComponentStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.apps.v1.StatefulSetStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.apps.v1.DeploymentSpec", "strategy", "retainKeys", None),
-    ("io.k8s.api.apps.v1.DeploymentStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.apps.v1.DaemonSetStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.apps.v1.ReplicaSetStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.autoscaling.v2.HorizontalPodAutoscalerStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.batch.v1.JobStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.flowcontrol.v1.FlowSchemaStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.flowcontrol.v1.PriorityLevelConfigurationStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.networking.v1.ServiceCIDRStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.policy.v1.PodDisruptionBudgetSpec", "selector", "replace", None),
-    ("io.k8s.api.policy.v1.PodDisruptionBudgetStatus", "conditions", "merge", Some("type")),
-    ("io.k8s.api.storage.v1.CSINodeSpec", "drivers", "merge", Some("name")),
-    ("io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicySpec", "matchConditions", "merge", Some("name")),
-    ("io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicySpec", "variables", "merge", Some("name")),
-    ("io.k8s.api.admissionregistration.v1.ValidatingWebhookConfiguration", "webhooks", "merge", Some("name")),
-    ("io.k8s.api.admissionregistration.v1.MutatingWebhookConfiguration", "webhooks", "merge", Some("name")),
-    ("io.k8s.api.admissionregistration.v1.ValidatingWebhook", "matchConditions", "merge", Some("name")),
-    ("io.k8s.api.admissionregistration.v1.MutatingWebhook", "matchConditions", "merge", Some("name")),
-];
-
-/// Writes the built-in patch strategies and list types into `components`.
-#[cfg(test)]
-pub fn annotate(components: &mut Map<String, Value>) {
-    for (component, property, strategy, key) in PATCH_STRATEGIES {
-        let Some(p) = property_mut(components, component, property) else { continue };
-        p.insert("x-kubernetes-patch-strategy".into(), serde_json::json!(strategy));
-        if let Some(k) = key {
-            p.insert("x-kubernetes-patch-merge-key".into(), serde_json::json!(k));
-            p.insert("x-kubernetes-list-type".into(), serde_json::json!("map"));
-            p.insert("x-kubernetes-list-map-keys".into(), serde_json::json!([k]));
-        } else if strategy.contains("merge") {
-            p.insert("x-kubernetes-list-type".into(), serde_json::json!("set"));
-        }
-    }
-}
-
-#[cfg(test)]
-fn property_mut<'a>(
-    components: &'a mut Map<String, Value>,
-    component: &str,
-    property: &str,
-) -> Option<&'a mut Map<String, Value>> {
-    components.get_mut(component)?.get_mut("properties")?.get_mut(property)?.as_object_mut()
 }
 
 /// How a list merges.
@@ -596,6 +510,7 @@ mod tests {
             admissionregistration::v1::ValidatingWebhookConfiguration,
             admissionregistration::v1::MutatingWebhookConfiguration
         );
+        use crate::apiserver::builtin_schemas::tests::{property_mut, PATCH_STRATEGIES};
         for (component, property, _, _) in PATCH_STRATEGIES {
             assert!(property_mut(&mut components, component, property).is_some(), "{component}.{property}");
         }

@@ -158,7 +158,7 @@ mod tests {
         let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
         let _ = generator.subschema_for::<K>();
         let mut components = generator.take_definitions(true);
-        crate::apiserver::patch_meta::annotate(&mut components);
+        crate::apiserver::builtin_schemas::tests::annotate(&mut components);
         SchemaSet::new(K::schema_name().into_owned(), components)
     }
 
