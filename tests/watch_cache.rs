@@ -432,3 +432,173 @@ async fn selectors_and_the_node_name_index() {
     .expect("relabel");
     assert_eq!(lw.take(1).await, vec![("DELETED".into(), "l".into())]);
 }
+
+/// Updates and patches start from the cache's copy of the object (as
+/// upstream's GuaranteedUpdate does) and fall back to the store's when
+/// it was behind: writers racing on one object lose no write, a patch
+/// without a resourceVersion never fails for a race it lost, and a
+/// precondition on an old resourceVersion is still refused.
+#[tokio::test]
+async fn writers_racing_on_one_object_lose_nothing() {
+    let _serial = SERIAL.lock().await;
+    let server = cached_server();
+    let kubeconfig = server.kubeconfig();
+    let client = kube_client(&kubeconfig).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    create(&cms, "shared", "0").await;
+    let (writers, rounds) = (8usize, 20usize);
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let cms: Api<ConfigMap> = Api::namespaced(kube_client_without_retry(&kubeconfig).await, "default");
+        tasks.push(tokio::spawn(async move {
+            let (mut refused, mut seen) = (0, 0i64);
+            // What this writer was answered never goes back in time.
+            let mut saw = |cm: &ConfigMap, what: &str| {
+                let rv: i64 = cm.metadata.resource_version.as_deref().and_then(|r| r.parse().ok()).expect("rv");
+                assert!(rv >= seen, "writer {w}: {what} answered revision {rv} after {seen}");
+                seen = rv;
+                rv
+            };
+            for i in 0..rounds {
+                // A merge patch: retried by the server on the newer object.
+                let key = format!("p{w}-{i}");
+                let patch = json!({"data": {key.clone(): "x"}});
+                for what in ["patch", "the same patch again"] {
+                    let got = cms
+                        .patch("shared", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+                        .await
+                        .unwrap_or_else(|e| panic!("writer {w}: {what} {i}: {e}"));
+                    saw(&got, what);
+                    assert!(
+                        got.data.unwrap_or_default().contains_key(&key),
+                        "writer {w}: {what} {i} answered without it"
+                    );
+                }
+                // A key every writer sets: when the cache's copy already
+                // has this writer's value, only the store's can tell
+                // whether the patch has anything to do.
+                saw(&cms.get("shared").await.expect("get"), "get");
+                let turn = json!({"data": {"turn": w.to_string()}});
+                let got = cms
+                    .patch("shared", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&turn))
+                    .await
+                    .unwrap_or_else(|e| panic!("writer {w}: turn {i}: {e}"));
+                saw(&got, "turn");
+                assert_eq!(got.data.unwrap_or_default().get("turn"), Some(&w.to_string()), "writer {w}: turn {i}");
+                // A read-modify-write with the resourceVersion it read:
+                // refused (409) only when another writer came between.
+                let key = format!("u{w}-{i}");
+                loop {
+                    let mut cm = cms.get("shared").await.expect("get");
+                    let read = saw(&cm, "get");
+                    cm.data.get_or_insert_with(Default::default).insert(key.clone(), "x".into());
+                    match cms.replace("shared", &PostParams::default(), &cm).await {
+                        Ok(cm) => {
+                            saw(&cm, "update");
+                            break;
+                        }
+                        Err(kube::Error::Api(e)) if e.code == 409 => refused += 1,
+                        Err(e) => panic!("writer {w}: update {i}: {e}"),
+                    }
+                    let now = cms.get("shared").await.expect("get");
+                    assert!(saw(&now, "get") > read, "writer {w}: update {i} at the current revision {read} refused");
+                }
+            }
+            refused
+        }));
+    }
+    let mut refused = 0;
+    for t in tasks {
+        refused += t.await.expect("writer");
+    }
+    let data = cms.get("shared").await.expect("get").data.unwrap_or_default();
+    let missing: Vec<String> = (0..writers)
+        .flat_map(|w| (0..rounds).flat_map(move |i| [format!("p{w}-{i}"), format!("u{w}-{i}")]))
+        .filter(|k| !data.contains_key(k))
+        .collect();
+    assert!(missing.is_empty(), "lost writes: {missing:?} ({refused} updates refused on the way)");
+
+    // An update or a patch naming an old resourceVersion is refused.
+    let old = cms.get("shared").await.expect("get");
+    let old_rv = old.metadata.resource_version.clone().expect("rv");
+    cms.patch("shared", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&json!({"data": {"k": "1"}})))
+        .await
+        .expect("patch");
+    match cms.replace("shared", &PostParams::default(), &old).await {
+        Err(kube::Error::Api(e)) => assert_eq!((e.code, e.reason.as_str()), (409, "Conflict")),
+        other => panic!("an update at an old resourceVersion: {other:?}"),
+    }
+    let pinned = json!({"metadata": {"resourceVersion": old_rv}, "data": {"k": "2"}});
+    match cms.patch("shared", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&pinned)).await {
+        Err(kube::Error::Api(e)) => assert_eq!((e.code, e.reason.as_str()), (409, "Conflict")),
+        other => panic!("a patch at an old resourceVersion: {other:?}"),
+    }
+    // The same patch with nothing left to change answers the stored object.
+    let again = json!({"data": {"k": "1"}});
+    let same =
+        cms.patch("shared", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&again)).await.expect("patch");
+    let now = cms.get("shared").await.expect("get");
+    assert_eq!(same.metadata.resource_version, now.metadata.resource_version);
+    assert_eq!(same.data.and_then(|d| d.get("k").cloned()).as_deref(), Some("1"));
+}
+
+/// The cache held behind the store (each change waits 300 ms before the
+/// cache applies it): an update or a pinned patch at the store's
+/// revision is not refused for the cache's older one, and a patch that
+/// the cache's copy already shows is still written when the store's copy
+/// has changed since.
+#[tokio::test]
+async fn writes_from_a_cache_behind_the_store_are_decided_by_the_store() {
+    let _serial = SERIAL.lock().await;
+    let server = ApiServer::start_with_env(
+        tempfile::tempdir().expect("tempdir"),
+        common::free_port(),
+        &["--default-watch-cache-size", "4096"],
+        &[("FERROK_TEST_WATCH_CACHE_LAG_MS", "300")],
+    );
+    let client = kube_client_without_retry(&server.kubeconfig()).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let params = kube::api::PatchParams::default();
+    let set = |v: &str| json!({"data": {"k": v}});
+    let rv =
+        |cm: &ConfigMap| -> i64 { cm.metadata.resource_version.as_deref().and_then(|r| r.parse().ok()).expect("rv") };
+    // Waits until the cache holds revision `at`.
+    let caught_up = |at: i64| {
+        let client = client.clone();
+        async move {
+            let path = format!("{CMS}?resourceVersion={at}&resourceVersionMatch=NotOlderThan&limit=1");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while get(&client, &path).await.0 != 200 {
+                assert!(Instant::now() < deadline, "the cache never reached {at}");
+            }
+        }
+    };
+    let made = create(&cms, "lagging", "0").await;
+    caught_up(made).await;
+
+    // An update at the revision a GET (the store) gave, while the cache
+    // still holds the one before.
+    let r1 = rv(&cms.patch("lagging", &params, &kube::api::Patch::Merge(&set("1"))).await.expect("patch"));
+    let mut cm = cms.get("lagging").await.expect("get");
+    assert_eq!(rv(&cm), r1);
+    cm.data.get_or_insert_with(Default::default).insert("k".into(), "2".into());
+    let updated = cms.replace("lagging", &PostParams::default(), &cm).await.expect("update at the store's revision");
+    let r2 = rv(&updated);
+    assert!(r2 > r1);
+
+    // A patch pinned to the store's revision.
+    let mut pinned = set("3");
+    pinned["metadata"] = json!({"resourceVersion": r2.to_string()});
+    let r3 = rv(&cms.patch("lagging", &params, &kube::api::Patch::Merge(&pinned)).await.expect("pinned patch"));
+    assert!(r3 > r2);
+
+    // The cache's copy says k=2 (r2), the store's k=3 (r3): setting k=2
+    // is a write, not an answer from the cache's copy.
+    caught_up(r2).await;
+    let got = cms.patch("lagging", &params, &kube::api::Patch::Merge(&set("2"))).await.expect("patch");
+    assert!(rv(&got) > r3, "answered revision {} after {r3}", rv(&got));
+    assert_eq!(got.data.clone().unwrap_or_default().get("k").map(String::as_str), Some("2"));
+    caught_up(rv(&got)).await;
+    let now = cms.get("lagging").await.expect("get");
+    assert_eq!((rv(&now), now.data.unwrap_or_default().get("k").cloned()), (rv(&got), Some("2".to_string())));
+}

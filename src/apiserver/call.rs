@@ -25,6 +25,18 @@ use super::Api;
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 
 /// Everything a handler needs to know about one request.
+
+/// Where an update's old object came from. The watch cache's copy saves
+/// a store read, as upstream's GuaranteedUpdate takes the cacher's object
+/// as its first guess. It may be behind the store, so a write from it is
+/// guarded by its revision, and whatever it decides alone (a failed
+/// precondition, a write that would change nothing) is decided again
+/// from the store's copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Cache,
+    Store,
+}
 pub struct Call {
     pub api: Arc<Api>,
     pub user: User,
@@ -100,6 +112,19 @@ impl Call {
             .ok_or_else(|| ApiError::not_found(&self.resource.group, &self.resource.plural, name))
     }
 
+    /// The object an update starts from, and where it came from: the
+    /// cached one when asked for and the cache holds it (not for a dry
+    /// run), else the store's.
+    pub async fn load_old(&self, want: Origin) -> ApiResult<(Stored, Origin)> {
+        if want == Origin::Cache && !self.dry_run() {
+            let key = self.resource.key(self.namespace(), self.path.name.as_deref().unwrap_or_default());
+            if let Some(obj) = self.api.watch_cache.cached(&self.resource, &key) {
+                return Ok((Stored { object: obj.value(), rev: obj.rev }, Origin::Cache));
+            }
+        }
+        Ok((self.load_object().await?, Origin::Store))
+    }
+
     /// The object the request's path names, or NotFound.
     pub async fn load_object(&self) -> ApiResult<Stored> {
         let name = self.path.name.as_deref().unwrap_or_default();
@@ -139,6 +164,14 @@ impl Call {
             return None;
         }
         Some(self.with_warnings((code, [(header::CONTENT_TYPE, "application/json")], json).into_response()))
+    }
+
+    /// Adds a warning for the answer's `Warning` headers, once however
+    /// often a retried write meets it (as upstream's recorder does).
+    pub fn warn(&mut self, text: String) {
+        if !self.warnings.contains(&text) {
+            self.warnings.push(text);
+        }
     }
 
     fn with_warnings(&self, mut resp: Response) -> Response {

@@ -255,6 +255,11 @@ impl ApiServer {
 
     /// A server with more flags (`--datastore-endpoint`, `--kube-scheduler-arg`, ...).
     pub fn start_with(dir: tempfile::TempDir, port: u16, extra: &[&str]) -> ApiServer {
+        ApiServer::start_with_env(dir, port, extra, &[])
+    }
+
+    /// A server with more flags and environment variables.
+    pub fn start_with_env(dir: tempfile::TempDir, port: u16, extra: &[&str], env: &[(&str, &str)]) -> ApiServer {
         let log = std::fs::File::create(dir.path().join(format!("server-{}.log", Instant::now().elapsed().as_nanos())))
             .expect("log");
         let child = Command::new(ferrok_bin())
@@ -262,6 +267,7 @@ impl ApiServer {
             .arg(dir.path())
             .args(["--https-listen-port", &port.to_string(), "--bind-address", "127.0.0.1"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -16,7 +16,7 @@ pub async fn serve(call: &mut Call, verb: &str) -> ApiResult<Response> {
     if r.group == "metrics.k8s.io" {
         return super::resource_metrics::serve(call, verb).await;
     }
-    call.warnings.push(component_status::DEPRECATION_WARNING.to_string());
+    call.warn(component_status::DEPRECATION_WARNING.to_string());
     match verb {
         "get" => {
             let name = call.path.name.clone().unwrap_or_default();

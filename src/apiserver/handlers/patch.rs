@@ -9,8 +9,9 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::read::{object_response, scale_of};
-use super::write::{admit_create, admit_update, replicas_of, set_replicas, store_new, store_update};
+use super::write::{admit_create, admit_update, or_stale, replicas_of, set_replicas, store_new, store_update, Updated};
 use super::{decode_body, Call};
+use crate::apiserver::call::Origin;
 use crate::apiserver::patch_meta::SchemaNode;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::strategic::{strategic_merge, MergeRules};
@@ -120,8 +121,9 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         api_version: &api_version,
         schema: SchemaNode::of(schema.as_deref()),
     };
+    let mut want = Origin::Cache;
     for _ in 0..16 {
-        let current = match call.load_object().await {
+        let (current, origin) = match call.load_old(want).await {
             Ok(c) => c,
             Err(e) if e.code == 404 && kind == Kind::Apply => {
                 // Apply creates what does not exist yet.
@@ -136,12 +138,20 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             Err(e) => return Err(e),
         };
         let patched = if kind == Kind::Apply {
-            managed_fields::apply(Some(&current.object), &patch, &writer, force)?
+            managed_fields::apply(Some(&current.object), &patch, &writer, force)
         } else {
-            apply_patch(kind, &current.object, &patch, writer.schema)?
+            apply_patch(kind, &current.object, &patch, writer.schema)
+        };
+        let Some(patched) = or_stale(patched, origin)? else {
+            want = Origin::Store;
+            continue;
         };
         if let Some(rv) = meta::str_at(&patch, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
             if rv != current.rev.to_string() {
+                if origin == Origin::Cache {
+                    want = Origin::Store;
+                    continue;
+                }
                 let r = &call.resource;
                 return Err(ApiError::conflict(
                     &r.group,
@@ -152,7 +162,10 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             }
         }
         let managed = patched.pointer("/metadata/managedFields").cloned();
-        let mut new = admit_update(call, patched, &current.object).await?;
+        let Some(mut new) = or_stale(admit_update(call, patched, &current.object).await, origin)? else {
+            want = Origin::Store;
+            continue;
+        };
         if kind == Kind::Apply {
             if let Some(m) = managed {
                 meta::metadata_mut(&mut new).insert("managedFields".into(), m);
@@ -161,8 +174,9 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             let sub = call.path.subresource.clone();
             call.record_update(Some(&current.object), &mut new, sub.as_deref());
         }
-        match store_update(call, new, &current).await {
-            Ok((code, out)) => return Ok(object_response(call, code, out)),
+        match store_update(call, new, &current, origin).await {
+            Ok(Updated::Done(code, out)) => return Ok(object_response(call, code, out)),
+            Ok(Updated::Stale) => want = Origin::Store,
             Err(e)
                 if e.code == 409
                     && e.reason == "Conflict"

@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use super::read::{object_response, scale_of, wants_metadata};
 use super::{decode_body, Call};
 use crate::apiserver::admission::{self, Operation};
+use crate::apiserver::call::Origin;
 use crate::apiserver::meta::{self, metadata_mut, name_of};
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
 use crate::apiserver::storage::{set_resource_version, Encoded, Stored, WriteError};
@@ -79,7 +80,9 @@ fn decode(call: &mut Call, obj: &Value) -> ApiResult<Value> {
             }
             "Ignore" => {}
             _ => {
-                call.warnings.extend(unknown.iter().map(|f| format!("unknown field \"{}\"", f.trim_start_matches('.'))))
+                for f in &unknown {
+                    call.warn(format!("unknown field \"{}\"", f.trim_start_matches('.')));
+                }
             }
         }
     }
@@ -360,9 +363,33 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
     Ok(new)
 }
 
+/// What `store_update` did.
+pub enum Updated {
+    /// Written (or nothing to write), with the code and the object to answer.
+    Done(StatusCode, Value),
+    /// The old object came from the watch cache and the store has a newer
+    /// one (or the write would have changed nothing, which only the store's
+    /// copy can tell): read the store and try again.
+    Stale,
+}
+
 /// Writes an admitted update; an object whose deletion waited only on
 /// finalizers that are now gone is deleted instead.
-pub async fn store_update(call: &Call, mut new: Value, old: &Stored) -> ApiResult<(StatusCode, Value)> {
+pub async fn store_update(call: &Call, new: Value, old: &Stored, origin: Origin) -> ApiResult<Updated> {
+    or_stale(write_update(call, new, old, origin).await, origin).map(|u| u.unwrap_or(Updated::Stale))
+}
+
+/// A step of an update from the watch cache's copy that failed is taken
+/// again from the store's (None: read the store and try again), as
+/// upstream's GuaranteedUpdate does: the error may be the stale copy's.
+pub fn or_stale<T>(step: ApiResult<T>, origin: Origin) -> ApiResult<Option<T>> {
+    match step {
+        Err(_) if origin == Origin::Cache => Ok(None),
+        step => step.map(Some),
+    }
+}
+
+async fn write_update(call: &Call, mut new: Value, old: &Stored, origin: Origin) -> ApiResult<Updated> {
     let r = &call.resource;
     let name = name_of(&new).to_string();
     let key = r.key(meta::namespace_of(&new), &name);
@@ -371,21 +398,23 @@ pub async fn store_update(call: &Call, mut new: Value, old: &Stored) -> ApiResul
         && new.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty())
         && !(r.strategy.delete_rules().waits)(&new);
     if call.dry_run() {
-        return Ok((StatusCode::OK, new));
+        return Ok(Updated::Done(StatusCode::OK, new));
     }
-    if finished {
-        return match call.api.storage.delete(&key, old.rev).await {
-            Ok(_) => Ok((StatusCode::OK, new)),
-            Err(e) => Err(write_error(call, &name, e)),
-        };
-    }
-    if new == old.object {
-        return Ok((StatusCode::OK, old.object.clone()));
-    }
-    match call.api.storage.update(&key, &new, old.rev).await {
-        Ok(rev) => {
+    let written = if finished {
+        call.api.storage.delete(&key, old.rev).await.map(|_| None)
+    } else if new == old.object {
+        if origin == Origin::Cache {
+            return Ok(Updated::Stale);
+        }
+        return Ok(Updated::Done(StatusCode::OK, old.object.clone()));
+    } else {
+        call.api.storage.update(&key, &new, old.rev).await.map(Some)
+    };
+    match written {
+        Ok(None) => Ok(Updated::Done(StatusCode::OK, new)),
+        Ok(Some(rev)) => {
             set_resource_version(&mut new, rev);
-            Ok((StatusCode::OK, new))
+            Ok(Updated::Done(StatusCode::OK, new))
         }
         Err(e) => Err(write_error(call, &name, e)),
     }
@@ -408,24 +437,31 @@ pub fn write_error(call: &Call, name: &str, e: WriteError) -> ApiError {
 
 pub async fn update(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let new = decode_body(&call.headers, &body)?;
-    let old = call.load_object().await?;
     let name = call.path.name.clone().unwrap_or_default();
-    if let Some(rv) = meta::str_at(&new, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
-        if rv != old.rev.to_string() {
-            let r = &call.resource;
-            return Err(ApiError::conflict(
-                &r.group,
-                &r.plural,
-                &name,
-                "the object has been modified; please apply your changes to the latest version and try again",
-            ));
+    for want in [Origin::Cache, Origin::Store] {
+        let (old, origin) = call.load_old(want).await?;
+        if let Some(rv) = meta::str_at(&new, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
+            if rv != old.rev.to_string() {
+                if origin == Origin::Cache {
+                    continue;
+                }
+                let r = &call.resource;
+                return Err(ApiError::conflict(
+                    &r.group,
+                    &r.plural,
+                    &name,
+                    "the object has been modified; please apply your changes to the latest version and try again",
+                ));
+            }
+        }
+        let Some(mut new) = or_stale(admit_update(call, new.clone(), &old.object).await, origin)? else { continue };
+        let sub = call.path.subresource.clone();
+        call.record_update(Some(&old.object), &mut new, sub.as_deref());
+        if let Updated::Done(code, out) = store_update(call, new, &old, origin).await? {
+            return Ok(object_response(call, code, out));
         }
     }
-    let mut new = admit_update(call, new, &old.object).await?;
-    let sub = call.path.subresource.clone();
-    call.record_update(Some(&old.object), &mut new, sub.as_deref());
-    let (code, out) = store_update(call, new, &old).await?;
-    Ok(object_response(call, code, out))
+    Err(ApiError::internal("an update from the store's copy was answered as stale"))
 }
 
 pub async fn update_scale(call: &mut Call, body: Bytes) -> ApiResult<Response> {
@@ -466,9 +502,14 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
             )],
         ));
     }
+    let mut want = Origin::Cache;
     for _ in 0..16 {
-        let old = call.load_object().await?;
+        let (old, origin) = call.load_old(want).await?;
         if pinned && rv.as_deref() != Some(old.rev.to_string().as_str()) {
+            if origin == Origin::Cache {
+                want = Origin::Store;
+                continue;
+            }
             return Err(ApiError::conflict(
                 &r.group,
                 &r.plural,
@@ -484,10 +525,14 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
             _ => new["spec"] = json!({ "replicas": replicas }),
         }
         call.path.subresource = None;
-        let mut new = admit_update(call, new, &old.object).await?;
+        let Some(mut new) = or_stale(admit_update(call, new, &old.object).await, origin)? else {
+            want = Origin::Store;
+            continue;
+        };
         call.record_update(Some(&old.object), &mut new, Some("scale"));
-        match store_update(call, new, &old).await {
-            Ok((_, out)) => return Ok(call.respond(StatusCode::OK, &scale_of(call, &out))),
+        match store_update(call, new, &old, origin).await {
+            Ok(Updated::Done(_, out)) => return Ok(call.respond(StatusCode::OK, &scale_of(call, &out))),
+            Ok(Updated::Stale) => want = Origin::Store,
             Err(e) if e.code == 409 && e.reason == "Conflict" && !pinned => continue,
             Err(e) => return Err(e),
         }

@@ -22,6 +22,9 @@ use crate::apiserver::storage::{raw, Change, Decoding, Raw, Storage, Stored};
 /// (upstream sends one about every minute).
 const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 
+/// The test hook that holds each change back (`Cacher::lag`).
+pub const LAG_VARIABLE: &str = "FERROK_TEST_WATCH_CACHE_LAG_MS";
+
 /// What a resource is, as far as its cache needs to know.
 pub struct Shape {
     /// `/registry/<resource>/`: every key of the resource.
@@ -43,6 +46,12 @@ pub struct Cacher {
     pub(super) rev: watch::Sender<i64>,
     /// Asks the store watch for a progress notification.
     pub(super) asks: Mutex<Option<mpsc::Sender<()>>>,
+    /// How long each change (not a progress notification) waits before
+    /// the cache applies it: unset
+    /// unless `FERROK_TEST_WATCH_CACHE_LAG_MS` asks, so that tests can
+    /// hold the cache behind the store, which it otherwise is for only
+    /// moments at a time.
+    lag: Option<Duration>,
 }
 
 pub(super) struct State {
@@ -111,6 +120,7 @@ impl Cacher {
             window_size,
             rev: watch::channel(0).0,
             asks: Mutex::new(None),
+            lag: std::env::var(LAG_VARIABLE).ok().and_then(|v| v.parse().ok()).map(Duration::from_millis),
         });
         tokio::spawn(cacher.clone().reflect());
         cacher
@@ -186,7 +196,12 @@ impl Cacher {
                 change = changes.next() => match change {
                     None => return Ok(()),
                     Some(Err(e)) => return Err(e),
-                    Some(Ok(change)) => self.apply(change)?,
+                    Some(Ok(change)) => {
+                        if let Some(lag) = self.lag.filter(|_| !matches!(change, Change::Progress(_))) {
+                            tokio::time::sleep(lag).await;
+                        }
+                        self.apply(change)?
+                    }
                 },
                 _ = tick.tick() => {
                     let due = {
