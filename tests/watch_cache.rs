@@ -2,7 +2,8 @@
 //! and kubectl: resourceVersion semantics of lists (unset sees a write
 //! just made, 0, NotOlderThan, Exact, paging), watches resumed from the
 //! window, 410 Gone past the window and after compaction, a watch resumed
-//! after a restart, the slow-watcher limit, and selectors (spec.nodeName).
+//! after a restart, the slow-watcher limit, selectors (spec.nodeName), and
+//! updates and patches that start from the cache's copy of the object.
 
 mod common;
 
