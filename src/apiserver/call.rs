@@ -24,8 +24,6 @@ use super::Api;
 /// The largest body accepted, as upstream's 3 MiB.
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 
-/// Everything a handler needs to know about one request.
-
 /// Where an update's old object came from. The watch cache's copy saves
 /// a store read, as upstream's GuaranteedUpdate takes the cacher's object
 /// as its first guess. It may be behind the store, so a write from it is
@@ -37,6 +35,8 @@ pub enum Origin {
     Cache,
     Store,
 }
+
+/// Everything a handler needs to know about one request.
 pub struct Call {
     pub api: Arc<Api>,
     pub user: User,

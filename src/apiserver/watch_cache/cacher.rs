@@ -47,10 +47,9 @@ pub struct Cacher {
     /// Asks the store watch for a progress notification.
     pub(super) asks: Mutex<Option<mpsc::Sender<()>>>,
     /// How long each change (not a progress notification) waits before
-    /// the cache applies it: unset
-    /// unless `FERROK_TEST_WATCH_CACHE_LAG_MS` asks, so that tests can
-    /// hold the cache behind the store, which it otherwise is for only
-    /// moments at a time.
+    /// the cache applies it: unset unless `FERROK_TEST_WATCH_CACHE_LAG_MS`
+    /// asks, so that tests can hold the cache behind the store, which it
+    /// otherwise is for only moments at a time.
     lag: Option<Duration>,
 }
 
