@@ -8,8 +8,9 @@
 //! The `k8s-openapi` schemas carry no patch extensions, so the built-in
 //! types' strategies (upstream's `patchStrategy`/`patchMergeKey` struct
 //! tags of Kubernetes v1.33) are written into the embedded components
-//! when the test that generates them runs (`builtin_schemas::annotate`); the
-//! served OpenAPI documents then carry them too, as upstream's do. Custom resources bring theirs in the CRD's schema.
+//! when the test that generates them runs (`builtin_schemas::tests::annotate`);
+//! the served OpenAPI documents then carry them too, as upstream's do.
+//! Custom resources bring theirs in the CRD's schema.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
@@ -43,22 +44,20 @@ struct Component {
 
 impl Component {
     fn value(&self) -> &Value {
-        self.parsed.get_or_init(|| match &self.text {
-            Some(text) => serde_json::from_str(text.get()).unwrap_or_else(|e| {
-                tracing::error!("an OpenAPI component does not parse: {e}");
-                Value::Null
-            }),
-            None => Value::Null,
-        })
+        self.parsed.get_or_init(|| self.parse())
     }
 
     /// A parsed copy, leaving the one walks use as it was.
     fn to_value(&self) -> Value {
-        match (self.parsed.get(), &self.text) {
-            (Some(v), _) => v.clone(),
-            (None, Some(text)) => serde_json::from_str(text.get()).unwrap_or(Value::Null),
-            (None, None) => Value::Null,
-        }
+        self.parsed.get().cloned().unwrap_or_else(|| self.parse())
+    }
+
+    fn parse(&self) -> Value {
+        let Some(text) = &self.text else { return Value::Null };
+        serde_json::from_str(text.get()).unwrap_or_else(|e| {
+            tracing::error!("an OpenAPI component does not parse: {e}");
+            Value::Null
+        })
     }
 }
 

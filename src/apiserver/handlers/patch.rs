@@ -9,7 +9,10 @@ use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::read::{object_response, scale_of};
-use super::write::{admit_create, admit_update, or_stale, replicas_of, set_replicas, store_new, store_update, Updated};
+use super::write::{
+    admit_create, admit_update, check_resource_version, or_stale, replicas_of, set_replicas, store_new, store_update,
+    Updated,
+};
 use super::{decode_body, Call};
 use crate::apiserver::call::Origin;
 use crate::apiserver::patch_meta::SchemaNode;
@@ -142,25 +145,12 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         } else {
             apply_patch(kind, &current.object, &patch, writer.schema)
         };
+        let rv = meta::str_at(&patch, &["metadata", "resourceVersion"]);
+        let patched = patched.and_then(|p| check_resource_version(call, rv, current.rev).map(|()| p));
         let Some(patched) = or_stale(patched, origin)? else {
             want = Origin::Store;
             continue;
         };
-        if let Some(rv) = meta::str_at(&patch, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
-            if rv != current.rev.to_string() {
-                if origin == Origin::Cache {
-                    want = Origin::Store;
-                    continue;
-                }
-                let r = &call.resource;
-                return Err(ApiError::conflict(
-                    &r.group,
-                    &r.plural,
-                    call.path.name.as_deref().unwrap_or_default(),
-                    "the object has been modified; please apply your changes to the latest version and try again",
-                ));
-            }
-        }
         let managed = patched.pointer("/metadata/managedFields").cloned();
         let Some(mut new) = or_stale(admit_update(call, patched, &current.object).await, origin)? else {
             want = Origin::Store;

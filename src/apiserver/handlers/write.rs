@@ -424,35 +424,40 @@ pub fn write_error(call: &Call, name: &str, e: WriteError) -> ApiError {
     let r = &call.resource;
     match e {
         WriteError::Changed(None) => ApiError::not_found(&r.group, &r.plural, name),
-        WriteError::Changed(Some(_)) => ApiError::conflict(
-            &r.group,
-            &r.plural,
-            name,
-            "the object has been modified; please apply your changes to the latest version and try again",
-        ),
+        WriteError::Changed(Some(_)) => modified(call, name),
         WriteError::Exists => ApiError::already_exists(&r.group, &r.plural, name),
         WriteError::Api(e) => e,
     }
 }
 
+/// Upstream's 409 for a write that lost a race or named an older
+/// `resourceVersion`.
+fn modified(call: &Call, name: &str) -> ApiError {
+    let r = &call.resource;
+    ApiError::conflict(
+        &r.group,
+        &r.plural,
+        name,
+        "the object has been modified; please apply your changes to the latest version and try again",
+    )
+}
+
+/// A `resourceVersion` precondition (when `rv` is set) against the
+/// revision of the object the write starts from.
+pub fn check_resource_version(call: &Call, rv: Option<&str>, current: i64) -> ApiResult<()> {
+    match rv.filter(|v| !v.is_empty()) {
+        Some(v) if v != current.to_string() => Err(modified(call, call.path.name.as_deref().unwrap_or_default())),
+        _ => Ok(()),
+    }
+}
+
 pub async fn update(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let new = decode_body(&call.headers, &body)?;
-    let name = call.path.name.clone().unwrap_or_default();
+    let rv = meta::str_at(&new, &["metadata", "resourceVersion"]).map(str::to_string);
     for want in [Origin::Cache, Origin::Store] {
         let (old, origin) = call.load_old(want).await?;
-        if let Some(rv) = meta::str_at(&new, &["metadata", "resourceVersion"]).filter(|s| !s.is_empty()) {
-            if rv != old.rev.to_string() {
-                if origin == Origin::Cache {
-                    continue;
-                }
-                let r = &call.resource;
-                return Err(ApiError::conflict(
-                    &r.group,
-                    &r.plural,
-                    &name,
-                    "the object has been modified; please apply your changes to the latest version and try again",
-                ));
-            }
+        if or_stale(check_resource_version(call, rv.as_deref(), old.rev), origin)?.is_none() {
+            continue;
         }
         let Some(mut new) = or_stale(admit_update(call, new.clone(), &old.object).await, origin)? else { continue };
         let sub = call.path.subresource.clone();
@@ -489,7 +494,6 @@ pub fn replicas_of(scale: &Value) -> ApiResult<i64> {
 /// as upstream's GuaranteedUpdate does.
 pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) -> ApiResult<Response> {
     let name = call.path.name.clone().unwrap_or_default();
-    let r = call.resource.clone();
     let pinned = rv.as_deref().is_some_and(|v| !v.is_empty());
     if replicas < 0 {
         return Err(ApiError::invalid(
@@ -505,17 +509,9 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
     let mut want = Origin::Cache;
     for _ in 0..16 {
         let (old, origin) = call.load_old(want).await?;
-        if pinned && rv.as_deref() != Some(old.rev.to_string().as_str()) {
-            if origin == Origin::Cache {
-                want = Origin::Store;
-                continue;
-            }
-            return Err(ApiError::conflict(
-                &r.group,
-                &r.plural,
-                &name,
-                "the object has been modified; please apply your changes to the latest version and try again",
-            ));
+        if or_stale(check_resource_version(call, rv.as_deref(), old.rev), origin)?.is_none() {
+            want = Origin::Store;
+            continue;
         }
         let mut new = old.object.clone();
         match new.get_mut("spec") {

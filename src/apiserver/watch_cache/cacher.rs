@@ -23,7 +23,7 @@ use crate::apiserver::storage::{raw, Change, Decoding, Raw, Storage, Stored};
 const BOOKMARK_EVERY: Duration = Duration::from_secs(60);
 
 /// The test hook that holds each change back (`Cacher::lag`).
-pub const LAG_VARIABLE: &str = "FERROK_TEST_WATCH_CACHE_LAG_MS";
+const LAG_VARIABLE: &str = "FERROK_TEST_WATCH_CACHE_LAG_MS";
 
 /// What a resource is, as far as its cache needs to know.
 pub struct Shape {
