@@ -168,14 +168,26 @@ async fn server_side_apply_and_conflicts() {
     assert_eq!(merged.metadata.generation, Some(2));
 }
 
-/// The raw answer to `method uri` with `body`, sent as `accept` wants.
+/// The raw answer to `method uri` with a JSON `body`, sent as `accept` wants.
 async fn raw(client: &kube::Client, method: &str, uri: &str, accept: &str, body: &str) -> (u16, Vec<u8>) {
+    raw_as(client, method, uri, "application/json", accept, body).await
+}
+
+/// `raw` with a body of `content_type`.
+async fn raw_as(
+    client: &kube::Client,
+    method: &str,
+    uri: &str,
+    content_type: &str,
+    accept: &str,
+    body: &str,
+) -> (u16, Vec<u8>) {
     use http_body_util::BodyExt;
     let req = axum::http::Request::builder()
         .method(method)
         .uri(uri)
         .header("Accept", accept)
-        .header("Content-Type", "application/json")
+        .header("Content-Type", content_type)
         .body(kube::client::Body::from(body.as_bytes().to_vec()))
         .expect("request");
     let resp = client.send(req).await.unwrap_or_else(|e| panic!("{method} {uri}: {e}"));
@@ -224,4 +236,70 @@ async fn a_create_answers_with_the_bytes_a_get_reads() {
     let (code, answer) = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", yaml, body).await;
     let text = String::from_utf8_lossy(&answer).into_owned();
     assert!(code == 201 && text.contains("name: as-yaml") && !text.starts_with('{'), "{code} {text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_update_answers_with_the_bytes_a_get_reads() {
+    let (_server, client) = start().await;
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let pods = "/api/v1/namespaces/default/pods";
+    let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"answer"},"data":{"a":"1"}}"#;
+    assert_eq!(raw(&client, "POST", cms, "application/json", body).await.0, 201);
+    let body = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"answer"},
+        "spec":{"schedulerName":"nobody","containers":[{"name":"c","image":"busybox"}]}}"#;
+    assert_eq!(raw(&client, "POST", pods, "application/json", body).await.0, 201);
+    // Like a create's, the answer to a write that stored something is put
+    // together from the stored bytes, and a get reads the same bytes back:
+    // field order, escapes, the resourceVersion the write was stored at.
+    let put = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"answer"},
+        "data":{"a":"2","text":"caf\u00e9 \"quoted\" \\ tab\t ☃"}}"#;
+    let writes = [
+        ("PUT", format!("{cms}/answer"), "application/json", put.to_string()),
+        ("PATCH", format!("{cms}/answer"), "application/merge-patch+json", r#"{"data":{"b":"3"}}"#.to_string()),
+        (
+            "PATCH",
+            format!("{cms}/answer"),
+            "application/json-patch+json",
+            r#"[{"op":"add","path":"/metadata/labels","value":{"x":"y"}}]"#.to_string(),
+        ),
+        (
+            "PATCH",
+            format!("{pods}/answer/status"),
+            "application/merge-patch+json",
+            r#"{"status":{"message":"written"}}"#.to_string(),
+        ),
+    ];
+    let mut last_rv = 0;
+    for (method, uri, content_type, body) in writes {
+        let (code, answer) = raw_as(&client, method, &uri, content_type, "application/json", &body).await;
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        assert_eq!(code, 200, "{method} {uri}: {text}");
+        assert!(text.starts_with(r#"{"kind":"#), "{method} {uri}: kind leads: {text}");
+        let v: serde_json::Value = serde_json::from_slice(&answer).expect("JSON");
+        let rv: i64 =
+            v.pointer("/metadata/resourceVersion").and_then(|r| r.as_str()).and_then(|r| r.parse().ok()).unwrap_or(0);
+        assert!(rv > last_rv, "{method} {uri}: resourceVersion {rv} after {last_rv}: {text}");
+        last_rv = rv;
+        let object = uri.trim_end_matches("/status");
+        let (code, read) = raw(&client, "GET", object, "application/json", "").await;
+        assert_eq!(code, 200);
+        assert_eq!(text, String::from_utf8_lossy(&read), "the answer to {method} {uri} and a get of {object}");
+    }
+    let (_, read) = raw(&client, "GET", &format!("{cms}/answer"), "application/json", "").await;
+    let v: serde_json::Value = serde_json::from_slice(&read).expect("JSON");
+    assert_eq!(v["data"], serde_json::json!({"a": "2", "b": "3", "text": "caf\u{e9} \"quoted\" \\ tab\t ☃"}));
+    assert_eq!(v["metadata"]["labels"], serde_json::json!({"x": "y"}));
+    let cm_rv = v["metadata"]["resourceVersion"].clone();
+    // A write with nothing to change answers the object as it is; a Table
+    // is made from the object.
+    const MERGE: &str = "application/merge-patch+json";
+    let same = r#"{"data":{"b":"3"}}"#;
+    let (code, answer) = raw_as(&client, "PATCH", &format!("{cms}/answer"), MERGE, "application/json", same).await;
+    let v: serde_json::Value = serde_json::from_slice(&answer).expect("JSON");
+    assert_eq!((code, &v["metadata"]["resourceVersion"]), (200, &cm_rv), "{v}");
+    let table = "application/json;as=Table;g=meta.k8s.io;v=v1";
+    let (code, answer) =
+        raw_as(&client, "PATCH", &format!("{cms}/answer"), MERGE, table, r#"{"data":{"c":"4"}}"#).await;
+    let v: serde_json::Value = serde_json::from_slice(&answer).expect("JSON");
+    assert_eq!((code, v["kind"].as_str()), (200, Some("Table")), "{v}");
 }

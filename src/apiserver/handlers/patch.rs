@@ -8,7 +8,7 @@ use axum::http::header;
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::read::{object_response, scale_of};
+use super::read::scale_of;
 use super::write::{
     admit_create, admit_update, check_resource_version, or_stale, replicas_of, set_replicas, store_new, store_update,
     Updated,
@@ -165,7 +165,7 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             call.record_update(Some(&current.object), &mut new, sub.as_deref());
         }
         match store_update(call, new, &current, origin).await {
-            Ok(Updated::Done(code, out)) => return Ok(object_response(call, code, out)),
+            Ok(Updated::Done(written)) => return Ok(written.response(call)),
             Ok(Updated::Stale) => want = Origin::Store,
             Err(e)
                 if e.code == 409

@@ -223,18 +223,29 @@ pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     Ok(store_new(call, obj).await?.response(call))
 }
 
-/// A new object as `store_new` left it.
-pub struct Created {
+/// A written object as `store_new` or `store_update` left it.
+pub struct Written {
     code: StatusCode,
     /// resourceVersion set.
     object: Value,
-    /// The stored encoding and its revision (None on a dry run), from which
-    /// the answer is put together instead of encoding the object again.
+    /// The stored encoding and its revision (None on a dry run, a write
+    /// with nothing to change, or a delete), from which the answer is put
+    /// together instead of encoding the object again.
     stored: Option<(Encoded, i64)>,
 }
 
-impl Created {
-    /// The answer to the create: the stored JSON put together in the
+impl Written {
+    /// An answer encoded from the object itself.
+    fn unstored(code: StatusCode, object: Value) -> Self {
+        Written { code, object, stored: None }
+    }
+
+    /// The object written, resourceVersion set.
+    pub fn object(&self) -> &Value {
+        &self.object
+    }
+
+    /// The answer to the write: the stored JSON put together in the
     /// answer's form (apiVersion and kind first, the resourceVersion set), the
     /// object encoded when the client asked for a Table, metadata only,
     /// YAML, or the bytes are not in the store's encoding.
@@ -253,12 +264,12 @@ impl Created {
 }
 
 /// Stores a prepared new object (retrying generated names that collide).
-pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<Created> {
+pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<Written> {
     let r = &call.resource;
     let key = r.key(meta::namespace_of(&obj), name_of(&obj));
     let _held = r.begin_write(&mut obj, &key, None).await?;
     if call.dry_run() {
-        return Ok(Created { code: StatusCode::CREATED, object: obj, stored: None });
+        return Ok(Written::unstored(StatusCode::CREATED, obj));
     }
     for _ in 0..8 {
         let name = name_of(&obj).to_string();
@@ -267,7 +278,7 @@ pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<Created> {
         match call.api.storage.create_encoded(&key, encoded.bytes.clone()).await {
             Ok(rev) => {
                 set_resource_version(&mut obj, rev);
-                return Ok(Created { code: StatusCode::CREATED, object: obj, stored: Some((encoded, rev)) });
+                return Ok(Written { code: StatusCode::CREATED, object: obj, stored: Some((encoded, rev)) });
             }
             Err(WriteError::Exists) => {
                 let prefix = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(str::to_string);
@@ -365,8 +376,8 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
 
 /// What `store_update` did.
 pub enum Updated {
-    /// Written (or nothing to write), with the code and the object to answer.
-    Done(StatusCode, Value),
+    /// Written (or nothing to write): the answer.
+    Done(Written),
     /// The old object came from the watch cache and the store has a newer
     /// one (or the write would have changed nothing, which only the store's
     /// copy can tell): read the store and try again.
@@ -398,23 +409,25 @@ async fn write_update(call: &Call, mut new: Value, old: &Stored, origin: Origin)
         && new.pointer("/metadata/finalizers").and_then(Value::as_array).is_none_or(|f| f.is_empty())
         && !(r.strategy.delete_rules().waits)(&new);
     if call.dry_run() {
-        return Ok(Updated::Done(StatusCode::OK, new));
+        return Ok(Updated::Done(Written::unstored(StatusCode::OK, new)));
     }
-    let written = if finished {
-        call.api.storage.delete(&key, old.rev).await.map(|_| None)
-    } else if new == old.object {
+    if finished {
+        return match call.api.storage.delete(&key, old.rev).await {
+            Ok(_) => Ok(Updated::Done(Written::unstored(StatusCode::OK, new))),
+            Err(e) => Err(write_error(call, &name, e)),
+        };
+    }
+    if new == old.object {
         if origin == Origin::Cache {
             return Ok(Updated::Stale);
         }
-        return Ok(Updated::Done(StatusCode::OK, old.object.clone()));
-    } else {
-        call.api.storage.update(&key, &new, old.rev).await.map(Some)
-    };
-    match written {
-        Ok(None) => Ok(Updated::Done(StatusCode::OK, new)),
-        Ok(Some(rev)) => {
+        return Ok(Updated::Done(Written::unstored(StatusCode::OK, old.object.clone())));
+    }
+    let encoded = Encoded::of(&new)?;
+    match call.api.storage.update_encoded(&key, encoded.bytes.clone(), old.rev).await {
+        Ok(rev) => {
             set_resource_version(&mut new, rev);
-            Ok(Updated::Done(StatusCode::OK, new))
+            Ok(Updated::Done(Written { code: StatusCode::OK, object: new, stored: Some((encoded, rev)) }))
         }
         Err(e) => Err(write_error(call, &name, e)),
     }
@@ -462,8 +475,8 @@ pub async fn update(call: &mut Call, body: Bytes) -> ApiResult<Response> {
         let Some(mut new) = or_stale(admit_update(call, new.clone(), &old.object).await, origin)? else { continue };
         let sub = call.path.subresource.clone();
         call.record_update(Some(&old.object), &mut new, sub.as_deref());
-        if let Updated::Done(code, out) = store_update(call, new, &old, origin).await? {
-            return Ok(object_response(call, code, out));
+        if let Updated::Done(written) = store_update(call, new, &old, origin).await? {
+            return Ok(written.response(call));
         }
     }
     Err(ApiError::internal("an update from the store's copy was answered as stale"))
@@ -527,7 +540,7 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
         };
         call.record_update(Some(&old.object), &mut new, Some("scale"));
         match store_update(call, new, &old, origin).await {
-            Ok(Updated::Done(_, out)) => return Ok(call.respond(StatusCode::OK, &scale_of(call, &out))),
+            Ok(Updated::Done(written)) => return Ok(call.respond(StatusCode::OK, &scale_of(call, written.object()))),
             Ok(Updated::Stale) => want = Origin::Store,
             Err(e) if e.code == 409 && e.reason == "Conflict" && !pinned => continue,
             Err(e) => return Err(e),

@@ -142,7 +142,7 @@ pub fn set_resource_version(object: &mut Value, rev: i64) {
 }
 
 /// The stored form (`Encoded::of`'s bytes). The watch cache
-/// (`watch_cache::splice`), the answer to a create (`handlers::write::Created`)
+/// (`watch_cache::splice`), the answer to a create or an update (`handlers::write::Written`)
 /// and the binding (`handlers::assign_pod`) edit this encoding in place, and
 /// take the decoding path for bytes that are not in it.
 pub(crate) fn encode(object: &Value) -> ApiResult<Vec<u8>> {
