@@ -243,6 +243,7 @@ async fn an_update_answers_with_the_bytes_a_get_reads() {
     let (_server, client) = start().await;
     let cms = "/api/v1/namespaces/default/configmaps";
     let pods = "/api/v1/namespaces/default/pods";
+    const MERGE: &str = "application/merge-patch+json";
     let body = r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"answer"},"data":{"a":"1"}}"#;
     assert_eq!(raw(&client, "POST", cms, "application/json", body).await.0, 201);
     let body = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"answer"},
@@ -255,19 +256,14 @@ async fn an_update_answers_with_the_bytes_a_get_reads() {
         "data":{"a":"2","text":"caf\u00e9 \"quoted\" \\ tab\t ☃"}}"#;
     let writes = [
         ("PUT", format!("{cms}/answer"), "application/json", put.to_string()),
-        ("PATCH", format!("{cms}/answer"), "application/merge-patch+json", r#"{"data":{"b":"3"}}"#.to_string()),
+        ("PATCH", format!("{cms}/answer"), MERGE, r#"{"data":{"b":"3"}}"#.to_string()),
         (
             "PATCH",
             format!("{cms}/answer"),
             "application/json-patch+json",
             r#"[{"op":"add","path":"/metadata/labels","value":{"x":"y"}}]"#.to_string(),
         ),
-        (
-            "PATCH",
-            format!("{pods}/answer/status"),
-            "application/merge-patch+json",
-            r#"{"status":{"message":"written"}}"#.to_string(),
-        ),
+        ("PATCH", format!("{pods}/answer/status"), MERGE, r#"{"status":{"message":"written"}}"#.to_string()),
     ];
     let mut last_rv = 0;
     for (method, uri, content_type, body) in writes {
@@ -292,7 +288,6 @@ async fn an_update_answers_with_the_bytes_a_get_reads() {
     let cm_rv = v["metadata"]["resourceVersion"].clone();
     // A write with nothing to change answers the object as it is; a Table
     // is made from the object.
-    const MERGE: &str = "application/merge-patch+json";
     let same = r#"{"data":{"b":"3"}}"#;
     let (code, answer) = raw_as(&client, "PATCH", &format!("{cms}/answer"), MERGE, "application/json", same).await;
     let v: serde_json::Value = serde_json::from_slice(&answer).expect("JSON");
