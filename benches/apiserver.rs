@@ -22,14 +22,14 @@ fn cm(name: &str) -> ConfigMap {
 }
 
 /// Runs `per_client` operations on each of `clients` connections.
-async fn phase<F, Fut>(label: &str, kubeconfig: &std::path::Path, clients: usize, per_client: usize, op: F)
+async fn phase<F, Fut>(server: u32, label: &str, kubeconfig: &std::path::Path, clients: usize, per_client: usize, op: F)
 where
     F: Fn(Api<ConfigMap>, usize, usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<(), kube::Error>> + Send,
 {
     let op = Arc::new(op);
     let mut tasks = Vec::new();
-    let started = Instant::now();
+    let meter = common::Meter::start(server);
     for c in 0..clients {
         let api: Api<ConfigMap> = Api::namespaced(client(kubeconfig).await.expect("client"), "default");
         let op = op.clone();
@@ -45,7 +45,7 @@ where
             lat
         }));
     }
-    common::report_phase(label, clients, started, tasks).await;
+    common::report_phase(label, clients, meter, tasks).await;
 }
 
 #[tokio::main]
@@ -62,19 +62,19 @@ async fn main() {
         let per = if clients == 1 { n } else { n / 4 };
         let tag = format!("c{clients}");
         let t = tag.clone();
-        phase("create", &kubeconfig, clients, per, move |api, c, i| {
+        phase(pid, "create", &kubeconfig, clients, per, move |api, c, i| {
             let t = t.clone();
             async move { api.create(&PostParams::default(), &cm(&format!("{t}-{c}-{i}"))).await.map(|_| ()) }
         })
         .await;
         let t = tag.clone();
-        phase("get", &kubeconfig, clients, per, move |api, c, i| {
+        phase(pid, "get", &kubeconfig, clients, per, move |api, c, i| {
             let t = t.clone();
             async move { api.get(&format!("{t}-{c}-{i}")).await.map(|_| ()) }
         })
         .await;
         let t = tag.clone();
-        phase("update", &kubeconfig, clients, per, move |api, c, i| {
+        phase(pid, "update", &kubeconfig, clients, per, move |api, c, i| {
             let t = t.clone();
             async move {
                 let mut obj = api.get(&format!("{t}-{c}-{i}")).await?;
@@ -83,7 +83,7 @@ async fn main() {
             }
         })
         .await;
-        phase("list500", &kubeconfig, clients, if quick { 5 } else { 20 }, |api, _, _| async move {
+        phase(pid, "list500", &kubeconfig, clients, if quick { 5 } else { 20 }, |api, _, _| async move {
             api.list(&ListParams::default().limit(500)).await.map(|_| ())
         })
         .await;
@@ -96,7 +96,7 @@ async fn main() {
         .unwrap_or(0);
     let missing = 10_000usize.saturating_sub(existing);
     if !quick && missing > 0 {
-        phase("fill", &kubeconfig, 16, missing / 16 + 1, |api, c, i| async move {
+        phase(pid, "fill", &kubeconfig, 16, missing / 16 + 1, |api, c, i| async move {
             api.create(&PostParams::default(), &cm(&format!("fill-{c}-{i}"))).await.map(|_| ())
         })
         .await;

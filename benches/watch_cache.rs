@@ -42,14 +42,14 @@ async fn raw_get(client: &kube::Client, path: &str) -> usize {
 }
 
 /// Runs `op(client index, i)` `per_client` times on each of `clients` connections.
-async fn phase<F, Fut>(label: &str, kubeconfig: &std::path::Path, clients: usize, per_client: usize, op: F)
+async fn phase<F, Fut>(server: u32, label: &str, kubeconfig: &std::path::Path, clients: usize, per_client: usize, op: F)
 where
     F: Fn(kube::Client, usize, usize) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
     let op = Arc::new(op);
     let mut tasks = Vec::new();
-    let started = Instant::now();
+    let meter = common::Meter::start(server);
     for c in 0..clients {
         let cl = client(kubeconfig).await.expect("client");
         let op = op.clone();
@@ -63,7 +63,7 @@ where
             lat
         }));
     }
-    common::report_phase(label, clients, started, tasks).await;
+    common::report_phase(label, clients, meter, tasks).await;
 }
 
 fn cm(name: &str) -> ConfigMap {
@@ -94,7 +94,7 @@ async fn main() {
 
     // Creates of 5,000 1 KiB ConfigMaps at 16 clients.
     let n_cms = if quick { 1000 } else { 5000 };
-    phase("create configmap 1KiB", &kubeconfig, 16, n_cms / 16 + 1, |c, k, i| async move {
+    phase(pid, "create configmap 1KiB", &kubeconfig, 16, n_cms / 16 + 1, |c, k, i| async move {
         let api: Api<ConfigMap> = Api::namespaced(c, "default");
         if let Err(e) = api.create(&PostParams::default(), &cm(&format!("cm-{k:02}-{i:05}"))).await {
             eprintln!("create: {e}");
@@ -106,15 +106,15 @@ async fn main() {
     println!("list size: {:.1} MiB", bytes as f64 / (1 << 20) as f64);
     println!("server RSS with {n_cms} ConfigMaps: {:.1} MiB", rss_kib(pid).0 as f64 / 1024.0);
     let lists = if quick { 10 } else { 40 };
-    phase(&format!("list {n_cms} configmaps"), &kubeconfig, 1, lists, move |c, _, _| async move {
+    phase(pid, &format!("list {n_cms} configmaps"), &kubeconfig, 1, lists, move |c, _, _| async move {
         raw_get(&c, path).await;
     })
     .await;
-    phase(&format!("list {n_cms} configmaps"), &kubeconfig, 16, lists / 4, move |c, _, _| async move {
+    phase(pid, &format!("list {n_cms} configmaps"), &kubeconfig, 16, lists / 4, move |c, _, _| async move {
         raw_get(&c, path).await;
     })
     .await;
-    phase(&format!("list {n_cms} cms rv=0"), &kubeconfig, 1, lists, move |c, _, _| async move {
+    phase(pid, &format!("list {n_cms} cms rv=0"), &kubeconfig, 1, lists, move |c, _, _| async move {
         raw_get(&c, &format!("{path}?resourceVersion=0")).await;
     })
     .await;
@@ -125,7 +125,7 @@ async fn main() {
     let node = serde_json::from_value(json!({"metadata": {"name": "bench-node"}})).expect("node");
     nodes.create(&PostParams::default(), &node).await.expect("node");
     let n_pods = if quick { 2000 } else { 10000 };
-    phase("create pod", &kubeconfig, 16, n_pods / 16, |c, k, i| async move {
+    phase(pid, "create pod", &kubeconfig, 16, n_pods / 16, |c, k, i| async move {
         let api: Api<Pod> = Api::namespaced(c, "default");
         if let Err(e) = api.create(&PostParams::default(), &pod(&format!("p-{k:02}-{i:05}"))).await {
             eprintln!("create pod: {e}");
@@ -188,7 +188,7 @@ async fn main() {
             }));
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let cpu0 = cpu_seconds(pid);
+        let (cpu0, bench0) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
         let started = Instant::now();
         let writes = Arc::new(AtomicUsize::new(0));
         let patch_times = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -230,6 +230,7 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let cpu = cpu_seconds(pid) - cpu0;
+        let bench_cpu = cpu_seconds(std::process::id()) - bench0;
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             let _ = t.await;
@@ -239,7 +240,7 @@ async fn main() {
         let mut patches = std::mem::take(&mut *patch_times.lock().expect("lock"));
         patches.sort();
         println!(
-            "watchers={watchers:<3} changes={changes:<5} ({:>5.0}/s) delivered={:<6} latency p50 {:>7.2} ms p99 {:>8.2} ms (patch p50 {:.2} ms p99 {:.2} ms)  server CPU {:.2} s = {:>6.1} µs/change, {:>5.1} µs/delivery",
+            "watchers={watchers:<3} changes={changes:<5} ({:>5.0}/s) delivered={:<6} latency p50 {:>7.2} ms p99 {:>8.2} ms (patch p50 {:.2} ms p99 {:.2} ms)  server CPU {:.2} s = {:>6.1} µs/change, {:>5.1} µs/delivery; clients {:>5.1} µs/delivery",
             changes as f64 / elapsed.as_secs_f64(),
             lat.len(),
             percentile(&lat, 0.5),
@@ -249,6 +250,7 @@ async fn main() {
             cpu,
             cpu * 1e6 / changes.max(1) as f64,
             cpu * 1e6 / lat.len().max(1) as f64,
+            bench_cpu * 1e6 / lat.len().max(1) as f64,
         );
     }
     println!("server RSS at the end: {:.1} MiB", rss_kib(pid).0 as f64 / 1024.0);

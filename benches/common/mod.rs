@@ -100,25 +100,46 @@ pub fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
 }
 
+/// When a phase began, and the CPU the server and this bench had used by then.
+pub struct Meter {
+    started: Instant,
+    server: u32,
+    ticks: (u64, u64),
+}
+
+impl Meter {
+    pub fn start(server: u32) -> Self {
+        Meter { started: Instant::now(), server, ticks: (cpu_ticks(server), cpu_ticks(std::process::id())) }
+    }
+}
+
 /// Waits for the clients' tasks (each returning its latencies) and prints
-/// the phase's rate, p50 and p99 on one line.
+/// the phase's rate, p50 and p99 on one line, with the CPU per operation
+/// of the server and of this bench's clients (which share the machine's
+/// cores with it).
 pub async fn report_phase(
     label: &str,
     clients: usize,
-    started: std::time::Instant,
+    meter: Meter,
     tasks: Vec<tokio::task::JoinHandle<Vec<Duration>>>,
 ) {
     let mut all = Vec::new();
     for t in tasks {
         all.extend(t.await.expect("task"));
     }
-    let elapsed = started.elapsed();
+    let elapsed = meter.started.elapsed();
+    let server = cpu_ticks(meter.server) - meter.ticks.0;
+    let bench = cpu_ticks(std::process::id()) - meter.ticks.1;
     all.sort();
+    let ops = all.len().max(1) as f64;
+    let per_op = |ticks: u64| ticks as f64 * 10_000.0 / ops;
     println!(
-        "{label:<28} clients={clients:<3} ops={:<6} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms",
+        "{label:<28} clients={clients:<3} ops={:<6} {:>8.0} ops/s  p50 {:>7.2} ms  p99 {:>7.2} ms  CPU/op server {:>6.0} µs, clients {:>6.0} µs",
         all.len(),
         all.len() as f64 / elapsed.as_secs_f64(),
         percentile(&all, 0.5),
-        percentile(&all, 0.99)
+        percentile(&all, 0.99),
+        per_op(server),
+        per_op(bench),
     );
 }

@@ -157,9 +157,15 @@ impl Call {
         self.with_warnings(resp)
     }
 
-    /// An answer already encoded as JSON (lists from the watch cache);
-    /// None when the client asked for YAML.
+    /// An answer already encoded as JSON (a write's, from the bytes it
+    /// stored); None when the client asked for YAML.
     pub fn respond_json_bytes(&self, code: StatusCode, json: Vec<u8>) -> Option<Response> {
+        self.respond_json_body(code, axum::body::Body::from(json))
+    }
+
+    /// An answer whose JSON is put together as it is sent (lists from the
+    /// watch cache); None when the client asked for YAML.
+    pub fn respond_json_body(&self, code: StatusCode, json: axum::body::Body) -> Option<Response> {
         if wants_yaml(self.accept()) {
             return None;
         }

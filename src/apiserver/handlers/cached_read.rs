@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use serde_json::{json, Value};
 
+use super::list_body::ListBody;
 use super::read::{bookmark, event, list_response, partial_of, wants_metadata, Filters, WatchParams};
 use super::Call;
 use crate::apiserver::field_order;
@@ -89,17 +90,8 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         let head = json!({"kind": call.resource.list_kind, "apiVersion": api_version, "metadata": meta});
         let head = field_order::to_json(&head);
         let parts: Vec<Bytes> = listed.items.iter().map(|o| o.json_for(&api_version, &kind, call.omit)).collect();
-        let mut out = Vec::with_capacity(head.len() + 16 + parts.iter().map(|p| p.len() + 1).sum::<usize>());
-        out.extend_from_slice(&head.as_bytes()[..head.len() - 1]);
-        out.extend_from_slice(b",\"items\":[");
-        for (i, p) in parts.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(p);
-        }
-        out.extend_from_slice(b"]}");
-        if let Some(resp) = call.respond_json_bytes(StatusCode::OK, out) {
+        let body = Body::new(ListBody::new(head.as_bytes(), parts));
+        if let Some(resp) = call.respond_json_body(StatusCode::OK, body) {
             return Ok(Some(resp));
         }
     }

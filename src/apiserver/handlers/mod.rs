@@ -10,6 +10,7 @@ mod computed;
 mod connect;
 mod delete;
 mod eviction;
+mod list_body;
 mod options;
 mod patch;
 mod proxy;

@@ -1,0 +1,137 @@
+//! A list's JSON answer joined from parts it shares with the watch cache
+//! (the list's head, then each item's JSON), put together as the client
+//! reads it, in writes of about `CHUNK_BYTES`. A list of 5,000 objects is
+//! never copied into one buffer of its whole size: that buffer cost a
+//! fresh mapping per list (a page fault every 4 KiB), and as many of them
+//! as lists in flight.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::Bytes;
+use hyper::body::{Body, Frame, SizeHint};
+
+/// How many bytes a write carries (the TLS layer's own buffer is 64 KiB).
+pub const CHUNK_BYTES: usize = 64 << 10;
+
+/// `{head…,"items":[item,item,…]}` where `head` is a JSON object (its
+/// closing brace is left off) and each item a JSON value.
+pub struct ListBody {
+    head: Option<Bytes>,
+    items: std::vec::IntoIter<Bytes>,
+    /// Whether an item has been written (the next one takes a comma).
+    started: bool,
+    done: bool,
+    remaining: u64,
+}
+
+const ITEMS: &[u8] = b",\"items\":[";
+const END: &[u8] = b"]}";
+
+impl ListBody {
+    /// `head` is an encoded JSON object such as `{"kind":…,"metadata":{…}}`.
+    pub fn new(head: &[u8], items: Vec<Bytes>) -> Self {
+        let head = Bytes::copy_from_slice(&head[..head.len().saturating_sub(1)]);
+        let commas = items.len().saturating_sub(1);
+        let len = head.len() + ITEMS.len() + items.iter().map(Bytes::len).sum::<usize>() + commas + END.len();
+        ListBody { head: Some(head), items: items.into_iter(), started: false, done: false, remaining: len as u64 }
+    }
+
+    /// The next write: parts copied together up to about `CHUNK_BYTES` (more
+    /// when one part is larger).
+    fn next_chunk(&mut self) -> Option<Bytes> {
+        if self.done {
+            return None;
+        }
+        let mut out = Vec::with_capacity(CHUNK_BYTES + (16 << 10));
+        if let Some(head) = self.head.take() {
+            out.extend_from_slice(&head);
+            out.extend_from_slice(ITEMS);
+        }
+        while out.len() < CHUNK_BYTES {
+            let Some(item) = self.items.next() else {
+                out.extend_from_slice(END);
+                self.done = true;
+                break;
+            };
+            if self.started {
+                out.push(b',');
+            }
+            self.started = true;
+            out.extend_from_slice(&item);
+        }
+        self.remaining -= out.len() as u64;
+        Some(Bytes::from(out))
+    }
+}
+
+impl Body for ListBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.get_mut().next_chunk().map(|c| Ok(Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn collect(mut body: ListBody) -> (Vec<u8>, Vec<usize>) {
+        let promised = body.size_hint().exact().expect("an exact length");
+        let (mut all, mut sizes) = (Vec::new(), Vec::new());
+        while let Some(c) = body.next_chunk() {
+            assert_eq!(body.size_hint().exact(), Some(promised - all.len() as u64 - c.len() as u64));
+            sizes.push(c.len());
+            all.extend_from_slice(&c);
+        }
+        assert!(body.is_end_stream());
+        assert_eq!(all.len() as u64, promised, "the length told up front is the length sent");
+        (all, sizes)
+    }
+
+    fn head() -> Vec<u8> {
+        serde_json::to_vec(&json!({"kind": "ConfigMapList", "metadata": {"resourceVersion": "7"}})).expect("head")
+    }
+
+    #[test]
+    fn joins_the_head_and_items_into_the_list_json() {
+        for n in [0usize, 1, 2, 3000] {
+            let items: Vec<Bytes> =
+                (0..n).map(|i| Bytes::from(json!({"metadata": {"name": format!("cm-{i}")}}).to_string())).collect();
+            let (all, sizes) = collect(ListBody::new(&head(), items));
+            let v: Value = serde_json::from_slice(&all).expect("the answer is JSON");
+            assert_eq!(v["kind"], "ConfigMapList");
+            assert_eq!(v["metadata"]["resourceVersion"], "7");
+            let names: Vec<&str> =
+                v["items"].as_array().expect("items").iter().filter_map(|i| i["metadata"]["name"].as_str()).collect();
+            assert_eq!(names, (0..n).map(|i| format!("cm-{i}")).collect::<Vec<_>>());
+            assert!(sizes.iter().all(|s| *s < CHUNK_BYTES + 1024), "writes of about a chunk: {sizes:?}");
+            if n == 3000 {
+                assert!(sizes.len() > 1, "a large list is sent in several writes");
+            }
+        }
+    }
+
+    #[test]
+    fn items_larger_than_a_chunk_are_sent_whole() {
+        let big = || Bytes::from(json!({"data": "x".repeat(3 * CHUNK_BYTES)}).to_string());
+        let small = Bytes::from_static(b"{}");
+        let (all, _) = collect(ListBody::new(&head(), vec![small.clone(), big(), big(), small]));
+        let v: Value = serde_json::from_slice(&all).expect("JSON");
+        let items = v["items"].as_array().expect("items");
+        assert_eq!(items.len(), 4);
+        assert_eq!(items[2]["data"].as_str().map(str::len), Some(3 * CHUNK_BYTES));
+    }
+}
