@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PartialObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -48,8 +48,9 @@ struct Context {
     client: kube::Client,
     pods: Store<Pod>,
     services: Store<Service>,
-    configmaps: Store<ConfigMap>,
-    secrets: Store<Secret>,
+    /// Only their metadata: they are counted, never read.
+    configmaps: Store<PartialObjectMeta<ConfigMap>>,
+    secrets: Store<PartialObjectMeta<Secret>>,
     claims: Store<PersistentVolumeClaim>,
     /// Quotas whose recount came out lower: `ns/name` → (resourceVersion, first seen).
     lowering: std::sync::Mutex<HashMap<String, (String, Instant)>>,
@@ -266,8 +267,8 @@ pub async fn run(
     let cfg = watcher::Config::default;
     let (pods, pod_events) = pod_informer.into_shared_parts();
     let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
-    let (configmaps, configmap_events) = reflected(Api::<ConfigMap>::all(client.clone()), cfg());
-    let (secrets, secret_events) = reflected(Api::<Secret>::all(client.clone()), cfg());
+    let (configmaps, configmap_events) = reflected(Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()), cfg());
+    let (secrets, secret_events) = reflected(Api::<PartialObjectMeta<Secret>>::all(client.clone()), cfg());
     let (claims, claim_events) = informers.informer::<PersistentVolumeClaim>().subscribe().into_parts();
     let (quotas, quota_events) = reflected(Api::<ResourceQuota>::all(client.clone()), cfg());
     let queue = QueueMetrics::new("resourcequota_primary", quotas.clone());
@@ -282,9 +283,12 @@ pub async fn run(
         .watches_stream(service_events, queue.mapped(move |o: Service| quotas_in(&q2, o.metadata.namespace.as_deref())))
         .watches_stream(
             configmap_events,
-            queue.mapped(move |o: ConfigMap| quotas_in(&q3, o.metadata.namespace.as_deref())),
+            queue.mapped(move |o: PartialObjectMeta<ConfigMap>| quotas_in(&q3, o.metadata.namespace.as_deref())),
         )
-        .watches_stream(secret_events, queue.mapped(move |o: Secret| quotas_in(&q4, o.metadata.namespace.as_deref())))
+        .watches_stream(
+            secret_events,
+            queue.mapped(move |o: PartialObjectMeta<Secret>| quotas_in(&q4, o.metadata.namespace.as_deref())),
+        )
         .watches_stream(
             claim_events,
             queue.mapped(move |o: PersistentVolumeClaim| quotas_in(&q5, o.metadata.namespace.as_deref())),
