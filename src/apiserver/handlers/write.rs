@@ -113,15 +113,13 @@ async fn check_namespace(call: &Call, creating: bool) -> ApiResult<()> {
     }
 }
 
-/// Everything but metadata and status: what a generation counts.
-fn spec_part(obj: &Value) -> Value {
-    let mut copy = obj.clone();
-    if let Some(m) = copy.as_object_mut() {
-        for k in ["metadata", "status", "apiVersion", "kind"] {
-            m.remove(k);
-        }
-    }
-    copy
+/// Whether two objects are the same but for metadata and status (and
+/// apiVersion and kind): what a generation counts, compared in place.
+fn same_spec(a: &Value, b: &Value) -> bool {
+    const NOT_SPEC: [&str; 4] = ["metadata", "status", "apiVersion", "kind"];
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return a == b };
+    let spec = |m: &'_ serde_json::Map<String, Value>| m.keys().filter(|k| !NOT_SPEC.contains(&k.as_str())).count();
+    spec(a) == spec(b) && a.iter().filter(|(k, _)| !NOT_SPEC.contains(&k.as_str())).all(|(k, v)| b.get(k) == Some(v))
 }
 
 /// Runs the strategy's validation, names included.
@@ -349,7 +347,8 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
         }
     }
     {
-        let old_meta = old.get("metadata").cloned().unwrap_or(json!({}));
+        let no_meta = serde_json::Map::new();
+        let old_meta = old.get("metadata").and_then(Value::as_object).unwrap_or(&no_meta);
         let m = metadata_mut(&mut new);
         m.insert("name".into(), json!(name));
         if let Some(ns) = old_meta.get("namespace") {
@@ -363,7 +362,7 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
         }
     }
     r.strategy.default(&mut new);
-    if r.strategy.tracks_generation() && !status_only && spec_part(&new) != spec_part(old) {
+    if r.strategy.tracks_generation() && !status_only && !same_spec(&new, old) {
         let g = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0) + 1;
         metadata_mut(&mut new).insert("generation".into(), json!(g));
     }
@@ -547,4 +546,22 @@ pub async fn set_replicas(call: &mut Call, replicas: i64, rv: Option<String>) ->
         }
     }
     Err(ApiError::new(409, "Conflict", "the scale could not be applied after repeated conflicts"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_spec;
+    use serde_json::json;
+
+    #[test]
+    fn a_spec_is_all_but_metadata_status_and_type() {
+        let a = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "a"}, "spec": {"replicas": 1}, "status": {}});
+        let relabelled =
+            json!({"metadata": {"name": "a", "labels": {"x": "y"}}, "spec": {"replicas": 1}, "status": {"ready": 1}});
+        assert!(same_spec(&a, &relabelled));
+        assert!(!same_spec(&a, &json!({"metadata": {}, "spec": {"replicas": 2}})));
+        assert!(!same_spec(&a, &json!({"spec": {"replicas": 1}, "template": {}})), "a field more");
+        assert!(!same_spec(&json!({"spec": {}, "template": {}}), &json!({"spec": {}})), "a field less");
+        assert!(same_spec(&json!({"data": {"k": "v"}}), &json!({"metadata": {"uid": "u"}, "data": {"k": "v"}})));
+    }
 }
