@@ -22,7 +22,7 @@ pub struct ListBody {
     items: std::vec::IntoIter<Bytes>,
     /// Whether an item has been written (the next one takes a comma).
     started: bool,
-    done: bool,
+    /// Bytes not yet handed out; 0 once the closing `]}` is.
     remaining: u64,
 }
 
@@ -35,13 +35,13 @@ impl ListBody {
         let head = Bytes::copy_from_slice(&head[..head.len().saturating_sub(1)]);
         let commas = items.len().saturating_sub(1);
         let len = head.len() + ITEMS.len() + items.iter().map(Bytes::len).sum::<usize>() + commas + END.len();
-        ListBody { head: Some(head), items: items.into_iter(), started: false, done: false, remaining: len as u64 }
+        ListBody { head: Some(head), items: items.into_iter(), started: false, remaining: len as u64 }
     }
 
     /// The next write: parts copied together up to about `CHUNK_BYTES` (more
     /// when one part is larger).
     fn next_chunk(&mut self) -> Option<Bytes> {
-        if self.done {
+        if self.remaining == 0 {
             return None;
         }
         let mut out = Vec::with_capacity(CHUNK_BYTES + (16 << 10));
@@ -52,7 +52,6 @@ impl ListBody {
         while out.len() < CHUNK_BYTES {
             let Some(item) = self.items.next() else {
                 out.extend_from_slice(END);
-                self.done = true;
                 break;
             };
             if self.started {
@@ -75,7 +74,7 @@ impl Body for ListBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.remaining == 0
     }
 
     fn size_hint(&self) -> SizeHint {

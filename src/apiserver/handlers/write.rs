@@ -115,11 +115,11 @@ async fn check_namespace(call: &Call, creating: bool) -> ApiResult<()> {
 
 /// Whether two objects are the same but for metadata and status (and
 /// apiVersion and kind): what a generation counts, compared in place.
-fn same_spec(a: &Value, b: &Value) -> bool {
+fn same_spec<'a>(a: &'a Value, b: &'a Value) -> bool {
     const NOT_SPEC: [&str; 4] = ["metadata", "status", "apiVersion", "kind"];
     let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return a == b };
-    let spec = |m: &'_ serde_json::Map<String, Value>| m.keys().filter(|k| !NOT_SPEC.contains(&k.as_str())).count();
-    spec(a) == spec(b) && a.iter().filter(|(k, _)| !NOT_SPEC.contains(&k.as_str())).all(|(k, v)| b.get(k) == Some(v))
+    let spec = |m: &'a serde_json::Map<String, Value>| m.iter().filter(|(k, _)| !NOT_SPEC.contains(&k.as_str()));
+    spec(a).count() == spec(b).count() && spec(a).all(|(k, v)| b.get(k) == Some(v))
 }
 
 /// Runs the strategy's validation, names included.
