@@ -4,6 +4,7 @@
 //! lists and watches of the resource are served from it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound::{Excluded, Included};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -312,18 +313,26 @@ impl Cacher {
                 .map(|keys| keys.range(from.clone()..).filter_map(|k| st.objects.get(k).cloned()).collect())
                 .unwrap_or_default()
         });
-        let mut candidates: Box<dyn Iterator<Item = &Arc<CachedObject>>> = match &indexed {
-            Some(objs) => Box::new(objs.iter()),
-            None => Box::new(st.objects.range(from..).map(|(_, o)| o)),
+        // Without an index, the keys under the prefix are one range of the
+        // map, bounded at both ends: no key is compared with the prefix.
+        let end = scope_end(&filter.key);
+        let bounded = indexed.is_none() && end.is_some();
+        let mut candidates: Box<dyn Iterator<Item = &Arc<CachedObject>>> = match (&indexed, &end) {
+            (Some(objs), _) => Box::new(objs.iter()),
+            (None, Some(end)) if from.as_str() >= end.as_str() => Box::new(std::iter::empty()),
+            (None, Some(end)) => {
+                Box::new(st.objects.range::<str, _>((Included(from.as_str()), Excluded(end.as_str()))).map(|(_, o)| o))
+            }
+            (None, None) => Box::new(st.objects.range(from..).map(|(_, o)| o)),
         };
         for obj in candidates.by_ref() {
-            if !obj.key.starts_with(&filter.key) {
+            if !bounded && !obj.key.starts_with(&filter.key) {
                 if indexed.is_some() {
                     continue;
                 }
                 break;
             }
-            if !filter.admits(obj) {
+            if !filter.admits_in_scope(obj) {
                 continue;
             }
             items.push(obj.clone());
@@ -335,7 +344,11 @@ impl Cacher {
             }
         }
         if next_key.is_some() {
-            let left = candidates.take_while(|o| o.key.starts_with(&filter.key)).count() as i64;
+            let left = if bounded {
+                candidates.count()
+            } else {
+                candidates.take_while(|o| o.key.starts_with(&filter.key)).count()
+            } as i64;
             if left == 0 {
                 next_key = None;
             } else if filter.predicate.is_none() {
@@ -405,4 +418,13 @@ impl Cacher {
 /// holds with.
 pub fn too_old(rev: i64, t: TooOld) -> ApiError {
     ApiError::gone(format!("too old resource version: {rev} ({})", t.oldest))
+}
+
+/// The first key after every key under `prefix` (a key range's end), when
+/// it is still a string; None leaves the range open and its keys checked.
+fn scope_end(prefix: &str) -> Option<String> {
+    if prefix.is_empty() {
+        return None;
+    }
+    String::from_utf8(crate::store::keys::prefix_end(prefix.as_bytes())).ok()
 }

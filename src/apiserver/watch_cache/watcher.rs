@@ -54,7 +54,17 @@ impl Filter {
 
     /// Whether an object (for an initial list) is seen by this watcher.
     pub fn admits(&self, obj: &CachedObject) -> bool {
-        self.in_scope(&obj.key) && self.predicate.as_ref().is_none_or(|p| p(&obj.attrs()))
+        self.in_scope(&obj.key) && self.selects(obj)
+    }
+
+    /// `admits` for an object already known to be under the filter's
+    /// prefix: only an exact key and the selectors are left to check.
+    pub fn admits_in_scope(&self, obj: &CachedObject) -> bool {
+        (!self.exact || obj.key == self.key) && self.selects(obj)
+    }
+
+    fn selects(&self, obj: &CachedObject) -> bool {
+        self.predicate.as_ref().is_none_or(|p| p(&obj.attrs()))
     }
 
     /// How this watcher sees the event of `views`, if at all: with
