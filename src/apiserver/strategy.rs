@@ -4,6 +4,7 @@
 
 use std::marker::PhantomData;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -27,6 +28,11 @@ pub trait Strategy: Send + Sync {
     /// is the object with unknown fields dropped; those fields are listed
     /// (as `.spec.foo` paths) in the second element.
     fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String>;
+
+    /// `decode` of an update's new object, `old` being the stored one.
+    fn decode_update(&self, new: Value, _old: &Value) -> Result<(Value, Vec<String>), String> {
+        self.decode(&new)
+    }
 
     /// Fills in defaults, as upstream's defaulting functions do.
     fn default(&self, _obj: &mut Value) {}
@@ -239,6 +245,18 @@ where
         Ok((back, unknown))
     }
 
+    /// An update whose every field but metadata is the stored object's
+    /// (labels, annotations, finalizers, owners: what most controllers
+    /// write) has only its metadata decoded again: the rest was decoded
+    /// when it was stored, and a typed decode treats each top-level field
+    /// on its own. Every kind's metadata is an ObjectMeta.
+    fn decode_update(&self, new: Value, old: &Value) -> Result<(Value, Vec<String>), String> {
+        if only_metadata_differs(&new, old) {
+            return decode_metadata(new, old);
+        }
+        self.decode(&new)
+    }
+
     fn default(&self, obj: &mut Value) {
         (self.hooks.default)(obj)
     }
@@ -281,6 +299,43 @@ where
 }
 
 /// Paths present (and not null) in `input` but absent from `decoded`.
+/// Whether `new` and `old` are objects with the same fields, all equal but
+/// metadata (an object in `new`).
+fn only_metadata_differs(new: &Value, old: &Value) -> bool {
+    let (Some(n), Some(o)) = (new.as_object(), old.as_object()) else { return false };
+    n.len() == o.len()
+        && n.get("metadata").is_some_and(Value::is_object)
+        && n.iter().all(|(k, v)| k == "metadata" || o.get(k) == Some(v))
+}
+
+/// `new` with its metadata decoded as an ObjectMeta and encoded back, as
+/// the whole object's decode would; managedFields equal to the stored
+/// ones (a patch that leaves them alone) are kept as they are.
+fn decode_metadata(mut new: Value, old: &Value) -> Result<(Value, Vec<String>), String> {
+    let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return Err("metadata: expected an object".into());
+    };
+    let same_managed_fields = meta.get("managedFields") == old.pointer("/metadata/managedFields");
+    let managed_fields = if same_managed_fields { meta.remove("managedFields") } else { None };
+    let input = Value::Object(std::mem::take(meta));
+    let typed: ObjectMeta = serde_path_to_error::deserialize(&input).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." || path.is_empty() {
+            format!("metadata: {}", e.inner())
+        } else {
+            format!("metadata.{}: {}", path, e.inner())
+        }
+    })?;
+    let mut back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+    let mut unknown = Vec::new();
+    unknown_fields(&input, &back, &mut String::from(".metadata"), &mut unknown);
+    if let (Some(m), Some(fields)) = (back.as_object_mut(), managed_fields) {
+        m.insert("managedFields".into(), fields);
+    }
+    new["metadata"] = back;
+    Ok((new, unknown))
+}
+
 pub fn unknown_fields(input: &Value, decoded: &Value, path: &mut String, out: &mut Vec<String>) {
     let len = path.len();
     match (input, decoded) {
@@ -368,6 +423,38 @@ mod tests {
             "spec": {"containers": [{"name": "a"}, {"name": "b", "bogus": 1, "ports": [{"containerPort": 80, "x": 2}]}]}});
         let (_, unknown) = pods.decode(&pod).unwrap();
         assert_eq!(unknown, vec![".spec.containers[1].bogus", ".spec.containers[1].ports[0].x"]);
+    }
+
+    #[test]
+    fn an_update_of_metadata_only_decodes_as_the_whole_object_does() {
+        let pods = Typed::<k8s_openapi::api::core::v1::Pod>::new(Hooks::default());
+        let stored = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "managedFields": [{"manager": "m", "operation": "Update",
+                "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"containers": [{"name": "a", "image": "i"}]}});
+        let (old, _) = pods.decode(&stored).unwrap();
+        let with = |meta: Value, spec: Value| {
+            let mut v = old.clone();
+            v["metadata"] = meta;
+            v["spec"] = spec;
+            v
+        };
+        let spec = old["spec"].clone();
+        let mut labelled = old["metadata"].clone();
+        labelled["labels"] = serde_json::json!({"a": "b"});
+        labelled["bogus"] = serde_json::json!(1);
+        labelled["creationTimestamp"] = serde_json::json!(null);
+        let mut bad = old["metadata"].clone();
+        bad["labels"] = serde_json::json!({"a": 5});
+        let mut other_spec = spec.clone();
+        other_spec["containers"][0]["bogus"] = serde_json::json!(2);
+        assert!(only_metadata_differs(&with(labelled.clone(), spec.clone()), &old));
+        assert!(!only_metadata_differs(&with(labelled.clone(), other_spec.clone()), &old));
+        for new in [with(labelled.clone(), spec.clone()), with(bad, spec.clone()), with(labelled, other_spec)] {
+            assert_eq!(pods.decode_update(new.clone(), &old), pods.decode(&new), "{new}");
+        }
+        let (_, unknown) = pods.decode_update(with(old["metadata"].clone(), old["spec"].clone()), &old).unwrap();
+        assert!(unknown.is_empty(), "{unknown:?}");
     }
 
     #[test]

@@ -151,7 +151,8 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
             want = Origin::Store;
             continue;
         };
-        let managed = patched.pointer("/metadata/managedFields").cloned();
+        // Apply computed the managedFields; other patches have them recorded below.
+        let managed = if kind == Kind::Apply { patched.pointer("/metadata/managedFields").cloned() } else { None };
         let Some(mut new) = or_stale(admit_update(call, patched, &current.object).await, origin)? else {
             want = Origin::Store;
             continue;

@@ -61,8 +61,21 @@ fn check_type(call: &Call, obj: &mut Value) -> ApiResult<()> {
 /// Decodes through the typed strategy; unknown fields are refused, warned
 /// about or dropped as `fieldValidation` says (Strict is kubectl's default).
 fn decode(call: &mut Call, obj: &Value) -> ApiResult<Value> {
+    let decoded = call.resource.strategy.decode(obj);
+    fields_checked(call, decoded)
+}
+
+/// `decode` of an update's new object against the stored `old` one.
+fn decode_update(call: &mut Call, new: Value, old: &Value) -> ApiResult<Value> {
+    let decoded = call.resource.strategy.decode_update(new, old);
+    fields_checked(call, decoded)
+}
+
+/// A decode's answer: its error as upstream words it, its unknown fields
+/// refused or warned about.
+fn fields_checked(call: &mut Call, decoded: Result<(Value, Vec<String>), String>) -> ApiResult<Value> {
     let r = call.resource.clone();
-    let (decoded, unknown) = r.strategy.decode(obj).map_err(|e| {
+    let (decoded, unknown) = decoded.map_err(|e| {
         ApiError::bad_request(format!("{} in version \"{}\" cannot be handled as a {}: {e}", r.kind, r.version, r.kind))
     })?;
     if !unknown.is_empty() {
@@ -319,7 +332,7 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
             _ => {}
         }
     }
-    let mut new = decode(call, &new)?;
+    let mut new = decode_update(call, new, old)?;
     // status (and a CSR's approval) write the status part only; other
     // subresources write what their kind says.
     let status_only = matches!(call.path.subresource.as_deref(), Some("status") | Some("approval"));
