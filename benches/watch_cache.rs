@@ -193,14 +193,17 @@ async fn main() {
         let writes = Arc::new(AtomicUsize::new(0));
         let patch_times = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut writers = Vec::new();
-        // 16 writers, each paced to ~1,000/16 changes a second.
+        // 16 writers, each paced to ~1,000/16 changes a second, their
+        // phases spread over the period: a change about every millisecond,
+        // not 16 at once every 16 ms.
+        let period = Duration::from_micros(16_000);
         for w in 0..16usize {
             let c = client(&kubeconfig).await.expect("client");
             let (changing, writes, patch_times) = (changing.clone(), writes.clone(), patch_times.clone());
             writers.push(tokio::spawn(async move {
                 let api: Api<Pod> = Api::namespaced(c, "default");
-                let period = Duration::from_micros(16_000);
-                let mut next = Instant::now();
+                let mut next = started + period * w as u32 / 16;
+                tokio::time::sleep_until(next.into()).await;
                 let mut i = w;
                 while started.elapsed() < Duration::from_secs(seconds) {
                     let name = &changing[i % changing.len()];
