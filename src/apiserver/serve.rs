@@ -12,9 +12,10 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::LazyConfigAcceptor;
 
 use super::auth::User;
+use crate::pki::tls::ServerSuites;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -36,26 +37,30 @@ fn certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, ServeError> {
         .map_err(|e| err(e.to_string()))
 }
 
-/// A TLS config serving `cert`/`key`, asking for (not requiring) client
-/// certificates signed by `client_ca`.
-pub fn tls_config(cert: &Path, key: &Path, client_ca: &Path) -> Result<Arc<rustls::ServerConfig>, ServeError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
+/// The TLS configs serving `cert`/`key`, asking for (not requiring) client
+/// certificates signed by `client_ca`, in both cipher suite orders.
+pub fn tls_config(cert: &Path, key: &Path, client_ca: &Path) -> Result<ServerSuites, ServeError> {
+    let (chain, mut roots) = (certs(cert)?, rustls::RootCertStore::empty());
     for c in certs(client_ca)? {
         roots.add(c).map_err(|e| ServeError::Verifier(e.to_string()))?;
     }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| ServeError::Verifier(e.to_string()))?;
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| ServeError::Pem { path: key.display().to_string(), message: e.to_string() })?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(certs(cert)?, key)?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    let (roots, key) = (
+        Arc::new(roots),
+        PrivateKeyDer::from_pem_file(key)
+            .map_err(|e| ServeError::Pem { path: key.display().to_string(), message: e.to_string() })?,
+    );
+    ServerSuites::new(|provider| {
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| ServeError::Verifier(e.to_string()))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain.clone(), key.clone_key())?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(config)
+    })
 }
 
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -65,11 +70,10 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 /// Serves `app` on `listener` until `shutdown` turns true.
 pub async fn serve(
     listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
+    tls: ServerSuites,
     app: Router,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    let acceptor = TlsAcceptor::from(tls);
     loop {
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -83,11 +87,16 @@ pub async fn serve(
             _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return,
         };
         let _ = tcp.set_nodelay(true);
-        let acceptor = acceptor.clone();
+        let suites = tls.clone();
         let app = app.clone();
         let mut stop = shutdown.clone();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(std::time::Duration::from_secs(10), acceptor.accept(tcp)).await {
+            let handshake = async move {
+                let start = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), tcp).await?;
+                let config = suites.for_client(start.client_hello().cipher_suites());
+                start.into_stream(config).await
+            };
+            let tls = match tokio::time::timeout(std::time::Duration::from_secs(10), handshake).await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
                     tracing::debug!(%peer, error = %e, "TLS handshake failed");
