@@ -350,8 +350,10 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
         }
         new = merged;
     } else if r.status {
+        // A patch leaves the old status in place: copied only when it moved.
         match old.get("status") {
-            Some(s) => new["status"] = s.clone(),
+            Some(s) if new.get("status") != Some(s) => new["status"] = s.clone(),
+            Some(_) => {}
             None => {
                 if let Some(m) = new.as_object_mut() {
                     m.remove("status");
@@ -369,6 +371,7 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
         }
         for k in SERVER_OWNED.iter().chain(&["managedFields"]) {
             match old_meta.get(*k) {
+                Some(v) if m.get(*k) == Some(v) => None,
                 Some(v) => m.insert(k.to_string(), v.clone()),
                 None => m.remove(*k),
             };

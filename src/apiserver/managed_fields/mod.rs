@@ -27,35 +27,74 @@ struct Entry {
     raw: Value,
 }
 
+impl Entry {
+    /// A stored entry, its fields decoded.
+    fn of(raw: Value) -> Entry {
+        Entry {
+            manager: raw["manager"].as_str().unwrap_or_default().to_string(),
+            operation: raw["operation"].as_str().unwrap_or_default().to_string(),
+            api_version: raw["apiVersion"].as_str().unwrap_or_default().to_string(),
+            subresource: raw["subresource"].as_str().map(str::to_string),
+            set: decode(&raw["fieldsV1"]),
+            raw,
+        }
+    }
+
+    /// Its stored form; None when it owns nothing.
+    fn stored(self) -> Option<Value> {
+        if self.set.is_empty() {
+            return None;
+        }
+        let time = self.raw.get("time").cloned().unwrap_or_else(|| json!(meta::now_rfc3339()));
+        let fields = encode(&self.set);
+        Some(managed_entry(self.manager, self.operation, self.api_version, time, fields, self.subresource))
+    }
+}
+
 fn entries(obj: &Value) -> Vec<Entry> {
-    obj.pointer("/metadata/managedFields")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .map(|e| Entry {
-                    manager: e["manager"].as_str().unwrap_or_default().to_string(),
-                    operation: e["operation"].as_str().unwrap_or_default().to_string(),
-                    api_version: e["apiVersion"].as_str().unwrap_or_default().to_string(),
-                    subresource: e["subresource"].as_str().map(str::to_string),
-                    set: decode(&e["fieldsV1"]),
-                    raw: e.clone(),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    stored_entries(obj).iter().cloned().map(Entry::of).collect()
+}
+
+fn stored_entries(obj: &Value) -> &[Value] {
+    obj.pointer("/metadata/managedFields").and_then(Value::as_array).map_or(&[], Vec::as_slice)
 }
 
 fn store_entries(obj: &mut Value, list: Vec<Entry>) {
-    let values: Vec<Value> = list
-        .into_iter()
-        .filter(|e| !e.set.is_empty())
-        .map(|e| {
-            let time = e.raw.get("time").cloned().unwrap_or_else(|| json!(meta::now_rfc3339()));
-            let fields = encode(&e.set);
-            managed_entry(e.manager, e.operation, e.api_version, time, fields, e.subresource)
-        })
-        .collect();
+    let values: Vec<Value> = list.into_iter().filter_map(Entry::stored).collect();
     set_managed_fields(obj, values);
+}
+
+/// An entry of an update: kept as stored (it owns none of the fields the
+/// update changed or removed) or decoded to be changed.
+enum Slot {
+    Kept(Value),
+    Open(Entry),
+}
+
+/// Whether the FieldsV1 tree `fields` holds `path` as one of its fields
+/// (a leaf, as `decode` finds them).
+fn owns(fields: &Value, path: &[String]) -> bool {
+    let mut node = fields;
+    for el in path {
+        match node.get(el) {
+            Some(n) => node = n,
+            None => return false,
+        }
+    }
+    !node.as_object().is_some_and(|m| !m.is_empty())
+}
+
+/// `old`'s entries: taken from `new` when it holds them unchanged (an
+/// update carries the stored managedFields over), copied otherwise.
+fn take_entries(new: &mut Value, old: &Value) -> Vec<Value> {
+    let stored = old.pointer("/metadata/managedFields");
+    match new.pointer_mut("/metadata/managedFields") {
+        Some(carried) if Some(&*carried) == stored => match carried.take() {
+            Value::Array(a) => a,
+            _ => Vec::new(),
+        },
+        _ => stored_entries(old).to_vec(),
+    }
 }
 
 /// One entry of `metadata.managedFields`.
@@ -119,38 +158,68 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer, subr
         set_managed_fields(new, values);
         return;
     };
-    let mut list = entries(old);
     // Fields in subtrees old and new hold equal are neither changed nor gone:
     // only where they differ is walked.
     let changed: FieldSet =
         field_set_unlike(new, old, schema).into_iter().filter(|p| value_at(old, p) != value_at(new, p)).collect();
     let gone: FieldSet =
         field_set_unlike(old, new, schema).into_iter().filter(|p| value_at(new, p).is_none()).collect();
-    for e in list.iter_mut() {
-        e.set.retain(|p| !changed.contains(p) && !gone.contains(p));
-    }
-    let mine = list
+    let is_mine = |manager_of: &str, operation: &str, sub: Option<&str>| {
+        manager_of == manager && operation == "Update" && sub == subresource
+    };
+    // Only the writer's own entry and those that lose a field are decoded
+    // and encoded again; the others (most, for a patch of an annotation)
+    // are kept as they were stored.
+    let mut slots: Vec<Slot> = take_entries(new, old)
+        .into_iter()
+        .map(|raw| {
+            let fields = &raw["fieldsV1"];
+            let keep = !is_mine(
+                raw["manager"].as_str().unwrap_or_default(),
+                raw["operation"].as_str().unwrap_or_default(),
+                raw["subresource"].as_str(),
+            ) && fields.as_object().is_some_and(|f| !f.is_empty())
+                && !changed.iter().chain(&gone).any(|p| owns(fields, p));
+            if keep {
+                Slot::Kept(raw)
+            } else {
+                let mut e = Entry::of(raw);
+                e.set.retain(|p| !changed.contains(p) && !gone.contains(p));
+                Slot::Open(e)
+            }
+        })
+        .collect();
+    let mine = slots
         .iter()
-        .position(|e| e.manager == manager && e.operation == "Update" && e.subresource.as_deref() == subresource);
+        .position(|s| matches!(s, Slot::Open(e) if is_mine(&e.manager, &e.operation, e.subresource.as_deref())));
     let idx = match mine {
         Some(i) => i,
         None => {
-            list.push(Entry {
+            slots.push(Slot::Open(Entry {
                 manager: manager.to_string(),
                 operation: "Update".into(),
                 api_version: api_version.to_string(),
                 subresource: subresource.map(str::to_string),
                 set: FieldSet::new(),
                 raw: json!({}),
-            });
-            list.len() - 1
+            }));
+            slots.len() - 1
         }
     };
-    if !changed.is_empty() {
-        list[idx].raw = json!({"time": meta::now_rfc3339()});
+    if let Slot::Open(e) = &mut slots[idx] {
+        if !changed.is_empty() {
+            e.raw = json!({"time": meta::now_rfc3339()});
+        }
+        e.set.extend(changed);
     }
-    list[idx].set.extend(changed);
-    store_entries(new, list);
+    let values = slots
+        .into_iter()
+        .filter_map(|s| match s {
+            Slot::Kept(raw) => Some(raw),
+            Slot::Open(e) => e.stored(),
+        })
+        .collect();
+    set_managed_fields(new, values);
 }
 
 /// Server-side apply of `config` by `manager` onto `live` (None: create).
@@ -349,5 +418,32 @@ mod tests {
         ])));
         assert!(!creators.contains(&path(&image)));
         assert!(!creators.contains(&path(&["f:spec", "f:replicas"])), "a removed field is no one's");
+    }
+
+    #[test]
+    fn entries_that_lose_no_field_are_kept_as_stored() {
+        let schema = deployment_schema();
+        let entry = |obj: &Value, who: &str| -> Value {
+            stored_entries(obj).iter().find(|e| e["manager"] == who).cloned().unwrap_or_default()
+        };
+        let mut created = deploy(1, "x");
+        record_update(None, &mut created, &writer(&schema, "creator"), None);
+        // A label nobody owned: the creator's entry is untouched.
+        let mut labelled = created.clone();
+        labelled["metadata"]["labels"]["b"] = json!("2");
+        record_update(Some(&created), &mut labelled, &writer(&schema, "editor"), None);
+        assert_eq!(entry(&labelled, "creator"), entry(&created, "creator"));
+        let b = vec!["f:metadata".to_string(), "f:labels".to_string(), "f:b".to_string()];
+        assert_eq!(decode(&entry(&labelled, "editor")["fieldsV1"]), [b.clone()].into_iter().collect());
+        // The creator's label: it leaves the creator's entry; the editor's
+        // entry, which loses nothing, stays as it was.
+        let mut relabelled = labelled.clone();
+        relabelled["metadata"]["labels"]["a"] = json!("3");
+        record_update(Some(&labelled), &mut relabelled, &writer(&schema, "other"), None);
+        let a = vec!["f:metadata".to_string(), "f:labels".to_string(), "f:a".to_string()];
+        assert!(!decode(&entry(&relabelled, "creator")["fieldsV1"]).contains(&a));
+        assert!(decode(&entry(&relabelled, "creator")["fieldsV1"]).len() > 1);
+        assert_eq!(entry(&relabelled, "editor"), entry(&labelled, "editor"));
+        assert_eq!(decode(&entry(&relabelled, "other")["fieldsV1"]), [a].into_iter().collect());
     }
 }
