@@ -81,7 +81,7 @@ fn owns(fields: &Value, path: &[String]) -> bool {
             None => return false,
         }
     }
-    !node.as_object().is_some_and(|m| !m.is_empty())
+    node.as_object().is_none_or(|m| m.is_empty())
 }
 
 /// `old`'s entries: taken from `new` when it holds them unchanged (an
