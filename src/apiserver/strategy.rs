@@ -220,15 +220,7 @@ where
     }
 
     fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String> {
-        let typed: K = serde_path_to_error::deserialize(obj).map_err(|e| {
-            let path = e.path().to_string();
-            if path == "." || path.is_empty() {
-                e.inner().to_string()
-            } else {
-                format!("{}: {}", path, e.inner())
-            }
-        })?;
-        let mut back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+        let (mut back, unknown) = round_trip::<K>(obj, "")?;
         // Quantities are strings to serde; upstream refuses those that do not
         // parse, and stores the others in canonical form.
         if let Some(set) = self.patch_schema() {
@@ -240,8 +232,6 @@ where
                 ));
             }
         }
-        let mut unknown = Vec::new();
-        unknown_fields(obj, &back, &mut String::new(), &mut unknown);
         Ok((back, unknown))
     }
 
@@ -298,7 +288,6 @@ where
     }
 }
 
-/// Paths present (and not null) in `input` but absent from `decoded`.
 /// Whether `new` and `old` are objects with the same fields, all equal but
 /// metadata (an object in `new`).
 fn only_metadata_differs(new: &Value, old: &Value) -> bool {
@@ -318,17 +307,7 @@ fn decode_metadata(mut new: Value, old: &Value) -> Result<(Value, Vec<String>), 
     let same_managed_fields = meta.get("managedFields") == old.pointer("/metadata/managedFields");
     let managed_fields = if same_managed_fields { meta.remove("managedFields") } else { None };
     let input = Value::Object(std::mem::take(meta));
-    let typed: ObjectMeta = serde_path_to_error::deserialize(&input).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." || path.is_empty() {
-            format!("metadata: {}", e.inner())
-        } else {
-            format!("metadata.{}: {}", path, e.inner())
-        }
-    })?;
-    let mut back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
-    let mut unknown = Vec::new();
-    unknown_fields(&input, &back, &mut String::from(".metadata"), &mut unknown);
+    let (mut back, unknown) = round_trip::<ObjectMeta>(&input, "metadata")?;
     if let (Some(m), Some(fields)) = (back.as_object_mut(), managed_fields) {
         m.insert("managedFields".into(), fields);
     }
@@ -336,6 +315,26 @@ fn decode_metadata(mut new: Value, old: &Value) -> Result<(Value, Vec<String>), 
     Ok((new, unknown))
 }
 
+/// `input` (the field `at` of an object, "" for the whole) decoded as a
+/// `T` and encoded back, with the paths of the fields `T` does not know;
+/// a decode error names the field's path as upstream does.
+fn round_trip<T: DeserializeOwned + Serialize>(input: &Value, at: &str) -> Result<(Value, Vec<String>), String> {
+    let typed: T = serde_path_to_error::deserialize(input).map_err(|e| {
+        let path = e.path().to_string();
+        let path = [at, path.trim_start_matches('.')].into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>();
+        match path.is_empty() {
+            true => e.inner().to_string(),
+            false => format!("{}: {}", path.join("."), e.inner()),
+        }
+    })?;
+    let back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+    let mut unknown = Vec::new();
+    let mut prefix = if at.is_empty() { String::new() } else { format!(".{at}") };
+    unknown_fields(input, &back, &mut prefix, &mut unknown);
+    Ok((back, unknown))
+}
+
+/// Paths present (and not null) in `input` but absent from `decoded`.
 pub fn unknown_fields(input: &Value, decoded: &Value, path: &mut String, out: &mut Vec<String>) {
     let len = path.len();
     match (input, decoded) {

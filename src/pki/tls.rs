@@ -62,7 +62,8 @@ pub fn provider(aes_first: bool) -> Arc<CryptoProvider> {
 }
 
 /// Whether this CPU encrypts AES-GCM in hardware (AES and carry-less
-/// multiplication instructions), as Go's `hasAESGCMHardwareSupport`.
+/// multiplication instructions), as Go's `hasAESGCMHardwareSupport`; std
+/// reads the CPU's features once and caches them.
 pub fn aes_hardware() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -120,7 +121,6 @@ fn rank(c: Cipher, aes_first: bool) -> u8 {
 pub struct ServerSuites {
     aes_first: Arc<rustls::ServerConfig>,
     chacha_first: Arc<rustls::ServerConfig>,
-    aes_hardware: bool,
 }
 
 impl ServerSuites {
@@ -131,13 +131,13 @@ impl ServerSuites {
             config.ignore_client_order = true;
             Ok(Arc::new(config))
         };
-        Ok(ServerSuites { aes_first: order(true)?, chacha_first: order(false)?, aes_hardware: aes_hardware() })
+        Ok(ServerSuites { aes_first: order(true)?, chacha_first: order(false)? })
     }
 
     /// The configuration for a client that offered `suites`, in its order.
     pub fn for_client(&self, suites: &[CipherSuite]) -> Arc<rustls::ServerConfig> {
         let prefers_aes = suites.iter().map(|s| cipher(*s)).find(|c| *c != Cipher::Other) != Some(Cipher::ChaCha);
-        if self.aes_hardware && prefers_aes {
+        if aes_hardware() && prefers_aes {
             self.aes_first.clone()
         } else {
             self.chacha_first.clone()
