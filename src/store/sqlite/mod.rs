@@ -10,6 +10,7 @@ mod lease;
 mod quota;
 mod read;
 mod schema;
+mod wal_vfs;
 mod watch;
 mod writer;
 

@@ -74,7 +74,18 @@ pub fn open_writer(path: &Path, sync: SyncMode) -> Result<Connection> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let conn = Connection::open(path)?;
+    let conn = match sync {
+        // A FULL commit ends with a sync of the WAL, where `wal_vfs` writes
+        // the commit's frames in one call; a NORMAL one has no such point.
+        SyncMode::Full => match super::wal_vfs::register() {
+            Ok(()) => Connection::open_with_flags_and_vfs(path, OpenFlags::default(), super::wal_vfs::NAME)?,
+            Err(rc) => {
+                tracing::warn!(code = rc, "cannot register the WAL-gathering VFS; writing frames one by one");
+                Connection::open(path)?
+            }
+        },
+        SyncMode::Normal => Connection::open(path)?,
+    };
     // auto_vacuum must be chosen before the first table exists.
     conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL;")?;
     conn.pragma_update(None, "journal_mode", "WAL")?;

@@ -2,9 +2,13 @@
 
 use super::*;
 
+/// A store as `ferrok server` opens it: FULL sync, so its writer goes
+/// through `wal_vfs` (the tests that build their own options run NORMAL).
 async fn store() -> (tempfile::TempDir, Arc<SqliteStore>) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = SqliteStore::open(SqliteOptions::new(dir.path().join("state.db"))).expect("open");
+    let mut opts = SqliteOptions::new(dir.path().join("state.db"));
+    opts.sync = SyncMode::Full;
+    let store = SqliteStore::open(opts).expect("open");
     (dir, store)
 }
 
