@@ -76,7 +76,7 @@ pub fn open_writer(path: &Path, sync: SyncMode) -> Result<Connection> {
     }
     let conn = match sync {
         // A FULL commit ends with a sync of the WAL, where `wal_vfs` writes
-        // the commit's frames in one call; a NORMAL one has no such point.
+        // the commit's frames in a few large writes; a NORMAL one has no such point.
         SyncMode::Full => match super::wal_vfs::register() {
             Ok(()) => Connection::open_with_flags_and_vfs(path, OpenFlags::default(), super::wal_vfs::NAME)?,
             Err(rc) => {

@@ -5,9 +5,10 @@
 //! frame is 4,120 bytes every write straddles page-cache pages. Under 16
 //! writers those writes were 15 % of the store's CPU. This VFS is the
 //! platform's own ("unix") with one change: appends to a WAL file are
-//! gathered in memory and written together, in writes of up to 124 KiB, before anything
-//! can look at them — the sync that ends the commit, a read, a truncate, a
-//! size query, a file control, a write elsewhere in the file, or the close.
+//! gathered in memory and written together, in writes of up to 124 KiB,
+//! before anything can look at them — the sync that ends the commit, a
+//! read, a truncate, a size query, a file control, a write elsewhere in the
+//! file, or the close.
 //!
 //! Why that is enough: with `synchronous = FULL`, SQLite writes all of a
 //! commit's frames, then syncs the WAL, and only then publishes the new
@@ -118,7 +119,10 @@ unsafe extern "C" fn open(
     let real_vfs = (*vfs).pAppData.cast::<ffi::sqlite3_vfs>();
     let real_words = ((*real_vfs).szOsFile as usize).div_ceil(8);
     let real = Box::into_raw(vec![0u64; real_words].into_boxed_slice()).cast::<ffi::sqlite3_file>();
-    let rc = ((*real_vfs).xOpen.expect("the platform VFS opens files"))(real_vfs, name, real, flags, out_flags);
+    let rc = match (*real_vfs).xOpen {
+        Some(open) => open(real_vfs, name, real, flags, out_flags),
+        None => ffi::SQLITE_CANTOPEN,
+    };
     if rc != ffi::SQLITE_OK || (*real).pMethods.is_null() {
         free_real(real, real_words);
         // SQLite closes a file only when its methods are set.
@@ -173,13 +177,19 @@ unsafe fn real_write(f: &mut File, data: *const c_void, n: c_int, at: i64) -> c_
     {
         f.writes += 1;
     }
-    (real_methods(f).xWrite.expect("xWrite"))(f.real, data, n, at)
+    match real_methods(f).xWrite {
+        Some(write) => write(f.real, data, n, at),
+        None => ffi::SQLITE_IOERR_WRITE,
+    }
 }
 
 unsafe extern "C" fn close(f: *mut ffi::sqlite3_file) -> c_int {
     let me = file(f);
     let flushed = flush(me);
-    let rc = (real_methods(me).xClose.expect("xClose"))(me.real);
+    let rc = match real_methods(me).xClose {
+        Some(close) => close(me.real),
+        None => ffi::SQLITE_IOERR_CLOSE,
+    };
     free_real(me.real, me.real_words);
     ptr::drop_in_place(f.cast::<File>());
     (*f).pMethods = ptr::null();
@@ -222,7 +232,10 @@ macro_rules! flushed {
             if rc != ffi::SQLITE_OK {
                 return rc;
             }
-            (real_methods(me).$method.expect(stringify!($method)))(me.real $(, $arg)*)
+            match real_methods(me).$method {
+                Some(m) => m(me.real $(, $arg)*),
+                None => ffi::SQLITE_IOERR,
+            }
         }
     };
 }
