@@ -56,11 +56,17 @@ impl Writer {
         let mut swept = 0;
         {
             let mut delete = self.conn.prepare_cached("DELETE FROM log WHERE id = ?1")?;
+            // A swept tombstone takes the deleted key's entry with it, unless
+            // the key has been created again since.
+            let mut forget = self
+                .conn
+                .prepare_cached("DELETE FROM current WHERE key = (SELECT key FROM log WHERE id = ?1) AND id = -?1")?;
             for &(id, prev_id, version) in &rows {
                 if prev_id != 0 {
                     delete.execute([prev_id])?;
                 }
                 if version == 0 {
+                    forget.execute([id])?;
                     delete.execute([id])?;
                 }
                 swept += 1;

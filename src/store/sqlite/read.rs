@@ -77,12 +77,43 @@ fn key_cond(col: &str, range: &KeyRange, params: &mut Vec<Value>) -> String {
 
 /// The live state of one key, as this connection sees it.
 pub fn get_current(conn: &Connection, key: &[u8]) -> rusqlite::Result<Option<Row>> {
-    conn.prepare_cached(
-        "SELECT l.id, l.key, l.create_rev, l.version, l.lease, l.value
-         FROM current c JOIN log l ON l.id = c.id WHERE c.key = ?1",
-    )?
-    .query_row([key], Row::from_sql)
-    .optional()
+    Ok(get_latest(conn, key)?.live)
+}
+
+/// What `current` holds for a key: its live row, and the id of its newest
+/// row, live or a tombstone (0 when the key has none). A deleted key keeps
+/// its entry, with the tombstone's id negated, until compaction sweeps the
+/// tombstone: the newest row of every key that has one is reachable from
+/// `current`, and each row links to the one it superseded (`prev_id`), so
+/// the log needs no index by key.
+pub struct Latest {
+    pub live: Option<Row>,
+    pub id: i64,
+}
+
+pub fn get_latest(conn: &Connection, key: &[u8]) -> rusqlite::Result<Latest> {
+    let found = conn
+        .prepare_cached(
+            "SELECT c.id, l.id, l.key, l.create_rev, l.version, l.lease, l.value
+             FROM current c LEFT JOIN log l ON l.id = c.id AND c.id > 0 WHERE c.key = ?1",
+        )?
+        .query_row([key], |r| {
+            let id: i64 = r.get(0)?;
+            let live = match r.get::<_, Option<i64>>(1)? {
+                Some(row_id) => Some(Row {
+                    id: row_id,
+                    key: r.get(2)?,
+                    create_rev: r.get(3)?,
+                    version: r.get(4)?,
+                    lease: r.get(5)?,
+                    value: r.get(6)?,
+                }),
+                None => None,
+            };
+            Ok(Latest { live, id: id.abs() })
+        })
+        .optional()?;
+    Ok(found.unwrap_or(Latest { live: None, id: 0 }))
 }
 
 /// Every live key in `range`, in key order.
@@ -96,7 +127,7 @@ pub fn current_in_range(conn: &Connection, range: &KeyRange, limit: Option<i64>,
     let value = if keys_only { "x''" } else { "l.value" };
     let sql = format!(
         "SELECT l.id, l.key, l.create_rev, l.version, l.lease, {value}
-         FROM current c JOIN log l ON l.id = c.id WHERE {cond} ORDER BY c.key LIMIT ?{}",
+         FROM current c JOIN log l ON l.id = c.id WHERE {cond} AND c.id > 0 ORDER BY c.key LIMIT ?{}",
         params.len()
     );
     let mut stmt = conn.prepare_cached(&sql)?;
@@ -110,45 +141,77 @@ fn current_count(conn: &Connection, range: &KeyRange) -> Result<i64> {
     }
     let mut params = Vec::new();
     let cond = key_cond("key", range, &mut params);
-    let sql = format!("SELECT count(*) FROM current WHERE {cond}");
+    let sql = format!("SELECT count(*) FROM current WHERE {cond} AND id > 0");
     Ok(conn.prepare_cached(&sql)?.query_row(params_from_iter(params), |r| r.get(0))?)
 }
 
-/// The keys in `range` as they were at revision `rev`.
+/// The keys in `range` as they were at revision `rev`, at most `limit`
+/// of them: each key that has an entry in `current` (the live ones and those
+/// deleted since the last compaction), followed back along `prev_id` to its
+/// newest row below `rev + 1`. A key with no such row did not exist yet; a
+/// chain that ends at a row compaction removed was deleted by then (the
+/// rows compaction removes are tombstones at or below the compact revision,
+/// and rows superseded by one at or below it, which a walk from above never
+/// passes). The cost is the keys in the range plus the changes made to them
+/// since `rev`.
 fn historical(conn: &Connection, range: &KeyRange, rev: i64, limit: Option<i64>, keys_only: bool) -> Result<Vec<Row>> {
-    if range.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut params = Vec::new();
-    let cond = key_cond("key", range, &mut params);
-    params.push(Value::Integer(first_id(rev + 1)));
-    let below = params.len();
-    params.push(Value::Integer(limit.unwrap_or(-1)));
-    let value = if keys_only { "x''" } else { "l.value" };
-    let sql = format!(
-        "SELECT l.id, l.key, l.create_rev, l.version, l.lease, {value}
-         FROM (SELECT max(id) AS mid FROM log WHERE {cond} AND id < ?{below} GROUP BY key) m
-         JOIN log l ON l.id = m.mid WHERE l.version > 0 ORDER BY l.key LIMIT ?{}",
-        params.len()
-    );
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map(params_from_iter(params), Row::from_sql)?;
-    Ok(rows.collect::<rusqlite::Result<_>>()?)
+    let mut rows = Vec::new();
+    walk_history(conn, range, rev, |id| {
+        let value = if keys_only { "x''" } else { "value" };
+        let sql = format!("SELECT id, key, create_rev, version, lease, {value} FROM log WHERE id = ?1");
+        rows.push(conn.prepare_cached(&sql)?.query_row([id], Row::from_sql)?);
+        Ok(limit.is_none_or(|limit| (rows.len() as i64) < limit))
+    })?;
+    Ok(rows)
 }
 
 fn historical_count(conn: &Connection, range: &KeyRange, rev: i64) -> Result<i64> {
+    let mut count = 0;
+    walk_history(conn, range, rev, |_| {
+        count += 1;
+        Ok(true)
+    })?;
+    Ok(count)
+}
+
+/// Calls `found` with the id of each key's live row at `rev`, in key order,
+/// until it answers false.
+fn walk_history(
+    conn: &Connection,
+    range: &KeyRange,
+    rev: i64,
+    mut found: impl FnMut(i64) -> Result<bool>,
+) -> Result<()> {
     if range.is_empty() {
-        return Ok(0);
+        return Ok(());
     }
+    let below = first_id(rev + 1);
     let mut params = Vec::new();
     let cond = key_cond("key", range, &mut params);
-    params.push(Value::Integer(first_id(rev + 1)));
-    let sql = format!(
-        "SELECT count(*) FROM (SELECT max(id) AS mid FROM log WHERE {cond} AND id < ?{} GROUP BY key) m
-         JOIN log l ON l.id = m.mid WHERE l.version > 0",
-        params.len()
-    );
-    Ok(conn.prepare_cached(&sql)?.query_row(params_from_iter(params), |r| r.get(0))?)
+    let mut entries = conn.prepare_cached(&format!("SELECT abs(id) FROM current WHERE {cond} ORDER BY key"))?;
+    let mut entries = entries.query(params_from_iter(params))?;
+    let mut link = conn.prepare_cached("SELECT prev_id, version FROM log WHERE id = ?1")?;
+    while let Some(entry) = entries.next()? {
+        let mut id: i64 = entry.get(0)?;
+        loop {
+            let Some((prev_id, version)) =
+                link.query_row([id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))).optional()?
+            else {
+                break;
+            };
+            if id < below {
+                if version > 0 && !found(id)? {
+                    return Ok(());
+                }
+                break;
+            }
+            if prev_id == 0 {
+                break;
+            }
+            id = prev_id;
+        }
+    }
+    Ok(())
 }
 
 /// etcd's Range at `head` (the revision this connection sees), with its
@@ -249,7 +312,7 @@ pub fn changes(
     let sql = format!(
         "SELECT l.id, l.key, l.create_rev, l.version, l.lease, l.value,
                 p.id, p.create_rev, p.version, p.lease, p.value
-         FROM log l LEFT JOIN log p ON p.id = l.prev_id AND l.prev_id != 0
+         FROM log l LEFT JOIN log p ON p.id = l.prev_id AND l.prev_id != 0 AND p.version > 0
          WHERE l.id >= ?1 AND l.id < ?2 AND {cond} ORDER BY l.id LIMIT ?{}",
         params.len()
     );

@@ -3,10 +3,13 @@
 //! `log` holds one row per change, keyed by `id = revision << 24 | sub`, so
 //! the rows of a revision are contiguous and a revision range is an id range.
 //! A tombstone is a row with `version = 0`. `prev_id` points at the row this
-//! one superseded (0 when the key did not exist), which gives watchers their
-//! `prev_kv` and tells compaction what a row made obsolete. `current` maps
-//! each live key to its newest row, so reads at the head revision never scan
-//! history.
+//! one superseded (0 for the key's first row), which gives watchers their
+//! `prev_kv` and tells compaction what a row made obsolete; a key created
+//! again after a delete links to its tombstone. `current` maps each live key
+//! to its newest row, so reads at the head revision never scan history, and
+//! each deleted key to its tombstone's id negated, until compaction sweeps
+//! it: reads at an older revision walk `prev_id` back from there, so the log
+//! needs no index by key (which would cost every write a page of its own).
 
 use std::path::Path;
 
@@ -15,7 +18,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
 use crate::store::Result;
 
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 const SUB_BITS: u32 = 24;
 /// The most changes one revision may carry (a delete of a huge range or a
 /// lease revoke with more attached keys fails rather than wrap).
@@ -141,7 +144,6 @@ pub fn init(conn: &Connection, new_id: impl Fn() -> u64) -> Result<Meta> {
                  value BLOB NOT NULL,
                  prev_id INTEGER NOT NULL
              );
-             CREATE INDEX IF NOT EXISTS log_key ON log (key, id);
              CREATE INDEX IF NOT EXISTS log_lease ON log (lease) WHERE lease != 0;
              CREATE TABLE IF NOT EXISTS current (
                  key BLOB PRIMARY KEY,
@@ -181,6 +183,30 @@ pub fn init(conn: &Connection, new_id: impl Fn() -> u64) -> Result<Meta> {
         // log's newest row gives the revision (`read_meta`). An older ferrok
         // would read a stale revision and reuse it, so it must refuse the file.
         conn.execute_batch("PRAGMA user_version = 3;")?;
+    }
+    if version < 4 {
+        // Version 4: no index of the log by key, which cost each write a
+        // page of its own; a deleted key keeps its entry in `current` (the
+        // tombstone's id, negated) until compaction sweeps the tombstone,
+        // and a key created again links to its tombstone, so reads at an
+        // older revision follow `prev_id` from `current` (`read::Latest`).
+        // Made from version 3 with the index it drops.
+        if version > 0 {
+            tracing::info!("upgrading the store's schema to version 4 (drops the log's index by key)");
+        }
+        conn.execute_batch(
+            "BEGIN;
+             UPDATE log SET prev_id = coalesce(
+                 (SELECT max(o.id) FROM log o WHERE o.key = log.key AND o.id < log.id), 0)
+             WHERE prev_id = 0 AND version > 0
+                 AND EXISTS (SELECT 1 FROM log o WHERE o.key = log.key AND o.id < log.id);
+             INSERT OR IGNORE INTO current (key, id)
+                 SELECT l.key, -l.id FROM log l
+                 WHERE l.version = 0 AND l.id = (SELECT max(o.id) FROM log o WHERE o.key = l.key);
+             DROP INDEX IF EXISTS log_key;
+             PRAGMA user_version = 4;
+             COMMIT;",
+        )?;
     }
     if let Some(meta) = read_meta(conn).optional()? {
         return Ok(meta);

@@ -5,7 +5,7 @@
 use super::Writer;
 use crate::store::proto::compare::{CompareResult, CompareTarget, TargetUnion};
 use crate::store::proto::{request_op::Request, response_op::Response, *};
-use crate::store::sqlite::read::{self, event_of, Row};
+use crate::store::sqlite::read::{self, event_of, Latest, Row};
 use crate::store::sqlite::schema::{self, row_id, MAX_SUB};
 use crate::store::{KeyRange, Result, StoreError};
 
@@ -24,10 +24,10 @@ impl Writer {
     fn apply_txn(&mut self, req: TxnRequest, rev: i64, sub: &mut i64, events: &mut Vec<Event>) -> Result<TxnResponse> {
         let TxnRequest { compare, success, failure } = req;
         let mut succeeded = true;
-        // The live row of the key of a single-key compare: the put of that
-        // key that opens the branch (the apiserver's create and update)
-        // need not read it again.
-        let mut compared: Option<(usize, Option<Row>)> = None;
+        // What `current` holds for the key of a single-key compare: the put
+        // of that key that opens the branch (the apiserver's create and
+        // update) need not read it again.
+        let mut compared: Option<(usize, Latest)> = None;
         for (i, c) in compare.iter().enumerate() {
             let (ok, row) = self.compare(c)?;
             if let Some(row) = row {
@@ -71,8 +71,8 @@ impl Writer {
         Ok(TxnResponse { header: None, succeeded, responses })
     }
 
-    /// Whether the compare holds, and for a single key its live row.
-    fn compare(&self, c: &Compare) -> Result<(bool, Option<Option<Row>>)> {
+    /// Whether the compare holds, and for a single key its entry in `current`.
+    fn compare(&self, c: &Compare) -> Result<(bool, Option<Latest>)> {
         let target = CompareTarget::try_from(c.target).unwrap_or(CompareTarget::Version);
         let absent = |c: &Compare| {
             target != CompareTarget::Value
@@ -84,12 +84,12 @@ impl Writer {
         };
         let range = KeyRange::new(&c.key, &c.range_end);
         if let KeyRange::Single(key) = &range {
-            let row = read::get_current(&self.conn, key)?;
-            let ok = match &row {
+            let latest = read::get_latest(&self.conn, key)?;
+            let ok = match &latest.live {
                 Some(row) => compare_row(c, target, row),
                 None => absent(c),
             };
-            return Ok((ok, Some(row)));
+            return Ok((ok, Some(latest)));
         }
         let rows = read::current_in_range(&self.conn, &range, None, target != CompareTarget::Value)?;
         let ok = if rows.is_empty() { absent(c) } else { rows.iter().all(|row| compare_row(c, target, row)) };
@@ -105,18 +105,19 @@ impl Writer {
         Ok(id)
     }
 
-    /// `known`: the key's live row when the txn's compare has just read it.
+    /// `known`: the key's entry in `current` when the txn's compare has
+    /// just read it.
     fn put(
         &mut self,
         p: PutRequest,
-        known: Option<Option<Row>>,
+        known: Option<Latest>,
         rev: i64,
         sub: &mut i64,
         events: &mut Vec<Event>,
     ) -> Result<PutResponse> {
-        let prev = match known {
-            Some(row) => row,
-            None => read::get_current(&self.conn, &p.key)?,
+        let Latest { live: prev, id: latest_id } = match known {
+            Some(latest) => latest,
+            None => read::get_latest(&self.conn, &p.key)?,
         };
         if (p.ignore_value || p.ignore_lease) && prev.is_none() {
             return Err(StoreError::KeyNotFound);
@@ -134,7 +135,9 @@ impl Writer {
         };
         let (create_rev, version) = prev.as_ref().map_or((rev, 1), |r| (r.create_rev, r.version + 1));
         let id = Self::next_id(rev, sub)?;
-        let prev_id = prev.as_ref().map_or(0, |r| r.id);
+        // A key created again links to its tombstone, so that a read at a
+        // revision before the delete still finds the older row.
+        let prev_id = latest_id;
         self.conn
             .prepare_cached(
                 "INSERT INTO log (id, key, create_rev, version, lease, value, prev_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -170,7 +173,9 @@ impl Writer {
                     "INSERT INTO log (id, key, create_rev, version, lease, value, prev_id) VALUES (?1, ?2, 0, 0, 0, x'', ?3)",
                 )?
                 .execute((id, &row.key, row.id))?;
-            self.conn.prepare_cached("DELETE FROM current WHERE key = ?1")?.execute([&row.key])?;
+            // The entry stays, marking the key deleted, until compaction
+            // sweeps the tombstone (`read::Latest`).
+            self.conn.prepare_cached("UPDATE current SET id = ?2 WHERE key = ?1")?.execute((&row.key, -id))?;
             if want_events {
                 let tomb = Row { id, key: row.key.clone(), create_rev: 0, version: 0, lease: 0, value: Vec::new() };
                 events.push(event_of(tomb, Some(row.clone())));
