@@ -75,12 +75,8 @@ fn key_cond(col: &str, range: &KeyRange, params: &mut Vec<Value>) -> String {
     }
 }
 
-/// The live state of one key, as this connection sees it.
-pub fn get_current(conn: &Connection, key: &[u8]) -> rusqlite::Result<Option<Row>> {
-    Ok(get_latest(conn, key)?.live)
-}
-
-/// What `current` holds for a key: its live row, and the id of its newest
+/// What `current` holds for a key, as this connection sees it: its live
+/// row, and the id of its newest
 /// row, live or a tombstone (0 when the key has none). A deleted key keeps
 /// its entry, with the tombstone's id negated, until compaction sweeps the
 /// tombstone: the newest row of every key that has one is reachable from
