@@ -76,12 +76,11 @@ fn key_cond(col: &str, range: &KeyRange, params: &mut Vec<Value>) -> String {
 }
 
 /// What `current` holds for a key, as this connection sees it: its live
-/// row, and the id of its newest
-/// row, live or a tombstone (0 when the key has none). A deleted key keeps
-/// its entry, with the tombstone's id negated, until compaction sweeps the
-/// tombstone: the newest row of every key that has one is reachable from
-/// `current`, and each row links to the one it superseded (`prev_id`), so
-/// the log needs no index by key.
+/// row, and the id of its newest row, live or a tombstone (0 when the key
+/// has none). A deleted key keeps its entry, with the tombstone's id
+/// negated, until compaction sweeps the tombstone: the newest row of every
+/// key that has one is reachable from `current`, and each row links to the
+/// one it superseded (`prev_id`), so the log needs no index by key.
 pub struct Latest {
     pub live: Option<Row>,
     pub id: i64,
