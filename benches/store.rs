@@ -359,6 +359,14 @@ fn mem(pid: u32) -> Mem {
     m
 }
 
+/// The bytes `pid` has sent to storage so far (`write_bytes` of
+/// /proc/PID/io, counted when it dirties a page), or None where the kernel
+/// does not keep the count.
+fn write_bytes(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines().find_map(|l| l.strip_prefix("write_bytes:")).and_then(|v| v.trim().parse().ok())
+}
+
 /// Apparent size and allocated bytes of a file, or of all files under a folder.
 fn disk(path: &Path) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt;
@@ -987,11 +995,18 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
     let levels: &[usize] = if on("writes") { &opts.levels } else { &[] };
     for &clients in levels {
         progress!("{name}: writes, {clients} clients, {} s", opts.secs);
+        let written_before = write_bytes(t.proc.pid());
         match writes(&url, clients, first_id, opts.secs, opts.shared_channel).await {
             Ok(r) => {
+                let per_op = match (written_before, write_bytes(t.proc.pid())) {
+                    (Some(a), Some(b)) if r.ops > 0 => {
+                        format!("{:.2}", b.saturating_sub(a) as f64 / 1024.0 / r.ops as f64)
+                    }
+                    _ => "?".into(),
+                };
                 let _ = writeln!(
                     rep.writes,
-                    "{:<14} {:>7} {:>8} {:>9.0} {:>8} {:>8} {:>8} {:>7}",
+                    "{:<14} {:>7} {:>8} {:>9.0} {:>8} {:>8} {:>8} {:>7} {:>11}",
                     name,
                     r.clients,
                     r.ops,
@@ -999,7 +1014,8 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
                     r.lat.pct_ms(0.5),
                     r.lat.pct_ms(0.99),
                     r.lat.max_ms(),
-                    r.problems.failed + r.problems.errors
+                    r.problems.failed + r.problems.errors,
+                    per_op
                 );
                 problems_line(&mut rep.problems, name, &format!("writes/{clients}"), &r.problems);
             }
@@ -1129,9 +1145,10 @@ fn main() {
         if opts.shared_channel { "all clients share one connection" } else { "one connection per client" }
     );
     println!(
-        "{:<14} {:>7} {:>8} {:>9} {:>8} {:>8} {:>8} {:>7}",
-        "target", "clients", "ops", "ops/s", "p50_ms", "p99_ms", "max_ms", "failed"
+        "{:<14} {:>7} {:>8} {:>9} {:>8} {:>8} {:>8} {:>7} {:>11}",
+        "target", "clients", "ops", "ops/s", "p50_ms", "p99_ms", "max_ms", "failed", "disk_KiB/op"
     );
+    println!("   disk_KiB/op = the server's write_bytes (/proc/PID/io: what it sent to storage, WAL and checkpoints or snapshots alike) per write");
     print!("{}", rep.writes);
     println!();
     println!(
