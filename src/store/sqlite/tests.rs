@@ -164,7 +164,7 @@ async fn reads_at_older_revisions_follow_each_key_back_from_current() {
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let key = format!("p/{}", (seed >> 33) % 12);
         let mut state = states.last().cloned().unwrap_or_default();
-        let delete = (seed >> 20) % 3 == 0;
+        let delete = (seed >> 20).is_multiple_of(3);
         if delete && state.contains_key(&key) {
             s.delete_range(DeleteRangeRequest { key: key.clone().into(), ..Default::default() }).await.unwrap();
             state.remove(&key);

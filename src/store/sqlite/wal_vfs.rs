@@ -305,7 +305,7 @@ mod tests {
                 (&mut fd as *mut *mut ffi::sqlite3_file).cast(),
             );
             assert_eq!(rc, ffi::SQLITE_OK);
-            assert!(!fd.is_null() && (*fd).pMethods == &METHODS as *const _, "the WAL is this VFS's file");
+            assert!(!fd.is_null() && std::ptr::eq((*fd).pMethods, &METHODS), "the WAL is this VFS's file");
             file(fd).writes
         }
     }
