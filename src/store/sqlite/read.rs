@@ -150,11 +150,12 @@ fn current_count(conn: &Connection, range: &KeyRange) -> Result<i64> {
 /// passes). The cost is the keys in the range plus the changes made to them
 /// since `rev`.
 fn historical(conn: &Connection, range: &KeyRange, rev: i64, limit: Option<i64>, keys_only: bool) -> Result<Vec<Row>> {
+    let value = if keys_only { "x''" } else { "value" };
+    let mut row =
+        conn.prepare_cached(&format!("SELECT id, key, create_rev, version, lease, {value} FROM log WHERE id = ?1"))?;
     let mut rows = Vec::new();
     walk_history(conn, range, rev, |id| {
-        let value = if keys_only { "x''" } else { "value" };
-        let sql = format!("SELECT id, key, create_rev, version, lease, {value} FROM log WHERE id = ?1");
-        rows.push(conn.prepare_cached(&sql)?.query_row([id], Row::from_sql)?);
+        rows.push(row.query_row([id], Row::from_sql)?);
         Ok(limit.is_none_or(|limit| (rows.len() as i64) < limit))
     })?;
     Ok(rows)
