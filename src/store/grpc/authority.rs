@@ -6,10 +6,10 @@
 //! Go server ignores it; the `h2` crate under tonic refuses the request as
 //! malformed and resets the stream with PROTOCOL_ERROR. So every connection
 //! is read through `AuthorityFix`, which decides on the connection's first
-//! header block. A client whose first block has a valid authority (or
-//! none) is every other client (grpc-go fixes the authority per
-//! connection): its bytes pass untouched from then on, and the server's
-//! HPACK decoder keeps the client's dynamic table itself. A client whose
+//! header block. Every other client opens with a valid authority (or
+//! none), and grpc-go keeps one authority per connection, so such a
+//! connection's bytes pass untouched from then on and the server's HPACK
+//! decoder keeps the client's dynamic table itself. A connection whose
 //! first block has the URL gets every header block rewritten: decoded
 //! (HPACK), given a plain `host:port` authority (or none, when nothing
 //! valid is left), and encoded again (`hpack`), without ever inserting into
@@ -103,7 +103,8 @@ impl Default for HeaderRewriter {
 
 impl HeaderRewriter {
     /// Moves every complete frame at the front of `input` to `output`,
-    /// header blocks rewritten; an incomplete frame stays in `input`.
+    /// header blocks rewritten; an incomplete frame stays in `input`. Once
+    /// the connection passes through, every byte moves as it is.
     pub fn feed(&mut self, input: &mut Vec<u8>, output: &mut Vec<u8>) -> Result<(), RewriteError> {
         if self.mode == Mode::Passthrough {
             output.append(input);
