@@ -67,6 +67,15 @@ struct Block {
     raw: Option<Vec<u8>>,
 }
 
+/// One whole frame of the client's.
+struct Frame<'a> {
+    flags: u8,
+    stream_id: u32,
+    payload: &'a [u8],
+    /// The frame as it came, its 9-byte head included.
+    bytes: &'a [u8],
+}
+
 /// What the rewriter does with the client's bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -131,15 +140,19 @@ impl HeaderRewriter {
             if input.len() - at < FRAME_HEADER + len {
                 break;
             }
-            let (kind, flags) = (head[3], head[4]);
-            let stream_id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-            let frame = &input[at..at + FRAME_HEADER + len];
-            let payload = &frame[FRAME_HEADER..];
+            let kind = head[3];
+            let bytes = &input[at..at + FRAME_HEADER + len];
+            let frame = Frame {
+                flags: head[4],
+                stream_id: u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff,
+                payload: &bytes[FRAME_HEADER..],
+                bytes,
+            };
             match kind {
-                HEADERS => self.headers(stream_id, flags, payload, frame, output)?,
-                CONTINUATION => self.continuation(stream_id, flags, payload, frame, output)?,
+                HEADERS => self.headers(frame, output)?,
+                CONTINUATION => self.continuation(frame, output)?,
                 _ if self.block.is_some() => return Err(RewriteError::Frame("a frame inside a header block")),
-                _ => output.extend_from_slice(frame),
+                _ => output.extend_from_slice(bytes),
             }
             at += FRAME_HEADER + len;
             if self.mode == Mode::Passthrough {
@@ -158,17 +171,11 @@ impl HeaderRewriter {
         self.mode == Mode::Passthrough
     }
 
-    fn headers(
-        &mut self,
-        stream_id: u32,
-        flags: u8,
-        payload: &[u8],
-        frame: &[u8],
-        output: &mut Vec<u8>,
-    ) -> Result<(), RewriteError> {
+    fn headers(&mut self, frame: Frame<'_>, output: &mut Vec<u8>) -> Result<(), RewriteError> {
         if self.block.is_some() {
             return Err(RewriteError::Frame("HEADERS inside a header block"));
         }
+        let Frame { flags, stream_id, payload, bytes } = frame;
         let mut body = payload;
         if flags & PADDED != 0 {
             let (&pad, rest) = body.split_first().ok_or(RewriteError::Frame("padded HEADERS without a pad length"))?;
@@ -181,7 +188,7 @@ impl HeaderRewriter {
             priority = Some([fields[0], fields[1], fields[2], fields[3], fields[4]]);
             body = &body[5..];
         }
-        let raw = (self.mode == Mode::Undecided).then(|| frame.to_vec());
+        let raw = (self.mode == Mode::Undecided).then(|| bytes.to_vec());
         self.block =
             Some(Block { stream_id, end_stream: flags & END_STREAM != 0, priority, fragment: body.to_vec(), raw });
         if flags & END_HEADERS != 0 {
@@ -190,14 +197,8 @@ impl HeaderRewriter {
         Ok(())
     }
 
-    fn continuation(
-        &mut self,
-        stream_id: u32,
-        flags: u8,
-        payload: &[u8],
-        frame: &[u8],
-        output: &mut Vec<u8>,
-    ) -> Result<(), RewriteError> {
+    fn continuation(&mut self, frame: Frame<'_>, output: &mut Vec<u8>) -> Result<(), RewriteError> {
+        let Frame { flags, stream_id, payload, bytes } = frame;
         let block = self.block.as_mut().ok_or(RewriteError::Frame("CONTINUATION without HEADERS"))?;
         if block.stream_id != stream_id {
             return Err(RewriteError::Frame("CONTINUATION of another stream"));
@@ -207,7 +208,7 @@ impl HeaderRewriter {
         }
         block.fragment.extend_from_slice(payload);
         if let Some(raw) = &mut block.raw {
-            raw.extend_from_slice(frame);
+            raw.extend_from_slice(bytes);
         }
         if flags & END_HEADERS != 0 {
             self.finish(output)?;
