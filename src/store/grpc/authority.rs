@@ -306,6 +306,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for AuthorityFix<T> {
                 return Poll::Ready(Ok(()));
             }
             if this.rewriter.passes_through() {
+                // The undecided start's buffers are not needed again.
+                this.input = Vec::new();
+                this.output = Vec::new();
                 return Pin::new(&mut this.inner).poll_read(cx, buf);
             }
             let mut chunk = [0u8; 16 * 1024];
@@ -380,15 +383,15 @@ mod tests {
             let payload = &bytes[at + FRAME_HEADER..at + FRAME_HEADER + len];
             if matches!(bytes[at + 3], HEADERS | CONTINUATION) {
                 block.extend_from_slice(payload);
-            }
-            if matches!(bytes[at + 3], HEADERS | CONTINUATION) && bytes[at + 4] & END_HEADERS != 0 {
-                let fields = decoder.decode(&std::mem::take(&mut block)).expect("decodable");
-                out.push(
-                    fields
-                        .into_iter()
-                        .map(|(n, v)| (String::from_utf8(n).expect("utf8"), String::from_utf8(v).expect("utf8")))
-                        .collect(),
-                );
+                if bytes[at + 4] & END_HEADERS != 0 {
+                    let fields = decoder.decode(&std::mem::take(&mut block)).expect("decodable");
+                    out.push(
+                        fields
+                            .into_iter()
+                            .map(|(n, v)| (String::from_utf8(n).expect("utf8"), String::from_utf8(v).expect("utf8")))
+                            .collect(),
+                    );
+                }
             }
             at += FRAME_HEADER + len;
         }
