@@ -6,7 +6,8 @@
 //!
 //! `cargo bench --bench watch_cache [-- --quick]`; `FERROK_BENCH_ARGS`
 //! adds server flags (`--default-watch-cache-size 0` turns the cache off,
-//! so the store answers every read), `FERROK_BIN` runs another binary.
+//! so the store answers every read), `FERROK_BIN` runs another binary,
+//! `FERROK_BENCH_LISTS` sets the lists per list phase (40).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,13 +21,14 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-/// The `bench/sent-ns` annotation of the object in a watch event's line.
+/// The `bench/sent-ns` annotation of the object in a watch event's line,
+/// found by a substring search (the line is not parsed).
 fn sent_stamp(line: &[u8]) -> Option<u64> {
-    const KEY: &str = "\"bench/sent-ns\":\"";
-    let text = std::str::from_utf8(line).ok()?;
-    let at = text.find(KEY)? + KEY.len();
-    let digits = &text[at..];
-    digits[..digits.find('"')?].parse().ok()
+    const KEY: &[u8] = b"\"bench/sent-ns\":\"";
+    let at = memchr::memmem::find(line, KEY)? + KEY.len();
+    let digits = &line[at..];
+    let end = memchr::memchr(b'"', digits)?;
+    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
 }
 
 /// utime + stime of `pid`, in seconds.
@@ -34,11 +36,19 @@ fn cpu_seconds(pid: u32) -> f64 {
     common::cpu_ticks(pid) as f64 / 100.0
 }
 
+/// GETs `path` and reads its body to the end, frame by frame, counting the
+/// bytes: the bench reads what the server sends (and decrypts it) but
+/// does not copy it into one buffer, which it would never use.
 async fn raw_get(client: &kube::Client, path: &str) -> usize {
     let req = axum::http::Request::get(path).body(kube::client::Body::empty()).expect("request");
     let resp = client.send(req).await.expect("send");
     assert!(resp.status().is_success(), "{path}: {}", resp.status());
-    resp.into_body().collect().await.expect("body").to_bytes().len()
+    let mut body = resp.into_body();
+    let mut len = 0;
+    while let Some(frame) = body.frame().await {
+        len += frame.expect("body").data_ref().map_or(0, |d| d.len());
+    }
+    len
 }
 
 /// Runs `op(client index, i)` `per_client` times on each of `clients` connections.
@@ -105,7 +115,10 @@ async fn main() {
     let bytes = raw_get(&admin, path).await;
     println!("list size: {:.1} MiB", bytes as f64 / (1 << 20) as f64);
     println!("server RSS with {n_cms} ConfigMaps: {:.1} MiB", rss_kib(pid).0 as f64 / 1024.0);
-    let lists = if quick { 10 } else { 40 };
+    // FERROK_BENCH_LISTS: lists per phase at 1 client (16 clients make a
+    // quarter as many each), for a longer phase to profile or compare.
+    let lists =
+        std::env::var("FERROK_BENCH_LISTS").ok().and_then(|n| n.parse().ok()).unwrap_or(if quick { 10 } else { 40 });
     phase(pid, &format!("list {n_cms} configmaps"), &kubeconfig, 1, lists, move |c, _, _| async move {
         raw_get(&c, path).await;
     })
@@ -141,7 +154,6 @@ async fn main() {
     let origin = Instant::now();
     let seconds = if quick { 3 } else { 5 };
     for watchers in [1usize, 10, 50, 100] {
-        let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
         let delivered = Arc::new(AtomicUsize::new(0));
         let mut tasks = Vec::new();
         let (_, _, list_rv) = {
@@ -152,20 +164,21 @@ async fn main() {
             let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
             ((), (), v["metadata"]["resourceVersion"].as_str().unwrap_or("0").to_string())
         };
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
         for _ in 0..watchers {
             let c = client(&kubeconfig).await.expect("client");
-            let (lat, got, stop) = (latencies.clone(), delivered.clone(), stop.clone());
+            let (got, mut stopped) = (delivered.clone(), stopped.clone());
             let path = format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={list_rv}&timeoutSeconds=120");
             tasks.push(tokio::spawn(async move {
                 let req = axum::http::Request::get(path).body(kube::client::Body::empty()).expect("request");
                 let mut body = c.send(req).await.expect("watch").into_body();
-                let mut buf = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let Ok(Some(Ok(frame))) = tokio::time::timeout(Duration::from_millis(500), body.frame()).await
-                    else {
-                        continue;
+                let (mut buf, mut lat) = (Vec::new(), Vec::new());
+                loop {
+                    let frame = tokio::select! {
+                        f = body.frame() => f,
+                        _ = stopped.changed() => break,
                     };
+                    let Some(Ok(frame)) = frame else { break };
                     let Ok(data) = frame.into_data() else { continue };
                     buf.extend_from_slice(&data);
                     // Each complete line is one event; the watcher finds the
@@ -174,17 +187,18 @@ async fn main() {
                     // server's two cores) measure the server's delivery and
                     // not their own JSON decoding.
                     let mut start = 0;
-                    while let Some(i) = buf[start..].iter().position(|b| *b == b'\n') {
+                    while let Some(i) = memchr::memchr(b'\n', &buf[start..]) {
                         let line = &buf[start..start + i];
                         start += i + 1;
                         if let Some(sent) = sent_stamp(line) {
                             let now = origin.elapsed().as_nanos() as u64;
-                            lat.lock().expect("lock").push(Duration::from_nanos(now.saturating_sub(sent)));
+                            lat.push(Duration::from_nanos(now.saturating_sub(sent)));
                             got.fetch_add(1, Ordering::Relaxed);
                         }
                     }
                     buf.drain(..start);
                 }
+                lat
             }));
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -234,11 +248,11 @@ async fn main() {
         }
         let cpu = cpu_seconds(pid) - cpu0;
         let bench_cpu = cpu_seconds(std::process::id()) - bench0;
-        stop.store(true, Ordering::Relaxed);
+        let _ = stop.send(true);
+        let mut lat = Vec::new();
         for t in tasks {
-            let _ = t.await;
+            lat.extend(t.await.expect("watcher"));
         }
-        let mut lat = std::mem::take(&mut *latencies.lock().expect("lock"));
         lat.sort();
         let mut patches = std::mem::take(&mut *patch_times.lock().expect("lock"));
         patches.sort();

@@ -157,19 +157,22 @@ impl Call {
         self.with_warnings(resp)
     }
 
+    /// Whether the client asked for YAML (JSON answers are then encoded
+    /// again by `respond`).
+    pub fn wants_yaml(&self) -> bool {
+        wants_yaml(self.accept())
+    }
+
     /// An answer already encoded as JSON (a write's, from the bytes it
     /// stored); None when the client asked for YAML.
     pub fn respond_json_bytes(&self, code: StatusCode, json: Vec<u8>) -> Option<Response> {
-        self.respond_json_body(code, axum::body::Body::from(json))
+        (!self.wants_yaml()).then(|| self.respond_json_body(code, axum::body::Body::from(json)))
     }
 
     /// An answer whose JSON is put together as it is sent (lists from the
-    /// watch cache); None when the client asked for YAML.
-    pub fn respond_json_body(&self, code: StatusCode, json: axum::body::Body) -> Option<Response> {
-        if wants_yaml(self.accept()) {
-            return None;
-        }
-        Some(self.with_warnings((code, [(header::CONTENT_TYPE, "application/json")], json).into_response()))
+    /// watch cache), for a client that did not ask for YAML.
+    pub fn respond_json_body(&self, code: StatusCode, json: axum::body::Body) -> Response {
+        self.with_warnings((code, [(header::CONTENT_TYPE, "application/json")], json).into_response())
     }
 
     /// Adds a warning for the answer's `Warning` headers, once however

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use serde_json::{json, Value};
 
-use super::list_body::ListBody;
+use super::list_body::{ListBody, ListItem};
 use super::read::{bookmark, event, list_response, partial_of, wants_metadata, Filters, WatchParams};
 use super::Call;
 use crate::apiserver::field_order;
@@ -85,15 +85,24 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         }
     }
     let (api_version, kind) = (call.resource.api_version(), call.resource.kind.clone());
-    if !wants_table(call.accept()) && !wants_metadata(call.accept()) {
+    if !wants_table(call.accept()) && !wants_metadata(call.accept()) && !call.wants_yaml() {
         // The objects' JSON is shared; only the list around it is made here.
         let head = json!({"kind": call.resource.list_kind, "apiVersion": api_version, "metadata": meta});
         let head = field_order::to_json(&head);
-        let parts: Vec<Bytes> = listed.items.iter().map(|o| o.json_for(&api_version, &kind, call.omit)).collect();
+        let omit = call.omit;
+        let parts: Vec<Listed> = listed
+            .items
+            .into_iter()
+            .map(|o| {
+                if o.is_in(&api_version) {
+                    Listed::Cached(o, omit)
+                } else {
+                    Listed::Encoded(o.json_for(&api_version, &kind, omit))
+                }
+            })
+            .collect();
         let body = Body::new(ListBody::new(head.as_bytes(), parts));
-        if let Some(resp) = call.respond_json_body(StatusCode::OK, body) {
-            return Ok(Some(resp));
-        }
+        return Ok(Some(call.respond_json_body(StatusCode::OK, body)));
     }
     if wants_metadata(call.accept()) && !wants_table(call.accept()) {
         let items: Vec<Value> = listed.items.iter().map(|o| partial_of(o.metadata())).collect();
@@ -102,6 +111,35 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
     }
     let items = listed.items.iter().map(|o| o.value()).collect();
     Ok(Some(list_response(call, items, meta)))
+}
+
+/// A listed object's JSON: the cache's own bytes, copied straight into the
+/// list's writes (no share of them is taken per object), or encoded anew
+/// for another apiVersion.
+enum Listed {
+    Cached(Arc<CachedObject>, Omit),
+    Encoded(Bytes),
+}
+
+impl Listed {
+    fn slices(&self) -> [&[u8]; 2] {
+        match self {
+            Listed::Cached(o, omit) => o.json_slices(*omit),
+            Listed::Encoded(b) => [b, &[]],
+        }
+    }
+}
+
+impl ListItem for Listed {
+    fn json_len(&self) -> usize {
+        self.slices().iter().map(|s| s.len()).sum()
+    }
+
+    fn write_json(&self, out: &mut Vec<u8>) {
+        for s in self.slices() {
+            out.extend_from_slice(s);
+        }
+    }
 }
 
 /// A watch from the cache; Err(call) when the store must serve it (the

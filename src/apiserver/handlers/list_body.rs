@@ -15,11 +15,29 @@ use hyper::body::{Body, Frame, SizeHint};
 /// How many bytes a write carries (the TLS layer's own buffer is 64 KiB).
 pub const CHUNK_BYTES: usize = 64 << 10;
 
+/// One item of a list: a JSON value, copied into the list's writes.
+pub trait ListItem {
+    /// Its length in bytes.
+    fn json_len(&self) -> usize;
+    /// Appends its JSON to `out`.
+    fn write_json(&self, out: &mut Vec<u8>);
+}
+
+impl ListItem for Bytes {
+    fn json_len(&self) -> usize {
+        self.len()
+    }
+
+    fn write_json(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
 /// `{head…,"items":[item,item,…]}` where `head` is a JSON object (its
 /// closing brace is left off) and each item a JSON value.
-pub struct ListBody {
+pub struct ListBody<I = Bytes> {
     head: Option<Bytes>,
-    items: std::vec::IntoIter<Bytes>,
+    items: std::vec::IntoIter<I>,
     /// Whether an item has been written (the next one takes a comma).
     started: bool,
     /// Bytes not yet handed out; 0 once the closing `]}` is.
@@ -29,12 +47,12 @@ pub struct ListBody {
 const ITEMS: &[u8] = b",\"items\":[";
 const END: &[u8] = b"]}";
 
-impl ListBody {
+impl<I: ListItem> ListBody<I> {
     /// `head` is an encoded JSON object such as `{"kind":…,"metadata":{…}}`.
-    pub fn new(head: &[u8], items: Vec<Bytes>) -> Self {
+    pub fn new(head: &[u8], items: Vec<I>) -> Self {
         let head = Bytes::copy_from_slice(&head[..head.len().saturating_sub(1)]);
         let commas = items.len().saturating_sub(1);
-        let len = head.len() + ITEMS.len() + items.iter().map(Bytes::len).sum::<usize>() + commas + END.len();
+        let len = head.len() + ITEMS.len() + items.iter().map(I::json_len).sum::<usize>() + commas + END.len();
         ListBody { head: Some(head), items: items.into_iter(), started: false, remaining: len as u64 }
     }
 
@@ -58,14 +76,14 @@ impl ListBody {
                 out.push(b',');
             }
             self.started = true;
-            out.extend_from_slice(&item);
+            item.write_json(&mut out);
         }
         self.remaining -= out.len() as u64;
         Some(Bytes::from(out))
     }
 }
 
-impl Body for ListBody {
+impl<I: ListItem + Unpin> Body for ListBody<I> {
     type Data = Bytes;
     type Error = Infallible;
 

@@ -119,15 +119,35 @@ impl CachedObject {
     /// `json`, without metadata's managedFields for a reader that drops
     /// them (`Omit::ManagedFields`) when the cache knows where they are.
     pub fn json_for(&self, api_version: &str, kind: &str, omit: Omit) -> Bytes {
-        match self.managed_fields {
-            Some((start, end)) if omit == Omit::ManagedFields && *self.api_version == *api_version => {
-                let (start, end) = (start as usize, end as usize);
-                let mut out = Vec::with_capacity(self.json.len() - (end - start));
-                out.extend_from_slice(&self.json[..start]);
-                out.extend_from_slice(&self.json[end..]);
+        if !self.is_in(api_version) {
+            return self.json(api_version, kind);
+        }
+        match self.json_slices(omit) {
+            [_, []] => self.json.clone(),
+            [before, after] => {
+                let mut out = Vec::with_capacity(before.len() + after.len());
+                out.extend_from_slice(before);
+                out.extend_from_slice(after);
                 Bytes::from(out)
             }
-            _ => self.json(api_version, kind),
+        }
+    }
+
+    /// Whether the cache holds the object's JSON in `api_version`.
+    pub fn is_in(&self, api_version: &str) -> bool {
+        *self.api_version == *api_version
+    }
+
+    /// `json_for` in the cache's own apiVersion as two borrowed slices to
+    /// write one after the other: the JSON before metadata's managedFields
+    /// entry and after it, or the whole and nothing. A list copies these
+    /// into its answer without taking a share of the bytes.
+    pub fn json_slices(&self, omit: Omit) -> [&[u8]; 2] {
+        match self.managed_fields {
+            Some((start, end)) if omit == Omit::ManagedFields => {
+                [&self.json[..start as usize], &self.json[end as usize..]]
+            }
+            _ => [&self.json[..], &[]],
         }
     }
 
@@ -321,6 +341,11 @@ mod tests {
             assert_eq!(String::from_utf8_lossy(&omitted), without, "{obj}");
             let back: Value = serde_json::from_slice(&omitted).unwrap();
             assert_eq!(back["metadata"]["annotations"], obj["metadata"]["annotations"], "other fields kept: {obj}");
+            // A list copies the same bytes from the borrowed slices.
+            assert!(cached.is_in("v1") && !cached.is_in("v2"));
+            for (omit, expected) in [(Omit::Nothing, &whole), (Omit::ManagedFields, &without)] {
+                assert_eq!(String::from_utf8_lossy(&cached.json_slices(omit).concat()), *expected, "{obj}");
+            }
             // Another apiVersion is encoded anew, managedFields and all.
             let other: Value =
                 serde_json::from_slice(&cached.json_for("v2", "ConfigMap", Omit::ManagedFields)).unwrap();
