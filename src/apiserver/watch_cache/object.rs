@@ -123,7 +123,7 @@ impl CachedObject {
             return self.json(api_version, kind);
         }
         match self.json_slices(omit) {
-            [_, []] => self.json.clone(),
+            [whole, []] if whole.len() == self.json.len() => self.json.clone(),
             [before, after] => {
                 let mut out = Vec::with_capacity(before.len() + after.len());
                 out.extend_from_slice(before);
