@@ -90,14 +90,14 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         let head = json!({"kind": call.resource.list_kind, "apiVersion": api_version, "metadata": meta});
         let head = field_order::to_json(&head);
         let omit = call.omit;
-        let parts: Vec<Listed> = listed
+        let parts: Vec<ItemJson> = listed
             .items
             .into_iter()
             .map(|o| {
                 if o.is_in(&api_version) {
-                    Listed::Cached(o, omit)
+                    ItemJson::Cached(o, omit)
                 } else {
-                    Listed::Encoded(o.json_for(&api_version, &kind, omit))
+                    ItemJson::Encoded(o.json_for(&api_version, &kind, omit))
                 }
             })
             .collect();
@@ -116,21 +116,21 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
 /// A listed object's JSON: the cache's own bytes, copied straight into the
 /// list's writes (no share of them is taken per object), or encoded anew
 /// for another apiVersion.
-enum Listed {
+enum ItemJson {
     Cached(Arc<CachedObject>, Omit),
     Encoded(Bytes),
 }
 
-impl Listed {
+impl ItemJson {
     fn slices(&self) -> [&[u8]; 2] {
         match self {
-            Listed::Cached(o, omit) => o.json_slices(*omit),
-            Listed::Encoded(b) => [b, &[]],
+            ItemJson::Cached(o, omit) => o.json_slices(*omit),
+            ItemJson::Encoded(b) => [b, &[]],
         }
     }
 }
 
-impl ListItem for Listed {
+impl ListItem for ItemJson {
     fn json_len(&self) -> usize {
         self.slices().iter().map(|s| s.len()).sum()
     }

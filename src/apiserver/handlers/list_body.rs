@@ -23,19 +23,9 @@ pub trait ListItem {
     fn write_json(&self, out: &mut Vec<u8>);
 }
 
-impl ListItem for Bytes {
-    fn json_len(&self) -> usize {
-        self.len()
-    }
-
-    fn write_json(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self);
-    }
-}
-
 /// `{head…,"items":[item,item,…]}` where `head` is a JSON object (its
 /// closing brace is left off) and each item a JSON value.
-pub struct ListBody<I = Bytes> {
+pub struct ListBody<I> {
     head: Option<Bytes>,
     items: std::vec::IntoIter<I>,
     /// Whether an item has been written (the next one takes a comma).
@@ -105,7 +95,17 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
-    fn collect(mut body: ListBody) -> (Vec<u8>, Vec<usize>) {
+    impl ListItem for Bytes {
+        fn json_len(&self) -> usize {
+            self.len()
+        }
+
+        fn write_json(&self, out: &mut Vec<u8>) {
+            out.extend_from_slice(self);
+        }
+    }
+
+    fn collect(mut body: ListBody<Bytes>) -> (Vec<u8>, Vec<usize>) {
         let promised = body.size_hint().exact().expect("an exact length");
         let (mut all, mut sizes) = (Vec::new(), Vec::new());
         while let Some(c) = body.next_chunk() {
