@@ -3,7 +3,10 @@
 //! connection per client), and the server's resident memory holding 10k
 //! ConfigMaps. Prints figures; it is not a pass/fail test.
 //!
-//! `cargo bench --bench apiserver [-- --quick]`
+//! `cargo bench --bench apiserver [-- --quick]`; `FERROK_BIN` runs another
+//! binary, `FERROK_BENCH_OPS` sets the operations of a 1-client phase
+//! (1,000; each of the 16 clients runs a quarter of it), for phases long
+//! enough to profile.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,7 +54,11 @@ where
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
-    let n = if quick { 200 } else { 1000 };
+    let n = match std::env::var("FERROK_BENCH_OPS").ok().and_then(|v| v.parse().ok()) {
+        Some(n) => n,
+        None if quick => 200,
+        None => 1000,
+    };
     let (server, _client, ready) = start_with(&[]).await;
     println!("ready after {ready:?} (kubeconfig written and /version answered)");
     let pid = server.child.id();

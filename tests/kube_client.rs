@@ -100,6 +100,8 @@ async fn typed_crud_watch_and_errors() {
         let types = m.types.clone().expect("apiVersion and kind");
         assert_eq!((types.api_version.as_str(), types.kind.as_str()), ("meta.k8s.io/v1", "PartialObjectMetadata"));
         assert_eq!(m.metadata.uid, created.metadata.uid, "the object's own metadata");
+        // Only ferrok's own informers are spared managedFields.
+        assert!(m.metadata.managed_fields.as_ref().is_some_and(|f| !f.is_empty()), "managedFields kept: {m:?}");
         seen.push(format!("{kind} {}", m.metadata.resource_version.unwrap_or_default()));
     }
     let replaced_rv = replaced.metadata.resource_version.clone().unwrap_or_default();

@@ -207,9 +207,13 @@ fn node_of(resource: &Arc<ApiResource>, meta: &PartialObjectMeta<DynamicObject>)
 
 type Tagged = (Arc<ApiResource>, Result<Event<PartialObjectMeta<DynamicObject>>, watcher::Error>);
 
-pub async fn run(client: kube::Client) {
+/// `client` is the collector's own, under which it deletes and patches;
+/// `watch_client` the shared informers' (the controller manager's, which
+/// may watch every kind and is sent no managedFields, as upstream's
+/// collector reads its metadata informers).
+pub async fn run(client: kube::Client, watch_client: kube::Client) {
     loop {
-        if let Err(e) = follow(client.clone()).await {
+        if let Err(e) = follow(client.clone(), watch_client.clone()).await {
             tracing::warn!(error = %e, "garbage collector stopped; starting again");
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -217,7 +221,7 @@ pub async fn run(client: kube::Client) {
 }
 
 /// Runs until the set of served resources changes (a CRD comes or goes).
-async fn follow(client: kube::Client) -> Result<(), ControllerError> {
+async fn follow(client: kube::Client, watch_client: kube::Client) -> Result<(), ControllerError> {
     let discovery =
         Discovery::new(client.clone()).run().await.map_err(|e| ControllerError::Discovery(e.to_string()))?;
     let mut streams: Vec<BoxStream<'static, Tagged>> = Vec::new();
@@ -233,7 +237,7 @@ async fn follow(client: kube::Client) -> Result<(), ControllerError> {
             }
             served.insert(format!("{}/{}", ar.group, ar.plural));
             let ar = Arc::new(ar);
-            let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), ar.as_ref());
+            let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(watch_client.clone(), ar.as_ref());
             let tag = ar.clone();
             streams.push(
                 watcher(api, watcher::Config::default()).default_backoff().map(move |e| (tag.clone(), e)).boxed(),

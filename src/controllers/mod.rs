@@ -100,7 +100,7 @@ pub fn start(
         tokio::spawn(cronjob::run(own("cronjob-controller"), f.clone())),
         tokio::spawn(ttl_after_finished::run(own("ttl-after-finished-controller"), jobs.subscribe())),
         tokio::spawn(namespace::run(own("namespace-controller"), f.clone())),
-        tokio::spawn(garbage_collector::run(own("generic-garbage-collector"))),
+        tokio::spawn(garbage_collector::run(own("generic-garbage-collector"), f.client().clone())),
         tokio::spawn(serviceaccount::run(own("service-account-controller"), f.clone())),
         tokio::spawn(root_ca::run(own("root-ca-cert-publisher"), f.clone(), config.server_ca_pem.clone())),
         // Node IPAM, node lifecycle and taint eviction all act as

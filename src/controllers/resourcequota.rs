@@ -267,8 +267,11 @@ pub async fn run(
     let cfg = watcher::Config::default;
     let (pods, pod_events) = pod_informer.into_shared_parts();
     let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
-    let (configmaps, configmap_events) = reflected(Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()), cfg());
-    let (secrets, secret_events) = reflected(Api::<PartialObjectMeta<Secret>>::all(client.clone()), cfg());
+    // The metadata of kinds no shared informer holds, watched with the
+    // informers' client (sent no managedFields, which the cache drops).
+    let watch = informers.client();
+    let (configmaps, configmap_events) = reflected(Api::<PartialObjectMeta<ConfigMap>>::all(watch.clone()), cfg());
+    let (secrets, secret_events) = reflected(Api::<PartialObjectMeta<Secret>>::all(watch.clone()), cfg());
     let (claims, claim_events) = informers.informer::<PersistentVolumeClaim>().subscribe().into_parts();
     let (quotas, quota_events) = reflected(Api::<ResourceQuota>::all(client.clone()), cfg());
     let queue = QueueMetrics::new("resourcequota_primary", quotas.clone());

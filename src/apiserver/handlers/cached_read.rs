@@ -105,7 +105,7 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         return Ok(Some(call.respond_json_body(StatusCode::OK, body)));
     }
     if wants_metadata(call.accept()) && !wants_table(call.accept()) {
-        let items: Vec<Value> = listed.items.iter().map(|o| partial_of(o.metadata())).collect();
+        let items: Vec<Value> = listed.items.iter().map(|o| partial_of(o.metadata(call.omit))).collect();
         let list = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items});
         return Ok(Some(call.respond(StatusCode::OK, &list)));
     }
@@ -218,7 +218,7 @@ impl Render {
             return event_line(EventType::Added, &obj.json_for(&self.api_version, &self.kind, self.omit));
         }
         if self.metadata_only {
-            return partial_event_line(EventType::Added, obj.metadata_json());
+            return partial_event_line(EventType::Added, obj.metadata_slices(self.omit));
         }
         self.value_line(EventType::Added, obj.value())
     }
@@ -228,7 +228,7 @@ impl Render {
             return ev.line(as_type, &self.api_version, &self.kind, self.omit);
         }
         if self.metadata_only {
-            return partial_event_line(as_type, ev.object.metadata_json());
+            return partial_event_line(as_type, ev.object.metadata_slices(self.omit));
         }
         self.value_line(as_type, ev.object.value())
     }

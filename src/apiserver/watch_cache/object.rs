@@ -52,6 +52,8 @@ pub struct CachedObject {
     /// Where `json` holds metadata's managedFields entry (`Assembled`), for
     /// readers that drop them.
     managed_fields: Option<(u32, u32)>,
+    /// Where `json` holds metadata's value, for metadata-only readers.
+    metadata: Option<(u32, u32)>,
     api_version: Arc<str>,
 }
 
@@ -60,7 +62,17 @@ impl CachedObject {
     pub fn new(key: String, rev: i64, object: Value, form: &Form) -> Self {
         let (attrs, index) = Self::read_by_selectors(&object, form);
         let json = encode(object, &form.api_version, &form.kind);
-        CachedObject { key, rev, index, attrs, json, managed_fields: None, api_version: form.api_version.clone() }
+        let metadata = find_metadata(&json);
+        CachedObject {
+            key,
+            rev,
+            index,
+            attrs,
+            json,
+            managed_fields: None,
+            metadata,
+            api_version: form.api_version.clone(),
+        }
     }
 
     /// An object from its stored JSON at `rev`, keyed by `key_of` (which
@@ -81,15 +93,15 @@ impl CachedObject {
         let (attrs, index) = Self::read_by_selectors(&spliced.view, form);
         let mut json = spliced.json;
         json.shrink_to_fit();
-        let managed_fields =
-            spliced.managed_fields.and_then(|r| Some((u32::try_from(r.start).ok()?, u32::try_from(r.end).ok()?)));
+        let at = |r: std::ops::Range<usize>| Some((u32::try_from(r.start).ok()?, u32::try_from(r.end).ok()?));
         Ok(CachedObject {
             key: key_of(&spliced.view),
             rev,
             index,
             attrs,
             json: Bytes::from(json),
-            managed_fields,
+            managed_fields: spliced.managed_fields.and_then(at),
+            metadata: spliced.metadata.and_then(at),
             api_version: form.api_version.clone(),
         })
     }
@@ -156,31 +168,46 @@ impl CachedObject {
         serde_json::from_slice(&self.json).unwrap_or(Value::Null)
     }
 
-    /// The object's metadata as its JSON holds it, not decoded: the
-    /// bytes a metadata-only watch sends (the garbage collector watches
-    /// every kind so, and would otherwise decode each change).
-    pub fn metadata_json(&self) -> &[u8] {
-        #[derive(serde::Deserialize)]
-        struct MetadataOnly<'a> {
-            #[serde(borrow, default)]
-            metadata: Option<&'a serde_json::value::RawValue>,
+    /// The object's metadata as its JSON holds it, not decoded, as two
+    /// slices to write one after the other (`json_slices`): the bytes a
+    /// metadata-only watch sends (the garbage collector and the quota
+    /// controller watch so, and would otherwise decode each change whole),
+    /// without the managedFields entry for a reader that drops them.
+    pub fn metadata_slices(&self, omit: Omit) -> [&[u8]; 2] {
+        let Some((start, end)) = self.metadata.map(|(s, e)| (s as usize, e as usize)) else {
+            return [b"{}", &[]];
+        };
+        match self.managed_fields.map(|(s, e)| (s as usize, e as usize)) {
+            Some((cut, resume)) if omit == Omit::ManagedFields && start < cut && resume < end => {
+                [&self.json[start..cut], &self.json[resume..end]]
+            }
+            _ => [&self.json[start..end], &[]],
         }
-        serde_json::from_slice::<MetadataOnly>(&self.json)
-            .ok()
-            .and_then(|m| m.metadata)
-            .map_or(b"{}", |raw| raw.get().as_bytes())
     }
 
     /// The object's metadata decoded, nothing else of it built (what
     /// metadata-only lists send).
-    pub fn metadata(&self) -> Value {
-        serde_json::from_slice(self.metadata_json()).unwrap_or_default()
+    pub fn metadata(&self, omit: Omit) -> Value {
+        let [before, after] = self.metadata_slices(omit);
+        serde_json::from_slice(&[before, after].concat()).unwrap_or_default()
     }
 
     /// The length of its JSON.
     pub fn encoded_len(&self) -> usize {
         self.json.len()
     }
+}
+
+/// Where `json` holds its top-level metadata value, found by parsing it once.
+fn find_metadata(json: &[u8]) -> Option<(u32, u32)> {
+    #[derive(serde::Deserialize)]
+    struct MetadataOnly<'a> {
+        #[serde(borrow, default)]
+        metadata: Option<&'a serde_json::value::RawValue>,
+    }
+    let raw = serde_json::from_slice::<MetadataOnly>(json).ok()?.metadata?.get();
+    let start = (raw.as_ptr() as usize).checked_sub(json.as_ptr() as usize)?;
+    Some((u32::try_from(start).ok()?, u32::try_from(start + raw.len()).ok()?))
 }
 
 fn encode(mut typed: Value, api_version: &str, kind: &str) -> Bytes {
@@ -259,14 +286,16 @@ pub fn event_line(as_type: EventType, object_json: &[u8]) -> Bytes {
 }
 
 /// A watch event line of the PartialObjectMetadata around metadata
-/// already encoded.
-pub fn partial_event_line(as_type: EventType, metadata_json: &[u8]) -> Bytes {
-    const HEAD: &[u8] = br#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#;
-    let mut object = Vec::with_capacity(HEAD.len() + metadata_json.len() + 1);
-    object.extend_from_slice(HEAD);
-    object.extend_from_slice(metadata_json);
-    object.push(b'}');
-    event_line(as_type, &object)
+/// already encoded (`CachedObject::metadata_slices`).
+pub fn partial_event_line(as_type: EventType, [before, after]: [&[u8]; 2]) -> Bytes {
+    const HEAD: &str = r#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#;
+    let head = format!("{{\"type\":\"{}\",\"object\":{HEAD}", as_type.as_str());
+    let mut out = Vec::with_capacity(head.len() + before.len() + after.len() + 3);
+    out.extend_from_slice(head.as_bytes());
+    out.extend_from_slice(before);
+    out.extend_from_slice(after);
+    out.extend_from_slice(b"}}\n");
+    Bytes::from(out)
 }
 
 #[cfg(test)]
@@ -290,16 +319,20 @@ mod tests {
         typed["kind"] = json!("ConfigMap");
         assert_eq!(first, Bytes::from(crate::apiserver::field_order::to_json(&typed)));
         assert_eq!(cached.value(), typed, "decoded back whole");
-        assert_eq!(cached.metadata(), typed["metadata"], "the metadata alone");
+        assert_eq!(cached.metadata(Omit::Nothing), typed["metadata"], "the metadata alone");
         assert_eq!(
             cached.attrs(),
             json!({"metadata": {"name": "a", "labels": {"x": "y"}}}),
             "only what selectors read"
         );
-        assert_eq!(cached.metadata_json(), serde_json::to_vec(&typed["metadata"]).unwrap(), "the metadata's own bytes");
+        assert_eq!(
+            cached.metadata_slices(Omit::Nothing).concat(),
+            serde_json::to_vec(&typed["metadata"]).unwrap(),
+            "the metadata's own bytes"
+        );
         let partial = json!({"type": "MODIFIED", "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": typed["metadata"]}});
         assert_eq!(
-            String::from_utf8_lossy(&partial_event_line(EventType::Modified, cached.metadata_json())),
+            String::from_utf8_lossy(&partial_event_line(EventType::Modified, cached.metadata_slices(Omit::Nothing))),
             crate::apiserver::field_order::to_json(&partial) + "\n",
             "a metadata-only event as the generic path writes it"
         );
@@ -345,6 +378,13 @@ mod tests {
             assert!(cached.is_in("v1") && !cached.is_in("v2"));
             for (omit, expected) in [(Omit::Nothing, &whole), (Omit::ManagedFields, &without)] {
                 assert_eq!(String::from_utf8_lossy(&cached.json_slices(omit).concat()), *expected, "{obj}");
+            }
+            // Metadata-only readers get the same cut of metadata alone.
+            for (omit, expected) in [(Omit::Nothing, &whole), (Omit::ManagedFields, &without)] {
+                let expected: Value = serde_json::from_str(expected).unwrap();
+                let metadata = crate::apiserver::field_order::to_json(&expected["metadata"]);
+                assert_eq!(String::from_utf8_lossy(&cached.metadata_slices(omit).concat()), metadata, "{obj}");
+                assert_eq!(cached.metadata(omit), expected["metadata"], "{obj}");
             }
             // Another apiVersion is encoded anew, managedFields and all.
             let other: Value =

@@ -32,6 +32,8 @@ pub struct Spliced {
     pub json: Vec<u8>,
     /// Where in `json` its metadata's managedFields entry is (`assemble`).
     pub managed_fields: Option<Range<usize>>,
+    /// Where in `json` its metadata's value is (`assemble`).
+    pub metadata: Option<Range<usize>>,
     /// The object cut down to the paths asked for (missing ones absent),
     /// on which those paths read as on the whole object.
     pub view: Value,
@@ -86,14 +88,15 @@ pub fn splice(stored: &[u8], rev: i64, api_version: &str, kind: &str, paths: &Pa
         _ => None,
     };
     let meta = metadata.as_ref().map(slices);
-    let Assembled { json, managed_fields } = assemble(&slices(&top), meta.as_deref(), rev, api_version, kind)?;
+    let Assembled { json, managed_fields, metadata } =
+        assemble(&slices(&top), meta.as_deref(), rev, api_version, kind)?;
     let mut view = Map::new();
     for (key, raw) in &top.0 {
         if let Some(wanted) = paths.step(key) {
             view.insert(key.to_string(), project(raw, wanted).ok()?);
         }
     }
-    Some(Spliced { json, managed_fields, view: Value::Object(view) })
+    Some(Spliced { json, managed_fields, metadata, view: Value::Object(view) })
 }
 
 fn slices<'a>(entries: &'a Entries<'_>) -> Vec<(&'a str, &'a [u8])> {
@@ -107,6 +110,9 @@ pub struct Assembled {
     /// it: what is cut out for a reader that drops managedFields
     /// (`CachedObject::json_for`). None when metadata has none.
     pub managed_fields: Option<Range<usize>>,
+    /// The bytes of metadata's value (what a metadata-only watch sends).
+    /// None when the object has no metadata.
+    pub metadata: Option<Range<usize>>,
 }
 
 /// The cache's JSON at `rev` put together from an object's stored entries:
@@ -133,14 +139,19 @@ pub fn assemble(
     write_str(&mut json, api_version);
     let value = |key: &str| top.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
     let mut managed_fields = None;
+    let mut metadata_at = None;
     for lead in &LEADING[2..] {
         let Some(raw) = value(lead) else { continue };
         json.push(b',');
         write_str(&mut json, lead);
         json.push(b':');
+        let start = json.len();
         match metadata.filter(|_| *lead == "metadata") {
             Some(entries) => managed_fields = with_resource_version(&mut json, entries, rev),
             None => json.extend_from_slice(raw),
+        }
+        if *lead == "metadata" {
+            metadata_at = Some(start..json.len());
         }
     }
     for (key, raw) in top.iter().filter(|(k, _)| !LEADING.contains(k)) {
@@ -150,7 +161,7 @@ pub fn assemble(
         json.extend_from_slice(raw);
     }
     json.push(b'}');
-    Some(Assembled { json, managed_fields })
+    Some(Assembled { json, managed_fields, metadata: metadata_at })
 }
 
 /// Metadata's sorted entries with `resourceVersion` set to `rev` at its
@@ -330,6 +341,17 @@ mod tests {
                 let spliced = splice(&bytes, 42, "example.com/v1", kind, &paths(kind)).expect("the store's encoding");
                 let want = decoded(&bytes, 42, "example.com/v1", kind);
                 assert_eq!(String::from_utf8_lossy(&spliced.json), String::from_utf8_lossy(&want), "{kind}: {object}");
+                // The metadata range holds metadata's value, as encoded.
+                let whole: Value = serde_json::from_slice(&want).unwrap();
+                match (whole.get("metadata"), spliced.metadata) {
+                    (Some(m), Some(at)) => assert_eq!(
+                        String::from_utf8_lossy(&spliced.json[at]),
+                        crate::apiserver::field_order::to_json(m),
+                        "{kind}: {object}"
+                    ),
+                    (None, None) => {}
+                    (m, at) => panic!("{kind}: metadata {m:?} found at {at:?}"),
+                }
             }
         }
     }
