@@ -188,8 +188,11 @@ impl CachedObject {
     /// The object's metadata decoded, nothing else of it built (what
     /// metadata-only lists send).
     pub fn metadata(&self, omit: Omit) -> Value {
-        let [before, after] = self.metadata_slices(omit);
-        serde_json::from_slice(&[before, after].concat()).unwrap_or_default()
+        let decoded = match self.metadata_slices(omit) {
+            [whole, []] => serde_json::from_slice(whole),
+            [before, after] => serde_json::from_slice(&[before, after].concat()),
+        };
+        decoded.unwrap_or_default()
     }
 
     /// The length of its JSON.
