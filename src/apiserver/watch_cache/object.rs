@@ -52,7 +52,7 @@ pub struct CachedObject {
     /// Where `json` holds metadata's managedFields entry (`Assembled`), for
     /// readers that drop them.
     managed_fields: Option<(u32, u32)>,
-    /// Where `json` holds metadata's value, for metadata-only readers.
+    /// Where `json` holds metadata's map, for metadata-only readers.
     metadata: Option<(u32, u32)>,
     api_version: Arc<str>,
 }
@@ -201,7 +201,8 @@ impl CachedObject {
     }
 }
 
-/// Where `json` holds its top-level metadata value, found by parsing it once.
+/// Where `json` holds its top-level metadata map, found by parsing it once
+/// (as `splice::assemble` records it).
 fn find_metadata(json: &[u8]) -> Option<(u32, u32)> {
     #[derive(serde::Deserialize)]
     struct MetadataOnly<'a> {
@@ -209,6 +210,9 @@ fn find_metadata(json: &[u8]) -> Option<(u32, u32)> {
         metadata: Option<&'a serde_json::value::RawValue>,
     }
     let raw = serde_json::from_slice::<MetadataOnly>(json).ok()?.metadata?.get();
+    if !raw.starts_with('{') {
+        return None;
+    }
     let start = (raw.as_ptr() as usize).checked_sub(json.as_ptr() as usize)?;
     Some((u32::try_from(start).ok()?, u32::try_from(start + raw.len()).ok()?))
 }
@@ -350,6 +354,19 @@ mod tests {
             crate::apiserver::field_order::to_json(&event),
             "the same bytes as the uncached watch"
         );
+    }
+
+    #[test]
+    fn metadata_that_is_not_a_map_reads_as_an_empty_one() {
+        for obj in [json!({"metadata": null, "data": {}}), json!({"data": {}}), json!({"metadata": "x"})] {
+            let stored = serde_json::to_vec(&obj).unwrap();
+            let spliced = CachedObject::from_stored(&stored, 7, &form(), |_| "/k".into()).unwrap();
+            let encoded = CachedObject::new("/k".into(), 7, obj.clone(), &form());
+            for cached in [spliced, encoded] {
+                assert_eq!(cached.metadata_slices(Omit::ManagedFields).concat(), b"{}", "{obj}");
+                assert_eq!(cached.metadata(Omit::Nothing), json!({}), "{obj}");
+            }
+        }
     }
 
     #[test]
