@@ -32,7 +32,7 @@ pub struct Spliced {
     pub json: Vec<u8>,
     /// Where in `json` its metadata's managedFields entry is (`assemble`).
     pub managed_fields: Option<Range<usize>>,
-    /// Where in `json` its metadata's value is (`assemble`).
+    /// Where in `json` its metadata's map is (`assemble`).
     pub metadata: Option<Range<usize>>,
     /// The object cut down to the paths asked for (missing ones absent),
     /// on which those paths read as on the whole object.
@@ -110,7 +110,7 @@ pub struct Assembled {
     /// it: what is cut out for a reader that drops managedFields
     /// (`CachedObject::json_for`). None when metadata has none.
     pub managed_fields: Option<Range<usize>>,
-    /// The bytes of metadata's value (what a metadata-only watch sends).
+    /// The bytes of metadata's map (what a metadata-only watch sends).
     /// None when the object has no metadata map.
     pub metadata: Option<Range<usize>>,
 }
