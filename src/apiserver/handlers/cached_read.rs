@@ -23,7 +23,7 @@ use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::storage::encode_continue;
 use crate::apiserver::table::wants_table;
 use crate::apiserver::watch_cache::cacher::{too_old, NotServed, StartAt};
-use crate::apiserver::watch_cache::object::{event_line, partial_event_line, CachedObject, EventType, Omit};
+use crate::apiserver::watch_cache::object::{partial_event_line, CachedObject, EventType, Omit};
 use crate::apiserver::watch_cache::watcher::{Delivery, Filter, Inbox};
 use crate::apiserver::watch_cache::{Cacher, NODE_NAME};
 
@@ -215,7 +215,7 @@ struct Render {
 impl Render {
     fn added(&self, obj: &CachedObject) -> Bytes {
         if self.plain {
-            return event_line(EventType::Added, &obj.json_for(&self.api_version, &self.kind, self.omit));
+            return obj.event_line(EventType::Added, &self.api_version, &self.kind, self.omit);
         }
         if self.metadata_only {
             return partial_event_line(EventType::Added, obj.metadata_slices(self.omit));

@@ -155,12 +155,29 @@ impl CachedObject {
     /// entry and after it, or the whole and nothing. A list copies these
     /// into its answer without taking a share of the bytes.
     pub fn json_slices(&self, omit: Omit) -> [&[u8]; 2] {
-        match self.managed_fields {
-            Some((start, end)) if omit == Omit::ManagedFields => {
-                [&self.json[..start as usize], &self.json[end as usize..]]
+        self.slices(0, self.json.len(), omit)
+    }
+
+    /// `json[start..end]` as two slices: the bytes before metadata's
+    /// managedFields entry and after it when `omit` drops them and the
+    /// entry lies within, else the whole and nothing.
+    fn slices(&self, start: usize, end: usize, omit: Omit) -> [&[u8]; 2] {
+        match self.managed_fields.map(|(s, e)| (s as usize, e as usize)) {
+            Some((cut, resume)) if omit == Omit::ManagedFields && start < cut && resume < end => {
+                [&self.json[start..cut], &self.json[resume..end]]
             }
-            _ => [&self.json[..], &[]],
+            _ => [&self.json[start..end], &[]],
         }
+    }
+
+    /// The object's event line (`event_line`) for a watcher of
+    /// `api_version`: written straight from the cache's bytes in its own
+    /// apiVersion, whatever `omit` leaves out; encoded anew for another.
+    pub fn event_line(&self, as_type: EventType, api_version: &str, kind: &str, omit: Omit) -> Bytes {
+        if !self.is_in(api_version) {
+            return event_line(as_type, &[&self.json(api_version, kind)]);
+        }
+        event_line(as_type, &self.json_slices(omit))
     }
 
     /// The whole object, decoded again from its JSON.
@@ -174,14 +191,9 @@ impl CachedObject {
     /// controller watch so, and would otherwise decode each change whole),
     /// without the managedFields entry for a reader that drops them.
     pub fn metadata_slices(&self, omit: Omit) -> [&[u8]; 2] {
-        let Some((start, end)) = self.metadata.map(|(s, e)| (s as usize, e as usize)) else {
-            return [b"{}", &[]];
-        };
-        match self.managed_fields.map(|(s, e)| (s as usize, e as usize)) {
-            Some((cut, resume)) if omit == Omit::ManagedFields && start < cut && resume < end => {
-                [&self.json[start..cut], &self.json[resume..end]]
-            }
-            _ => [&self.json[start..end], &[]],
+        match self.metadata {
+            Some((start, end)) => self.slices(start as usize, end as usize, omit),
+            None => [b"{}", &[]],
         }
     }
 
@@ -278,16 +290,20 @@ impl CachedEvent {
     /// object's shared JSON with the event's few bytes around it (a copy
     /// per watcher, as TLS makes anyway, instead of a line kept per event).
     pub fn line(&self, as_type: EventType, api_version: &str, kind: &str, omit: Omit) -> Bytes {
-        event_line(as_type, &self.object.json_for(api_version, kind, omit))
+        self.object.event_line(as_type, api_version, kind, omit)
     }
 }
 
-/// `{"type":"ADDED","object":<json>}` and a newline.
-pub fn event_line(as_type: EventType, object_json: &[u8]) -> Bytes {
+/// `{"type":"ADDED","object":<json>}` and a newline, the object's JSON
+/// given as parts to write one after the other.
+pub fn event_line(as_type: EventType, object_json: &[&[u8]]) -> Bytes {
     let head = format!("{{\"type\":\"{}\",\"object\":", as_type.as_str());
-    let mut out = Vec::with_capacity(head.len() + object_json.len() + 2);
+    let len = object_json.iter().map(|p| p.len()).sum::<usize>();
+    let mut out = Vec::with_capacity(head.len() + len + 2);
     out.extend_from_slice(head.as_bytes());
-    out.extend_from_slice(object_json);
+    for part in object_json {
+        out.extend_from_slice(part);
+    }
     out.extend_from_slice(b"}\n");
     Bytes::from(out)
 }
@@ -295,14 +311,8 @@ pub fn event_line(as_type: EventType, object_json: &[u8]) -> Bytes {
 /// A watch event line of the PartialObjectMetadata around metadata
 /// already encoded (`CachedObject::metadata_slices`).
 pub fn partial_event_line(as_type: EventType, [before, after]: [&[u8]; 2]) -> Bytes {
-    const HEAD: &str = r#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#;
-    let head = format!("{{\"type\":\"{}\",\"object\":{HEAD}", as_type.as_str());
-    let mut out = Vec::with_capacity(head.len() + before.len() + after.len() + 3);
-    out.extend_from_slice(head.as_bytes());
-    out.extend_from_slice(before);
-    out.extend_from_slice(after);
-    out.extend_from_slice(b"}}\n");
-    Bytes::from(out)
+    const HEAD: &[u8] = br#"{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":"#;
+    event_line(as_type, &[HEAD, before, after, b"}"])
 }
 
 #[cfg(test)]
@@ -398,6 +408,12 @@ mod tests {
             assert!(cached.is_in("v1") && !cached.is_in("v2"));
             for (omit, expected) in [(Omit::Nothing, &whole), (Omit::ManagedFields, &without)] {
                 assert_eq!(String::from_utf8_lossy(&cached.json_slices(omit).concat()), *expected, "{obj}");
+                // A watch's line is written from the same slices.
+                let line = cached.event_line(EventType::Modified, "v1", "ConfigMap", omit);
+                assert_eq!(
+                    String::from_utf8_lossy(&line),
+                    format!("{{\"type\":\"MODIFIED\",\"object\":{expected}}}\n")
+                );
             }
             // Metadata-only readers get the same cut of metadata alone.
             for (omit, expected) in [(Omit::Nothing, &whole), (Omit::ManagedFields, &without)] {
