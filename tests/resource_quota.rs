@@ -297,3 +297,49 @@ async fn an_update_is_charged_for_what_it_adds() {
     }
     assert_eq!(used(&quotas, "ports", "services.nodeports").await.as_deref(), Some("0"));
 }
+
+/// ConfigMaps and Secrets are watched by the controller only from the first
+/// quota that counts them: objects made before that quota are counted by
+/// its first recount, and later creates and deletes move the count.
+#[tokio::test(flavor = "multi_thread")]
+async fn configmaps_and_secrets_made_before_their_quota_are_counted() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let (_server, client) = start().await;
+    let ns = "counted";
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace");
+    namespaces.create(&PostParams::default(), &namespace).await.expect("namespace");
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let cm = |name: &str| serde_json::from_value::<ConfigMap>(json!({"metadata": {"name": name}})).expect("cm");
+    let secret = |name: &str| serde_json::from_value::<Secret>(json!({"metadata": {"name": name}})).expect("secret");
+    for name in ["a", "b", "c"] {
+        configmaps.create(&PostParams::default(), &cm(name)).await.expect("configmap");
+    }
+    for name in ["s1", "s2"] {
+        secrets.create(&PostParams::default(), &secret(name)).await.expect("secret");
+    }
+    // A pods-only quota first, and a scoped one: neither counts these kinds.
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+    let quota = |name: &str, hard: serde_json::Value| -> ResourceQuota {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"hard": hard}})).expect("quota")
+    };
+    quotas.create(&PostParams::default(), &quota("pods", json!({"pods": "9"}))).await.expect("quota");
+    wait_used(&quotas, "pods", "pods", "0").await;
+
+    let hard = json!({"configmaps": "10", "count/secrets": "10"});
+    quotas.create(&PostParams::default(), &quota("objects", hard)).await.expect("quota");
+    // kube-root-ca.crt is published into every namespace as well.
+    let root_ca = configmaps.get_opt("kube-root-ca.crt").await.expect("get").is_some();
+    let cms = if root_ca { "4" } else { "3" };
+    wait_used(&quotas, "objects", "configmaps", cms).await;
+    wait_used(&quotas, "objects", "count/secrets", "2").await;
+
+    secrets.create(&PostParams::default(), &secret("s3")).await.expect("secret");
+    wait_used(&quotas, "objects", "count/secrets", "3").await;
+    configmaps.delete("a", &DeleteParams::default()).await.expect("delete");
+    let fewer = if root_ca { "3" } else { "2" };
+    wait_used(&quotas, "objects", "configmaps", fewer).await;
+    secrets.delete("s1", &DeleteParams::default()).await.expect("delete");
+    wait_used(&quotas, "objects", "count/secrets", "2").await;
+}

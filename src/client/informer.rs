@@ -110,11 +110,27 @@ where
     /// Starts watching `api` (each object cut down to what in-process
     /// readers use, `transform`); runs for the life of the process.
     pub fn start(api: Api<K>, config: watcher::Config) -> Self {
+        Self::start_when(api, config, std::future::ready(()))
+    }
+
+    /// `start`, with the watch begun only once `wanted` completes: for a
+    /// kind that is read only when some object asks for it. The store and
+    /// subscriptions exist at once; the store stays unsynced (and its
+    /// subscribers hear nothing) until the watch has listed.
+    pub fn start_when(
+        api: Api<K>,
+        config: watcher::Config,
+        wanted: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Self {
         let (store, writer) = reflector::store();
         let shared =
             Arc::new(Shared { store: store.clone(), indexer: Indexer::default(), subscribers: Mutex::new(Vec::new()) });
         let events = watcher::watcher(api, config).modify(super::transform::transform).default_backoff().boxed();
-        tokio::spawn(run(shared.clone(), writer, events));
+        let running = shared.clone();
+        tokio::spawn(async move {
+            wanted.await;
+            run(running, writer, events).await;
+        });
         SharedIndexInformer { shared }
     }
 }

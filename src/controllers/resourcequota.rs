@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::BoxStream;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, ResourceQuota, ResourceQuotaStatus, Secret, Service,
 };
@@ -25,7 +26,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::informers::reflected;
+use super::informers::{reflected, SharedIndexInformer};
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::quantity::Amount;
@@ -49,8 +50,8 @@ struct Context {
     pods: Store<Pod>,
     services: Store<Service>,
     /// Only their metadata: they are counted, never read.
-    configmaps: Store<PartialObjectMeta<ConfigMap>>,
-    secrets: Store<PartialObjectMeta<Secret>>,
+    configmaps: Counted<PartialObjectMeta<ConfigMap>>,
+    secrets: Counted<PartialObjectMeta<Secret>>,
     claims: Store<PersistentVolumeClaim>,
     /// Quotas whose recount came out lower: `ns/name` → (resourceVersion, first seen).
     lowering: std::sync::Mutex<HashMap<String, (String, Instant)>>,
@@ -93,6 +94,46 @@ fn evaluated<K: serde::Serialize>(evaluator: &Evaluator, objects: &[Arc<K>], key
         .filter_map(|o| serde_json::to_value(o.as_ref()).ok())
         .filter_map(|o| evaluator.usage(&o, now).get(key).copied())
         .fold(Amount::default(), Amount::plus)
+}
+
+/// The cache of a kind this controller only counts (the metadata of
+/// ConfigMaps and Secrets), watched from the first time a quota counts it.
+/// Upstream's quota monitor watches every quotable kind from the start; here
+/// a cluster where no quota counts them (the usual one) keeps no copy of
+/// every ConfigMap's and Secret's metadata and decodes none of their
+/// changes. Nothing is lost by the wait: a change before the watch has no
+/// quota to recount, and the first quota that counts the kind lists it
+/// before it counts.
+struct Counted<K: kube::Resource<DynamicType = ()> + 'static> {
+    store: Store<K>,
+    wanted: tokio::sync::watch::Sender<bool>,
+}
+
+impl<K> Counted<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    /// The cache, and the stream of objects touched once it watches.
+    fn watch(api: Api<K>) -> (Self, BoxStream<'static, Result<K, watcher::Error>>) {
+        let (wanted, mut asked) = tokio::sync::watch::channel(false);
+        let first_asked = async move {
+            if asked.wait_for(|w| *w).await.is_err() {
+                // The controller is gone: never watch.
+                std::future::pending::<()>().await;
+            }
+        };
+        let informer = SharedIndexInformer::start_when(api, watcher::Config::default(), first_asked);
+        let (store, events) = informer.subscribe().into_parts();
+        (Counted { store, wanted }, events)
+    }
+
+    /// How many objects `ns` holds, once the cache has listed (its watch
+    /// begun on the first call).
+    async fn count_in(&self, ns: &str) -> usize {
+        self.wanted.send_if_modified(|w| !std::mem::replace(w, true));
+        let _ = crate::client::cache_sync::wait_for_cache_sync(&self.store).await;
+        in_ns(&self.store, ns).len()
+    }
 }
 
 fn in_ns<K>(store: &Store<K>, ns: &str) -> Vec<Arc<K>>
@@ -156,8 +197,8 @@ async fn used(
             "services.loadbalancers" | "services.nodeports" => {
                 evaluated(&Evaluator::Services, &in_ns(&ctx.services, ns), key, now)
             }
-            "configmaps" | "count/configmaps" => Amount::count(in_ns(&ctx.configmaps, ns).len()),
-            "secrets" | "count/secrets" => Amount::count(in_ns(&ctx.secrets, ns).len()),
+            "configmaps" | "count/configmaps" => Amount::count(ctx.configmaps.count_in(ns).await),
+            "secrets" | "count/secrets" => Amount::count(ctx.secrets.count_in(ns).await),
             "persistentvolumeclaims" | "count/persistentvolumeclaims" => Amount::count(claims.len()),
             "requests.storage" => claims.iter().map(|c| claim_storage(c)).fold(Amount::default(), Amount::plus),
             k if k.ends_with(".storageclass.storage.k8s.io/requests.storage")
@@ -214,8 +255,6 @@ async fn reconcile(quota: Arc<ResourceQuota>, ctx: Arc<Context>) -> Result<Actio
     for ready in [
         crate::client::cache_sync::wait_for_cache_sync(&ctx.pods).await,
         crate::client::cache_sync::wait_for_cache_sync(&ctx.services).await,
-        crate::client::cache_sync::wait_for_cache_sync(&ctx.configmaps).await,
-        crate::client::cache_sync::wait_for_cache_sync(&ctx.secrets).await,
         crate::client::cache_sync::wait_for_cache_sync(&ctx.claims).await,
     ] {
         let _ = ready;
@@ -268,10 +307,11 @@ pub async fn run(
     let (pods, pod_events) = pod_informer.into_shared_parts();
     let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
     // The metadata of kinds no shared informer holds, watched with the
-    // informers' client (sent no managedFields, which the cache drops).
+    // informers' client (sent no managedFields, which the cache drops)
+    // once a quota counts them.
     let watch = informers.client();
-    let (configmaps, configmap_events) = reflected(Api::<PartialObjectMeta<ConfigMap>>::all(watch.clone()), cfg());
-    let (secrets, secret_events) = reflected(Api::<PartialObjectMeta<Secret>>::all(watch.clone()), cfg());
+    let (configmaps, configmap_events) = Counted::watch(Api::<PartialObjectMeta<ConfigMap>>::all(watch.clone()));
+    let (secrets, secret_events) = Counted::watch(Api::<PartialObjectMeta<Secret>>::all(watch.clone()));
     let (claims, claim_events) = informers.informer::<PersistentVolumeClaim>().subscribe().into_parts();
     let (quotas, quota_events) = reflected(Api::<ResourceQuota>::all(client.clone()), cfg());
     let queue = QueueMetrics::new("resourcequota_primary", quotas.clone());
