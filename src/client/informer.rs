@@ -66,11 +66,36 @@ impl<K> Change<K> {
 /// An informer's changes as kube's watcher events of the cached objects.
 pub type WatchEvents<K> = BoxStream<'static, Result<Event<Arc<K>>, watcher::Error>>;
 
+/// Which objects' changes a subscriber wants (`Informer::only`).
+type Only<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
+
+/// A subscriber's `Only`, set after it subscribed, shared with its `Informer`.
+type OnlySlot<K> = Arc<Mutex<Option<Only<K>>>>;
+
 struct Subscriber<K> {
     tx: mpsc::UnboundedSender<Change<K>>,
     /// Joined while a list was under way, after its start: it is handed the
     /// whole cache when the list completes.
     replay_at_sync: bool,
+    only: OnlySlot<K>,
+}
+
+impl<K> Subscriber<K> {
+    /// Hands over `change` unless `Informer::only` refuses its object;
+    /// false when the subscriber went away.
+    fn tell(&self, change: &Change<K>) -> bool {
+        let wanted = match change {
+            Change::Applied { new: o, .. } | Change::Deleted(o) => {
+                self.only.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_none_or(|only| only(o))
+            }
+            Change::Relist | Change::Listed(_) | Change::Synced => true,
+        };
+        if wanted {
+            self.tx.send(change.clone()).is_ok()
+        } else {
+            !self.tx.is_closed()
+        }
+    }
 }
 
 struct Shared<K: Resource<DynamicType = ()> + 'static> {
@@ -97,6 +122,7 @@ impl<K: Resource<DynamicType = ()> + 'static> Clone for SharedIndexInformer<K> {
 pub struct Informer<K: Resource<DynamicType = ()> + 'static> {
     pub store: Store<K>,
     changes: BoxStream<'static, Change<K>>,
+    only: OnlySlot<K>,
 }
 
 fn lock<K>(m: &Mutex<Vec<Subscriber<K>>>) -> MutexGuard<'_, Vec<Subscriber<K>>> {
@@ -206,7 +232,7 @@ where
                 Change::Deleted(Arc::new(obj.clone()))
             }
         };
-        subscribers.retain(|s| s.tx.send(change.clone()).is_ok());
+        subscribers.retain(|s| s.tell(&change));
     }
 }
 
@@ -239,8 +265,9 @@ where
         if synced && !replay(&tx, &self.shared.store.state()) {
             tracing::debug!(kind = %K::kind(&()), "subscriber went away before its replay");
         }
-        subscribers.push(Subscriber { tx, replay_at_sync: !synced });
-        Informer { store: self.shared.store.clone(), changes: UnboundedReceiverStream::new(rx).boxed() }
+        let only = OnlySlot::default();
+        subscribers.push(Subscriber { tx, replay_at_sync: !synced, only: only.clone() });
+        Informer { store: self.shared.store.clone(), changes: UnboundedReceiverStream::new(rx).boxed(), only }
     }
 
     /// The index `name` of the cache, computed by `func` (registered on
@@ -274,7 +301,30 @@ where
                 std::future::ready(!skip)
             })
             .boxed();
-        Informer { store: self.store, changes }
+        Informer { store: self.store, changes, only: self.only }
+    }
+
+    /// Passes on the objects (listed, applied, deleted) for which `keep`
+    /// holds, and no other; each of several calls must hold. An update or
+    /// deletion is judged as the informer applies it, so one this
+    /// subscriber would drop is never queued and wakes nothing: with a
+    /// dozen controllers on the pod informer, most pod changes concern one
+    /// or two of them. `keep` runs under the informer's lock: it may read
+    /// caches, and must not subscribe. Listed objects (rare: a list) are
+    /// judged as they are read, like the changes queued before this call.
+    pub fn only(self, keep: impl Fn(&K) -> bool + Send + Sync + 'static) -> Self {
+        let keep: Only<K> = Arc::new(keep);
+        let mut slot = self.only.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = Some(match slot.take() {
+            Some(before) => {
+                let and = keep.clone();
+                Arc::new(move |o: &K| before(o) && and(o))
+            }
+            None => keep.clone(),
+        });
+        drop(slot);
+        let changes = self.changes.filter(move |c| std::future::ready(c.object().is_none_or(|o| keep(o)))).boxed();
+        Informer { store: self.store, changes, only: self.only }
     }
 
     /// The cache and the stream of objects touched (listed, applied or
@@ -416,6 +466,61 @@ mod tests {
         let Some(Some(Change::Listed(a))) = rx.next().now_or_never() else { panic!("a listed object") };
         let cached = store.get(&ObjectRef::from_obj(&*a)).expect("cached");
         assert!(Arc::ptr_eq(&a, &cached));
+    }
+
+    /// `only` drops the changes of other objects before they are queued:
+    /// nothing of b reaches the channel, and a's changes all do.
+    #[tokio::test]
+    async fn only_the_kept_objects_are_queued() {
+        let (inf, mut writer) = informer();
+        let named_a = |o: &ConfigMap| o.metadata.name.as_deref() == Some("a");
+        let (_, mut rx) = inf.subscribe().only(named_a).into_changes();
+        let (_, mut all) = inf.subscribe().into_changes();
+        for ev in [Event::Init, Event::InitApply(cm("a", "1")), Event::InitApply(cm("b", "1")), Event::InitDone] {
+            inf.shared.apply(&mut writer, ev);
+        }
+        inf.shared.apply(&mut writer, Event::Apply(cm("b", "2")));
+        inf.shared.apply(&mut writer, Event::Apply(cm("a", "2")));
+        inf.shared.apply(&mut writer, Event::Delete(cm("b", "2")));
+        let mut seen = drain(&mut rx);
+        seen[1..3].sort();
+        assert_eq!(seen, ["relist", "listed a", "synced", "applied a old=1"]);
+        assert_eq!(drain(&mut all).len(), 7, "the other subscriber sees everything");
+        // A subscriber that went away is dropped even when it wants nothing.
+        let (_, gone) = inf.subscribe().only(|_| false).into_changes();
+        drop(gone);
+        inf.shared.apply(&mut writer, Event::Apply(cm("b", "3")));
+        assert_eq!(lock(&inf.shared.subscribers).len(), 2);
+    }
+
+    /// The sender's side of `only`: a change of an object not kept is not
+    /// queued at all; list boundaries and listed objects always are.
+    #[test]
+    fn a_change_not_kept_is_never_queued() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let keep: Only<ConfigMap> = Arc::new(|o: &ConfigMap| o.metadata.name.as_deref() == Some("a"));
+        let s = Subscriber { tx, replay_at_sync: false, only: Arc::new(Mutex::new(Some(keep))) };
+        let (a, b) = (Arc::new(cm("a", "1")), Arc::new(cm("b", "1")));
+        for change in [
+            Change::Relist,
+            Change::Listed(b.clone()),
+            Change::Synced,
+            Change::Applied { old: None, new: b.clone() },
+            Change::Deleted(b),
+            Change::Applied { old: None, new: a.clone() },
+            Change::Deleted(a),
+        ] {
+            assert!(s.tell(&change));
+        }
+        let mut queued = Vec::new();
+        while let Ok(c) = rx.try_recv() {
+            queued.push(match c {
+                Change::Relist => "relist".to_string(),
+                Change::Synced => "synced".to_string(),
+                other => format!("{:?}", other.object().and_then(|o| o.metadata.name.clone())),
+            });
+        }
+        assert_eq!(queued, ["relist", "Some(\"b\")", "synced", "Some(\"a\")", "Some(\"a\")"]);
     }
 
     fn same_data(old: &ConfigMap, new: &ConfigMap) -> bool {

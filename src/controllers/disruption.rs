@@ -281,27 +281,27 @@ fn error_policy(_pdb: Arc<PodDisruptionBudget>, err: &ControllerError, _ctx: Arc
     Action::requeue(Duration::from_secs(2))
 }
 
+/// Whether `budget` is in `pod`'s namespace and its selector matches the pod.
+fn selects(budget: &PodDisruptionBudget, pod: &Pod) -> bool {
+    budget.metadata.namespace == pod.metadata.namespace
+        && budget
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.as_ref())
+            .is_some_and(|s| labels::matches(s, pod.metadata.labels.as_ref()))
+}
+
 /// The budgets in `pod`'s namespace that select it.
 fn budgets_of(pod: &Pod, budgets: &Store<PodDisruptionBudget>) -> Vec<ObjectRef<PodDisruptionBudget>> {
-    let ns = pod.metadata.namespace.as_deref();
-    budgets
-        .state()
-        .iter()
-        .filter(|b| b.metadata.namespace.as_deref() == ns)
-        .filter(|b| {
-            b.spec
-                .as_ref()
-                .and_then(|s| s.selector.as_ref())
-                .is_some_and(|s| labels::matches(s, pod.metadata.labels.as_ref()))
-        })
-        .map(|b| ObjectRef::from_obj(&**b))
-        .collect()
+    budgets.state().iter().filter(|b| selects(b, pod)).map(|b| ObjectRef::from_obj(&**b)).collect()
 }
 
 pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<Pod>) {
-    let (pods, pod_events) = pod_informer.into_shared_parts();
     let (budgets, budget_events) =
         reflected(Api::<PodDisruptionBudget>::all(client.clone()), watcher::Config::default());
+    let selecting = budgets.clone();
+    let (pods, pod_events) =
+        pod_informer.only(move |pod| selecting.find(|b| selects(b, pod)).is_some()).into_shared_parts();
     let queue = QueueMetrics::new("disruption", budgets.clone());
     let ctx = Arc::new(Context { recorder: EventRecorder::new(client.clone(), "controllermanager"), client, pods });
     let by_pod = budgets.clone();

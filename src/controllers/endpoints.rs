@@ -21,7 +21,6 @@ use super::controller_utils::is_pod_ready;
 use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
-use crate::client::labels;
 
 /// The label upstream puts on the Endpoints and EndpointSlices of headless Services.
 pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
@@ -41,27 +40,24 @@ pub fn selected_pods(svc: &Service, pods: &Store<Pod>) -> Option<Vec<Arc<Pod>>> 
     }))
 }
 
+/// Whether `service` is in `pod`'s namespace and its (non-empty) selector
+/// matches the pod's labels.
+fn selects(service: &Service, pod: &Pod) -> bool {
+    service.metadata.namespace == pod.metadata.namespace
+        && service.spec.as_ref().and_then(|sp| sp.selector.as_ref()).is_some_and(|sel| {
+            let labels = pod.metadata.labels.as_ref();
+            !sel.is_empty() && sel.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        })
+}
+
 /// Services in `pod`'s namespace that select it.
 pub fn services_selecting(pod: &Pod, services: &Store<Service>) -> Vec<ObjectRef<Service>> {
-    let ns = pod.metadata.namespace.as_deref();
-    services
-        .state()
-        .iter()
-        .filter(|s| s.metadata.namespace.as_deref() == ns)
-        .filter(|s| {
-            s.spec.as_ref().and_then(|sp| sp.selector.as_ref()).is_some_and(|sel| {
-                !sel.is_empty()
-                    && labels::matches(
-                        &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
-                            match_labels: Some(sel.clone()),
-                            ..Default::default()
-                        },
-                        pod.metadata.labels.as_ref(),
-                    )
-            })
-        })
-        .map(|s| ObjectRef::from_obj(&**s))
-        .collect()
+    services.state().iter().filter(|s| selects(s, pod)).map(|s| ObjectRef::from_obj(&**s)).collect()
+}
+
+/// Whether any Service selects `pod` (`services_selecting` is not empty).
+pub fn selected_by_any(pod: &Pod, services: &Store<Service>) -> bool {
+    services.find(|s| selects(s, pod)).is_some()
 }
 
 /// upstream's `ShouldPodBeInEndpoints`: the pod has an IP, is not being
@@ -314,9 +310,10 @@ pub async fn run(
     informers: crate::client::informer_factory::SharedInformerFactory,
     pod_informer: super::informers::Informer<Pod>,
 ) {
-    let (pods, pod_events) = pod_informer.into_shared_parts();
-    let (endpoints, endpoint_events) = reflected(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
     let (by_pod, own_events) = informers.informer::<Service>().subscribe().into_parts();
+    let selected = by_pod.clone();
+    let (pods, pod_events) = pod_informer.only(move |pod| selected_by_any(pod, &selected)).into_shared_parts();
+    let (endpoints, endpoint_events) = reflected(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
     let queue = QueueMetrics::new("endpoint", by_pod.clone());
     let selecting = by_pod.clone();
     let sync = Controller::for_stream(queue.primary(own_events), by_pod)

@@ -18,8 +18,8 @@ use kube::runtime::watcher;
 
 use super::controller_utils::{controller_ref, is_pod_ready};
 use super::endpoints::{
-    endpoint_labels, find_port, pod_hostname, pod_ip, pod_reference, selected_pods, services_selecting,
-    should_pod_be_in_endpoints,
+    endpoint_labels, find_port, pod_hostname, pod_ip, pod_reference, selected_by_any, selected_pods,
+    services_selecting, should_pod_be_in_endpoints,
 };
 use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
@@ -268,7 +268,9 @@ pub async fn run(
     informers: crate::client::informer_factory::SharedInformerFactory,
     pod_informer: super::informers::Informer<Pod>,
 ) {
-    let (pods, pod_events) = pod_informer.into_shared_parts();
+    let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
+    let selected = services.clone();
+    let (pods, pod_events) = pod_informer.only(move |pod| selected_by_any(pod, &selected)).into_shared_parts();
     let (slices, slice_events) = reflected(
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
@@ -280,7 +282,6 @@ pub async fn run(
         .skip_updates(crate::client::predicates::node_heartbeat_only)
         .into_parts();
     let nodes_cache = node_events.for_each(|_| std::future::ready(()));
-    let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
     let queue = QueueMetrics::new("endpoint_slice", services.clone());
     let selecting = services.clone();
     let sync = Controller::for_stream(queue.primary(service_events), services)

@@ -54,19 +54,17 @@ where
     where
         Owner: Resource<DynamicType = ()> + 'static,
     {
-        let (store, events) = self.into_shared_parts();
+        let (store, events) = self.only(|o| controlled_by_kind::<K, Owner>(o).is_some()).into_shared_parts();
         let requests = events
             .filter_map(|o| {
                 let meta = o.meta();
-                let owner = controller_of(meta)
-                    .filter(|r| r.kind == Owner::kind(&()) && r.api_version == Owner::api_version(&()))
-                    .map(|r| {
-                        let mut oref = ObjectRef::<Owner>::new(&r.name);
-                        if let Some(ns) = &meta.namespace {
-                            oref = oref.within(ns);
-                        }
-                        ReconcileRequest::from(oref)
-                    });
+                let owner = controlled_by_kind::<K, Owner>(&o).map(|r| {
+                    let mut oref = ObjectRef::<Owner>::new(&r.name);
+                    if let Some(ns) = &meta.namespace {
+                        oref = oref.within(ns);
+                    }
+                    ReconcileRequest::from(oref)
+                });
                 std::future::ready(owner.map(Ok))
             })
             .boxed();
@@ -109,17 +107,27 @@ where
     }
 
     /// Requests mapped from each object by `map` (e.g. every DaemonSet for a Node).
-    pub fn trigger_with<Owner, I>(self, map: impl Fn(&K) -> I + Send + 'static) -> (Store<K>, Trigger<Owner>)
+    /// Objects that `map` maps to nothing are not sent (`Informer::only`).
+    pub fn trigger_with<Owner, I>(self, map: impl Fn(&K) -> I + Send + Sync + 'static) -> (Store<K>, Trigger<Owner>)
     where
         Owner: Resource<DynamicType = ()> + 'static,
         I: IntoIterator<Item = ObjectRef<Owner>>,
         I::IntoIter: Send + 'static,
     {
-        let (store, events) = self.into_shared_parts();
+        let map = Arc::new(map);
+        let maps_to_any = map.clone();
+        let (store, events) = self.only(move |o| maps_to_any(o).into_iter().next().is_some()).into_shared_parts();
         let requests =
             events.flat_map(move |o| stream::iter(map(&o).into_iter().map(|r| Ok(ReconcileRequest::from(r))))).boxed();
         (store, requests)
     }
+}
+
+/// The controller reference of `o` when its kind is `Owner`.
+fn controlled_by_kind<K: Resource, Owner: Resource<DynamicType = ()>>(
+    o: &K,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    controller_of(o.meta()).filter(|r| r.kind == Owner::kind(&()) && r.api_version == Owner::api_version(&()))
 }
 
 /// Runs `reconcile` over the objects in `store`, fed by `triggers`, until

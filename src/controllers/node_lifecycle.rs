@@ -315,6 +315,13 @@ fn error_policy(_node: Arc<Node>, err: &ControllerError, _ctx: Arc<Context>) -> 
     Action::requeue(Duration::from_secs(2))
 }
 
+/// A pod bound to a node and Ready: the pods this controller marks when
+/// their node is not.
+fn ready_on_node(pod: &Pod) -> bool {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty())
+        && super::controller_utils::is_pod_ready(pod)
+}
+
 /// `client` is the controller's own (`node-controller`); `informers` the
 /// controller manager's, through which it watches the node Leases (which
 /// upstream's node-controller role does not cover: it reads them from the
@@ -328,7 +335,9 @@ pub async fn run(
         Api::<Lease>::namespaced(informers.client().clone(), NODE_LEASE_NAMESPACE),
         watcher::Config::default(),
     );
-    let (pods, pod_events) = pod_informer.into_parts();
+    // A pod that is Ready on a node that is not gets marked: other pod
+    // changes are not sent here.
+    let (pods, pod_events) = pod_informer.only(ready_on_node).into_shared_parts();
     let (nodes, node_events) = informers.informer::<Node>().subscribe().into_parts();
     let queue = QueueMetrics::new("node_lifecycle_controller", nodes.clone());
     let ctx = Arc::new(Context {
@@ -346,12 +355,11 @@ pub async fn run(
             lease_events,
             queue.mapped(|lease: Lease| lease.metadata.name.map(|n| ObjectRef::<Node>::new(&n))),
         )
-        .watches_stream(
+        .watches_shared_stream(
             pod_events,
-            queue.mapped(|pod: Pod| {
-                // A pod that is Ready on a node that is not gets marked.
-                let node = pod.spec.as_ref()?.node_name.clone()?;
-                super::controller_utils::is_pod_ready(&pod).then(|| ObjectRef::<Node>::new(&node))
+            queue.mapped(|pod: Arc<Pod>| {
+                let node = pod.spec.as_ref()?.node_name.as_deref()?;
+                ready_on_node(&pod).then(|| ObjectRef::<Node>::new(node))
             }),
         )
         .run(queue.timed(reconcile), queue.retried(error_policy), ctx);

@@ -294,6 +294,11 @@ fn error_policy(_q: Arc<ResourceQuota>, err: &ControllerError, _ctx: Arc<Context
     Action::requeue(Duration::from_secs(2))
 }
 
+/// Whether any quota is in namespace `ns`.
+fn any_quota_in(quotas: &Store<ResourceQuota>, ns: Option<&str>) -> bool {
+    quotas.find(|q| q.metadata.namespace.as_deref() == ns).is_some()
+}
+
 fn quotas_in(quotas: &Store<ResourceQuota>, ns: Option<&str>) -> Vec<ObjectRef<ResourceQuota>> {
     quotas.state().iter().filter(|q| q.metadata.namespace.as_deref() == ns).map(|q| ObjectRef::from_obj(&**q)).collect()
 }
@@ -304,7 +309,11 @@ pub async fn run(
     pod_informer: super::informers::Informer<Pod>,
 ) {
     let cfg = watcher::Config::default;
-    let (pods, pod_events) = pod_informer.into_shared_parts();
+    let (quotas, quota_events) = reflected(Api::<ResourceQuota>::all(client.clone()), cfg());
+    // A pod change matters only to a namespace with a quota.
+    let with_quotas = quotas.clone();
+    let (pods, pod_events) =
+        pod_informer.only(move |p| any_quota_in(&with_quotas, p.metadata.namespace.as_deref())).into_shared_parts();
     let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
     // The metadata of kinds no shared informer holds, watched with the
     // informers' client (sent no managedFields, which the cache drops)
@@ -313,7 +322,6 @@ pub async fn run(
     let (configmaps, configmap_events) = Counted::watch(Api::<PartialObjectMeta<ConfigMap>>::all(watch.clone()));
     let (secrets, secret_events) = Counted::watch(Api::<PartialObjectMeta<Secret>>::all(watch.clone()));
     let (claims, claim_events) = informers.informer::<PersistentVolumeClaim>().subscribe().into_parts();
-    let (quotas, quota_events) = reflected(Api::<ResourceQuota>::all(client.clone()), cfg());
     let queue = QueueMetrics::new("resourcequota_primary", quotas.clone());
     let (q1, q2, q3, q4, q5) = (quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone());
     let lowering = std::sync::Mutex::default();

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -171,7 +170,12 @@ fn on_tainted_node(nodes: &Store<Node>, pod: &Pod) -> bool {
 pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
     let (nodes, node_events) =
         informers.informer::<Node>().subscribe().skip_updates(same_no_execute_taints).into_parts();
-    let (pods, pod_events) = informers.informer::<Pod>().subscribe().into_shared_parts();
+    // A pod asks for a look only when bound to a node that has NoExecute
+    // taints (what reconcile would act on); a node whose taints change
+    // brings its pods in through the node watch below.
+    let tainted = nodes.clone();
+    let (pods, pod_events) =
+        informers.informer::<Pod>().subscribe().only(move |pod| on_tainted_node(&tainted, pod)).into_shared_parts();
     let pods_by_node = informers.pods_by_node();
     let queue = QueueMetrics::new("noexec_taint_pod", pods.clone());
     let ctx = Arc::new(Context {
@@ -180,11 +184,6 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
         nodes,
         first_seen: Mutex::new(HashMap::new()),
     });
-    // A pod asks for a look only when bound to a node that has NoExecute
-    // taints (what reconcile would act on); a node whose taints change
-    // brings its pods in through the node watch below.
-    let tainted = ctx.nodes.clone();
-    let pod_events = pod_events.filter(move |pod| std::future::ready(on_tainted_node(&tainted, pod)));
     let results = Controller::for_shared_stream(queue.primary_shared(pod_events), pods)
         .watches_stream(
             node_events,
