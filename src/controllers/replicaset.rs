@@ -331,10 +331,10 @@ fn error_policy(rs: Arc<ReplicaSet>, err: &ControllerError, ctx: Arc<Context>) -
 
 pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
     let (rs_reader, own) = informers.informer::<ReplicaSet>().subscribe().trigger_self();
-    let (pod_reader, pod_events) = informers.informer::<Pod>().subscribe().into_watch_events();
+    let pod_informer = informers.informer::<Pod>().subscribe();
     let ctx = Arc::new(Context {
         client: client.clone(),
-        pods: pod_reader,
+        pods: pod_informer.store.clone(),
         pods_by_owner: informers.by_controller(),
         orphan_pods: informers.orphans_by_namespace(),
         replicasets_by_namespace: informers.by_namespace(),
@@ -342,6 +342,9 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
         recorder: EventRecorder::new(client.clone(), "replicaset-controller"),
         expectations: Expectations::default(),
     });
+    // Only the pods of a ReplicaSet, or that one may adopt, are sent here.
+    let filter_ctx = ctx.clone();
+    let (_, pod_events) = pod_informer.only(move |p| !filter_ctx.replicasets_for(p).is_empty()).into_watch_events();
     let pod_ctx = ctx.clone();
     let pods = pod_events
         .map_ok(move |ev| {

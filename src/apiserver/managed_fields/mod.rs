@@ -71,6 +71,16 @@ enum Slot {
     Open(Entry),
 }
 
+impl Slot {
+    /// Its stored form; None when it owns nothing.
+    fn stored(self) -> Option<Value> {
+        match self {
+            Slot::Kept(raw) => Some(raw),
+            Slot::Open(e) => e.stored(),
+        }
+    }
+}
+
 /// Whether the FieldsV1 tree `fields` holds `path` as one of its fields
 /// (a leaf, as `decode` finds them).
 fn owns(fields: &Value, path: &[String]) -> bool {
@@ -167,28 +177,45 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer, subr
     let is_mine = |manager_of: &str, operation: &str, sub: Option<&str>| {
         manager_of == manager && operation == "Update" && sub == subresource
     };
-    // Only the writer's own entry and those that lose a field are decoded
-    // and encoded again; the others (most, for a patch of an annotation)
-    // are kept as they were stored.
-    let mut slots: Vec<Slot> = take_entries(new, old)
-        .into_iter()
-        .map(|raw| {
-            let fields = &raw["fieldsV1"];
-            let keep = !is_mine(
-                raw["manager"].as_str().unwrap_or_default(),
-                raw["operation"].as_str().unwrap_or_default(),
-                raw["subresource"].as_str(),
-            ) && fields.as_object().is_some_and(|f| !f.is_empty())
-                && !changed.iter().chain(&gone).any(|p| owns(fields, p));
-            if keep {
-                Slot::Kept(raw)
-            } else {
-                let mut e = Entry::of(raw);
-                e.set.retain(|p| !changed.contains(p) && !gone.contains(p));
-                Slot::Open(e)
+    // Only the entries that lose a field, and the writer's own when it
+    // gains one, are decoded and encoded again; the others (most, for a
+    // patch of an annotation) are kept as they were stored.
+    let mut writers_kept = false;
+    let mut slots = Vec::new();
+    for mut raw in take_entries(new, old) {
+        let fields = &raw["fieldsV1"];
+        let owns_any = fields.as_object().is_some_and(|f| !f.is_empty());
+        let loses_any = changed.iter().chain(&gone).any(|p| owns(fields, p));
+        let writers = is_mine(
+            raw["manager"].as_str().unwrap_or_default(),
+            raw["operation"].as_str().unwrap_or_default(),
+            raw["subresource"].as_str(),
+        );
+        if !writers && owns_any && !loses_any {
+            slots.push(Slot::Kept(raw));
+        } else if writers
+            && owns_any
+            && changed.iter().all(|p| owns(fields, p))
+            && !gone.iter().any(|p| owns(fields, p))
+        {
+            // The writer changed only fields it owns already (a status
+            // written again, an annotation renewed): its fields stay as
+            // they are, and only the time moves.
+            if !changed.is_empty() || raw.get("time").is_none() {
+                raw["time"] = json!(meta::now_rfc3339());
             }
-        })
-        .collect();
+            writers_kept = true;
+            slots.push(Slot::Kept(raw));
+        } else {
+            let mut e = Entry::of(raw);
+            e.set.retain(|p| !changed.contains(p) && !gone.contains(p));
+            slots.push(Slot::Open(e));
+        }
+    }
+    if writers_kept {
+        set_managed_fields(new, slots.into_iter().filter_map(Slot::stored).collect());
+        return;
+    }
     let mine = slots
         .iter()
         .position(|s| matches!(s, Slot::Open(e) if is_mine(&e.manager, &e.operation, e.subresource.as_deref())));
@@ -212,14 +239,7 @@ pub fn record_update(old: Option<&Value>, new: &mut Value, writer: &Writer, subr
         }
         e.set.extend(changed);
     }
-    let values = slots
-        .into_iter()
-        .filter_map(|s| match s {
-            Slot::Kept(raw) => Some(raw),
-            Slot::Open(e) => e.stored(),
-        })
-        .collect();
-    set_managed_fields(new, values);
+    set_managed_fields(new, slots.into_iter().filter_map(Slot::stored).collect());
 }
 
 /// Server-side apply of `config` by `manager` onto `live` (None: create).
@@ -418,6 +438,49 @@ mod tests {
         ])));
         assert!(!creators.contains(&path(&image)));
         assert!(!creators.contains(&path(&["f:spec", "f:replicas"])), "a removed field is no one's");
+    }
+
+    /// A writer that changes again only fields it owns keeps its entry as
+    /// it was but for the time: the same as decoding and encoding it.
+    #[test]
+    fn a_writer_renewing_its_own_fields_keeps_its_entry() {
+        let schema = deployment_schema();
+        let editor = writer(&schema, "editor");
+        let mut created = deploy(1, "x");
+        record_update(None, &mut created, &writer(&schema, "creator"), None);
+        let mut first = created.clone();
+        first["metadata"]["labels"]["b"] = json!("1");
+        record_update(Some(&created), &mut first, &editor, None);
+        let entry = |obj: &Value, who: &str| -> Value {
+            stored_entries(obj).iter().find(|e| e["manager"] == who).cloned().unwrap_or_default()
+        };
+        let mut stale = first.clone();
+        for e in stale["metadata"]["managedFields"].as_array_mut().unwrap() {
+            if e["manager"] == "editor" {
+                e["time"] = json!("2020-01-01T00:00:00Z");
+            }
+        }
+        let mut again = stale.clone();
+        again["metadata"]["labels"]["b"] = json!("2");
+        record_update(Some(&stale), &mut again, &editor, None);
+        let (before, after) = (entry(&stale, "editor"), entry(&again, "editor"));
+        assert_eq!(after["fieldsV1"], before["fieldsV1"]);
+        assert_ne!(after["time"], before["time"], "the time moves");
+        let mut without_time = after.clone();
+        without_time["time"] = before["time"].clone();
+        assert_eq!(without_time, before, "nothing else of the entry changes");
+        assert_eq!(entry(&again, "creator"), entry(&stale, "creator"));
+        // A field it did not own yet is added, as before.
+        let mut more = again.clone();
+        more["metadata"]["labels"]["c"] = json!("3");
+        record_update(Some(&again), &mut more, &editor, None);
+        let label = |k: &str| vec!["f:metadata".to_string(), "f:labels".to_string(), format!("f:{k}")];
+        assert_eq!(decode(&entry(&more, "editor")["fieldsV1"]), [label("b"), label("c")].into_iter().collect());
+        // And one it no longer sets leaves its entry.
+        let mut fewer = more.clone();
+        fewer["metadata"]["labels"].as_object_mut().unwrap().remove("b");
+        record_update(Some(&more), &mut fewer, &editor, None);
+        assert_eq!(decode(&entry(&fewer, "editor")["fieldsV1"]), [label("c")].into_iter().collect());
     }
 
     #[test]

@@ -214,7 +214,12 @@ fn error_policy(d: Arc<Deployment>, err: &ControllerError, ctx: Arc<Context>) ->
 pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
     let (d_reader, own) = informers.informer::<Deployment>().subscribe().trigger_self();
     let (rs_reader, rs_events) = informers.informer::<ReplicaSet>().subscribe().into_watch_events();
-    let (pod_reader, pod_events) = informers.informer::<Pod>().subscribe().into_watch_events();
+    // Only the pods of ReplicaSets are sent here (`deployments_for_pod`).
+    let (pod_reader, pod_events) = informers
+        .informer::<Pod>()
+        .subscribe()
+        .only(|p| controller_of(&p.metadata).is_some_and(|c| c.kind == "ReplicaSet"))
+        .into_watch_events();
     let ctx = Arc::new(Context {
         client: client.clone(),
         replicasets: rs_reader,
