@@ -468,8 +468,8 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &cached));
     }
 
-    /// `only` drops the changes of other objects before they are queued:
-    /// nothing of b reaches the channel, and a's changes all do.
+    /// A subscription with `only` is handed the list and a's changes, and
+    /// none of b's; another subscription still sees everything.
     #[tokio::test]
     async fn only_the_kept_objects_are_queued() {
         let (inf, mut writer) = informer();
