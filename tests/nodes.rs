@@ -280,6 +280,13 @@ fn endpoints_and_slices_follow_pod_readiness() {
     // A deleted pod leaves.
     ok(&s, &["delete", "pod", "web-1", "--grace-period=0", "--force"]);
     eventually("web-1 to leave", || !ep("{.subsets[*].addresses[*].ip}").contains("10.42.0.11"));
+    // So does a pod relabelled out of the Service's selector.
+    ok(&s, &["label", "pod", "web-2", "app=other", "--overwrite"]);
+    eventually("web-2 to leave", || !ep("{.subsets[*].addresses[*].ip}").contains("10.42.0.12"));
+    eventually("web-2 to leave the slices", || {
+        let addresses = slices("{range .items[*].endpoints[*]}{.addresses[0]} {end}");
+        !addresses.contains("10.42.0.12") && addresses.contains("10.42.0.14")
+    });
     // The API server's own Endpoints are left alone.
     assert!(!get(&s, &["endpoints", "kubernetes"], "{.subsets[0].addresses[0].ip}").is_empty());
     assert!(get(

@@ -81,20 +81,29 @@ struct Subscriber<K> {
 }
 
 impl<K> Subscriber<K> {
-    /// Hands over `change` unless `Informer::only` refuses its object;
-    /// false when the subscriber went away.
+    /// Hands over `change` unless `Informer::only` refuses its object (an
+    /// update: both the old and the new one); false when the subscriber
+    /// went away.
     fn tell(&self, change: &Change<K>) -> bool {
-        let wanted = match change {
-            Change::Applied { new: o, .. } | Change::Deleted(o) => {
-                self.only.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_none_or(|only| only(o))
-            }
-            Change::Relist | Change::Listed(_) | Change::Synced => true,
+        let wanted = match &*self.only.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(only) => kept(only.as_ref(), change),
+            None => true,
         };
         if wanted {
             self.tx.send(change.clone()).is_ok()
         } else {
             !self.tx.is_closed()
         }
+    }
+}
+
+/// Whether `keep` lets `change` through: list boundaries always, an update
+/// when it keeps the old object or the new one (an object leaving what a
+/// subscriber follows is news to it), any other change by its object.
+fn kept<K>(keep: &(dyn Fn(&K) -> bool + Send + Sync), change: &Change<K>) -> bool {
+    match change {
+        Change::Applied { old: Some(old), new } => keep(new) || keep(old),
+        other => other.object().is_none_or(|o| keep(o)),
     }
 }
 
@@ -305,7 +314,8 @@ where
     }
 
     /// Passes on the objects (listed, applied, deleted) for which `keep`
-    /// holds, and no other; each of several calls must hold. An update or
+    /// holds, and no other (an update passes when `keep` holds for its old
+    /// or its new object); each of several calls must hold. An update or
     /// deletion is judged as the informer applies it, so one this
     /// subscriber would drop is never queued and wakes nothing: with a
     /// dozen controllers on the pod informer, most pod changes concern one
@@ -323,8 +333,26 @@ where
             None => keep.clone(),
         });
         drop(slot);
-        let changes = self.changes.filter(move |c| std::future::ready(c.object().is_none_or(|o| keep(o)))).boxed();
+        let changes = self.changes.filter(move |c| std::future::ready(kept(keep.as_ref(), c))).boxed();
         Informer { store: self.store, changes, only: self.only }
+    }
+
+    /// `into_shared_parts`, where an update for which `moved(old, new)`
+    /// holds passes on the old object too, first: for a mapper that must
+    /// also reach what the old object mapped to (the Services a pod's old
+    /// labels matched, when it is relabelled out of them).
+    pub fn into_shared_parts_and_old(self, moved: fn(&K, &K) -> bool) -> (Store<K>, BoxStream<'static, Arc<K>>) {
+        let touched = self
+            .changes
+            .flat_map(move |c| {
+                let objects = match c {
+                    Change::Applied { old: Some(old), new } if moved(&old, &new) => vec![old, new],
+                    other => other.object().cloned().into_iter().collect(),
+                };
+                futures_util::stream::iter(objects)
+            })
+            .boxed();
+        (self.store, touched)
     }
 
     /// The cache and the stream of objects touched (listed, applied or
@@ -494,7 +522,8 @@ mod tests {
     }
 
     /// The sender's side of `only`: a change of an object not kept is not
-    /// queued at all; list boundaries and listed objects always are.
+    /// queued at all, unless it is an update of one that was; list
+    /// boundaries always are.
     #[test]
     fn a_change_not_kept_is_never_queued() {
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -508,6 +537,8 @@ mod tests {
             Change::Applied { old: None, new: b.clone() },
             Change::Deleted(b),
             Change::Applied { old: None, new: a.clone() },
+            // a, renamed b: it leaves what is kept, which is news.
+            Change::Applied { old: Some(a.clone()), new: Arc::new(cm("b", "2")) },
             Change::Deleted(a),
         ] {
             assert!(s.tell(&change));
@@ -520,7 +551,7 @@ mod tests {
                 other => format!("{:?}", other.object().and_then(|o| o.metadata.name.clone())),
             });
         }
-        assert_eq!(queued, ["relist", "Some(\"b\")", "synced", "Some(\"a\")", "Some(\"a\")"]);
+        assert_eq!(queued, ["relist", "synced", "Some(\"a\")", "Some(\"b\")", "Some(\"a\")"]);
     }
 
     fn same_data(old: &ConfigMap, new: &ConfigMap) -> bool {

@@ -55,6 +55,12 @@ pub fn services_selecting(pod: &Pod, services: &Store<Service>) -> Vec<ObjectRef
     services.state().iter().filter(|s| selects(s, pod)).map(|s| ObjectRef::from_obj(&**s)).collect()
 }
 
+/// Whether a pod's labels changed: the Services its old labels matched
+/// must look again too (upstream's `GetServicesToUpdateOnPodChange`).
+pub fn relabelled(old: &Pod, new: &Pod) -> bool {
+    old.metadata.labels != new.metadata.labels
+}
+
 /// Whether any Service selects `pod` (`services_selecting` is not empty).
 pub fn selected_by_any(pod: &Pod, services: &Store<Service>) -> bool {
     services.find(|s| selects(s, pod)).is_some()
@@ -312,7 +318,8 @@ pub async fn run(
 ) {
     let (by_pod, own_events) = informers.informer::<Service>().subscribe().into_parts();
     let selected = by_pod.clone();
-    let (pods, pod_events) = pod_informer.only(move |pod| selected_by_any(pod, &selected)).into_shared_parts();
+    let (pods, pod_events) =
+        pod_informer.only(move |pod| selected_by_any(pod, &selected)).into_shared_parts_and_old(relabelled);
     let (endpoints, endpoint_events) = reflected(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
     let queue = QueueMetrics::new("endpoint", by_pod.clone());
     let selecting = by_pod.clone();

@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 
 use super::controller_utils::{controller_ref, is_pod_ready};
 use super::endpoints::{
-    endpoint_labels, find_port, pod_hostname, pod_ip, pod_reference, selected_by_any, selected_pods,
+    endpoint_labels, find_port, pod_hostname, pod_ip, pod_reference, relabelled, selected_by_any, selected_pods,
     services_selecting, should_pod_be_in_endpoints,
 };
 use super::informers::reflected;
@@ -270,7 +270,8 @@ pub async fn run(
 ) {
     let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
     let selected = services.clone();
-    let (pods, pod_events) = pod_informer.only(move |pod| selected_by_any(pod, &selected)).into_shared_parts();
+    let (pods, pod_events) =
+        pod_informer.only(move |pod| selected_by_any(pod, &selected)).into_shared_parts_and_old(relabelled);
     let (slices, slice_events) = reflected(
         Api::<EndpointSlice>::all(client.clone()),
         watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}")),
