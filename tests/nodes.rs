@@ -349,6 +349,9 @@ fn disruption_budgets_and_quotas_report_status() {
         pdb("{.status.currentHealthy}/{.status.disruptionsAllowed}") == "2/0"
     });
     assert_eq!(pdb("{.status.disruptedPods}"), "", "the deleting pod's entry was not cleared");
+    // A pod relabelled out of the selector stops counting at once.
+    ok(&s, &["label", "pod", "db-1", "app=other", "--overwrite"]);
+    eventually("the relabelled pod to stop counting", || pdb("{.status.currentHealthy}") == "1");
     // maxUnavailable counts the pods' controllers' scale: these pods have
     // none, so nothing is expected and a warning says why.
     ok(&s, &["patch", "pdb", "db", "--type=merge", "-p", r#"{"spec":{"minAvailable":null,"maxUnavailable":"50%"}}"#]);

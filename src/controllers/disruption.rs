@@ -20,7 +20,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::controller_utils::{controller_of, is_pod_ready};
+use super::controller_utils::{controller_of, is_pod_ready, relabelled};
 use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
@@ -300,8 +300,9 @@ pub async fn run(client: kube::Client, pod_informer: super::informers::Informer<
     let (budgets, budget_events) =
         reflected(Api::<PodDisruptionBudget>::all(client.clone()), watcher::Config::default());
     let selecting = budgets.clone();
-    let (pods, pod_events) =
-        pod_informer.only(move |pod| selecting.find(|b| selects(b, pod)).is_some()).into_shared_parts();
+    let (pods, pod_events) = pod_informer
+        .only(move |pod| selecting.find(|b| selects(b, pod)).is_some())
+        .into_shared_parts_and_old(relabelled);
     let queue = QueueMetrics::new("disruption", budgets.clone());
     let ctx = Arc::new(Context { recorder: EventRecorder::new(client.clone(), "controllermanager"), client, pods });
     let by_pod = budgets.clone();

@@ -17,7 +17,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::controller_utils::is_pod_ready;
+use super::controller_utils::{is_pod_ready, relabelled};
 use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
@@ -53,12 +53,6 @@ fn selects(service: &Service, pod: &Pod) -> bool {
 /// Services in `pod`'s namespace that select it.
 pub fn services_selecting(pod: &Pod, services: &Store<Service>) -> Vec<ObjectRef<Service>> {
     services.state().iter().filter(|s| selects(s, pod)).map(|s| ObjectRef::from_obj(&**s)).collect()
-}
-
-/// Whether a pod's labels changed: the Services its old labels matched
-/// must look again too (upstream's `GetServicesToUpdateOnPodChange`).
-pub fn relabelled(old: &Pod, new: &Pod) -> bool {
-    old.metadata.labels != new.metadata.labels
 }
 
 /// Whether any Service selects `pod` (`services_selecting` is not empty).

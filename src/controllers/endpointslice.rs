@@ -16,9 +16,9 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::controller_utils::{controller_ref, is_pod_ready};
+use super::controller_utils::{controller_ref, is_pod_ready, relabelled};
 use super::endpoints::{
-    endpoint_labels, find_port, pod_hostname, pod_ip, pod_reference, relabelled, selected_by_any, selected_pods,
+    endpoint_labels, find_port, pod_hostname, pod_ip, pod_reference, selected_by_any, selected_pods,
     services_selecting, should_pod_be_in_endpoints,
 };
 use super::informers::reflected;
