@@ -9,9 +9,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 /// Whether `labels` satisfy `selector`. An empty selector matches everything,
 /// as upstream's `LabelSelectorAsSelector` makes it.
 pub fn matches(selector: &LabelSelector, labels: Option<&BTreeMap<String, String>>) -> bool {
-    let get = |k: &str| labels.and_then(|l| l.get(k));
-    let by_label = selector.match_labels.iter().flatten().all(|(k, v)| get(k) == Some(v));
-    by_label && selector.match_expressions.iter().flatten().all(|r| requirement(r, get(&r.key)))
+    let by_label = selector.match_labels.as_ref().is_none_or(|m| matches_map(m, labels));
+    by_label && selector.match_expressions.iter().flatten().all(|r| requirement(r, labels.and_then(|l| l.get(&r.key))))
+}
+
+/// Whether `labels` hold every pair of `selector`: a map selector, as a
+/// Service's and matchLabels are (empty matches everything).
+pub fn matches_map(selector: &BTreeMap<String, String>, labels: Option<&BTreeMap<String, String>>) -> bool {
+    selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
 }
 
 fn requirement(r: &LabelSelectorRequirement, value: Option<&String>) -> bool {

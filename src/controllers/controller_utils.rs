@@ -20,7 +20,6 @@ pub fn controller_ref<K: Resource<DynamicType = ()>>(owner: &K) -> OwnerReferenc
     }
 }
 
-/// The ownerReference with `controller: true`, if any.
 /// Whether a pod's labels changed: what selected it by its old labels
 /// (Services, disruption budgets) must look again too, as upstream's
 /// `GetServicesToUpdateOnPodChange` and disruption `updatePod` do.
@@ -28,6 +27,7 @@ pub fn relabelled(old: &Pod, new: &Pod) -> bool {
     old.metadata.labels != new.metadata.labels
 }
 
+/// The ownerReference with `controller: true`, if any.
 pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
     meta.owner_references.iter().flatten().find(|o| o.controller == Some(true))
 }

@@ -21,6 +21,7 @@ use super::controller_utils::{is_pod_ready, relabelled};
 use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
+use crate::client::labels;
 
 /// The label upstream puts on the Endpoints and EndpointSlices of headless Services.
 pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
@@ -30,24 +31,20 @@ const LEADER_ANNOTATION: &str = "control-plane.alpha.kubernetes.io/leader";
 /// The pods a Service selects: `None` when it has no selector (its
 /// endpoints are someone else's business).
 pub fn selected_pods(svc: &Service, pods: &Store<Pod>) -> Option<Vec<Arc<Pod>>> {
-    let selector = svc.spec.as_ref()?.selector.as_ref().filter(|s| !s.is_empty())?;
-    let ns = svc.metadata.namespace.as_deref();
-    Some(pods.state_filter(|p| {
-        p.metadata.namespace.as_deref() == ns && {
-            let labels = p.metadata.labels.as_ref();
-            selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-        }
-    }))
+    selector_of(svc)?;
+    Some(pods.state_filter(|p| selects(svc, p)))
+}
+
+/// A Service's selector, when it has a non-empty one.
+fn selector_of(service: &Service) -> Option<&BTreeMap<String, String>> {
+    service.spec.as_ref()?.selector.as_ref().filter(|s| !s.is_empty())
 }
 
 /// Whether `service` is in `pod`'s namespace and its (non-empty) selector
 /// matches the pod's labels.
 fn selects(service: &Service, pod: &Pod) -> bool {
     service.metadata.namespace == pod.metadata.namespace
-        && service.spec.as_ref().and_then(|sp| sp.selector.as_ref()).is_some_and(|sel| {
-            let labels = pod.metadata.labels.as_ref();
-            !sel.is_empty() && sel.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
-        })
+        && selector_of(service).is_some_and(|sel| labels::matches_map(sel, pod.metadata.labels.as_ref()))
 }
 
 /// Services in `pod`'s namespace that select it.

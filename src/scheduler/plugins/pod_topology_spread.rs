@@ -126,7 +126,7 @@ pub fn default_selector(
     let mut merged = BTreeMap::new();
     for svc in services.iter().filter(|s| s.metadata.namespace.as_deref() == Some(pod.namespace.as_str())) {
         let Some(sel) = svc.spec.as_ref().and_then(|s| s.selector.as_ref()).filter(|s| !s.is_empty()) else { continue };
-        if sel.iter().all(|(k, v)| pod_labels.and_then(|l| l.get(k)) == Some(v)) {
+        if crate::client::labels::matches_map(sel, pod_labels) {
             merged.extend(sel.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
     }
