@@ -32,7 +32,11 @@ impl Writer {
                     tracing::debug!(revision = self.meta.compact_rev, "compaction finished");
                     self.vacuum_pending = true;
                     self.measure();
-                    self.wake_physical_waiters();
+                    // This sweep's commit synced the WAL: all is durable.
+                    let head = self.meta.rev;
+                    for reply in self.swept_physical_waiters() {
+                        let _ = reply.send(Ok(head));
+                    }
                 }
             }
             Err(e) => {
@@ -134,17 +138,11 @@ impl Writer {
         }
     }
 
-    /// Answers `physical` compactions whose revision has been swept.
-    pub(super) fn wake_physical_waiters(&mut self) {
+    /// Takes the `physical` compactions whose revision has been swept.
+    pub(super) fn swept_physical_waiters(&mut self) -> Vec<tokio::sync::oneshot::Sender<Result<i64>>> {
         let swept = if self.compaction_pending() { 0 } else { self.meta.compact_rev };
-        let head = self.meta.rev;
-        let waiters = std::mem::take(&mut self.physical_waiters);
-        for (rev, reply) in waiters {
-            if rev <= swept {
-                let _ = reply.send(Ok(head));
-            } else {
-                self.physical_waiters.push((rev, reply));
-            }
-        }
+        let (due, waiting) = std::mem::take(&mut self.physical_waiters).into_iter().partition(|(rev, _)| *rev <= swept);
+        self.physical_waiters = waiting;
+        due.into_iter().map(|(_, reply)| reply).collect()
     }
 }

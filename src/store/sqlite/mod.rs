@@ -85,7 +85,13 @@ pub struct Committed {
 
 /// State the writer publishes and everyone else reads.
 pub struct Shared {
+    /// The newest revision that is durable and told: a read's snapshot may
+    /// be ahead while the WAL sync of its newest commit runs.
     head: AtomicI64,
+    head_moved: tokio::sync::Notify,
+    /// Held by a test to keep `wal_sync` from syncing.
+    #[cfg(test)]
+    sync_hold: Mutex<()>,
     compact_rev: AtomicI64,
     /// Hands commits to the watch streams that want them.
     fanout: Arc<fanout::Fanout>,
@@ -123,6 +129,21 @@ impl Shared {
     fn publish_head(&self, rev: i64, compact_rev: i64) {
         self.compact_rev.store(compact_rev, Ordering::Release);
         self.head.store(rev, Ordering::Release);
+        self.head_moved.notify_waiters();
+    }
+
+    /// Waits until `rev` is published: a read that saw a commit whose WAL
+    /// sync still runs answers only once that commit is durable.
+    async fn published(&self, rev: i64) {
+        loop {
+            let moved = self.head_moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
+            if self.head() >= rev {
+                return;
+            }
+            moved.await;
+        }
     }
 }
 
@@ -201,6 +222,9 @@ impl SqliteStore {
         let meta = schema::init(&conn, random_u64)?;
         let shared = Arc::new(Shared {
             head: AtomicI64::new(meta.rev),
+            head_moved: tokio::sync::Notify::new(),
+            #[cfg(test)]
+            sync_hold: Mutex::new(()),
             compact_rev: AtomicI64::new(meta.compact_rev),
             fanout: Arc::new(fanout::Fanout::new(meta.rev, COMMIT_BACKLOG)),
             leases: lease::Leases::default(),
@@ -303,14 +327,17 @@ impl Store for SqliteStore {
         if req.key.is_empty() {
             return Err(StoreError::EmptyKey);
         }
-        self.read(move |conn, shared| {
-            let snapshot = conn.unchecked_transaction()?;
-            let meta = schema::read_meta(&snapshot)?;
-            let mut resp = read::range(&snapshot, &req, meta.rev, meta.compact_rev)?;
-            resp.header = Some(shared.header(meta.rev));
-            Ok(resp)
-        })
-        .await
+        let resp = self
+            .read(move |conn, shared| {
+                let snapshot = conn.unchecked_transaction()?;
+                let meta = schema::read_meta(&snapshot)?;
+                let mut resp = read::range(&snapshot, &req, meta.rev, meta.compact_rev)?;
+                resp.header = Some(shared.header(meta.rev));
+                Ok(resp)
+            })
+            .await?;
+        self.shared.published(resp.header.as_ref().map_or(0, |h| h.revision)).await;
+        Ok(resp)
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutResponse> {
@@ -445,6 +472,7 @@ impl Store for SqliteStore {
                 Ok(meta.rev)
             })
             .await?;
+        self.shared.published(head).await;
         let header = self.shared.header(head);
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {

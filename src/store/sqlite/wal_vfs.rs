@@ -19,10 +19,20 @@
 //! (`schema::open_writer`); readers, the checkpointer and NORMAL writers
 //! use the platform's VFS, and all of them share its locks, since the files
 //! underneath are the platform VFS's own.
+//!
+//! The writer may also take a commit's sync off its thread
+//! (`arm_deferred_sync`, `take_deferred_sync`): the sync that ends the next
+//! commit then only writes the gathered frames, and the writer syncs the
+//! file on another thread before anyone is told of the commit. SQLite still
+//! publishes those frames to other connections at once, so the store keeps
+//! its readers from answering with a commit until that sync is done
+//! (`Shared::published`). Every other sync (the WAL header's after a
+//! restart, a checkpoint's) stays the platform's own.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::os::unix::ffi::OsStrExt;
 use std::ptr;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use rusqlite::ffi;
 
@@ -75,8 +85,25 @@ struct File {
     pending: Vec<u8>,
     /// The file offset of `pending[0]`.
     pending_at: i64,
+    /// A WAL's own descriptor, which another thread may sync (None when it
+    /// could not be opened: then every sync is the platform's).
+    wal_fd: Option<Arc<std::fs::File>>,
+    /// The next sync after frames were written is to be left to the caller.
+    defer: bool,
+    /// Frames were written since the last sync (not just the header, which
+    /// alone sits at offset 0).
+    framed: bool,
+    /// A sync was left to the caller since `defer` was set.
+    deferred: bool,
     #[cfg(test)]
     writes: u64,
+    #[cfg(test)]
+    syncs: u64,
+    /// Where the last real write ended, at the last real sync.
+    #[cfg(test)]
+    synced_to: i64,
+    #[cfg(test)]
+    written_to: i64,
 }
 
 static METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
@@ -129,17 +156,36 @@ unsafe extern "C" fn open(
         (*out).pMethods = ptr::null();
         return if rc == ffi::SQLITE_OK { ffi::SQLITE_CANTOPEN } else { rc };
     }
+    let wal = flags & ffi::SQLITE_OPEN_WAL != 0;
+    let wal_fd = if wal && !name.is_null() {
+        let path = std::path::Path::new(std::ffi::OsStr::from_bytes(CStr::from_ptr(name).to_bytes()));
+        // Read-only, and never locked: closing it cannot drop a lock of
+        // SQLite's (the platform VFS locks the database and its -shm, not the WAL).
+        std::fs::File::open(path).ok().map(Arc::new)
+    } else {
+        None
+    };
     ptr::write(
         out.cast::<File>(),
         File {
             base: ffi::sqlite3_file { pMethods: &METHODS },
             real,
             real_words,
-            wal: flags & ffi::SQLITE_OPEN_WAL != 0,
+            wal,
             pending: Vec::new(),
             pending_at: 0,
+            wal_fd,
+            defer: false,
+            framed: false,
+            deferred: false,
             #[cfg(test)]
             writes: 0,
+            #[cfg(test)]
+            syncs: 0,
+            #[cfg(test)]
+            synced_to: 0,
+            #[cfg(test)]
+            written_to: 0,
         },
     );
     ffi::SQLITE_OK
@@ -176,6 +222,7 @@ unsafe fn real_write(f: &mut File, data: *const c_void, n: c_int, at: i64) -> c_
     #[cfg(test)]
     {
         f.writes += 1;
+        f.written_to = at + i64::from(n);
     }
     match real_methods(f).xWrite {
         Some(write) => write(f.real, data, n, at),
@@ -204,6 +251,9 @@ unsafe extern "C" fn write(f: *mut ffi::sqlite3_file, data: *const c_void, n: c_
     let me = file(f);
     if !me.wal {
         return real_write(me, data, n, at);
+    }
+    if at > 0 {
+        me.framed = true;
     }
     let end = me.pending_at + me.pending.len() as i64;
     if !me.pending.is_empty() && at != end {
@@ -255,7 +305,6 @@ macro_rules! forwarded {
 
 flushed!(read(data: *mut c_void, n: c_int, at: i64) => xRead);
 flushed!(truncate(size: i64) => xTruncate);
-flushed!(sync(flags: c_int) => xSync);
 flushed!(file_size(size: *mut i64) => xFileSize);
 flushed!(file_control(op: c_int, arg: *mut c_void) => xFileControl);
 forwarded!(lock(level: c_int) -> c_int => xLock, ffi::SQLITE_IOERR_LOCK);
@@ -271,6 +320,82 @@ forwarded!(fetch(at: i64, n: c_int, out: *mut *mut c_void) -> c_int => xFetch, {
     ffi::SQLITE_OK
 });
 forwarded!(unfetch(at: i64, p: *mut c_void) -> c_int => xUnfetch, ffi::SQLITE_OK);
+
+/// Writes what was gathered, then syncs, unless this is the commit sync
+/// the caller armed to take over.
+unsafe extern "C" fn sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    let me = file(f);
+    let rc = flush(me);
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    if me.defer && me.framed && me.wal_fd.is_some() {
+        me.defer = false;
+        me.framed = false;
+        me.deferred = true;
+        return ffi::SQLITE_OK;
+    }
+    let rc = match real_methods(me).xSync {
+        Some(m) => m(me.real, flags),
+        None => ffi::SQLITE_IOERR_FSYNC,
+    };
+    if rc == ffi::SQLITE_OK {
+        me.framed = false;
+    }
+    #[cfg(test)]
+    {
+        me.syncs += 1;
+        me.synced_to = me.written_to;
+    }
+    rc
+}
+
+/// Runs `f` on the WAL of `conn`'s main database, when this VFS opened it.
+fn with_wal<T>(conn: &rusqlite::Connection, f: impl FnOnce(&mut File) -> T) -> Option<T> {
+    let mut fd: *mut ffi::sqlite3_file = ptr::null_mut();
+    // SAFETY: JOURNAL_POINTER is answered by SQLite itself with the pager's
+    // WAL file (or null); it is ours when its methods are, and it is used
+    // only on the thread that owns the connection, between statements.
+    unsafe {
+        let rc = ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_JOURNAL_POINTER,
+            (&mut fd as *mut *mut ffi::sqlite3_file).cast(),
+        );
+        if rc != ffi::SQLITE_OK || fd.is_null() || !ptr::eq((*fd).pMethods, &METHODS) {
+            return None;
+        }
+        let me = file(fd);
+        me.wal.then(|| f(me))
+    }
+}
+
+/// Makes the sync that ends `conn`'s next commit only write its frames,
+/// leaving the sync to the caller (`take_deferred_sync`). False when that
+/// cannot be done (another VFS, no WAL open yet, no descriptor of its own):
+/// the commit then syncs as usual.
+pub fn arm_deferred_sync(conn: &rusqlite::Connection) -> bool {
+    with_wal(conn, |me| {
+        me.defer = me.wal_fd.is_some();
+        me.defer
+    })
+    .unwrap_or(false)
+}
+
+/// Disarms `arm_deferred_sync`; when a sync was left undone since, the WAL
+/// file to sync before the commit may be called durable.
+pub fn take_deferred_sync(conn: &rusqlite::Connection) -> Option<Arc<std::fs::File>> {
+    with_wal(conn, |me| {
+        me.defer = false;
+        if std::mem::take(&mut me.deferred) {
+            me.wal_fd.clone()
+        } else {
+            None
+        }
+    })
+    .flatten()
+}
 
 unsafe extern "C" fn shm_barrier(f: *mut ffi::sqlite3_file) {
     let me = file(f);
@@ -296,18 +421,12 @@ mod tests {
 
     /// Real writes made to the connection's WAL file so far.
     fn wal_writes(conn: &Connection) -> u64 {
-        unsafe {
-            let mut fd: *mut ffi::sqlite3_file = ptr::null_mut();
-            let rc = ffi::sqlite3_file_control(
-                conn.handle(),
-                c"main".as_ptr(),
-                ffi::SQLITE_FCNTL_JOURNAL_POINTER,
-                (&mut fd as *mut *mut ffi::sqlite3_file).cast(),
-            );
-            assert_eq!(rc, ffi::SQLITE_OK);
-            assert!(!fd.is_null() && std::ptr::eq((*fd).pMethods, &METHODS), "the WAL is this VFS's file");
-            file(fd).writes
-        }
+        with_wal(conn, |me| me.writes).expect("the WAL is this VFS's file")
+    }
+
+    /// Real syncs of the connection's WAL file so far.
+    fn wal_syncs(conn: &Connection) -> u64 {
+        with_wal(conn, |me| me.syncs).expect("the WAL is this VFS's file")
     }
 
     fn insert(conn: &Connection, keys: std::ops::Range<i64>) {
@@ -366,5 +485,40 @@ mod tests {
         let reopened = Connection::open(&path).expect("reopen");
         let n: i64 = reopened.query_row("SELECT count(*) FROM t", [], |r| r.get(0)).expect("count");
         assert_eq!(n, 200);
+    }
+
+    #[test]
+    fn an_armed_commit_leaves_its_own_sync_to_the_caller_and_no_other() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("db");
+        let conn = open_buffered(&path);
+        let reader = Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("reader");
+        insert(&conn, 0..1);
+        let syncs = wal_syncs(&conn);
+        insert(&conn, 1..2);
+        assert_eq!(wal_syncs(&conn), syncs + 1, "a commit not armed syncs");
+        assert!(take_deferred_sync(&conn).is_none(), "and leaves nothing to sync");
+
+        assert!(arm_deferred_sync(&conn));
+        insert(&conn, 2..3);
+        let wal = take_deferred_sync(&conn).expect("the armed commit left its sync");
+        assert_eq!(wal_syncs(&conn), syncs + 1, "the armed commit did not sync");
+        let n: i64 = reader.query_row("SELECT count(*) FROM t", [], |r| r.get(0)).expect("count");
+        assert_eq!(n, 3, "its frames are written and published");
+        wal.sync_data().expect("the caller syncs the WAL");
+        insert(&conn, 3..4);
+        assert_eq!(wal_syncs(&conn), syncs + 2, "one commit only: the next syncs again");
+
+        // After a checkpoint lets the WAL start over, the first commit
+        // writes a new header and syncs it before any frame: that sync is
+        // SQLite's own even when armed, and the commit's is still left.
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())).expect("checkpoint");
+        assert_eq!(std::fs::metadata(dir.path().join("db-wal")).expect("wal").len(), 0, "the WAL starts over");
+        let syncs = wal_syncs(&conn);
+        assert!(arm_deferred_sync(&conn));
+        insert(&conn, 4..5);
+        assert!(take_deferred_sync(&conn).is_some(), "the commit's sync was left");
+        assert_eq!(wal_syncs(&conn), syncs + 1, "the header's sync was not");
+        assert_eq!(with_wal(&conn, |me| me.synced_to), Some(32), "it synced the header alone");
     }
 }

@@ -1,10 +1,12 @@
 //! The one writer: a thread that owns the read-write connection, applies
 //! queued requests in group commits (one SQLite transaction for everything
 //! that arrived together, one revision per request that changed something),
-//! and only after the commit answers the callers and hands the events to
-//! the watchers.
+//! and only after the commit is durable answers the callers and hands the
+//! events to the watchers (`wal_sync`, which syncs a commit while the next
+//! batch is applied).
 
 mod txn;
+mod wal_sync;
 
 use std::sync::Arc;
 
@@ -14,9 +16,10 @@ use tokio::sync::{mpsc, oneshot};
 use super::quota::{self, Admission, Quota};
 use super::read;
 use super::schema::{self, Meta};
-use super::{Committed, Shared};
+use super::{wal_vfs, Shared};
 use crate::store::proto::*;
 use crate::store::{Result, StoreError, MAX_LEASE_TTL};
+use wal_sync::{unless, Batch, WalSync};
 
 /// Requests applied in one group commit, at most.
 const MAX_BATCH: usize = 256;
@@ -64,6 +67,30 @@ enum Done {
 }
 
 impl Done {
+    /// Answers the caller once the commit is durable (or its sync failed),
+    /// with the lease table brought up to date first.
+    fn answer(self, shared: &Shared, failed: Option<&str>) {
+        match self {
+            Done::Txn(reply, res) => drop(reply.send(unless(failed, res))),
+            Done::Compact(reply, _, res) => drop(reply.send(unless(failed, res))),
+            Done::LeaseGrant(reply, res) => {
+                if let Ok((id, ttl, _)) = &res {
+                    shared.leases.insert(*id, *ttl);
+                }
+                let _ = reply.send(unless(failed, res));
+            }
+            Done::Alarm(reply, res) => drop(reply.send(unless(failed, res))),
+            Done::LeaseRevoke(reply, id, res) => {
+                if res.is_ok() {
+                    shared.leases.remove(id);
+                }
+                if let Some(reply) = reply {
+                    let _ = reply.send(unless(failed, res));
+                }
+            }
+        }
+    }
+
     fn storage_failed(&self) -> bool {
         match self {
             Done::Txn(_, r) => is_storage_error(r),
@@ -112,6 +139,8 @@ pub struct Writer {
     /// Whether this batch makes events: some watch stream was subscribed
     /// when it began.
     collect_events: bool,
+    /// Syncs committed batches and then settles them.
+    wal_sync: WalSync,
 }
 
 impl Writer {
@@ -126,6 +155,13 @@ impl Writer {
     ) -> Result<Self> {
         let alarms = schema::read_alarms(&conn)?;
         shared.set_alarms(&alarms);
+        // Commits a crash of the process left unsynced are read back from
+        // the page cache: make them durable before anything serves them
+        // (a checkpoint syncs the WAL before it copies it).
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::warn!(error = %e, "WAL checkpoint at start failed");
+        }
+        let wal_sync = WalSync::start(shared.clone())?;
         let mut writer = Writer {
             conn,
             meta,
@@ -138,6 +174,7 @@ impl Writer {
             alarms,
             checkpointer,
             collect_events: false,
+            wal_sync,
         };
         writer.measure();
         Ok(writer)
@@ -242,6 +279,7 @@ impl Writer {
                 break;
             }
         }
+        self.wal_sync.finish();
         if let Err(e) = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);") {
             tracing::warn!(error = %e, "final WAL checkpoint failed");
         }
@@ -300,12 +338,21 @@ impl Writer {
         let committed = if done.iter().any(Done::storage_failed) {
             Err("a storage error aborted the batch".to_string())
         } else {
-            self.write_meta_if_compacted(&start).and_then(|_| self.exec("COMMIT")).map_err(|e| e.to_string())
+            self.write_meta_if_compacted(&start)
+                .and_then(|_| {
+                    // The commit's sync is left to `wal_sync` (when this
+                    // connection's WAL is `wal_vfs`'s: the FULL mode).
+                    wal_vfs::arm_deferred_sync(&self.conn);
+                    let committed = self.exec("COMMIT");
+                    let wal = wal_vfs::take_deferred_sync(&self.conn);
+                    committed.map(|_| wal)
+                })
+                .map_err(|e| e.to_string())
         };
         match committed {
-            Ok(()) => {
+            Ok(wal) => {
                 self.checkpointer.kick();
-                self.publish(done, events)
+                self.publish(done, events, wal)
             }
             Err(why) => {
                 tracing::error!(error = %why, "write batch rolled back");
@@ -331,45 +378,35 @@ impl Writer {
             self.vacuum_pending = true;
         }
         let stop = !shutdowns.is_empty();
+        if stop {
+            self.wal_sync.finish();
+        }
         for reply in shutdowns {
             let _ = reply.send(());
         }
         stop
     }
 
-    /// Makes a committed batch visible: revision, events, leases, replies.
-    fn publish(&mut self, done: Vec<Done>, events: Vec<Event>) {
-        self.shared.publish_head(self.meta.rev, self.meta.compact_rev);
-        if self.collect_events {
-            self.shared.fanout.publish(Committed { rev: self.meta.rev, events });
-        } else {
-            self.shared.fanout.uncollected(self.meta.rev);
-        }
+    /// Hands a committed batch to `wal_sync`, which makes it seen once it
+    /// is durable: revision, events, leases, replies. A `physical`
+    /// compaction waits here for the sweep instead.
+    fn publish(&mut self, done: Vec<Done>, events: Vec<Event>, wal: Option<Arc<std::fs::File>>) {
+        let mut owed = Vec::with_capacity(done.len());
         for d in done {
             match d {
-                Done::Txn(reply, res) => drop(reply.send(res)),
-                Done::Compact(reply, physical, res) => match res {
-                    Ok(_) if physical => self.physical_waiters.push((self.meta.compact_rev, reply)),
-                    other => drop(reply.send(other)),
-                },
-                Done::LeaseGrant(reply, res) => {
-                    if let Ok((id, ttl, _)) = &res {
-                        self.shared.leases.insert(*id, *ttl);
-                    }
-                    let _ = reply.send(res);
-                }
-                Done::Alarm(reply, res) => drop(reply.send(res)),
-                Done::LeaseRevoke(reply, id, res) => {
-                    if res.is_ok() {
-                        self.shared.leases.remove(id);
-                    }
-                    if let Some(reply) = reply {
-                        let _ = reply.send(res);
-                    }
-                }
+                Done::Compact(reply, true, Ok(_)) => self.physical_waiters.push((self.meta.compact_rev, reply)),
+                d => owed.push(d),
             }
         }
-        self.wake_physical_waiters();
+        let swept = self.swept_physical_waiters();
+        self.wal_sync.settle(Batch {
+            rev: self.meta.rev,
+            compact_rev: self.meta.compact_rev,
+            events: self.collect_events.then_some(events),
+            done: owed,
+            swept,
+            wal,
+        });
     }
 
     /// Stores the meta row when this batch moved compaction's marks; the
