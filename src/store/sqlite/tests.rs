@@ -595,7 +595,18 @@ async fn eventually(what: &str, cond: impl Fn() -> bool) {
 async fn a_commit_is_told_and_read_only_once_its_wal_is_synced_and_the_next_commits_meanwhile() {
     let (dir, s) = store().await;
     s.put(put("a", "1")).await.expect("put a");
-    let hold = s.shared.sync_hold.lock().expect("hold");
+    // A thread of its own holds the syncs back until `release` is dropped.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (held, holding) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn({
+        let shared = s.shared.clone();
+        move || {
+            let _hold = shared.sync_hold.lock().expect("hold");
+            let _ = held.send(());
+            let _ = released.recv();
+        }
+    });
+    holding.recv().expect("syncs held");
     let first = tokio::spawn({
         let s = s.clone();
         async move { s.put(put("b", "2")).await }
@@ -614,7 +625,8 @@ async fn a_commit_is_told_and_read_only_once_its_wal_is_synced_and_the_next_comm
     assert!(!first.is_finished(), "b's put is not answered before its sync");
     assert!(!second.is_finished(), "nor c's");
     assert!(!read.is_finished(), "a read that sees b does not answer before b's sync");
-    drop(hold);
+    drop(release);
+    holder.join().expect("holder");
     let b = first.await.expect("task").expect("put b").header.expect("header").revision;
     let c = second.await.expect("task").expect("put c").header.expect("header").revision;
     assert_eq!((b, c), (3, 4));
