@@ -92,10 +92,6 @@ pub struct Shared {
     /// Held by a test to keep `wal_sync` from syncing.
     #[cfg(test)]
     sync_hold: Mutex<()>,
-    /// Set by a test to hand every commit's sync to `wal_sync`'s thread, as
-    /// when requests wait behind it.
-    #[cfg(test)]
-    sync_off_thread: std::sync::atomic::AtomicBool,
     compact_rev: AtomicI64,
     /// Hands commits to the watch streams that want them.
     fanout: Arc<fanout::Fanout>,
@@ -229,8 +225,6 @@ impl SqliteStore {
             head_moved: tokio::sync::Notify::new(),
             #[cfg(test)]
             sync_hold: Mutex::new(()),
-            #[cfg(test)]
-            sync_off_thread: std::sync::atomic::AtomicBool::new(false),
             compact_rev: AtomicI64::new(meta.compact_rev),
             fanout: Arc::new(fanout::Fanout::new(meta.rev, COMMIT_BACKLOG)),
             leases: lease::Leases::default(),

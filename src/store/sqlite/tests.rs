@@ -591,9 +591,11 @@ async fn eventually(what: &str, cond: impl Fn() -> bool) {
     panic!("{what}: not within 10 s");
 }
 
-/// Holds `wal_sync` back from syncing until the returned sender is dropped
-/// (a thread of its own holds the lock: no guard across an await).
-fn hold_syncs(s: &SqliteStore) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_is_told_and_read_only_once_its_wal_is_synced_and_the_next_commits_meanwhile() {
+    let (dir, s) = store().await;
+    s.put(put("a", "1")).await.expect("put a");
+    // A thread of its own holds the syncs back until `release` is dropped.
     let (release, released) = std::sync::mpsc::channel::<()>();
     let (held, holding) = std::sync::mpsc::channel();
     let holder = std::thread::spawn({
@@ -605,29 +607,19 @@ fn hold_syncs(s: &SqliteStore) -> (std::sync::mpsc::Sender<()>, std::thread::Joi
         }
     });
     holding.recv().expect("syncs held");
-    (release, holder)
-}
-
-fn spawn_put(s: &Arc<SqliteStore>, key: &'static str) -> tokio::task::JoinHandle<Result<PutResponse>> {
-    let s = s.clone();
-    tokio::spawn(async move { s.put(put(key, "v")).await })
-}
-
-fn spawn_get(s: &Arc<SqliteStore>, key: &'static str) -> tokio::task::JoinHandle<Result<RangeResponse>> {
-    let s = s.clone();
-    tokio::spawn(async move { s.range(RangeRequest { key: key.into(), ..Default::default() }).await })
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_is_told_and_read_only_once_its_wal_is_synced_and_the_next_commits_meanwhile() {
-    let (dir, s) = store().await;
-    s.put(put("a", "1")).await.expect("put a");
-    s.shared.sync_off_thread.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (release, holder) = hold_syncs(&s);
-    let first = spawn_put(&s, "b");
+    let first = tokio::spawn({
+        let s = s.clone();
+        async move { s.put(put("b", "2")).await }
+    });
     eventually("b committed", || committed(&dir, "b")).await;
-    let read = spawn_get(&s, "b");
-    let second = spawn_put(&s, "c");
+    let read = tokio::spawn({
+        let s = s.clone();
+        async move { s.range(RangeRequest { key: b"b".to_vec(), ..Default::default() }).await }
+    });
+    let second = tokio::spawn({
+        let s = s.clone();
+        async move { s.put(put("c", "3")).await }
+    });
     eventually("c committed while b's sync waits", || committed(&dir, "c")).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!first.is_finished(), "b's put is not answered before its sync");
@@ -641,24 +633,4 @@ async fn a_commit_is_told_and_read_only_once_its_wal_is_synced_and_the_next_comm
     let read = read.await.expect("task").expect("range");
     assert!(read.header.expect("header").revision >= b);
     assert_eq!(read.kvs.len(), 1, "the read answers with b");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lone_commit_is_synced_by_the_writer_itself() {
-    let (dir, s) = store().await;
-    s.put(put("a", "1")).await.expect("put a");
-    let (release, holder) = hold_syncs(&s);
-    let first = spawn_put(&s, "b");
-    eventually("b committed", || committed(&dir, "b")).await;
-    // Nothing waited when b committed: the writer syncs it, and what comes
-    // next waits for that sync (no hand-over, no wake-up of another thread).
-    let second = spawn_put(&s, "c");
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!committed(&dir, "c"), "the writer is still syncing b");
-    assert!(!first.is_finished(), "b's put is not answered before its sync");
-    drop(release);
-    holder.join().expect("holder");
-    let b = first.await.expect("task").expect("put b").header.expect("header").revision;
-    let c = second.await.expect("task").expect("put c").header.expect("header").revision;
-    assert_eq!((b, c), (3, 4));
 }

@@ -275,7 +275,7 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            if self.apply_batch(batch, &rx) {
+            if self.apply_batch(batch) {
                 break;
             }
         }
@@ -286,9 +286,7 @@ impl Writer {
     }
 
     /// Applies and commits a batch; true when it asked the writer to stop.
-    /// `rx` tells whether more requests wait, for the commit's sync to
-    /// overlap with.
-    fn apply_batch(&mut self, batch: Vec<Command>, rx: &mpsc::UnboundedReceiver<Command>) -> bool {
+    fn apply_batch(&mut self, batch: Vec<Command>) -> bool {
         let mut defrags = Vec::new();
         let mut shutdowns = Vec::new();
         let mut done = Vec::with_capacity(batch.len());
@@ -354,7 +352,7 @@ impl Writer {
         match committed {
             Ok(wal) => {
                 self.checkpointer.kick();
-                self.publish(done, events, wal, !rx.is_empty())
+                self.publish(done, events, wal)
             }
             Err(why) => {
                 tracing::error!(error = %why, "write batch rolled back");
@@ -391,9 +389,8 @@ impl Writer {
 
     /// Hands a committed batch to `wal_sync`, which makes it seen once it
     /// is durable: revision, events, leases, replies. A `physical`
-    /// compaction waits here for the sweep instead. `more`: requests wait,
-    /// to apply while the sync runs.
-    fn publish(&mut self, done: Vec<Done>, events: Vec<Event>, wal: Option<Arc<std::fs::File>>, more: bool) {
+    /// compaction waits here for the sweep instead.
+    fn publish(&mut self, done: Vec<Done>, events: Vec<Event>, wal: Option<Arc<std::fs::File>>) {
         let mut owed = Vec::with_capacity(done.len());
         for d in done {
             match d {
@@ -402,17 +399,14 @@ impl Writer {
             }
         }
         let swept = self.swept_physical_waiters();
-        #[cfg(test)]
-        let more = more || self.shared.sync_off_thread.load(std::sync::atomic::Ordering::Relaxed);
-        let batch = Batch {
+        self.wal_sync.settle(Batch {
             rev: self.meta.rev,
             compact_rev: self.meta.compact_rev,
             events: self.collect_events.then_some(events),
             done: owed,
             swept,
             wal,
-        };
-        self.wal_sync.settle(batch, more);
+        });
     }
 
     /// Stores the meta row when this batch moved compaction's marks; the
