@@ -331,16 +331,16 @@ impl Store for SqliteStore {
         if req.key.is_empty() {
             return Err(StoreError::EmptyKey);
         }
-        let resp = self
+        let (resp, seen) = self
             .read(move |conn, shared| {
                 let snapshot = conn.unchecked_transaction()?;
                 let meta = schema::read_meta(&snapshot)?;
                 let mut resp = read::range(&snapshot, &req, meta.rev, meta.compact_rev)?;
                 resp.header = Some(shared.header(meta.rev));
-                Ok(resp)
+                Ok((resp, meta.rev))
             })
             .await?;
-        self.shared.published(resp.header.as_ref().map_or(0, |h| h.revision)).await;
+        self.shared.published(seen).await;
         Ok(resp)
     }
 

@@ -3,6 +3,7 @@
 use super::*;
 
 mod history;
+mod wal_sync;
 
 /// A store as `ferrok server` opens it: FULL sync, so its writer goes
 /// through `wal_vfs` (the tests that build their own options run NORMAL).
@@ -569,68 +570,4 @@ async fn reads_run_a_few_at_once_on_connections_kept_for_the_next() {
     // A connection is opened only when every open one is busy, so as many
     // were opened as ran at once, and all of them are kept.
     assert_eq!(readers.idle().len(), most, "their connections are kept for the next reads");
-}
-
-/// Whether a commit of `key` is in the database file, as a connection of
-/// its own sees it (the store's reads wait for the commit's sync).
-fn committed(dir: &tempfile::TempDir, key: &str) -> bool {
-    let conn = Connection::open_with_flags(dir.path().join("state.db"), rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-        .expect("open");
-    conn.query_row("SELECT count(*) FROM log WHERE key = ?1", [key.as_bytes()], |r| r.get::<_, i64>(0)).expect("count")
-        > 0
-}
-
-/// Polls `cond` for up to ten seconds.
-async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    for _ in 0..1000 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{what}: not within 10 s");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_is_told_and_read_only_once_its_wal_is_synced_and_the_next_commits_meanwhile() {
-    let (dir, s) = store().await;
-    s.put(put("a", "1")).await.expect("put a");
-    // A thread of its own holds the syncs back until `release` is dropped.
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let (held, holding) = std::sync::mpsc::channel();
-    let holder = std::thread::spawn({
-        let shared = s.shared.clone();
-        move || {
-            let _hold = shared.sync_hold.lock().expect("hold");
-            let _ = held.send(());
-            let _ = released.recv();
-        }
-    });
-    holding.recv().expect("syncs held");
-    let first = tokio::spawn({
-        let s = s.clone();
-        async move { s.put(put("b", "2")).await }
-    });
-    eventually("b committed", || committed(&dir, "b")).await;
-    let read = tokio::spawn({
-        let s = s.clone();
-        async move { s.range(RangeRequest { key: b"b".to_vec(), ..Default::default() }).await }
-    });
-    let second = tokio::spawn({
-        let s = s.clone();
-        async move { s.put(put("c", "3")).await }
-    });
-    eventually("c committed while b's sync waits", || committed(&dir, "c")).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!first.is_finished(), "b's put is not answered before its sync");
-    assert!(!second.is_finished(), "nor c's");
-    assert!(!read.is_finished(), "a read that sees b does not answer before b's sync");
-    drop(release);
-    holder.join().expect("holder");
-    let b = first.await.expect("task").expect("put b").header.expect("header").revision;
-    let c = second.await.expect("task").expect("put c").header.expect("header").revision;
-    assert_eq!((b, c), (3, 4));
-    let read = read.await.expect("task").expect("range");
-    assert!(read.header.expect("header").revision >= b);
-    assert_eq!(read.kvs.len(), 1, "the read answers with b");
 }

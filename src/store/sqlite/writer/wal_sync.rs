@@ -86,11 +86,12 @@ impl WalSync {
             return;
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        let Some(queue) = &self.queue else {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return settle_group(&self.shared, vec![batch]);
+        let refused = match &self.queue {
+            Some(queue) => queue.send(batch).err().map(|mpsc::SendError(batch)| batch),
+            None => Some(batch),
         };
-        if let Err(mpsc::SendError(batch)) = queue.send(batch) {
+        // The thread is gone (finished, or it panicked): sync here.
+        if let Some(batch) = refused {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
             settle_group(&self.shared, vec![batch]);
         }
