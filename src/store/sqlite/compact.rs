@@ -32,11 +32,8 @@ impl Writer {
                     tracing::debug!(revision = self.meta.compact_rev, "compaction finished");
                     self.vacuum_pending = true;
                     self.measure();
-                    // This sweep's commit synced the WAL: all is durable.
-                    let head = self.meta.rev;
-                    for reply in self.swept_physical_waiters() {
-                        let _ = reply.send(Ok(head));
-                    }
+                    let swept = self.swept_physical_waiters();
+                    self.answer_with_head(swept);
                 }
             }
             Err(e) => {
@@ -129,10 +126,8 @@ impl Writer {
                 }
                 let _ = self.conn.busy_timeout(std::time::Duration::from_secs(10));
                 self.measure();
-                let head = self.meta.rev;
-                for reply in self.defrag_waiters.drain(..) {
-                    let _ = reply.send(Ok(head));
-                }
+                let done = std::mem::take(&mut self.defrag_waiters);
+                self.answer_with_head(done);
             }
             Ok(_) => {}
         }

@@ -398,14 +398,32 @@ impl Writer {
                 d => owed.push(d),
             }
         }
-        let swept = self.swept_physical_waiters();
+        let heads = self.swept_physical_waiters();
         self.wal_sync.settle(Batch {
             rev: self.meta.rev,
             compact_rev: self.meta.compact_rev,
             events: self.collect_events.then_some(events),
             done: owed,
-            swept,
+            heads,
             wal,
+        });
+    }
+
+    /// Answers `replies` with the head revision once every commit made so
+    /// far is durable and seen (a compaction or vacuum step runs while the
+    /// last batches may still be syncing): settled as a batch with no
+    /// change of its own, after them.
+    pub(super) fn answer_with_head(&self, replies: Vec<oneshot::Sender<Result<i64>>>) {
+        if replies.is_empty() {
+            return;
+        }
+        self.wal_sync.settle(Batch {
+            rev: self.meta.rev,
+            compact_rev: self.meta.compact_rev,
+            events: Some(Vec::new()),
+            done: Vec::new(),
+            heads: replies,
+            wal: None,
         });
     }
 

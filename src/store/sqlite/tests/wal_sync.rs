@@ -77,3 +77,26 @@ async fn a_commit_is_told_and_read_only_once_its_wal_is_synced_and_the_next_comm
     assert!(read.header.expect("header").revision >= b);
     assert_eq!(read.kvs.len(), 1, "the read answers with b");
 }
+
+/// A physical compaction is answered after the batch that asked for it is
+/// durable, even when the sweep (a transaction of its own, synced in place)
+/// ends first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_physical_compaction_is_answered_after_the_commits_before_it() {
+    let (dir, s) = store().await;
+    for i in 0..20 {
+        s.put(put(&format!("k{}", i % 2), &i.to_string())).await.expect("put");
+    }
+    let head = get(&s, "k0", 0).await.header.expect("header").revision;
+    let (release, holder) = hold_syncs(&s);
+    let compacted = tokio::spawn({
+        let s = s.clone();
+        async move { s.compact(CompactionRequest { revision: head, physical: true }).await }
+    });
+    eventually("the sweep done", || count_in_file(&dir, "SELECT count(*) FROM log", []) == 2).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!compacted.is_finished(), "not answered while the compaction's own batch waits for its sync");
+    drop(release);
+    holder.join().expect("holder");
+    compacted.await.expect("task").expect("compact");
+}

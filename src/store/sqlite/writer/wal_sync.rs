@@ -24,8 +24,9 @@ pub(super) struct Batch {
     /// None when the batch made no events (no watch stream was subscribed).
     pub events: Option<Vec<Event>>,
     pub done: Vec<Done>,
-    /// `physical` compactions now swept, answered with `rev`.
-    pub swept: Vec<oneshot::Sender<Result<i64>>>,
+    /// Answered with `rev`: `physical` compactions now swept, finished
+    /// defragments.
+    pub heads: Vec<oneshot::Sender<Result<i64>>>,
     /// The WAL whose sync this commit left undone; None when it synced
     /// before it returned, or wrote nothing.
     pub wal: Option<Arc<std::fs::File>>,
@@ -44,7 +45,7 @@ impl Batch {
         for d in self.done {
             d.answer(shared, failed);
         }
-        for reply in self.swept {
+        for reply in self.heads {
             let _ = reply.send(unless(failed, Ok(self.rev)));
         }
     }
