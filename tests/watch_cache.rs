@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{kube_client, kube_client_without_retry, ApiServer};
 use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{json, Value};
 
 fn cm(name: &str, data: &str) -> ConfigMap {
@@ -251,6 +251,39 @@ async fn a_large_list_from_the_cache_has_its_length_and_the_stores_items() {
     assert_eq!(code, 200, "{stored}");
     assert_eq!(names(&cached).iter().filter(|n| n.starts_with("big-")).count(), 250);
     assert_eq!(cached["items"], stored["items"], "the cache's list holds the store's objects at {rv}");
+
+    // The lists share one array of the objects, changed in place between
+    // lists: deletes, updates and creates anywhere in key order, some
+    // while a list holds the array (it is read slowly, frame by frame).
+    let held = client
+        .send(axum::http::Request::get(CMS).body(kube::client::Body::empty()).expect("request"))
+        .await
+        .expect("held list");
+    let mut held = held.into_body();
+    let first = held.frame().await.expect("a frame").expect("body");
+    for i in (0..250).step_by(7) {
+        cms.delete(&format!("big-{i:03}"), &DeleteParams::default()).await.expect("delete");
+    }
+    let mut rest = first.into_data().map(|d| d.to_vec()).unwrap_or_default();
+    while let Some(f) = held.frame().await {
+        rest.extend(f.expect("body").into_data().map(|d| d.to_vec()).unwrap_or_default());
+    }
+    let held: Value = serde_json::from_slice(&rest).expect("the held list is JSON");
+    assert_eq!(held["items"], cached["items"], "a list sent while objects were deleted is the state it began at");
+    for round in 0..3 {
+        for i in (round..250).step_by(11).filter(|i| i % 7 != 0) {
+            let patch = json!({"data": {"k": format!("round-{round}")}});
+            cms.patch(&format!("big-{i:03}"), &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+        }
+        for i in (round..250).step_by(13) {
+            create(&cms, &format!("big-{i:03}-{round}"), "new").await;
+        }
+        let (_, _, listed) = get(&client, CMS).await;
+        let rv = rv_of(&listed);
+        let (_, _, stored) = get(&client, &format!("{CMS}?resourceVersion={rv}&resourceVersionMatch=Exact")).await;
+        assert_eq!(names(&listed), names(&stored), "round {round}: the cache's list has the store's objects at {rv}");
+        assert_eq!(listed["items"], stored["items"], "round {round}: and their contents");
+    }
 }
 
 #[tokio::test]

@@ -15,14 +15,14 @@ use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use serde_json::{json, Value};
 
-use super::list_body::{ListBody, ListItem};
+use super::list_body::{ListBody, ListItems};
 use super::read::{bookmark, event, list_response, partial_of, wants_metadata, Filters, WatchParams};
 use super::Call;
 use crate::apiserver::field_order;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::storage::encode_continue;
 use crate::apiserver::table::wants_table;
-use crate::apiserver::watch_cache::cacher::{too_old, NotServed, StartAt};
+use crate::apiserver::watch_cache::cacher::{too_old, Listed, NotServed, StartAt};
 use crate::apiserver::watch_cache::object::{partial_event_line, CachedObject, EventType, Omit};
 use crate::apiserver::watch_cache::watcher::{Delivery, Filter, Inbox};
 use crate::apiserver::watch_cache::{Cacher, NODE_NAME};
@@ -90,53 +90,54 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         let head = json!({"kind": call.resource.list_kind, "apiVersion": api_version, "metadata": meta});
         let head = field_order::to_json(&head);
         let omit = call.omit;
-        let parts: Vec<ItemJson> = listed
-            .items
-            .into_iter()
-            .map(|o| {
-                if o.is_in(&api_version) {
-                    ItemJson::Cached(o, omit)
-                } else {
-                    ItemJson::Encoded(o.json_for(&api_version, &kind, omit))
-                }
-            })
-            .collect();
+        let parts = if listed.iter().all(|o| o.is_in(&api_version)) {
+            ListedJson::Cached(listed, omit)
+        } else {
+            ListedJson::Encoded(listed.iter().map(|o| o.json_for(&api_version, &kind, omit)).collect())
+        };
         let body = Body::new(ListBody::new(head.as_bytes(), parts));
         return Ok(Some(call.respond_json_body(StatusCode::OK, body)));
     }
     if wants_metadata(call.accept()) && !wants_table(call.accept()) {
-        let items: Vec<Value> = listed.items.iter().map(|o| partial_of(o.metadata(call.omit))).collect();
+        let items: Vec<Value> = listed.iter().map(|o| partial_of(o.metadata(call.omit))).collect();
         let list = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items});
         return Ok(Some(call.respond(StatusCode::OK, &list)));
     }
-    let items = listed.items.iter().map(|o| o.value()).collect();
+    let items = listed.iter().map(|o| o.value()).collect();
     Ok(Some(list_response(call, items, meta)))
 }
 
-/// A listed object's JSON: the cache's own bytes, copied straight into the
-/// list's writes (no share of them is taken per object), or encoded anew
-/// for another apiVersion.
-enum ItemJson {
-    Cached(Arc<CachedObject>, Omit),
-    Encoded(Bytes),
+/// The listed objects' JSON: the cache's own bytes, copied straight into
+/// the list's writes (the list holds the cache's snapshot, not a share of
+/// each object), or encoded anew for another apiVersion.
+enum ListedJson {
+    Cached(Listed, Omit),
+    Encoded(Vec<Bytes>),
 }
 
-impl ItemJson {
-    fn slices(&self) -> [&[u8]; 2] {
+impl ListedJson {
+    fn slices(&self, i: usize) -> [&[u8]; 2] {
         match self {
-            ItemJson::Cached(o, omit) => o.json_slices(*omit),
-            ItemJson::Encoded(b) => [b, &[]],
+            ListedJson::Cached(listed, omit) => listed.get(i).map_or([&[], &[]], |o| o.json_slices(*omit)),
+            ListedJson::Encoded(items) => [items.get(i).map_or(&[], |b| b), &[]],
         }
     }
 }
 
-impl ListItem for ItemJson {
-    fn json_len(&self) -> usize {
-        self.slices().iter().map(|s| s.len()).sum()
+impl ListItems for ListedJson {
+    fn count(&self) -> usize {
+        match self {
+            ListedJson::Cached(listed, _) => listed.len(),
+            ListedJson::Encoded(items) => items.len(),
+        }
     }
 
-    fn write_json(&self, out: &mut Vec<u8>) {
-        for s in self.slices() {
+    fn json_len(&self, i: usize) -> usize {
+        self.slices(i).iter().map(|s| s.len()).sum()
+    }
+
+    fn write_json(&self, i: usize, out: &mut Vec<u8>) {
+        for s in self.slices(i) {
             out.extend_from_slice(s);
         }
     }

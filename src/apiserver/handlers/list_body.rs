@@ -15,21 +15,23 @@ use hyper::body::{Body, Frame, SizeHint};
 /// How many bytes a write carries (the TLS layer's own buffer is 64 KiB).
 pub const CHUNK_BYTES: usize = 64 << 10;
 
-/// One item of a list: a JSON value, copied into the list's writes.
-pub trait ListItem {
-    /// Its length in bytes.
-    fn json_len(&self) -> usize;
-    /// Appends its JSON to `out`.
-    fn write_json(&self, out: &mut Vec<u8>);
+/// The items of a list, each a JSON value copied into the list's writes.
+pub trait ListItems {
+    /// How many there are.
+    fn count(&self) -> usize;
+    /// The length in bytes of the `i`-th.
+    fn json_len(&self, i: usize) -> usize;
+    /// Appends the JSON of the `i`-th to `out`.
+    fn write_json(&self, i: usize, out: &mut Vec<u8>);
 }
 
 /// `{head…,"items":[item,item,…]}` where `head` is a JSON object (its
 /// closing brace is left off) and each item a JSON value.
-pub struct ListBody<I> {
+pub struct ListBody<L> {
     head: Option<Bytes>,
-    items: std::vec::IntoIter<I>,
-    /// Whether an item has been written (the next one takes a comma).
-    started: bool,
+    items: L,
+    /// The next item to write (after the first, each takes a comma).
+    next: usize,
     /// Bytes not yet handed out; 0 once the closing `]}` is.
     remaining: u64,
 }
@@ -37,13 +39,17 @@ pub struct ListBody<I> {
 const ITEMS: &[u8] = b",\"items\":[";
 const END: &[u8] = b"]}";
 
-impl<I: ListItem> ListBody<I> {
+impl<L: ListItems> ListBody<L> {
     /// `head` is an encoded JSON object such as `{"kind":…,"metadata":{…}}`.
-    pub fn new(head: &[u8], items: Vec<I>) -> Self {
+    pub fn new(head: &[u8], items: L) -> Self {
         let head = Bytes::copy_from_slice(&head[..head.len().saturating_sub(1)]);
-        let commas = items.len().saturating_sub(1);
-        let len = head.len() + ITEMS.len() + items.iter().map(I::json_len).sum::<usize>() + commas + END.len();
-        ListBody { head: Some(head), items: items.into_iter(), started: false, remaining: len as u64 }
+        let n = items.count();
+        let len = head.len()
+            + ITEMS.len()
+            + (0..n).map(|i| items.json_len(i)).sum::<usize>()
+            + n.saturating_sub(1)
+            + END.len();
+        ListBody { head: Some(head), items, next: 0, remaining: len as u64 }
     }
 
     /// The next write: parts copied together up to about `CHUNK_BYTES` (more
@@ -58,22 +64,22 @@ impl<I: ListItem> ListBody<I> {
             out.extend_from_slice(ITEMS);
         }
         while out.len() < CHUNK_BYTES {
-            let Some(item) = self.items.next() else {
+            if self.next == self.items.count() {
                 out.extend_from_slice(END);
                 break;
-            };
-            if self.started {
+            }
+            if self.next > 0 {
                 out.push(b',');
             }
-            self.started = true;
-            item.write_json(&mut out);
+            self.items.write_json(self.next, &mut out);
+            self.next += 1;
         }
         self.remaining -= out.len() as u64;
         Some(Bytes::from(out))
     }
 }
 
-impl<I: ListItem + Unpin> Body for ListBody<I> {
+impl<L: ListItems + Unpin> Body for ListBody<L> {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -95,17 +101,21 @@ mod tests {
     use super::*;
     use serde_json::{json, Value};
 
-    impl ListItem for Bytes {
-        fn json_len(&self) -> usize {
+    impl ListItems for Vec<Bytes> {
+        fn count(&self) -> usize {
             self.len()
         }
 
-        fn write_json(&self, out: &mut Vec<u8>) {
-            out.extend_from_slice(self);
+        fn json_len(&self, i: usize) -> usize {
+            self[i].len()
+        }
+
+        fn write_json(&self, i: usize, out: &mut Vec<u8>) {
+            out.extend_from_slice(&self[i]);
         }
     }
 
-    fn collect(mut body: ListBody<Bytes>) -> (Vec<u8>, Vec<usize>) {
+    fn collect(mut body: ListBody<Vec<Bytes>>) -> (Vec<u8>, Vec<usize>) {
         let promised = body.size_hint().exact().expect("an exact length");
         let (mut all, mut sizes) = (Vec::new(), Vec::new());
         while let Some(c) = body.next_chunk() {

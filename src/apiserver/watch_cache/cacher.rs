@@ -4,7 +4,7 @@
 //! lists and watches of the resource are served from it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ops::Bound::{Excluded, Included};
+use std::ops::Range;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use super::object::{CachedEvent, CachedObject, EventType, Form};
+use super::snapshot::{Snapshot, SnapshotSlot};
 use super::watcher::{Filter, Inbox, Views, Watchers};
 use super::window::{TooOld, Window};
 use crate::apiserver::selectable_fields::SelectableField;
@@ -58,20 +59,65 @@ pub(super) struct State {
     objects: BTreeMap<String, Arc<CachedObject>>,
     /// Keys by the value of the indexed field.
     by_index: HashMap<String, BTreeSet<String>>,
+    /// The objects as one array, for lists.
+    snapshot: SnapshotSlot,
     pub(super) rev: i64,
     window: Window,
     watchers: Watchers,
     bookmark_due: bool,
 }
 
-/// A snapshot of some of the objects, at one revision.
+/// Some of the objects, at one revision: positions in a snapshot that
+/// the list holds while it is sent.
 pub struct Listed {
-    pub items: Vec<Arc<CachedObject>>,
+    objects: Arc<Snapshot>,
+    picked: Picked,
     pub rev: i64,
     /// The key the next page starts at.
     pub next_key: Option<Vec<u8>>,
     /// Objects after this page (counted when there are no selectors).
     pub remaining: Option<i64>,
+}
+
+/// Which of the snapshot's objects a list has.
+enum Picked {
+    /// All of one run of them.
+    Run(Range<usize>),
+    /// Those the selectors admitted.
+    At(Vec<u32>),
+}
+
+impl Listed {
+    pub fn len(&self) -> usize {
+        match &self.picked {
+            Picked::Run(r) => r.len(),
+            Picked::At(at) => at.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The list's `i`-th object.
+    pub fn get(&self, i: usize) -> Option<&Arc<CachedObject>> {
+        let at = match &self.picked {
+            Picked::Run(r) => r.start + i,
+            Picked::At(at) => *at.get(i)? as usize,
+        };
+        self.objects.get(at)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<CachedObject>> {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+}
+
+/// Where the next page starts: just after `obj`'s key.
+fn key_after(obj: &CachedObject) -> Vec<u8> {
+    let mut k = obj.key.clone().into_bytes();
+    k.push(0);
+    k
 }
 
 /// Where a watch starts.
@@ -110,6 +156,7 @@ impl Cacher {
             state: RwLock::new(State {
                 objects: BTreeMap::new(),
                 by_index: HashMap::new(),
+                snapshot: SnapshotSlot::default(),
                 rev: 0,
                 window: Window::new(window_size, 0),
                 watchers: Watchers::default(),
@@ -172,6 +219,7 @@ impl Cacher {
             let mut st = self.write();
             st.objects.clear();
             st.by_index.clear();
+            st.snapshot.clear();
             for obj in items {
                 let obj = Arc::new(obj);
                 if let Some(v) = &obj.index {
@@ -275,6 +323,7 @@ impl Cacher {
             EventType::Deleted => st.objects.remove(&object.key),
             _ => st.objects.insert(object.key.clone(), object.clone()),
         };
+        st.snapshot.follow(kind, &object);
         if let Some(p) = &prev {
             if let Some(v) = &p.index {
                 if let Some(keys) = st.by_index.get_mut(&**v) {
@@ -302,60 +351,60 @@ impl Cacher {
     /// The objects under `key_prefix` that `filter` admits, in key order,
     /// from `start` on, at most `limit` (0: all).
     pub fn list(&self, filter: &Filter, start: Option<&[u8]>, limit: usize) -> Listed {
-        let st = self.read();
-        let from = start.map(|s| String::from_utf8_lossy(s).into_owned()).unwrap_or_else(|| filter.key.clone());
-        let mut items = Vec::new();
-        let mut next_key = None;
-        let mut remaining = None;
-        let indexed: Option<Vec<Arc<CachedObject>>> = filter.trigger.as_ref().map(|v| {
-            st.by_index
-                .get(v)
-                .map(|keys| keys.range(from.clone()..).filter_map(|k| st.objects.get(k).cloned()).collect())
-                .unwrap_or_default()
-        });
-        // Without an index, the keys under the prefix are one range of the
-        // map, bounded at both ends: no key is compared with the prefix.
-        let end = scope_end(&filter.key);
-        let bounded = indexed.is_none() && end.is_some();
-        let mut candidates: Box<dyn Iterator<Item = &Arc<CachedObject>>> = match (&indexed, &end) {
-            (Some(objs), _) => Box::new(objs.iter()),
-            (None, Some(end)) if from.as_str() >= end.as_str() => Box::new(std::iter::empty()),
-            (None, Some(end)) => {
-                Box::new(st.objects.range::<str, _>((Included(from.as_str()), Excluded(end.as_str()))).map(|(_, o)| o))
+        let from = start.map(|s| String::from_utf8_lossy(s).into_owned()).unwrap_or_default().max(filter.key.clone());
+        let (objects, scope, rev) = {
+            let st = self.read();
+            match &filter.trigger {
+                Some(v) => {
+                    let objs: Vec<Arc<CachedObject>> = st
+                        .by_index
+                        .get(v)
+                        .map(|keys| {
+                            keys.range(from.clone()..)
+                                .filter(|k| k.starts_with(&filter.key))
+                                .filter_map(|k| st.objects.get(k).cloned())
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    let n = objs.len();
+                    (Arc::new(Snapshot::of(objs)), 0..n, st.rev)
+                }
+                None => {
+                    let objects = st.snapshot.share(&st.objects);
+                    let scope = objects.scope(&filter.key, &from);
+                    (objects, scope, st.rev)
+                }
             }
-            (None, None) => Box::new(st.objects.range(from..).map(|(_, o)| o)),
         };
-        for obj in candidates.by_ref() {
-            if !bounded && !obj.key.starts_with(&filter.key) {
-                if indexed.is_some() {
+        // The selectors run on the snapshot, with the cache free to change.
+        let (mut next_key, mut remaining) = (None, None);
+        let picked = if filter.predicate.is_none() && !filter.exact {
+            let end = if limit > 0 { scope.start + limit.min(scope.len()) } else { scope.end };
+            if end < scope.end {
+                next_key = objects.get(end - 1).map(|o| key_after(o));
+                remaining = Some((scope.end - end) as i64);
+            }
+            Picked::Run(scope.start..end)
+        } else {
+            let mut at = Vec::new();
+            for i in scope.clone() {
+                let Some(obj) = objects.get(i) else { break };
+                if !filter.admits_in_scope(obj) {
                     continue;
                 }
-                break;
+                at.push(i as u32);
+                if limit > 0 && at.len() >= limit {
+                    let left = scope.end - i - 1;
+                    if left > 0 {
+                        next_key = Some(key_after(obj));
+                        remaining = filter.predicate.is_none().then_some(left as i64);
+                    }
+                    break;
+                }
             }
-            if !filter.admits_in_scope(obj) {
-                continue;
-            }
-            items.push(obj.clone());
-            if limit > 0 && items.len() >= limit {
-                let mut k = obj.key.clone().into_bytes();
-                k.push(0);
-                next_key = Some(k);
-                break;
-            }
-        }
-        if next_key.is_some() {
-            let left = if bounded {
-                candidates.count()
-            } else {
-                candidates.take_while(|o| o.key.starts_with(&filter.key)).count()
-            } as i64;
-            if left == 0 {
-                next_key = None;
-            } else if filter.predicate.is_none() {
-                remaining = Some(left);
-            }
-        }
-        Listed { items, rev: st.rev, next_key, remaining }
+            Picked::At(at)
+        };
+        Listed { objects, picked, rev, next_key, remaining }
     }
 
     /// Registers a watcher: under the cache's lock, so that what it is sent
@@ -418,13 +467,4 @@ impl Cacher {
 /// holds with.
 pub fn too_old(rev: i64, t: TooOld) -> ApiError {
     ApiError::gone(format!("too old resource version: {rev} ({})", t.oldest))
-}
-
-/// The first key after every key under `prefix` (a key range's end), when
-/// it is still a string; None leaves the range open and its keys checked.
-fn scope_end(prefix: &str) -> Option<String> {
-    if prefix.is_empty() {
-        return None;
-    }
-    String::from_utf8(crate::store::keys::prefix_end(prefix.as_bytes())).ok()
 }

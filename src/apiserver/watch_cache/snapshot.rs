@@ -1,0 +1,156 @@
+//! The cache's objects in key order as one shared array, so that a list
+//! takes one share of the array instead of one share of every object it
+//! sends. A share of an object is an atomic count in the object's own
+//! memory: taken and given back per object and per list, those counts
+//! moved each object's line from core to core while lists ran side by
+//! side (12 % of the server's CPU in a list of 5,000 ConfigMaps at 16
+//! clients, on the instruction after the count's decrement).
+//!
+//! The array follows the objects change by change while no list holds it;
+//! a change that finds it held lets it go to the lists that hold it, and
+//! the next list makes a new one.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use super::object::{CachedObject, EventType};
+
+/// The objects at one revision, in key order.
+pub struct Snapshot(Vec<Arc<CachedObject>>);
+
+impl Snapshot {
+    pub fn of(objects: Vec<Arc<CachedObject>>) -> Snapshot {
+        debug_assert!(objects.windows(2).all(|w| w[0].key < w[1].key), "in key order");
+        Snapshot(objects)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn get(&self, i: usize) -> Option<&Arc<CachedObject>> {
+        self.0.get(i)
+    }
+
+    /// The positions of the keys from `from` on that start with `prefix`
+    /// (`from` is at or after `prefix`): one run of the array.
+    pub fn scope(&self, prefix: &str, from: &str) -> Range<usize> {
+        let start = self.0.partition_point(|o| o.key.as_str() < from);
+        let len = self.0[start..].partition_point(|o| o.key.starts_with(prefix));
+        start..start + len
+    }
+
+    /// One change, as the cache's objects took it.
+    fn apply(&mut self, kind: EventType, object: &Arc<CachedObject>) {
+        match (self.0.binary_search_by(|o| o.key.as_str().cmp(&object.key)), kind) {
+            (Ok(i), EventType::Deleted) => {
+                self.0.remove(i);
+            }
+            (Ok(i), _) => self.0[i] = object.clone(),
+            (Err(_), EventType::Deleted) => {}
+            (Err(i), _) => self.0.insert(i, object.clone()),
+        }
+    }
+}
+
+/// Where the cache keeps its snapshot between lists.
+#[derive(Default)]
+pub struct SnapshotSlot(Mutex<Option<Arc<Snapshot>>>);
+
+impl SnapshotSlot {
+    /// The snapshot of `objects`, made now when there is none (the caller
+    /// holds the cache's lock, so `objects` is the state the slot follows).
+    pub fn share(&self, objects: &BTreeMap<String, Arc<CachedObject>>) -> Arc<Snapshot> {
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert_with(|| Arc::new(Snapshot::of(objects.values().cloned().collect()))).clone()
+    }
+
+    /// Follows one change: applied in place while no list holds the
+    /// snapshot, else left to those that hold it.
+    pub fn follow(&mut self, kind: EventType, object: &Arc<CachedObject>) {
+        let slot = self.0.get_mut().unwrap_or_else(|e| e.into_inner());
+        match slot.as_mut().map(Arc::get_mut) {
+            Some(Some(snapshot)) => snapshot.apply(kind, object),
+            Some(None) => *slot = None,
+            None => {}
+        }
+    }
+
+    /// Forgets the snapshot (the cache lists anew).
+    pub fn clear(&mut self) {
+        *self.0.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::watch_cache::object::Form;
+    use serde_json::json;
+
+    fn obj(ns: &str, name: &str, rev: i64) -> Arc<CachedObject> {
+        let v = json!({"metadata": {"name": name, "namespace": ns, "resourceVersion": rev.to_string()}});
+        let form = Form::new("v1", "ConfigMap", None);
+        Arc::new(CachedObject::new(format!("/registry/configmaps/{ns}/{name}"), rev, v, &form))
+    }
+
+    fn keys(s: &Snapshot) -> Vec<(String, i64)> {
+        s.0.iter().map(|o| (o.key.clone(), o.rev)).collect()
+    }
+
+    fn map(objs: &[Arc<CachedObject>]) -> BTreeMap<String, Arc<CachedObject>> {
+        objs.iter().map(|o| (o.key.clone(), o.clone())).collect()
+    }
+
+    #[test]
+    fn scope_is_the_run_of_keys_under_the_prefix_from_the_start_key() {
+        let objs = [obj("a", "x", 1), obj("b", "x", 2), obj("b", "y", 3), obj("bb", "x", 4), obj("c", "x", 5)];
+        let s = Snapshot::of(objs.to_vec());
+        let p = "/registry/configmaps/";
+        assert_eq!(s.scope(p, p), 0..5);
+        assert_eq!(s.scope(&format!("{p}b/"), &format!("{p}b/")), 1..3, "b/ is not bb/");
+        assert_eq!(s.scope(&format!("{p}b/"), &format!("{p}b/x\0")), 2..3, "a continue key is after its object");
+        assert_eq!(s.scope(&format!("{p}z/"), &format!("{p}z/")), 5..5);
+        assert_eq!(s.scope(&format!("{p}0/"), &format!("{p}0/")), 0..0);
+    }
+
+    #[test]
+    fn an_unshared_snapshot_follows_the_objects_and_a_shared_one_is_let_go() {
+        let mut objects = map(&[obj("a", "x", 1), obj("a", "z", 2)]);
+        let mut slot = SnapshotSlot::default();
+        slot.follow(EventType::Added, &obj("a", "q", 3));
+        let first = slot.share(&objects);
+        assert_eq!(keys(&first).len(), 2, "made from the objects");
+        drop(first);
+        for (kind, o) in [
+            (EventType::Added, obj("a", "y", 3)),
+            (EventType::Modified, obj("a", "x", 4)),
+            (EventType::Deleted, obj("a", "z", 5)),
+            (EventType::Deleted, obj("a", "nothing", 6)),
+            (EventType::Added, obj("a", "a", 7)),
+        ] {
+            match kind {
+                EventType::Deleted => objects.remove(&o.key),
+                _ => objects.insert(o.key.clone(), o.clone()),
+            };
+            slot.follow(kind, &o);
+        }
+        let followed = slot.share(&objects);
+        let made = Snapshot::of(objects.values().cloned().collect());
+        assert_eq!(keys(&followed), keys(&made), "changed in place as the objects were");
+
+        // Held by a list: the list keeps what it had, the slot lets it go.
+        let changed = obj("a", "y", 8);
+        objects.insert(changed.key.clone(), changed.clone());
+        slot.follow(EventType::Modified, &changed);
+        assert!(keys(&followed).contains(&("/registry/configmaps/a/y".into(), 3)), "the list's view is unchanged");
+        let next = slot.share(&objects);
+        assert!(!Arc::ptr_eq(&followed, &next), "a new snapshot");
+        assert!(keys(&next).contains(&("/registry/configmaps/a/y".into(), 8)));
+    }
+}
