@@ -8,13 +8,20 @@
 //!
 //! The array follows the objects change by change while no list holds it;
 //! a change that finds it held lets it go to the lists that hold it, and
-//! the next list makes a new one.
+//! the next list makes a new one. Following costs each change a search
+//! and a move of the array's tail, so a snapshot no list has asked for in
+//! `UNLISTED_CHANGES` changes is let go too: writes to a resource nobody
+//! lists (ConfigMaps created by the thousand) do not pay for it.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use super::object::{CachedObject, EventType};
+
+/// Changes a snapshot follows without a list asking for it before it is
+/// let go: about what making it again costs (a share of every object).
+pub const UNLISTED_CHANGES: usize = 128;
 
 /// The objects at one revision, in key order.
 pub struct Snapshot(Vec<Arc<CachedObject>>);
@@ -60,30 +67,45 @@ impl Snapshot {
 
 /// Where the cache keeps its snapshot between lists.
 #[derive(Default)]
-pub struct SnapshotSlot(Mutex<Option<Arc<Snapshot>>>);
+pub struct SnapshotSlot(Mutex<Slot>);
+
+#[derive(Default)]
+struct Slot {
+    snapshot: Option<Arc<Snapshot>>,
+    /// Changes since a list last asked for the snapshot.
+    unlisted: usize,
+}
 
 impl SnapshotSlot {
     /// The snapshot of `objects`, made now when there is none (the caller
     /// holds the cache's lock, so `objects` is the state the slot follows).
     pub fn share(&self, objects: &BTreeMap<String, Arc<CachedObject>>) -> Arc<Snapshot> {
         let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        slot.get_or_insert_with(|| Arc::new(Snapshot::of(objects.values().cloned().collect()))).clone()
+        slot.unlisted = 0;
+        slot.snapshot.get_or_insert_with(|| Arc::new(Snapshot::of(objects.values().cloned().collect()))).clone()
     }
 
     /// Follows one change: applied in place while no list holds the
-    /// snapshot, else left to those that hold it.
+    /// snapshot and lists still ask for it, else let go.
     pub fn follow(&mut self, kind: EventType, object: &Arc<CachedObject>) {
         let slot = self.0.get_mut().unwrap_or_else(|e| e.into_inner());
-        match slot.as_mut().map(Arc::get_mut) {
-            Some(Some(snapshot)) => snapshot.apply(kind, object),
-            Some(None) => *slot = None,
+        slot.unlisted += 1;
+        let wanted = slot.unlisted <= UNLISTED_CHANGES;
+        match slot.snapshot.as_mut().map(Arc::get_mut) {
+            Some(Some(snapshot)) if wanted => snapshot.apply(kind, object),
+            Some(_) => slot.snapshot = None,
             None => {}
         }
     }
 
     /// Forgets the snapshot (the cache lists anew).
     pub fn clear(&mut self) {
-        *self.0.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+        self.0.get_mut().unwrap_or_else(|e| e.into_inner()).snapshot = None;
+    }
+
+    #[cfg(test)]
+    fn held(&mut self) -> bool {
+        self.0.get_mut().unwrap_or_else(|e| e.into_inner()).snapshot.is_some()
     }
 }
 
@@ -152,5 +174,22 @@ mod tests {
         let next = slot.share(&objects);
         assert!(!Arc::ptr_eq(&followed, &next), "a new snapshot");
         assert!(keys(&next).contains(&("/registry/configmaps/a/y".into(), 8)));
+    }
+
+    #[test]
+    fn a_snapshot_no_list_asks_for_is_let_go() {
+        let objects = map(&[obj("a", "x", 1)]);
+        let mut slot = SnapshotSlot::default();
+        drop(slot.share(&objects));
+        for i in 0..UNLISTED_CHANGES {
+            slot.follow(EventType::Modified, &obj("a", "x", 2 + i as i64));
+        }
+        assert!(slot.held(), "followed while lists may still come");
+        drop(slot.share(&objects));
+        for i in 0..=UNLISTED_CHANGES {
+            assert!(slot.held(), "change {i}");
+            slot.follow(EventType::Modified, &obj("a", "x", 1000 + i as i64));
+        }
+        assert!(!slot.held(), "let go after {UNLISTED_CHANGES} changes without a list");
     }
 }
