@@ -201,7 +201,7 @@ struct PodOnlyName {
 /// key anywhere only its name is read (an unbound pod's edges are never
 /// looked at: `on_node` is false for it).
 pub fn parse_pod_edges(bytes: &[u8]) -> serde_json::Result<PodEdges> {
-    if !bytes.windows(10).any(|w| w == b"\"nodeName\"") {
+    if memchr::memmem::find(bytes, b"\"nodeName\"").is_none() {
         let PodOnlyName { metadata } = serde_json::from_slice(bytes)?;
         return Ok(PodEdges {
             name: metadata.name.unwrap_or_default().into(),
