@@ -32,14 +32,6 @@ impl Snapshot {
         Snapshot(objects)
     }
 
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     pub fn get(&self, i: usize) -> Option<&Arc<CachedObject>> {
         self.0.get(i)
     }
