@@ -7,7 +7,8 @@
 //! `cargo bench --bench watch_cache [-- --quick]`; `FERROK_BENCH_ARGS`
 //! adds server flags (`--default-watch-cache-size 0` turns the cache off,
 //! so the store answers every read), `FERROK_BIN` runs another binary,
-//! `FERROK_BENCH_LISTS` sets the lists per list phase (40).
+//! `FERROK_BENCH_LISTS` sets the lists per list phase (40),
+//! `FERROK_BENCH_CREATE_CLIENTS` the clients that create (16).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -102,9 +103,13 @@ async fn main() {
     println!("server flags: {flags:?}");
     println!("server RSS at rest: {:.1} MiB", rss_kib(pid).0 as f64 / 1024.0);
 
-    // Creates of 5,000 1 KiB ConfigMaps at 16 clients.
+    // Creates of 5,000 1 KiB ConfigMaps at 16 clients
+    // (FERROK_BENCH_CREATE_CLIENTS: another count, to see how much of the
+    // time at 16 is waiting rather than work).
     let n_cms = if quick { 1000 } else { 5000 };
-    phase(pid, "create configmap 1KiB", &kubeconfig, 16, n_cms / 16 + 1, |c, k, i| async move {
+    let creators =
+        std::env::var("FERROK_BENCH_CREATE_CLIENTS").ok().and_then(|n| n.parse().ok()).filter(|n| *n > 0).unwrap_or(16);
+    phase(pid, "create configmap 1KiB", &kubeconfig, creators, n_cms / creators + 1, |c, k, i| async move {
         let api: Api<ConfigMap> = Api::namespaced(c, "default");
         if let Err(e) = api.create(&PostParams::default(), &cm(&format!("cm-{k:02}-{i:05}"))).await {
             eprintln!("create: {e}");
