@@ -370,8 +370,7 @@ impl Cacher {
                     (Arc::new(Snapshot::of(objs)), 0..n, st.rev)
                 }
                 None => {
-                    let objects = st.snapshot.share(&st.objects);
-                    let scope = objects.scope(&filter.key, &from);
+                    let (objects, scope) = st.snapshot.for_list(&st.objects, &filter.key, &from);
                     (objects, scope, st.rev)
                 }
             }

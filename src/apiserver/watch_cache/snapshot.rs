@@ -11,10 +11,13 @@
 //! the next list makes a new one. Following costs each change a search
 //! and a move of the array's tail, so a snapshot no list has asked for in
 //! `UNLISTED_CHANGES` changes is let go too: writes to a resource nobody
-//! lists (ConfigMaps created by the thousand) do not pay for it.
+//! lists (ConfigMaps created by the thousand) do not pay for it. While
+//! there is none, a list of fewer than half of the objects (a small
+//! namespace of a large resource) takes a share of each of its own, as
+//! making a snapshot of all of them would cost more than it saves.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
+use std::ops::{Bound, Range};
 use std::sync::{Arc, Mutex};
 
 use super::object::{CachedObject, EventType};
@@ -44,6 +47,11 @@ impl Snapshot {
         start..start + len
     }
 
+    #[cfg(test)]
+    fn len_for_tests(&self) -> usize {
+        self.0.len()
+    }
+
     /// One change, as the cache's objects took it.
     fn apply(&mut self, kind: EventType, object: &Arc<CachedObject>) {
         match (self.0.binary_search_by(|o| o.key.as_str().cmp(&object.key)), kind) {
@@ -69,12 +77,42 @@ struct Slot {
 }
 
 impl SnapshotSlot {
-    /// The snapshot of `objects`, made now when there is none (the caller
-    /// holds the cache's lock, so `objects` is the state the slot follows).
-    pub fn share(&self, objects: &BTreeMap<String, Arc<CachedObject>>) -> Arc<Snapshot> {
+    /// What a list of the keys under `prefix` from `from` on reads, and
+    /// where in it: the snapshot when there is one, or when the list
+    /// covers most of `objects` (it is made then, for the lists after);
+    /// else the list's own few objects, as making a snapshot of every
+    /// object for them would cost more than it saves. The caller holds
+    /// the cache's lock, so `objects` is the state the slot follows.
+    pub fn for_list(
+        &self,
+        objects: &BTreeMap<String, Arc<CachedObject>>,
+        prefix: &str,
+        from: &str,
+    ) -> (Arc<Snapshot>, Range<usize>) {
         let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.snapshot.is_none() {
+            let most = objects.len() / 2;
+            let (mut few, mut covers_most) = (Vec::new(), false);
+            for (key, obj) in objects.range::<str, _>((Bound::Included(from), Bound::Unbounded)) {
+                if !key.starts_with(prefix) {
+                    break;
+                }
+                if few.len() >= most {
+                    covers_most = true;
+                    break;
+                }
+                few.push(obj.clone());
+            }
+            if !covers_most {
+                let n = few.len();
+                return (Arc::new(Snapshot::of(few)), 0..n);
+            }
+        }
         slot.unlisted = 0;
-        slot.snapshot.get_or_insert_with(|| Arc::new(Snapshot::of(objects.values().cloned().collect()))).clone()
+        let snapshot =
+            slot.snapshot.get_or_insert_with(|| Arc::new(Snapshot::of(objects.values().cloned().collect()))).clone();
+        let scope = snapshot.scope(prefix, from);
+        (snapshot, scope)
     }
 
     /// Follows one change: applied in place while no list holds the
@@ -117,6 +155,13 @@ mod tests {
         s.0.iter().map(|o| (o.key.clone(), o.rev)).collect()
     }
 
+    /// A list of every object.
+    fn all(slot: &SnapshotSlot, objects: &BTreeMap<String, Arc<CachedObject>>) -> Arc<Snapshot> {
+        let (snapshot, scope) = slot.for_list(objects, "/registry/configmaps/", "/registry/configmaps/");
+        assert_eq!(scope, 0..objects.len());
+        snapshot
+    }
+
     fn map(objs: &[Arc<CachedObject>]) -> BTreeMap<String, Arc<CachedObject>> {
         objs.iter().map(|o| (o.key.clone(), o.clone())).collect()
     }
@@ -138,7 +183,7 @@ mod tests {
         let mut objects = map(&[obj("a", "x", 1), obj("a", "z", 2)]);
         let mut slot = SnapshotSlot::default();
         slot.follow(EventType::Added, &obj("a", "q", 3));
-        let first = slot.share(&objects);
+        let first = all(&slot, &objects);
         assert_eq!(keys(&first).len(), 2, "made from the objects");
         drop(first);
         for (kind, o) in [
@@ -154,7 +199,8 @@ mod tests {
             };
             slot.follow(kind, &o);
         }
-        let followed = slot.share(&objects);
+        let followed = all(&slot, &objects);
+        assert!(slot.held(), "the slot's own snapshot, followed since the first list");
         let made = Snapshot::of(objects.values().cloned().collect());
         assert_eq!(keys(&followed), keys(&made), "changed in place as the objects were");
 
@@ -163,7 +209,7 @@ mod tests {
         objects.insert(changed.key.clone(), changed.clone());
         slot.follow(EventType::Modified, &changed);
         assert!(keys(&followed).contains(&("/registry/configmaps/a/y".into(), 3)), "the list's view is unchanged");
-        let next = slot.share(&objects);
+        let next = all(&slot, &objects);
         assert!(!Arc::ptr_eq(&followed, &next), "a new snapshot");
         assert!(keys(&next).contains(&("/registry/configmaps/a/y".into(), 8)));
     }
@@ -172,16 +218,38 @@ mod tests {
     fn a_snapshot_no_list_asks_for_is_let_go() {
         let objects = map(&[obj("a", "x", 1)]);
         let mut slot = SnapshotSlot::default();
-        drop(slot.share(&objects));
+        drop(all(&slot, &objects));
         for i in 0..UNLISTED_CHANGES {
             slot.follow(EventType::Modified, &obj("a", "x", 2 + i as i64));
         }
         assert!(slot.held(), "followed while lists may still come");
-        drop(slot.share(&objects));
+        drop(all(&slot, &objects));
         for i in 0..=UNLISTED_CHANGES {
             assert!(slot.held(), "change {i}");
             slot.follow(EventType::Modified, &obj("a", "x", 1000 + i as i64));
         }
         assert!(!slot.held(), "let go after {UNLISTED_CHANGES} changes without a list");
+    }
+
+    #[test]
+    fn a_list_of_a_few_objects_copies_them_unless_a_snapshot_is_there() {
+        let objects = map(&[obj("a", "x", 1), obj("b", "x", 2), obj("b", "y", 3), obj("c", "x", 4), obj("c", "y", 5)]);
+        let mut slot = SnapshotSlot::default();
+        let few = |slot: &SnapshotSlot, ns: &str| {
+            let prefix = format!("/registry/configmaps/{ns}/");
+            let (s, scope) = slot.for_list(&objects, &prefix, &prefix);
+            s.0[scope].iter().map(|o| o.key.clone()).collect::<Vec<_>>()
+        };
+        assert_eq!(few(&slot, "b"), ["/registry/configmaps/b/x", "/registry/configmaps/b/y"]);
+        assert_eq!(few(&slot, "z"), Vec::<String>::new());
+        assert!(!slot.held(), "two of five objects, or none, make no snapshot");
+        let prefix = "/registry/configmaps/";
+        let (s, scope) = slot.for_list(&objects, prefix, &format!("{prefix}b/"));
+        assert_eq!(scope.len(), 4, "from b/ on: most of the objects");
+        assert_eq!(s.len_for_tests(), 5, "the snapshot holds them all");
+        assert!(slot.held());
+        drop(s);
+        let (s, scope) = slot.for_list(&objects, "/registry/configmaps/c/", "/registry/configmaps/c/");
+        assert_eq!((s.len_for_tests(), scope), (5, 3..5), "once made, a small list shares it");
     }
 }
