@@ -253,8 +253,11 @@ async fn a_large_list_from_the_cache_has_its_length_and_the_stores_items() {
     assert_eq!(cached["items"], stored["items"], "the cache's list holds the store's objects at {rv}");
 
     // The lists share one array of the objects, changed in place between
-    // lists: deletes, updates and creates anywhere in key order, some
-    // while a list holds the array (it is read slowly, frame by frame).
+    // lists: deletes, updates and creates anywhere in key order. A list
+    // begun before deletes and read after them, frame by frame, is the
+    // state it began at (whether the server still holds the array then
+    // depends on the socket buffers; the array let go while held is
+    // `snapshot.rs`'s unit test).
     let held = client
         .send(axum::http::Request::get(CMS).body(kube::client::Body::empty()).expect("request"))
         .await

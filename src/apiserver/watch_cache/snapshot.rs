@@ -24,7 +24,7 @@ use super::object::{CachedObject, EventType};
 
 /// Changes a snapshot follows without a list asking for it before it is
 /// let go: about what making it again costs (a share of every object).
-pub const UNLISTED_CHANGES: usize = 128;
+const UNLISTED_CHANGES: usize = 128;
 
 /// The objects at one revision, in key order.
 pub struct Snapshot(Vec<Arc<CachedObject>>);
@@ -45,11 +45,6 @@ impl Snapshot {
         let start = self.0.partition_point(|o| o.key.as_str() < from);
         let len = self.0[start..].partition_point(|o| o.key.starts_with(prefix));
         start..start + len
-    }
-
-    #[cfg(test)]
-    fn len_for_tests(&self) -> usize {
-        self.0.len()
     }
 
     /// One change, as the cache's objects took it.
@@ -246,10 +241,10 @@ mod tests {
         let prefix = "/registry/configmaps/";
         let (s, scope) = slot.for_list(&objects, prefix, &format!("{prefix}b/"));
         assert_eq!(scope.len(), 4, "from b/ on: most of the objects");
-        assert_eq!(s.len_for_tests(), 5, "the snapshot holds them all");
+        assert_eq!(s.0.len(), 5, "the snapshot holds them all");
         assert!(slot.held());
         drop(s);
         let (s, scope) = slot.for_list(&objects, "/registry/configmaps/c/", "/registry/configmaps/c/");
-        assert_eq!((s.len_for_tests(), scope), (5, 3..5), "once made, a small list shares it");
+        assert_eq!((s.0.len(), scope), (5, 3..5), "once made, a small list shares it");
     }
 }
