@@ -367,6 +367,64 @@ fn write_bytes(pid: u32) -> Option<u64> {
     io.lines().find_map(|l| l.strip_prefix("write_bytes:")).and_then(|v| v.trim().parse().ok())
 }
 
+/// CPU time (user and system) process `pid` ("self" for this one) has used
+/// so far, in clock ticks (1/100 s).
+fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Time all CPUs have spent idle (idle and iowait) so far, in clock ticks.
+fn idle_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    Some(cpu.get(3)? + cpu.get(4)?)
+}
+
+/// What a write level cost the machine: CPU per op of the server and of
+/// the clients (this process), and the share of all CPUs left idle; it
+/// tells a level bound by work from one bound by waiting (the disk's
+/// flush, hand-offs between threads).
+struct CpuCost {
+    server: Option<u64>,
+    clients: Option<u64>,
+    idle: Option<u64>,
+    at: Instant,
+}
+
+impl CpuCost {
+    fn start(server: u32) -> CpuCost {
+        CpuCost {
+            server: cpu_ticks(&server.to_string()),
+            clients: cpu_ticks("self"),
+            idle: idle_ticks(),
+            at: Instant::now(),
+        }
+    }
+
+    /// "server µs/op, clients µs/op, idle %" as three columns.
+    fn columns(&self, server: u32, ops: u64) -> String {
+        let per_op = |before: Option<u64>, after: Option<u64>| match (before, after) {
+            (Some(a), Some(b)) if ops > 0 => format!("{:.0}", b.saturating_sub(a) as f64 * 10_000.0 / ops as f64),
+            _ => "?".into(),
+        };
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let idle = match (self.idle, idle_ticks()) {
+            (Some(a), Some(b)) => {
+                format!("{:.0}", b.saturating_sub(a) as f64 / (self.at.elapsed().as_secs_f64() * 100.0 * cpus) * 100.0)
+            }
+            _ => "?".into(),
+        };
+        format!(
+            "{:>10} {:>10} {:>7}",
+            per_op(self.server, cpu_ticks(&server.to_string())),
+            per_op(self.clients, cpu_ticks("self")),
+            idle
+        )
+    }
+}
+
 /// Apparent size and allocated bytes of a file, or of all files under a folder.
 fn disk(path: &Path) -> (u64, u64) {
     use std::os::unix::fs::MetadataExt;
@@ -996,6 +1054,7 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
     for &clients in levels {
         progress!("{name}: writes, {clients} clients, {} s", opts.secs);
         let written_before = write_bytes(t.proc.pid());
+        let cost = CpuCost::start(t.proc.pid());
         match writes(&url, clients, first_id, opts.secs, opts.shared_channel).await {
             Ok(r) => {
                 let per_op = match (written_before, write_bytes(t.proc.pid())) {
@@ -1006,7 +1065,7 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
                 };
                 let _ = writeln!(
                     rep.writes,
-                    "{:<14} {:>7} {:>8} {:>9.0} {:>8} {:>8} {:>8} {:>7} {:>11}",
+                    "{:<14} {:>7} {:>8} {:>9.0} {:>8} {:>8} {:>8} {:>7} {:>11} {}",
                     name,
                     r.clients,
                     r.ops,
@@ -1015,7 +1074,8 @@ async fn run_target(t: &mut Target, opts: &Opts, rep: &mut Report, rest: Mem) {
                     r.lat.pct_ms(0.99),
                     r.lat.max_ms(),
                     r.problems.failed + r.problems.errors,
-                    per_op
+                    per_op,
+                    cost.columns(t.proc.pid(), r.ops)
                 );
                 problems_line(&mut rep.problems, name, &format!("writes/{clients}"), &r.problems);
             }
@@ -1145,10 +1205,22 @@ fn main() {
         if opts.shared_channel { "all clients share one connection" } else { "one connection per client" }
     );
     println!(
-        "{:<14} {:>7} {:>8} {:>9} {:>8} {:>8} {:>8} {:>7} {:>11}",
-        "target", "clients", "ops", "ops/s", "p50_ms", "p99_ms", "max_ms", "failed", "disk_KiB/op"
+        "{:<14} {:>7} {:>8} {:>9} {:>8} {:>8} {:>8} {:>7} {:>11} {:>10} {:>10} {:>7}",
+        "target",
+        "clients",
+        "ops",
+        "ops/s",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "failed",
+        "disk_KiB/op",
+        "srv_us/op",
+        "cli_us/op",
+        "idle_%"
     );
     println!("   disk_KiB/op = the server's write_bytes (/proc/PID/io: what it sent to storage, WAL and checkpoints or snapshots alike) per write");
+    println!("   srv_us/op, cli_us/op = CPU time (user and system) of the server and of this bench's clients per write; idle_% = the share of all CPUs idle meanwhile");
     print!("{}", rep.writes);
     println!();
     println!(
