@@ -38,6 +38,8 @@ use ferrok::store::proto::{
 };
 use tonic::transport::{Channel, Endpoint};
 
+mod common;
+
 const VALUE_BYTES: usize = 1024;
 /// Longest any single RPC may take before it counts as an error (a hang).
 const RPC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -367,14 +369,6 @@ fn write_bytes(pid: u32) -> Option<u64> {
     io.lines().find_map(|l| l.strip_prefix("write_bytes:")).and_then(|v| v.trim().parse().ok())
 }
 
-/// CPU time (user and system) process `pid` ("self" for this one) has used
-/// so far, in clock ticks (1/100 s).
-fn cpu_ticks(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
-    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-}
-
 /// Time all CPUs have spent idle (idle and iowait) so far, in clock ticks.
 fn idle_ticks() -> Option<u64> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
@@ -387,8 +381,8 @@ fn idle_ticks() -> Option<u64> {
 /// tells a level bound by work from one bound by waiting (the disk's
 /// flush, hand-offs between threads).
 struct CpuCost {
-    server: Option<u64>,
-    clients: Option<u64>,
+    server: u64,
+    clients: u64,
     idle: Option<u64>,
     at: Instant,
 }
@@ -396,8 +390,8 @@ struct CpuCost {
 impl CpuCost {
     fn start(server: u32) -> CpuCost {
         CpuCost {
-            server: cpu_ticks(&server.to_string()),
-            clients: cpu_ticks("self"),
+            server: common::cpu_ticks(server),
+            clients: common::cpu_ticks(std::process::id()),
             idle: idle_ticks(),
             at: Instant::now(),
         }
@@ -405,9 +399,8 @@ impl CpuCost {
 
     /// "server µs/op, clients µs/op, idle %" as three columns.
     fn columns(&self, server: u32, ops: u64) -> String {
-        let per_op = |before: Option<u64>, after: Option<u64>| match (before, after) {
-            (Some(a), Some(b)) if ops > 0 => format!("{:.0}", b.saturating_sub(a) as f64 * 10_000.0 / ops as f64),
-            _ => "?".into(),
+        let per_op = |before: u64, after: u64| {
+            format!("{:.0}", after.saturating_sub(before) as f64 * 10_000.0 / ops.max(1) as f64)
         };
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         let idle = match (self.idle, idle_ticks()) {
@@ -418,8 +411,8 @@ impl CpuCost {
         };
         format!(
             "{:>10} {:>10} {:>7}",
-            per_op(self.server, cpu_ticks(&server.to_string())),
-            per_op(self.clients, cpu_ticks("self")),
+            per_op(self.server, common::cpu_ticks(server)),
+            per_op(self.clients, common::cpu_ticks(std::process::id())),
             idle
         )
     }
