@@ -11,7 +11,8 @@
 //! Workloads, run against each target in turn (the others sit idle); the
 //! size test runs first, on the fresh database:
 //! 1. writes: the kube-apiserver's create and update txns, 1 KiB values, at
-//!    several client counts; ops/s and latency.
+//!    several client counts; ops/s, latency, bytes sent to storage and CPU
+//!    per write (server and clients), and the share of the CPUs left idle.
 //! 2. watch: delivery latency (receive time minus the send time carried in
 //!    the value) for a paced writer and for a burst.
 //! 3. size: the database after N updates to K keys, before and after a
