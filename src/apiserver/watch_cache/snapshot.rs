@@ -86,19 +86,15 @@ impl SnapshotSlot {
     ) -> (Arc<Snapshot>, Range<usize>) {
         let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if slot.snapshot.is_none() {
-            let most = objects.len() / 2;
-            let (mut few, mut covers_most) = (Vec::new(), false);
-            for (key, obj) in objects.range::<str, _>((Bound::Included(from), Bound::Unbounded)) {
-                if !key.starts_with(prefix) {
-                    break;
-                }
-                if few.len() >= most {
-                    covers_most = true;
-                    break;
-                }
-                few.push(obj.clone());
-            }
-            if !covers_most {
+            // Counted first, so a list of most objects takes no share of
+            // the half it would then drop.
+            let in_scope = || {
+                objects
+                    .range::<str, _>((Bound::Included(from), Bound::Unbounded))
+                    .take_while(|(key, _)| key.starts_with(prefix))
+            };
+            if in_scope().nth(objects.len() / 2).is_none() {
+                let few: Vec<_> = in_scope().map(|(_, obj)| obj.clone()).collect();
                 let n = few.len();
                 return (Arc::new(Snapshot::of(few)), 0..n);
             }
