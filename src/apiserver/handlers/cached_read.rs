@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use serde_json::{json, Value};
 
-use super::list_body::{ListBody, ListItems};
+use super::list_body::{ListBody, ListItems, SharedListBody};
 use super::read::{bookmark, event, list_response, partial_of, wants_metadata, Filters, WatchParams};
 use super::Call;
 use crate::apiserver::field_order;
@@ -90,12 +90,14 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         let head = json!({"kind": call.resource.list_kind, "apiVersion": api_version, "metadata": meta});
         let head = field_order::to_json(&head);
         let omit = call.omit;
-        let parts = if listed.iter().all(|o| o.is_in(&api_version)) {
-            ListedJson::Cached(listed, omit)
+        let body = if !listed.iter().all(|o| o.is_in(&api_version)) {
+            let encoded = listed.iter().map(|o| o.json_for(&api_version, &kind, omit)).collect();
+            Body::new(ListBody::new(head.as_bytes(), ListedJson::Encoded(encoded)))
+        } else if let Some(writes) = listed.shared_writes(omit) {
+            Body::new(SharedListBody::new(head.as_bytes(), writes))
         } else {
-            ListedJson::Encoded(listed.iter().map(|o| o.json_for(&api_version, &kind, omit)).collect())
+            Body::new(ListBody::new(head.as_bytes(), ListedJson::Cached(listed, omit)))
         };
-        let body = Body::new(ListBody::new(head.as_bytes(), parts));
         return Ok(Some(call.respond_json_body(StatusCode::OK, body)));
     }
     if wants_metadata(call.accept()) && !wants_table(call.accept()) {

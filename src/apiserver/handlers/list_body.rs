@@ -3,17 +3,21 @@
 //! reads it, in writes of about `CHUNK_BYTES`. A list of 5,000 objects is
 //! never copied into one buffer of its whole size: that buffer cost a
 //! fresh mapping per list (a page fault every 4 KiB), and as many of them
-//! as lists in flight.
+//! as lists in flight. A list of a whole run of the cache's objects sends
+//! writes it shares with the other lists of that run (`SharedListBody`).
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
+use crate::apiserver::watch_cache::list_writes::{ListWrites, WRITE_BYTES};
+
 /// How many bytes a write carries (the TLS layer's own buffer is 64 KiB).
-pub const CHUNK_BYTES: usize = 64 << 10;
+pub const CHUNK_BYTES: usize = WRITE_BYTES;
 
 /// The items of a list, each a JSON value copied into the list's writes.
 pub trait ListItems {
@@ -96,6 +100,61 @@ impl<L: ListItems + Unpin> Body for ListBody<L> {
     }
 }
 
+/// `{head…,"items":[…]}` with the items from writes shared with the other
+/// lists of the same objects: the head and `,"items":[` first, then the
+/// shared writes as they are, then `]}`.
+pub struct SharedListBody {
+    head: Option<Bytes>,
+    writes: Arc<ListWrites>,
+    /// The next shared write to send.
+    next: usize,
+    /// Bytes not yet handed out; 0 once the closing `]}` is.
+    remaining: u64,
+}
+
+impl SharedListBody {
+    /// `head` is an encoded JSON object such as `{"kind":…,"metadata":{…}}`.
+    pub fn new(head: &[u8], writes: Arc<ListWrites>) -> Self {
+        let mut first = head[..head.len().saturating_sub(1)].to_vec();
+        first.extend_from_slice(ITEMS);
+        let remaining = (first.len() + END.len()) as u64 + writes.len();
+        SharedListBody { head: Some(Bytes::from(first)), writes, next: 0, remaining }
+    }
+
+    fn next_chunk(&mut self) -> Option<Bytes> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let out = if let Some(head) = self.head.take() {
+            head
+        } else if self.next < self.writes.count() {
+            self.next += 1;
+            self.writes.write(self.next - 1)
+        } else {
+            Bytes::from_static(END)
+        };
+        self.remaining = self.remaining.saturating_sub(out.len() as u64);
+        Some(out)
+    }
+}
+
+impl Body for SharedListBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.get_mut().next_chunk().map(|c| Ok(Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.remaining)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +207,33 @@ mod tests {
             if n == 3000 {
                 assert!(sizes.len() > 1, "a large list is sent in several writes");
             }
+        }
+    }
+
+    #[test]
+    fn a_shared_list_body_is_the_same_json_as_a_list_of_its_own() {
+        use crate::apiserver::watch_cache::object::{CachedObject, Form, Omit};
+        use crate::apiserver::watch_cache::snapshot::Snapshot;
+        let form = Form::new("v1", "ConfigMap", None);
+        for n in [0usize, 1, 200] {
+            let objs: Vec<_> = (0..n)
+                .map(|i| {
+                    let v = json!({"metadata": {"name": format!("cm-{i:04}")}, "data": {"k": "x".repeat(1000)}});
+                    Arc::new(CachedObject::new(format!("/registry/configmaps/a/cm-{i:04}"), 1, v, &form))
+                })
+                .collect();
+            let own: Vec<Bytes> = objs.iter().map(|o| o.json_for("v1", "ConfigMap", Omit::Nothing)).collect();
+            let (want, _) = collect(ListBody::new(&head(), own));
+            let snapshot = Arc::new(Snapshot::of(objs));
+            let mut body = SharedListBody::new(&head(), snapshot.list_writes(0..n, Omit::Nothing));
+            let promised = body.size_hint().exact().expect("an exact length");
+            let mut all = Vec::new();
+            while let Some(c) = body.next_chunk() {
+                all.extend_from_slice(&c);
+                assert_eq!(body.size_hint().exact(), Some(promised - all.len() as u64));
+            }
+            assert!(body.is_end_stream());
+            assert_eq!(String::from_utf8_lossy(&all), String::from_utf8_lossy(&want), "{n} objects");
         }
     }
 

@@ -12,7 +12,8 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
-use super::object::{CachedEvent, CachedObject, EventType, Form};
+use super::list_writes::ListWrites;
+use super::object::{CachedEvent, CachedObject, EventType, Form, Omit};
 use super::snapshot::{Snapshot, SnapshotSlot};
 use super::watcher::{Filter, Inbox, Views, Watchers};
 use super::window::{TooOld, Window};
@@ -110,6 +111,16 @@ impl Listed {
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<CachedObject>> {
         (0..self.len()).filter_map(|i| self.get(i))
+    }
+
+    /// The objects' JSON (in the cache's own apiVersion) joined into writes
+    /// that other lists of the same run share; None when the selectors
+    /// picked some of a run.
+    pub fn shared_writes(&self, omit: Omit) -> Option<Arc<ListWrites>> {
+        match &self.picked {
+            Picked::Run(r) => Some(self.objects.list_writes(r.clone(), omit)),
+            Picked::At(_) => None,
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 //! - `cacher`: one resource's cache and the reflector that fills it;
 //! - `object`: what it holds, with the shared encodings;
 //! - `snapshot`: the objects in key order, shared by the lists in flight;
+//! - `list_writes`: a run of a snapshot's JSON joined into writes, shared too;
 //! - `splice`: the cache's JSON made from the stored JSON without decoding it;
 //! - `window`: the recent events a watch may resume from;
 //! - `watcher`: watchers' filters and bounded buffers;
@@ -14,6 +15,7 @@
 
 pub mod cacher;
 pub mod consistent_read;
+pub mod list_writes;
 pub mod object;
 pub mod snapshot;
 pub mod splice;

@@ -18,44 +18,65 @@
 
 use std::collections::BTreeMap;
 use std::ops::{Bound, Range};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
-use super::object::{CachedObject, EventType};
+use super::list_writes::ListWrites;
+use super::object::{CachedObject, EventType, Omit};
 
 /// Changes a snapshot follows without a list asking for it before it is
 /// let go: about what making it again costs (a share of every object).
 const UNLISTED_CHANGES: usize = 128;
 
 /// The objects at one revision, in key order.
-pub struct Snapshot(Vec<Arc<CachedObject>>);
+pub struct Snapshot {
+    objects: Vec<Arc<CachedObject>>,
+    /// The runs of objects lists in flight send, joined into writes.
+    writes: Mutex<Vec<Weak<ListWrites>>>,
+}
 
 impl Snapshot {
     pub fn of(objects: Vec<Arc<CachedObject>>) -> Snapshot {
         debug_assert!(objects.windows(2).all(|w| w[0].key < w[1].key), "in key order");
-        Snapshot(objects)
+        Snapshot { objects, writes: Mutex::default() }
     }
 
     pub fn get(&self, i: usize) -> Option<&Arc<CachedObject>> {
-        self.0.get(i)
+        self.objects.get(i)
+    }
+
+    /// The writes of the objects `run` with `omit`: the ones a list in
+    /// flight shares, or new ones that the lists after it share.
+    pub fn list_writes(self: &Arc<Self>, run: Range<usize>, omit: Omit) -> Arc<ListWrites> {
+        let mut shared = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = shared.iter().filter_map(Weak::upgrade).find(|w| w.is(&run, omit)) {
+            return w;
+        }
+        shared.retain(|w| w.strong_count() > 0);
+        let w = Arc::new(ListWrites::new(self.clone(), run, omit));
+        shared.push(Arc::downgrade(&w));
+        w
     }
 
     /// The positions of the keys from `from` on that start with `prefix`
     /// (`from` is at or after `prefix`): one run of the array.
     pub fn scope(&self, prefix: &str, from: &str) -> Range<usize> {
-        let start = self.0.partition_point(|o| o.key.as_str() < from);
-        let len = self.0[start..].partition_point(|o| o.key.starts_with(prefix));
+        let start = self.objects.partition_point(|o| o.key.as_str() < from);
+        let len = self.objects[start..].partition_point(|o| o.key.starts_with(prefix));
         start..start + len
     }
 
-    /// One change, as the cache's objects took it.
+    /// One change, as the cache's objects took it (no list holds the
+    /// snapshot, so none holds writes of it either).
     fn apply(&mut self, kind: EventType, object: &Arc<CachedObject>) {
-        match (self.0.binary_search_by(|o| o.key.as_str().cmp(&object.key)), kind) {
+        self.writes.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        let objects = &mut self.objects;
+        match (objects.binary_search_by(|o| o.key.as_str().cmp(&object.key)), kind) {
             (Ok(i), EventType::Deleted) => {
-                self.0.remove(i);
+                objects.remove(i);
             }
-            (Ok(i), _) => self.0[i] = object.clone(),
+            (Ok(i), _) => objects[i] = object.clone(),
             (Err(_), EventType::Deleted) => {}
-            (Err(i), _) => self.0.insert(i, object.clone()),
+            (Err(i), _) => objects.insert(i, object.clone()),
         }
     }
 }
@@ -143,7 +164,7 @@ mod tests {
     }
 
     fn keys(s: &Snapshot) -> Vec<(String, i64)> {
-        s.0.iter().map(|o| (o.key.clone(), o.rev)).collect()
+        s.objects.iter().map(|o| (o.key.clone(), o.rev)).collect()
     }
 
     /// A list of every object.
@@ -206,6 +227,23 @@ mod tests {
     }
 
     #[test]
+    fn lists_in_flight_of_the_same_run_share_its_writes() {
+        let s = Arc::new(Snapshot::of(vec![obj("a", "x", 1), obj("a", "y", 2), obj("b", "x", 3)]));
+        let first = s.list_writes(0..3, Omit::Nothing);
+        let same = s.list_writes(0..3, Omit::Nothing);
+        assert!(Arc::ptr_eq(&first, &same), "the same run, shared");
+        let (run, form) = (s.list_writes(0..2, Omit::Nothing), s.list_writes(0..3, Omit::ManagedFields));
+        assert!(!Arc::ptr_eq(&first, &run), "another run");
+        assert!(!Arc::ptr_eq(&first, &form), "another form");
+        let kept = Arc::downgrade(&first);
+        drop((first, same, run, form));
+        assert!(kept.upgrade().is_none(), "the snapshot does not keep writes no list holds");
+        assert_eq!(s.writes.lock().expect("writes").len(), 3, "until the next list looks");
+        drop(s.list_writes(1..3, Omit::Nothing));
+        assert_eq!(s.writes.lock().expect("writes").len(), 1, "the dead ones are let go");
+    }
+
+    #[test]
     fn a_snapshot_no_list_asks_for_is_let_go() {
         let objects = map(&[obj("a", "x", 1)]);
         let mut slot = SnapshotSlot::default();
@@ -229,7 +267,7 @@ mod tests {
         let few = |slot: &SnapshotSlot, ns: &str| {
             let prefix = format!("/registry/configmaps/{ns}/");
             let (s, scope) = slot.for_list(&objects, &prefix, &prefix);
-            s.0[scope].iter().map(|o| o.key.clone()).collect::<Vec<_>>()
+            s.objects[scope].iter().map(|o| o.key.clone()).collect::<Vec<_>>()
         };
         assert_eq!(few(&slot, "b"), ["/registry/configmaps/b/x", "/registry/configmaps/b/y"]);
         assert_eq!(few(&slot, "z"), Vec::<String>::new());
@@ -237,10 +275,10 @@ mod tests {
         let prefix = "/registry/configmaps/";
         let (s, scope) = slot.for_list(&objects, prefix, &format!("{prefix}b/"));
         assert_eq!(scope.len(), 4, "from b/ on: most of the objects");
-        assert_eq!(s.0.len(), 5, "the snapshot holds them all");
+        assert_eq!(s.objects.len(), 5, "the snapshot holds them all");
         assert!(slot.held());
         drop(s);
         let (s, scope) = slot.for_list(&objects, "/registry/configmaps/c/", "/registry/configmaps/c/");
-        assert_eq!((s.0.len(), scope), (5, 3..5), "once made, a small list shares it");
+        assert_eq!((s.objects.len(), scope), (5, 3..5), "once made, a small list shares it");
     }
 }
