@@ -27,6 +27,8 @@ pub struct ListWrites {
     omit: Omit,
     /// The object each write starts at, then the run's end.
     starts: Vec<usize>,
+    /// Each write's length in bytes.
+    sizes: Vec<usize>,
     writes: Box<[Mutex<Option<Bytes>>]>,
     /// The bytes of all writes.
     len: u64,
@@ -35,23 +37,24 @@ pub struct ListWrites {
 impl ListWrites {
     /// Measures the run and cuts it into writes; nothing is copied yet.
     pub fn new(snapshot: Arc<Snapshot>, run: Range<usize>, omit: Omit) -> ListWrites {
-        let (mut starts, mut len, mut in_write) = (vec![run.start], 0u64, 0usize);
+        let (mut starts, mut sizes, mut in_write) = (vec![run.start], Vec::new(), 0usize);
         for i in run.clone() {
             let n = snapshot.get(i).map_or(0, |o| o.json_slices(omit).iter().map(|s| s.len()).sum());
-            // Each object but the run's first follows a comma.
-            let n = n + usize::from(i > run.start);
             if in_write >= WRITE_BYTES {
                 starts.push(i);
+                sizes.push(in_write);
                 in_write = 0;
             }
-            in_write += n;
-            len += n as u64;
+            // Each object but the run's first follows a comma.
+            in_write += n + usize::from(i > run.start);
         }
         if run.end > run.start {
             starts.push(run.end);
+            sizes.push(in_write);
         }
-        let writes = (0..starts.len() - 1).map(|_| Mutex::new(None)).collect();
-        ListWrites { snapshot, run, omit, starts, writes, len }
+        let len = sizes.iter().map(|n| *n as u64).sum();
+        let writes = sizes.iter().map(|_| Mutex::new(None)).collect();
+        ListWrites { snapshot, run, omit, starts, sizes, writes, len }
     }
 
     /// Whether this is the run `run` of the objects with `omit`.
@@ -87,7 +90,7 @@ impl ListWrites {
 
     fn make(&self, k: usize) -> Bytes {
         let (from, to) = (self.starts[k], self.starts[k + 1]);
-        let mut out = Vec::with_capacity(WRITE_BYTES + (16 << 10));
+        let mut out = Vec::with_capacity(self.sizes[k]);
         for i in from..to {
             if i > self.run.start {
                 out.push(b',');
@@ -98,6 +101,7 @@ impl ListWrites {
                 }
             }
         }
+        debug_assert_eq!(out.len(), self.sizes[k], "a write is as long as measured");
         Bytes::from(out)
     }
 }
@@ -142,6 +146,9 @@ mod tests {
             let w = Arc::new(ListWrites::new(s.clone(), run.clone(), Omit::Nothing));
             let all = joined(&w);
             assert_eq!(all.len() as u64, w.len(), "{run:?}");
+            for k in 0..w.count() {
+                assert_eq!(w.write(k).len(), w.sizes[k], "write {k} is as long as measured");
+            }
             let want: Vec<String> = run.clone().map(|i| format!("cm-{i:05}")).collect();
             assert_eq!(names(&all), want, "{run:?}");
             if run.len() == 300 {
