@@ -117,7 +117,7 @@ impl SharedListBody {
     pub fn new(head: &[u8], writes: Arc<ListWrites>) -> Self {
         let mut first = head[..head.len().saturating_sub(1)].to_vec();
         first.extend_from_slice(ITEMS);
-        let remaining = (first.len() + END.len()) as u64 + writes.len();
+        let remaining = (first.len() + END.len()) as u64 + writes.byte_len();
         SharedListBody { head: Some(Bytes::from(first)), writes, next: 0, remaining }
     }
 

@@ -8,6 +8,8 @@
 //! A write is made by the first list that reaches it and kept while
 //! another list holds the run; a list alone lets each write go once it
 //! has taken it, so one list's memory stays about one write, as before.
+//! Kept writes live in mappings of their own, given back to the kernel
+//! when the last list lets them go.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -63,7 +65,7 @@ impl ListWrites {
     }
 
     /// The bytes of all writes.
-    pub fn len(&self) -> u64 {
+    pub fn byte_len(&self) -> u64 {
         self.len
     }
 
@@ -73,7 +75,8 @@ impl ListWrites {
     }
 
     /// The `k`-th write: the one another list made, or made now. A list
-    /// that holds the run alone keeps nothing it has taken.
+    /// that holds the run alone keeps nothing it has taken; a write kept
+    /// for other lists is made in pages of its own (`Pages`).
     pub fn write(self: &Arc<Self>, k: usize) -> Bytes {
         let Some(slot) = self.writes.get(k) else { return Bytes::new() };
         let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
@@ -81,28 +84,105 @@ impl ListWrites {
         if let Some(made) = if alone { slot.take() } else { slot.clone() } {
             return made;
         }
-        let made = self.make(k);
-        if !alone {
-            *slot = Some(made.clone());
+        if alone {
+            let mut out = Vec::with_capacity(self.sizes[k]);
+            self.fill(k, |part| out.extend_from_slice(part));
+            return Bytes::from(out);
         }
+        let made = match Pages::new(self.sizes[k]) {
+            Some(mut pages) => {
+                let mut at = 0;
+                self.fill(k, |part| {
+                    pages.as_mut()[at..at + part.len()].copy_from_slice(part);
+                    at += part.len();
+                });
+                debug_assert_eq!(at, self.sizes[k], "a write is as long as measured");
+                Bytes::from_owner(pages)
+            }
+            None => {
+                let mut out = Vec::with_capacity(self.sizes[k]);
+                self.fill(k, |part| out.extend_from_slice(part));
+                Bytes::from(out)
+            }
+        };
+        *slot = Some(made.clone());
         made
     }
 
-    fn make(&self, k: usize) -> Bytes {
-        let (from, to) = (self.starts[k], self.starts[k + 1]);
-        let mut out = Vec::with_capacity(self.sizes[k]);
-        for i in from..to {
+    /// Hands the parts of the `k`-th write to `put`, in order: exactly
+    /// `sizes[k]` bytes.
+    fn fill(&self, k: usize, mut put: impl FnMut(&[u8])) {
+        for i in self.starts[k]..self.starts[k + 1] {
             if i > self.run.start {
-                out.push(b',');
+                put(b",");
             }
             if let Some(o) = self.snapshot.get(i) {
                 for s in o.json_slices(self.omit) {
-                    out.extend_from_slice(s);
+                    put(s);
                 }
             }
         }
-        debug_assert_eq!(out.len(), self.sizes[k], "a write is as long as measured");
-        Bytes::from(out)
+    }
+}
+
+/// Bytes in an anonymous mapping of their own, unmapped when the last
+/// share is dropped. The shared writes of 16 lists of 5,000 ConfigMaps
+/// (6.6 MB) made from the heap stayed in the allocator's free pages
+/// afterwards: the server's RSS 10 MiB higher for good.
+struct Pages {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// The mapping is owned by the one `Pages`; it is written only through
+// `&mut` before it is shared, and read through `&` after.
+unsafe impl Send for Pages {}
+unsafe impl Sync for Pages {}
+
+impl Pages {
+    /// `len` (> 0) bytes of zeroed private pages; None if the kernel refuses.
+    fn new(len: usize) -> Option<Pages> {
+        if len == 0 {
+            return None;
+        }
+        // SAFETY: a new private anonymous mapping; no existing memory is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        Some(Pages { ptr: std::ptr::NonNull::new(ptr.cast())?, len })
+    }
+}
+
+impl AsRef<[u8]> for Pages {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` mapped, initialized (zeroed or written) bytes, alive as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl AsMut<[u8]> for Pages {
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_ref`, and `&mut self` is the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once; no slice of it outlives `self`.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
     }
 }
 
@@ -145,7 +225,7 @@ mod tests {
         for run in [0..300, 0..1, 17..250, 5..5] {
             let w = Arc::new(ListWrites::new(s.clone(), run.clone(), Omit::Nothing));
             let all = joined(&w);
-            assert_eq!(all.len() as u64, w.len(), "{run:?}");
+            assert_eq!(all.len() as u64, w.byte_len(), "{run:?}");
             for k in 0..w.count() {
                 assert_eq!(w.write(k).len(), w.sizes[k], "write {k} is as long as measured");
             }
@@ -155,7 +235,7 @@ mod tests {
                 assert!(w.count() > 3, "300 KiB of objects make several writes");
             }
             if run.is_empty() {
-                assert_eq!((w.count(), w.len()), (0, 0));
+                assert_eq!((w.count(), w.byte_len()), (0, 0));
             }
         }
     }
@@ -165,7 +245,7 @@ mod tests {
         let s = snapshot(3, 10);
         let w = Arc::new(ListWrites::new(s, 0..3, Omit::ManagedFields));
         let all = joined(&w);
-        assert_eq!(all.len() as u64, w.len());
+        assert_eq!(all.len() as u64, w.byte_len());
         let list: Vec<Value> = serde_json::from_slice(&[b"[", &all[..], b"]"].concat()).expect("JSON");
         assert!(list.iter().all(|o| o["metadata"].get("managedFields").is_none()), "{list:?}");
         assert_eq!(list.len(), 3);
@@ -185,5 +265,8 @@ mod tests {
         let second = other.write(1);
         assert_eq!(first.as_ptr(), second.as_ptr(), "the other list sends the same bytes, not a copy");
         assert_eq!(other.write(0), alone, "made again, the same bytes");
+        drop(other);
+        assert_eq!(w.write(1), first, "the kept write is handed to the list left alone");
+        assert!(w.writes[1].lock().expect("slot").is_none(), "and no longer kept");
     }
 }
