@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use serde_json::{json, Value};
 
-use super::list_body::{ListBody, ListItems, SharedListBody};
+use super::list_body::{ListBody, ListItems};
 use super::read::{bookmark, event, list_response, partial_of, wants_metadata, Filters, WatchParams};
 use super::Call;
 use crate::apiserver::field_order;
@@ -94,7 +94,7 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
             let encoded = listed.iter().map(|o| o.json_for(&api_version, &kind, omit)).collect();
             Body::new(ListBody::new(head.as_bytes(), ListedJson::Encoded(encoded)))
         } else if let Some(writes) = listed.shared_writes(omit) {
-            Body::new(SharedListBody::new(head.as_bytes(), writes))
+            Body::new(ListBody::<ListedJson>::shared(head.as_bytes(), writes))
         } else {
             Body::new(ListBody::new(head.as_bytes(), ListedJson::Cached(listed, omit)))
         };

@@ -4,7 +4,7 @@
 //! never copied into one buffer of its whole size: that buffer cost a
 //! fresh mapping per list (a page fault every 4 KiB), and as many of them
 //! as lists in flight. A list of a whole run of the cache's objects sends
-//! writes it shares with the other lists of that run (`SharedListBody`).
+//! writes it shares with the other lists of that run (`ListBody::shared`).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -32,113 +32,91 @@ pub trait ListItems {
 /// `{head…,"items":[item,item,…]}` where `head` is a JSON object (its
 /// closing brace is left off) and each item a JSON value.
 pub struct ListBody<L> {
+    /// The head and `,"items":[`, until sent.
     head: Option<Bytes>,
-    items: L,
-    /// The next item to write (after the first, each takes a comma).
+    items: Items<L>,
+    /// The next item (or shared write) to send; after the first, each
+    /// item takes a comma.
     next: usize,
     /// Bytes not yet handed out; 0 once the closing `]}` is.
     remaining: u64,
+}
+
+/// Where a list's items come from.
+enum Items<L> {
+    /// Copied into writes of the list's own.
+    Own(L),
+    /// Writes shared with the other lists of the same objects, sent as
+    /// they are after the head.
+    Shared(Arc<ListWrites>),
 }
 
 const ITEMS: &[u8] = b",\"items\":[";
 const END: &[u8] = b"]}";
 
+/// `head` (an encoded JSON object) without its closing brace, then `,"items":[`.
+fn opening(head: &[u8]) -> Bytes {
+    Bytes::from([&head[..head.len().saturating_sub(1)], ITEMS].concat())
+}
+
 impl<L: ListItems> ListBody<L> {
     /// `head` is an encoded JSON object such as `{"kind":…,"metadata":{…}}`.
     pub fn new(head: &[u8], items: L) -> Self {
-        let head = Bytes::copy_from_slice(&head[..head.len().saturating_sub(1)]);
+        let head = opening(head);
         let n = items.count();
-        let len = head.len()
-            + ITEMS.len()
-            + (0..n).map(|i| items.json_len(i)).sum::<usize>()
-            + n.saturating_sub(1)
-            + END.len();
-        ListBody { head: Some(head), items, next: 0, remaining: len as u64 }
+        let len = head.len() + (0..n).map(|i| items.json_len(i)).sum::<usize>() + n.saturating_sub(1) + END.len();
+        ListBody { head: Some(head), items: Items::Own(items), next: 0, remaining: len as u64 }
     }
 
-    /// The next write: parts copied together up to about `CHUNK_BYTES` (more
-    /// when one part is larger).
+    /// The same answer with the items from `writes`, shared with the other
+    /// lists that send them.
+    pub fn shared(head: &[u8], writes: Arc<ListWrites>) -> Self {
+        let head = opening(head);
+        let remaining = (head.len() + END.len()) as u64 + writes.byte_len();
+        ListBody { head: Some(head), items: Items::Shared(writes), next: 0, remaining }
+    }
+
+    /// The next write: for items of its own, parts copied together up to
+    /// about `CHUNK_BYTES` (more when one part is larger); for shared
+    /// ones, the head, each shared write, then the end.
     fn next_chunk(&mut self) -> Option<Bytes> {
         if self.remaining == 0 {
             return None;
         }
-        let mut out = Vec::with_capacity(CHUNK_BYTES + (16 << 10));
-        if let Some(head) = self.head.take() {
-            out.extend_from_slice(&head);
-            out.extend_from_slice(ITEMS);
-        }
-        while out.len() < CHUNK_BYTES {
-            if self.next == self.items.count() {
-                out.extend_from_slice(END);
-                break;
+        let out = match &self.items {
+            Items::Own(items) => {
+                let mut out = Vec::with_capacity(CHUNK_BYTES + (16 << 10));
+                if let Some(head) = self.head.take() {
+                    out.extend_from_slice(&head);
+                }
+                while out.len() < CHUNK_BYTES {
+                    if self.next == items.count() {
+                        out.extend_from_slice(END);
+                        break;
+                    }
+                    if self.next > 0 {
+                        out.push(b',');
+                    }
+                    items.write_json(self.next, &mut out);
+                    self.next += 1;
+                }
+                Bytes::from(out)
             }
-            if self.next > 0 {
-                out.push(b',');
-            }
-            self.items.write_json(self.next, &mut out);
-            self.next += 1;
-        }
-        self.remaining -= out.len() as u64;
-        Some(Bytes::from(out))
-    }
-}
-
-impl<L: ListItems + Unpin> Body for ListBody<L> {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(self.get_mut().next_chunk().map(|c| Ok(Frame::data(c))))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.remaining == 0
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.remaining)
-    }
-}
-
-/// `{head…,"items":[…]}` with the items from writes shared with the other
-/// lists of the same objects: the head and `,"items":[` first, then the
-/// shared writes as they are, then `]}`.
-pub struct SharedListBody {
-    head: Option<Bytes>,
-    writes: Arc<ListWrites>,
-    /// The next shared write to send.
-    next: usize,
-    /// Bytes not yet handed out; 0 once the closing `]}` is.
-    remaining: u64,
-}
-
-impl SharedListBody {
-    /// `head` is an encoded JSON object such as `{"kind":…,"metadata":{…}}`.
-    pub fn new(head: &[u8], writes: Arc<ListWrites>) -> Self {
-        let mut first = head[..head.len().saturating_sub(1)].to_vec();
-        first.extend_from_slice(ITEMS);
-        let remaining = (first.len() + END.len()) as u64 + writes.byte_len();
-        SharedListBody { head: Some(Bytes::from(first)), writes, next: 0, remaining }
-    }
-
-    fn next_chunk(&mut self) -> Option<Bytes> {
-        if self.remaining == 0 {
-            return None;
-        }
-        let out = if let Some(head) = self.head.take() {
-            head
-        } else if self.next < self.writes.count() {
-            self.next += 1;
-            self.writes.write(self.next - 1)
-        } else {
-            Bytes::from_static(END)
+            Items::Shared(writes) => match self.head.take() {
+                Some(head) => head,
+                None if self.next < writes.count() => {
+                    self.next += 1;
+                    writes.write(self.next - 1)
+                }
+                None => Bytes::from_static(END),
+            },
         };
         self.remaining = self.remaining.saturating_sub(out.len() as u64);
         Some(out)
     }
 }
 
-impl Body for SharedListBody {
+impl<L: ListItems + Unpin> Body for ListBody<L> {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -225,7 +203,7 @@ mod tests {
             let own: Vec<Bytes> = objs.iter().map(|o| o.json_for("v1", "ConfigMap", Omit::Nothing)).collect();
             let (want, _) = collect(ListBody::new(&head(), own));
             let snapshot = Arc::new(Snapshot::of(objs));
-            let mut body = SharedListBody::new(&head(), snapshot.list_writes(0..n, Omit::Nothing));
+            let mut body: ListBody<Vec<Bytes>> = ListBody::shared(&head(), snapshot.list_writes(0..n, Omit::Nothing));
             let promised = body.size_hint().exact().expect("an exact length");
             let mut all = Vec::new();
             while let Some(c) = body.next_chunk() {
