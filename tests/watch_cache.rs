@@ -289,6 +289,63 @@ async fn a_large_list_from_the_cache_has_its_length_and_the_stores_items() {
     }
 }
 
+/// Lists side by side share the writes of their objects' JSON
+/// (`list_writes.rs`): each client, on its own connection, still gets
+/// the whole list, the same bytes as the others and the store's objects.
+#[tokio::test]
+async fn lists_side_by_side_get_the_whole_list_each() {
+    let _serial = SERIAL.lock().await;
+    let server = cached_server();
+    let client = kube_client(&server.kubeconfig()).await;
+    root_ca_published(&client).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    // About 600 KiB: ten shared writes.
+    let data = "s".repeat(2000);
+    for i in 0..300 {
+        create(&cms, &format!("side-{i:03}"), &data).await;
+    }
+    let mut lists = Vec::new();
+    for c in 0..8 {
+        let client = kube_client(&server.kubeconfig()).await;
+        lists.push(tokio::spawn(async move {
+            let mut bodies = Vec::new();
+            for path in [CMS, "/api/v1/configmaps", CMS] {
+                let req = axum::http::Request::get(path).body(kube::client::Body::empty()).expect("request");
+                let resp = client.send(req).await.expect("list");
+                assert_eq!(resp.status().as_u16(), 200, "client {c}");
+                let length: Option<usize> =
+                    resp.headers().get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+                let body = resp.into_body().collect().await.expect("body").to_bytes();
+                assert_eq!(length, Some(body.len()), "client {c}: Content-Length is the body's length");
+                bodies.push(body);
+            }
+            bodies
+        }));
+    }
+    // Each list as JSON (its head's resourceVersion may move on with
+    // other resources' writes; its items may not).
+    let mut answers: Vec<Vec<Value>> = Vec::new();
+    for (c, l) in lists.into_iter().enumerate() {
+        let bodies = l.await.expect("lister");
+        answers.push(
+            bodies.iter().map(|b| serde_json::from_slice(b).unwrap_or_else(|e| panic!("client {c}: {e}"))).collect(),
+        );
+    }
+    for (c, lists) in answers.iter().enumerate() {
+        assert_eq!(lists[0]["items"], lists[2]["items"], "client {c}: the same list twice");
+        for (l, list) in lists.iter().enumerate() {
+            assert_eq!(list["items"], answers[0][l]["items"], "client {c}, list {l}: what client 0 got");
+        }
+    }
+    let listed = &answers[0][0];
+    let rv = rv_of(listed);
+    let (code, _, stored) = get(&client, &format!("{CMS}?resourceVersion={rv}&resourceVersionMatch=Exact")).await;
+    assert_eq!(code, 200, "{stored}");
+    assert_eq!(names(listed).iter().filter(|n| n.starts_with("side-")).count(), 300);
+    assert_eq!(listed["items"], stored["items"], "the store's objects at {rv}");
+    assert!(names(&answers[0][1]).len() > 300, "every namespace's ConfigMaps: {}", names(&answers[0][1]).len());
+}
+
 #[tokio::test]
 async fn watches_resume_from_the_window_and_older_revisions_are_gone() {
     let _serial = SERIAL.lock().await;
