@@ -2,8 +2,9 @@
 //! and kubectl: resourceVersion semantics of lists (unset sees a write
 //! just made, 0, NotOlderThan, Exact, paging), watches resumed from the
 //! window, 410 Gone past the window and after compaction, a watch resumed
-//! after a restart, the slow-watcher limit, selectors (spec.nodeName), and
-//! updates and patches that start from the cache's copy of the object.
+//! after a restart, the slow-watcher limit, selectors (spec.nodeName),
+//! lists side by side sharing their writes, and updates and patches that
+//! start from the cache's copy of the object.
 
 mod common;
 
