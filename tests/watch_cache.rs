@@ -292,7 +292,7 @@ async fn a_large_list_from_the_cache_has_its_length_and_the_stores_items() {
 
 /// Lists side by side share the writes of their objects' JSON
 /// (`list_writes.rs`): each client, on its own connection, still gets
-/// the whole list, the same bytes as the others and the store's objects.
+/// the whole list, the same items as the others and the store's objects.
 #[tokio::test]
 async fn lists_side_by_side_get_the_whole_list_each() {
     let _serial = SERIAL.lock().await;

@@ -1,6 +1,6 @@
 //! A list's JSON answer joined from parts it shares with the watch cache
 //! (the list's head, then each item's JSON), put together as the client
-//! reads it, in writes of about `CHUNK_BYTES`. A list of 5,000 objects is
+//! reads it, in writes of about `WRITE_BYTES`. A list of 5,000 objects is
 //! never copied into one buffer of its whole size: that buffer cost a
 //! fresh mapping per list (a page fault every 4 KiB), and as many of them
 //! as lists in flight. A list of a whole run of the cache's objects sends
@@ -15,9 +15,6 @@ use axum::body::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 
 use crate::apiserver::watch_cache::list_writes::{ListWrites, WRITE_BYTES};
-
-/// How many bytes a write carries (the TLS layer's own buffer is 64 KiB).
-pub const CHUNK_BYTES: usize = WRITE_BYTES;
 
 /// The items of a list, each a JSON value copied into the list's writes.
 pub trait ListItems {
@@ -77,7 +74,7 @@ impl<L: ListItems> ListBody<L> {
     }
 
     /// The next write: for items of its own, parts copied together up to
-    /// about `CHUNK_BYTES` (more when one part is larger); for shared
+    /// about `WRITE_BYTES` (more when one part is larger); for shared
     /// ones, the head, each shared write, then the end.
     fn next_chunk(&mut self) -> Option<Bytes> {
         if self.remaining == 0 {
@@ -85,11 +82,11 @@ impl<L: ListItems> ListBody<L> {
         }
         let out = match &self.items {
             Items::Own(items) => {
-                let mut out = Vec::with_capacity(CHUNK_BYTES + (16 << 10));
+                let mut out = Vec::with_capacity(WRITE_BYTES + (16 << 10));
                 if let Some(head) = self.head.take() {
                     out.extend_from_slice(&head);
                 }
-                while out.len() < CHUNK_BYTES {
+                while out.len() < WRITE_BYTES {
                     if self.next == items.count() {
                         out.extend_from_slice(END);
                         break;
@@ -181,7 +178,7 @@ mod tests {
             let names: Vec<&str> =
                 v["items"].as_array().expect("items").iter().filter_map(|i| i["metadata"]["name"].as_str()).collect();
             assert_eq!(names, (0..n).map(|i| format!("cm-{i}")).collect::<Vec<_>>());
-            assert!(sizes.iter().all(|s| *s < CHUNK_BYTES + 1024), "writes of about a chunk: {sizes:?}");
+            assert!(sizes.iter().all(|s| *s < WRITE_BYTES + 1024), "writes of about a chunk: {sizes:?}");
             if n == 3000 {
                 assert!(sizes.len() > 1, "a large list is sent in several writes");
             }
@@ -217,12 +214,12 @@ mod tests {
 
     #[test]
     fn items_larger_than_a_chunk_are_sent_whole() {
-        let big = || Bytes::from(json!({"data": "x".repeat(3 * CHUNK_BYTES)}).to_string());
+        let big = || Bytes::from(json!({"data": "x".repeat(3 * WRITE_BYTES)}).to_string());
         let small = Bytes::from_static(b"{}");
         let (all, _) = collect(ListBody::new(&head(), vec![small.clone(), big(), big(), small]));
         let v: Value = serde_json::from_slice(&all).expect("JSON");
         let items = v["items"].as_array().expect("items");
         assert_eq!(items.len(), 4);
-        assert_eq!(items[2]["data"].as_str().map(str::len), Some(3 * CHUNK_BYTES));
+        assert_eq!(items[2]["data"].as_str().map(str::len), Some(3 * WRITE_BYTES));
     }
 }

@@ -32,8 +32,6 @@ pub struct ListWrites {
     /// Each write's length in bytes.
     sizes: Vec<usize>,
     writes: Box<[Mutex<Option<Bytes>>]>,
-    /// The bytes of all writes.
-    len: u64,
 }
 
 impl ListWrites {
@@ -54,9 +52,8 @@ impl ListWrites {
             starts.push(run.end);
             sizes.push(in_write);
         }
-        let len = sizes.iter().map(|n| *n as u64).sum();
         let writes = sizes.iter().map(|_| Mutex::new(None)).collect();
-        ListWrites { snapshot, run, omit, starts, sizes, writes, len }
+        ListWrites { snapshot, run, omit, starts, sizes, writes }
     }
 
     /// Whether this is the run `run` of the objects with `omit`.
@@ -66,7 +63,7 @@ impl ListWrites {
 
     /// The bytes of all writes.
     pub fn byte_len(&self) -> u64 {
-        self.len
+        self.sizes.iter().map(|n| *n as u64).sum()
     }
 
     /// How many writes there are (none for an empty run).
@@ -85,9 +82,7 @@ impl ListWrites {
             return made;
         }
         if alone {
-            let mut out = Vec::with_capacity(self.sizes[k]);
-            self.fill(k, |part| out.extend_from_slice(part));
-            return Bytes::from(out);
+            return self.on_heap(k);
         }
         let made = match Pages::new(self.sizes[k]) {
             Some(mut pages) => {
@@ -104,14 +99,17 @@ impl ListWrites {
                 debug_assert_eq!(at, self.sizes[k], "a write is as long as measured");
                 Bytes::from_owner(pages)
             }
-            None => {
-                let mut out = Vec::with_capacity(self.sizes[k]);
-                self.fill(k, |part| out.extend_from_slice(part));
-                Bytes::from(out)
-            }
+            None => self.on_heap(k),
         };
         *slot = Some(made.clone());
         made
+    }
+
+    /// The `k`-th write made on the heap.
+    fn on_heap(&self, k: usize) -> Bytes {
+        let mut out = Vec::with_capacity(self.sizes[k]);
+        self.fill(k, |part| out.extend_from_slice(part));
+        Bytes::from(out)
     }
 
     /// Hands the parts of the `k`-th write to `put`, in order: exactly
