@@ -284,8 +284,12 @@ fn disk_pressure_reclaims_unused_images_and_orphans_first() {
     let ghost = "0a0a0a0a-dead-4bad-8bad-0a0a0a0a0a0a";
     let ghost_logs = pod_logs_dir(&node).join(format!("default_ghost_{ghost}"));
     let ghost_pod = node.dir.path().join("agent").join("pods").join(ghost);
-    std::fs::create_dir_all(ghost_logs.join("app")).unwrap();
-    std::fs::write(ghost_logs.join("app").join("0.log"), "old\n").unwrap();
+    // Made aside and moved in whole: the eviction manager's reclaim may run
+    // at any moment and would take a half-made folder away under us.
+    let staged = node.dir.path().join("ghost-logs");
+    std::fs::create_dir_all(staged.join("app")).unwrap();
+    std::fs::write(staged.join("app").join("0.log"), "old\n").unwrap();
+    std::fs::rename(&staged, &ghost_logs).unwrap();
     std::fs::create_dir_all(&ghost_pod).unwrap();
     let unused = "docker.io/ferrok/unused:test";
     node.ctr(&["images", "import", &tiny_image(node.dir.path(), unused).to_string_lossy()]);
