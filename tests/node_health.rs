@@ -289,6 +289,7 @@ fn disk_pressure_reclaims_unused_images_and_orphans_first() {
     let staged = node.dir.path().join("ghost-logs");
     std::fs::create_dir_all(staged.join("app")).unwrap();
     std::fs::write(staged.join("app").join("0.log"), "old\n").unwrap();
+    std::fs::create_dir_all(pod_logs_dir(&node)).unwrap();
     std::fs::rename(&staged, &ghost_logs).unwrap();
     std::fs::create_dir_all(&ghost_pod).unwrap();
     let unused = "docker.io/ferrok/unused:test";
