@@ -1,8 +1,10 @@
 //! Watch cache benchmark: creates of 5,000 1 KiB ConfigMaps at 16
-//! clients, lists of them at 1 and 16 clients, the server's memory with
-//! them and with 10,000 pods, and W watchers of pods (1, 10, 50, 100) while
-//! pods change at about 1,000/s: delivery latency and the server's CPU per
-//! change. Prints figures; it is not a pass/fail test.
+//! clients, lists of them at 1 and 16 clients beside the same bytes
+//! served with no API work (the list's floor on this machine, `floor`),
+//! the server's memory with them and with 10,000 pods, and W watchers of
+//! pods (1, 10, 50, 100) while pods change at about 1,000/s: delivery
+//! latency and the server's CPU per change. Prints figures; it is not a
+//! pass/fail test.
 //!
 //! `cargo bench --bench watch_cache [-- --quick]`; `FERROK_BENCH_ARGS`
 //! adds server flags (`--default-watch-cache-size 0` turns the cache off,
@@ -15,6 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
+#[path = "watch_cache/floor.rs"]
+mod floor;
 
 use common::{client, percentile, rss_kib, start_with};
 use http_body_util::BodyExt;
@@ -91,6 +95,9 @@ fn pod(name: &str) -> Pod {
 
 #[tokio::main]
 async fn main() {
+    if floor::serve_if_asked().await {
+        return;
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     let extra: Vec<String> =
         std::env::var("FERROK_BENCH_ARGS").unwrap_or_default().split_whitespace().map(str::to_string).collect();
@@ -132,6 +139,20 @@ async fn main() {
         raw_get(&c, path).await;
     })
     .await;
+    // The same bytes served from memory by ferrok's TLS and HTTP serving
+    // alone: what any list of them costs on this machine (`floor`).
+    let req = axum::http::Request::get(path).body(kube::client::Body::empty()).expect("request");
+    let body = admin.send(req).await.expect("list").into_body().collect().await.expect("body").to_bytes();
+    let floor = floor::Floor::start(server.dir.path(), &kubeconfig, &body);
+    for clients in [1, 16] {
+        let per_client = if clients == 1 { lists } else { lists / 4 };
+        let label = "list floor: bytes, no API";
+        phase(floor.pid(), label, &floor.kubeconfig, clients, per_client, move |c, _, _| async move {
+            raw_get(&c, path).await;
+        })
+        .await;
+    }
+    drop(floor);
     phase(pid, &format!("list {n_cms} cms rv=0"), &kubeconfig, 1, lists, move |c, _, _| async move {
         raw_get(&c, &format!("{path}?resourceVersion=0")).await;
     })
