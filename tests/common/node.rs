@@ -447,15 +447,10 @@ impl Node {
         self.ok(&["exec", "-n", ns, pod, "-c", container, "--", "sh", "-c", script])
     }
 
-    /// Runs a command in a running container; success and stdout+stderr.
+    /// Runs a command in a running container with `kubectl exec`, as
+    /// `exec` does; success and stdout+stderr.
     pub fn try_exec(&self, ns: &str, pod: &str, container: &str, script: &str) -> (bool, String) {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let id = self.container_id(ns, pod, container);
-        assert!(!id.is_empty(), "{ns}/{pod} has no container {container} yet");
-        let exec_id = format!("try-{}", N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        let sock = self.socket();
-        let sock = sock.to_str().unwrap_or_default();
-        run("ctr", &["-a", sock, "-n", "k8s.io", "tasks", "exec", "--exec-id", &exec_id, &id, "sh", "-c", script])
+        self.kubectl(&["exec", "-n", ns, pod, "-c", container, "--", "sh", "-c", script])
     }
 
     /// Runs a program on the node's host (inside its network namespace);
