@@ -444,11 +444,12 @@ impl Node {
     /// output of a command that exits right after writing it, now and
     /// then (containerd's FIFO copy racing the exit).
     pub fn exec(&self, ns: &str, pod: &str, container: &str, script: &str) -> String {
-        self.ok(&["exec", "-n", ns, pod, "-c", container, "--", "sh", "-c", script])
+        let (ok, out) = self.try_exec(ns, pod, container, script);
+        assert!(ok, "exec in {ns}/{pod} ({container}) failed: {out}");
+        out
     }
 
-    /// Runs a command in a running container with `kubectl exec`, as
-    /// `exec` does; success and stdout+stderr.
+    /// `exec` that may fail: success and stdout+stderr.
     pub fn try_exec(&self, ns: &str, pod: &str, container: &str, script: &str) -> (bool, String) {
         self.kubectl(&["exec", "-n", ns, pod, "-c", container, "--", "sh", "-c", script])
     }
