@@ -14,6 +14,7 @@ pub mod builtin_schemas;
 pub mod ca_rotation;
 pub mod cache;
 pub mod call;
+pub mod cluster_authentication_trust;
 pub mod compactor;
 pub mod component_status;
 pub mod crd;

@@ -385,10 +385,22 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     tasks.push(tokio::spawn(endpoints.run(stop_rx.clone())));
     api.health.hook_finished(hooks::BOOTSTRAP_CONTROLLER);
     apiserver::auth::bootstrap::run(&api.storage).await.map_err(|e| anyhow::anyhow!("default RBAC roles: {e}"))?;
-    api.health.hook_finished(hooks::RBAC_BOOTSTRAP_ROLES);
+    let client_ca = std::fs::read_to_string(&pki.client_ca_cert).context("client CA")?;
+    apiserver::cluster_authentication_trust::publish(&api.storage, &client_ca)
+        .await
+        .map_err(|e| anyhow::anyhow!("extension-apiserver-authentication: {e}"))?;
     // Followers of the store run until the process stops; they are aborted.
     let mut followers =
         api.caches.start(&api.storage).await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?;
+    // admin, edit and view are written without rules: they hold their
+    // aggregated ones before the server counts as ready (the controller
+    // keeps them current from then on).
+    {
+        use crate::controllers::clusterrole_aggregation as aggregation;
+        let client = crate::client::in_process(api.clone(), crate::client::controller_service_account(aggregation::NAME));
+        aggregation::aggregate_all(client).await.map_err(|e| anyhow::anyhow!("aggregated ClusterRoles: {e}"))?;
+    }
+    api.health.hook_finished(hooks::RBAC_BOOTSTRAP_ROLES);
     api.health.hook_finished(hooks::START_INFORMERS);
     followers.push(
         apiserver::crd::start(api.clone())

@@ -4,6 +4,7 @@
 //! They run while this server holds the `kube-controller-manager` Lease.
 
 pub mod cluster_dns;
+pub mod clusterrole_aggregation;
 pub mod controller_utils;
 pub mod cron_schedule;
 pub mod cronjob;
@@ -94,6 +95,7 @@ pub fn start(
     let jobs = informers.informer::<Job>();
     let own = |name: &str| client_for(name);
     let mut handles = vec![
+        tokio::spawn(clusterrole_aggregation::run(own(clusterrole_aggregation::NAME), f.clone())),
         tokio::spawn(statefulset::run(own("statefulset-controller"), f.clone())),
         tokio::spawn(daemonset::run(own("daemon-set-controller"), f.clone())),
         tokio::spawn(job::run(own("job-controller"), f.clone())),

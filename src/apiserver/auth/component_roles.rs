@@ -20,7 +20,6 @@ pub fn kube_scheduler() -> Vec<Value> {
         rule(&["coordination.k8s.io"], &["leases"], &["create"]),
         named(&["coordination.k8s.io"], &["leases"], &["kube-scheduler"], &["get", "update"]),
         rule(&[""], &["nodes"], READ),
-        rule(&[""], &["namespaces"], READ),
         rule(&[""], &["pods"], &["delete", "get", "list", "watch"]),
         rule(&[""], &["bindings", "pods/binding"], &["create"]),
         rule(&[""], &["pods/status"], &["patch", "update"]),
@@ -31,7 +30,10 @@ pub fn kube_scheduler() -> Vec<Value> {
         rule(&[""], &["persistentvolumeclaims", "persistentvolumes"], READ),
         rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
         rule(&["authorization.k8s.io"], &["subjectaccessreviews"], &["create"]),
-        rule(&["storage.k8s.io"], &["csinodes", "csidrivers", "csistoragecapacities"], READ),
+        rule(&["storage.k8s.io"], &["csinodes"], READ),
+        rule(&[""], &["namespaces"], READ),
+        rule(&["storage.k8s.io"], &["csidrivers"], READ),
+        rule(&["storage.k8s.io"], &["csistoragecapacities"], READ),
     ]
 }
 

@@ -1,9 +1,11 @@
 //! The roles of the controllers that run under their own service accounts
 //! in kube-system (upstream's `--use-service-account-credentials` and its
 //! `controller_policy.go`): `system:controller:<name>`, bound to the
-//! service account `<name>`. The rules are upstream's; where a ferrok
-//! controller writes differently (a merge patch where upstream sends an
-//! update), the rule it needs is added beside, with the reason.
+//! service account `<name>`, for every controller of upstream v1.33's
+//! default policy (with its default feature gates), whether or not ferrok
+//! runs it. The rules are upstream's; where a ferrok controller writes
+//! differently (a merge patch where upstream sends an update), the rule it
+//! needs is added beside, with the reason.
 
 use serde_json::{json, Value};
 
@@ -14,11 +16,59 @@ const CORE: &[&str] = &[""];
 const APPS: &[&str] = &["apps"];
 const APPS_EXT: &[&str] = &["apps", "extensions"];
 const BATCH: &[&str] = &["batch"];
+const CERTIFICATES: &[&str] = &["certificates.k8s.io"];
+const STORAGE: &[&str] = &["storage.k8s.io"];
+const NETWORKING: &[&str] = &["networking.k8s.io"];
 
-/// The service account every ferrok controller runs as, upstream's name.
-/// Node IPAM, node lifecycle and taint eviction all act as
-/// `node-controller`, as they do upstream.
+/// Every `system:controller:<name>` role of upstream v1.33's default
+/// policy, by controller name, in upstream's order (its feature-gated
+/// roles only where the gate is on by default in v1.33:
+/// `service-cidrs-controller` and `selinux-warning-controller`).
+pub const ROLES: &[&str] = &[
+    "attachdetach-controller",
+    "clusterrole-aggregation-controller",
+    "cronjob-controller",
+    "daemon-set-controller",
+    "deployment-controller",
+    "disruption-controller",
+    "endpoint-controller",
+    "endpointslice-controller",
+    "endpointslicemirroring-controller",
+    "expand-controller",
+    "ephemeral-volume-controller",
+    "generic-garbage-collector",
+    "horizontal-pod-autoscaler",
+    "job-controller",
+    "namespace-controller",
+    "node-controller",
+    "persistent-volume-binder",
+    "pod-garbage-collector",
+    "replicaset-controller",
+    "replication-controller",
+    "resourcequota-controller",
+    "route-controller",
+    "service-account-controller",
+    "service-controller",
+    "service-cidrs-controller",
+    "statefulset-controller",
+    "ttl-controller",
+    "certificate-controller",
+    "pvc-protection-controller",
+    "pv-protection-controller",
+    "ttl-after-finished-controller",
+    "root-ca-cert-publisher",
+    "validatingadmissionpolicy-status-controller",
+    "legacy-service-account-token-cleaner",
+    "selinux-warning-controller",
+];
+
+/// The service account every ferrok controller runs as, upstream's name
+/// (created in kube-system at start, as upstream's controller manager
+/// creates the accounts of the controllers it runs). Node IPAM, node
+/// lifecycle and taint eviction all act as `node-controller`, as they do
+/// upstream.
 pub const CONTROLLERS: &[&str] = &[
+    "clusterrole-aggregation-controller",
     "cronjob-controller",
     "daemon-set-controller",
     "deployment-controller",
@@ -224,12 +274,192 @@ fn ttl_after_finished() -> Vec<Value> {
     with_events(vec![rule(BATCH, &["jobs"], &["get", "list", "watch", "delete"])])
 }
 
-/// `system:controller:<name>` and its rules.
+/// Upstream's events rule, where upstream places it among a role's rules.
+fn events() -> Value {
+    rule(&["", "events.k8s.io"], &["events"], &["create", "patch", "update"])
+}
+
+fn named(groups: &[&str], resources: &[&str], names: &[&str], verbs: &[&str]) -> Value {
+    json!({"apiGroups": groups, "resources": resources, "resourceNames": names, "verbs": verbs})
+}
+
+fn attach_detach() -> Vec<Value> {
+    vec![
+        rule(CORE, &["persistentvolumeclaims", "persistentvolumes"], &["list", "watch"]),
+        rule(CORE, &["nodes"], READ),
+        rule(CORE, &["nodes/status"], &["patch", "update"]),
+        rule(CORE, &["pods"], &["list", "watch"]),
+        events(),
+        rule(STORAGE, &["volumeattachments"], &["create", "delete", "get", "list", "watch"]),
+        rule(STORAGE, &["csidrivers"], READ),
+        rule(STORAGE, &["csinodes"], READ),
+    ]
+}
+
+/// Full rights on ClusterRoles (`escalate` included), to write any
+/// aggregated rules; records no Events.
+fn clusterrole_aggregation() -> Vec<Value> {
+    vec![rule(
+        &["rbac.authorization.k8s.io"],
+        &["clusterroles"],
+        &["escalate", "get", "list", "patch", "update", "watch"],
+    )]
+}
+
+fn endpointslice_mirroring() -> Vec<Value> {
+    with_events(vec![
+        rule(CORE, &["endpoints", "services"], READ),
+        rule(CORE, &["services/finalizers"], &["update"]),
+        rule(CORE, &["endpoints/finalizers"], &["update"]),
+        rule(&["discovery.k8s.io"], &["endpointslices"], &["create", "delete", "get", "list", "update", "watch"]),
+    ])
+}
+
+fn expand() -> Vec<Value> {
+    vec![
+        rule(CORE, &["persistentvolumes"], &["get", "list", "patch", "update", "watch"]),
+        rule(CORE, &["persistentvolumeclaims/status"], &["patch", "update"]),
+        rule(CORE, &["persistentvolumeclaims"], READ),
+        events(),
+        rule(CORE, &["services"], &["get"]),
+    ]
+}
+
+fn ephemeral_volume() -> Vec<Value> {
+    with_events(vec![
+        rule(CORE, &["pods"], READ),
+        rule(CORE, &["pods/finalizers"], &["update"]),
+        rule(CORE, &["persistentvolumeclaims"], &["create", "get", "list", "watch"]),
+    ])
+}
+
+fn horizontal_pod_autoscaler() -> Vec<Value> {
+    with_events(vec![
+        rule(&["autoscaling"], &["horizontalpodautoscalers"], READ),
+        rule(&["autoscaling"], &["horizontalpodautoscalers/status"], &["update"]),
+        rule(&["*"], &["*/scale"], &["get", "update"]),
+        rule(CORE, &["pods"], &["list", "watch"]),
+        rule(&["metrics.k8s.io"], &["pods"], &["list", "watch"]),
+        rule(&["custom.metrics.k8s.io"], &["*"], READ),
+        rule(&["external.metrics.k8s.io"], &["*"], READ),
+    ])
+}
+
+/// Upstream's pod garbage collector records no Events.
+fn pod_garbage_collector() -> Vec<Value> {
+    vec![
+        rule(CORE, &["pods"], &["delete", "list", "watch"]),
+        rule(CORE, &["nodes"], READ),
+        rule(CORE, &["pods/status"], &["patch"]),
+    ]
+}
+
+fn replication() -> Vec<Value> {
+    with_events(vec![
+        rule(CORE, &["replicationcontrollers"], &["get", "list", "update", "watch"]),
+        rule(CORE, &["replicationcontrollers/status"], &["update"]),
+        rule(CORE, &["replicationcontrollers/finalizers"], &["update"]),
+        rule(CORE, &["pods"], &["create", "delete", "list", "patch", "watch"]),
+    ])
+}
+
+fn route() -> Vec<Value> {
+    with_events(vec![rule(CORE, &["nodes"], &["list", "watch"]), rule(CORE, &["nodes/status"], &["patch"])])
+}
+
+fn service_cidrs() -> Vec<Value> {
+    with_events(vec![
+        rule(NETWORKING, &["servicecidrs"], &["get", "list", "patch", "update", "watch"]),
+        rule(NETWORKING, &["servicecidrs/finalizers"], &["patch", "update"]),
+        rule(NETWORKING, &["servicecidrs/status"], &["patch", "update"]),
+        rule(NETWORKING, &["ipaddresses"], READ),
+    ])
+}
+
+fn ttl() -> Vec<Value> {
+    with_events(vec![rule(CORE, &["nodes"], &["list", "patch", "update", "watch"])])
+}
+
+fn certificate() -> Vec<Value> {
+    with_events(vec![
+        rule(CERTIFICATES, &["certificatesigningrequests"], &["delete", "get", "list", "watch"]),
+        rule(CERTIFICATES, &["certificatesigningrequests/approval", "certificatesigningrequests/status"], &["update"]),
+        named(CERTIFICATES, &["signers"], &["kubernetes.io/kube-apiserver-client-kubelet"], &["approve"]),
+        named(
+            CERTIFICATES,
+            &["signers"],
+            &[
+                "kubernetes.io/kube-apiserver-client",
+                "kubernetes.io/kube-apiserver-client-kubelet",
+                "kubernetes.io/kubelet-serving",
+                "kubernetes.io/legacy-unknown",
+            ],
+            &["sign"],
+        ),
+        rule(&["authorization.k8s.io"], &["subjectaccessreviews"], &["create"]),
+    ])
+}
+
+fn pvc_protection() -> Vec<Value> {
+    with_events(vec![
+        rule(CORE, &["persistentvolumeclaims"], &["get", "list", "update", "watch"]),
+        rule(CORE, &["pods"], READ),
+    ])
+}
+
+fn pv_protection() -> Vec<Value> {
+    with_events(vec![rule(CORE, &["persistentvolumes"], &["get", "list", "update", "watch"])])
+}
+
+fn validating_admission_policy_status() -> Vec<Value> {
+    let group = &["admissionregistration.k8s.io"];
+    with_events(vec![
+        rule(group, &["validatingadmissionpolicies"], READ),
+        rule(group, &["validatingadmissionpolicies/status"], &["get", "patch", "update"]),
+    ])
+}
+
+/// Records no Events; reads only the tracking ConfigMap by name.
+fn legacy_service_account_token_cleaner() -> Vec<Value> {
+    vec![
+        named(CORE, &["configmaps"], &["kube-apiserver-legacy-service-account-token-tracking"], &["get"]),
+        rule(CORE, &["secrets"], &["delete", "patch"]),
+    ]
+}
+
+fn selinux_warning() -> Vec<Value> {
+    vec![
+        events(),
+        rule(CORE, &["persistentvolumes"], READ),
+        rule(CORE, &["persistentvolumeclaims"], READ),
+        rule(CORE, &["pods"], READ),
+        rule(STORAGE, &["csidrivers"], READ),
+    ]
+}
+
+/// `system:controller:<name>` and its rules, for every name of `ROLES`.
 pub fn roles() -> Vec<(&'static str, Vec<Value>)> {
-    CONTROLLERS
+    ROLES
         .iter()
         .map(|&name| {
             let rules = match name {
+                "attachdetach-controller" => attach_detach(),
+                "clusterrole-aggregation-controller" => clusterrole_aggregation(),
+                "endpointslicemirroring-controller" => endpointslice_mirroring(),
+                "expand-controller" => expand(),
+                "ephemeral-volume-controller" => ephemeral_volume(),
+                "horizontal-pod-autoscaler" => horizontal_pod_autoscaler(),
+                "pod-garbage-collector" => pod_garbage_collector(),
+                "replication-controller" => replication(),
+                "route-controller" => route(),
+                "service-cidrs-controller" => service_cidrs(),
+                "ttl-controller" => ttl(),
+                "certificate-controller" => certificate(),
+                "pvc-protection-controller" => pvc_protection(),
+                "pv-protection-controller" => pv_protection(),
+                "validatingadmissionpolicy-status-controller" => validating_admission_policy_status(),
+                "legacy-service-account-token-cleaner" => legacy_service_account_token_cleaner(),
+                "selinux-warning-controller" => selinux_warning(),
                 "cronjob-controller" => cronjob(),
                 "daemon-set-controller" => daemonset(),
                 "deployment-controller" => deployment(),
@@ -253,17 +483,6 @@ pub fn roles() -> Vec<(&'static str, Vec<Value>)> {
             (name, rules)
         })
         .collect()
-}
-
-/// The binding of `system:controller:<name>` to the service account
-/// `kube-system/<name>`.
-pub fn binding(name: &str) -> Value {
-    let full = format!("system:controller:{name}");
-    super::bootstrap::binding_to(
-        &full,
-        &full,
-        vec![json!({"kind": "ServiceAccount", "name": name, "namespace": "kube-system"})],
-    )
 }
 
 /// The ServiceAccount object of a controller, in kube-system. ferrok's
@@ -290,11 +509,25 @@ mod tests {
 
     #[test]
     fn every_controller_has_rules_and_records_events_where_upstream_does() {
+        let silent = [
+            "clusterrole-aggregation-controller",
+            "legacy-service-account-token-cleaner",
+            "namespace-controller",
+            "pod-garbage-collector",
+        ];
         for (name, rules) in roles() {
             assert!(!rules.is_empty(), "{name} has no rules");
             let events = rules.iter().any(|r| r["resources"] == json!(["events"]) && r["verbs"][0] == "create");
-            assert_eq!(events, name != "namespace-controller", "{name}");
+            assert_eq!(events, !silent.contains(&name), "{name}");
         }
+    }
+
+    #[test]
+    fn every_controller_ferrok_runs_has_an_upstream_role() {
+        for name in CONTROLLERS {
+            assert!(ROLES.contains(name), "{name}");
+        }
+        assert_eq!(ROLES.len(), 35);
     }
 
     #[test]

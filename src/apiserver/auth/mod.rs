@@ -5,12 +5,15 @@
 
 pub mod bootstrap;
 pub mod bootstrap_token;
+pub mod cluster_roles;
 pub mod component_roles;
 pub mod controller_roles;
 pub mod decision;
+pub mod namespace_roles;
 pub mod node_authorizer;
 pub mod node_graph;
 pub mod rbac;
+pub mod reconcile;
 pub mod token;
 pub mod user;
 
