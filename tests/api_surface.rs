@@ -20,12 +20,7 @@ const FIXTURE: &str = include_str!("fixtures/upstream_v1_33_surface.json");
 
 /// Group/versions a default v1.33 apiserver serves that ferrok does not,
 /// each with its reason. Nothing else may be missing.
-const NOT_SERVED: &[(&str, &str)] = &[
-    // HorizontalPodAutoscalers are served as autoscaling/v2 only: serving
-    // v1 as well needs the v1 <-> v2 conversion (targetCPUUtilizationPercentage
-    // <-> metrics) that ferrok does not have yet.
-    ("autoscaling/v1", "no autoscaling/v1 <-> v2 conversion"),
-];
+const NOT_SERVED: &[(&str, &str)] = &[];
 
 /// Upstream's connect subresources, answered by proxying to the node's
 /// kubelet API (logs, exec, attach, port-forward) or to the object (proxy).

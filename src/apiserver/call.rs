@@ -109,7 +109,18 @@ impl Call {
             .watch_cache
             .get_or_read(&self.resource, &key)
             .await?
+            .map(|s| self.served(s))
             .ok_or_else(|| ApiError::not_found(&self.resource.group, &self.resource.plural, name))
+    }
+
+    /// A stored object in the served form of the request's resource.
+    pub fn served(&self, stored: Stored) -> Stored {
+        if !self.resource.converts() {
+            return stored;
+        }
+        let mut object = self.resource.from_storage(stored.object);
+        super::storage::set_resource_version(&mut object, stored.rev);
+        Stored { object, rev: stored.rev }
     }
 
     /// The object an update starts from, and where it came from: the
@@ -119,7 +130,7 @@ impl Call {
         if want == Origin::Cache && !self.dry_run() {
             let key = self.resource.key(self.namespace(), self.path.name.as_deref().unwrap_or_default());
             if let Some(obj) = self.api.watch_cache.cached(&self.resource, &key) {
-                return Ok((Stored { object: obj.value(), rev: obj.rev }, Origin::Cache));
+                return Ok((self.served(Stored { object: obj.value(), rev: obj.rev }), Origin::Cache));
             }
         }
         Ok((self.load_object().await?, Origin::Store))
@@ -133,6 +144,7 @@ impl Call {
             .storage
             .get(&key)
             .await?
+            .map(|s| self.served(s))
             .ok_or_else(|| ApiError::not_found(&self.resource.group, &self.resource.plural, name))
     }
 

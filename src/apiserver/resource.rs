@@ -77,6 +77,36 @@ impl Resource {
         }
     }
 
+    /// The apiVersion its objects are stored and cached in: its own, or
+    /// the one its conversion stores it as.
+    pub fn storage_api_version(&self) -> String {
+        match self.strategy.conversion() {
+            Some(c) => c.storage_api_version.to_string(),
+            None => self.api_version(),
+        }
+    }
+
+    /// A stored object in this resource's served form.
+    pub fn from_storage(&self, obj: Value) -> Value {
+        match self.strategy.conversion() {
+            Some(c) => (c.from_storage)(obj),
+            None => obj,
+        }
+    }
+
+    /// A served object in the form it is stored in.
+    pub fn to_storage(&self, obj: Value) -> Value {
+        match self.strategy.conversion() {
+            Some(c) => (c.to_storage)(obj),
+            None => obj,
+        }
+    }
+
+    /// Whether its objects are stored in another version.
+    pub fn converts(&self) -> bool {
+        self.strategy.conversion().is_some()
+    }
+
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
             self.version.clone()

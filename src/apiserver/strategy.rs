@@ -112,6 +112,26 @@ pub trait Strategy: Send + Sync {
     fn validate_change(&self, _subresource: Option<&str>, _new: &Value, _old: Option<&Value>) -> Vec<Cause> {
         Vec::new()
     }
+
+    /// How the served version is stored, when it is stored as another.
+    fn conversion(&self) -> Option<Conversion> {
+        None
+    }
+}
+
+/// A served version of a kind whose objects are stored in another version
+/// (upstream's conversion through the internal version, as autoscaling/v1
+/// HorizontalPodAutoscalers are stored as v2). Handlers see and strategies
+/// check the served form; the store and the watch cache hold the storage
+/// form only, so every served version reads the same objects.
+#[derive(Clone, Copy)]
+pub struct Conversion {
+    /// The apiVersion objects are stored (and cached) in.
+    pub storage_api_version: &'static str,
+    /// The served form of an object to its storage form.
+    pub to_storage: fn(Value) -> Value,
+    /// The storage form of an object to its served form.
+    pub from_storage: fn(Value) -> Value,
 }
 
 /// How objects of a kind are deleted beyond what every kind shares
@@ -151,6 +171,7 @@ pub struct Hooks {
     pub delete: DeleteRules,
     pub subresource_update: fn(&str, Value, &Value) -> Value,
     pub validate_change: fn(Option<&str>, &Value, Option<&Value>) -> Vec<Cause>,
+    pub conversion: Option<Conversion>,
 }
 
 impl Default for Hooks {
@@ -166,6 +187,7 @@ impl Default for Hooks {
             delete: DeleteRules::default(),
             subresource_update: |_, new, _| new,
             validate_change: |_, _, _| Vec::new(),
+            conversion: None,
         }
     }
 }
@@ -285,6 +307,10 @@ where
 
     fn validate_change(&self, subresource: Option<&str>, new: &Value, old: Option<&Value>) -> Vec<Cause> {
         (self.hooks.validate_change)(subresource, new, old)
+    }
+
+    fn conversion(&self) -> Option<Conversion> {
+        self.hooks.conversion
     }
 }
 

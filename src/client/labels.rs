@@ -52,6 +52,83 @@ pub fn to_query(selector: &LabelSelector) -> String {
     parts.join(",")
 }
 
+/// A selector in the string form of `to_query` (a Scale's
+/// `status.selector`, a `labelSelector=` parameter) read back: `a=b`,
+/// `a==b`, `a!=b`, `a in (b,c)`, `a notin (b)`, `a`, `!a`. What it cannot
+/// read is an error naming the part.
+pub fn from_query(s: &str) -> Result<LabelSelector, String> {
+    let mut selector = LabelSelector::default();
+    let mut add = |key: &str, operator: &str, values: Option<Vec<String>>| {
+        selector.match_expressions.get_or_insert_with(Vec::new).push(LabelSelectorRequirement {
+            key: key.to_string(),
+            operator: operator.to_string(),
+            values,
+        })
+    };
+    for part in split_requirements(s) {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        let valid_key = |k: &str| !k.is_empty() && !k.contains(|c: char| c.is_whitespace() || "=!(),".contains(c));
+        if let Some(key) = part.strip_prefix('!') {
+            let key = key.trim();
+            if !valid_key(key) {
+                return Err(format!("invalid requirement {part:?}"));
+            }
+            add(key, "DoesNotExist", None);
+        } else if let Some((key, value)) = part.split_once("!=") {
+            add(key.trim(), "NotIn", Some(vec![value.trim().to_string()]));
+        } else if let Some((key, value)) = part.split_once("==").or_else(|| part.split_once('=')) {
+            let (key, value) = (key.trim(), value.trim());
+            if !valid_key(key) || value.contains(|c: char| c.is_whitespace() || "=!(),".contains(c)) {
+                return Err(format!("invalid requirement {part:?}"));
+            }
+            selector.match_labels.get_or_insert_with(BTreeMap::new).insert(key.to_string(), value.to_string());
+        } else if let Some(open) = part.find('(') {
+            let (head, rest) = part.split_at(open);
+            let mut words = head.split_whitespace();
+            let (Some(key), Some(op), None) = (words.next(), words.next(), words.next()) else {
+                return Err(format!("invalid requirement {part:?}"));
+            };
+            let operator = match op {
+                "in" => "In",
+                "notin" => "NotIn",
+                _ => return Err(format!("unknown operator {op:?} in {part:?}")),
+            };
+            let Some(inner) = rest.strip_prefix('(').and_then(|r| r.strip_suffix(')')) else {
+                return Err(format!("unclosed value list in {part:?}"));
+            };
+            let values = inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
+            add(key, operator, Some(values));
+        } else if valid_key(part) {
+            add(part, "Exists", None);
+        } else {
+            return Err(format!("invalid requirement {part:?}"));
+        }
+    }
+    Ok(selector)
+}
+
+/// The requirements of a selector string: its parts split at the commas
+/// outside parentheses.
+fn split_requirements(s: &str) -> Vec<&str> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0usize, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,5 +155,13 @@ mod tests {
         assert!(!matches(&sel, None));
         assert!(matches(&LabelSelector::default(), None));
         assert_eq!(to_query(&sel), "app=web,tier in (front,edge),!canary,zone notin (a)");
+        let back = from_query(&to_query(&sel)).unwrap();
+        assert_eq!(to_query(&back), to_query(&sel));
+        let sel = from_query("a==b, c!=d,e").unwrap();
+        assert!(matches(&sel, Some(&labels(&[("a", "b"), ("e", "")]))));
+        assert!(!matches(&sel, Some(&labels(&[("a", "b"), ("c", "d"), ("e", "")]))));
+        assert!(from_query("a in (b").is_err());
+        assert!(from_query("a b").is_err());
+        assert!(from_query("").unwrap().match_labels.is_none());
     }
 }

@@ -27,6 +27,7 @@ pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod node_password;
 pub mod persistentvolume;
+pub mod podautoscaler;
 pub mod queue_metrics;
 pub mod ref_manager;
 pub mod replicaset;
@@ -43,8 +44,9 @@ pub mod ttl_after_finished;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, ReplicationController};
 
 use crate::client::informer_factory::SharedInformerFactory;
 
@@ -114,8 +116,14 @@ pub fn start(
         tokio::spawn(endpointslice::run(own("endpointslice-controller"), f.clone(), pods.subscribe())),
         tokio::spawn(disruption::run(own("disruption-controller"), pods.subscribe())),
         tokio::spawn(persistentvolume::run(own("persistent-volume-binder"), f.clone(), pods.subscribe())),
-        tokio::spawn(replicaset::run(own("replicaset-controller"), f.clone())),
+        tokio::spawn(replicaset::run::<ReplicaSet>(own("replicaset-controller"), f.clone(), "replicaset-controller")),
+        tokio::spawn(replicaset::run::<ReplicationController>(
+            own("replication-controller"),
+            f.clone(),
+            "replication-controller",
+        )),
         tokio::spawn(deployment::run(own("deployment-controller"), f.clone())),
+        tokio::spawn(podautoscaler::run(own("horizontal-pod-autoscaler"), f.clone())),
         tokio::spawn(resourcequota::run(own("resourcequota-controller"), f.clone(), pods.subscribe())),
     ];
     if config.cluster_dns {

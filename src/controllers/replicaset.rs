@@ -7,22 +7,30 @@
 //! from causing a second round of creations or deletions. Status and the
 //! SuccessfulCreate / SuccessfulDelete / FailedCreate / FailedDelete events
 //! are upstream's.
+//!
+//! The same controller, run over ReplicationControllers (`run::<
+//! ReplicationController>`, as `replication-controller`), is upstream's
+//! ReplicationManager: the kind is a `ReplicaOwner` (`owner.rs`,
+//! `replication.rs`), and nothing else differs.
 
+mod owner;
 mod ranking;
+mod replication;
 mod status;
+
+pub use owner::ReplicaOwner;
 
 use std::sync::Arc;
 
 use futures_util::future::join_all;
 use futures_util::{stream, StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{applier, Action, ReconcileRequest};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 
-use self::status::{calculate_status, desired_replicas, next_availability, status_equal};
+use self::status::{calculate_status, next_availability, status_equal};
 use super::controller_utils::{controller_of, controller_ref, is_pod_active, pod_from_template};
 use super::expectations::Expectations;
 use super::informers::controlled_by;
@@ -39,13 +47,13 @@ const BURST_REPLICAS: i32 = 500;
 /// The first slow-start batch of creations.
 const SLOW_START_INITIAL_BATCH: i32 = 1;
 
-struct Context {
+struct Context<K: ReplicaOwner> {
     client: kube::Client,
     backoff: RetryBackoff,
     pods: Store<Pod>,
     pods_by_owner: Index<Pod>,
     orphan_pods: Index<Pod>,
-    replicasets_by_namespace: Index<ReplicaSet>,
+    replicasets_by_namespace: Index<K>,
     recorder: EventRecorder,
     expectations: Expectations,
 }
@@ -69,13 +77,13 @@ fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
-impl Context {
+impl<K: ReplicaOwner> Context<K> {
     /// The ReplicaSets a pod event concerns: its controller, or for an
     /// orphan every ReplicaSet in its namespace whose selector matches it.
-    fn replicasets_for(&self, pod: &Pod) -> Vec<ObjectRef<ReplicaSet>> {
+    fn replicasets_for(&self, pod: &Pod) -> Vec<ObjectRef<K>> {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         if let Some(c) = controller_of(&pod.metadata) {
-            if c.kind == "ReplicaSet" && c.api_version.starts_with("apps/") {
+            if K::is_kind(&c.api_version, &c.kind) {
                 return vec![ObjectRef::new(&c.name).within(&ns)];
             }
             return Vec::new();
@@ -84,14 +92,14 @@ impl Context {
             .get(&ns)
             .iter()
             .filter(|rs| {
-                let selector = rs.spec.as_ref().map(|s| &s.selector);
-                selector.is_some_and(|s| !labels::is_empty(s) && labels::matches(s, pod.metadata.labels.as_ref()))
+                rs.selector()
+                    .is_some_and(|s| !labels::is_empty(&s) && labels::matches(&s, pod.metadata.labels.as_ref()))
             })
             .map(|rs| ObjectRef::from_obj(rs.as_ref()))
             .collect()
     }
 
-    fn on_pod_event(&self, event: &Event<Arc<Pod>>) -> Vec<ObjectRef<ReplicaSet>> {
+    fn on_pod_event(&self, event: &Event<Arc<Pod>>) -> Vec<ObjectRef<K>> {
         match event {
             Event::Apply(p) | Event::InitApply(p) => self.replicasets_for(p),
             Event::Delete(p) => {
@@ -113,16 +121,16 @@ impl Context {
     }
 }
 
-async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+async fn reconcile<K: ReplicaOwner>(rs: Arc<K>, ctx: Arc<Context<K>>) -> Result<Action, ControllerError> {
     if crate::client::cache_sync::wait_for_cache_sync(&ctx.pods).await.is_err() {
         return Err(ControllerError::Invalid("the pod cache stopped".into()));
     }
-    let ns = rs.metadata.namespace.clone().unwrap_or_default();
-    let name = rs.metadata.name.clone().unwrap_or_default();
+    let ns = rs.meta().namespace.clone().unwrap_or_default();
+    let name = rs.meta().name.clone().unwrap_or_default();
     let key = key_of(&ns, &name);
     let now = k8s_openapi::jiff::Timestamp::now();
     // Its own pods, and the orphans of its namespace it may adopt.
-    let uid = rs.metadata.uid.clone().unwrap_or_default();
+    let uid = rs.meta().uid.clone().unwrap_or_default();
     let active: Vec<Arc<Pod>> = controlled_by(&ctx.pods_by_owner, &ns, &uid)
         .into_iter()
         .chain(ctx.orphan_pods.get(&ns))
@@ -130,15 +138,15 @@ async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, Con
         .collect();
     let owned = claim_pods(&ctx, &rs, active).await?;
     let needs_sync = ctx.expectations.satisfied(&key, |n| ctx.seen(&ns, n));
-    let manage = if needs_sync && rs.metadata.deletion_timestamp.is_none() {
+    let manage = if needs_sync && rs.meta().deletion_timestamp.is_none() {
         manage_replicas(&ctx, &rs, &owned, &key).await
     } else {
         Ok(())
     };
-    let new_status = calculate_status(&rs, &owned, &manage, now);
-    if !rs.status.as_ref().is_some_and(|s| status_equal(s, &new_status)) {
-        let api: Api<ReplicaSet> = Api::namespaced(ctx.client.clone(), &ns);
-        let updated = ReplicaSet { status: Some(new_status), ..(*rs).clone() };
+    let new_status = calculate_status(&*rs, &owned, &manage, now);
+    if !rs.replica_status().is_some_and(|s| status_equal(&s, &new_status)) {
+        let api: Api<K> = Api::namespaced(ctx.client.clone(), &ns);
+        let updated = rs.with_replica_status(new_status);
         match api.replace_status(&name, &PostParams::default(), &updated).await {
             Ok(_) => {}
             Err(e) if is_not_found(&e) => return Ok(Action::await_change()),
@@ -148,7 +156,7 @@ async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, Con
     if let Err((_, message)) = manage {
         return Err(ControllerError::Invalid(message));
     }
-    Ok(match next_availability(&rs, &owned, now) {
+    Ok(match next_availability(&*rs, &owned, now) {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })
@@ -156,11 +164,16 @@ async fn reconcile(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, Con
 
 /// Adopts orphans the selector matches, releases owned pods it no longer
 /// matches, and returns the pods this ReplicaSet controls.
-async fn claim_pods(ctx: &Context, rs: &ReplicaSet, pods: Vec<Arc<Pod>>) -> Result<Vec<Arc<Pod>>, ControllerError> {
-    let uid = rs.metadata.uid.clone().unwrap_or_default();
-    let ns = rs.metadata.namespace.clone().unwrap_or_default();
-    let Some(selector) = rs.spec.as_ref().map(|s| &s.selector) else { return Ok(Vec::new()) };
-    let deleting = rs.metadata.deletion_timestamp.is_some();
+async fn claim_pods<K: ReplicaOwner>(
+    ctx: &Context<K>,
+    rs: &K,
+    pods: Vec<Arc<Pod>>,
+) -> Result<Vec<Arc<Pod>>, ControllerError> {
+    let uid = rs.meta().uid.clone().unwrap_or_default();
+    let ns = rs.meta().namespace.clone().unwrap_or_default();
+    let Some(selector) = rs.selector() else { return Ok(Vec::new()) };
+    let selector = selector.as_ref();
+    let deleting = rs.meta().deletion_timestamp.is_some();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let mut can_adopt: Option<bool> = None;
     let mut owned = Vec::new();
@@ -178,7 +191,7 @@ async fn claim_pods(ctx: &Context, rs: &ReplicaSet, pods: Vec<Arc<Pod>>) -> Resu
                     let patch = serde_json::json!({"metadata": {"ownerReferences": rest}});
                     match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                         Ok(_) => {
-                            tracing::debug!(replicaset = %rs.metadata.name.as_deref().unwrap_or_default(), pod = %name, "released pod")
+                            tracing::debug!(owner = %rs.meta().name.as_deref().unwrap_or_default(), pod = %name, "released pod")
                         }
                         Err(e) if is_not_found(&e) => {}
                         Err(e) => return Err(e.into()),
@@ -210,17 +223,16 @@ async fn claim_pods(ctx: &Context, rs: &ReplicaSet, pods: Vec<Arc<Pod>>) -> Resu
 
 /// Whether the ReplicaSet, read afresh, is still this one and not being
 /// deleted (upstream's canAdopt check).
-async fn fresh_and_alive(ctx: &Context, rs: &ReplicaSet) -> Result<bool, ControllerError> {
-    let api: Api<ReplicaSet> =
-        Api::namespaced(ctx.client.clone(), rs.metadata.namespace.as_deref().unwrap_or_default());
-    let fresh = api.get_opt(rs.metadata.name.as_deref().unwrap_or_default()).await?;
-    Ok(fresh.is_some_and(|f| f.metadata.uid == rs.metadata.uid && f.metadata.deletion_timestamp.is_none()))
+async fn fresh_and_alive<K: ReplicaOwner>(ctx: &Context<K>, rs: &K) -> Result<bool, ControllerError> {
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), rs.meta().namespace.as_deref().unwrap_or_default());
+    let fresh = api.get_opt(rs.meta().name.as_deref().unwrap_or_default()).await?;
+    Ok(fresh.is_some_and(|f| f.meta().uid == rs.meta().uid && f.meta().deletion_timestamp.is_none()))
 }
 
-async fn create_pod(ctx: &Context, rs: &ReplicaSet) -> Result<String, kube::Error> {
-    let ns = rs.metadata.namespace.clone().unwrap_or_default();
-    let name = rs.metadata.name.clone().unwrap_or_default();
-    let template = rs.spec.as_ref().and_then(|s| s.template.clone()).unwrap_or_default();
+async fn create_pod<K: ReplicaOwner>(ctx: &Context<K>, rs: &K) -> Result<String, kube::Error> {
+    let ns = rs.meta().namespace.clone().unwrap_or_default();
+    let name = rs.meta().name.clone().unwrap_or_default();
+    let template = rs.template().cloned().unwrap_or_default();
     let mut pod = pod_from_template(&template, &ns, controller_ref(rs));
     pod.metadata.generate_name = Some(format!("{name}-"));
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -242,7 +254,7 @@ async fn create_pod(ctx: &Context, rs: &ReplicaSet) -> Result<String, kube::Erro
     }
 }
 
-async fn delete_pod(ctx: &Context, rs: &ReplicaSet, pod: &Pod) -> Result<(), kube::Error> {
+async fn delete_pod<K: ReplicaOwner>(ctx: &Context<K>, rs: &K, pod: &Pod) -> Result<(), kube::Error> {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -266,8 +278,13 @@ async fn delete_pod(ctx: &Context, rs: &ReplicaSet, pod: &Pod) -> Result<(), kub
 
 /// Creates or deletes pods so that `pods` (the active ones it owns) come to
 /// `spec.replicas`.
-async fn manage_replicas(ctx: &Context, rs: &ReplicaSet, pods: &[Arc<Pod>], key: &str) -> Result<(), ManageError> {
-    let diff = pods.len() as i32 - desired_replicas(rs);
+async fn manage_replicas<K: ReplicaOwner>(
+    ctx: &Context<K>,
+    rs: &K,
+    pods: &[Arc<Pod>],
+    key: &str,
+) -> Result<(), ManageError> {
+    let diff = pods.len() as i32 - rs.desired_replicas();
     if diff < 0 {
         let mut remaining = (-diff).min(BURST_REPLICAS);
         let mut batch = SLOW_START_INITIAL_BATCH;
@@ -309,13 +326,13 @@ async fn manage_replicas(ctx: &Context, rs: &ReplicaSet, pods: &[Arc<Pod>], key:
     Ok(())
 }
 
-fn object_key(rs: &ReplicaSet) -> String {
-    key_of(rs.metadata.namespace.as_deref().unwrap_or_default(), rs.metadata.name.as_deref().unwrap_or_default())
+fn object_key<K: ReplicaOwner>(rs: &K) -> String {
+    key_of(rs.meta().namespace.as_deref().unwrap_or_default(), rs.meta().name.as_deref().unwrap_or_default())
 }
 
 /// A sync, after which the object's retry delay starts afresh if it succeeded.
-async fn sync_and_forget(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
-    let key = object_key(&rs);
+async fn sync_and_forget<K: ReplicaOwner>(rs: Arc<K>, ctx: Arc<Context<K>>) -> Result<Action, ControllerError> {
+    let key = object_key(&*rs);
     let result = reconcile(rs, ctx.clone()).await;
     if result.is_ok() {
         ctx.backoff.forget(&key);
@@ -323,14 +340,17 @@ async fn sync_and_forget(rs: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Actio
     result
 }
 
-fn error_policy(rs: Arc<ReplicaSet>, err: &ControllerError, ctx: Arc<Context>) -> Action {
-    let key = object_key(&rs);
-    tracing::debug!(replicaset = %key, error = %err, "replica set sync failed; retrying");
+fn error_policy<K: ReplicaOwner>(rs: Arc<K>, err: &ControllerError, ctx: Arc<Context<K>>) -> Action {
+    let key = object_key(&*rs);
+    tracing::debug!(kind = K::QUEUE, object = %key, error = %err, "sync failed; retrying");
     Action::requeue(ctx.backoff.next(&key))
 }
 
-pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
-    let (rs_reader, own) = informers.informer::<ReplicaSet>().subscribe().trigger_self();
+/// Runs the controller over every `K` (ReplicaSets, or ReplicationControllers),
+/// writing through `client` and recording Events as `component`
+/// (`replicaset-controller`, `replication-controller`).
+pub async fn run<K: ReplicaOwner>(client: kube::Client, informers: SharedInformerFactory, component: &str) {
+    let (rs_reader, own) = informers.informer::<K>().subscribe().trigger_self();
     let pod_informer = informers.informer::<Pod>().subscribe();
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -339,7 +359,7 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
         orphan_pods: informers.orphans_by_namespace(),
         replicasets_by_namespace: informers.by_namespace(),
         backoff: RetryBackoff::default(),
-        recorder: EventRecorder::new(client.clone(), "replicaset-controller"),
+        recorder: EventRecorder::new(client.clone(), component),
         expectations: Expectations::default(),
     });
     // Only the pods of a ReplicaSet, or that one may adopt, are sent here.
@@ -352,7 +372,7 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
             stream::iter(refs.into_iter().map(|r| Ok(ReconcileRequest::from(r))))
         })
         .try_flatten();
-    let queue = QueueMetrics::new("replicaset", rs_reader.clone());
+    let queue = QueueMetrics::new(K::QUEUE, rs_reader.clone());
     applier(
         queue.timed(sync_and_forget),
         queue.retried(error_policy),
@@ -363,7 +383,7 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
     )
     .for_each(|r| {
         if let Err(e) = r {
-            tracing::trace!(error = %e, "replica set controller");
+            tracing::trace!(kind = K::QUEUE, error = %e, "replica controller");
         }
         std::future::ready(())
     })

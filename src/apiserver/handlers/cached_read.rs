@@ -91,7 +91,7 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         let head = field_order::to_json(&head);
         let omit = call.omit;
         let body = if !listed.iter().all(|o| o.is_in(&api_version)) {
-            let encoded = listed.iter().map(|o| o.json_for(&api_version, &kind, omit)).collect();
+            let encoded = listed.iter().map(|o| served_json(call, o, &api_version, &kind, omit)).collect();
             Body::new(ListBody::new(head.as_bytes(), ListedJson::Encoded(encoded)))
         } else if let Some(writes) = listed.shared_writes(omit) {
             Body::new(ListBody::<ListedJson>::shared(head.as_bytes(), writes))
@@ -105,8 +105,23 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         let list = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items});
         return Ok(Some(call.respond(StatusCode::OK, &list)));
     }
-    let items = listed.iter().map(|o| o.value()).collect();
+    let items = listed.iter().map(|o| call.resource.from_storage(o.value())).collect();
     Ok(Some(list_response(call, items, meta)))
+}
+
+/// An object's JSON as the call serves it: the cache's, or for a resource
+/// stored in another version, its served form encoded anew.
+fn served_json(call: &Call, o: &CachedObject, api_version: &str, kind: &str, omit: Omit) -> Bytes {
+    if !call.resource.converts() {
+        return o.json_for(api_version, kind, omit);
+    }
+    let mut obj = super::read::typed(call, call.resource.from_storage(o.value()));
+    if omit == Omit::ManagedFields {
+        if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("managedFields");
+        }
+    }
+    Bytes::from(field_order::to_json(&obj))
 }
 
 /// The listed objects' JSON: the cache's own bytes, copied straight into
@@ -180,7 +195,8 @@ pub(super) async fn watch(call: Call) -> ApiResult<Result<Response, Call>> {
         }
     };
     let render = Render {
-        plain: !wants_table(call.accept()) && !wants_metadata(call.accept()),
+        // A resource stored in another version has each event converted.
+        plain: !wants_table(call.accept()) && !wants_metadata(call.accept()) && !call.resource.converts(),
         metadata_only: wants_metadata(call.accept()),
         as_table: wants_table(call.accept()),
         api_version: call.resource.api_version(),

@@ -111,7 +111,13 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
         return Ok((StatusCode::OK, typed(call, new)));
     }
     let key = r.key(meta::namespace_of(&old.object), &name);
-    let rev = call.api.storage.update(&key, &new, old.rev).await.map_err(|e| write_error(call, &name, e))?;
+    let stored_form = r.converts().then(|| r.to_storage(new.clone()));
+    let rev = call
+        .api
+        .storage
+        .update(&key, stored_form.as_ref().unwrap_or(&new), old.rev)
+        .await
+        .map_err(|e| write_error(call, &name, e))?;
     set_resource_version(&mut new, rev);
     Ok((StatusCode::OK, typed(call, new)))
 }
@@ -134,7 +140,7 @@ pub async fn delete_collection(call: &mut Call, body: Bytes) -> ApiResult<Respon
     let prefix = call.resource.list_prefix(call.namespace());
     let (items, _) = call.api.storage.list_all(&prefix).await?;
     let mut deleted = Vec::new();
-    for stored in items {
+    for stored in items.into_iter().map(|s| call.served(s)) {
         if labels.matches_object(&stored.object) && fields.matches(&stored.object) {
             match delete_object(call, stored, &opts).await {
                 Ok((_, obj)) => deleted.push(obj),

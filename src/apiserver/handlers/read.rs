@@ -72,14 +72,22 @@ pub fn scale_of(call: &Call, obj: &Value) -> Value {
     let paths = call.resource.scale.clone();
     let get = |p: &str| obj.pointer(&p.replace('.', "/")).and_then(Value::as_i64).unwrap_or(0);
     let (spec, status) = paths.as_ref().map(|p| (get(&p.spec_replicas), get(&p.status_replicas))).unwrap_or((0, 0));
-    let selector = obj
-        .pointer("/spec/selector")
-        .map(|s| {
-            if s.get("matchLabels").is_some() || s.get("matchExpressions").is_some() {
-                crate::apiserver::kinds::selector_string(Some(s))
-            } else {
-                crate::apiserver::kinds::map_selector_string(Some(s))
-            }
+    // A custom resource's selector is the string its labelSelectorPath
+    // names ("" without one); a built-in kind's is made from spec.selector.
+    let custom = call.resource.strategy.is_custom();
+    let custom_selector = paths.as_ref().filter(|_| custom).map(|p| {
+        let at = p.label_selector.as_deref().map(|l| l.replace('.', "/"));
+        at.and_then(|l| obj.pointer(&l)).and_then(Value::as_str).unwrap_or_default().to_string()
+    });
+    let selector = custom_selector
+        .or_else(|| {
+            obj.pointer("/spec/selector").map(|s| {
+                if s.get("matchLabels").is_some() || s.get("matchExpressions").is_some() {
+                    crate::apiserver::kinds::selector_string(Some(s))
+                } else {
+                    crate::apiserver::kinds::map_selector_string(Some(s))
+                }
+            })
         })
         .unwrap_or_default();
     let meta = obj.get("metadata").cloned().unwrap_or(json!({}));
@@ -172,7 +180,7 @@ pub async fn list(call: &Call) -> ApiResult<Response> {
         list_rev = page.rev;
         remaining = page.remaining;
         next = page.next_key;
-        for stored in page.items {
+        for stored in page.items.into_iter().map(|s| call.served(s)) {
             if !filters.matches(&stored.object) {
                 continue;
             }
@@ -233,8 +241,9 @@ pub(super) fn list_response(call: &Call, items: Vec<Value>, meta: Value) -> Resp
     call.respond(StatusCode::OK, &list)
 }
 
+/// A watch event of a stored object (in the call's served form).
 pub(super) fn event(call: &Call, kind: &str, obj: Value, as_table: bool) -> Value {
-    let obj = typed(call, obj);
+    let obj = typed(call, call.resource.from_storage(obj));
     if wants_metadata(call.accept()) {
         return json!({"type": kind, "object": partial(&obj)});
     }

@@ -274,6 +274,16 @@ impl Written {
     }
 }
 
+/// The bytes `obj` is stored as: its own, or its storage form's when the
+/// resource is stored in another version (whose answer is then encoded
+/// from `obj`, not from these bytes).
+fn encode_for_storage(call: &Call, obj: &Value) -> ApiResult<Encoded> {
+    if call.resource.converts() {
+        return Encoded::of(&call.resource.to_storage(obj.clone()));
+    }
+    Encoded::of(obj)
+}
+
 /// Stores a prepared new object (retrying generated names that collide).
 pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<Written> {
     let r = &call.resource;
@@ -285,11 +295,12 @@ pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<Written> {
     for _ in 0..8 {
         let name = name_of(&obj).to_string();
         let key = r.key(meta::namespace_of(&obj), &name);
-        let encoded = Encoded::of(&obj)?;
+        let encoded = encode_for_storage(call, &obj)?;
         match call.api.storage.create_encoded(&key, encoded.bytes.clone()).await {
             Ok(rev) => {
                 set_resource_version(&mut obj, rev);
-                return Ok(Written { code: StatusCode::CREATED, object: obj, stored: Some((encoded, rev)) });
+                let stored = (!r.converts()).then_some((encoded, rev));
+                return Ok(Written { code: StatusCode::CREATED, object: obj, stored });
             }
             Err(WriteError::Exists) => {
                 let prefix = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(str::to_string);
@@ -438,11 +449,12 @@ async fn write_update(call: &Call, mut new: Value, old: &Stored, origin: Origin)
         }
         return Ok(Updated::Done(Written::unstored(StatusCode::OK, old.object.clone())));
     }
-    let encoded = Encoded::of(&new)?;
+    let encoded = encode_for_storage(call, &new)?;
     match call.api.storage.update_encoded(&key, encoded.bytes.clone(), old.rev).await {
         Ok(rev) => {
             set_resource_version(&mut new, rev);
-            Ok(Updated::Done(Written { code: StatusCode::OK, object: new, stored: Some((encoded, rev)) }))
+            let stored = (!r.converts()).then_some((encoded, rev));
+            Ok(Updated::Done(Written { code: StatusCode::OK, object: new, stored }))
         }
         Err(e) => Err(write_error(call, &name, e)),
     }

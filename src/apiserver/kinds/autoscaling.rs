@@ -1,15 +1,158 @@
-//! HorizontalPodAutoscalers (autoscaling/v2) and their `kubectl get`
+//! HorizontalPodAutoscalers (autoscaling/v2): upstream's defaults and
+//! validation, the status a new one starts with, and their `kubectl get`
 //! columns, TARGETS summarising each metric as `current/target`.
 
 use serde_json::{json, Value};
 
-use super::int;
+use super::{default_field, int};
 use crate::apiserver::meta::{age, at, str_at};
+use crate::apiserver::status::Cause;
 use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
+/// Upstream's `DefaultCPUUtilization`: what an autoscaler without metrics aims at.
+pub const DEFAULT_CPU_UTILIZATION: i64 = 80;
+
+/// Upstream's `SetDefaults_HorizontalPodAutoscaler` (autoscaling/v2): one
+/// replica at least, CPU at 80 % without metrics, and a behavior's unset
+/// rules filled with upstream's (`GenerateHPAScaleUpRules`,
+/// `GenerateHPAScaleDownRules`).
+fn default_horizontalpodautoscaler(o: &mut Value) {
+    let Some(spec) = o.get_mut("spec").filter(|s| s.is_object()) else { return };
+    default_field(spec, "minReplicas", json!(1));
+    if spec.get("metrics").and_then(Value::as_array).is_none_or(Vec::is_empty) {
+        spec["metrics"] = json!([{"type": "Resource", "resource": {"name": "cpu",
+            "target": {"type": "Utilization", "averageUtilization": DEFAULT_CPU_UTILIZATION}}}]);
+    }
+    let Some(behavior) = spec.get_mut("behavior").filter(|b| b.is_object()) else { return };
+    let scale_up = json!({"stabilizationWindowSeconds": 0, "selectPolicy": "Max", "policies": [
+        {"type": "Pods", "value": 4, "periodSeconds": 15}, {"type": "Percent", "value": 100, "periodSeconds": 15}]});
+    let scale_down =
+        json!({"selectPolicy": "Max", "policies": [{"type": "Percent", "value": 100, "periodSeconds": 15}]});
+    for (direction, defaults) in [("scaleUp", scale_up), ("scaleDown", scale_down)] {
+        let rules = behavior.as_object_mut().and_then(|b| {
+            let r = b.entry(direction).or_insert_with(|| json!({}));
+            if r.is_null() {
+                *r = json!({});
+            }
+            r.as_object_mut()
+        });
+        if let (Some(rules), Some(defaults)) = (rules, defaults.as_object()) {
+            for (k, v) in defaults {
+                if rules.get(k).is_none_or(Value::is_null) {
+                    rules.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+}
+
+/// Upstream's `ValidateHorizontalPodAutoscaler`, for what clients get
+/// wrong most: the replica bounds, the target reference, each metric's
+/// source and target.
+fn validate_horizontalpodautoscaler(o: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let min = at(o, &["spec", "minReplicas"]).and_then(Value::as_i64);
+    let max = int(o, &["spec", "maxReplicas"]);
+    if let Some(min) = min.filter(|m| *m < 1) {
+        causes.push(Cause::invalid(
+            "spec.minReplicas",
+            format!("Invalid value: {min}: must be greater than or equal to 1"),
+        ));
+    }
+    if max < 1 {
+        causes.push(Cause::invalid("spec.maxReplicas", format!("Invalid value: {max}: must be greater than 0")));
+    }
+    if min.is_some_and(|min| max < min) {
+        causes.push(Cause::invalid(
+            "spec.maxReplicas",
+            format!("Invalid value: {max}: must be greater than or equal to `minReplicas`"),
+        ));
+    }
+    for field in ["kind", "name"] {
+        if str_at(o, &["spec", "scaleTargetRef", field]).unwrap_or_default().is_empty() {
+            causes.push(Cause::required(format!("spec.scaleTargetRef.{field}")));
+        }
+    }
+    for (i, m) in at(o, &["spec", "metrics"]).and_then(Value::as_array).into_iter().flatten().enumerate() {
+        causes.extend(validate_metric(m, &format!("spec.metrics[{i}]")));
+    }
+    causes
+}
+
+/// The source field of each metric type.
+const SOURCES: [(&str, &str); 5] = [
+    ("Object", "object"),
+    ("Pods", "pods"),
+    ("Resource", "resource"),
+    ("ContainerResource", "containerResource"),
+    ("External", "external"),
+];
+
+fn validate_metric(m: &Value, path: &str) -> Vec<Cause> {
+    let ty = str_at(m, &["type"]).unwrap_or_default();
+    let Some((_, field)) = SOURCES.iter().find(|(t, _)| *t == ty) else {
+        return vec![if ty.is_empty() {
+            Cause::required(format!("{path}.type"))
+        } else {
+            Cause {
+                reason: "FieldValueNotSupported",
+                message: format!(
+                    "Unsupported value: {ty:?}: supported values: \"ContainerResource\", \"External\", \"Object\", \"Pods\", \"Resource\""
+                ),
+                field: format!("{path}.type"),
+            }
+        }];
+    };
+    let Some(source) = m.get(*field).filter(|s| s.is_object()) else {
+        return vec![Cause::required(format!("{path}.{field}"))];
+    };
+    let mut causes = Vec::new();
+    let target = source.get("target");
+    let target_type = target.and_then(|t| str_at(t, &["type"])).unwrap_or_default();
+    match target_type {
+        "Utilization" if !matches!(ty, "Resource" | "ContainerResource") => causes.push(Cause::invalid(
+            format!("{path}.{field}.target.type"),
+            format!("Invalid value: {target_type:?}: must be either Value or AverageValue"),
+        )),
+        "Utilization" | "Value" | "AverageValue" => {
+            let want = match target_type {
+                "Utilization" => "averageUtilization",
+                "Value" => "value",
+                _ => "averageValue",
+            };
+            if target.and_then(|t| t.get(want)).is_none_or(Value::is_null) {
+                causes.push(Cause::required(format!("{path}.{field}.target.{want}")));
+            }
+        }
+        "" => causes.push(Cause::required(format!("{path}.{field}.target.type"))),
+        other => causes.push(Cause::invalid(
+            format!("{path}.{field}.target.type"),
+            format!("Invalid value: {other:?}: must be either Utilization, Value, or AverageValue"),
+        )),
+    }
+    if let Some(u) = target.and_then(|t| t.get("averageUtilization")).and_then(Value::as_i64).filter(|u| *u <= 0) {
+        causes.push(Cause::invalid(
+            format!("{path}.{field}.target.averageUtilization"),
+            format!("Invalid value: {u}: must be greater than 0"),
+        ));
+    }
+    let named = if matches!(ty, "Resource" | "ContainerResource") { &["name"][..] } else { &["metric", "name"][..] };
+    if str_at(source, named).unwrap_or_default().is_empty() {
+        causes.push(Cause::required(format!("{path}.{field}.{}", named.join("."))));
+    }
+    if ty == "ContainerResource" && str_at(source, &["container"]).unwrap_or_default().is_empty() {
+        causes.push(Cause::required(format!("{path}.{field}.container")));
+    }
+    causes
+}
+
 pub fn horizontalpodautoscaler_hooks() -> Hooks {
     Hooks {
+        default: default_horizontalpodautoscaler,
+        validate: validate_horizontalpodautoscaler,
+        // `desiredReplicas` has no omitempty; `currentMetrics` is written as null.
+        initial_status: |_| Some(json!({"currentMetrics": null, "desiredReplicas": 0})),
         columns: || {
             vec![
                 Column::new("Reference", "string", 0),
@@ -153,5 +296,38 @@ mod tests {
         let status = json!({"type": "Object", "object": {"current": {"averageValue": "1500m"}}});
         assert_eq!(format_metric(&object, Some(&status)), "1500m/2 (avg)");
         assert_eq!(format_metrics(&json!({"spec": {}})), "<none>");
+    }
+
+    #[test]
+    fn defaults_are_upstreams() {
+        let mut hpa =
+            json!({"spec": {"maxReplicas": 3, "behavior": {"scaleDown": {"stabilizationWindowSeconds": 10}}}});
+        default_horizontalpodautoscaler(&mut hpa);
+        assert_eq!(hpa["spec"]["minReplicas"], 1);
+        assert_eq!(hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"], 80);
+        let b = &hpa["spec"]["behavior"];
+        assert_eq!(b["scaleUp"]["policies"].as_array().map(Vec::len), Some(2));
+        assert_eq!(b["scaleUp"]["stabilizationWindowSeconds"], 0);
+        assert_eq!(b["scaleDown"]["stabilizationWindowSeconds"], 10);
+        assert_eq!(b["scaleDown"]["policies"][0], json!({"type": "Percent", "value": 100, "periodSeconds": 15}));
+        let mut plain = json!({"spec": {"maxReplicas": 3}});
+        default_horizontalpodautoscaler(&mut plain);
+        assert!(plain["spec"].get("behavior").is_none(), "no behavior stays none");
+    }
+
+    #[test]
+    fn validation_names_upstreams_fields() {
+        let bad = json!({"spec": {"minReplicas": 0, "maxReplicas": 0, "scaleTargetRef": {"kind": "Deployment"},
+            "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization"}}}]}});
+        let fields: Vec<String> = validate_horizontalpodautoscaler(&bad).into_iter().map(|c| c.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.minReplicas",
+                "spec.maxReplicas",
+                "spec.scaleTargetRef.name",
+                "spec.metrics[0].resource.target.averageUtilization"
+            ]
+        );
     }
 }

@@ -389,8 +389,69 @@ pub fn cronjob_hooks() -> Hooks {
     }
 }
 
+/// Upstream's `SetDefaults_ReplicationController`: the template's labels
+/// stand in for an empty selector and for the RC's own labels, and an unset
+/// replica count is 1.
+fn default_replicationcontroller(o: &mut Value) {
+    let labels = at(o, &["spec", "template", "metadata", "labels"]).filter(|l| l.is_object()).cloned();
+    if let Some(labels) = labels {
+        if at(o, &["spec", "selector"]).and_then(Value::as_object).is_none_or(|m| m.is_empty()) {
+            o["spec"]["selector"] = labels.clone();
+        }
+        if at(o, &["metadata", "labels"]).and_then(Value::as_object).is_none_or(|m| m.is_empty()) {
+            if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.insert("labels".into(), labels);
+            }
+        }
+    }
+    if let Some(spec) = o.get_mut("spec") {
+        default_field(spec, "replicas", json!(1));
+        default_template(spec);
+    }
+}
+
+/// Upstream's `ValidateReplicationControllerSpec`: a non-empty selector the
+/// template's labels satisfy, a template, no negative counts.
+fn validate_replicationcontroller(o: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let selector = at(o, &["spec", "selector"]).and_then(Value::as_object).filter(|m| !m.is_empty());
+    if selector.is_none() {
+        causes.push(Cause::required("spec.selector"));
+    }
+    for field in ["replicas", "minReadySeconds"] {
+        if int(o, &["spec", field]) < 0 {
+            causes.push(Cause::invalid(
+                format!("spec.{field}"),
+                format!("Invalid value: {}: must be greater than or equal to 0", int(o, &["spec", field])),
+            ));
+        }
+    }
+    if at(o, &["spec", "template"]).is_none_or(Value::is_null) {
+        causes.push(Cause::required("spec.template"));
+        return causes;
+    }
+    let labels = at(o, &["spec", "template", "metadata", "labels"]);
+    if let Some(want) = selector {
+        if !want.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v)) {
+            causes.push(Cause::invalid(
+                "spec.template.metadata.labels",
+                format!(
+                    "Invalid value: {}: selector does not match labels in spec.template",
+                    labels.map_or_else(|| "null".to_string(), Value::to_string)
+                ),
+            ));
+        }
+    }
+    causes.extend(validate_pod_spec(at(o, &["spec", "template", "spec"]), "spec.template.spec"));
+    causes
+}
+
 pub fn replicationcontroller_hooks() -> Hooks {
     Hooks {
+        default: default_replicationcontroller,
+        validate: validate_replicationcontroller,
+        // `replicas` has no omitempty: a new RC reads `status: {replicas: 0}`.
+        initial_status: |_| Some(json!({"replicas": 0})),
         columns: || {
             with_template_columns(vec![
                 Column::new("Desired", "integer", 0),

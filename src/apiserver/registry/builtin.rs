@@ -251,6 +251,14 @@ pub fn resources() -> Vec<Resource> {
             hooks: with_generation(kinds::horizontalpodautoscaler_hooks()),
             ..Default::default()
         }),
+        // autoscaling/v1: stored as v2 through its conversion
+        resource::<k8s_openapi::api::autoscaling::v1::HorizontalPodAutoscaler>(Spec {
+            short: &["hpa"],
+            categories: ALL,
+            status: true,
+            hooks: kinds::horizontalpodautoscaler_v1_hooks(),
+            ..Default::default()
+        }),
         // policy/v1
         resource::<policy::PodDisruptionBudget>(Spec {
             short: &["pdb"],

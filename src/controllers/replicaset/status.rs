@@ -1,45 +1,38 @@
-//! A ReplicaSet's status as upstream computes it from its active pods:
-//! replicas, fullyLabeledReplicas, readyReplicas, availableReplicas (ready
-//! for minReadySeconds), observedGeneration, and the ReplicaFailure
-//! condition while creating or deleting pods fails.
+//! A ReplicaSet's (or ReplicationController's) status as upstream computes
+//! it from its active pods: replicas, fullyLabeledReplicas, readyReplicas,
+//! availableReplicas (ready for minReadySeconds), observedGeneration, and
+//! the ReplicaFailure condition while creating or deleting pods fails.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetCondition, ReplicaSetStatus};
+use k8s_openapi::api::apps::v1::{ReplicaSetCondition, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use super::owner::ReplicaOwner;
 use crate::controllers::controller_utils::{is_pod_available, is_pod_ready};
 
 pub const REPLICA_FAILURE: &str = "ReplicaFailure";
 
-fn template_labels_match(rs: &ReplicaSet, pod: &Pod) -> bool {
-    let want = rs.spec.as_ref().and_then(|s| s.template.as_ref()).and_then(|t| t.metadata.as_ref());
+fn template_labels_match<K: ReplicaOwner>(rs: &K, pod: &Pod) -> bool {
+    let want = rs.template().and_then(|t| t.metadata.as_ref());
     let have = pod.metadata.labels.as_ref();
     want.and_then(|m| m.labels.as_ref())
         .is_none_or(|want| want.iter().all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v)))
 }
 
-fn min_ready_seconds(rs: &ReplicaSet) -> i32 {
-    rs.spec.as_ref().and_then(|s| s.min_ready_seconds).unwrap_or(0)
-}
-
-pub fn desired_replicas(rs: &ReplicaSet) -> i32 {
-    rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
-}
-
 /// The status `rs` should have given its active `pods` and the outcome of
 /// managing replicas (`Err((reason, message))` when it failed).
-pub fn calculate_status(
-    rs: &ReplicaSet,
+pub fn calculate_status<K: ReplicaOwner>(
+    rs: &K,
     pods: &[Arc<Pod>],
     manage: &Result<(), (String, String)>,
     now: Timestamp,
 ) -> ReplicaSetStatus {
-    let mut status = rs.status.clone().unwrap_or_default();
-    let min_ready = min_ready_seconds(rs);
+    let mut status = rs.replica_status().unwrap_or_default();
+    let min_ready = rs.min_ready_seconds();
     let fully_labeled = pods.iter().filter(|p| template_labels_match(rs, p)).count() as i32;
     let ready = pods.iter().filter(|p| is_pod_ready(p)).count() as i32;
     let available = pods.iter().filter(|p| is_pod_available(p, min_ready, now)).count() as i32;
@@ -65,14 +58,14 @@ pub fn calculate_status(
     status.fully_labeled_replicas = non_zero(fully_labeled);
     status.ready_replicas = non_zero(ready);
     status.available_replicas = non_zero(available);
-    status.observed_generation = rs.metadata.generation;
+    status.observed_generation = rs.meta().generation;
     status
 }
 
 /// How long until the next ready pod becomes available, if one is waiting
 /// out minReadySeconds.
-pub fn next_availability(rs: &ReplicaSet, pods: &[Arc<Pod>], now: Timestamp) -> Option<Duration> {
-    let min_ready = i64::from(min_ready_seconds(rs));
+pub fn next_availability<K: ReplicaOwner>(rs: &K, pods: &[Arc<Pod>], now: Timestamp) -> Option<Duration> {
+    let min_ready = i64::from(rs.min_ready_seconds());
     if min_ready <= 0 {
         return None;
     }

@@ -1,0 +1,317 @@
+//! Where the autoscaler reads metrics (upstream's REST metrics client):
+//! resource metrics from `metrics.k8s.io/v1beta1` PodMetrics (the API
+//! server serves them from the nodes' stats), per-pod and per-object
+//! metrics from `custom.metrics.k8s.io` and external ones from
+//! `external.metrics.k8s.io`. Errors are upstream's words; ferrok serves no
+//! custom or external metrics API, so those read as upstream reads a
+//! cluster without one.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::http::Request;
+use k8s_openapi::api::autoscaling::v2::CrossVersionObjectReference;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
+use k8s_openapi::jiff::Timestamp;
+use serde::Deserialize;
+
+use super::replica_calculator::{PodMetric, PodMetricsInfo};
+use crate::client::labels;
+use crate::controllers::replicaset::error_message;
+
+const CUSTOM_METRICS_GROUP: &str = "custom.metrics.k8s.io";
+const CUSTOM_METRICS_VERSIONS: [&str; 2] = ["v1beta2", "v1beta1"];
+/// The window of a custom metric that names none (metrics-server's default).
+const DEFAULT_METRIC_WINDOW: Duration = Duration::from_secs(60);
+
+#[derive(Deserialize)]
+struct List<T> {
+    #[serde(default = "Vec::new")]
+    items: Vec<T>,
+}
+
+#[derive(Deserialize)]
+struct PodMetrics {
+    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    timestamp: Option<Time>,
+    window: Option<String>,
+    #[serde(default)]
+    containers: Vec<ContainerMetrics>,
+}
+
+#[derive(Deserialize)]
+struct ContainerMetrics {
+    name: String,
+    #[serde(default)]
+    usage: BTreeMap<String, Quantity>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetricValue {
+    #[serde(default)]
+    described_object: Option<CrossVersionObjectReference>,
+    timestamp: Option<Time>,
+    window_seconds: Option<i64>,
+    value: Quantity,
+}
+
+#[derive(Deserialize)]
+struct ExternalMetricValue {
+    timestamp: Option<Time>,
+    value: Quantity,
+}
+
+/// A Go duration (`1.5s`, `250ms`, `1m0s`), as PodMetrics' `window`.
+pub fn parse_go_duration(s: &str) -> Option<Duration> {
+    let mut rest = s.trim();
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let n: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += n * scale;
+        rest = &rest[unit_len..];
+    }
+    total.is_finite().then(|| Duration::from_secs_f64(total.max(0.0)))
+}
+
+fn milli(q: &Quantity) -> i64 {
+    crate::quantity::milli_value(q).unwrap_or(0)
+}
+
+fn at(t: &Option<Time>) -> Timestamp {
+    t.as_ref().map(|t| t.0).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// Go's `%+v` of a `*metav1.LabelSelector`, as upstream's messages print one.
+pub fn go_selector(sel: Option<&LabelSelector>) -> String {
+    let Some(sel) = sel else { return "nil".into() };
+    let labels: String =
+        sel.match_labels.iter().flatten().map(|(k, v)| format!("{k}: {v},")).collect::<Vec<_>>().join("");
+    let exprs: String = sel
+        .match_expressions
+        .iter()
+        .flatten()
+        .map(|e| {
+            format!(
+                "LabelSelectorRequirement{{Key:{},Operator:{},Values:[{}],}},",
+                e.key,
+                e.operator,
+                e.values.as_deref().unwrap_or_default().join(" ")
+            )
+        })
+        .collect();
+    format!("&LabelSelector{{MatchLabels:map[string]string{{{labels}}},MatchExpressions:[]LabelSelectorRequirement{{{exprs}}},}}")
+}
+
+/// Reads metrics through the API.
+#[derive(Clone)]
+pub struct MetricsClient {
+    client: kube::Client,
+}
+
+impl MetricsClient {
+    pub fn new(client: kube::Client) -> Self {
+        MetricsClient { client }
+    }
+
+    async fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<T, kube::Error> {
+        let query = serde_urlencoded::to_string(query).unwrap_or_default();
+        let uri = if query.is_empty() { path.to_string() } else { format!("{path}?{query}") };
+        let request = Request::get(uri).body(Vec::new()).map_err(kube::Error::HttpError)?;
+        self.client.request::<T>(request).await
+    }
+
+    /// Upstream's `GetResourceMetric`: each pod's usage of `resource`
+    /// (summed over its containers, or the one named `container`) and the
+    /// first sample's time.
+    pub async fn resource_metric(
+        &self,
+        resource: &str,
+        namespace: &str,
+        selector: &LabelSelector,
+        container: &str,
+    ) -> Result<(PodMetricsInfo, Timestamp), String> {
+        let path = format!("/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods");
+        let list: List<PodMetrics> = self
+            .get(&path, &[("labelSelector", labels::to_query(selector))])
+            .await
+            .map_err(|e| format!("unable to fetch metrics from resource metrics API: {}", error_message(&e)))?;
+        let Some(first) = list.items.first() else {
+            return Err("no metrics returned from resource metrics API".into());
+        };
+        let timestamp = at(&first.timestamp);
+        let mut out = PodMetricsInfo::new();
+        for m in &list.items {
+            let name = m.metadata.name.clone().unwrap_or_default();
+            let window = m.window.as_deref().and_then(parse_go_duration).unwrap_or_default();
+            let sample = |value| PodMetric { timestamp: at(&m.timestamp), window, value };
+            if !container.is_empty() {
+                let Some(c) = m.containers.iter().find(|c| c.name == container) else {
+                    return Err(format!(
+                        "failed to get container metrics: container {container} not present in metrics for pod {namespace}/{name}"
+                    ));
+                };
+                if let Some(v) = c.usage.get(resource) {
+                    out.insert(name, sample(milli(v)));
+                }
+                continue;
+            }
+            let values: Option<Vec<i64>> = m.containers.iter().map(|c| c.usage.get(resource).map(milli)).collect();
+            match values {
+                Some(v) if !m.containers.is_empty() => {
+                    out.insert(name, sample(v.iter().sum()));
+                }
+                _ => tracing::debug!(resource, namespace, pod = %name, "missing resource metric"),
+            }
+        }
+        Ok((out, timestamp))
+    }
+
+    /// The custom metrics API's version to ask, from discovery.
+    async fn custom_metrics_version(&self) -> Result<&'static str, String> {
+        let groups = self.client.list_api_groups().await.map_err(|e| error_message(&e))?;
+        let Some(group) = groups.groups.iter().find(|g| g.name == CUSTOM_METRICS_GROUP) else {
+            return Err(format!("no custom metrics API ({CUSTOM_METRICS_GROUP}) registered"));
+        };
+        let known =
+            |gv: &str| CUSTOM_METRICS_VERSIONS.into_iter().find(|v| gv == format!("{CUSTOM_METRICS_GROUP}/{v}"));
+        group
+            .preferred_version
+            .as_ref()
+            .and_then(|p| known(&p.group_version))
+            .or_else(|| group.versions.iter().find_map(|v| known(&v.group_version)))
+            .ok_or_else(|| "no known available metric versions found".to_string())
+    }
+
+    async fn custom_values(&self, path_tail: &str, query: &[(&str, String)]) -> Result<Vec<MetricValue>, String> {
+        let fetch = async {
+            let version = self.custom_metrics_version().await?;
+            let path = format!("/apis/{CUSTOM_METRICS_GROUP}/{version}/{path_tail}");
+            let list: List<MetricValue> = self.get(&path, query).await.map_err(|e| error_message(&e))?;
+            Ok::<_, String>(list.items)
+        };
+        fetch.await.map_err(|e| format!("unable to fetch metrics from custom metrics API: {e}"))
+    }
+
+    fn metric_query(
+        selector: Option<&LabelSelector>,
+        metric_selector: Option<&LabelSelector>,
+    ) -> Vec<(&'static str, String)> {
+        let mut q = Vec::new();
+        if let Some(s) = selector {
+            q.push(("labelSelector", labels::to_query(s)));
+        }
+        if let Some(s) = metric_selector.filter(|s| !labels::is_empty(s)) {
+            q.push(("metricLabelSelector", labels::to_query(s)));
+        }
+        q
+    }
+
+    /// Upstream's `GetRawMetric`: a per-pod custom metric of the selected pods.
+    pub async fn raw_metric(
+        &self,
+        metric: &str,
+        namespace: &str,
+        selector: &LabelSelector,
+        metric_selector: Option<&LabelSelector>,
+    ) -> Result<(PodMetricsInfo, Timestamp), String> {
+        let tail = format!("namespaces/{namespace}/pods/*/{metric}");
+        let values = self.custom_values(&tail, &Self::metric_query(Some(selector), metric_selector)).await?;
+        let Some(first) = values.first() else { return Err("no metrics returned from custom metrics API".into()) };
+        let timestamp = at(&first.timestamp);
+        let out = values
+            .iter()
+            .map(|v| {
+                let name = v.described_object.as_ref().map(|o| o.name.clone()).unwrap_or_default();
+                let window = v.window_seconds.map_or(DEFAULT_METRIC_WINDOW, |s| Duration::from_secs(s.max(0) as u64));
+                (name, PodMetric { timestamp: at(&v.timestamp), window, value: milli(&v.value) })
+            })
+            .collect();
+        Ok((out, timestamp))
+    }
+
+    /// Upstream's `GetObjectMetric`: a custom metric of one object, whose
+    /// kind `resource` names (the namespace itself for a Namespace).
+    pub async fn object_metric(
+        &self,
+        metric: &str,
+        namespace: &str,
+        object: &CrossVersionObjectReference,
+        resource: &str,
+        metric_selector: Option<&LabelSelector>,
+    ) -> Result<(i64, Timestamp), String> {
+        let core = object.api_version.as_deref().is_none_or(|v| !v.contains('/'));
+        let tail = if object.kind == "Namespace" && core {
+            format!("namespaces/{namespace}/metrics/{metric}")
+        } else {
+            format!("namespaces/{namespace}/{resource}/{}/{metric}", object.name)
+        };
+        let values = self.custom_values(&tail, &Self::metric_query(None, metric_selector)).await?;
+        let Some(v) = values.first() else { return Err("no metrics returned from custom metrics API".into()) };
+        Ok((milli(&v.value), at(&v.timestamp)))
+    }
+
+    /// Upstream's `GetExternalMetric`: every value of an external metric.
+    pub async fn external_metric(
+        &self,
+        metric: &str,
+        namespace: &str,
+        selector: Option<&LabelSelector>,
+    ) -> Result<(Vec<i64>, Timestamp), String> {
+        let path = format!("/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/{metric}");
+        let query = [("labelSelector", selector.map(labels::to_query).unwrap_or_default())];
+        let list: List<ExternalMetricValue> = self
+            .get(&path, &query)
+            .await
+            .map_err(|e| format!("unable to fetch metrics from external metrics API: {}", error_message(&e)))?;
+        let Some(first) = list.items.first() else {
+            return Err("no metrics returned from external metrics API".into());
+        };
+        let timestamp = at(&first.timestamp);
+        Ok((list.items.iter().map(|v| milli(&v.value)).collect(), timestamp))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations_parse() {
+        assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_go_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_go_duration("1m0.5s"), Some(Duration::from_millis(60_500)));
+        assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_go_duration("5x"), None);
+    }
+
+    #[test]
+    fn selectors_print_as_go_does() {
+        assert_eq!(go_selector(None), "nil");
+        let sel: LabelSelector = serde_json::from_value(serde_json::json!({"matchLabels": {"queue": "jobs"}})).unwrap();
+        assert_eq!(
+            go_selector(Some(&sel)),
+            "&LabelSelector{MatchLabels:map[string]string{queue: jobs,},MatchExpressions:[]LabelSelectorRequirement{},}"
+        );
+    }
+}
