@@ -100,6 +100,10 @@ pub struct ServerArgs {
     /// needs --audit-policy-file too.
     #[arg(long, value_name = "PATH")]
     pub audit_log_path: Option<PathBuf>,
+    /// Argument for the embedded controller manager, as `key=value`
+    /// (repeatable): `terminated-pod-gc-threshold=N` (default 12500).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub kube_controller_manager_arg: Vec<String>,
     /// The audit policy (audit.k8s.io/v1 Policy, YAML or JSON).
     #[arg(long, value_name = "FILE")]
     pub audit_policy_file: Option<PathBuf>,
@@ -199,6 +203,24 @@ async fn secrets_encryption(
         tracing::info!(file = %path.display(), "secrets encryption is disabled: Secrets are written in plain");
     }
     Ok(encryption)
+}
+
+/// `--terminated-pod-gc-threshold` from `--kube-controller-manager-arg`s.
+fn controller_manager_args(args: &[String]) -> anyhow::Result<usize> {
+    let mut threshold = crate::controllers::pod_gc::DEFAULT_TERMINATED_POD_THRESHOLD;
+    for arg in args {
+        match arg.trim_start_matches("--").split_once('=') {
+            Some(("terminated-pod-gc-threshold", n)) => {
+                threshold = n.parse().with_context(|| {
+                    format!("--kube-controller-manager-arg {arg:?}: the threshold must be a number of pods")
+                })?;
+            }
+            _ => anyhow::bail!(
+                "--kube-controller-manager-arg {arg:?}: only terminated-pod-gc-threshold=N is understood"
+            ),
+        }
+    }
+    Ok(threshold)
 }
 
 /// The scheduler's profiles from `--kube-scheduler-arg config=FILE`.
@@ -422,6 +444,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         servicelb: enabled.servicelb,
         cluster_dns: enabled.dns,
         local_storage: enabled.local_storage.then(|| local_storage.clone()),
+        terminated_pod_gc_threshold: controller_manager_args(&args.kube_controller_manager_arg)?,
     });
     // The auto-deploy folder, on every server, with the server's own rights.
     {

@@ -23,6 +23,7 @@ use serde_json::json;
 use super::informers::{self, Informer};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
+use crate::client::pod_volumes::claim_names;
 
 /// The provisioner name, k3s'.
 pub const PROVISIONER: &str = "rancher.io/local-path";
@@ -59,17 +60,12 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, storage: PathBuf) {
         }
     };
     let (class_store, class_requests) = classes.trigger_with(pending);
-    // A scheduled pod names the node of its claims.
+    // A scheduled pod names the node of its claims (generic ephemeral ones included).
     let (pod_store, pod_requests) = pods.trigger_with(|p: &Pod| {
         let ns = p.metadata.namespace.clone().unwrap_or_default();
         let scheduled = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
-        p.spec
-            .iter()
-            .filter(|_| scheduled)
-            .flat_map(|s| s.volumes.iter().flatten())
-            .filter_map(|v| v.persistent_volume_claim.as_ref())
-            .map(|c| ObjectRef::<PersistentVolumeClaim>::new(&c.claim_name).within(&ns))
-            .collect::<Vec<_>>()
+        let claims = if scheduled { claim_names(p) } else { Vec::new() };
+        claims.iter().map(|c| ObjectRef::<PersistentVolumeClaim>::new(c).within(&ns)).collect::<Vec<_>>()
     });
     let ctx = Arc::new(Context {
         recorder: EventRecorder::new(client.clone(), PROVISIONER),

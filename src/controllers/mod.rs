@@ -15,6 +15,8 @@ pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod endpointslice;
+pub mod endpointslice_mirroring;
+pub mod ephemeral_volume;
 pub mod expectations;
 pub mod garbage_collector;
 pub mod history;
@@ -27,6 +29,7 @@ pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod node_password;
 pub mod persistentvolume;
+pub mod pod_gc;
 pub mod podautoscaler;
 pub mod queue_metrics;
 pub mod ref_manager;
@@ -39,7 +42,9 @@ pub mod servicelb;
 pub mod statefulset;
 pub mod statefulset_pods;
 pub mod taint_eviction;
+pub mod ttl;
 pub mod ttl_after_finished;
+pub mod volume_expand;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -76,6 +81,8 @@ pub struct ControllerConfig {
     pub cluster_dns: bool,
     /// The local-path provisioner's storage folder (none with `--disable local-storage`).
     pub local_storage: Option<std::path::PathBuf>,
+    /// `--terminated-pod-gc-threshold` (0: terminated pods are not collected by count).
+    pub terminated_pod_gc_threshold: usize,
 }
 
 /// Starts every controller; they run until aborted.
@@ -136,5 +143,12 @@ pub fn start(
     if let Some(dir) = &config.local_storage {
         handles.push(tokio::spawn(local_path::run(own("persistent-volume-binder"), pods.subscribe(), dir.clone())));
     }
+    handles.extend([
+        tokio::spawn(pod_gc::run(own(pod_gc::NAME), f.clone(), config.terminated_pod_gc_threshold)),
+        tokio::spawn(ttl::run(own(ttl::NAME), f.clone())),
+        tokio::spawn(ephemeral_volume::run(own(ephemeral_volume::NAME), f.clone())),
+        tokio::spawn(endpointslice_mirroring::run(own(endpointslice_mirroring::NAME), f.clone())),
+        tokio::spawn(volume_expand::run(own(volume_expand::NAME), f.clone())),
+    ]);
     handles
 }

@@ -20,6 +20,7 @@ use super::informers::{self, Informer};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::informer_factory::SharedInformerFactory;
+use crate::client::pod_volumes::{claim_names, uses_claim};
 use crate::client::predicates::node_heartbeat_only;
 use crate::client::{labels, scheduling};
 use crate::quantity;
@@ -65,15 +66,11 @@ pub async fn run(client: kube::Client, factory: SharedInformerFactory, pods: Inf
         move |_: &PersistentVolume| pending()
     });
     let (class_store, class_requests) = classes.trigger_with(move |_: &StorageClass| pending());
-    // A scheduled pod lets its WaitForFirstConsumer claims bind.
+    // A scheduled pod lets its WaitForFirstConsumer claims (generic
+    // ephemeral ones included) bind.
     let (pod_store, pod_requests) = pods.trigger_with(|p: &Pod| {
         let ns = p.metadata.namespace.clone().unwrap_or_default();
-        p.spec
-            .iter()
-            .flat_map(|s| s.volumes.iter().flatten())
-            .filter_map(|v| v.persistent_volume_claim.as_ref())
-            .map(|c| ObjectRef::<PersistentVolumeClaim>::new(&c.claim_name).within(&ns))
-            .collect::<Vec<_>>()
+        claim_names(p).iter().map(|c| ObjectRef::<PersistentVolumeClaim>::new(c).within(&ns)).collect::<Vec<_>>()
     });
     let (node_store, node_events) = nodes.into_parts();
     let ctx = Arc::new(Context {
@@ -189,11 +186,7 @@ pub(super) fn consumer_node(pods: &Store<Pod>, claim: &PersistentVolumeClaim) ->
     }
     let (ns, name) = (claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref()?);
     pods.state().iter().find_map(|p| {
-        let uses = p.metadata.namespace.as_deref() == ns
-            && p.spec
-                .iter()
-                .flat_map(|s| s.volumes.iter().flatten())
-                .any(|v| v.persistent_volume_claim.as_ref().is_some_and(|c| c.claim_name == name));
+        let uses = p.metadata.namespace.as_deref() == ns && uses_claim(p, name);
         if uses {
             p.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty())
         } else {
@@ -291,14 +284,25 @@ async fn bind_claim(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Res
     }
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     let vs = chosen.spec.clone().unwrap_or_default();
-    let patch = json!({
-        "metadata": {"annotations": {BIND_COMPLETED: "yes", BOUND_BY_CONTROLLER: "yes"}},
-        "spec": {"volumeName": volume_name}
-    });
-    pvcs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
-    let status = json!({"status": {"phase": "Bound", "capacity": vs.capacity, "accessModes": vs.access_modes}});
-    pvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
-    tracing::debug!(claim = %format!("{ns}/{name}"), volume = %volume_name, "claim bound");
+    let completed = claim.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(BIND_COMPLETED));
+    if !completed || claim_volume(&claim) != Some(volume_name.as_str()) {
+        let patch = json!({
+            "metadata": {"annotations": {BIND_COMPLETED: "yes", BOUND_BY_CONTROLLER: "yes"}},
+            "spec": {"volumeName": volume_name}
+        });
+        pvcs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    }
+    // The capacity is the volume's as the claim becomes Bound only, as
+    // upstream's updateClaimStatus: later it is what a resize recorded.
+    let status = claim.status.as_ref();
+    if status.and_then(|s| s.phase.as_deref()) != Some("Bound") {
+        let status = json!({"status": {"phase": "Bound", "capacity": vs.capacity, "accessModes": vs.access_modes}});
+        pvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+        tracing::debug!(claim = %format!("{ns}/{name}"), volume = %volume_name, "claim bound");
+    } else if status.and_then(|s| s.access_modes.as_ref()) != vs.access_modes.as_ref() {
+        let status = json!({"status": {"accessModes": vs.access_modes}});
+        pvcs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await?;
+    }
     Ok(Action::await_change())
 }
 

@@ -16,12 +16,8 @@ pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 pub async fn pre_bind(client: &kube::Client, pod: &Pod, node: &str) -> Result<(), kube::Error> {
     let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    let names = pod
-        .spec
-        .iter()
-        .flat_map(|s| s.volumes.iter().flatten())
-        .filter_map(|v| v.persistent_volume_claim.as_ref().map(|c| c.claim_name.clone()));
-    for name in names {
+    // Generic ephemeral volumes' claims too, once their controller made them.
+    for name in crate::client::pod_volumes::claim_names(pod) {
         let Some(claim) = claims.get_opt(&name).await? else { continue };
         let spec = claim.spec.unwrap_or_default();
         let annotated = claim.metadata.annotations.as_ref().and_then(|a| a.get(SELECTED_NODE)).map(String::as_str);

@@ -1,11 +1,13 @@
 //! PersistentVolumes, PersistentVolumeClaims and the storage.k8s.io kinds
 //! (StorageClasses, CSIDrivers, CSINodes, CSIStorageCapacities,
-//! VolumeAttachments): their `kubectl get` columns.
+//! VolumeAttachments): their `kubectl get` columns, and what an update may
+//! do to a claim's storage request.
 
 use serde_json::{json, Value};
 
 use super::{len, str_list};
 use crate::apiserver::meta::{age, at, str_at};
+use crate::apiserver::status::Cause;
 use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
@@ -98,9 +100,42 @@ pub fn persistentvolume_hooks() -> Hooks {
     }
 }
 
+/// What an update of a claim may do to its storage request, as upstream
+/// v1.33's ValidatePersistentVolumeClaimUpdate (RecoverVolumeExpansionFailure
+/// on): an unbound claim's spec may not change it at all; a bound claim's
+/// request may shrink (back from an expansion not yet done) but never to
+/// its `status.capacity` or below. Growth is the PersistentVolumeClaimResize
+/// admission's to allow.
+fn validate_claim_change(subresource: Option<&str>, new: &Value, old: Option<&Value>) -> Vec<Cause> {
+    let Some(old) = old.filter(|_| subresource.is_none()) else { return Vec::new() };
+    let storage = |o: &Value, path: &str| {
+        o.pointer(path).and_then(Value::as_str).and_then(|s| crate::quantity::Amount::parse(s).ok())
+    };
+    let (was, now) =
+        (storage(old, "/spec/resources/requests/storage"), storage(new, "/spec/resources/requests/storage"));
+    if was == now {
+        return Vec::new();
+    }
+    if old.pointer("/status/phase").and_then(Value::as_str) != Some("Bound") {
+        return vec![Cause::forbidden(
+            "spec",
+            "Forbidden: spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
+        )];
+    }
+    let capacity = storage(old, "/status/capacity/storage").unwrap_or_default();
+    match (was, now) {
+        (Some(was), Some(now)) if now < was && now <= capacity => vec![Cause::forbidden(
+            "spec.resources.requests.storage",
+            "Forbidden: field can not be less than status.capacity",
+        )],
+        _ => Vec::new(),
+    }
+}
+
 pub fn persistentvolumeclaim_hooks() -> Hooks {
     Hooks {
         validate: super::quantities::validate_claim,
+        validate_change: validate_claim_change,
         initial_status: |_| Some(json!({"phase": "Pending"})),
         default: |o| {
             if let Some(spec) = o.get_mut("spec") {
@@ -249,6 +284,24 @@ pub fn volumeattachment_hooks() -> Hooks {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_request_never_shrinks_to_its_capacity() {
+        let claim = |request: &str, phase: &str| {
+            json!({"spec": {"resources": {"requests": {"storage": request}}},
+                   "status": {"phase": phase, "capacity": {"storage": "1Gi"}}})
+        };
+        let fields = |new: &Value, old: &Value| -> Vec<String> {
+            validate_claim_change(None, new, Some(old)).into_iter().map(|c| c.field).collect()
+        };
+        let bound = claim("2Gi", "Bound");
+        assert!(fields(&claim("3Gi", "Bound"), &bound).is_empty(), "growth is admission's");
+        assert!(fields(&claim("1500Mi", "Bound"), &bound).is_empty(), "back from a pending expansion");
+        assert_eq!(fields(&claim("1Gi", "Bound"), &bound), ["spec.resources.requests.storage"]);
+        assert_eq!(fields(&claim("2Gi", "Pending"), &claim("1Gi", "Pending")), ["spec"]);
+        assert!(fields(&claim("2048Mi", "Bound"), &bound).is_empty(), "the same amount");
+        assert!(validate_claim_change(Some("status"), &claim("1Gi", "Bound"), Some(&bound)).is_empty());
+    }
 
     #[test]
     fn volume_and_claim_cells() {
