@@ -29,6 +29,7 @@ pub mod kinds;
 pub mod kubelet;
 pub mod label_parser;
 pub mod lease_manager;
+pub mod legacy_token_tracking;
 pub mod managed_fields;
 pub mod meta;
 pub mod metrics;
@@ -235,6 +236,9 @@ impl Api {
             }
         }
         if let Some(user) = auth::bootstrap_token::authenticate(&self.storage, token, meta::unix_now()).await {
+            return Some(user);
+        }
+        if let Some(user) = auth::legacy_token::authenticate(self, token).await {
             return Some(user);
         }
         let signer = self.tokens.as_ref()?;

@@ -4,6 +4,7 @@ mod agent;
 mod certificate;
 mod check_config;
 mod cluster_bootstrap;
+mod cluster_info;
 mod components;
 mod config;
 #[cfg(test)]

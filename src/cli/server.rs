@@ -407,6 +407,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     tasks.push(tokio::spawn(endpoints.run(stop_rx.clone())));
     api.health.hook_finished(hooks::BOOTSTRAP_CONTROLLER);
     apiserver::auth::bootstrap::run(&api.storage).await.map_err(|e| anyhow::anyhow!("default RBAC roles: {e}"))?;
+    apiserver::legacy_token_tracking::ensure(&api.storage)
+        .await
+        .map_err(|e| anyhow::anyhow!("legacy token tracking: {e}"))?;
     let client_ca = std::fs::read_to_string(&pki.client_ca_cert).context("client CA")?;
     apiserver::cluster_authentication_trust::publish(&api.storage, &client_ca)
         .await
@@ -444,6 +447,21 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         servicelb: enabled.servicelb,
         cluster_dns: enabled.dns,
         local_storage: enabled.local_storage.then(|| local_storage.clone()),
+        signing: Arc::new(crate::controllers::certificates::signer::SigningConfig {
+            client_ca: crate::controllers::certificates::signer::CaFiles {
+                cert: pki.client_ca_cert.clone(),
+                key: pki.client_ca_key.clone(),
+            },
+            server_ca: crate::controllers::certificates::signer::CaFiles {
+                cert: pki.server_ca_cert.clone(),
+                key: pki.server_ca_key.clone(),
+            },
+            duration: crate::controllers::certificates::signer::DEFAULT_DURATION,
+        }),
+        service_account_key: Arc::new(
+            crate::pki::service_account_key::ServiceAccountKey::load(&pki.service_account_key)
+                .context("service-account key")?,
+        ),
         terminated_pod_gc_threshold: controller_manager_args(&args.kube_controller_manager_arg)?,
     });
     // The auto-deploy folder, on every server, with the server's own rights.
@@ -451,6 +469,17 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         let (client, dir, server) =
             (crate::client::in_process(api.clone(), crate::client::supervisor()), manifests.clone(), node_name.clone());
         followers.push(tokio::spawn(async move { crate::controllers::deploy::run(client, dir, &server).await }));
+    }
+    // kube-public/cluster-info names this server and the CA, for the bootstrap signer to sign.
+    {
+        let client = crate::client::in_process(api.clone(), crate::client::supervisor());
+        let server = format!("https://{}", api.config.advertise);
+        let ca = std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?;
+        followers.push(tokio::spawn(async move {
+            if let Err(e) = super::cluster_info::publish(client, &server, &ca).await {
+                tracing::warn!(error = %e, "cannot publish kube-public/cluster-info");
+            }
+        }));
     }
     // Node passwords follow their Nodes, on every server (deletes are idempotent).
     followers.push(tokio::spawn(crate::controllers::node_password::run(crate::client::in_process(

@@ -3,6 +3,9 @@
 //! (watch-fed caches, a deduplicating work queue, retries with back-off).
 //! They run while this server holds the `kube-controller-manager` Lease.
 
+pub mod bootstrap_signer;
+pub mod bootstrap_token;
+pub mod certificates;
 pub mod cluster_dns;
 pub mod clusterrole_aggregation;
 pub mod controller_utils;
@@ -23,6 +26,7 @@ pub mod history;
 pub mod informers;
 pub mod job;
 pub mod job_pods;
+pub mod legacy_token_cleaner;
 pub mod local_path;
 pub mod namespace;
 pub mod node_ipam;
@@ -38,10 +42,12 @@ pub mod resourcequota;
 pub mod retry_backoff;
 pub mod root_ca;
 pub mod serviceaccount;
+pub mod serviceaccount_token;
 pub mod servicelb;
 pub mod statefulset;
 pub mod statefulset_pods;
 pub mod taint_eviction;
+pub mod token_cleaner;
 pub mod ttl;
 pub mod ttl_after_finished;
 pub mod volume_expand;
@@ -51,6 +57,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{Pod, ReplicationController};
 
 use crate::client::informer_factory::SharedInformerFactory;
@@ -81,6 +88,10 @@ pub struct ControllerConfig {
     pub cluster_dns: bool,
     /// The local-path provisioner's storage folder (none with `--disable local-storage`).
     pub local_storage: Option<std::path::PathBuf>,
+    /// The CAs the certificate signers sign with.
+    pub signing: Arc<certificates::signer::SigningConfig>,
+    /// The service-account key legacy token Secrets are signed with.
+    pub service_account_key: Arc<crate::pki::service_account_key::ServiceAccountKey>,
     /// `--terminated-pod-gc-threshold` (0: terminated pods are not collected by count).
     pub terminated_pod_gc_threshold: usize,
 }
@@ -102,6 +113,7 @@ pub fn start(
     let f = &informers;
     let pods = informers.informer::<Pod>();
     let jobs = informers.informer::<Job>();
+    let csrs = informers.informer::<CertificateSigningRequest>();
     let own = |name: &str| client_for(name);
     let mut handles = vec![
         tokio::spawn(clusterrole_aggregation::run(own(clusterrole_aggregation::NAME), f.clone())),
@@ -132,6 +144,23 @@ pub fn start(
         tokio::spawn(deployment::run(own("deployment-controller"), f.clone())),
         tokio::spawn(podautoscaler::run(own("horizontal-pod-autoscaler"), f.clone())),
         tokio::spawn(resourcequota::run(own("resourcequota-controller"), f.clone(), pods.subscribe())),
+        tokio::spawn(certificates::signer::run(
+            own(certificates::CONTROLLER),
+            csrs.subscribe(),
+            config.signing.clone(),
+        )),
+        tokio::spawn(certificates::approver::run(own(certificates::CONTROLLER), csrs.subscribe())),
+        tokio::spawn(certificates::cleaner::run(own(certificates::CONTROLLER), csrs.subscribe())),
+        // It holds the signing key: it acts as the controller manager, as upstream's.
+        tokio::spawn(serviceaccount_token::run(
+            f.client().clone(),
+            f.clone(),
+            config.service_account_key.clone(),
+            config.server_ca_pem.clone(),
+        )),
+        tokio::spawn(legacy_token_cleaner::run(own("legacy-service-account-token-cleaner"), f.clone(), pods.store())),
+        tokio::spawn(bootstrap_signer::run(own("bootstrap-signer"), f.clone())),
+        tokio::spawn(token_cleaner::run(own("token-cleaner"), f.clone())),
     ];
     if config.cluster_dns {
         handles.push(tokio::spawn(cluster_dns::run(own("endpointslice-controller"), f.clone())));

@@ -142,6 +142,11 @@ impl Ca {
         super::ca_bundle::blocks(&self.cert_pem).first().copied().unwrap_or_default()
     }
 
+    /// What a leaf is sent with: the rotation's cross-signed certificates.
+    pub(super) fn chain_pem(&self) -> &str {
+        &self.chain_pem
+    }
+
     pub fn issue(&self, spec: &LeafSpec) -> Result<Issued, CertError> {
         let key = KeyPair::generate()?;
         let cert = spec.params()?.signed_by(&key, &self.issuer)?;

@@ -9,10 +9,12 @@ pub mod bootstrap_data;
 pub mod ca_bundle;
 pub mod ca_rotation;
 mod certs;
+pub mod csr;
 pub mod inspect;
 pub mod join_token;
 mod kubeconfig;
 pub mod node_password;
+pub mod service_account_key;
 pub mod tls;
 
 use std::net::IpAddr;

@@ -9,6 +9,7 @@ pub mod cluster_roles;
 pub mod component_roles;
 pub mod controller_roles;
 pub mod decision;
+pub mod legacy_token;
 pub mod namespace_roles;
 pub mod node_authorizer;
 pub mod node_graph;

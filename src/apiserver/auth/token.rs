@@ -3,26 +3,18 @@
 
 use std::path::Path;
 
-use base64::Engine;
-use ring::rand::SystemRandom;
-use ring::signature::{
-    EcdsaKeyPair, KeyPair, UnparsedPublicKey, ECDSA_P256_SHA256_FIXED, ECDSA_P256_SHA256_FIXED_SIGNING,
-};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
+
+use crate::pki::service_account_key::{JwtError, ServiceAccountKey};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("cannot read the service-account key {0}: {1}")]
-    Read(String, std::io::Error),
-    #[error("the service-account key is not a PKCS#8 P-256 key: {0}")]
-    Key(String),
+    #[error("{0}")]
+    Key(#[from] JwtError),
     #[error("invalid token")]
     Invalid,
     #[error("token has expired")]
     Expired,
-    #[error("signing failed")]
-    Sign,
 }
 
 /// What a valid token says.
@@ -36,39 +28,26 @@ pub struct Claims {
 }
 
 pub struct TokenSigner {
-    key: EcdsaKeyPair,
-    public: Vec<u8>,
-    kid: String,
+    key: ServiceAccountKey,
     issuer: String,
-}
-
-fn b64(data: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(data)
-}
-
-fn pem_body(pem: &str) -> Option<Vec<u8>> {
-    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
-    base64::engine::general_purpose::STANDARD.decode(body.trim()).ok()
 }
 
 impl TokenSigner {
     pub fn load(path: &Path, issuer: String) -> Result<TokenSigner, TokenError> {
-        let pem = std::fs::read_to_string(path).map_err(|e| TokenError::Read(path.display().to_string(), e))?;
-        let der = pem_body(&pem).ok_or_else(|| TokenError::Key("not PEM".into()))?;
-        let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &der, &SystemRandom::new())
-            .map_err(|e| TokenError::Key(e.to_string()))?;
-        let public = key.public_key().as_ref().to_vec();
-        let kid = b64(&Sha256::digest(&public));
-        Ok(TokenSigner { key, public, kid, issuer })
+        Ok(TokenSigner { key: ServiceAccountKey::load(path)?, issuer })
     }
 
     pub fn issuer(&self) -> &str {
         &self.issuer
     }
 
+    /// The key that signs and checks every service-account token.
+    pub fn key(&self) -> &ServiceAccountKey {
+        &self.key
+    }
+
     /// Signs a token for a service account, valid for `seconds`.
     pub fn issue(&self, claims: &Claims, now: i64, bound: Option<Value>) -> Result<String, TokenError> {
-        let header = json!({"alg": "ES256", "kid": self.kid});
         let mut k8s = json!({
             "namespace": claims.namespace,
             "serviceaccount": {"name": claims.name, "uid": claims.uid},
@@ -88,25 +67,12 @@ impl TokenSigner {
             "jti": crate::apiserver::meta::new_uid(),
             "kubernetes.io": k8s,
         });
-        let signing_input = format!("{}.{}", b64(header.to_string().as_bytes()), b64(payload.to_string().as_bytes()));
-        let sig = self.key.sign(&SystemRandom::new(), signing_input.as_bytes()).map_err(|_| TokenError::Sign)?;
-        Ok(format!("{signing_input}.{}", b64(sig.as_ref())))
+        Ok(self.key.sign(&payload)?)
     }
 
     /// Checks a token's signature, issuer and expiry.
     pub fn verify(&self, token: &str, now: i64) -> Result<Claims, TokenError> {
-        let mut parts = token.split('.');
-        let (Some(h), Some(p), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-            return Err(TokenError::Invalid);
-        };
-        let decode =
-            |x: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(x).map_err(|_| TokenError::Invalid);
-        let sig = decode(s)?;
-        let input = format!("{h}.{p}");
-        UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &self.public)
-            .verify(input.as_bytes(), &sig)
-            .map_err(|_| TokenError::Invalid)?;
-        let payload: Value = serde_json::from_slice(&decode(p)?).map_err(|_| TokenError::Invalid)?;
+        let payload = self.key.verify(token).map_err(|_| TokenError::Invalid)?;
         if payload["iss"].as_str() != Some(self.issuer.as_str()) {
             return Err(TokenError::Invalid);
         }
