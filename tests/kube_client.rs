@@ -3,6 +3,8 @@
 
 mod common;
 
+use common::{raw, raw_as};
+
 use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
@@ -168,33 +170,6 @@ async fn server_side_apply_and_conflicts() {
         .expect("merge patch");
     assert_eq!(merged.metadata.labels.unwrap_or_default().get("team").map(String::as_str), Some("x"));
     assert_eq!(merged.metadata.generation, Some(2));
-}
-
-/// The raw answer to `method uri` with a JSON `body`, sent as `accept` wants.
-async fn raw(client: &kube::Client, method: &str, uri: &str, accept: &str, body: &str) -> (u16, Vec<u8>) {
-    raw_as(client, method, uri, "application/json", accept, body).await
-}
-
-/// `raw` with a body of `content_type`.
-async fn raw_as(
-    client: &kube::Client,
-    method: &str,
-    uri: &str,
-    content_type: &str,
-    accept: &str,
-    body: &str,
-) -> (u16, Vec<u8>) {
-    use http_body_util::BodyExt;
-    let req = axum::http::Request::builder()
-        .method(method)
-        .uri(uri)
-        .header("Accept", accept)
-        .header("Content-Type", content_type)
-        .body(kube::client::Body::from(body.as_bytes().to_vec()))
-        .expect("request");
-    let resp = client.send(req).await.unwrap_or_else(|e| panic!("{method} {uri}: {e}"));
-    let code = resp.status().as_u16();
-    (code, resp.into_body().collect().await.expect("body").to_bytes().to_vec())
 }
 
 #[tokio::test(flavor = "multi_thread")]

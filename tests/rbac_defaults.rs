@@ -451,8 +451,25 @@ fn extension_apiserver_authentication_holds_the_client_ca_and_its_readers_may_re
     let s = ApiServer::start();
     let cm = get_json(&s, &["-n", "kube-system", "configmap", "extension-apiserver-authentication"]);
     let data = cm["data"].as_object().cloned().unwrap_or_default();
-    // No front proxy: as upstream without a request header CA, the client CA alone.
-    assert_eq!(data.keys().collect::<Vec<_>>(), vec!["client-ca-file"], "{cm}");
+    // The client CA, and the front proxy's request-header CA with its headers.
+    assert_eq!(
+        data.keys().collect::<Vec<_>>(),
+        vec![
+            "client-ca-file",
+            "requestheader-allowed-names",
+            "requestheader-client-ca-file",
+            "requestheader-extra-headers-prefix",
+            "requestheader-group-headers",
+            "requestheader-uid-headers",
+            "requestheader-username-headers"
+        ],
+        "{cm}"
+    );
+    let request_header_ca = std::fs::read_to_string(s.dir.path().join("server/tls/request-header-ca.crt")).expect("CA");
+    assert_eq!(
+        certificate_bodies(data["requestheader-client-ca-file"].as_str().unwrap_or_default()),
+        certificate_bodies(&request_header_ca)
+    );
     let client_ca = std::fs::read_to_string(s.dir.path().join("server/tls/client-ca.crt")).expect("client CA");
     assert_eq!(certificate_bodies(data["client-ca-file"].as_str().unwrap_or_default()), certificate_bodies(&client_ca),);
 

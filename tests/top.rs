@@ -71,9 +71,28 @@ metadata: {{name: other, namespace: default, labels: {{app: other}}}}
 spec:
   containers:
   - {{name: app, image: {BUSYBOX}, command: ["sleep", "3600"]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: crash, namespace: default, labels: {{app: crash}}}}
+spec:
+  containers:
+  - {{name: app, image: {BUSYBOX}, command: ["sh", "-c", "exit 1"]}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: divisor, namespace: default, labels: {{app: divisor}}}}
+spec:
+  containers:
+  - name: app
+    image: {BUSYBOX}
+    command: ["sh", "-c", "echo cpu=$CPU; exec sleep 3600"]
+    resources: {{limits: {{cpu: "2"}}}}
+    # What typed clients send for an unset divisor: "0", read as 1.
+    env: [{{name: CPU, valueFrom: {{resourceFieldRef: {{resource: limits.cpu, divisor: "0"}}}}}}]
 "#
     ));
-    for p in ["burn", "other"] {
+    for p in ["burn", "other", "divisor"] {
         node.eventually(&format!("{p} runs"), 60, || node.get(&["pod", p], "{.status.phase}") == "Running");
     }
 
@@ -108,6 +127,16 @@ spec:
     });
     let (ok, out) = node.kubectl(&["top", "pod", "-l", "app=burn"]);
     assert!(ok && out.contains("burn") && !out.contains("other"), "{out}");
+    assert_eq!(node.ok(&["logs", "divisor"]).trim(), "cpu=2");
+    // A crash-looping pod has no usage: left out, and the namespace's list
+    // still reads (kubectl failed on a PodMetrics without window or timestamp).
+    node.eventually("crash restarted", 60, || {
+        node.get(&["pod", "crash"], "{.status.containerStatuses[0].restartCount}").parse::<u32>().unwrap_or(0) >= 1
+    });
+    for kubectl in ["kubectl".to_string(), kubectl_version(27)] {
+        let (ok, out) = node.kubectl_with(&kubectl, &["top", "pod"]);
+        assert!(ok && out.contains("burn") && !out.contains("crash"), "{kubectl}: {out}");
+    }
     let (ok, out) = node.kubectl(&["top", "pod", "missing"]);
     assert!(!ok && out.contains("NotFound"), "{out}");
 

@@ -163,8 +163,10 @@ pub fn resource_field(
             .or_else(|| if name == "cpu" || name == "memory" { None } else { allocatable.get(name).cloned() }),
         _ => return Err(format!("unsupported container resource : {resource}")),
     };
+    // A zero divisor is unset: typed clients send "0" for an unset
+    // quantity, and upstream divides by 1 then.
     let one = Quantity("1".into());
-    let divisor = divisor.unwrap_or(&one);
+    let divisor = divisor.filter(|d| quantity::milli_value(d) != Some(0)).unwrap_or(&one);
     let d =
         quantity::milli_value(divisor).filter(|d| *d > 0).ok_or_else(|| format!("invalid divisor {}", divisor.0))?;
     let Some(v) = value else {
@@ -345,6 +347,7 @@ mod tests {
         assert_eq!(resource_field(&c, "limits.cpu", None, &alloc).unwrap(), "2");
         assert_eq!(resource_field(&c, "requests.cpu", Some(&Quantity("1m".into())), &alloc).unwrap(), "250");
         assert_eq!(resource_field(&c, "limits.memory", Some(&Quantity("1Mi".into())), &alloc).unwrap(), "64");
+        assert_eq!(resource_field(&c, "limits.cpu", Some(&Quantity("0".into())), &alloc).unwrap(), "2");
         let none: Container = serde_json::from_value(json!({"name": "b"})).unwrap();
         assert_eq!(resource_field(&none, "limits.memory", None, &alloc).unwrap(), (1u64 << 30).to_string());
     }

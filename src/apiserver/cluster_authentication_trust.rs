@@ -5,10 +5,10 @@
 //! and, when the API server has a front-proxy (request header) CA,
 //! `requestheader-client-ca-file` with the header names as JSON arrays
 //! (`requestheader-username-headers`, `-uid-headers`, `-group-headers`,
-//! `-extra-headers-prefix`, `-allowed-names`). ferrok has no front proxy,
-//! so, as upstream without `--requestheader-client-ca-file`, it writes the
-//! request header keys only when they are there already (another server
-//! of the cluster wrote them).
+//! `-extra-headers-prefix`, `-allowed-names`): the request-header CA that
+//! signed the front proxy's client certificate of the aggregator
+//! (`system:auth-proxy`, as k3s names it) and the headers it names the
+//! caller in (`X-Remote-User`, `X-Remote-Group`, `X-Remote-Extra-`).
 //!
 //! As upstream, what is there is combined with this server's own: the
 //! certificates of both, without duplicates or expired ones, and the union
@@ -80,33 +80,81 @@ fn string_list(data: &Map<String, Value>, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// This server's front proxy: its CA and the names and headers it uses.
+#[derive(Debug, Clone, Default)]
+pub struct RequestHeader {
+    /// The request-header CA, PEM.
+    pub ca_pem: String,
+    pub allowed_names: Vec<String>,
+    /// By key of [`HEADER_LISTS`]: the header names for it.
+    pub headers: Vec<(&'static str, Vec<String>)>,
+}
+
+impl RequestHeader {
+    /// ferrok's aggregator: `system:auth-proxy` naming the caller in
+    /// `X-Remote-User`, `X-Remote-Group` and `X-Remote-Extra-*`.
+    pub fn front_proxy(ca_pem: String) -> RequestHeader {
+        let one = |h: &str| vec![h.to_string()];
+        RequestHeader {
+            ca_pem,
+            allowed_names: one(crate::pki::AUTH_PROXY_USER),
+            headers: vec![
+                ("requestheader-username-headers", one("X-Remote-User")),
+                ("requestheader-group-headers", one("X-Remote-Group")),
+                ("requestheader-extra-headers-prefix", one("X-Remote-Extra-")),
+            ],
+        }
+    }
+}
+
+/// The union of two lists, `existing` first, once each.
+fn union(mut existing: Vec<String>, ours: &[String]) -> Vec<String> {
+    for item in ours {
+        if !existing.contains(item) {
+            existing.push(item.clone());
+        }
+    }
+    existing
+}
+
 /// The ConfigMap's data: what `existing` holds combined with this server's
-/// client CA (`client_ca`, PEM), at `now` (Unix seconds).
-pub fn combined_data(existing: &Map<String, Value>, client_ca: &str, now: i64) -> Map<String, Value> {
+/// client CA (`client_ca`, PEM) and front proxy, at `now` (Unix seconds).
+pub fn combined_data(
+    existing: &Map<String, Value>,
+    client_ca: &str,
+    front_proxy: Option<&RequestHeader>,
+    now: i64,
+) -> Map<String, Value> {
     let text = |key: &str| existing.get(key).and_then(Value::as_str).unwrap_or_default().to_string();
     let mut data = Map::new();
     let client = combine_certificates(&[&text(CLIENT_CA), client_ca], now);
     if !client.is_empty() {
         data.insert(CLIENT_CA.into(), json!(client));
     }
-    let request_header = combine_certificates(&[&text(REQUEST_HEADER_CA)], now);
+    let ours = front_proxy.map(|f| f.ca_pem.as_str()).unwrap_or_default();
+    let request_header = combine_certificates(&[&text(REQUEST_HEADER_CA), ours], now);
     if !request_header.is_empty() {
+        let no_names = Vec::new();
         for key in HEADER_LISTS {
-            data.insert(key.to_string(), json!(json!(string_list(existing, key)).to_string()));
+            let our_headers =
+                front_proxy.and_then(|f| f.headers.iter().find(|(k, _)| k == key).map(|(_, v)| v)).unwrap_or(&no_names);
+            let list = union(string_list(existing, key), our_headers);
+            data.insert(key.to_string(), json!(json!(list).to_string()));
         }
         data.insert(REQUEST_HEADER_CA.into(), json!(request_header));
-        data.insert(ALLOWED_NAMES.into(), json!(json!(string_list(existing, ALLOWED_NAMES)).to_string()));
+        let names = union(string_list(existing, ALLOWED_NAMES), front_proxy.map_or(&no_names, |f| &f.allowed_names));
+        data.insert(ALLOWED_NAMES.into(), json!(json!(names).to_string()));
     }
     data
 }
 
 /// Writes the ConfigMap (creating it when missing) unless it holds what it
 /// must already.
-pub async fn publish(storage: &Storage, client_ca: &str) -> ApiResult<()> {
+pub async fn publish(storage: &Storage, client_ca: &str, front_proxy: Option<&RequestHeader>) -> ApiResult<()> {
     for _ in 0..3 {
         let current = storage.get(KEY).await?;
         let existing = current.as_ref().and_then(|c| c.object["data"].as_object().cloned()).unwrap_or_default();
-        let data = Value::Object(combined_data(&existing, client_ca, meta::unix_now()));
+        let data = Value::Object(combined_data(&existing, client_ca, front_proxy, meta::unix_now()));
         let written = match current {
             Some(c) if c.object["data"] == data => return Ok(()),
             Some(c) => {
@@ -156,17 +204,17 @@ mod tests {
     fn client_cas_are_combined_once_each_and_expired_ones_dropped() {
         let now = meta::unix_now();
         let (ours, theirs, old) = (ca("ours", (2200, 1)), ca("theirs", (2200, 1)), ca("old", (2001, 1)));
-        let data = combined_data(&Map::new(), &ours, now);
+        let data = combined_data(&Map::new(), &ours, None, now);
         assert_eq!(data.keys().collect::<Vec<_>>(), vec![CLIENT_CA]);
         assert_eq!(
             ca_bundle::certificates(data[CLIENT_CA].as_str().unwrap_or_default()).map(|c| c.len()).ok(),
             Some(1)
         );
         // Again: the same, byte for byte.
-        assert_eq!(combined_data(&data, &ours, now), data);
+        assert_eq!(combined_data(&data, &ours, None, now), data);
         let existing: Map<String, Value> =
             [(CLIENT_CA.to_string(), json!(format!("{theirs}{old}{ours}")))].into_iter().collect();
-        let combined = combined_data(&existing, &ours, now);
+        let combined = combined_data(&existing, &ours, None, now);
         let certs = ca_bundle::certificates(combined[CLIENT_CA].as_str().unwrap_or_default()).unwrap_or_default();
         assert_eq!(certs.len(), 2);
         assert_eq!(certs, ca_bundle::certificates(&format!("{theirs}{ours}")).unwrap_or_default());
@@ -182,10 +230,20 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let data = combined_data(&existing, &ca("ours", (2200, 1)), now);
+        let data = combined_data(&existing, &ca("ours", (2200, 1)), None, now);
         assert_eq!(data["requestheader-username-headers"], json!("[\"X-Remote-User\"]"));
         assert_eq!(data["requestheader-group-headers"], json!("[]"));
         assert_eq!(data[ALLOWED_NAMES], json!("[\"front-proxy-client\"]"));
         assert!(data.contains_key(REQUEST_HEADER_CA));
+        // With ferrok's own front proxy: both CAs, and the lists' union.
+        let ours = RequestHeader::front_proxy(ca("ferrok-request-header-ca", (2200, 1)));
+        let data = combined_data(&existing, &ca("ours", (2200, 1)), Some(&ours), now);
+        assert_eq!(data[ALLOWED_NAMES], json!("[\"front-proxy-client\",\"system:auth-proxy\"]"));
+        assert_eq!(data["requestheader-group-headers"], json!("[\"X-Remote-Group\"]"));
+        assert_eq!(data["requestheader-extra-headers-prefix"], json!("[\"X-Remote-Extra-\"]"));
+        assert_eq!(
+            ca_bundle::certificates(data[REQUEST_HEADER_CA].as_str().unwrap_or_default()).map(|c| c.len()).ok(),
+            Some(2)
+        );
     }
 }

@@ -6,6 +6,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
+use super::aggregator::Aggregator;
 use super::registry::Registry;
 use super::resource::Resource;
 
@@ -123,7 +124,61 @@ fn group_object(registry: &Registry, name: &str) -> Option<Value> {
     )
 }
 
-fn aggregated(registry: &Registry, core: bool) -> Response {
+/// The `APIGroup` of a group another server serves (aggregated).
+fn remote_group_object(remote: &Aggregator, name: &str) -> Option<Value> {
+    let g = remote.groups().into_iter().find(|g| g.name == name)?;
+    let versions: Vec<Value> =
+        g.versions.iter().map(|v| json!({"groupVersion": format!("{}/{v}", g.name), "version": v})).collect();
+    let preferred = versions.first().cloned().unwrap_or(json!({}));
+    Some(
+        json!({"kind": "APIGroup", "apiVersion": "v1", "name": g.name, "versions": versions, "preferredVersion": preferred}),
+    )
+}
+
+/// A remote version's resources in aggregated discovery's form, from the
+/// `APIResourceList` its server answered with (subresources under their
+/// resource).
+fn remote_resources(group: &str, version: &str, list: &Value) -> Vec<Value> {
+    let entries = list["resources"].as_array().cloned().unwrap_or_default();
+    let kind_of = |e: &Value| {
+        let mut rk = json!({"version": e["version"].as_str().unwrap_or(version), "kind": e["kind"]});
+        let g = e["group"].as_str().unwrap_or(group);
+        if !g.is_empty() {
+            rk["group"] = json!(g);
+        }
+        rk
+    };
+    let mut out: Vec<Value> = Vec::new();
+    for e in entries.iter().filter(|e| e["name"].as_str().is_some_and(|n| !n.contains('/'))) {
+        let name = e["name"].as_str().unwrap_or_default();
+        let mut r = json!({
+            "resource": name,
+            "responseKind": kind_of(e),
+            "scope": if e["namespaced"].as_bool() == Some(true) { "Namespaced" } else { "Cluster" },
+            "singularResource": e["singularName"],
+            "verbs": e["verbs"],
+        });
+        for key in ["shortNames", "categories"] {
+            if e[key].as_array().is_some_and(|a| !a.is_empty()) {
+                r[key] = e[key].clone();
+            }
+        }
+        let subs: Vec<Value> = entries
+            .iter()
+            .filter_map(|s| {
+                let (parent, sub) = s["name"].as_str()?.split_once('/')?;
+                (parent == name).then(|| json!({"subresource": sub, "responseKind": kind_of(s), "verbs": s["verbs"]}))
+            })
+            .collect();
+        if !subs.is_empty() {
+            r["subresources"] = json!(subs);
+        }
+        out.push(r);
+    }
+    out
+}
+
+fn aggregated(registry: &Registry, core: bool, remote: &Aggregator) -> Response {
     let mut items = Vec::new();
     let groups: Vec<(String, Vec<String>)> = if core {
         vec![(String::new(), vec!["v1".to_string()])]
@@ -180,6 +235,21 @@ fn aggregated(registry: &Registry, core: bool) -> Response {
         };
         items.push(json!({"metadata": metadata, "versions": vs}));
     }
+    if !core {
+        for g in remote.groups().into_iter().filter(|g| registry.groups().iter().all(|local| local.name != g.name)) {
+            let vs: Vec<Value> = g
+                .versions
+                .iter()
+                .map(|v| match remote.resource_list(&g.name, v) {
+                    Some(list) => {
+                        json!({"version": v, "resources": remote_resources(&g.name, v, &list), "freshness": "Current"})
+                    }
+                    None => json!({"version": v, "resources": [], "freshness": "Stale"}),
+                })
+                .collect();
+            items.push(json!({"metadata": {"name": g.name, "creationTimestamp": null}, "versions": vs}));
+        }
+    }
     let body = json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items});
     (StatusCode::OK, [(header::CONTENT_TYPE, AGGREGATED), (header::VARY, "Accept")], body.to_string()).into_response()
 }
@@ -188,9 +258,9 @@ fn not_found() -> Response {
     super::status::ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response()
 }
 
-pub fn core_versions(registry: &Registry, accept: &str, server_address: &str) -> Response {
+pub fn core_versions(registry: &Registry, remote: &Aggregator, accept: &str, server_address: &str) -> Response {
     if wants_aggregated(accept) {
-        return aggregated(registry, true);
+        return aggregated(registry, true, remote);
     }
     json_response(json!({
         "kind": "APIVersions",
@@ -199,16 +269,24 @@ pub fn core_versions(registry: &Registry, accept: &str, server_address: &str) ->
     }))
 }
 
-pub fn groups(registry: &Registry, accept: &str) -> Response {
+pub fn groups(registry: &Registry, remote: &Aggregator, accept: &str) -> Response {
     if wants_aggregated(accept) {
-        return aggregated(registry, false);
+        return aggregated(registry, false, remote);
     }
-    let groups: Vec<Value> = registry.groups().iter().filter_map(|g| group_object(registry, &g.name)).collect();
+    let local = registry.groups();
+    let mut groups: Vec<Value> = local.iter().filter_map(|g| group_object(registry, &g.name)).collect();
+    groups.extend(
+        remote
+            .groups()
+            .iter()
+            .filter(|g| local.iter().all(|l| l.name != g.name))
+            .filter_map(|g| remote_group_object(remote, &g.name)),
+    );
     json_response(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
 }
 
-pub fn group(registry: &Registry, name: &str) -> Response {
-    match group_object(registry, name) {
+pub fn group(registry: &Registry, remote: &Aggregator, name: &str) -> Response {
+    match group_object(registry, name).or_else(|| remote_group_object(remote, name)) {
         Some(g) => json_response(g),
         None => not_found(),
     }
@@ -225,8 +303,8 @@ pub fn version() -> Response {
     let (major, minor, git) = KUBE_VERSION;
     json_response(json!({
         "major": major, "minor": minor, "gitVersion": git,
-        "gitCommit": env!("CARGO_PKG_VERSION"), "gitTreeState": "clean",
-        "buildDate": "1970-01-01T00:00:00Z", "goVersion": "rust", "compiler": "rustc",
+        "gitCommit": env!("FERROK_GIT_COMMIT"), "gitTreeState": "clean",
+        "buildDate": env!("FERROK_BUILD_DATE"), "goVersion": "rust", "compiler": "rustc",
         "platform": format!("linux/{}", if cfg!(target_arch = "x86_64") { "amd64" } else if cfg!(target_arch = "aarch64") { "arm64" } else { std::env::consts::ARCH }),
     }))
 }

@@ -6,6 +6,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod admission;
+pub mod aggregator;
 pub mod allocator;
 pub mod audit;
 pub mod auth;
@@ -94,6 +95,8 @@ pub struct ApiConfig {
     pub encryption: Option<Arc<encryption::Encryption>>,
     /// Events each resource's watch cache keeps (`--default-watch-cache-size`); 0: no cache.
     pub watch_cache_size: usize,
+    /// The front proxy's certificate towards aggregated API servers.
+    pub front_proxy: Option<Arc<aggregator::FrontProxy>>,
 }
 
 /// Where Events live, for both API groups that serve them; they expire.
@@ -114,6 +117,8 @@ pub struct Api {
     pub health: health::Health,
     /// Serialises the ResourceQuota admission of creates per namespace.
     pub quota_locks: admission::resource_quota::QuotaLocks,
+    /// The APIServices other servers serve, and how to reach them.
+    pub aggregator: aggregator::Aggregator,
 }
 
 impl Api {
@@ -132,6 +137,7 @@ impl Api {
         let caches = cache::Caches::default();
         let rbac = auth::rbac::RbacCache::new(caches.rbac.clone());
         Arc::new(Api {
+            aggregator: aggregator::Aggregator::new(config.front_proxy.clone()),
             openapi: openapi::DocumentCache::default(),
             caches,
             rbac,
@@ -452,10 +458,26 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
         slot.set_body(&bytes);
     }
     tracing::debug!(method = %parts.method, %path, user = %user.name, "request");
-    match request::parse(&path) {
-        Target::CoreVersions => discovery::core_versions(&api.registry, &accept, &api.config.advertise),
-        Target::Groups => discovery::groups(&api.registry, &accept),
-        Target::Group(g) => discovery::group(&api.registry, &g),
+    let target = request::parse(&path);
+    // A group and version another server serves (an APIService with a service).
+    let remote = match &target {
+        Target::Resources { group, version } => api.aggregator.remote_for(group, version),
+        Target::Resource(p) => api.aggregator.remote_for(&p.group, &p.version),
+        _ => None,
+    };
+    if let Some(remote) = remote {
+        let resource = match target {
+            Target::Resource(p) => Some(p),
+            _ => None,
+        };
+        return aggregator::proxy::serve(api.clone(), remote, user, resource, parts, bytes).await;
+    }
+    match target {
+        Target::CoreVersions => {
+            discovery::core_versions(&api.registry, &api.aggregator, &accept, &api.config.advertise)
+        }
+        Target::Groups => discovery::groups(&api.registry, &api.aggregator, &accept),
+        Target::Group(g) => discovery::group(&api.registry, &api.aggregator, &g),
         Target::Resources { group, version } => discovery::resources(&api.registry, &group, &version),
         Target::Resource(p) => {
             let started = std::time::Instant::now();

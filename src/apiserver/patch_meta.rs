@@ -297,6 +297,38 @@ impl<'a> SchemaNode<'a> {
         self.declared.and_then(|d| d.get(name)).or_else(|| self.schema?.get(name))
     }
 
+    /// Takes the line breaks out of every base64 string (`format: byte`)
+    /// under `value`, as Go's decoder skips `\r` and `\n` (a Secret's
+    /// data pasted from `base64` output wraps at 76 columns); whether any
+    /// was taken out.
+    pub fn strip_base64_line_breaks(self, value: &mut Value) -> bool {
+        let Some(schema) = self.schema else { return false };
+        match value {
+            Value::String(s) if schema.get("format").and_then(Value::as_str) == Some("byte") => {
+                let had = s.contains(['\r', '\n']);
+                if had {
+                    s.retain(|c| c != '\r' && c != '\n');
+                }
+                had
+            }
+            Value::Object(m) => {
+                let mut any = false;
+                for (k, v) in m.iter_mut() {
+                    any |= self.field(k).strip_base64_line_breaks(v);
+                }
+                any
+            }
+            Value::Array(items) => {
+                let mut any = false;
+                for v in items.iter_mut() {
+                    any |= self.items().strip_base64_line_breaks(v);
+                }
+                any
+            }
+            _ => false,
+        }
+    }
+
     /// The schema of an object's field (or of a map's values).
     pub fn field(self, name: &str) -> SchemaNode<'a> {
         let Some(s) = self.schema else { return self.child(None) };

@@ -77,9 +77,15 @@ pub fn pod_metrics(summary: &Value) -> Vec<(String, String, String, Value)> {
             .flatten()
             .map(|c| Some(json!({"name": c["name"], "usage": usage(c)?})))
             .collect();
-        let Some(containers) = containers else { continue };
+        // A pod with no container running (crash-looping, just started)
+        // has no usage to report: left out, as metrics-server leaves it,
+        // rather than served without the `timestamp` and `window` clients parse.
+        let Some(containers) = containers.filter(|c| !c.is_empty()) else { continue };
         let time = pod["containers"].get(0).map(timestamp).unwrap_or(Value::Null);
         let window = pod["containers"].get(0).map(window).unwrap_or(Value::Null);
+        if time.is_null() || window.is_null() {
+            continue;
+        }
         out.push((
             ns.to_string(),
             name.to_string(),
@@ -150,7 +156,10 @@ mod tests {
                  "containers": [{"name": "a", "cpu": cpu(990_000_000), "memory": mem(1000)},
                                 {"name": "b", "cpu": cpu(1), "memory": mem(4096)}]},
                 {"podRef": {"name": "fresh", "namespace": "default", "uid": "u2"},
-                 "containers": [{"name": "a", "cpu": {"time": "x", "usageCoreNanoSeconds": 1}, "memory": mem(1)}]}
+                 "containers": [{"name": "a", "cpu": {"time": "x", "usageCoreNanoSeconds": 1}, "memory": mem(1)}]},
+                {"podRef": {"name": "crashing", "namespace": "default", "uid": "u3"}, "containers": []},
+                {"podRef": {"name": "no-window", "namespace": "default", "uid": "u4"},
+                 "containers": [{"name": "a", "cpu": {"usageNanoCores": 1}, "memory": mem(1)}]}
             ]
         })
     }
@@ -170,7 +179,11 @@ mod tests {
     #[test]
     fn pod_metrics_list_containers_and_skip_pods_without_a_rate() {
         let pods = pod_metrics(&summary());
-        assert_eq!(pods.len(), 1, "a pod with a container lacking a rate is left out, as metrics-server does");
+        assert_eq!(
+            pods.len(),
+            1,
+            "pods with a container lacking a rate, no container or no window are left out, as metrics-server does"
+        );
         let (ns, name, uid, m) = &pods[0];
         assert_eq!((ns.as_str(), name.as_str(), uid.as_str()), ("default", "burn", "u1"));
         assert_eq!(m["containers"][0], json!({"name": "a", "usage": {"cpu": "990000000n", "memory": "1000"}}));

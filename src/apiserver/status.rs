@@ -214,7 +214,9 @@ fn group_suffix(group: &str) -> String {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = self.to_status().to_string();
+        // Upstream's field order, and the newline its encoder ends with.
+        let mut body = crate::apiserver::field_order::to_json(&self.to_status());
+        body.push('\n');
         let mut resp = (code, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response();
         if let Some(secs) = self.retry_after {
             if let Ok(v) = axum::http::HeaderValue::from_str(&secs.to_string()) {

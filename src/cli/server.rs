@@ -384,6 +384,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         ),
         node_join: Some(node_join),
         encryption: Some(encryption.clone()),
+        front_proxy: Some(Arc::new(
+            apiserver::aggregator::FrontProxy::load(
+                &pki.request_header_ca_cert,
+                &pki.proxy_client_cert,
+                &pki.proxy_client_key,
+            )
+            .context("the front proxy's client certificate")?,
+        )),
     };
     let issuer = format!("https://kubernetes.default.svc.{}", args.cluster_domain);
     let tokens =
@@ -411,7 +419,11 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("legacy token tracking: {e}"))?;
     let client_ca = std::fs::read_to_string(&pki.client_ca_cert).context("client CA")?;
-    apiserver::cluster_authentication_trust::publish(&api.storage, &client_ca)
+    let front_proxy = api
+        .aggregator
+        .front_proxy()
+        .map(|f| apiserver::cluster_authentication_trust::RequestHeader::front_proxy(f.ca_pem.clone()));
+    apiserver::cluster_authentication_trust::publish(&api.storage, &client_ca, front_proxy.as_ref())
         .await
         .map_err(|e| anyhow::anyhow!("extension-apiserver-authentication: {e}"))?;
     // Followers of the store run until the process stops; they are aborted.
@@ -422,7 +434,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     // keeps them current from then on).
     {
         use crate::controllers::clusterrole_aggregation as aggregation;
-        let client = crate::client::in_process(api.clone(), crate::client::controller_service_account(aggregation::NAME));
+        let client =
+            crate::client::in_process(api.clone(), crate::client::controller_service_account(aggregation::NAME));
         aggregation::aggregate_all(client).await.map_err(|e| anyhow::anyhow!("aggregated ClusterRoles: {e}"))?;
     }
     api.health.hook_finished(hooks::RBAC_BOOTSTRAP_ROLES);
@@ -434,6 +447,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     );
     api.health.hook_finished(hooks::APIEXTENSIONS_CONTROLLERS);
     api.health.hook_finished(hooks::CRD_INFORMER_SYNCED);
+    followers.extend(
+        apiserver::aggregator::start(api.clone()).await.map_err(|e| anyhow::anyhow!("loading APIServices: {e}"))?,
+    );
     followers.extend(apiserver::compactor::start(store.clone(), args.etcd_compaction_interval));
     followers.extend(args.snapshots.start(datastore, &data_dir, &node_name));
     if let Some(shared) = shared_encryption {

@@ -22,11 +22,13 @@ use super::{certs, read, write, CertError, PkiError};
 pub const BOOTSTRAP_PREFIX: &str = "/bootstrap/";
 
 /// The files of `<data-dir>/server/tls` every server shares, and their modes.
-pub const SHARED_FILES: [(&str, u32); 5] = [
+pub const SHARED_FILES: [(&str, u32); 7] = [
     ("server-ca.crt", 0o644),
     ("server-ca.key", 0o600),
     ("client-ca.crt", 0o644),
     ("client-ca.key", 0o600),
+    ("request-header-ca.crt", 0o644),
+    ("request-header-ca.key", 0o600),
     ("service.key", 0o600),
 ];
 
@@ -112,6 +114,7 @@ impl BootstrapData {
         for (cert, key, cn) in [
             ("server-ca.crt", "server-ca.key", "ferrok-server-ca"),
             ("client-ca.crt", "client-ca.key", "ferrok-client-ca"),
+            ("request-header-ca.crt", "request-header-ca.key", "ferrok-request-header-ca"),
         ] {
             let (cert_pem, key_pem) = match (read(&dir.join(cert))?, read(&dir.join(key))?) {
                 (Some(c), Some(k)) => (c, k),
@@ -195,7 +198,14 @@ impl BootstrapData {
         let rotated = self.rotated_from(dir)?;
         let mut missing = Vec::new();
         for (name, mode) in SHARED_FILES {
-            let contents = self.files.get(name).ok_or_else(|| BootstrapError::Damaged(format!("{name} is missing")))?;
+            let contents = match self.files.get(name) {
+                Some(c) => c,
+                // Data written before the request-header CA existed: each
+                // server makes its own (extension-apiserver-authentication
+                // lists them all).
+                None if name.starts_with("request-header-ca.") => continue,
+                None => return Err(BootstrapError::Damaged(format!("{name} is missing"))),
+            };
             let path = dir.join(name);
             match read(&path)? {
                 Some(local) if local == *contents => {}

@@ -1,7 +1,10 @@
 //! The cluster's PKI, generated on first start and reused afterwards: a
-//! server CA (serving certificates), a client CA (client certificates), the
-//! API server's serving certificate, the admin client certificate, the
-//! service-account signing key and the node join token. A leaf certificate
+//! server CA (serving certificates), a client CA (client certificates), a
+//! request-header CA (the front proxy's: the API server's client
+//! certificate towards aggregated API servers, which trust the headers
+//! naming the user only from it), the API server's serving certificate,
+//! the admin client certificate, the service-account signing key and the
+//! node join token. A leaf certificate
 //! within 90 days of expiry, or a serving certificate missing a wanted name,
 //! is issued anew at start.
 
@@ -28,6 +31,9 @@ pub use kubeconfig::write_kubeconfig;
 
 /// The user the API server is towards kubelets.
 pub const KUBE_APISERVER_USER: &str = "system:kube-apiserver";
+/// The name the API server's front-proxy client certificate carries, the
+/// one `requestheader-allowed-names` lets aggregated API servers trust (k3s').
+pub const AUTH_PROXY_USER: &str = "system:auth-proxy";
 
 /// A new ECDSA P-256 private key, PKCS#8 PEM.
 pub fn new_key_pem() -> Result<String, CertError> {
@@ -72,6 +78,11 @@ pub struct Pki {
     /// The API server's client certificate towards kubelets (`system:kube-apiserver`).
     pub kubelet_client_cert: PathBuf,
     pub kubelet_client_key: PathBuf,
+    /// The request-header CA and the front proxy's client certificate
+    /// (`system:auth-proxy`) it signed, for aggregated API servers.
+    pub request_header_ca_cert: PathBuf,
+    pub proxy_client_cert: PathBuf,
+    pub proxy_client_key: PathBuf,
     pub service_account_key: PathBuf,
     pub token: String,
 }
@@ -126,6 +137,8 @@ impl Pki {
 
         let server_ca = ensure_ca(&p("server-ca.crt"), &p("server-ca.key"), "ferrok-server-ca")?;
         let client_ca = ensure_ca(&p("client-ca.crt"), &p("client-ca.key"), "ferrok-client-ca")?;
+        let request_header_ca =
+            ensure_ca(&p("request-header-ca.crt"), &p("request-header-ca.key"), "ferrok-request-header-ca")?;
 
         let mut dns = vec![
             "localhost".to_string(),
@@ -153,6 +166,8 @@ impl Pki {
         // As k3s: a user of its own, bound to system:kubelet-api-admin.
         let kubelet_client = certs::LeafSpec::client(KUBE_APISERVER_USER, &[]);
         ensure_leaf(&p("client-kube-apiserver.crt"), &p("client-kube-apiserver.key"), &kubelet_client, &client_ca)?;
+        let proxy_client = certs::LeafSpec::client(AUTH_PROXY_USER, &[]);
+        ensure_leaf(&p("client-auth-proxy.crt"), &p("client-auth-proxy.key"), &proxy_client, &request_header_ca)?;
 
         let sa_key = p("service.key");
         if read(&sa_key)?.is_none() {
@@ -183,6 +198,9 @@ impl Pki {
             admin_key: p("client-admin.key"),
             kubelet_client_cert: p("client-kube-apiserver.crt"),
             kubelet_client_key: p("client-kube-apiserver.key"),
+            request_header_ca_cert: p("request-header-ca.crt"),
+            proxy_client_cert: p("client-auth-proxy.crt"),
+            proxy_client_key: p("client-auth-proxy.key"),
             service_account_key: sa_key,
             token,
         })

@@ -375,3 +375,30 @@ pub fn eventually_within(what: &str, limit: Duration, mut check: impl FnMut() ->
 pub fn eventually(what: &str, check: impl FnMut() -> bool) {
     eventually_within(what, Duration::from_secs(20), check)
 }
+
+/// The raw answer to `method uri` with a JSON `body`, sent as `accept` wants.
+pub async fn raw(client: &kube::Client, method: &str, uri: &str, accept: &str, body: &str) -> (u16, Vec<u8>) {
+    raw_as(client, method, uri, "application/json", accept, body).await
+}
+
+/// `raw` with a body of `content_type`.
+pub async fn raw_as(
+    client: &kube::Client,
+    method: &str,
+    uri: &str,
+    content_type: &str,
+    accept: &str,
+    body: &str,
+) -> (u16, Vec<u8>) {
+    use http_body_util::BodyExt;
+    let req = axum::http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("Accept", accept)
+        .header("Content-Type", content_type)
+        .body(kube::client::Body::from(body.as_bytes().to_vec()))
+        .expect("request");
+    let resp = client.send(req).await.unwrap_or_else(|e| panic!("{method} {uri}: {e}"));
+    let code = resp.status().as_u16();
+    (code, resp.into_body().collect().await.expect("body").to_bytes().to_vec())
+}

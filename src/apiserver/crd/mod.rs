@@ -8,13 +8,12 @@ pub mod schema;
 
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use serde_json::{json, Value};
 
 use super::meta;
 use super::resource::{Resource, ScalePaths, CRUD_VERBS};
 use super::status::Cause;
-use super::storage::{Change, Decoding, ReadAt};
+use super::storage::{Followed, Follower, ReadAt};
 use super::strategy::Strategy;
 use super::table::Column;
 use super::Api;
@@ -298,58 +297,29 @@ async fn handle(api: &Api, crd: &Value, rev: i64) {
     register(api, crd, rev).await;
 }
 
-/// Reads every stored CRD and registers it; returns the revision read at.
-async fn load(api: &Api) -> Result<i64, super::status::ApiError> {
-    let page = api.storage.list(PREFIX, None, 0, ReadAt::Latest).await?;
-    for crd in &page.items {
-        handle(api, &crd.object, crd.rev).await;
-    }
-    Ok(page.rev)
-}
-
 /// Loads the stored CRDs (so their resources are served before the server
 /// reports ready), then follows changes in a task.
 pub async fn start(api: Arc<Api>) -> Result<tokio::task::JoinHandle<()>, super::status::ApiError> {
-    let rev = load(&api).await?;
-    Ok(tokio::spawn(follow(api, rev)))
+    let mut follower = Follower::new(api.storage.clone(), PREFIX);
+    for crd in follower.list().await? {
+        handle(&api, &crd.object, crd.rev).await;
+    }
+    Ok(tokio::spawn(follow(api, follower)))
 }
 
-async fn follow(api: Arc<Api>, mut from: i64) {
+async fn follow(api: Arc<Api>, mut follower: Follower) {
     loop {
-        let mut changes =
-            match api.storage.watch(PREFIX, false, from, std::time::Duration::from_secs(3600), Decoding::NEW).await {
-                Ok(c) => Box::pin(c),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot watch CustomResourceDefinitions");
-                    return;
-                }
-            };
-        while let Some(change) = changes.next().await {
-            match change {
-                Ok(Change::Added(s)) | Ok(Change::Modified { new: s, .. }) => {
-                    from = s.rev;
-                    handle(&api, &s.object, s.rev).await
-                }
-                Ok(Change::Deleted(s)) => {
-                    from = s.rev;
-                    let group = s.object.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
-                    let plural = s.object.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default();
-                    api.registry.remove(group, plural);
-                }
-                Ok(Change::Progress(_)) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, "CRD watch ended; reloading");
-                    break;
+        match follower.next().await {
+            Followed::Listed(crds) => {
+                for crd in crds {
+                    handle(&api, &crd.object, crd.rev).await;
                 }
             }
-        }
-        // The stream ended: pause briefly, then start again from a fresh read.
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        match load(&api).await {
-            Ok(rev) => from = rev,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot reload CustomResourceDefinitions");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            Followed::Put(s) => handle(&api, &s.object, s.rev).await,
+            Followed::Deleted(s) => {
+                let group = s.object.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default();
+                let plural = s.object.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default();
+                api.registry.remove(group, plural);
             }
         }
     }

@@ -188,7 +188,7 @@ pub(super) async fn watch(call: Call) -> ApiResult<Result<Response, Call>> {
         Err(NotServed::TooOld(t)) => {
             let rev = p.start_rev()?.unwrap_or_default();
             let line = json!({"type": "ERROR", "object": too_old(rev, t).to_status()});
-            let mut bytes = line.to_string().into_bytes();
+            let mut bytes = crate::apiserver::field_order::to_json(&line).into_bytes();
             bytes.push(b'\n');
             let body = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from(bytes))]);
             return Ok(Ok(streamed(Body::from_stream(body))));

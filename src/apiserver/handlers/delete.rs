@@ -13,7 +13,7 @@ use super::{decode_body, Call};
 use crate::apiserver::admission::{self, Operation};
 use crate::apiserver::meta::{self, metadata_mut, name_of};
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::apiserver::storage::{set_resource_version, Stored};
+use crate::apiserver::storage::{set_resource_version, Stored, WriteError};
 
 /// The DeleteOptions of a request: body or query.
 fn delete_options(call: &Call, body: &Bytes) -> ApiResult<Value> {
@@ -27,14 +27,61 @@ fn delete_options(call: &Call, body: &Bytes) -> ApiResult<Value> {
     Ok(opts)
 }
 
+/// At most this many attempts when the object keeps changing under a
+/// delete (upstream retries without a limit; a writer that changes the
+/// object this often is a bug of its own).
+const DELETE_ATTEMPTS: usize = 64;
+
+/// Why one attempt at a delete did not finish.
+enum Attempt {
+    /// The object changed since it was read: try again from this version.
+    Changed(Stored),
+    Failed(ApiError),
+}
+
+impl From<ApiError> for Attempt {
+    fn from(e: ApiError) -> Self {
+        Attempt::Failed(e)
+    }
+}
+
 /// Deletes one stored object, gracefully when it has finalizers or is a
-/// pod on a node; returns the answer body and code.
-pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<(StatusCode, Value)> {
+/// pod on a node; returns the answer body and code. As upstream's store
+/// does, a write that races the delete is not the client's concern: the
+/// preconditions are checked again against the newer object and the
+/// delete is tried again, so a delete answers 409 only for a failed
+/// precondition.
+pub async fn delete_object(call: &Call, mut old: Stored, opts: &Value) -> ApiResult<(StatusCode, Value)> {
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match delete_once(call, old, opts).await {
+            Ok(done) => return Ok(done),
+            Err(Attempt::Failed(e)) => return Err(e),
+            Err(Attempt::Changed(current)) if attempts < DELETE_ATTEMPTS => old = current,
+            Err(Attempt::Changed(current)) => {
+                let name = name_of(&current.object).to_string();
+                return Err(write_error(call, &name, WriteError::Changed(Some(current))));
+            }
+        }
+    }
+}
+
+/// What a write to the store failed with, for one attempt of a delete.
+fn attempt_error(call: &Call, name: &str, e: WriteError) -> Attempt {
+    match e {
+        // The newer object as the call serves it (stored in another version or not).
+        WriteError::Changed(Some(current)) => Attempt::Changed(call.served(current)),
+        other => Attempt::Failed(write_error(call, name, other)),
+    }
+}
+
+async fn delete_once(call: &Call, old: Stored, opts: &Value) -> Result<(StatusCode, Value), Attempt> {
     let r = &call.resource;
     let name = name_of(&old.object).to_string();
     if let Some(uid) = opts.pointer("/preconditions/uid").and_then(Value::as_str) {
         if old.object.pointer("/metadata/uid").and_then(Value::as_str) != Some(uid) {
-            return Err(ApiError::conflict(
+            return Err(Attempt::Failed(ApiError::conflict(
                 &r.group,
                 &r.plural,
                 &name,
@@ -42,12 +89,12 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
                     "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
                     old.object.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default()
                 ),
-            ));
+            )));
         }
     }
     if let Some(rv) = opts.pointer("/preconditions/resourceVersion").and_then(Value::as_str) {
         if rv != old.rev.to_string() {
-            return Err(ApiError::conflict(
+            return Err(Attempt::Failed(ApiError::conflict(
                 &r.group,
                 &r.plural,
                 &name,
@@ -55,7 +102,7 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
                     "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
                     old.rev
                 ),
-            ));
+            )));
         }
     }
     admission::validate(call, &old.object, Some(&old.object), Operation::Delete).await?;
@@ -76,14 +123,14 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
             let message =
                 format!("Unsupported value: {other:?}: supported values: \"Background\", \"Foreground\", \"Orphan\"");
             let cause = Cause { reason: "FieldValueNotSupported", message, field: "propagationPolicy".into() };
-            return Err(ApiError::invalid(&r.group, "DeleteOptions", &name, vec![cause]));
+            return Err(Attempt::Failed(ApiError::invalid(&r.group, "DeleteOptions", &name, vec![cause])));
         }
     };
     let graceful = finalizers || rules.terminate.is_some() || grace.is_some() || propagation_finalizer.is_some();
     if !graceful {
         if !call.dry_run() {
             let key = r.key(meta::namespace_of(&old.object), &name);
-            call.api.storage.delete(&key, old.rev).await.map_err(|e| write_error(call, &name, e))?;
+            call.api.storage.delete(&key, old.rev).await.map_err(|e| attempt_error(call, &name, e))?;
         }
         return Ok((StatusCode::OK, typed(call, old.object)));
     }
@@ -117,7 +164,7 @@ pub async fn delete_object(call: &Call, old: Stored, opts: &Value) -> ApiResult<
         .storage
         .update(&key, stored_form.as_ref().unwrap_or(&new), old.rev)
         .await
-        .map_err(|e| write_error(call, &name, e))?;
+        .map_err(|e| attempt_error(call, &name, e))?;
     set_resource_version(&mut new, rev);
     Ok((StatusCode::OK, typed(call, new)))
 }

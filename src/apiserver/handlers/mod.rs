@@ -15,7 +15,7 @@ mod options;
 mod patch;
 mod proxy;
 mod read;
-mod relay;
+pub(crate) mod relay;
 mod resource_metrics;
 mod reviews;
 mod write;

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::read::scale_of;
 use super::write::{
     admit_create, admit_update, check_resource_version, or_stale, replicas_of, set_replicas, store_new, store_update,
-    Updated,
+    NewName, Updated,
 };
 use super::{decode_body, Call};
 use crate::apiserver::call::Origin;
@@ -136,7 +136,7 @@ pub async fn patch(call: &mut Call, body: Bytes) -> ApiResult<Response> {
                 }
                 let obj = managed_fields::apply(None, &obj, &writer, force)?;
                 let obj = admit_create(call, obj).await?;
-                return Ok(store_new(call, obj).await?.response(call));
+                return Ok(store_new(call, obj, NewName::Given).await?.response(call));
             }
             Err(e) => return Err(e),
         };

@@ -415,7 +415,8 @@ where
                     Some((Ok(bytes), (lines, deadline, is_error)))
                 }
                 Some(Err(e)) => {
-                    let mut bytes = json!({"type": "ERROR", "object": e.to_status()}).to_string().into_bytes();
+                    let event = json!({"type": "ERROR", "object": e.to_status()});
+                    let mut bytes = crate::apiserver::field_order::to_json(&event).into_bytes();
                     bytes.push(b'\n');
                     Some((Ok(bytes), (lines, deadline, true)))
                 }

@@ -226,12 +226,24 @@ pub async fn admit_create(call: &mut Call, mut obj: Value) -> ApiResult<Value> {
 pub async fn create(call: &mut Call, body: Bytes) -> ApiResult<Response> {
     let obj = decode_body(&call.headers, &body)?;
     check_namespace(call, true).await?;
+    // A name given wins over generateName, as upstream: it is never
+    // replaced when taken (409), only a generated one is.
+    let named = obj.pointer("/metadata/name").and_then(Value::as_str).is_some_and(|n| !n.is_empty());
     let mut obj = admit_create(call, obj).await?;
     if let Some(m) = obj.pointer_mut("/metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
     }
     call.record_update(None, &mut obj, None);
-    Ok(store_new(call, obj).await?.response(call))
+    let name = if named { NewName::Given } else { NewName::Generated };
+    Ok(store_new(call, obj, name).await?.response(call))
+}
+
+/// Where a new object's name came from: a name given is never replaced,
+/// a generated one is generated again when taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewName {
+    Given,
+    Generated,
 }
 
 /// A written object as `store_new` or `store_update` left it.
@@ -285,7 +297,7 @@ fn encode_for_storage(call: &Call, obj: &Value) -> ApiResult<Encoded> {
 }
 
 /// Stores a prepared new object (retrying generated names that collide).
-pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<Written> {
+pub async fn store_new(call: &Call, mut obj: Value, name_from: NewName) -> ApiResult<Written> {
     let r = &call.resource;
     let key = r.key(meta::namespace_of(&obj), name_of(&obj));
     let _held = r.begin_write(&mut obj, &key, None).await?;
@@ -305,9 +317,7 @@ pub async fn store_new(call: &Call, mut obj: Value) -> ApiResult<Written> {
             Err(WriteError::Exists) => {
                 let prefix = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(str::to_string);
                 match prefix {
-                    Some(p)
-                        if obj.pointer("/metadata/name").and_then(Value::as_str).is_some_and(|n| n.starts_with(&p)) =>
-                    {
+                    Some(p) if name_from == NewName::Generated && !p.is_empty() => {
                         metadata_mut(&mut obj).insert("name".into(), json!(meta::generate_name(&p)));
                     }
                     _ => return Err(ApiError::already_exists(&r.group, &r.plural, &name)),

@@ -136,7 +136,15 @@ pub fn service_hooks() -> Hooks {
                 if let Some(Value::Array(ports)) = spec.get_mut("ports") {
                     for p in ports {
                         default_field(p, "protocol", json!("TCP"));
-                        if p.get("targetPort").is_none() {
+                        // Unset is also what typed clients send for an
+                        // unset IntOrString: 0 or "" (upstream defaults both).
+                        let unset = match p.get("targetPort") {
+                            None | Some(Value::Null) => true,
+                            Some(Value::Number(n)) => n.as_i64() == Some(0),
+                            Some(Value::String(s)) => s.is_empty(),
+                            Some(_) => false,
+                        };
+                        if unset {
                             let port = p.get("port").cloned().unwrap_or(json!(0));
                             p["targetPort"] = port;
                         }

@@ -3,6 +3,7 @@
 //! (or family of kinds). Kinds without a file here use the generic rules.
 
 mod admission;
+pub mod always_written;
 mod apiextensions;
 mod apiregistration;
 mod autoscaling;

@@ -295,10 +295,16 @@ pub fn apply(live: Option<&Value>, config: &Value, writer: &Writer, force: bool)
     }
     strategic_merge(&mut merged, &config_clean, schema, MergeRules::Apply);
     // Fields this manager applied before and no longer does go away,
-    // unless someone else owns them too.
+    // unless someone else owns them too, or they still hold fields that
+    // are applied or owned (an empty `data: {}` applied before is the
+    // parent of the `data.key1` applied now, not a field to remove).
+    let under = |parent: &Path, p: &Path| p.len() >= parent.len() && p[..parent.len()] == parent[..];
     for p in previous.difference(&applied) {
-        let others = list.iter().any(|e| !(e.manager == manager && e.operation == "Apply") && e.set.contains(p));
-        if !others {
+        let others = list
+            .iter()
+            .any(|e| !(e.manager == manager && e.operation == "Apply") && e.set.iter().any(|owned| under(p, owned)));
+        let still_applied = applied.iter().any(|a| under(p, a));
+        if !others && !still_applied {
             remove_at(&mut merged, p);
         }
     }
@@ -381,6 +387,26 @@ mod tests {
         assert!(set.contains(&vec!["f:spec".to_string(), "f:replicas".to_string()]));
         assert!(set.iter().any(|p| p.iter().any(|e| e == "k:{\"name\":\"c\"}")));
         assert_eq!(decode(&encode(&set)), set);
+    }
+
+    #[test]
+    fn an_empty_map_applied_before_is_the_parent_of_what_is_applied_now() {
+        use crate::apiserver::strategy::Strategy;
+        let strategy =
+            crate::apiserver::strategy::Typed::<k8s_openapi::api::core::v1::ConfigMap>::new(Default::default());
+        let schema = std::sync::Arc::unwrap_or_clone(strategy.patch_schema().expect("schema"));
+        let me = Writer { manager: "m", api_version: "v1", schema: SchemaNode::root(&schema) };
+        let cm =
+            |data: Value| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": data});
+        let mut live = apply(None, &cm(json!({"key1": "a", "key2": "b"})), &me, false).unwrap();
+        for (config, want) in [
+            (json!({"key2": "b", "key3": "c"}), json!({"key2": "b", "key3": "c"})),
+            (json!({}), json!({})),
+            (json!({"key1": "new value"}), json!({"key1": "new value"})),
+        ] {
+            live = apply(Some(&live), &cm(config), &me, false).unwrap();
+            assert_eq!(live["data"], want);
+        }
     }
 
     #[test]

@@ -16,9 +16,11 @@ use crate::store::proto::*;
 use crate::store::{prefix_end, Store};
 
 mod encoded;
+mod follow;
 mod watch;
 
 pub(crate) use encoded::Encoded;
+pub use follow::{Followed, Follower};
 pub use watch::{Change, Decoding};
 
 /// An object as read from the store, its resourceVersion filled in.
