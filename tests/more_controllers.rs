@@ -336,3 +336,63 @@ spec:
     let (ok, out) = resize("grows", "64Mi");
     assert!(!ok && out.contains("field can not be less than status.capacity"), "{out}");
 }
+
+#[test]
+fn service_cidrs_and_the_ip_addresses_of_cluster_ips() {
+    let s = ApiServer::start();
+    // The default ServiceCIDR is kept by its finalizer and Ready.
+    eventually_within("the default ServiceCIDR ready and finalized", Duration::from_secs(20), || {
+        jsonpath(&s, &["servicecidr", "kubernetes"], "{.metadata.finalizers[*]}")
+            == "networking.k8s.io/service-cidr-finalizer"
+            && jsonpath(&s, &["servicecidr", "kubernetes"], "{.status.conditions[?(@.type==\"Ready\")].status}")
+                == "True"
+    });
+    // Every cluster IP has its IPAddress, the kubernetes Service's first.
+    let parent = |ip: &str| {
+        jsonpath(&s, &["ipaddress", ip], "{.spec.parentRef['resource','namespace','name']} {.metadata.labels}")
+    };
+    eventually_within("the kubernetes Service's IPAddress", Duration::from_secs(20), || {
+        parent("10.43.0.1").starts_with("services default kubernetes")
+    });
+    assert!(parent("10.43.0.1").contains(r#""ipaddress.kubernetes.io/managed-by":"ipallocator.k8s.io""#));
+    create(
+        &s,
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: default}\nspec: {ports: [{port: 80}]}\n",
+    );
+    let ip = jsonpath(&s, &["service", "web"], "{.spec.clusterIP}");
+    eventually_within("the Service's IPAddress", Duration::from_secs(20), || {
+        parent(&ip).starts_with("services default web")
+    });
+    ok(&s, &["delete", "service", "web"]);
+    eventually_within("the IPAddress released", Duration::from_secs(20), || !exists(&s, &["ipaddress", &ip]));
+
+    // An address someone holds with an IPAddress of their own is taken.
+    create(
+        &s,
+        "apiVersion: networking.k8s.io/v1\nkind: IPAddress\nmetadata: {name: 10.43.200.200}\n\
+         spec: {parentRef: {group: gateway.networking.k8s.io, resource: gateways, namespace: default, name: gw}}\n",
+    );
+    let (taken, out) =
+        kubectl(&s, &["create", "service", "clusterip", "squatter", "--tcp=80", "--clusterip=10.43.200.200"]);
+    assert!(!taken && out.contains("provided IP is already allocated"), "{out}");
+
+    // Another ServiceCIDR gives more addresses, and stays while one is in use.
+    create(
+        &s,
+        "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: extra}\nspec: {cidrs: [10.44.0.0/24]}\n",
+    );
+    eventually_within("the extra ServiceCIDR ready", Duration::from_secs(20), || {
+        jsonpath(&s, &["servicecidr", "extra"], "{.status.conditions[?(@.type==\"Ready\")].status}") == "True"
+    });
+    ok(&s, &["create", "service", "clusterip", "wide", "--tcp=80", "--clusterip=10.44.0.5"]);
+    eventually_within("the IPAddress in the extra range", Duration::from_secs(20), || {
+        parent("10.44.0.5").starts_with("services default wide")
+    });
+    ok(&s, &["delete", "servicecidr", "extra", "--wait=false"]);
+    eventually_within("the extra ServiceCIDR held", Duration::from_secs(20), || {
+        jsonpath(&s, &["servicecidr", "extra"], "{.status.conditions[?(@.type==\"Ready\")]['status','reason']}")
+            == "False Terminating"
+    });
+    ok(&s, &["delete", "service", "wide"]);
+    eventually_within("the extra ServiceCIDR gone", Duration::from_secs(40), || !exists(&s, &["servicecidr", "extra"]));
+}

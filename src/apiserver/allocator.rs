@@ -1,7 +1,12 @@
 //! ClusterIP and NodePort allocation for Services. Addresses in use are
-//! read from the stored Services, and allocation plus the write happen under
-//! one lock (the Service resource's `BeginWrite`), so two Services never get
-//! the same address.
+//! read from the stored Services and IPAddresses (an address someone holds
+//! with an IPAddress of their own is taken too), and allocation plus the
+//! write happen under one lock (the Service resource's `BeginWrite`), so
+//! two Services never get the same address. ClusterIPs come from the
+//! ServiceCIDRs that are not being deleted (MultiCIDRServiceAllocator, on
+//! in upstream v1.33): `--service-cidr` (the `kubernetes` ServiceCIDR)
+//! first, then the others by name. `service_ip_repair` writes the
+//! IPAddress objects of what is allocated here.
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
@@ -65,7 +70,18 @@ pub struct ServiceAllocator {
     lock: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
-/// What Services already hold.
+/// Where ServiceCIDR objects are stored.
+pub const SERVICE_CIDRS_PREFIX: &str = "/registry/networking.k8s.io/servicecidrs/";
+/// Where IPAddress objects are stored.
+pub const IP_ADDRESSES_PREFIX: &str = "/registry/networking.k8s.io/ipaddresses/";
+
+/// The IPv4 ranges of a ServiceCIDR object (ferrok is single-stack IPv4).
+pub fn service_cidr_ranges(obj: &Value) -> Vec<Cidr> {
+    let cidrs = obj.pointer("/spec/cidrs").and_then(Value::as_array);
+    cidrs.into_iter().flatten().filter_map(|c| c.as_str()?.parse().ok()).collect()
+}
+
+/// What Services (and IPAddresses) already hold.
 struct InUse {
     ips: HashSet<Ipv4Addr>,
     ports: HashSet<i64>,
@@ -101,7 +117,40 @@ impl ServiceAllocator {
                 used.ports.insert(hc);
             }
         }
+        // An address held by an IPAddress is taken, unless it is this
+        // Service's own (being updated).
+        let (addresses, _) = self.storage.list_all(IP_ADDRESSES_PREFIX).await?;
+        let own = except_key.and_then(|k| k.strip_prefix(prefix)).and_then(|k| k.split_once('/'));
+        for a in &addresses {
+            let parent = |f: &str| a.object.pointer(&format!("/spec/parentRef/{f}")).and_then(Value::as_str);
+            let is_own = parent("resource") == Some("services")
+                && own.is_some_and(|(ns, name)| parent("namespace") == Some(ns) && parent("name") == Some(name));
+            if !is_own {
+                used.ips.extend(
+                    a.object.pointer("/metadata/name").and_then(Value::as_str).and_then(|n| n.parse::<Ipv4Addr>().ok()),
+                );
+            }
+        }
         Ok(used)
+    }
+
+    /// The ranges ClusterIPs come from: `--service-cidr`, then the other
+    /// ServiceCIDRs not being deleted, by name.
+    async fn ranges(&self) -> ApiResult<Vec<Cidr>> {
+        let mut ranges = vec![self.cidr];
+        let (cidrs, _) = self.storage.list_all(SERVICE_CIDRS_PREFIX).await?;
+        let mut others: Vec<(String, Vec<Cidr>)> = cidrs
+            .iter()
+            .filter(|c| c.object.pointer("/metadata/deletionTimestamp").is_none())
+            .map(|c| (crate::apiserver::meta::name_of(&c.object).to_string(), service_cidr_ranges(&c.object)))
+            .collect();
+        others.sort_by(|a, b| a.0.cmp(&b.0));
+        for cidr in others.into_iter().flat_map(|(_, r)| r) {
+            if !ranges.contains(&cidr) {
+                ranges.push(cidr);
+            }
+        }
+        Ok(ranges)
     }
 
     /// Fills in clusterIP(s) and nodePorts of a Service about to be stored;
@@ -122,19 +171,13 @@ impl ServiceAllocator {
             ("None", _) => "None".to_string(),
             ("", Some(old)) => old.clone(),
             ("", None) => {
-                let size = self.cidr.size();
-                // Spread allocations: start from a point derived from the name.
-                let start =
-                    name.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % (size - 2).max(1);
-                let mut found = None;
-                for i in 0..size - 2 {
-                    let n = 2 + (start + i) % (size - 2).max(1);
-                    let cand = self.cidr.nth(n);
-                    if !used.ips.contains(&cand) && n != 10 {
-                        found = Some(cand);
-                        break;
-                    }
-                }
+                let ranges = self.ranges().await?;
+                let found = ranges.iter().enumerate().find_map(|(i, range)| {
+                    // `--service-cidr` keeps its first address (the `kubernetes`
+                    // Service's) and its tenth (the cluster DNS's) for them.
+                    let primary = i == 0;
+                    free_address(*range, &name, &used.ips, if primary { &[1, 10] } else { &[] })
+                });
                 found
                     .ok_or_else(|| {
                         invalid(
@@ -159,8 +202,10 @@ impl ServiceAllocator {
                         format!("Invalid value: {:?}: may not change once set", vec![req]),
                     ));
                 }
-                if !self.cidr.contains(parsed) {
-                    return Err(invalid("spec.clusterIPs", format!("Invalid value: {:?}: failed to allocate IP {req}: the provided IP ({req}) is not in the valid range. The range of valid IPs is {}", vec![req], self.cidr)));
+                let ranges = if old.is_none() { self.ranges().await? } else { vec![self.cidr] };
+                if old.is_none() && !ranges.iter().any(|r| r.contains(parsed)) {
+                    let valid = ranges.iter().map(Cidr::to_string).collect::<Vec<_>>().join(",");
+                    return Err(invalid("spec.clusterIPs", format!("Invalid value: {:?}: failed to allocate IP {req}: the provided IP ({req}) is not in the valid range. The range of valid IPs is {valid}", vec![req])));
                 }
                 if old.is_none() && used.ips.contains(&parsed) {
                     return Err(invalid(
@@ -264,6 +309,19 @@ impl ServiceAllocator {
         }
         Ok(())
     }
+}
+
+/// A free address of `range` (neither its network nor its broadcast
+/// address, nor the offsets `reserved`), from a point derived from the
+/// Service's name so that allocations spread.
+fn free_address(range: Cidr, name: &str, used: &HashSet<Ipv4Addr>, reserved: &[u32]) -> Option<Ipv4Addr> {
+    let hosts = range.size().saturating_sub(2).max(1);
+    let start = name.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % hosts;
+    (0..hosts)
+        .map(|i| 1 + (start + i) % hosts)
+        .filter(|n| !reserved.contains(n))
+        .map(|n| range.nth(n))
+        .find(|ip| !used.contains(ip))
 }
 
 /// A free node port, from a random point of the range.

@@ -48,6 +48,7 @@ pub mod selector;
 pub mod serve;
 pub mod server_token;
 pub mod service_endpoint;
+pub mod service_ip_repair;
 pub mod status;
 pub mod storage;
 pub mod strategic;

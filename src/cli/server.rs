@@ -429,6 +429,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     // Followers of the store run until the process stops; they are aborted.
     let mut followers =
         api.caches.start(&api.storage).await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?;
+    // The IPAddresses of the Services' cluster IPs (upstream's allocator and RepairIPAddress).
+    followers.push(tokio::spawn(apiserver::service_ip_repair::RepairIpAddress::new(api.clone()).run()));
     // admin, edit and view are written without rules: they hold their
     // aggregated ones before the server counts as ready (the controller
     // keeps them current from then on).
@@ -463,6 +465,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         servicelb: enabled.servicelb,
         cluster_dns: enabled.dns,
         local_storage: enabled.local_storage.then(|| local_storage.clone()),
+        terminated_pod_gc_threshold: controller_manager_args(&args.kube_controller_manager_arg)?,
         signing: Arc::new(crate::controllers::certificates::signer::SigningConfig {
             client_ca: crate::controllers::certificates::signer::CaFiles {
                 cert: pki.client_ca_cert.clone(),
@@ -478,7 +481,6 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             crate::pki::service_account_key::ServiceAccountKey::load(&pki.service_account_key)
                 .context("service-account key")?,
         ),
-        terminated_pod_gc_threshold: controller_manager_args(&args.kube_controller_manager_arg)?,
     });
     // The auto-deploy folder, on every server, with the server's own rights.
     {

@@ -41,6 +41,7 @@ pub mod replicaset;
 pub mod resourcequota;
 pub mod retry_backoff;
 pub mod root_ca;
+pub mod service_cidr;
 pub mod serviceaccount;
 pub mod serviceaccount_token;
 pub mod servicelb;
@@ -88,12 +89,12 @@ pub struct ControllerConfig {
     pub cluster_dns: bool,
     /// The local-path provisioner's storage folder (none with `--disable local-storage`).
     pub local_storage: Option<std::path::PathBuf>,
+    /// `--terminated-pod-gc-threshold` (0: terminated pods are not collected by count).
+    pub terminated_pod_gc_threshold: usize,
     /// The CAs the certificate signers sign with.
     pub signing: Arc<certificates::signer::SigningConfig>,
     /// The service-account key legacy token Secrets are signed with.
     pub service_account_key: Arc<crate::pki::service_account_key::ServiceAccountKey>,
-    /// `--terminated-pod-gc-threshold` (0: terminated pods are not collected by count).
-    pub terminated_pod_gc_threshold: usize,
 }
 
 /// Starts every controller; they run until aborted.
@@ -178,6 +179,7 @@ pub fn start(
         tokio::spawn(ephemeral_volume::run(own(ephemeral_volume::NAME), f.clone())),
         tokio::spawn(endpointslice_mirroring::run(own(endpointslice_mirroring::NAME), f.clone())),
         tokio::spawn(volume_expand::run(own(volume_expand::NAME), f.clone())),
+        tokio::spawn(service_cidr::run(own(service_cidr::NAME), f.clone())),
     ]);
     handles
 }
