@@ -102,14 +102,14 @@ impl Context {
 }
 
 /// One sync of one autoscaler: its copy being brought up to date.
-pub(crate) struct Sync<'a> {
+pub(crate) struct Reconciliation<'a> {
     ctx: &'a Context,
     key: String,
     hpa: HorizontalPodAutoscaler,
     now: Timestamp,
 }
 
-impl Sync<'_> {
+impl Reconciliation<'_> {
     fn event(&self, kind: EventType, reason: &str, message: &str) {
         self.ctx.recorder.publish(&self.hpa, kind, reason, message);
     }
@@ -315,7 +315,7 @@ async fn reconcile_key(ctx: &Context, key: &str) -> bool {
         ctx.forget(key);
         return false;
     };
-    let sync = Sync { ctx, key: key.to_string(), hpa: (*hpa).clone(), now: Timestamp::now() };
+    let sync = Reconciliation { ctx, key: key.to_string(), hpa: (*hpa).clone(), now: Timestamp::now() };
     if let Err(e) = sync.reconcile().await {
         tracing::debug!(hpa = %key, error = %e, "autoscaler sync failed");
     }

@@ -8,6 +8,7 @@ mod apiextensions;
 mod apiregistration;
 mod autoscaling;
 mod autoscaling_v1;
+mod autoscaling_v1_metrics;
 mod cluster;
 mod core;
 mod events;

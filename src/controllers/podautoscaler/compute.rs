@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use super::conditions::{Condition, SCALING_ACTIVE};
 use super::metrics::go_selector;
 use super::scale::group_of;
-use super::Sync;
+use super::Reconciliation;
 use crate::client::events::EventType;
 use crate::client::labels;
 
@@ -52,7 +52,7 @@ fn milli(q: Option<&Quantity>) -> Option<i64> {
     q.and_then(crate::quantity::milli_value)
 }
 
-impl Sync<'_> {
+impl Reconciliation<'_> {
     /// Upstream's `getUnableComputeReplicaCountCondition`: a Warning event
     /// named `reason`, and the ScalingActive condition to set should every
     /// metric fail.

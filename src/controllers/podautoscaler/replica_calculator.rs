@@ -384,6 +384,28 @@ mod tests {
     }
 
     #[test]
+    fn a_container_target_counts_that_container_s_request_only() {
+        let pod: Arc<Pod> = Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "a"},
+                "spec": {"containers": [
+                    {"name": "app", "resources": {"requests": {"cpu": "100m"}}},
+                    {"name": "sidecar-less", "resources": {}}
+                ]},
+                "status": {"phase": "Running", "startTime": t(0).to_string(),
+                           "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": t(10).to_string()}]}
+            }))
+            .unwrap(),
+        );
+        let calc = ReplicaCalculator::default();
+        let pods = vec![pod];
+        let r = calc.resource_replicas(1, 50, "cpu", "app", metrics(&[("a", 100)], 1000), &pods, t(1000));
+        assert_eq!(r, Ok(Utilization { replicas: 2, utilization: 100, raw: 100 }));
+        let e = calc.resource_replicas(1, 50, "cpu", "", metrics(&[("a", 100)], 1000), &pods, t(1000));
+        assert_eq!(e.unwrap_err(), "missing request for cpu in container sidecar-less of Pod a");
+    }
+
+    #[test]
     fn missing_and_unready_pods_damp_the_scale() {
         let calc = ReplicaCalculator::default();
         // b has no sample: on a scale-up it counts as 0 %.
