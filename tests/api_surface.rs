@@ -27,6 +27,9 @@ const NOT_SERVED: &[(&str, &str)] = &[];
 /// Discovery lists them, and the test compares that listing, but their verbs
 /// are not exercised here (this server has no node): tests/kubelet_api.rs,
 /// tests/exec.rs and tests/logs.rs drive them against a real one.
+/// A PKCS#10 request (CN=csr-1, P-256), base64: the API checks it.
+const CSR_REQUEST: &str = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURSBSRVFVRVNULS0tLS0KTUlITE1ISUNBUUF3RURFT01Bd0dBMVVFQXd3RlkzTnlMVEV3V1RBVEJnY3Foa2pPUFFJQkJnZ3Foa2pPUFFNQgpCd05DQUFRUkRwZUQyb2dWVGpWbUtpRm9JckY2Qm1lbmFlajV3SFhwY3FkZnAzamp2ZGkrcTVFUUsyS2ZHRjdhCnhtNWtqdmcrcDZvL0JxZjVHQWJIR2FvdFAzK3ZvQUF3Q2dZSUtvWkl6ajBFQXdJRFNRQXdSZ0loQU8yN0JRVG4KT3R2QUQ2cXdTZStrdzI1SStSSlcxYTA2WTk1Y2ZZaTJYNEpPQWlFQStTczZONEdzTmxqUGlTWk1FVElmL2tuTApNOG5xcytUMVFTbjUvZHNIdWhzPQotLS0tLUVORCBDRVJUSUZJQ0FURSBSRVFVRVNULS0tLS0K";
+
 const THROUGH_THE_NODE: &[&str] = &["log", "exec", "attach", "portforward", "proxy"];
 
 const ALL_VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
@@ -351,7 +354,7 @@ async fn every_verb_upstream_lists_is_routed_and_no_other() {
         assert_eq!((code, &pod["kind"], &pod["metadata"]["name"]), (200, &json!("Pod"), &json!("web")), "{sub}: {pod}");
     }
     let csrs = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
-    post(&c, csrs, json!({"metadata": {"name": "csr-1"}, "spec": {"request": "eA==", "signerName": "example.com/s", "usages": ["client auth"]}})).await;
+    post(&c, csrs, json!({"metadata": {"name": "csr-1"}, "spec": {"request": CSR_REQUEST, "signerName": "example.com/s", "usages": ["client auth"]}})).await;
     for sub in ["approval", "status"] {
         let (code, csr) = get(&c, &format!("{csrs}/csr-1/{sub}")).await;
         assert_eq!((code, &csr["kind"]), (200, &json!("CertificateSigningRequest")), "{sub}: {csr}");
@@ -466,7 +469,7 @@ async fn field_selectors_match_upstream_v1_33() {
     post(&c, rcs, json!({"metadata": {"name": "rc"}, "spec": {"replicas": 0, "selector": {"app": "rc"}, "template": {"metadata": {"labels": {"app": "rc"}}, "spec": {"containers": [{"name": "c", "image": "pause"}]}}}})).await;
     assert!(names_selected(&c, rcs, "status.replicas%3D0").await.contains("rc"));
     let csrs = "/apis/certificates.k8s.io/v1/certificatesigningrequests";
-    post(&c, csrs, json!({"metadata": {"name": "csr-1"}, "spec": {"request": "eA==", "signerName": "example.com/s", "usages": ["client auth"]}})).await;
+    post(&c, csrs, json!({"metadata": {"name": "csr-1"}, "spec": {"request": CSR_REQUEST, "signerName": "example.com/s", "usages": ["client auth"]}})).await;
     assert_eq!(
         names_selected(&c, csrs, "spec.signerName%3Dexample.com/s").await,
         BTreeSet::from(["csr-1".to_string()])

@@ -461,3 +461,83 @@ fn expired_bootstrap_tokens_are_deleted() {
     eventually("the brief token to go when it expires", || gone("bootstrap-token-brief0"));
     assert!(!gone("bootstrap-token-forevr"), "a token without expiration is kept");
 }
+
+#[test]
+fn requests_are_checked_and_approval_and_issuance_stay_apart() {
+    let s = ApiServer::start();
+    let dir = s.dir.path();
+    // Not a request: refused at create.
+    let bogus = json!({"apiVersion": "certificates.k8s.io/v1", "kind": "CertificateSigningRequest",
+                       "metadata": {"name": "bogus"},
+                       "spec": {"request": "eA==", "signerName": "example.com/s", "usages": ["client auth"]}});
+    std::fs::write(dir.join("bogus.json"), bogus.to_string()).expect("write");
+    let (ok, out) = kubectl(&s, &["create", "-f", &dir.join("bogus.json").display().to_string()]);
+    assert!(!ok && out.contains("spec.request") && out.contains("CERTIFICATE REQUEST"), "{out}");
+    // No client certificate for system:masters through the API.
+    let pem = request(dir, "root", "/O=system:masters/CN=mallory", None);
+    let manifest = csr_manifest("masters", "kubernetes.io/kube-apiserver-client", &["client auth"], None, &pem);
+    std::fs::write(dir.join("masters.json"), manifest).expect("write");
+    let (ok, out) = kubectl(&s, &["create", "-f", &dir.join("masters.json").display().to_string()]);
+    assert!(
+        !ok && out
+            .contains("use of kubernetes.io/kube-apiserver-client signer with system:masters group is not allowed"),
+        "{out}"
+    );
+    let pem = request(dir, "short", "/CN=short", None);
+    let manifest = csr_manifest("short", "example.com/s", &["client auth"], Some(60), &pem);
+    std::fs::write(dir.join("short.json"), manifest).expect("write");
+    let (ok, out) = kubectl(&s, &["create", "-f", &dir.join("short.json").display().to_string()]);
+    assert!(!ok && out.contains("may not specify a duration less than 600 seconds"), "{out}");
+
+    // Approving needs `approve` on the signer, besides the approval subresource.
+    let pem = request(dir, "dave", "/CN=dave", None);
+    create(&s, &csr_manifest("dave", "example.com/dave-signer", &["client auth"], None, &pem));
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "approver"},
+                      "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests"], "verbs": ["get", "list"]},
+                                {"apiGroups": ["certificates.k8s.io"], "resources": ["certificatesigningrequests/approval"], "verbs": ["update"]}]});
+    create(&s, &role.to_string());
+    assert!(kubectl(&s, &["create", "clusterrolebinding", "approver", "--clusterrole=approver", "--user=dave"]).0);
+    let (ok, out) = kubectl(&s, &["certificate", "approve", "dave", "--as=dave"]);
+    assert!(
+        !ok && out.contains("user not permitted to approve requests with signerName \"example.com/dave-signer\""),
+        "{out}"
+    );
+    let signers = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "signer-approver"},
+                         "rules": [{"apiGroups": ["certificates.k8s.io"], "resources": ["signers"], "resourceNames": ["example.com/*"], "verbs": ["approve"]}]});
+    create(&s, &signers.to_string());
+    assert!(
+        kubectl(
+            &s,
+            &["create", "clusterrolebinding", "signer-approver", "--clusterrole=signer-approver", "--user=dave"]
+        )
+        .0
+    );
+    let (ok, out) = kubectl(&s, &["certificate", "approve", "dave", "--as=dave"]);
+    assert!(ok, "{out}");
+    let c = csr(&s, "dave");
+    let approved = condition(&c, "Approved").expect("approved");
+    assert!(approved["lastUpdateTime"].is_string() && approved["lastTransitionTime"].is_string(), "{approved}");
+
+    // status neither approves nor takes approval away; a certificate, once
+    // there, stays.
+    let put_status = |body: &Value| {
+        let file = dir.join("status.json");
+        std::fs::write(&file, body.to_string()).expect("write");
+        let path = "/apis/certificates.k8s.io/v1/certificatesigningrequests/dave/status";
+        kubectl(&s, &["replace", "--raw", path, "-f", &file.display().to_string()])
+    };
+    let mut pending = csr(&s, "dave");
+    pending["status"]["conditions"] = json!([]);
+    let (ok, out) = put_status(&pending);
+    assert!(!ok && out.contains("updates may not remove a condition of type \"Approved\""), "{out}");
+    let ca = std::fs::read_to_string(ca_file(&s)).expect("ca");
+    let mut issued = csr(&s, "dave");
+    issued["status"]["certificate"] = json!(b64(ca.as_bytes()));
+    let (ok, out) = put_status(&issued);
+    assert!(ok, "{out}");
+    let mut reissued = csr(&s, "dave");
+    reissued["status"]["certificate"] =
+        json!(b64(std::fs::read(dir.join("server/tls/client-ca.crt")).expect("ca").as_slice()));
+    let (ok, out) = put_status(&reissued);
+    assert!(!ok && out.contains("updates may not modify existing certificate content"), "{out}");
+}

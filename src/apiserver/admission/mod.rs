@@ -1,12 +1,14 @@
 //! Admission: after an object is decoded and defaulted, the mutating
 //! plugins run (NodeRestriction for kubelets, the built-ins ServiceAccount, Priority, DefaultStorageClass
 //! and LimitRanger, then MutatingAdmissionWebhook), the object is
-//! validated, and the validating plugins run (PersistentVolumeClaimResize, ValidatingAdmissionWebhook,
+//! validated, and the validating plugins run (PersistentVolumeClaimResize, the certificates API's
+//! CertificateApproval, CertificateSigning and CertificateSubjectRestriction, ValidatingAdmissionWebhook,
 //! then ResourceQuota last, as upstream, so that a create is charged to
 //! its quota only once nothing else can refuse it). Nothing is stored
 //! unless all agree.
 
 mod builtin;
+mod certificates;
 pub mod node_restriction;
 mod pvc_resize;
 pub mod resource_quota;
@@ -51,6 +53,7 @@ pub async fn validate(call: &Call, obj: &Value, old: Option<&Value>, op: Operati
         node_restriction::admit(call, obj, old, op).await?;
     }
     pvc_resize::admit(call, obj, old, op).await?;
+    certificates::admit(call, obj, old, op)?;
     webhook::call_all(call, webhook::Reviewed::ReadOnly(obj), old, op).await?;
     resource_quota::admit(call, obj, old, op).await
 }

@@ -369,7 +369,8 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
                 m.remove("status");
             }
         }
-        new = merged;
+        // What else the kind's status (or a CSR's approval) keeps of the old object.
+        new = r.strategy.subresource_update(call.path.subresource.as_deref().unwrap_or_default(), merged, old);
     } else if r.status {
         // A patch leaves the old status in place: copied only when it moved.
         match old.get("status") {

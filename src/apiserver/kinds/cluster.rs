@@ -120,6 +120,8 @@ pub fn certificatesigningrequest_hooks() -> Hooks {
                 json!(csr_condition(o)),
             ]
         },
+        subresource_update: super::certificates::csr_subresource_update,
+        validate_change: super::certificates::validate_csr_change,
         ..Hooks::default()
     }
 }

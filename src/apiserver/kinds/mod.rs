@@ -9,6 +9,7 @@ mod apiregistration;
 mod autoscaling;
 mod autoscaling_v1;
 mod autoscaling_v1_metrics;
+mod certificates;
 mod cluster;
 mod core;
 mod events;
