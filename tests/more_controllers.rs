@@ -396,3 +396,44 @@ fn service_cidrs_and_the_ip_addresses_of_cluster_ips() {
     ok(&s, &["delete", "service", "wide"]);
     eventually_within("the extra ServiceCIDR gone", Duration::from_secs(40), || !exists(&s, &["servicecidr", "extra"]));
 }
+
+#[test]
+fn claims_and_volumes_in_use_are_kept_until_released() {
+    let s = ApiServer::start();
+    create(&s, &fake_node("n1"));
+    create(
+        &s,
+        "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: manual}\n\
+         spec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], persistentVolumeReclaimPolicy: Retain,\n\
+         \x20 storageClassName: '', hostPath: {path: /tmp/ferrok-manual}, claimRef: {namespace: default, name: held}}\n\
+         ---\n\
+         apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: held, namespace: default}\n\
+         spec: {storageClassName: '', volumeName: manual, accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n",
+    );
+    assert_eq!(jsonpath(&s, &["pvc", "held"], "{.metadata.finalizers}"), r#"["kubernetes.io/pvc-protection"]"#);
+    assert_eq!(jsonpath(&s, &["pv", "manual"], "{.metadata.finalizers}"), r#"["kubernetes.io/pv-protection"]"#);
+    eventually_within("the claim bound", Duration::from_secs(20), || {
+        jsonpath(&s, &["pvc", "held"], "{.status.phase}") == "Bound"
+    });
+    create(
+        &s,
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: user, namespace: default}}\nspec:\n  nodeName: n1\n  containers:\n\
+             \x20 - {{name: c, image: {BUSYBOX}}}\n  volumes: [{{name: d, persistentVolumeClaim: {{claimName: held}}}}]\n"
+        ),
+    );
+    ok(&s, &["delete", "pvc", "held", "--wait=false"]);
+    ok(&s, &["delete", "pv", "manual", "--wait=false"]);
+    // Kept while the pod uses the claim and the claim holds the volume.
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < deadline {
+        assert!(exists(&s, &["pvc", "held"]) && exists(&s, &["pv", "manual"]), "deleted while in use");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(jsonpath(&s, &["pv", "manual"], "{.status.phase}"), "Bound");
+    // The pod gone, the claim goes, and then the volume it released.
+    ok(&s, &["delete", "pod", "user", "--grace-period=0", "--force"]);
+    eventually_within("the claim and the volume gone", Duration::from_secs(30), || {
+        !exists(&s, &["pvc", "held"]) && !exists(&s, &["pv", "manual"])
+    });
+}

@@ -35,6 +35,8 @@ pub mod node_password;
 pub mod persistentvolume;
 pub mod pod_gc;
 pub mod podautoscaler;
+pub mod pv_protection;
+pub mod pvc_protection;
 pub mod queue_metrics;
 pub mod ref_manager;
 pub mod replicaset;
@@ -180,6 +182,8 @@ pub fn start(
         tokio::spawn(endpointslice_mirroring::run(own(endpointslice_mirroring::NAME), f.clone())),
         tokio::spawn(volume_expand::run(own(volume_expand::NAME), f.clone())),
         tokio::spawn(service_cidr::run(own(service_cidr::NAME), f.clone())),
+        tokio::spawn(pvc_protection::run(own(pvc_protection::NAME), f.clone())),
+        tokio::spawn(pv_protection::run(own(pv_protection::NAME), f.clone())),
     ]);
     handles
 }

@@ -307,11 +307,12 @@ async fn bind_claim(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Res
 }
 
 /// A volume's phase from its claim: Available, Bound or Released (and
-/// deleted when released with the Delete policy).
+/// deleted when released with the Delete policy), also while it is being
+/// deleted.
 async fn sync_volume(volume: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
-    if volume.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
+    // A volume being deleted still follows its claim (its protection
+    // finalizer goes once it is no longer Bound), but is not reclaimed again.
+    let deleting = volume.metadata.deletion_timestamp.is_some();
     let name = volume.metadata.name.clone().unwrap_or_default();
     let spec = volume.spec.clone().unwrap_or_default();
     let phase = volume.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
@@ -340,7 +341,11 @@ async fn sync_volume(volume: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result
     // A local-path volume is deleted by its node, after its directory.
     let provisioned_by = volume.metadata.annotations.as_ref().and_then(|a| a.get(super::local_path::PROVISIONED_BY));
     let external = provisioned_by.is_some_and(|p| p == super::local_path::PROVISIONER);
-    if wanted == "Released" && spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete") && !external {
+    if wanted == "Released"
+        && spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete")
+        && !external
+        && !deleting
+    {
         let dp = DeleteParams {
             preconditions: Some(Preconditions { uid: volume.metadata.uid.clone(), resource_version: None }),
             ..Default::default()

@@ -2,7 +2,9 @@
 //! run as `default` unless told otherwise, with its token mounted), DefaultTolerationSeconds (300 s
 //! for not-ready and unreachable nodes), Priority (priorityClassName
 //! becomes priority), DefaultStorageClass (claims without a class get the
-//! default one) and LimitRanger (container defaults from LimitRanges).
+//! default one), StorageObjectInUseProtection (new claims and volumes carry
+//! the finalizer their protection controller removes once nothing uses
+//! them) and LimitRanger (container defaults from LimitRanges).
 //! ResourceQuota is in `resource_quota`.
 
 use serde_json::{json, Value};
@@ -28,6 +30,10 @@ pub async fn mutate(call: &Call, obj: &mut Value, op: Operation) -> ApiResult<()
     }
     if is(call, "", "persistentvolumeclaims") {
         default_storage_class(call, obj).await?;
+        storage_object_in_use_protection(obj, PVC_PROTECTION_FINALIZER);
+    }
+    if is(call, "", "persistentvolumes") {
+        storage_object_in_use_protection(obj, PV_PROTECTION_FINALIZER);
     }
     if is(call, "certificates.k8s.io", "certificatesigningrequests") {
         // The requester is whoever creates the CSR, never what the body claims.
@@ -224,6 +230,25 @@ async fn limit_ranger(call: &Call, pod: &mut Value) -> ApiResult<()> {
         }
     }
     Ok(())
+}
+
+/// The finalizer of a claim still used by a pod (the pvc-protection controller's).
+pub const PVC_PROTECTION_FINALIZER: &str = "kubernetes.io/pvc-protection";
+/// The finalizer of a volume still bound to a claim (the pv-protection controller's).
+pub const PV_PROTECTION_FINALIZER: &str = "kubernetes.io/pv-protection";
+
+/// StorageObjectInUseProtection: the protection finalizer, once.
+fn storage_object_in_use_protection(obj: &mut Value, finalizer: &str) {
+    let meta = crate::apiserver::meta::metadata_mut(obj);
+    let finalizers = meta.entry("finalizers").or_insert_with(|| json!([]));
+    if !finalizers.is_array() {
+        *finalizers = json!([]);
+    }
+    if let Some(list) = finalizers.as_array_mut() {
+        if !list.iter().any(|f| f.as_str() == Some(finalizer)) {
+            list.push(json!(finalizer));
+        }
+    }
 }
 
 async fn default_storage_class(call: &Call, pvc: &mut Value) -> ApiResult<()> {
