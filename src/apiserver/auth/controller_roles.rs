@@ -88,6 +88,8 @@ pub const CONTROLLERS: &[&str] = &[
     "node-controller",
     "persistent-volume-binder",
     "pod-garbage-collector",
+    "pv-protection-controller",
+    "pvc-protection-controller",
     "replicaset-controller",
     "replication-controller",
     "resourcequota-controller",
