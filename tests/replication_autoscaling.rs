@@ -11,7 +11,8 @@
 //!   conditions and events;
 //! - `kubectl autoscale` of kubectl 1.27 and of the default kubectl makes
 //!   autoscalers that act, read the same through autoscaling/v1 and v2;
-//! - autoscalers whose target or metrics cannot be read say so as upstream.
+//! - autoscalers whose target or metrics cannot be read say so as upstream;
+//! - custom resources with a scale subresource are scale targets too.
 
 mod common;
 
@@ -426,6 +427,31 @@ spec:
   scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: shared}}
   maxReplicas: 3
 ---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: multi, namespace: default}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: multi}}}}
+  template:
+    metadata: {{labels: {{app: multi}}}}
+    spec:
+      containers:
+      - {{name: c, image: {BUSYBOX}, command: ["sleep", "3600"], resources: {{requests: {{cpu: 10m}}}}}}
+      - {{name: d, image: {BUSYBOX}, command: ["sleep", "3600"]}}
+---
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {{name: multi, namespace: default}}
+spec:
+  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: multi}}
+  maxReplicas: 2
+  metrics:
+  - type: ContainerResource
+    containerResource: {{name: cpu, container: c, target: {{type: Utilization, averageUtilization: 50}}}}
+  - type: Resource
+    resource: {{name: memory, target: {{type: AverageValue, averageValue: 1Gi}}}}
+---
 apiVersion: autoscaling/v2
 kind: HorizontalPodAutoscaler
 metadata: {{name: nowhere, namespace: default}}
@@ -461,6 +487,23 @@ spec:
         ["nowhere", "external", "object"]
             .iter()
             .all(|n| !json_of(&node, &["get", "hpa", n])["status"]["conditions"].is_null())
+    });
+    // A container's CPU (only its request counts) and the pods' memory;
+    // idle, the CPU asks for no pod and the memory for one, which wins.
+    node.eventually("the container and memory metrics are read", 90, || {
+        let hpa = json_of(&node, &["get", "hpa", "multi"]);
+        let m = &hpa["status"]["currentMetrics"];
+        condition(&hpa, "ScalingActive")
+            == (
+                "True".into(),
+                "ValidMetricFound".into(),
+                "the HPA was able to successfully calculate a replica count from memory resource".into(),
+            )
+            && m[0]["type"] == "ContainerResource"
+            && m[0]["containerResource"]["container"] == "c"
+            && m[0]["containerResource"]["current"]["averageUtilization"].is_i64()
+            && m[1]["resource"]["name"] == "memory"
+            && m[1]["resource"]["current"]["averageValue"].is_string()
     });
     // Two autoscalers of the same pods: neither acts.
     node.eventually("both autoscalers of the shared pods refuse", 60, || {
@@ -517,6 +560,86 @@ spec:
             "FailedGetObjectMetric".into(),
             "the HPA was unable to compute the replica count: unable to get metric requests: Service on default front/unable to fetch metrics from custom metrics API: no custom metrics API (custom.metrics.k8s.io) registered".into()
         )
+    );
+}
+
+/// A custom resource with a scale subresource is a scale target like any
+/// other: found through discovery, scaled through its `scale`, its
+/// selector read from its labelSelectorPath.
+#[test]
+fn autoscalers_scale_custom_resources_through_their_scale_subresource() {
+    let node = Node::start(&[]);
+    node.apply(
+        r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.com}
+spec:
+  group: example.com
+  names: {kind: Widget, plural: widgets, singular: widget}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, properties: {replicas: {type: integer}}}
+          status: {type: object, properties: {replicas: {type: integer}, selector: {type: string}}}
+    subresources:
+      status: {}
+      scale: {specReplicasPath: .spec.replicas, statusReplicasPath: .status.replicas, labelSelectorPath: .status.selector}
+"#,
+    );
+    node.ok(&["wait", "--for=condition=Established", "crd/widgets.example.com", "--timeout=30s"]);
+    node.apply(
+        r#"
+apiVersion: example.com/v1
+kind: Widget
+metadata: {name: w, namespace: default}
+spec: {replicas: 1}
+---
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {name: widget, namespace: default}
+spec:
+  scaleTargetRef: {apiVersion: example.com/v1, kind: Widget, name: w}
+  minReplicas: 2
+  maxReplicas: 3
+"#,
+    );
+    node.eventually("the widget is scaled to the autoscaler's minimum", 60, || {
+        node.get(&["widget", "w"], "{.spec.replicas}").trim() == "2"
+    });
+    assert!(events(&node, "HorizontalPodAutoscaler", "widget").contains(
+        &"SuccessfulRescale|horizontal-pod-autoscaler|New size: 2; reason: Current number of replicas below Spec.MinReplicas"
+            .to_string()
+    ));
+    // At its minimum its metrics count, and its scale names no selector.
+    node.eventually("the missing selector is reported", 60, || {
+        condition(&json_of(&node, &["get", "hpa", "widget"]), "ScalingActive")
+            == ("False".into(), "InvalidSelector".into(), "the HPA target's scale is missing a selector".into())
+    });
+    assert!(events(&node, "HorizontalPodAutoscaler", "widget")
+        .contains(&"SelectorRequired|horizontal-pod-autoscaler|selector is required".to_string()));
+    let scale = raw(&node, "/apis/example.com/v1/namespaces/default/widgets/w/scale");
+    assert_eq!(scale["spec"]["replicas"], 2, "{scale}");
+    // With a selector in its status, its scale reports it.
+    node.ok(&[
+        "patch",
+        "widget",
+        "w",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"replicas":2,"selector":"app=widget"}}"#,
+    ]);
+    let scale = raw(&node, "/apis/example.com/v1/namespaces/default/widgets/w/scale");
+    assert_eq!(
+        (scale["status"]["selector"].as_str(), scale["status"]["replicas"].as_i64()),
+        (Some("app=widget"), Some(2))
     );
 }
 
