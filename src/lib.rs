@@ -16,3 +16,4 @@ pub mod quantity;
 pub mod quota;
 pub mod scheduler;
 pub mod store;
+pub mod websocket;

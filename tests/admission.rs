@@ -160,6 +160,18 @@ fn webhooks_and_builtin_plugins() {
     );
     assert!(!ok);
     assert!(err.contains("admission webhook \"deny.example.com\" denied the request: labelled deny=yes"), "{err}");
+    // A refusal with only a reason (and no code) reads its reason, as a 400.
+    let (ok, _, err) = kubectl(
+        &kc,
+        &["create", "-f", "-", "-v=6"],
+        Some(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"b","labels":{"deny":"reason"}}}"#),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("admission webhook \"deny.example.com\" denied the request: the configmap is unwanted"),
+        "{err}"
+    );
+    assert!(err.contains("400 Bad Request"), "{err}");
     let (ok, _, _) = kubectl(
         &kc,
         &["create", "-f", "-"],

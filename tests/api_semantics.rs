@@ -244,3 +244,38 @@ async fn error_bodies_are_upstreams_bytes() {
     assert!(text.contains("\"causes\":[{\"reason\":\"FieldValueInvalid\",\"message\":"), "{text}");
     assert!(text.ends_with(",\"code\":422}\n"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_status_update_of_a_built_in_kind_keeps_its_metadata_changes() {
+    let (_server, client) = start().await;
+    let ing = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web"},
+        "spec": {"defaultBackend": {"service": {"name": "web", "port": {"number": 80}}}}});
+    let (code, created) = post(&client, "/apis/networking.k8s.io/v1/namespaces/default/ingresses", &ing).await;
+    assert_eq!(code, 201, "{created}");
+    let patch = json!({"metadata": {"annotations": {"patchedstatus": "true"}},
+        "spec": {"defaultBackend": {"service": {"name": "other", "port": {"number": 81}}}},
+        "status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}]}}});
+    let req = axum::http::Request::builder()
+        .method("PATCH")
+        .uri("/apis/networking.k8s.io/v1/namespaces/default/ingresses/web/status")
+        .header("Content-Type", "application/merge-patch+json")
+        .body(patch.to_string().into_bytes())
+        .expect("request");
+    let patched: Value = client.request(req).await.expect("patch status");
+    assert_eq!(patched["metadata"]["annotations"]["patchedstatus"], "true", "{patched}");
+    assert_eq!(patched["status"]["loadBalancer"]["ingress"][0]["ip"], "10.0.0.1");
+    assert_eq!(patched["spec"]["defaultBackend"]["service"]["name"], "web", "the spec is not the status' to change");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_review_asked_for_only_as_a_table_is_not_acceptable() {
+    let (_server, client) = start().await;
+    let review = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        "spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}});
+    let uri = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+    let table = "application/json;as=Table;v=v1;g=meta.k8s.io";
+    let (code, body) = raw(&client, "POST", uri, table, &review.to_string()).await;
+    assert_eq!(code, 406, "{}", String::from_utf8_lossy(&body));
+    let (code, _) = raw(&client, "POST", uri, &format!("{table}, application/json"), &review.to_string()).await;
+    assert_eq!(code, 201);
+}

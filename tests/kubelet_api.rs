@@ -79,6 +79,8 @@ subjects: [{{kind: ServiceAccount, name: watcher, namespace: default}}]
     // pods/proxy by port number and by port name; services/proxy by port name.
     for path in [
         "/api/v1/namespaces/default/pods/web:8080/proxy/index.html",
+        // No port: the first one the pod's containers declare.
+        "/api/v1/namespaces/default/pods/web/proxy/index.html",
         "/api/v1/namespaces/default/pods/web:http/proxy/index.html",
         "/api/v1/namespaces/default/services/web:www/proxy/index.html",
         "/api/v1/namespaces/default/services/web/proxy/index.html",

@@ -262,8 +262,12 @@ spec:
         "{.status.initContainerStatuses[1].ready}/{.status.initContainerStatuses[1].started}",
     );
     assert_eq!(ready, "true/true");
-    let setup = node.get(&["pod", "-n", "side", "p"], "{.status.initContainerStatuses[0].state.terminated.reason}");
-    assert_eq!(setup, "Completed");
+    let setup = node.get(
+        &["pod", "-n", "side", "p"],
+        "{.status.initContainerStatuses[0].state.terminated.reason}/{.status.initContainerStatuses[0].ready}",
+    );
+    // An init container done with exit 0 is ready, as upstream reports it.
+    assert_eq!(setup, "Completed/true");
     assert_eq!(node.exec("side", "p", "app", "cat /work/ready").trim(), "prepared");
     node.eventually("the sidecar writing", 20, || {
         node.exec("side", "p", "app", "wc -l < /work/log").trim().parse::<u32>().unwrap_or(0) >= 2
@@ -676,4 +680,39 @@ spec:
     node.ok(&["delete", "pod", "-n", "sec", "wants-non-root", "--grace-period=1"]);
     node.ok(&["delete", "pvc", "-n", "sec", "data"]);
     node.eventually("the volume released", 30, || node.get(&["pv", "local-pv"], "{.status.phase}") == "Released");
+}
+
+/// A pod bound to the node directly (no scheduler) whose host port another
+/// pod holds is rejected by the node, as upstream's kubelet does, and never
+/// starts; once the port is free a new one runs.
+#[test]
+fn the_node_rejects_a_pod_whose_host_port_is_taken() {
+    let node = Node::start(&[]);
+    let pod = |name: &str| {
+        format!(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeName: {node}
+  containers:
+  - {{name: c, image: {BUSYBOX}, command: ["sleep", "3600"], ports: [{{containerPort: 80, hostPort: 21017}}]}}
+"#,
+            node = node.name
+        )
+    };
+    node.apply(&pod("holder"));
+    node.eventually("holder runs", 60, || node.get(&["pod", "holder"], "{.status.phase}") == "Running");
+    node.apply(&pod("late"));
+    node.eventually("late is rejected", 30, || node.get(&["pod", "late"], "{.status.phase}") == "Failed");
+    let why = node.get(&["pod", "late"], "{.status.reason}|{.status.message}");
+    assert_eq!(
+        why,
+        "NodePorts|Pod was rejected: Predicate NodePorts failed: node(s) didn't have free ports for the requested pod ports"
+    );
+    assert_eq!(node.get(&["pod", "late"], "{.status.containerStatuses[0].state.running}"), "");
+    node.ok(&["delete", "pod", "holder", "late", "--grace-period=1"]);
+    node.apply(&pod("after"));
+    node.eventually("after runs", 60, || node.get(&["pod", "after"], "{.status.phase}") == "Running");
 }

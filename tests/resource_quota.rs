@@ -343,3 +343,64 @@ async fn configmaps_and_secrets_made_before_their_quota_are_counted() {
     secrets.delete("s1", &DeleteParams::default()).await.expect("delete");
     wait_used(&quotas, "objects", "count/secrets", "2").await;
 }
+
+/// Kinds the controller has no informer of its own for (ReplicaSets,
+/// ReplicationControllers, Jobs: `count/<resource>`) are counted from the
+/// quota monitor's watches, started by the first quota that counts them:
+/// objects made before the quota are counted, and a delete is released at
+/// once (upstream's replenishment), not at the next resync minutes later.
+#[tokio::test(flavor = "multi_thread")]
+async fn deletes_of_other_kinds_release_their_usage_at_once() {
+    use k8s_openapi::api::apps::v1::ReplicaSet;
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::ReplicationController;
+    let (_server, client) = start().await;
+    let ns = "lives";
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace");
+    namespaces.create(&PostParams::default(), &namespace).await.expect("namespace");
+    let template = json!({"metadata": {"labels": {"app": "x"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}});
+    let replicasets: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
+    let replica_set = |name: &str| -> ReplicaSet {
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"replicas": 0,
+            "selector": {"matchLabels": {"app": "x"}}, "template": template}}))
+        .expect("replicaset")
+    };
+    let controllers: Api<ReplicationController> = Api::namespaced(client.clone(), ns);
+    let rc: ReplicationController = serde_json::from_value(
+        json!({"metadata": {"name": "rc"}, "spec": {"replicas": 0, "selector": {"app": "x"}, "template": template}}),
+    )
+    .expect("rc");
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let mut job_template = template.clone();
+    job_template["spec"]["restartPolicy"] = json!("Never");
+    let job: Job = serde_json::from_value(
+        json!({"metadata": {"name": "job"}, "spec": {"suspend": true, "template": job_template}}),
+    )
+    .expect("job");
+
+    replicasets.create(&PostParams::default(), &replica_set("early")).await.expect("replicaset");
+    let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+    let hard = json!({"count/replicasets.apps": "5", "replicationcontrollers": "5", "count/jobs.batch": "5"});
+    let quota = serde_json::from_value(json!({"metadata": {"name": "life"}, "spec": {"hard": hard}})).expect("quota");
+    quotas.create(&PostParams::default(), &quota).await.expect("quota");
+    wait_used(&quotas, "life", "count/replicasets.apps", "1").await;
+    wait_used(&quotas, "life", "replicationcontrollers", "0").await;
+
+    replicasets.create(&PostParams::default(), &replica_set("late")).await.expect("replicaset");
+    controllers.create(&PostParams::default(), &rc).await.expect("rc");
+    jobs.create(&PostParams::default(), &job).await.expect("job");
+    wait_used(&quotas, "life", "count/replicasets.apps", "2").await;
+    wait_used(&quotas, "life", "replicationcontrollers", "1").await;
+    wait_used(&quotas, "life", "count/jobs.batch", "1").await;
+
+    for name in ["early", "late"] {
+        replicasets.delete(name, &DeleteParams::default()).await.expect("delete");
+    }
+    controllers.delete("rc", &DeleteParams::default()).await.expect("delete");
+    jobs.delete("job", &DeleteParams::background()).await.expect("delete");
+    wait_used(&quotas, "life", "count/replicasets.apps", "0").await;
+    wait_used(&quotas, "life", "replicationcontrollers", "0").await;
+    wait_used(&quotas, "life", "count/jobs.batch", "0").await;
+}

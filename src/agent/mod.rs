@@ -36,6 +36,7 @@ pub mod pod_network;
 pub mod pod_status;
 pub mod pod_util;
 pub mod pod_workers;
+pub mod predicate_admission;
 pub mod prober;
 pub mod probes;
 pub mod server;

@@ -149,6 +149,9 @@ fn container_status(
                             status.last_state = Some(ContainerState { terminated: Some(term), ..Default::default() });
                         }
                         None => {
+                            // An init container that ran to completion is
+                            // ready (upstream's prober manager).
+                            status.ready = matches!(kind, ContainerKind::Init) && term.exit_code == 0;
                             status.state = Some(ContainerState { terminated: Some(term), ..Default::default() });
                             if let Some(prev) =
                                 i.rt.previous(&spec.name).filter(|p| p.state == ContainerRunState::Exited)
@@ -532,6 +535,16 @@ mod tests {
         assert_eq!(cond(&s, "Initialized").message.as_deref(), Some("containers with incomplete status: [i]"));
         let a = &s.container_statuses.as_ref().unwrap()[0];
         assert_eq!(a.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("PodInitializing"));
+        assert!(!s.init_container_statuses.as_ref().unwrap()[0].ready);
+        // Done with exit 0: the init container is ready (a failed one is not).
+        for (code, ready) in [(0, true), (1, false)] {
+            let rt = RuntimePod {
+                sandboxes: vec![sandbox()],
+                containers: vec![rc("i", ContainerRunState::Exited, code, 1)],
+            };
+            let s = gen(&p, &rt, &HashMap::new(), &[], false);
+            assert_eq!(s.init_container_statuses.as_ref().unwrap()[0].ready, ready, "exit {code}");
+        }
     }
 
     #[test]

@@ -296,3 +296,15 @@ mod tests {
         assert_eq!(hostname(&p), "a".repeat(62));
     }
 }
+
+/// Whether the pod has not started on any node yet: a restart of ferrok
+/// must not reject (at admission) the pods it already runs.
+pub fn never_started(pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else { return true };
+    let phase_pending = status.phase.as_deref().is_none_or(|p| p == "Pending");
+    let any_started =
+        status.container_statuses.iter().chain(status.init_container_statuses.iter()).flatten().any(|c| {
+            c.state.as_ref().is_some_and(|s| s.running.is_some() || s.terminated.is_some()) || c.restart_count > 0
+        });
+    phase_pending && !any_started
+}

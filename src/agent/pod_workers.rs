@@ -35,8 +35,9 @@ struct Worker {
     eviction: Arc<Mutex<Option<Eviction>>>,
 }
 
-/// Decides whether a pod new to the node may start; a failure rejects it.
-pub type AdmitHandler = Arc<dyn Fn(&Pod) -> Option<PodFailure> + Send + Sync>;
+/// Decides whether a pod new to the node may start beside the pods it
+/// runs already; a failure rejects it.
+pub type AdmitHandler = Arc<dyn Fn(&Pod, &[Arc<Pod>]) -> Option<PodFailure> + Send + Sync>;
 
 /// The node's decision to end a running pod (eviction): its failure, and
 /// the grace period its containers get.
@@ -53,7 +54,7 @@ pub struct PodWorkers {
     me: Weak<PodWorkers>,
     /// The pod source has listed once: a uid without a worker is not wanted.
     sources_ready: AtomicBool,
-    admit: Mutex<Option<AdmitHandler>>,
+    admit: Mutex<Vec<AdmitHandler>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +73,7 @@ impl PodWorkers {
             workers: Mutex::new(HashMap::new()),
             me: me.clone(),
             sources_ready: AtomicBool::new(false),
-            admit: Mutex::new(None),
+            admit: Mutex::new(Vec::new()),
         })
     }
 
@@ -123,7 +124,8 @@ impl PodWorkers {
             return;
         }
         // A pod the node cannot admit ends before it starts, as an eviction.
-        let rejected = self.admission(&update.pod).map(|failure| Eviction { failure, grace_seconds: 0 });
+        let running = active_in(&workers);
+        let rejected = self.admission(&update.pod, &running).map(|failure| Eviction { failure, grace_seconds: 0 });
         let (tx, rx) = watch::channel(update);
         let wake = Arc::new(Notify::new());
         let exits = Arc::new(Mutex::new(Vec::new()));
@@ -177,6 +179,21 @@ impl PodWorkers {
     }
 }
 
+/// The pods of `workers` meant to be running: in their source, not being
+/// deleted, not finished, and not already told to end.
+fn active_in(workers: &HashMap<String, Worker>) -> Vec<Arc<Pod>> {
+    workers
+        .values()
+        .filter(|w| w.eviction.lock().unwrap_or_else(|e| e.into_inner()).is_none())
+        .map(|w| w.update.borrow().clone())
+        .filter(|u| !u.removed && u.pod.metadata.deletion_timestamp.is_none())
+        .filter(|u| {
+            !matches!(u.pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed"))
+        })
+        .map(|u| u.pod)
+        .collect()
+}
+
 // What the node's housekeeping (eviction, garbage collection) asks of the workers.
 impl PodWorkers {
     /// The pod source has listed its pods once.
@@ -197,26 +214,19 @@ impl PodWorkers {
     /// The pods meant to be running: in their source, not being deleted,
     /// not finished, and not already told to end.
     pub fn active_pods(&self) -> Vec<Arc<Pod>> {
-        self.workers()
-            .values()
-            .filter(|w| w.eviction.lock().unwrap_or_else(|e| e.into_inner()).is_none())
-            .map(|w| w.update.borrow().clone())
-            .filter(|u| !u.removed && u.pod.metadata.deletion_timestamp.is_none())
-            .filter(|u| {
-                !matches!(u.pod.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded") | Some("Failed"))
-            })
-            .map(|u| u.pod)
-            .collect()
+        active_in(&self.workers())
     }
 
-    /// Sets the check new pods go through (the eviction manager's admission).
-    pub fn set_admit_handler(&self, handler: AdmitHandler) {
-        *self.admit.lock().unwrap_or_else(|e| e.into_inner()) = Some(handler);
+    /// Adds a check new pods go through, after those added before (the
+    /// eviction manager's admission, then the node's predicates).
+    pub fn add_admit_handler(&self, handler: AdmitHandler) {
+        self.admit.lock().unwrap_or_else(|e| e.into_inner()).push(handler);
     }
 
-    fn admission(&self, pod: &Pod) -> Option<PodFailure> {
-        let handler = self.admit.lock().unwrap_or_else(|e| e.into_inner()).clone()?;
-        handler(pod)
+    /// The first check's refusal of `pod` beside the `running` pods.
+    fn admission(&self, pod: &Pod, running: &[Arc<Pod>]) -> Option<PodFailure> {
+        let handlers = self.admit.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        handlers.iter().find_map(|h| h(pod, running))
     }
 
     /// Ends a running pod on the node's decision: it is stopped with

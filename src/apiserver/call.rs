@@ -105,22 +105,44 @@ impl Call {
     pub async fn load_object_cached_first(&self) -> ApiResult<Stored> {
         let name = self.path.name.as_deref().unwrap_or_default();
         let key = self.resource.key(self.namespace(), name);
-        self.api
+        let stored = self
+            .api
             .watch_cache
             .get_or_read(&self.resource, &key)
             .await?
-            .map(|s| self.served(s))
-            .ok_or_else(|| ApiError::not_found(&self.resource.group, &self.resource.plural, name))
+            .ok_or_else(|| ApiError::not_found(&self.resource.group, &self.resource.plural, name))?;
+        self.served(stored).await
     }
 
     /// A stored object in the served form of the request's resource.
-    pub fn served(&self, stored: Stored) -> Stored {
+    pub async fn served(&self, stored: Stored) -> ApiResult<Stored> {
         if !self.resource.converts() {
-            return stored;
+            return Ok(stored);
         }
-        let mut object = self.resource.from_storage(stored.object);
-        super::storage::set_resource_version(&mut object, stored.rev);
-        Stored { object, rev: stored.rev }
+        let mut served = self.served_all(vec![stored]).await?;
+        served.pop().ok_or_else(|| ApiError::internal("a conversion returned no object"))
+    }
+
+    /// Stored objects in the served form of the request's resource, in
+    /// one conversion.
+    pub async fn served_all(&self, stored: Vec<Stored>) -> ApiResult<Vec<Stored>> {
+        if !self.resource.converts() {
+            return Ok(stored);
+        }
+        let revs: Vec<i64> = stored.iter().map(|s| s.rev).collect();
+        let objects = self.resource.from_storage(stored.into_iter().map(|s| s.object).collect()).await?;
+        if objects.len() != revs.len() {
+            return Err(ApiError::internal(format!(
+                "a conversion returned {} objects, expected {}",
+                objects.len(),
+                revs.len()
+            )));
+        }
+        let served = objects.into_iter().zip(revs).map(|(mut object, rev)| {
+            super::storage::set_resource_version(&mut object, rev);
+            Stored { object, rev }
+        });
+        Ok(served.collect())
     }
 
     /// The object an update starts from, and where it came from: the
@@ -130,7 +152,7 @@ impl Call {
         if want == Origin::Cache && !self.dry_run() {
             let key = self.resource.key(self.namespace(), self.path.name.as_deref().unwrap_or_default());
             if let Some(obj) = self.api.watch_cache.cached(&self.resource, &key) {
-                return Ok((self.served(Stored { object: obj.value(), rev: obj.rev }), Origin::Cache));
+                return Ok((self.served(Stored { object: obj.value(), rev: obj.rev }).await?, Origin::Cache));
             }
         }
         Ok((self.load_object().await?, Origin::Store))
@@ -140,12 +162,13 @@ impl Call {
     pub async fn load_object(&self) -> ApiResult<Stored> {
         let name = self.path.name.as_deref().unwrap_or_default();
         let key = self.resource.key(self.namespace(), name);
-        self.api
+        let stored = self
+            .api
             .storage
             .get(&key)
             .await?
-            .map(|s| self.served(s))
-            .ok_or_else(|| ApiError::not_found(&self.resource.group, &self.resource.plural, name))
+            .ok_or_else(|| ApiError::not_found(&self.resource.group, &self.resource.plural, name))?;
+        self.served(stored).await
     }
 
     pub fn namespace(&self) -> Option<&str> {

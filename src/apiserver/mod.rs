@@ -56,6 +56,7 @@ pub mod strategy;
 pub mod table;
 pub mod validation;
 pub mod watch_cache;
+pub mod webhook_client;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -101,7 +102,7 @@ pub struct ApiConfig {
 }
 
 /// Where Events live, for both API groups that serve them; they expire.
-const EVENT_PREFIXES: &[&str] = &["/registry/events/", "/registry/events.k8s.io/events/"];
+const EVENT_PREFIXES: &[&str] = &[kinds::EVENTS_KEY_PREFIX];
 
 /// The API server's shared state.
 pub struct Api {

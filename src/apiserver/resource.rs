@@ -77,34 +77,50 @@ impl Resource {
         }
     }
 
-    /// The apiVersion its objects are stored and cached in: its own, or
-    /// the one its conversion stores it as.
+    /// The apiVersion its objects are stored in: its own, or the one its
+    /// conversion stores them as.
     pub fn storage_api_version(&self) -> String {
         match self.strategy.conversion() {
-            Some(c) => c.storage_api_version.to_string(),
+            Some(c) => c.storage_api_version().to_string(),
             None => self.api_version(),
         }
     }
 
-    /// A stored object in this resource's served form.
-    pub fn from_storage(&self, obj: Value) -> Value {
+    /// The apiVersion the watch cache holds its objects in; None when each
+    /// keeps the one it was stored in (custom resources, whose stored
+    /// objects may be of several versions).
+    pub fn cache_api_version(&self) -> Option<String> {
+        (!self.strategy.is_custom()).then(|| self.storage_api_version())
+    }
+
+    /// Stored objects in this resource's served form (one conversion for
+    /// them all).
+    pub async fn from_storage(&self, stored: Vec<Value>) -> ApiResult<Vec<Value>> {
         match self.strategy.conversion() {
-            Some(c) => (c.from_storage)(obj),
-            None => obj,
+            Some(c) => c.served(stored).await,
+            None => Ok(stored),
         }
     }
 
-    /// A served object in the form it is stored in.
-    pub fn to_storage(&self, obj: Value) -> Value {
+    /// A served object in the form it is stored in; None when that is the
+    /// served form itself.
+    pub async fn to_storage(&self, obj: &Value) -> ApiResult<Option<Value>> {
         match self.strategy.conversion() {
-            Some(c) => (c.to_storage)(obj),
-            None => obj,
+            Some(c) if c.storage_api_version() != self.api_version() => Ok(Some(c.stored(obj.clone()).await?)),
+            _ => Ok(None),
         }
     }
 
-    /// Whether its objects are stored in another version.
+    /// Whether its objects may be served otherwise than as stored.
     pub fn converts(&self) -> bool {
         self.strategy.conversion().is_some()
+    }
+
+    /// Whether an object the store holds in `api_version` is served as it
+    /// is (the watch cache's JSON of it sent as it is, its apiVersion and
+    /// kind set).
+    pub fn serves_as_stored(&self, api_version: &str) -> bool {
+        self.strategy.conversion().is_none_or(|c| c.serves_as_stored(api_version))
     }
 
     pub fn api_version(&self) -> String {
@@ -116,9 +132,12 @@ impl Resource {
     }
 
     /// Where objects of this resource live: `/registry/<plural>/` for the
-    /// core group, `/registry/<group>/<plural>/` for the others.
+    /// core group, `/registry/<group>/<plural>/` for the others, or the
+    /// prefix of the resource they are stored as (`Strategy::stored_under`).
     pub fn key_prefix(&self) -> String {
-        if self.group.is_empty() {
+        if let Some(prefix) = self.strategy.stored_under() {
+            prefix.to_string()
+        } else if self.group.is_empty() {
             format!("/registry/{}/", self.plural)
         } else {
             format!("/registry/{}/{}/", self.group, self.plural)

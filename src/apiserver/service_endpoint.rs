@@ -25,34 +25,69 @@ impl ServicePort {
     }
 }
 
+/// Why a Service has no endpoint to call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unresolved {
+    #[error("services \"{0}\" not found")]
+    ServiceNotFound(String),
+    #[error("no service port {port} found for service \"{name}\"")]
+    NoPort { name: String, port: String },
+    /// No EndpointSlice names the Service.
+    #[error("no endpoints available for service \"{0}\"")]
+    NoSlices(String),
+    /// Slices, but no ready address with the port's name.
+    #[error("no endpoints available for service \"{name}\"")]
+    NoAddress { name: String, port_name: String },
+    #[error("{0}")]
+    Store(String),
+}
+
 /// `ip:port` of a ready endpoint of Service `namespace/name`.
 pub async fn resolve(storage: &Storage, namespace: &str, name: &str, port: &ServicePort) -> Result<String, String> {
+    resolve_endpoint(storage, namespace, name, port).await.map_err(|e| e.to_string())
+}
+
+/// `resolve`, telling why it failed.
+pub async fn resolve_endpoint(
+    storage: &Storage,
+    namespace: &str,
+    name: &str,
+    port: &ServicePort,
+) -> Result<String, Unresolved> {
+    let store = |e: crate::apiserver::status::ApiError| Unresolved::Store(e.to_string());
     let service = storage
         .get(&format!("/registry/services/{namespace}/{name}"))
         .await
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("services \"{name}\" not found"))?;
+        .map_err(store)?
+        .ok_or_else(|| Unresolved::ServiceNotFound(name.to_string()))?;
     let ports: Vec<Value> =
         service.object.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default();
     let sport = match port {
-        ServicePort::Number(n) => ports.iter().find(|p| p["port"].as_i64() == Some(*n)).cloned(),
-        ServicePort::Name(n) => ports.iter().find(|p| p["name"].as_str() == Some(n.as_str())).cloned(),
-        ServicePort::Only if ports.len() == 1 => ports.first().cloned(),
+        ServicePort::Number(n) => ports.iter().find(|p| p["port"].as_i64() == Some(*n)),
+        ServicePort::Name(n) => ports.iter().find(|p| p["name"].as_str() == Some(n.as_str())),
+        ServicePort::Only if ports.len() == 1 => ports.first(),
         ServicePort::Only => None,
     };
-    let (port_name, target_port) = match (&sport, port) {
-        (Some(p), _) => (p["name"].as_str().unwrap_or_default().to_string(), p["targetPort"].clone()),
-        (None, ServicePort::Number(n)) => (String::new(), Value::from(*n)),
-        (None, _) => return Err(format!("no service port {port:?} found for service \"{name}\"")),
+    let Some(sport) = sport else {
+        let port = match port {
+            ServicePort::Number(n) => n.to_string(),
+            ServicePort::Name(n) => format!("{n:?}"),
+            ServicePort::Only => "\"\"".into(),
+        };
+        return Err(Unresolved::NoPort { name: name.to_string(), port });
     };
+    let port_name = sport["name"].as_str().unwrap_or_default().to_string();
+    let target_port = sport["targetPort"].clone();
     let slices = storage
         .list(&format!("/registry/discovery.k8s.io/endpointslices/{namespace}/"), None, 0, ReadAt::Latest)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(store)?;
+    let mut any_slice = false;
     for slice in slices.items {
         if slice.object.pointer("/metadata/labels/kubernetes.io~1service-name").and_then(Value::as_str) != Some(name) {
             continue;
         }
+        any_slice = true;
         let port = slice.object["ports"]
             .as_array()
             .and_then(|ps| ps.iter().find(|p| p["name"].as_str().unwrap_or_default() == port_name))
@@ -67,7 +102,10 @@ pub async fn resolve(storage: &Storage, namespace: &str, name: &str, port: &Serv
             }
         }
     }
-    Err(format!("no endpoints available for service \"{name}\""))
+    Err(match any_slice {
+        true => Unresolved::NoAddress { name: name.to_string(), port_name },
+        false => Unresolved::NoSlices(name.to_string()),
+    })
 }
 
 #[cfg(test)]

@@ -166,10 +166,16 @@ impl RepairIpAddress {
         }
         let parent = parent_of(obj);
         let now = cluster_ips(obj);
+        let before = old.map(cluster_ips);
+        // Most writes of a Service (its status, its labels) keep its
+        // addresses: their IPAddresses are there already.
+        if before.as_ref() == Some(&now) {
+            return Ok(());
+        }
         for ip in &now {
             self.ensure(ip, &parent).await?;
         }
-        for ip in old.map(cluster_ips).unwrap_or_default().difference(&now) {
+        for ip in before.unwrap_or_default().difference(&now) {
             self.release(ip, &parent).await?;
         }
         Ok(())

@@ -4,12 +4,13 @@
 
 use std::marker::PhantomData;
 
+use futures_util::future::BoxFuture;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::apiserver::status::Cause;
+use crate::apiserver::status::{ApiResult, Cause};
 use crate::apiserver::table::Column;
 
 /// How names of a resource are checked.
@@ -44,6 +45,14 @@ pub trait Strategy: Send + Sync {
 
     fn name_rule(&self) -> NameRule {
         NameRule::Subdomain
+    }
+
+    /// The key prefix of the resource whose objects these are, when they
+    /// live under another resource's keys (upstream's cohabitating
+    /// resources: events.k8s.io Events are the core Events, under
+    /// `/registry/events/`); None for the resource's own prefix.
+    fn stored_under(&self) -> Option<&'static str> {
+        None
     }
 
     /// Whether `metadata.generation` tracks changes to the spec.
@@ -113,17 +122,40 @@ pub trait Strategy: Send + Sync {
         Vec::new()
     }
 
-    /// How the served version is stored, when it is stored as another.
-    fn conversion(&self) -> Option<Conversion> {
+    /// How the served version's objects are read from and written to the
+    /// store, when they are not served as they are stored.
+    fn conversion(&self) -> Option<&dyn Converter> {
         None
     }
 }
 
-/// A served version of a kind whose objects are stored in another version
+/// What a served version does to the objects the store holds, when they
+/// are not served as stored (upstream's storage codec): another version
+/// to convert from or to (autoscaling/v1 HorizontalPodAutoscalers stored
+/// as v2; a custom resource's versions, through its CRD's conversion
+/// strategy), defaults applied on read. Handlers see and strategies check
+/// the served form; the store and the watch cache hold what was stored.
+/// Conversions may call out (a CRD's conversion webhook), so they await,
+/// and convert many objects at once (one review for a list).
+pub trait Converter: Send + Sync {
+    /// The apiVersion objects written through this version are stored in.
+    fn storage_api_version(&self) -> &str;
+
+    /// Whether an object stored in `api_version` is served exactly as it
+    /// is stored (the watch cache's bytes are sent as they are).
+    fn serves_as_stored(&self, api_version: &str) -> bool;
+
+    /// Stored objects (each in the apiVersion it was stored in) in the
+    /// served form, in their order.
+    fn served(&self, stored: Vec<Value>) -> BoxFuture<'_, ApiResult<Vec<Value>>>;
+
+    /// A served object in the form it is stored in.
+    fn stored(&self, served: Value) -> BoxFuture<'_, ApiResult<Value>>;
+}
+
+/// A served version of a built-in kind stored in another version
 /// (upstream's conversion through the internal version, as autoscaling/v1
-/// HorizontalPodAutoscalers are stored as v2). Handlers see and strategies
-/// check the served form; the store and the watch cache hold the storage
-/// form only, so every served version reads the same objects.
+/// HorizontalPodAutoscalers are stored as v2), by two functions.
 #[derive(Clone, Copy)]
 pub struct Conversion {
     /// The apiVersion objects are stored (and cached) in.
@@ -132,6 +164,25 @@ pub struct Conversion {
     pub to_storage: fn(Value) -> Value,
     /// The storage form of an object to its served form.
     pub from_storage: fn(Value) -> Value,
+}
+
+impl Converter for Conversion {
+    fn storage_api_version(&self) -> &str {
+        self.storage_api_version
+    }
+
+    fn serves_as_stored(&self, _api_version: &str) -> bool {
+        false
+    }
+
+    fn served(&self, stored: Vec<Value>) -> BoxFuture<'_, ApiResult<Vec<Value>>> {
+        let served = stored.into_iter().map(self.from_storage).collect();
+        Box::pin(std::future::ready(Ok(served)))
+    }
+
+    fn stored(&self, served: Value) -> BoxFuture<'_, ApiResult<Value>> {
+        Box::pin(std::future::ready(Ok((self.to_storage)(served))))
+    }
 }
 
 /// How objects of a kind are deleted beyond what every kind shares
@@ -164,6 +215,7 @@ pub struct Hooks {
     pub default: fn(&mut Value),
     pub validate: fn(&Value) -> Vec<Cause>,
     pub name_rule: NameRule,
+    pub stored_under: Option<&'static str>,
     pub generation: bool,
     pub initial_status: fn(&Value) -> Option<Value>,
     pub columns: fn() -> Vec<Column>,
@@ -180,6 +232,7 @@ impl Default for Hooks {
             default: |_| {},
             validate: |_| Vec::new(),
             name_rule: NameRule::Subdomain,
+            stored_under: None,
             generation: false,
             initial_status: |_| None,
             columns: Vec::new,
@@ -298,6 +351,10 @@ where
         self.hooks.name_rule
     }
 
+    fn stored_under(&self) -> Option<&'static str> {
+        self.hooks.stored_under
+    }
+
     fn tracks_generation(&self) -> bool {
         self.hooks.generation
     }
@@ -328,8 +385,8 @@ where
         (self.hooks.validate_change)(subresource, new, old)
     }
 
-    fn conversion(&self) -> Option<Conversion> {
-        self.hooks.conversion
+    fn conversion(&self) -> Option<&dyn Converter> {
+        self.hooks.conversion.as_ref().map(|c| c as &dyn Converter)
     }
 }
 

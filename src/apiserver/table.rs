@@ -41,6 +41,23 @@ pub fn wants_table(accept: &str) -> bool {
     })
 }
 
+/// Whether the Accept header asks for a Table and for nothing else that
+/// could be served instead (`application/json`, YAML, protobuf or a
+/// wildcard without an `as=`): what a resource without table conversion
+/// (the reviews, token requests) answers 406 Not Acceptable.
+pub fn only_table_accepted(accept: &str) -> bool {
+    let plain = accept.split(',').any(|part| {
+        let p = part.replace(' ', "");
+        let media = p.split(';').next().unwrap_or_default();
+        let served = matches!(
+            media,
+            "application/json" | "application/yaml" | "application/vnd.kubernetes.protobuf" | "application/*" | "*/*"
+        );
+        served && !p.contains("as=")
+    });
+    wants_table(accept) && !plain
+}
+
 fn definitions(mut own: Vec<Column>) -> Vec<Value> {
     let mut cols = vec![json!({
         "name": "Name", "type": "string", "format": "name", "priority": 0,

@@ -225,7 +225,9 @@ fn repack(subsets: &[EndpointSubset]) -> Vec<EndpointSubset> {
         let all = subset.addresses.iter().flatten().map(|a| (a, true));
         let not_ready = subset.not_ready_addresses.iter().flatten().map(|a| (a, false));
         for (address, ready) in all.chain(not_ready) {
-            let slot = entry.1.entry(address.ip.clone()).or_insert_with(|| (address.clone(), ready));
+            // The same address however it is written (`010.0.0.2`, `10.0.0.2`).
+            let key = parse_ip(&address.ip).map(|(ip, _)| ip).unwrap_or_else(|| address.ip.clone());
+            let slot = entry.1.entry(key).or_insert_with(|| (address.clone(), ready));
             if ready && !slot.1 {
                 *slot = (address.clone(), true);
             }
@@ -292,7 +294,7 @@ fn desired_state(ep: &Endpoints) -> Desired {
                 ..Default::default()
             };
             if let Some((_, endpoints)) = desired.groups.get_mut(&group_key(family, &ports)) {
-                endpoints.insert(ip, endpoint);
+                endpoints.entry(ip).or_insert(endpoint);
             }
             added += 1;
         }

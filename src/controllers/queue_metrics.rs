@@ -106,6 +106,16 @@ where
         })
     }
 
+    /// Requests made by a trigger of the controller's own
+    /// (`Controller::reconcile_on`).
+    pub fn triggered(
+        &self,
+        requests: impl Stream<Item = ObjectRef<K>> + Send + 'static,
+    ) -> impl Stream<Item = ObjectRef<K>> + Send + 'static {
+        let this = self.clone();
+        requests.inspect(move |r| this.add(r))
+    }
+
     /// A trigger mapping another kind's objects to requests of this one.
     pub fn mapped<Other, I>(
         &self,

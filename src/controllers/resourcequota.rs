@@ -7,6 +7,9 @@
 //! requests.storage, and `count/<resource>[.<group>]` for any resource.
 //! Scopes Terminating/NotTerminating/BestEffort/NotBestEffort and the
 //! PriorityClass scope selector narrow which pods count (see `crate::quota`).
+//! Kinds without an informer here are counted from the quota monitor's
+//! watches (`monitor`), which recount a namespace's quotas when one of its
+//! objects is deleted.
 //! ResourceQuota admission charges creates to `status.used` between
 //! recounts; a recount that would lower `status.used` waits until the quota
 //! has settled (see [`LOWERING_SETTLE`]).
@@ -21,10 +24,12 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PartialObjectMeta, PostParams};
+use kube::api::{Api, PartialObjectMeta, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
+
+mod monitor;
 
 use super::informers::{reflected, SharedIndexInformer};
 use super::queue_metrics::{drain, QueueMetrics};
@@ -32,9 +37,10 @@ use super::ControllerError;
 use crate::quantity::Amount;
 use crate::quota::evaluator::Evaluator;
 use crate::quota::pods::{is_scoped, pod_counts, pod_in_scope, pod_resource};
+use monitor::{monitored_resource, QuotaMonitor};
 
-/// `--resource-quota-sync-period`: how often quotas counting kinds this
-/// controller does not watch are recounted.
+/// `--resource-quota-sync-period`: how often a quota whose count of some
+/// kind failed (a kind not served yet) is recounted.
 pub const RESOURCE_QUOTA_SYNC_PERIOD: Duration = Duration::from_secs(300);
 
 /// How long a quota must stay unchanged before a recount may lower its
@@ -53,6 +59,8 @@ struct Context {
     configmaps: Counted<PartialObjectMeta<ConfigMap>>,
     secrets: Counted<PartialObjectMeta<Secret>>,
     claims: Store<PersistentVolumeClaim>,
+    /// Every other kind a quota counts.
+    monitor: Arc<QuotaMonitor>,
     /// Quotas whose recount came out lower: `ns/name` → (resourceVersion, first seen).
     lowering: std::sync::Mutex<HashMap<String, (String, Instant)>>,
 }
@@ -144,20 +152,9 @@ where
     store.state_filter(|o| o.meta().namespace.as_deref() == Some(ns))
 }
 
-/// The `count/<plural>[.<group>]` of a kind this controller does not watch.
-async fn count_other(ctx: &Context, ns: &str, resource: &str) -> Result<usize, ControllerError> {
-    let (plural, group) = resource.split_once('.').unwrap_or((resource, ""));
-    let version = if group.is_empty() {
-        "v1".to_string()
-    } else {
-        let g = kube::discovery::group(&ctx.client, group).await?;
-        g.preferred_version_or_latest().to_string()
-    };
-    let api_version = if group.is_empty() { version.clone() } else { format!("{group}/{version}") };
-    let ar = ApiResource { group: group.into(), version, api_version, kind: String::new(), plural: plural.into() };
-    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &ar);
-    Ok(api.list_metadata(&ListParams::default()).await.map(|l| l.items.len())?)
-}
+/// The `count/<resource>` keys counted from the informers above, not by
+/// the quota monitor.
+const INFORMED: [&str; 5] = ["pods", "services", "configmaps", "secrets", "persistentvolumeclaims"];
 
 /// Recounts `status.used`; the bool says whether any key needs the periodic resync.
 async fn used(
@@ -215,25 +212,17 @@ async fn used(
                     of_class.iter().map(|c| claim_storage(c)).fold(Amount::default(), Amount::plus)
                 }
             }
-            "replicationcontrollers" => {
-                resync = true;
-                Amount::count(count_other(ctx, ns, "replicationcontrollers").await?)
-            }
-            "resourcequotas" => {
-                resync = true;
-                Amount::count(count_other(ctx, ns, "resourcequotas").await?)
-            }
-            k if k.starts_with("count/") => {
-                resync = true;
-                match count_other(ctx, ns, &k["count/".len()..]).await {
+            k => match monitored_resource(k) {
+                Some(resource) => match ctx.monitor.count_in(resource, ns).await {
                     Ok(n) => Amount::count(n),
                     Err(e) => {
+                        resync = true;
                         tracing::debug!(key = %k, error = %e, "cannot count this resource");
                         continue;
                     }
-                }
-            }
-            _ => continue,
+                },
+                None => continue,
+            },
         };
         out.insert(key.clone(), amount.to_quantity());
     }
@@ -324,8 +313,10 @@ pub async fn run(
     let (claims, claim_events) = informers.informer::<PersistentVolumeClaim>().subscribe().into_parts();
     let queue = QueueMetrics::new("resourcequota_primary", quotas.clone());
     let (q1, q2, q3, q4, q5) = (quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone(), quotas.clone());
+    let (monitor, replenished) = QuotaMonitor::new(watch.clone(), quotas.clone());
+    let replenished = queue.triggered(tokio_stream::wrappers::UnboundedReceiverStream::new(replenished));
     let lowering = std::sync::Mutex::default();
-    let ctx = Arc::new(Context { client, pods, services, configmaps, secrets, claims, lowering });
+    let ctx = Arc::new(Context { client, pods, services, configmaps, secrets, claims, monitor, lowering });
     let results = Controller::for_stream(queue.primary(quota_events), quotas)
         .watches_shared_stream(
             pod_events,
@@ -344,6 +335,7 @@ pub async fn run(
             claim_events,
             queue.mapped(move |o: PersistentVolumeClaim| quotas_in(&q5, o.metadata.namespace.as_deref())),
         )
+        .reconcile_on(replenished)
         .run(queue.timed(reconcile), queue.retried(error_policy), ctx);
     drain("resourcequota_primary", results).await;
 }

@@ -50,22 +50,10 @@ fn tolerates(t: &Toleration, key: &str) -> bool {
     effect_ok && key_ok && value_ok
 }
 
-/// Whether the pod has not started on any node yet (a restart of ferrok
-/// must not reject the pods it already runs).
-fn never_started(pod: &Pod) -> bool {
-    let Some(status) = pod.status.as_ref() else { return true };
-    let phase_pending = status.phase.as_deref().is_none_or(|p| p == "Pending");
-    let any_started =
-        status.container_statuses.iter().chain(status.init_container_statuses.iter()).flatten().any(|c| {
-            c.state.as_ref().is_some_and(|s| s.running.is_some() || s.terminated.is_some()) || c.restart_count > 0
-        });
-    phase_pending && !any_started
-}
-
 /// Why the pod may not start under `pressure`; None to admit it.
 pub fn admit(pod: &Pod, pressure: NodePressure) -> Option<PodFailure> {
     let conds = conditions(pressure);
-    if conds.is_empty() || is_critical(pod) || !never_started(pod) {
+    if conds.is_empty() || is_critical(pod) || !pod_util::never_started(pod) {
         return None;
     }
     if conds == ["MemoryPressure"] {
@@ -82,7 +70,7 @@ pub fn admit(pod: &Pod, pressure: NodePressure) -> Option<PodFailure> {
 
 /// The pod workers' admission check, reading the pressure the eviction manager reports.
 pub fn handler(pressure: watch::Receiver<NodePressure>, events: Events) -> AdmitHandler {
-    Arc::new(move |pod: &Pod| {
+    Arc::new(move |pod: &Pod, _running: &[Arc<Pod>]| {
         let failure = admit(pod, *pressure.borrow())?;
         tracing::info!(pod = %pod_util::full_name(pod), message = %failure.message, "pod rejected under node pressure");
         events.pod(pod, EventType::Warning, REASON, &failure.message);

@@ -4,27 +4,16 @@
 //! JSON patch. A webhook behind a Service is reached at one of the
 //! Service's ready endpoints, with the Service's DNS name for TLS.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
 
 use super::Operation;
 use crate::apiserver::call::Call;
 use crate::apiserver::selector::LabelSelector;
 use crate::apiserver::status::{ApiError, ApiResult};
-
-/// Where to send a review: address to dial, TLS name and path.
-struct Target {
-    addr: String,
-    server_name: String,
-    path: String,
-}
+use crate::apiserver::webhook_client;
 
 fn matches_list(list: &Value, want: &str) -> bool {
     list.as_array().is_some_and(|a| a.iter().any(|v| v == "*" || v.as_str() == Some(want)))
@@ -65,78 +54,13 @@ async fn namespace_labels(call: &Call) -> Option<Value> {
     obj.pointer("/metadata/labels").cloned()
 }
 
-async fn target(call: &Call, client_config: &Value) -> Result<Target, String> {
-    if let Some(url) = client_config.get("url").and_then(Value::as_str) {
-        let rest = url.strip_prefix("https://").ok_or_else(|| format!("webhook URL {url:?} must be https"))?;
-        let (hostport, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, "/"),
-        };
-        let host =
-            hostport.rsplit_once(':').map(|(h, _)| h).unwrap_or(hostport).trim_start_matches('[').trim_end_matches(']');
-        let addr = if hostport.contains(':') && !hostport.ends_with(']') {
-            hostport.to_string()
-        } else {
-            format!("{hostport}:443")
-        };
-        return Ok(Target { addr, server_name: host.to_string(), path: path.to_string() });
-    }
-    let svc = client_config.get("service").ok_or("webhook has neither url nor service")?;
-    let ns = svc["namespace"].as_str().unwrap_or_default();
-    let name = svc["name"].as_str().unwrap_or_default();
-    let port = svc["port"].as_i64().unwrap_or(443);
-    let path = svc["path"].as_str().unwrap_or("/").to_string();
-    let port = crate::apiserver::service_endpoint::ServicePort::Number(port);
-    let addr = crate::apiserver::service_endpoint::resolve(&call.api.storage, ns, name, &port).await?;
-    Ok(Target { addr, server_name: format!("{name}.{ns}.svc"), path })
-}
-
-fn tls_config(ca_bundle: Option<&str>) -> Result<Arc<rustls::ClientConfig>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(b64) = ca_bundle {
-        let pem = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| format!("caBundle: {e}"))?;
-        for cert in CertificateDer::pem_slice_iter(&pem) {
-            roots.add(cert.map_err(|e| format!("caBundle: {e}"))?).map_err(|e| format!("caBundle: {e}"))?;
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(config))
-}
-
 /// POSTs a review and returns the answer's `response`.
-async fn send(target: &Target, ca_bundle: Option<&str>, review: &Value, timeout: Duration) -> Result<Value, String> {
-    let config = tls_config(ca_bundle)?;
-    let connector = tokio_rustls::TlsConnector::from(config);
-    let exchange = async {
-        let tcp = tokio::net::TcpStream::connect(&target.addr).await.map_err(|e| e.to_string())?;
-        let name = ServerName::try_from(target.server_name.clone()).map_err(|e| e.to_string())?;
-        let tls = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(conn);
-        let body = review.to_string();
-        let req = hyper::Request::post(format!("{}?timeout={}s", target.path, timeout.as_secs()))
-            .header("host", &target.server_name)
-            .header("content-type", "application/json")
-            .header("accept", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| e.to_string())?;
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-        if !status.is_success() {
-            return Err(format!("the server responded with {status}"));
-        }
-        let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("invalid AdmissionReview: {e}"))?;
-        v.get("response").cloned().ok_or_else(|| "the AdmissionReview has no response".to_string())
-    };
-    tokio::time::timeout(timeout, exchange).await.map_err(|_| "context deadline exceeded".to_string())?
+async fn send(call: &Call, client_config: &Value, review: &Value, timeout: Duration) -> Result<Value, String> {
+    let target = webhook_client::target(&call.api.storage, client_config).await.map_err(|e| e.to_string())?;
+    let ca = client_config.get("caBundle").and_then(Value::as_str);
+    let bytes = webhook_client::post(&target, ca, review, timeout).await.map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("invalid AdmissionReview: {e}"))?;
+    v.get("response").cloned().ok_or_else(|| "the AdmissionReview has no response".to_string())
 }
 
 fn review(call: &Call, obj: &Value, old: Option<&Value>, op: Operation) -> Value {
@@ -214,11 +138,7 @@ pub async fn call_all(call: &Call, mut obj: Reviewed<'_>, old: Option<&Value>, o
             }
             let fail_open = hook["failurePolicy"].as_str() == Some("Ignore");
             let timeout = Duration::from_secs(hook["timeoutSeconds"].as_u64().unwrap_or(10).clamp(1, 30));
-            let ca = hook.pointer("/clientConfig/caBundle").and_then(Value::as_str).map(str::to_string);
-            let outcome = match target(call, &hook["clientConfig"]).await {
-                Ok(t) => send(&t, ca.as_deref(), &review(call, obj.get(), old, op), timeout).await,
-                Err(e) => Err(e),
-            };
+            let outcome = send(call, &hook["clientConfig"], &review(call, obj.get(), old, op), timeout).await;
             let response = match outcome {
                 Ok(r) => r,
                 Err(e) if fail_open => {
@@ -228,15 +148,7 @@ pub async fn call_all(call: &Call, mut obj: Reviewed<'_>, old: Option<&Value>, o
                 Err(e) => return Err(ApiError::internal(format!("failed calling webhook \"{name}\": {e}"))),
             };
             if response["allowed"].as_bool() != Some(true) {
-                let code = response.pointer("/status/code").and_then(Value::as_u64).unwrap_or(403) as u16;
-                let message = response.pointer("/status/message").and_then(Value::as_str).unwrap_or_default();
-                let reason = if code == 403 { "Forbidden" } else { "BadRequest" };
-                let text = if message.is_empty() {
-                    format!("admission webhook \"{name}\" denied the request without explanation")
-                } else {
-                    format!("admission webhook \"{name}\" denied the request: {message}")
-                };
-                return Err(ApiError::new(code, reason, text));
+                return Err(denial(&name, &response["status"]));
             }
             if let Reviewed::Mutable(obj) = &mut obj {
                 if let Some(patch) = response["patch"].as_str() {
@@ -254,4 +166,41 @@ pub async fn call_all(call: &Call, mut obj: Reviewed<'_>, old: Option<&Value>, o
         }
     }
     Ok(())
+}
+
+/// A webhook's refusal as upstream's ToStatusErr makes it: the webhook's
+/// own code (400 when it gave none under 400) and reason, its message, or
+/// else its reason, after who denied the request.
+fn denial(name: &str, status: &Value) -> ApiError {
+    let code = status["code"].as_u64().and_then(|c| u16::try_from(c).ok()).filter(|c| *c >= 400).unwrap_or(400);
+    let text = |key: &str| status[key].as_str().filter(|s| !s.is_empty());
+    let denied = format!("admission webhook \"{name}\" denied the request");
+    let message = match text("message").or_else(|| text("reason")) {
+        Some(why) => format!("{denied}: {why}"),
+        None => format!("{denied} without explanation"),
+    };
+    // The reason is kept when it is one of metav1's (a free-form one, which
+    // upstream passes on as it is, is left out).
+    const REASONS: &[&str] = &[
+        "Unauthorized",
+        "Forbidden",
+        "NotFound",
+        "AlreadyExists",
+        "Conflict",
+        "Gone",
+        "Invalid",
+        "ServerTimeout",
+        "Timeout",
+        "TooManyRequests",
+        "BadRequest",
+        "MethodNotAllowed",
+        "NotAcceptable",
+        "RequestEntityTooLarge",
+        "UnsupportedMediaType",
+        "InternalError",
+        "Expired",
+        "ServiceUnavailable",
+    ];
+    let reason = text("reason").and_then(|r| REASONS.iter().find(|k| **k == r).copied()).unwrap_or("");
+    ApiError::new(code, reason, message)
 }

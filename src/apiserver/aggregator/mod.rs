@@ -115,6 +115,8 @@ pub struct Aggregator {
     discovery: RwLock<HashMap<String, Value>>,
     /// Told when the set of remotes changes (the availability check runs then).
     changed: tokio::sync::Notify,
+    /// TLS of `https:` pod and service proxies, made at the first use.
+    proxy_tls: std::sync::OnceLock<Arc<rustls::ClientConfig>>,
 }
 
 impl Aggregator {
@@ -124,6 +126,18 @@ impl Aggregator {
 
     pub fn front_proxy(&self) -> Option<&FrontProxy> {
         self.front_proxy.as_deref()
+    }
+
+    /// The TLS settings of `https:` pod and service proxies, as upstream's
+    /// proxy transport: the other side's certificate is not checked (a pod
+    /// serves whatever it likes), the front proxy's client certificate is
+    /// presented.
+    pub fn proxy_tls(&self) -> Result<Arc<rustls::ClientConfig>, AggregatorError> {
+        if let Some(c) = self.proxy_tls.get() {
+            return Ok(c.clone());
+        }
+        let config = self.tls_config(&Value::Null, true)?;
+        Ok(self.proxy_tls.get_or_init(|| config).clone())
     }
 
     /// The remote serving `group`/`version`, if another server does.

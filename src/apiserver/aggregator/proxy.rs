@@ -4,7 +4,7 @@
 //! front proxy's headers, and answered with the other server's answer
 //! (streamed, so watches pass through; upgrades spliced).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,12 +16,12 @@ use hyper::body::Incoming;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
-use serde_json::Value;
 
 use super::Remote;
 use crate::apiserver::auth::{self, User};
 use crate::apiserver::handlers::relay;
 use crate::apiserver::request::{self, ResourcePath};
+use crate::apiserver::service_endpoint::{resolve_endpoint, ServicePort, Unresolved};
 use crate::apiserver::status::ApiError;
 use crate::apiserver::Api;
 
@@ -44,61 +44,26 @@ pub struct Unreachable {
 /// the APIService names, from the Service's EndpointSlices.
 pub async fn endpoint(api: &Api, remote: &Remote) -> Result<SocketAddr, Unreachable> {
     let (ns, name) = (remote.namespace.as_str(), remote.service.as_str());
-    let service = match api.registry.get("", "v1", "services") {
-        Some(r) => api.storage.get(&r.key(Some(ns), name)).await.ok().flatten(),
-        None => None,
-    };
-    let Some(service) = service else {
-        return Err(Unreachable {
-            reason: "ServiceNotFound",
-            message: format!("service/{name} in {ns:?} is not present"),
-        });
-    };
-    let ports = service.object.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default();
-    let Some(port) = ports.iter().find(|p| p["port"].as_u64() == Some(u64::from(remote.port))) else {
-        return Err(Unreachable {
-            reason: "ServicePortError",
-            message: format!("service/{name} in {ns:?} is not listening on port {}", remote.port),
-        });
-    };
-    let port_name = port["name"].as_str().unwrap_or_default();
-    let slices = match api.registry.get("discovery.k8s.io", "v1", "endpointslices") {
-        Some(r) => api.storage.list_all(&r.list_prefix(Some(ns))).await.map(|(items, _)| items).unwrap_or_default(),
-        None => Vec::new(),
-    };
-    let slices: Vec<Value> = slices
-        .into_iter()
-        .map(|s| s.object)
-        .filter(|s| s.pointer("/metadata/labels/kubernetes.io~1service-name").and_then(Value::as_str) == Some(name))
-        .collect();
-    if slices.is_empty() {
-        return Err(Unreachable {
-            reason: "EndpointsNotFound",
-            message: format!("cannot find endpointslices for service/{name} in {ns:?}"),
-        });
-    }
-    for slice in &slices {
-        let target = slice["ports"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|p| p["name"].as_str().unwrap_or_default() == port_name)
-            .and_then(|p| p["port"].as_u64())
-            .and_then(|p| u16::try_from(p).ok());
-        let address = slice["endpoints"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|e| e.pointer("/conditions/ready").and_then(Value::as_bool) != Some(false))
-            .find_map(|e| e.pointer("/addresses/0").and_then(Value::as_str).and_then(|ip| ip.parse::<IpAddr>().ok()));
-        if let (Some(port), Some(ip)) = (target, address) {
-            return Ok(SocketAddr::new(ip, port));
+    let port = ServicePort::Number(i64::from(remote.port));
+    let unreachable = |reason, message| Unreachable { reason, message };
+    let addr = resolve_endpoint(&api.storage, ns, name, &port).await.map_err(|e| match e {
+        Unresolved::ServiceNotFound(_) => {
+            unreachable("ServiceNotFound", format!("service/{name} in {ns:?} is not present"))
         }
-    }
-    Err(Unreachable {
-        reason: "MissingEndpoints",
-        message: format!("endpointslices for service/{name} in {ns:?} have no addresses with port name {port_name:?}"),
-    })
+        Unresolved::NoPort { .. } => unreachable(
+            "ServicePortError",
+            format!("service/{name} in {ns:?} is not listening on port {}", remote.port),
+        ),
+        Unresolved::NoSlices(_) => {
+            unreachable("EndpointsNotFound", format!("cannot find endpointslices for service/{name} in {ns:?}"))
+        }
+        Unresolved::NoAddress { port_name, .. } => unreachable(
+            "MissingEndpoints",
+            format!("endpointslices for service/{name} in {ns:?} have no addresses with port name {port_name:?}"),
+        ),
+        Unresolved::Store(m) => unreachable("FailedDiscoveryCheck", m),
+    })?;
+    addr.parse().map_err(|_| unreachable("MissingEndpoints", format!("not an address: {addr}")))
 }
 
 /// Sends `req` to the remote as `user` (its name and groups in the front

@@ -1,9 +1,11 @@
 //! CustomResourceDefinitions: each served version of an established CRD
 //! becomes a resource in the registry, with a strategy built from its
-//! structural schema, printer columns and subresources. A task follows the
-//! CRDs in the store, registers and unregisters their resources, and sets
-//! their `NamesAccepted` and `Established` conditions.
+//! structural schema, printer columns and subresources, and the conversion
+//! of its objects from and to the other versions (`conversion`). A task
+//! follows the CRDs in the store, registers and unregisters their
+//! resources, and sets their `NamesAccepted` and `Established` conditions.
 
+pub mod conversion;
 pub mod schema;
 
 use std::sync::Arc;
@@ -13,8 +15,9 @@ use serde_json::{json, Value};
 use super::meta;
 use super::resource::{Resource, ScalePaths, CRUD_VERBS};
 use super::status::Cause;
+use super::storage::Storage;
 use super::storage::{Followed, Follower, ReadAt};
-use super::strategy::Strategy;
+use super::strategy::{Converter, Strategy};
 use super::table::Column;
 use super::Api;
 
@@ -37,6 +40,9 @@ pub struct CustomStrategy {
     has_status: bool,
     /// The schema as patches and managed fields walk it, built at the first write.
     patch: std::sync::OnceLock<crate::apiserver::patch_meta::SharedSchema>,
+    /// How stored objects are served, when not as they are stored (other
+    /// versions, defaults applied on read).
+    conversion: Option<conversion::CrdConversion>,
 }
 
 /// Strings in columns are leaked once per CRD version, which is bounded by
@@ -102,6 +108,10 @@ impl Strategy for CustomStrategy {
         true
     }
 
+    fn conversion(&self) -> Option<&dyn Converter> {
+        self.conversion.as_ref().map(|c| c as &dyn Converter)
+    }
+
     fn columns(&self) -> Vec<Column> {
         if self.columns.is_empty() {
             return Vec::new();
@@ -144,8 +154,9 @@ fn strs(v: Option<&Value>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The resources a CRD serves, one per served version.
-pub fn resources_of(crd: &Value) -> Vec<Resource> {
+/// The resources a CRD serves, one per served version; `storage` is where
+/// its conversion webhook's Service is looked up.
+pub fn resources_of(crd: &Value, storage: &Storage) -> Vec<Resource> {
     let spec = &crd["spec"];
     let group = spec["group"].as_str().unwrap_or_default().to_string();
     let names = &spec["names"];
@@ -157,16 +168,14 @@ pub fn resources_of(crd: &Value) -> Vec<Resource> {
     let singular = names["singular"].as_str().map(str::to_string).unwrap_or_else(|| kind.to_ascii_lowercase());
     let list_kind = names["listKind"].as_str().map(str::to_string).unwrap_or_else(|| format!("{kind}List"));
     let namespaced = spec["scope"].as_str() != Some("Cluster");
+    let versions = Arc::new(conversion::Versions::of(crd, storage.clone()));
     let mut out = Vec::new();
     for v in spec["versions"].as_array().into_iter().flatten() {
         if v["served"].as_bool() != Some(true) {
             continue;
         }
         let version = v["name"].as_str().unwrap_or_default().to_string();
-        let schema = v
-            .pointer("/schema/openAPIV3Schema")
-            .cloned()
-            .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+        let schema = conversion::version_schema(v);
         let columns = v["additionalPrinterColumns"]
             .as_array()
             .into_iter()
@@ -207,6 +216,9 @@ pub fn resources_of(crd: &Value) -> Vec<Resource> {
                 columns,
                 has_status,
                 patch: std::sync::OnceLock::new(),
+                conversion: versions
+                    .converts(&version)
+                    .then(|| conversion::CrdConversion::new(versions.clone(), &version)),
             }),
         });
     }
@@ -218,13 +230,11 @@ pub fn resources_of(crd: &Value) -> Vec<Resource> {
 async fn register(api: &Api, crd: &Value, rev: i64) {
     let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or_default().to_string();
     let plural = crd.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or_default().to_string();
-    api.registry.remove(&group, &plural);
     if crd.pointer("/metadata/deletionTimestamp").is_some() {
+        api.registry.remove(&group, &plural);
         return;
     }
-    for r in resources_of(crd) {
-        api.registry.add(r);
-    }
+    api.registry.replace(&group, &plural, resources_of(crd, &api.storage));
     establish(api, crd, rev).await;
 }
 
@@ -246,7 +256,7 @@ async fn establish(api: &Api, crd: &Value, rev: i64) {
             {"type": "NamesAccepted", "status": "True", "lastTransitionTime": now, "reason": "NoConflicts", "message": "no conflicts found"},
             {"type": "Established", "status": "True", "lastTransitionTime": now, "reason": "InitialNamesAccepted", "message": "the initial names have been accepted"},
         ],
-        "storedVersions": crd["spec"]["versions"].as_array().into_iter().flatten().filter(|v| v["storage"] == true).map(|v| v["name"].clone()).collect::<Vec<_>>(),
+        "storedVersions": crate::apiserver::kinds::stored_versions(crd),
     });
     let name = meta::name_of(crd).to_string();
     if let Err(e) = api.storage.update(&format!("{PREFIX}{name}"), &updated, rev).await {

@@ -66,13 +66,26 @@ pub fn prune(value: &mut Value, schema: &Value, path: &str, root: bool, dropped:
     }
 }
 
-/// Fills in `default`s of absent properties, depth first.
+/// Whether the schema has a `default` anywhere in its structure (the
+/// objects of a version without one are served as they are stored).
+pub fn has_defaults(schema: &Value) -> bool {
+    if schema.get("default").is_some() {
+        return true;
+    }
+    let props = schema.get("properties").and_then(Value::as_object).into_iter().flat_map(|p| p.values());
+    let nested = ["items", "additionalProperties"].into_iter().filter_map(|k| schema.get(k)).filter(|s| s.is_object());
+    props.chain(nested).any(has_defaults)
+}
+
+/// Fills in `default`s of absent properties (and of null ones the schema
+/// does not let be null), depth first.
 pub fn apply_defaults(value: &mut Value, schema: &Value) {
     match value {
         Value::Object(map) => {
             if let Some(props) = schema.get("properties").and_then(Value::as_object) {
                 for (k, ps) in props {
-                    if !map.contains_key(k) {
+                    let nullable = ps.get("nullable").and_then(Value::as_bool) == Some(true);
+                    if map.get(k).is_none_or(|v| v.is_null() && !nullable) {
                         if let Some(d) = ps.get("default") {
                             map.insert(k.clone(), d.clone());
                         }
@@ -288,5 +301,20 @@ mod tests {
         validate(&json!({"spec": {"mode": "c"}}), &schema, "", &mut causes);
         assert_eq!(causes.len(), 2);
         assert_eq!(json_path(&obj, ".spec.size"), Some(&json!(0)));
+    }
+
+    #[test]
+    fn defaults_found_anywhere_and_filling_non_nullable_nulls() {
+        let schema = json!({"type": "object", "properties": {
+            "a": {"type": "string", "default": "A"},
+            "n": {"type": "string", "nullable": true, "default": "N"},
+            "list": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "integer", "default": 1}}}}
+        }});
+        assert!(has_defaults(&schema));
+        assert!(has_defaults(&schema["properties"]["list"]));
+        assert!(!has_defaults(&json!({"type": "object", "properties": {"default": {"type": "string"}}})));
+        let mut obj = json!({"a": null, "n": null, "list": [{}, {"x": 2}]});
+        apply_defaults(&mut obj, &schema);
+        assert_eq!(obj, json!({"a": "A", "n": null, "list": [{"x": 1}, {"x": 2}]}));
     }
 }

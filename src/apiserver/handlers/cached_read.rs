@@ -90,8 +90,8 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         let head = json!({"kind": call.resource.list_kind, "apiVersion": api_version, "metadata": meta});
         let head = field_order::to_json(&head);
         let omit = call.omit;
-        let body = if !listed.iter().all(|o| o.is_in(&api_version)) {
-            let encoded = listed.iter().map(|o| served_json(call, o, &api_version, &kind, omit)).collect();
+        let body = if !listed.iter().all(|o| o.is_in(&api_version) && call.resource.serves_as_stored(o.api_version())) {
+            let encoded = served_json(call, &listed, &api_version, &kind, omit).await?;
             Body::new(ListBody::new(head.as_bytes(), ListedJson::Encoded(encoded)))
         } else if let Some(writes) = listed.shared_writes(omit) {
             Body::new(ListBody::<ListedJson>::shared(head.as_bytes(), writes))
@@ -105,17 +105,36 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
         let list = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items});
         return Ok(Some(call.respond(StatusCode::OK, &list)));
     }
-    let items = listed.iter().map(|o| call.resource.from_storage(o.value())).collect();
+    let items = call.resource.from_storage(listed.iter().map(|o| o.value()).collect()).await?;
     Ok(Some(list_response(call, items, meta)))
 }
 
-/// An object's JSON as the call serves it: the cache's, or for a resource
-/// stored in another version, its served form encoded anew.
-fn served_json(call: &Call, o: &CachedObject, api_version: &str, kind: &str, omit: Omit) -> Bytes {
-    if !call.resource.converts() {
-        return o.json_for(api_version, kind, omit);
+/// The listed objects' JSON as the call serves them: the cache's (its
+/// apiVersion set) for those served as stored, the others converted
+/// together (one conversion for the list) and encoded anew.
+async fn served_json(call: &Call, listed: &Listed, api_version: &str, kind: &str, omit: Omit) -> ApiResult<Vec<Bytes>> {
+    let r = &call.resource;
+    let converted: Vec<usize> =
+        (0..listed.len()).filter(|i| listed.get(*i).is_some_and(|o| !r.serves_as_stored(o.api_version()))).collect();
+    let values = converted.iter().filter_map(|i| listed.get(*i).map(|o| o.value())).collect();
+    let mut served = r.from_storage(values).await?.into_iter();
+    let mut next_converted = converted.into_iter().peekable();
+    let mut out = Vec::with_capacity(listed.len());
+    for (i, o) in listed.iter().enumerate() {
+        if next_converted.next_if_eq(&i).is_none() {
+            out.push(o.json_for(api_version, kind, omit));
+            continue;
+        }
+        let obj = served.next().ok_or_else(|| ApiError::internal("a conversion returned fewer objects"))?;
+        out.push(encode_served(call, obj, omit));
     }
-    let mut obj = super::read::typed(call, call.resource.from_storage(o.value()));
+    Ok(out)
+}
+
+/// An object in the call's served form as JSON, without managedFields
+/// when the reader drops them.
+fn encode_served(call: &Call, obj: Value, omit: Omit) -> Bytes {
+    let mut obj = super::read::typed(call, obj);
     if omit == Omit::ManagedFields {
         if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
             m.remove("managedFields");
@@ -195,8 +214,7 @@ pub(super) async fn watch(call: Call) -> ApiResult<Result<Response, Call>> {
         }
     };
     let render = Render {
-        // A resource stored in another version has each event converted.
-        plain: !wants_table(call.accept()) && !wants_metadata(call.accept()) && !call.resource.converts(),
+        plain: !wants_table(call.accept()) && !wants_metadata(call.accept()),
         metadata_only: wants_metadata(call.accept()),
         as_table: wants_table(call.accept()),
         api_version: call.resource.api_version(),
@@ -204,11 +222,13 @@ pub(super) async fn watch(call: Call) -> ApiResult<Result<Response, Call>> {
         omit: call.omit,
         call: Arc::new(call),
     };
-    let mut first: Vec<Bytes> = registered.initial.iter().map(|o| render.added(o)).collect();
+    let mut first = render.initial(&registered.initial).await?;
     if p.send_initial == Some(true) {
         first.push(render.bookmark(registered.rev, true));
     }
-    first.extend(registered.replay.iter().map(|(t, ev)| render.event(*t, ev)));
+    for (t, ev) in &registered.replay {
+        first.push(render.event(*t, ev).await?);
+    }
     let body = lines(first, registered.inbox, render, tokio::time::sleep(p.timeout));
     Ok(Ok(streamed(Body::from_stream(body))))
 }
@@ -220,7 +240,8 @@ fn streamed(body: Body) -> Response {
 
 /// How one watcher's events are written.
 struct Render {
-    /// Plain JSON: the cache's shared lines are sent as they are.
+    /// Plain JSON: the cache's shared lines are sent as they are for the
+    /// objects served as stored (the others are converted, one by one).
     plain: bool,
     /// PartialObjectMetadata: only the metadata is decoded.
     metadata_only: bool,
@@ -232,24 +253,46 @@ struct Render {
 }
 
 impl Render {
-    fn added(&self, obj: &CachedObject) -> Bytes {
-        if self.plain {
-            return obj.event_line(EventType::Added, &self.api_version, &self.kind, self.omit);
-        }
-        if self.metadata_only {
-            return partial_event_line(EventType::Added, obj.metadata_slices(self.omit));
-        }
-        self.value_line(EventType::Added, obj.value())
+    /// Whether `obj`'s line is the cache's own.
+    fn as_cached(&self, obj: &CachedObject) -> bool {
+        self.plain && self.call.resource.serves_as_stored(obj.api_version())
     }
 
-    fn event(&self, as_type: EventType, ev: &crate::apiserver::watch_cache::object::CachedEvent) -> Bytes {
-        if self.plain {
-            return ev.line(as_type, &self.api_version, &self.kind, self.omit);
+    /// The ADDED lines a watch starts with; the objects that need it are
+    /// converted together.
+    async fn initial(&self, objects: &[Arc<CachedObject>]) -> ApiResult<Vec<Bytes>> {
+        if self.metadata_only {
+            let line = |o: &Arc<CachedObject>| partial_event_line(EventType::Added, o.metadata_slices(self.omit));
+            return Ok(objects.iter().map(line).collect());
+        }
+        let converted = objects.iter().filter(|o| !self.as_cached(o)).map(|o| o.value()).collect();
+        let mut served = self.call.resource.from_storage(converted).await?.into_iter();
+        let mut out = Vec::with_capacity(objects.len());
+        for obj in objects {
+            if self.as_cached(obj) {
+                out.push(obj.event_line(EventType::Added, &self.api_version, &self.kind, self.omit));
+                continue;
+            }
+            let value = served.next().ok_or_else(|| ApiError::internal("a conversion returned fewer objects"))?;
+            out.push(self.value_line(EventType::Added, value));
+        }
+        Ok(out)
+    }
+
+    async fn event(
+        &self,
+        as_type: EventType,
+        ev: &crate::apiserver::watch_cache::object::CachedEvent,
+    ) -> ApiResult<Bytes> {
+        if self.as_cached(&ev.object) {
+            return Ok(ev.line(as_type, &self.api_version, &self.kind, self.omit));
         }
         if self.metadata_only {
-            return partial_event_line(as_type, ev.object.metadata_slices(self.omit));
+            return Ok(partial_event_line(as_type, ev.object.metadata_slices(self.omit)));
         }
-        self.value_line(as_type, ev.object.value())
+        let mut served = self.call.resource.from_storage(vec![ev.object.value()]).await?;
+        let value = served.pop().ok_or_else(|| ApiError::internal("a conversion returned no object"))?;
+        Ok(self.value_line(as_type, value))
     }
 
     fn value_line(&self, as_type: EventType, obj: Value) -> Bytes {
@@ -257,10 +300,10 @@ impl Render {
         line_of(&v)
     }
 
-    fn delivery(&self, d: Delivery) -> Bytes {
+    async fn delivery(&self, d: Delivery) -> ApiResult<Bytes> {
         match d {
-            Delivery::Event(t, ev) => self.event(t, &ev),
-            Delivery::Bookmark(rev) => self.bookmark(rev, false),
+            Delivery::Event(t, ev) => self.event(t, &ev).await,
+            Delivery::Bookmark(rev) => Ok(self.bookmark(rev, false)),
         }
     }
 
@@ -276,7 +319,9 @@ fn line_of(v: &Value) -> Bytes {
 }
 
 /// The watch's body: what was sent first, then the inbox, until the
-/// timeout or until the cache ends the watcher.
+/// timeout or until the cache ends the watcher; an event that cannot be
+/// put in the served form (a failing conversion webhook) ends it with an
+/// ERROR event.
 fn lines(
     first: Vec<Bytes>,
     inbox: Inbox,
@@ -288,29 +333,54 @@ fn lines(
         inbox: Inbox,
         render: Render,
         deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+        failed: bool,
     }
-    let state = State { first: coalesce(first).into_iter(), inbox, render, deadline: Box::pin(deadline) };
+    let state =
+        State { first: coalesce(first).into_iter(), inbox, render, deadline: Box::pin(deadline), failed: false };
     futures_util::stream::unfold(state, |mut st| async move {
         if let Some(b) = st.first.next() {
             return Some((Ok(b), st));
+        }
+        if st.failed {
+            return None;
         }
         let item = tokio::select! {
             _ = &mut st.deadline => None,
             d = st.inbox.recv() => d,
         }?;
-        let first = st.render.delivery(item);
+        let first = match st.render.delivery(item).await {
+            Ok(line) => line,
+            Err(e) => {
+                st.failed = true;
+                return Some((Ok(error_line(e)), st));
+            }
+        };
         // Events that arrived together leave together: one write (one TLS
         // record, one frame) for a burst instead of one per event.
-        let Some(next) = st.inbox.try_recv() else { return Some((Ok(first), st)) };
+        let Some(second) = st.inbox.try_recv() else { return Some((Ok(first), st)) };
         let mut out = Vec::with_capacity(first.len() * 2);
         out.extend_from_slice(&first);
-        out.extend_from_slice(&st.render.delivery(next));
-        while out.len() < COALESCE_BYTES {
-            let Some(d) = st.inbox.try_recv() else { break };
-            out.extend_from_slice(&st.render.delivery(d));
+        let mut next = Some(second);
+        while let Some(d) = next.take() {
+            match st.render.delivery(d).await {
+                Ok(line) => out.extend_from_slice(&line),
+                Err(e) => {
+                    out.extend_from_slice(&error_line(e));
+                    st.failed = true;
+                    break;
+                }
+            }
+            if out.len() < COALESCE_BYTES {
+                next = st.inbox.try_recv();
+            }
         }
         Some((Ok(Bytes::from(out)), st))
     })
+}
+
+/// The ERROR event that ends a watch.
+fn error_line(e: ApiError) -> Bytes {
+    line_of(&json!({"type": "ERROR", "object": e.to_status()}))
 }
 
 /// Lines joined into writes of about `COALESCE_BYTES`.

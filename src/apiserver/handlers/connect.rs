@@ -4,15 +4,17 @@
 //! node and container are checked here; the stream itself, whatever
 //! protocol the client speaks, is passed through to the kubelet.
 
-use axum::body::Bytes;
-use axum::http::Method;
+use axum::body::{Body, Bytes};
+use axum::http::{Method, StatusCode};
 use axum::response::Response;
+use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
 use super::relay;
 use crate::apiserver::call::Call;
 use crate::apiserver::kubelet::{node_endpoint, KubeletConnector};
 use crate::apiserver::status::{ApiError, ApiResult};
+use crate::websocket;
 
 /// PodLogOptions the kubelet takes, passed on as given.
 const LOG_OPTIONS: &[&str] =
@@ -87,8 +89,9 @@ fn query_keeping(call: &Call, keep: impl Fn(&str) -> bool) -> String {
     }
 }
 
-/// `pods/log`: the kubelet's containerLogs, streamed.
-pub async fn pod_log(call: &Call) -> ApiResult<Response> {
+/// `pods/log`: the kubelet's containerLogs, streamed; over a WebSocket
+/// when the request is one (upstream's StreamObject).
+pub async fn pod_log(call: &mut Call) -> ApiResult<Response> {
     let pod = call.load_object().await?.object;
     let (node, container) = pod_target(&pod, call.param("container"))?;
     let ns = call.namespace().unwrap_or_default();
@@ -101,8 +104,35 @@ pub async fn pod_log(call: &Call) -> ApiResult<Response> {
     if !resp.status().is_success() {
         return Err(relay::error_of(resp).await);
     }
+    if websocket::is_websocket_request(&call.headers) {
+        return stream_over_websocket(call, Body::new(resp.into_body()));
+    }
     let mut out = relay::answer(resp, None);
     out.headers_mut().insert(axum::http::header::CONTENT_TYPE, "text/plain".parse().expect("static header"));
+    Ok(out)
+}
+
+/// Answers a WebSocket handshake with 101 and sends `body` on the upgraded
+/// connection as messages of the subprotocol the client chose (upstream's
+/// `wsstream.NewReader` with its default reader protocols).
+fn stream_over_websocket(call: &mut Call, body: Body) -> ApiResult<Response> {
+    websocket::check_handshake(&call.headers).map_err(ApiError::bad_request)?;
+    let offered = websocket::offered_protocols(&call.headers);
+    let supported = websocket::READER_PROTOCOLS;
+    let protocol = websocket::select_protocol(&offered, supported).ok_or_else(|| {
+        ApiError::forbidden(format!("requested protocol(s) are not supported: {offered:?}; supports {supported:?}"))
+    })?;
+    let upgrade = call.upgrade.take().ok_or_else(|| ApiError::bad_request("this connection cannot be upgraded"))?;
+    let base64_text = protocol == websocket::BASE64_BINARY;
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(io) => websocket::send_stream(TokioIo::new(io), body, base64_text).await,
+            Err(e) => tracing::debug!(error = %e, "the log's websocket upgrade failed"),
+        }
+    });
+    let mut out = Response::new(Body::empty());
+    *out.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    websocket::accept_headers(&call.headers, &protocol, out.headers_mut());
     Ok(out)
 }
 

@@ -68,10 +68,13 @@ pub async fn delete_object(call: &Call, mut old: Stored, opts: &Value) -> ApiRes
 }
 
 /// What a write to the store failed with, for one attempt of a delete.
-fn attempt_error(call: &Call, name: &str, e: WriteError) -> Attempt {
+async fn attempt_error(call: &Call, name: &str, e: WriteError) -> Attempt {
     match e {
         // The newer object as the call serves it (stored in another version or not).
-        WriteError::Changed(Some(current)) => Attempt::Changed(call.served(current)),
+        WriteError::Changed(Some(current)) => match call.served(current).await {
+            Ok(current) => Attempt::Changed(current),
+            Err(e) => Attempt::Failed(e),
+        },
         other => Attempt::Failed(write_error(call, name, other)),
     }
 }
@@ -130,7 +133,9 @@ async fn delete_once(call: &Call, old: Stored, opts: &Value) -> Result<(StatusCo
     if !graceful {
         if !call.dry_run() {
             let key = r.key(meta::namespace_of(&old.object), &name);
-            call.api.storage.delete(&key, old.rev).await.map_err(|e| attempt_error(call, &name, e))?;
+            if let Err(e) = call.api.storage.delete(&key, old.rev).await {
+                return Err(attempt_error(call, &name, e).await);
+            }
         }
         return Ok((StatusCode::OK, typed(call, old.object)));
     }
@@ -158,13 +163,11 @@ async fn delete_once(call: &Call, old: Stored, opts: &Value) -> Result<(StatusCo
         return Ok((StatusCode::OK, typed(call, new)));
     }
     let key = r.key(meta::namespace_of(&old.object), &name);
-    let stored_form = r.converts().then(|| r.to_storage(new.clone()));
-    let rev = call
-        .api
-        .storage
-        .update(&key, stored_form.as_ref().unwrap_or(&new), old.rev)
-        .await
-        .map_err(|e| attempt_error(call, &name, e))?;
+    let stored_form = r.to_storage(&new).await?;
+    let rev = match call.api.storage.update(&key, stored_form.as_ref().unwrap_or(&new), old.rev).await {
+        Ok(rev) => rev,
+        Err(e) => return Err(attempt_error(call, &name, e).await),
+    };
     set_resource_version(&mut new, rev);
     Ok((StatusCode::OK, typed(call, new)))
 }
@@ -186,14 +189,15 @@ pub async fn delete_collection(call: &mut Call, body: Bytes) -> ApiResult<Respon
     )?;
     let prefix = call.resource.list_prefix(call.namespace());
     let (items, _) = call.api.storage.list_all(&prefix).await?;
+    // Selectors read the served form.
+    let served = call.served_all(items).await?;
+    let picked = served.into_iter().filter(|s| labels.matches_object(&s.object) && fields.matches(&s.object));
     let mut deleted = Vec::new();
-    for stored in items.into_iter().map(|s| call.served(s)) {
-        if labels.matches_object(&stored.object) && fields.matches(&stored.object) {
-            match delete_object(call, stored, &opts).await {
-                Ok((_, obj)) => deleted.push(obj),
-                Err(e) if e.code == 404 || e.code == 409 => {}
-                Err(e) => return Err(e),
-            }
+    for stored in picked {
+        match delete_object(call, stored, &opts).await {
+            Ok((_, obj)) => deleted.push(obj),
+            Err(e) if e.code == 404 || e.code == 409 => {}
+            Err(e) => return Err(e),
         }
     }
     let r = &call.resource;

@@ -89,6 +89,15 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
         return computed::serve(&mut call, verb).await;
     }
     if r.ephemeral {
+        // Nothing of these converts to a Table (upstream's storage has no
+        // TableConvertor): a client that will take only a Table gets 406.
+        if crate::apiserver::table::only_table_accepted(call.accept()) {
+            return Err(ApiError::new(
+                406,
+                "NotAcceptable",
+                "only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf",
+            ));
+        }
         return match verb {
             // The legacy `bindings` collection: pods/binding of the pod the body names.
             "create" if r.group.is_empty() && r.plural == "bindings" => binding::bind_named(&mut call, body).await,
@@ -102,7 +111,7 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
             read::get(&call).await
         }
         ("get", Some("scale")) => read::get_scale(&call).await,
-        ("get", Some("log")) => connect::pod_log(&call).await,
+        ("get", Some("log")) => connect::pod_log(&mut call).await,
         ("get" | "create", Some("exec" | "attach" | "portforward")) => connect::pod_stream(&mut call, &method).await,
         (_, Some("proxy")) if r.plural == "nodes" => connect::node_proxy(&mut call, &method, body).await,
         (_, Some("proxy")) if r.plural == "pods" => proxy::pod_proxy(&mut call, &method, body).await,

@@ -1,9 +1,11 @@
 //! `pods/proxy` and `services/proxy` (upstream's ProxyREST for pods and
-//! services): a request to `…/pods/NAME[:PORT]/proxy/PATH` or
-//! `…/services/NAME[:PORT]/proxy/PATH` goes over plain HTTP to the pod's IP,
-//! or to a ready endpoint of the Service, and the answer comes back as is
-//! (WebSocket upgrades included). This is what `kubectl proxy` users open
-//! in a browser.
+//! services): a request to `…/pods/[SCHEME:]NAME[:PORT]/proxy/PATH` or
+//! `…/services/[SCHEME:]NAME[:PORT]/proxy/PATH` goes to the pod's IP, or to
+//! a ready endpoint of the Service, over plain HTTP or, for `https:`, over
+//! TLS as upstream's proxy transport does (the other side's certificate not
+//! checked, the front proxy's client certificate presented), and the answer
+//! comes back as is (WebSocket upgrades included). This is what `kubectl
+//! proxy` users open in a browser.
 
 use axum::body::Bytes;
 use axum::http::Method;
@@ -18,23 +20,30 @@ use crate::apiserver::status::{ApiError, ApiResult};
 
 const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn plain_http_only(scheme: &str) -> ApiResult<()> {
+/// Whether the scheme asks for TLS; an unknown one is refused.
+fn uses_tls(scheme: &str) -> ApiResult<bool> {
     match scheme {
-        "" | "http" => Ok(()),
-        other => Err(ApiError::bad_request(format!("unsupported scheme {other:?}: ferrok proxies plain HTTP only"))),
+        "" | "http" => Ok(false),
+        "https" => Ok(true),
+        other => Err(ApiError::bad_request(format!("unsupported scheme {other:?}: use http or https"))),
     }
 }
 
 /// The port a pod proxy names: a number, a container port's name, or 80.
 fn pod_port(pod: &Value, port: Option<&str>) -> ApiResult<u16> {
-    let Some(p) = port else { return Ok(80) };
+    let containers = || pod.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten();
+    // No port named: the first port of the first container that declares
+    // one, else 80 (upstream's pod ResourceLocation).
+    let Some(p) = port else {
+        let first = containers()
+            .find_map(|c| c.pointer("/ports/0/containerPort").and_then(Value::as_u64))
+            .and_then(|n| u16::try_from(n).ok());
+        return Ok(first.unwrap_or(80));
+    };
     if let Ok(n) = p.parse::<u16>() {
         return Ok(n);
     }
-    pod.pointer("/spec/containers")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+    containers()
         .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
         .find(|cp| cp["name"].as_str() == Some(p))
         .and_then(|cp| cp["containerPort"].as_u64())
@@ -45,7 +54,7 @@ fn pod_port(pod: &Value, port: Option<&str>) -> ApiResult<u16> {
 pub async fn pod_proxy(call: &mut Call, method: &Method, body: Bytes) -> ApiResult<Response> {
     let target = call.path.name.clone().unwrap_or_default();
     let (scheme, name, port) = split_proxy_name(&target);
-    plain_http_only(scheme)?;
+    let tls = uses_tls(scheme)?;
     let key = call.resource.key(call.namespace(), name);
     let pod = call.api.storage.get(&key).await?.ok_or_else(|| ApiError::not_found("", "pods", name))?.object;
     let ip = pod
@@ -55,13 +64,13 @@ pub async fn pod_proxy(call: &mut Call, method: &Method, body: Bytes) -> ApiResu
         .ok_or_else(|| ApiError::service_unavailable(format!("address not allowed: pod {name} has no IP")))?;
     let port = pod_port(&pod, port)?;
     let addr = if ip.contains(':') { format!("[{ip}]:{port}") } else { format!("{ip}:{port}") };
-    forward(call, method, body, &addr).await
+    forward(call, method, body, &addr, tls).await
 }
 
 pub async fn service_proxy(call: &mut Call, method: &Method, body: Bytes) -> ApiResult<Response> {
     let target = call.path.name.clone().unwrap_or_default();
     let (scheme, name, port) = split_proxy_name(&target);
-    plain_http_only(scheme)?;
+    let tls = uses_tls(scheme)?;
     let ns = call.namespace().unwrap_or_default();
     let port = ServicePort::parse(port.unwrap_or_default());
     let addr = resolve(&call.api.storage, ns, name, &port).await.map_err(|e| {
@@ -71,10 +80,10 @@ pub async fn service_proxy(call: &mut Call, method: &Method, body: Bytes) -> Api
             ApiError::service_unavailable(e)
         }
     })?;
-    forward(call, method, body, &addr).await
+    forward(call, method, body, &addr, tls).await
 }
 
-async fn forward(call: &mut Call, method: &Method, body: Bytes, addr: &str) -> ApiResult<Response> {
+async fn forward(call: &mut Call, method: &Method, body: Bytes, addr: &str, tls: bool) -> ApiResult<Response> {
     let unreachable =
         |e: &dyn std::fmt::Display| ApiError::service_unavailable(format!("error trying to reach {addr}: {e}"));
     let path = call.path.proxy_path.clone().unwrap_or_else(|| "/".into());
@@ -90,13 +99,31 @@ async fn forward(call: &mut Call, method: &Method, body: Bytes, addr: &str) -> A
         .await
         .map_err(|_| unreachable(&"i/o timeout"))?
         .map_err(|e| unreachable(&e))?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await.map_err(|e| unreachable(&e))?;
+    let resp = if tls {
+        let ip: std::net::IpAddr = tcp.peer_addr().map_err(|e| unreachable(&e))?.ip();
+        let config = call.api.aggregator.proxy_tls().map_err(|e| unreachable(&e))?;
+        let stream = tokio_rustls::TlsConnector::from(config)
+            .connect(rustls::pki_types::ServerName::IpAddress(ip.into()), tcp)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        exchange(stream, req).await.map_err(|e| unreachable(&e))?
+    } else {
+        exchange(tcp, req).await.map_err(|e| unreachable(&e))?
+    };
+    Ok(relay::answer(resp, call.upgrade.take()))
+}
+
+/// One request on a new HTTP/1.1 connection over `io`, kept open for any
+/// upgrade it leads to.
+async fn exchange<T>(io: T, req: hyper::Request<axum::body::Body>) -> hyper::Result<hyper::Response<hyper::body::Incoming>>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await?;
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
     });
-    let resp = sender.send_request(req).await.map_err(|e| unreachable(&e))?;
-    Ok(relay::answer(resp, call.upgrade.take()))
+    sender.send_request(req).await
 }
 
 #[cfg(test)]
@@ -107,7 +134,10 @@ mod tests {
     #[test]
     fn pod_ports_by_number_name_or_default() {
         let pod = json!({"spec": {"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]}});
-        assert_eq!(pod_port(&pod, None).unwrap(), 80);
+        assert_eq!(pod_port(&pod, None).unwrap(), 8080);
+        let portless = json!({"spec": {"containers": [{"name": "a"}, {"name": "b", "ports": [{"containerPort": 9}]}]}});
+        assert_eq!(pod_port(&portless, None).unwrap(), 9);
+        assert_eq!(pod_port(&json!({"spec": {"containers": [{"name": "a"}]}}), None).unwrap(), 80);
         assert_eq!(pod_port(&pod, Some("9000")).unwrap(), 9000);
         assert_eq!(pod_port(&pod, Some("http")).unwrap(), 8080);
         assert_eq!(pod_port(&pod, Some("nope")).unwrap_err().code, 400);

@@ -180,7 +180,9 @@ pub async fn list(call: &Call) -> ApiResult<Response> {
         list_rev = page.rev;
         remaining = page.remaining;
         next = page.next_key;
-        for stored in page.items.into_iter().map(|s| call.served(s)) {
+        // Selectors read the served form (an events.k8s.io Event's
+        // `reportingController` is its stored `reportingComponent`).
+        for stored in call.served_all(page.items).await? {
             if !filters.matches(&stored.object) {
                 continue;
             }
@@ -241,9 +243,9 @@ pub(super) fn list_response(call: &Call, items: Vec<Value>, meta: Value) -> Resp
     call.respond(StatusCode::OK, &list)
 }
 
-/// A watch event of a stored object (in the call's served form).
+/// A watch event of an object in the call's served form.
 pub(super) fn event(call: &Call, kind: &str, obj: Value, as_table: bool) -> Value {
-    let obj = typed(call, call.resource.from_storage(obj));
+    let obj = typed(call, obj);
     if wants_metadata(call.accept()) {
         return json!({"type": kind, "object": partial(&obj)});
     }
@@ -316,6 +318,37 @@ impl WatchParams {
     }
 }
 
+/// What a watch from the store sends of one change, in the served form.
+enum Picked {
+    Bookmark(i64),
+    Event(&'static str, crate::apiserver::storage::Stored),
+}
+
+/// What a selecting watch sends of a modified object: ADDED when it
+/// enters the selection, DELETED when it leaves it.
+async fn modified(
+    call: &Call,
+    filters: &Filters,
+    new: crate::apiserver::storage::Stored,
+    old: Option<crate::apiserver::storage::Stored>,
+) -> ApiResult<Option<Picked>> {
+    let new = call.served(new).await?;
+    let now = filters.matches(&new.object);
+    if filters.is_empty() {
+        return Ok(Some(Picked::Event("MODIFIED", new)));
+    }
+    let before = match old {
+        Some(o) => filters.matches(&call.served(o).await?.object),
+        None => false,
+    };
+    Ok(match (before, now) {
+        (false, true) => Some(Picked::Event("ADDED", new)),
+        (true, true) => Some(Picked::Event("MODIFIED", new)),
+        (true, false) => Some(Picked::Event("DELETED", new)),
+        (false, false) => None,
+    })
+}
+
 /// A streamed watch: JSON lines of `{"type": ..., "object": ...}`.
 pub async fn watch(call: Call) -> ApiResult<Response> {
     let call = match super::cached_read::watch(call).await? {
@@ -333,11 +366,16 @@ pub async fn watch(call: Call) -> ApiResult<Response> {
         None => {
             // The key of one object is also a prefix of longer names: filter by name.
             let (items, rev) = call.api.storage.list_all(&key).await?;
-            for s in items {
-                let matches_name = single
-                    .as_deref()
-                    .is_none_or(|n| s.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n));
-                if matches_name && filters.matches(&s.object) {
+            let named: Vec<_> = items
+                .into_iter()
+                .filter(|s| {
+                    single.as_deref().is_none_or(|n| s.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n))
+                })
+                .collect();
+            // Selectors read the served form (an events.k8s.io Event's
+            // `regarding.name` is its stored `involvedObject.name`).
+            for s in call.served_all(named).await? {
+                if filters.matches(&s.object) {
                     initial.push(event(&call, "ADDED", s.object, as_table));
                 }
             }
@@ -353,33 +391,36 @@ pub async fn watch(call: Call) -> ApiResult<Response> {
     let decoding = if filters.is_empty() { Decoding::NEW } else { Decoding::NEW_AND_OLD };
     let changes = call.api.storage.watch(&key, exact, start, progress_every, decoding).await?;
     let call = std::sync::Arc::new(call);
-    let lines = futures_util::stream::iter(initial.into_iter().map(Ok::<Value, ApiError>)).chain(changes.filter_map(
-        move |change| {
-            let call = call.clone();
-            let filters_ok = |o: &Value| filters.matches(o);
-            let out = match change {
-                Err(e) => Some(Ok(json!({"type": "ERROR", "object": e.to_status()}))),
-                Ok(Change::Progress(rev)) => bookmarks.then(|| Ok(bookmark(&call, rev, false))),
-                Ok(Change::Added(s)) => filters_ok(&s.object).then(|| Ok(event(&call, "ADDED", s.object, as_table))),
+    let filters = std::sync::Arc::new(filters);
+    let picked = changes.then(move |change| {
+        let call = call.clone();
+        let filters = filters.clone();
+        async move {
+            // Selectors read the served form (an events.k8s.io Event's
+            // `regarding.name` is its stored `involvedObject.name`).
+            let picked = match change {
+                Err(e) => Err(e),
+                Ok(Change::Progress(rev)) => Ok(bookmarks.then(|| Picked::Bookmark(rev))),
+                Ok(Change::Added(s)) => {
+                    let s = call.served(s).await;
+                    s.map(|s| filters.matches(&s.object).then_some(Picked::Event("ADDED", s)))
+                }
                 Ok(Change::Deleted(s)) => {
-                    filters_ok(&s.object).then(|| Ok(event(&call, "DELETED", s.object, as_table)))
+                    let s = call.served(s).await;
+                    s.map(|s| filters.matches(&s.object).then_some(Picked::Event("DELETED", s)))
                 }
-                Ok(Change::Modified { new, old }) => {
-                    let now = filters_ok(&new.object);
-                    let before = old.as_ref().is_some_and(|o| filters_ok(&o.object));
-                    match (before, now) {
-                        (_, true) if !before && !filters.is_empty() => {
-                            Some(Ok(event(&call, "ADDED", new.object, as_table)))
-                        }
-                        (_, true) => Some(Ok(event(&call, "MODIFIED", new.object, as_table))),
-                        (true, false) => Some(Ok(event(&call, "DELETED", new.object, as_table))),
-                        (false, false) => None,
-                    }
-                }
+                Ok(Change::Modified { new, old }) => modified(&call, &filters, new, old).await,
             };
-            std::future::ready(out)
-        },
-    ));
+            match picked {
+                Err(e) => Some(json!({"type": "ERROR", "object": e.to_status()})),
+                Ok(None) => None,
+                Ok(Some(Picked::Bookmark(rev))) => Some(bookmark(&call, rev, false)),
+                Ok(Some(Picked::Event(kind, s))) => Some(event(&call, kind, s.object, as_table)),
+            }
+        }
+    });
+    let lines = futures_util::stream::iter(initial.into_iter().map(Ok::<Value, ApiError>))
+        .chain(picked.filter_map(|line| std::future::ready(line.map(Ok))));
     // End the stream with the timeout, and after an ERROR event.
     let deadline = tokio::time::sleep(timeout);
     let body = async_stream_lines(lines, deadline);

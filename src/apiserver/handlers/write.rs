@@ -287,13 +287,32 @@ impl Written {
 }
 
 /// The bytes `obj` is stored as: its own, or its storage form's when the
-/// resource is stored in another version (whose answer is then encoded
-/// from `obj`, not from these bytes).
-fn encode_for_storage(call: &Call, obj: &Value) -> ApiResult<Encoded> {
-    if call.resource.converts() {
-        return Encoded::of(&call.resource.to_storage(obj.clone()));
+/// resource is stored in another version (that form is given back too).
+async fn encode_for_storage(call: &Call, obj: &Value) -> ApiResult<(Encoded, Option<Value>)> {
+    match call.resource.to_storage(obj).await? {
+        Some(stored) => Ok((Encoded::of(&stored)?, Some(stored))),
+        None => Ok((Encoded::of(obj)?, None)),
     }
-    Encoded::of(obj)
+}
+
+/// What a write answers: the object written, from the bytes stored when
+/// they are its own; an object stored in another version is read back
+/// from its storage form, as upstream decodes what it stored (a
+/// conversion that loses a field shows in the answer).
+async fn written(
+    call: &Call,
+    code: StatusCode,
+    mut obj: Value,
+    encoded: Encoded,
+    converted: Option<Value>,
+    rev: i64,
+) -> ApiResult<Written> {
+    let Some(stored_form) = converted else {
+        set_resource_version(&mut obj, rev);
+        return Ok(Written { code, object: obj, stored: Some((encoded, rev)) });
+    };
+    let served = call.served(Stored { object: stored_form, rev }).await?;
+    Ok(Written { code, object: served.object, stored: None })
 }
 
 /// Stores a prepared new object (retrying generated names that collide).
@@ -307,13 +326,9 @@ pub async fn store_new(call: &Call, mut obj: Value, name_from: NewName) -> ApiRe
     for _ in 0..8 {
         let name = name_of(&obj).to_string();
         let key = r.key(meta::namespace_of(&obj), &name);
-        let encoded = encode_for_storage(call, &obj)?;
+        let (encoded, converted) = encode_for_storage(call, &obj).await?;
         match call.api.storage.create_encoded(&key, encoded.bytes.clone()).await {
-            Ok(rev) => {
-                set_resource_version(&mut obj, rev);
-                let stored = (!r.converts()).then_some((encoded, rev));
-                return Ok(Written { code: StatusCode::CREATED, object: obj, stored });
-            }
+            Ok(rev) => return written(call, StatusCode::CREATED, obj, encoded, converted, rev).await,
             Err(WriteError::Exists) => {
                 let prefix = obj.pointer("/metadata/generateName").and_then(Value::as_str).map(str::to_string);
                 match prefix {
@@ -361,12 +376,30 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
         new = r.strategy.subresource_update(sub, new, old);
     }
     if status_only {
-        // Only status (and, as upstream allows, labels and annotations) change.
+        // Only the status changes, and for a built-in kind its metadata
+        // too (labels, annotations, finalizers: upstream's status
+        // strategies reset the spec and a few metadata fields only); a
+        // custom resource's metadata stays as it was, as upstream's.
         let mut merged = old.clone();
         merged["status"] = new.get("status").cloned().unwrap_or(Value::Null);
         if let Some(m) = merged.as_object_mut() {
             if m.get("status").is_some_and(Value::is_null) {
                 m.remove("status");
+            }
+        }
+        if !r.strategy.is_custom() {
+            if let Some(mut meta) = new.get("metadata").cloned() {
+                for field in status_keeps_metadata(&r.group, &r.kind) {
+                    match old.pointer(&format!("/metadata/{field}")) {
+                        Some(v) => meta[*field] = v.clone(),
+                        None => {
+                            if let Some(m) = meta.as_object_mut() {
+                                m.remove(*field);
+                            }
+                        }
+                    }
+                }
+                merged["metadata"] = meta;
             }
         }
         // What else the kind's status (or a CSR's approval) keeps of the old object.
@@ -409,6 +442,16 @@ pub async fn admit_update(call: &mut Call, mut new: Value, old: &Value) -> ApiRe
     validate(call, &mut new, Some(old))?;
     admission::validate(call, &new, Some(old), Operation::Update).await?;
     Ok(new)
+}
+
+/// The metadata fields a status update of a built-in kind cannot change
+/// (upstream's status strategies: a pod's owners, a Deployment's labels).
+fn status_keeps_metadata(group: &str, kind: &str) -> &'static [&'static str] {
+    match (group, kind) {
+        ("", "Pod") => &["ownerReferences"],
+        ("apps", "Deployment") => &["labels"],
+        _ => &[],
+    }
 }
 
 /// What `store_update` did.
@@ -460,13 +503,9 @@ async fn write_update(call: &Call, mut new: Value, old: &Stored, origin: Origin)
         }
         return Ok(Updated::Done(Written::unstored(StatusCode::OK, old.object.clone())));
     }
-    let encoded = encode_for_storage(call, &new)?;
+    let (encoded, converted) = encode_for_storage(call, &new).await?;
     match call.api.storage.update_encoded(&key, encoded.bytes.clone(), old.rev).await {
-        Ok(rev) => {
-            set_resource_version(&mut new, rev);
-            let stored = (!r.converts()).then_some((encoded, rev));
-            Ok(Updated::Done(Written { code: StatusCode::OK, object: new, stored }))
-        }
+        Ok(rev) => Ok(Updated::Done(written(call, StatusCode::OK, new, encoded, converted, rev).await?)),
         Err(e) => Err(write_error(call, &name, e)),
     }
 }

@@ -32,6 +32,13 @@ struct Inner {
     order: Vec<Arc<Resource>>,
 }
 
+impl Inner {
+    fn remove(&mut self, group: &str, plural: &str) {
+        self.order.retain(|o| !(o.group == group && o.plural == plural));
+        self.by_path.retain(|(g, _, p), _| !(g == group && p == plural));
+    }
+}
+
 impl Registry {
     /// The built-in resources of Kubernetes v1.33 that ferrok serves.
     pub fn builtin() -> Registry {
@@ -84,8 +91,21 @@ impl Registry {
     pub fn remove(&self, group: &str, plural: &str) {
         self.changed();
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        inner.order.retain(|o| !(o.group == group && o.plural == plural));
-        inner.by_path.retain(|(g, _, p), _| !(g == group && p == plural));
+        inner.remove(group, plural);
+    }
+
+    /// Serves `resources` instead of every version of `group`/`plural`, in
+    /// one step: a request never finds the resource missing in between (a
+    /// CRD's update re-registers its versions).
+    pub fn replace(&self, group: &str, plural: &str, resources: Vec<Resource>) {
+        self.changed();
+        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        inner.remove(group, plural);
+        for r in resources {
+            let r = Arc::new(r);
+            inner.order.push(r.clone());
+            inner.by_path.insert((r.group.clone(), r.version.clone(), r.plural.clone()), r);
+        }
     }
 
     pub fn get(&self, group: &str, version: &str, plural: &str) -> Option<Arc<Resource>> {

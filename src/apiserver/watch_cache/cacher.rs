@@ -33,7 +33,8 @@ pub struct Shape {
     /// `/registry/<resource>/`: every key of the resource.
     pub prefix: String,
     pub namespaced: bool,
-    pub api_version: String,
+    /// The apiVersion objects are cached in; None: the one each was stored in.
+    pub api_version: Option<String>,
     pub kind: String,
     /// A field the cache indexes (pods by spec.nodeName).
     pub index: Option<SelectableField>,
@@ -161,7 +162,7 @@ pub enum NotServed {
 impl Cacher {
     /// A cache for `shape`; it lists and starts watching at once.
     pub fn start(storage: Storage, shape: Shape, window_size: usize) -> Arc<Cacher> {
-        let form = Form::new(&shape.api_version, &shape.kind, shape.index);
+        let form = Form::of(shape.api_version.as_deref(), &shape.kind, shape.index);
         let cacher = Arc::new(Cacher {
             form,
             state: RwLock::new(State {

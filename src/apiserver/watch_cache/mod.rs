@@ -70,7 +70,7 @@ impl WatchCache {
         let shape = Shape {
             prefix: prefix.clone(),
             namespaced: r.namespaced,
-            api_version: r.storage_api_version(),
+            api_version: r.cache_api_version(),
             kind: r.kind.clone(),
             index,
         };

@@ -21,7 +21,9 @@ use crate::apiserver::storage::set_resource_version;
 /// cache indexes.
 #[derive(Clone)]
 pub struct Form {
-    pub api_version: Arc<str>,
+    /// None: each object keeps the apiVersion it was stored in (custom
+    /// resources, stored in whichever version was the storage version).
+    pub api_version: Option<Arc<str>>,
     pub kind: Arc<str>,
     pub index: Option<SelectableField>,
     /// What the cache reads of an object besides its JSON: the paths of
@@ -31,10 +33,34 @@ pub struct Form {
 
 impl Form {
     pub fn new(api_version: &str, kind: &str, index: Option<SelectableField>) -> Form {
+        Form::of(Some(api_version), kind, index)
+    }
+
+    /// `new`, or with `None` a form whose objects keep their stored apiVersion.
+    pub fn of(api_version: Option<&str>, kind: &str, index: Option<SelectableField>) -> Form {
         let indexed = index.iter().flat_map(|f| [f.path, f.fallback]);
         let paths = Paths::new(std::iter::once(LABELS).chain(field_paths(kind)).chain(indexed));
-        Form { api_version: api_version.into(), kind: kind.into(), index, paths: Arc::new(paths) }
+        Form { api_version: api_version.map(Arc::from), kind: kind.into(), index, paths: Arc::new(paths) }
     }
+
+    /// The apiVersion an object's cached JSON carries: the form's, or the
+    /// one `stored` reads from the object.
+    fn api_version_for(&self, stored: impl FnOnce() -> Option<String>) -> Arc<str> {
+        match &self.api_version {
+            Some(v) => v.clone(),
+            None => Arc::from(stored().unwrap_or_default()),
+        }
+    }
+}
+
+/// The apiVersion of a stored object's JSON, read without building the rest.
+fn stored_api_version(stored: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Head<'a> {
+        #[serde(rename = "apiVersion", borrow, default)]
+        api_version: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Head>(stored).ok()?.api_version.map(|v| v.into_owned())
 }
 
 /// One object as the cache holds it.
@@ -61,18 +87,10 @@ impl CachedObject {
     /// `object` as the store gave it (resourceVersion set), encoded once.
     pub fn new(key: String, rev: i64, object: Value, form: &Form) -> Self {
         let (attrs, index) = Self::read_by_selectors(&object, form);
-        let json = encode(object, &form.api_version, &form.kind);
+        let api_version = form.api_version_for(|| object["apiVersion"].as_str().map(str::to_string));
+        let json = encode(object, &api_version, &form.kind);
         let metadata = find_metadata(&json);
-        CachedObject {
-            key,
-            rev,
-            index,
-            attrs,
-            json,
-            managed_fields: None,
-            metadata,
-            api_version: form.api_version.clone(),
-        }
+        CachedObject { key, rev, index, attrs, json, managed_fields: None, metadata, api_version }
     }
 
     /// An object from its stored JSON at `rev`, keyed by `key_of` (which
@@ -85,7 +103,8 @@ impl CachedObject {
         form: &Form,
         key_of: impl Fn(&Value) -> String,
     ) -> serde_json::Result<Self> {
-        let Some(spliced) = splice(stored, rev, &form.api_version, &form.kind, &form.paths) else {
+        let api_version = form.api_version_for(|| stored_api_version(stored));
+        let Some(spliced) = splice(stored, rev, &api_version, &form.kind, &form.paths) else {
             let mut object: Value = serde_json::from_slice(stored)?;
             set_resource_version(&mut object, rev);
             return Ok(Self::new(key_of(&object), rev, object, form));
@@ -102,7 +121,7 @@ impl CachedObject {
             json: Bytes::from(json),
             managed_fields: spliced.managed_fields.and_then(at),
             metadata: spliced.metadata.and_then(at),
-            api_version: form.api_version.clone(),
+            api_version,
         })
     }
 
@@ -148,6 +167,11 @@ impl CachedObject {
     /// Whether the cache holds the object's JSON in `api_version`.
     pub fn is_in(&self, api_version: &str) -> bool {
         *self.api_version == *api_version
+    }
+
+    /// The apiVersion the cache holds the object's JSON in.
+    pub fn api_version(&self) -> &str {
+        &self.api_version
     }
 
     /// `json_for` in the cache's own apiVersion as two borrowed slices to

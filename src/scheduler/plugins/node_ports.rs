@@ -7,7 +7,7 @@ pub struct NodePorts;
 
 /// Two host ports clash on the same protocol and port when their addresses
 /// are the same or either is the wildcard.
-fn conflicts(a: &(String, String, i32), b: &(String, String, i32)) -> bool {
+pub fn conflicts(a: &(String, String, i32), b: &(String, String, i32)) -> bool {
     a.0 == b.0 && a.2 == b.2 && (a.1 == b.1 || a.1 == "0.0.0.0" || b.1 == "0.0.0.0")
 }
 

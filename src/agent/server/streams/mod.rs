@@ -11,7 +11,6 @@ pub mod portforward;
 pub mod remotecommand;
 pub mod runtime_stream;
 pub mod spdy;
-pub mod websocket;
 
 use std::sync::Arc;
 
@@ -23,6 +22,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
 use crate::agent::cri::{api, Cri, CriError};
+use crate::websocket;
 pub use portforward::PortForwardTarget;
 use remotecommand::Options;
 
@@ -116,40 +116,15 @@ fn switching(headers: &HeaderMap, upgrade: &Upgrade) -> Response {
                 }
             }
         }
-        Upgrade::WebSocket(p) => {
-            h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-            let key = headers.get("sec-websocket-key").and_then(|v| v.to_str().ok()).unwrap_or_default();
-            if let Ok(v) = HeaderValue::from_str(&websocket::accept_key(key)) {
-                h.insert("sec-websocket-accept", v);
-            }
-            if let Ok(v) = HeaderValue::from_str(p) {
-                if !p.is_empty() {
-                    h.insert("sec-websocket-protocol", v);
-                }
-            }
-        }
+        Upgrade::WebSocket(p) => websocket::accept_headers(headers, p, h),
     }
     r
-}
-
-fn check_websocket_handshake(headers: &HeaderMap) -> Result<(), Box<Response>> {
-    let version_ok =
-        headers.get("sec-websocket-version").and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() == "13");
-    let key_ok = headers.get("sec-websocket-key").and_then(|v| v.to_str().ok()).is_some_and(|v| !v.trim().is_empty());
-    if version_ok && key_ok {
-        Ok(())
-    } else {
-        Err(Box::new(text(
-            StatusCode::BAD_REQUEST,
-            "bad websocket handshake: Sec-WebSocket-Version 13 and a key are required".into(),
-        )))
-    }
 }
 
 /// The upgrade future, or the answer for a connection that cannot be upgraded.
 fn take_upgrade(req: &mut Request, upgrade: &Upgrade) -> Result<OnUpgrade, Box<Response>> {
     if matches!(upgrade, Upgrade::WebSocket(_)) {
-        check_websocket_handshake(req.headers())?;
+        websocket::check_handshake(req.headers()).map_err(|e| Box::new(text(StatusCode::BAD_REQUEST, e.into())))?;
     }
     req.extensions_mut().remove::<OnUpgrade>().ok_or_else(|| {
         Box::new(text(StatusCode::INTERNAL_SERVER_ERROR, "unable to upgrade: the connection cannot be upgraded".into()))

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use super::netns;
 use super::remotecommand::decode_channel_message;
 use super::spdy::{self, Stream, StreamReader, StreamWriter};
-use super::websocket::{self, Sender};
+use crate::websocket::{self, Sender};
 
 /// The SPDY protocol name, and the WebSocket subprotocols we serve.
 pub const SPDY_PROTOCOL: &str = "portforward.k8s.io";

@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch};
 
 use super::spdy::{self, StreamWriter};
-use super::websocket::{self, Message, Sender};
+use crate::websocket::{self, Message, Sender};
 
 pub const V4: &str = "v4.channel.k8s.io";
 pub const V3: &str = "v3.channel.k8s.io";

@@ -1,11 +1,14 @@
-//! WebSocket (RFC 6455), the server side the kubelet API needs: the
-//! opening handshake (Sec-WebSocket-Accept, subprotocol choice), the frame
-//! codec with fragmentation, ping/pong and close, a sender that several
-//! tasks share, and a byte-stream view of binary messages (for SPDY
-//! tunnelled in WebSocket). Frames we send are unmasked, as a server's
-//! must be; frames we read must be masked, as a client's must be.
+//! WebSocket (RFC 6455), the server side that the kubelet API and the API
+//! server both speak (a ground module: upstream keeps it in apimachinery's
+//! `wsstream`): the opening handshake (Sec-WebSocket-Accept, subprotocol
+//! choice), the frame codec with fragmentation, ping/pong and close, a
+//! sender that several tasks share, a byte-stream view of binary messages
+//! (for SPDY tunnelled in WebSocket), and a one-way stream of a body as
+//! messages (upstream's `wsstream.Reader`, for `pods/log`). Frames we send
+//! are unmasked, as a server's must be; frames we read must be masked, as
+//! a client's must be.
 
-use axum::http::HeaderMap;
+use axum::http::{header, HeaderMap, HeaderValue};
 use base64::Engine;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
@@ -52,6 +55,35 @@ pub fn header_has_token(headers: &HeaderMap, name: &str, token: &str) -> bool {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// Whether the opening handshake is one we answer (version 13, a key);
+/// the reason when not.
+pub fn check_handshake(headers: &HeaderMap) -> Result<(), &'static str> {
+    let version_ok =
+        headers.get("sec-websocket-version").and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() == "13");
+    let key_ok = headers.get("sec-websocket-key").and_then(|v| v.to_str().ok()).is_some_and(|v| !v.trim().is_empty());
+    if version_ok && key_ok {
+        Ok(())
+    } else {
+        Err("bad websocket handshake: Sec-WebSocket-Version 13 and a key are required")
+    }
+}
+
+/// The headers of the 101 answer to a handshake whose `request` headers
+/// these are, with the subprotocol chosen ("" for none).
+pub fn accept_headers(request: &HeaderMap, protocol: &str, answer: &mut HeaderMap) {
+    answer.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    answer.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    let key = request.get("sec-websocket-key").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if let Ok(v) = HeaderValue::from_str(&accept_key(key)) {
+        answer.insert("sec-websocket-accept", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(protocol) {
+        if !protocol.is_empty() {
+            answer.insert("sec-websocket-protocol", v);
+        }
+    }
 }
 
 /// The Sec-WebSocket-Accept value for a client's Sec-WebSocket-Key.
@@ -318,6 +350,60 @@ where
     theirs
 }
 
+/// The subprotocols of a one-way stream (upstream's
+/// `NewDefaultReaderProtocols`): "" and `binary.k8s.io` send binary
+/// messages, `base64.binary.k8s.io` base64 text ones.
+pub const READER_PROTOCOLS: &[&str] = &["", "binary.k8s.io", BASE64_BINARY];
+/// The reader subprotocol of base64 text messages.
+pub const BASE64_BINARY: &str = "base64.binary.k8s.io";
+
+/// Sends `body` on the connection `io` as messages (binary, or base64
+/// text), an empty one first, and closes it at the body's end (upstream's
+/// `wsstream.Reader`). What the client sends is read and dropped (its pings
+/// answered); its close, or a connection gone, ends the copy.
+pub async fn send_stream<IO>(io: IO, body: axum::body::Body, base64_text: bool)
+where
+    IO: AsyncRead + AsyncWrite + Send + 'static,
+{
+    use futures_util::StreamExt;
+    let (read, write) = tokio::io::split(io);
+    let sender = Sender::spawn(write);
+    let (opcode, encode): (u8, fn(&[u8]) -> Vec<u8>) = if base64_text {
+        (OP_TEXT, |b| base64::engine::general_purpose::STANDARD.encode(b).into_bytes())
+    } else {
+        (OP_BINARY, |b| b.to_vec())
+    };
+    let receiving = sender.clone();
+    let mut client_gone = std::pin::pin!(async move {
+        let mut reader = FrameReader::new(read, true);
+        while let Ok(Some(_)) = next_data(&mut reader, &receiving).await {}
+    });
+    let mut chunks = body.into_data_stream();
+    if sender.send(opcode, &[]).await.is_err() {
+        return;
+    }
+    loop {
+        let chunk = tokio::select! {
+            chunk = chunks.next() => chunk,
+            _ = &mut client_gone => break,
+        };
+        match chunk {
+            Some(Ok(bytes)) if bytes.is_empty() => {}
+            Some(Ok(bytes)) => {
+                if sender.send(opcode, &encode(&bytes)).await.is_err() {
+                    return;
+                }
+            }
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "the streamed body failed");
+                break;
+            }
+            None => break,
+        }
+    }
+    sender.close(CLOSE_NORMAL).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -366,6 +452,26 @@ mod tests {
     async fn unmasked_client_frames_are_refused() {
         let wire = encode_frame(OP_BINARY, true, b"x", None);
         assert!(FrameReader::new(&wire[..], true).next().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_stream_is_sent_as_messages_then_closed() {
+        for (base64_text, want) in
+            [(false, (OP_BINARY, b"log line\n".to_vec())), (true, (OP_TEXT, b"bG9nIGxpbmUK".to_vec()))]
+        {
+            let (client, server) = tokio::io::duplex(1 << 16);
+            tokio::spawn(send_stream(server, axum::body::Body::from("log line\n"), base64_text));
+            let mut r = FrameReader::new(client, false);
+            let empty = if base64_text { Message::Text(Vec::new()) } else { Message::Binary(Vec::new()) };
+            assert_eq!(r.next().await.unwrap(), Some(empty));
+            let got = match r.next().await.unwrap() {
+                Some(Message::Binary(b)) => (OP_BINARY, b),
+                Some(Message::Text(t)) => (OP_TEXT, t),
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(got, want);
+            assert_eq!(r.next().await.unwrap(), Some(Message::Close(Some(CLOSE_NORMAL))));
+        }
     }
 
     #[tokio::test]
