@@ -153,6 +153,11 @@ fn webhooks_and_builtin_plugins() {
     assert!(ok, "{err}");
     let (_, labels, _) = kubectl(&kc, &["get", "cm", "a", "-o", "jsonpath={.metadata.labels.mutated}"], None);
     assert_eq!(labels, "yes");
+    // What the patch adds that a ConfigMap does not have is dropped, as
+    // upstream decodes the patched object (pruned, for a custom resource).
+    let (ok, json, err) = kubectl(&kc, &["get", "cm", "a", "-o", "json"], None);
+    assert!(ok, "{err}");
+    assert!(!json.contains("mutationUnknown"), "{json}");
     let (ok, _, err) = kubectl(
         &kc,
         &["create", "-f", "-"],

@@ -161,6 +161,13 @@ pub async fn call_all(call: &Call, mut obj: Reviewed<'_>, old: Option<&Value>, o
                     json_patch::patch(obj, &ops).map_err(|e| {
                         ApiError::internal(format!("webhook \"{name}\" sent a patch that does not apply: {e}"))
                     })?;
+                    // Decoded again as the kind, as upstream decodes the
+                    // patched object: fields its type (or a custom
+                    // resource's structural schema) does not know are dropped.
+                    let (decoded, _) = call.resource.strategy.decode(obj).map_err(|e| {
+                        ApiError::internal(format!("webhook \"{name}\" made an object that does not decode: {e}"))
+                    })?;
+                    **obj = decoded;
                 }
             }
         }
