@@ -279,3 +279,24 @@ async fn a_review_asked_for_only_as_a_table_is_not_acceptable() {
     let (code, _) = raw(&client, "POST", uri, &format!("{table}, application/json"), &review.to_string()).await;
     assert_eq!(code, 201);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_service_turned_external_name_lets_its_cluster_ip_and_node_ports_go() {
+    let (_server, client) = start().await;
+    let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "np"},
+        "spec": {"type": "NodePort", "selector": {"app": "np"}, "ports": [{"port": 80}]}});
+    let (code, created) = post(&client, "/api/v1/namespaces/default/services", &svc).await;
+    assert_eq!(code, 201, "{created}");
+    assert!(created["spec"]["clusterIP"].as_str().is_some_and(|ip| !ip.is_empty()), "{created}");
+    // What a Go client's read-modify-write sends: the old fields as they were.
+    let mut changed = created.clone();
+    changed["spec"]["type"] = json!("ExternalName");
+    changed["spec"]["externalName"] = json!("example.com");
+    let (code, bytes) =
+        raw(&client, "PUT", "/api/v1/namespaces/default/services/np", "application/json", &changed.to_string()).await;
+    let updated: Value = serde_json::from_slice(&bytes).expect("json");
+    assert_eq!(code, 200, "{updated}");
+    assert!(updated["spec"].get("clusterIP").is_none() && updated["spec"].get("clusterIPs").is_none(), "{updated}");
+    assert!(updated["spec"]["ports"][0].get("nodePort").is_none(), "{updated}");
+    assert!(updated["spec"].get("externalTrafficPolicy").is_none(), "{updated}");
+}

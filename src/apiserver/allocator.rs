@@ -163,6 +163,9 @@ impl ServiceAllocator {
         };
         let ty = svc.pointer("/spec/type").and_then(Value::as_str).unwrap_or("ClusterIP").to_string();
         if ty == "ExternalName" {
+            if let Some(old) = old {
+                drop_type_dependent_fields(svc, old);
+            }
             return Ok(());
         }
         let old_ip = old.and_then(|o| o.pointer("/spec/clusterIP")).and_then(Value::as_str).map(str::to_string);
@@ -346,6 +349,47 @@ impl BeginWrite for ServiceAllocator {
     }
 }
 
+
+/// What a Service turned ExternalName keeps of its old type, dropped as
+/// upstream's dropTypeDependentFields does: its cluster IPs, IP families,
+/// node ports and traffic policies, where the update left them as they were (a value the
+/// request changed is the request's, for validation to judge).
+fn drop_type_dependent_fields(svc: &mut Value, old: &Value) {
+    let same = |svc: &Value, field: &str| svc.pointer(field) == old.pointer(field);
+    if old.pointer("/spec/clusterIP").is_some() && same(svc, "/spec/clusterIP") {
+        if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
+            for field in ["clusterIP", "clusterIPs", "ipFamilies", "ipFamilyPolicy"] {
+                spec.remove(field);
+            }
+        }
+    }
+    for field in [
+        "healthCheckNodePort",
+        "externalTrafficPolicy",
+        "internalTrafficPolicy",
+        "allocateLoadBalancerNodePorts",
+        "loadBalancerClass",
+    ] {
+        let path = format!("/spec/{field}");
+        if old.pointer(&path).is_some() && same(svc, &path) {
+            if let Some(spec) = svc.get_mut("spec").and_then(Value::as_object_mut) {
+                spec.remove(field);
+            }
+        }
+    }
+    let old_ports = old.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default();
+    if let Some(ports) = svc.pointer_mut("/spec/ports").and_then(Value::as_array_mut) {
+        for p in ports {
+            let kept = old_ports.iter().any(|o| o.get("port") == p.get("port") && o.get("nodePort") == p.get("nodePort"));
+            if kept {
+                if let Some(obj) = p.as_object_mut() {
+                    obj.remove("nodePort");
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,5 +401,28 @@ mod tests {
         assert!(c.contains(Ipv4Addr::new(10, 43, 200, 1)));
         assert!(!c.contains(Ipv4Addr::new(10, 44, 0, 1)));
         assert!("10.43.0.0".parse::<Cidr>().is_err());
+    }
+
+    #[test]
+    fn a_service_turned_external_name_drops_what_its_old_type_had() {
+        let old = serde_json::json!({"spec": {"type": "NodePort", "clusterIP": "10.43.0.7", "clusterIPs": ["10.43.0.7"],
+            "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+            "ports": [{"port": 80, "nodePort": 30080}, {"port": 81, "nodePort": 30081}]}});
+        let mut new = old.clone();
+        new["spec"]["type"] = "ExternalName".into();
+        new["spec"]["externalName"] = "example.com".into();
+        new["spec"]["ports"][1]["nodePort"] = 30099.into();
+        drop_type_dependent_fields(&mut new, &old);
+        assert!(new["spec"].get("clusterIP").is_none() && new["spec"].get("clusterIPs").is_none(), "{new}");
+        assert!(new["spec"].get("ipFamilies").is_none() && new["spec"].get("ipFamilyPolicy").is_none(), "{new}");
+        assert!(new["spec"]["ports"][0].get("nodePort").is_none(), "{new}");
+        // A node port the request changed stays, for validation to judge.
+        assert_eq!(new["spec"]["ports"][1]["nodePort"], 30099);
+        // A cluster IP the request changed stays too.
+        let mut changed = old.clone();
+        changed["spec"]["type"] = "ExternalName".into();
+        changed["spec"]["clusterIP"] = "10.43.0.9".into();
+        drop_type_dependent_fields(&mut changed, &old);
+        assert_eq!(changed["spec"]["clusterIP"], "10.43.0.9");
     }
 }

@@ -126,6 +126,10 @@ pub fn csr_subresource_update(subresource: &str, mut new: Value, old: &Value) ->
                 (None, Some(c)) => merged["status"] = json!({"conditions": c}),
                 (None, None) => {}
             }
+            // The metadata is the request's, as for a status update.
+            if let Some(meta) = new.get("metadata") {
+                merged["metadata"] = meta.clone();
+            }
             merged
         }
         _ => new,
@@ -385,8 +389,11 @@ mod tests {
         let new = csr_subresource_update("status", tampered.clone(), &old);
         assert_eq!(new["status"]["conditions"][0]["reason"], "Human");
         assert!(new["status"]["conditions"][1]["lastUpdateTime"].is_string());
+        let mut tampered = tampered;
+        tampered["metadata"]["annotations"] = json!({"patched": "true"});
         let approved = csr_subresource_update("approval", tampered, &old);
         assert!(approved["status"].get("certificate").is_none(), "{approved}");
+        assert_eq!(approved["metadata"]["annotations"]["patched"], "true");
         assert_eq!(approved["status"]["conditions"][1]["type"], "Failed");
     }
 
