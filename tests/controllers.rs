@@ -66,3 +66,42 @@ fn garbage_collector_in_all_three_modes() {
     create(&s, &owned("stray", "nobody", "00000000-0000-4000-8000-000000000000"));
     eventually("the stray dependent to go", || gone("stray"));
 }
+
+#[test]
+fn foreground_deletion_breaks_a_circle_of_owners_and_spares_shared_dependents() {
+    let s = common::ApiServer::start();
+    let gone = |name: &str| kubectl(&s, &["get", "cm", name]).1.contains("NotFound");
+    let uid = |name: &str| kubectl(&s, &["get", "cm", name, "-o", "jsonpath={.metadata.uid}"]).1.trim().to_string();
+    let own = |name: &str, owners: &[&str]| {
+        let refs: Vec<String> = owners
+            .iter()
+            .map(|o| {
+                format!(
+                    r#"{{"apiVersion":"v1","kind":"ConfigMap","name":"{o}","uid":"{}","blockOwnerDeletion":true}}"#,
+                    uid(o)
+                )
+            })
+            .collect();
+        let patch = format!(r#"{{"metadata":{{"ownerReferences":[{}]}}}}"#, refs.join(","));
+        let (ok, out) = kubectl(&s, &["patch", "cm", name, "--type=merge", "-p", &patch]);
+        assert!(ok, "{out}");
+    };
+    // c1 is owned by c3, c2 by c1, c3 by c2, each blocking its owner's
+    // deletion (upstream's "should not be blocked by dependency circle").
+    for name in ["c1", "c2", "c3", "keeper", "shared"] {
+        assert!(kubectl(&s, &["create", "configmap", name]).0);
+    }
+    own("c1", &["c3"]);
+    own("c2", &["c1"]);
+    own("c3", &["c2"]);
+    // `shared` has c1 and a living owner besides.
+    own("shared", &["c1", "keeper"]);
+    let (ok, out) = kubectl(&s, &["delete", "cm", "c1", "--cascade=foreground", "--wait=false"]);
+    assert!(ok, "{out}");
+    for name in ["c1", "c2", "c3"] {
+        eventually(&format!("{name} to go"), || gone(name));
+    }
+    let (ok, owners) = kubectl(&s, &["get", "cm", "shared", "-o", "jsonpath={.metadata.ownerReferences[*].name}"]);
+    assert!(ok, "{owners}");
+    assert_eq!(owners.trim(), "keeper", "the shared dependent lets go of its deleted owner only");
+}

@@ -2,8 +2,10 @@
 //! of owners and dependents by uid. A dependent whose owners are all gone
 //! is deleted (background propagation). An owner being deleted with the
 //! `orphan` finalizer has its dependents' ownerReferences to it removed;
-//! with `foregroundDeletion`, its dependents are deleted first. Either way
-//! the finalizer is then removed, which lets the API server delete it.
+//! with `foregroundDeletion`, its dependents are deleted first (those that
+//! block it, `blockOwnerDeletion`, gone before it; a circle of owners is
+//! broken as upstream breaks it). Either way the finalizer is then
+//! removed, which lets the API server delete it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -31,6 +33,18 @@ struct Node {
     owners: Vec<OwnerReference>,
     deleting: bool,
     finalizers: Vec<String>,
+}
+
+impl Node {
+    /// Whether it waits for its blocking dependents to go first.
+    fn is_deleting_dependents(&self) -> bool {
+        self.finalizers.iter().any(|f| f == "foregroundDeletion")
+    }
+
+    /// Whether its reference to `owner` blocks the owner's foreground deletion.
+    fn blocks(&self, owner: &str) -> bool {
+        self.owners.iter().any(|o| o.uid == owner && o.block_owner_deletion == Some(true))
+    }
 }
 
 #[derive(Default)]
@@ -124,6 +138,31 @@ async fn remove_finalizer(client: &kube::Client, node: &Node, finalizer: &str) -
     Ok(())
 }
 
+/// Changes an object's ownerReferences, guarded by its resourceVersion;
+/// an object already gone is left alone.
+async fn rewrite_owner_references(
+    client: &kube::Client,
+    node: &Node,
+    change: impl Fn(&mut Vec<OwnerReference>),
+) -> Result<(), ControllerError> {
+    let api = api_for(client, node);
+    let Some(current) = api.get_metadata_opt(&node.name).await? else { return Ok(()) };
+    let before = current.metadata.owner_references.clone().unwrap_or_default();
+    let mut refs = before.clone();
+    change(&mut refs);
+    if refs == before {
+        return Ok(());
+    }
+    // An empty list goes away entirely, as upstream leaves it.
+    let value = if refs.is_empty() { serde_json::Value::Null } else { serde_json::json!(refs) };
+    let patch = serde_json::json!({"metadata": {"ownerReferences": value, "resourceVersion": current.metadata.resource_version}});
+    match api.patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 struct Collector {
     client: kube::Client,
     discovery: Discovery,
@@ -157,14 +196,16 @@ impl Collector {
             remove_finalizer(&self.client, &node, "orphan").await?;
             return Ok(());
         }
-        if node.deleting && node.finalizers.iter().any(|f| f == "foregroundDeletion") {
-            if dependents.is_empty() {
+        if node.deleting && node.is_deleting_dependents() {
+            // Only dependents that block their owner's deletion hold it
+            // back; the others go once it is gone, as any orphan does.
+            if !dependents.iter().any(|(_, d)| d.blocks(uid)) {
                 remove_finalizer(&self.client, &node, "foregroundDeletion").await?;
-            } else {
-                for (_, dep) in &dependents {
-                    if !dep.deleting {
-                        self.delete(dep, DeleteParams::foreground()).await?;
-                    }
+                return Ok(());
+            }
+            for (dep_uid, dep) in &dependents {
+                if !dep.deleting {
+                    self.delete_dependent(dep_uid, dep, uid).await?;
                 }
             }
             return Ok(());
@@ -179,6 +220,38 @@ impl Collector {
         }
         tracing::debug!(object = %node.name, kind = %node.resource.kind, "deleting an object whose owners are gone");
         self.delete(&node, DeleteParams::background()).await
+    }
+
+    /// Deletes (in the foreground) a dependent of an owner being deleted in
+    /// the foreground, as upstream's attemptToDeleteItem: a dependent with
+    /// another owner that still exists only lets go of this one; before a
+    /// dependent goes, its own dependents that wait for their dependents
+    /// stop being blocked by it, which breaks a circle of owners (upstream's
+    /// unblockOwnerReferences).
+    async fn delete_dependent(&self, dep_uid: &str, dep: &Node, owner_uid: &str) -> Result<(), ControllerError> {
+        for other in dep.owners.iter().filter(|o| o.uid != owner_uid) {
+            if owner_exists(&self.client, &self.discovery, dep.namespace.as_deref(), other).await? {
+                return rewrite_owner_references(&self.client, dep, |refs| refs.retain(|o| o.uid != owner_uid)).await;
+            }
+        }
+        let waiting: Vec<Node> = {
+            let graph = self.graph.lock().await;
+            graph
+                .dependents_of(dep_uid)
+                .into_iter()
+                .map(|(_, d)| d)
+                .filter(|d| d.deleting && d.is_deleting_dependents() && d.blocks(dep_uid))
+                .collect()
+        };
+        for d in &waiting {
+            rewrite_owner_references(&self.client, d, |refs| {
+                for o in refs.iter_mut().filter(|o| o.uid == dep_uid) {
+                    o.block_owner_deletion = Some(false);
+                }
+            })
+            .await?;
+        }
+        self.delete(dep, DeleteParams::foreground()).await
     }
 
     async fn delete(&self, node: &Node, params: DeleteParams) -> Result<(), ControllerError> {
