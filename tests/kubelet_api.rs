@@ -28,7 +28,7 @@ spec:
   containers:
   - name: httpd
     image: {BUSYBOX}
-    command: ["sh", "-c", "mkdir -p /www/sub && echo hello-from-web > /www/index.html && echo deep > /www/sub/x && exec httpd -f -p 8080 -h /www"]
+    command: ["sh", "-c", "mkdir -p /www/sub && echo hello-from-web > /www/index.html && echo deep > /www/sub/x && printf '<a href=\"/sub/x\">deep</a>' > /www/links.html && exec httpd -f -p 8080 -h /www"]
     ports: [{{name: http, containerPort: 8080}}]
 ---
 apiVersion: v1
@@ -88,6 +88,11 @@ subjects: [{{kind: ServiceAccount, name: watcher, namespace: default}}]
         assert_eq!(node.ok(&["get", "--raw", path]).trim(), "hello-from-web", "{path}");
     }
     assert_eq!(node.ok(&["get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/sub/x"]).trim(), "deep");
+    // An HTML page's links go through the proxy again, as upstream rewrites them.
+    for prefix in ["/api/v1/namespaces/default/pods/web:8080/proxy", "/api/v1/namespaces/default/services/web:www/proxy"] {
+        let page = node.ok(&["get", "--raw", &format!("{prefix}/links.html")]);
+        assert_eq!(page.trim(), format!(r#"<a href="{prefix}/sub/x">deep</a>"#));
+    }
     let (ok, out) = node.kubectl(&["get", "--raw", "/api/v1/namespaces/default/services/nobody:80/proxy/"]);
     assert!(!ok && out.contains("no endpoints available for service"), "{out}");
     let (ok, out) = node.kubectl(&["get", "--raw", "/api/v1/namespaces/default/pods/web:http/proxy/missing"]);

@@ -186,7 +186,7 @@ pub async fn node_proxy(call: &mut Call, method: &Method, body: Bytes) -> ApiRes
     let path = format!("{}{}", call.path.proxy_path.as_deref().unwrap_or("/"), query_keeping(call, |_| true));
     let req = relay::outgoing(method, &path, &call.headers, body)?;
     let resp = connector(call)?.send(addr, req).await.map_err(|e| ApiError::service_unavailable(e.to_string()))?;
-    Ok(relay::answer(resp, call.upgrade.take()))
+    Ok(super::proxy_rewrite::answer(resp, call.upgrade.take(), &call.path, &addr.to_string()).await)
 }
 
 /// `[scheme:]name[:port]` of a proxy subresource's name.

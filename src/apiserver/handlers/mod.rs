@@ -14,6 +14,7 @@ mod list_body;
 mod options;
 mod patch;
 mod proxy;
+mod proxy_rewrite;
 mod read;
 pub(crate) mod relay;
 mod resource_metrics;

@@ -4,7 +4,8 @@
 //! a ready endpoint of the Service, over plain HTTP or, for `https:`, over
 //! TLS as upstream's proxy transport does (the other side's certificate not
 //! checked, the front proxy's client certificate presented), and the answer
-//! comes back as is (WebSocket upgrades included). This is what `kubectl
+//! comes back with its links made to go through the proxy again
+//! (proxy_rewrite.rs; WebSocket upgrades included). This is what `kubectl
 //! proxy` users open in a browser.
 
 use axum::body::Bytes;
@@ -110,7 +111,7 @@ async fn forward(call: &mut Call, method: &Method, body: Bytes, addr: &str, tls:
     } else {
         exchange(tcp, req).await.map_err(|e| unreachable(&e))?
     };
-    Ok(relay::answer(resp, call.upgrade.take()))
+    Ok(super::proxy_rewrite::answer(resp, call.upgrade.take(), &call.path, addr).await)
 }
 
 /// One request on a new HTTP/1.1 connection over `io`, kept open for any
