@@ -372,6 +372,52 @@ fn jobs_complete_fail_and_index() {
     assert_eq!(get(&s, &["get", "job", "indexed", "-o", "jsonpath={.status.completedIndexes}"]), "0-2");
 }
 
+/// The uid of the controller of pod `name`, empty when it has none.
+fn controller_uid(s: &common::ApiServer, pod: &str) -> String {
+    get(s, &["get", "pod", pod, "-o", "jsonpath={.metadata.ownerReferences[?(@.controller==true)].uid}"])
+}
+
+/// A Job adopts a matching pod that lost its controller, and lets go of a
+/// pod whose labels stop matching (upstream's ClaimPods).
+#[test]
+fn job_adopts_matching_orphans_and_releases_pods_that_stop_matching() {
+    let s = common::ApiServer::start();
+    apply(&s, &job_yaml("adopt-release", "  completions: 2\n  parallelism: 2\n"));
+    let uid = get(&s, &["get", "job", "adopt-release", "-o", "jsonpath={.metadata.uid}"]);
+    let mut pods = Vec::new();
+    eventually("two pods", || {
+        pods = running_pods(&s, "adopt-release");
+        pods.len() == 2
+    });
+    let pod = pods[0].clone();
+    assert_eq!(controller_uid(&s, &pod), uid);
+    let remove = |path: &str| {
+        let patch = format!(r#"[{{"op":"remove","path":"{path}"}}]"#);
+        get(&s, &["patch", "pod", &pod, "--type=json", "-p", &patch]);
+    };
+    remove("/metadata/ownerReferences");
+    eventually("the orphan adopted again", || controller_uid(&s, &pod) == uid);
+    let owner = get(
+        &s,
+        &[
+            "get",
+            "pod",
+            &pod,
+            "-o",
+            "jsonpath={.metadata.ownerReferences[0].kind} {.metadata.ownerReferences[0].blockOwnerDeletion}",
+        ],
+    );
+    assert_eq!(owner, "Job true");
+    remove("/metadata/labels");
+    eventually("the pod released", || {
+        get(&s, &["get", "pod", &pod, "-o", "jsonpath={.metadata.ownerReferences}"]).is_empty()
+    });
+    eventually("a pod in its place", || {
+        let now = running_pods(&s, "adopt-release");
+        now.len() == 2 && !now.contains(&pod)
+    });
+}
+
 #[test]
 fn cronjob_jobs_and_ttl_after_finished() {
     let s = common::ApiServer::start();

@@ -252,6 +252,42 @@ async fn strategy_none_serves_each_version_in_the_other() {
     ok(&client, "PUT", &format!("{v2}/t1"), &t1).await;
     let t1 = ok(&client, "GET", &format!("{v1}/t1"), &Value::Null).await;
     assert_eq!((&t1["shared"], &t1["old"]), (&json!("s1b"), &Value::Null), "{t1}");
+
+    // v2 becomes the storage version: a JSON patch through v2 starts from
+    // the stored v1 object converted to v2, and the result is stored in v2.
+    let crd_uri = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/things.none.example.com";
+    let mut crd_now = ok(&client, "GET", crd_uri, &Value::Null).await;
+    crd_now["spec"]["versions"] = json!([version("v1", false, "old"), version("v2", true, "new")]);
+    let crd_now = ok(&client, "PUT", crd_uri, &crd_now).await;
+    assert_eq!(crd_now["status"]["storedVersions"], json!(["v1", "v2"]));
+    let probes = std::sync::atomic::AtomicUsize::new(0);
+    eventually("v2 to store what it is sent", || async {
+        let n = probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let probe = json!({"apiVersion": "none.example.com/v2", "kind": "Thing",
+            "metadata": {"name": format!("probe-{n}")}, "new": "kept"});
+        ok(&client, "POST", v2, &probe).await["new"] == "kept"
+    })
+    .await;
+    let patch =
+        json!([{"op": "add", "path": "/new", "value": "n1"}, {"op": "replace", "path": "/shared", "value": "s1c"}]);
+    let (code, bytes) = common::raw_as(
+        &client,
+        "PATCH",
+        &format!("{v2}/t1"),
+        "application/json-patch+json",
+        "application/json",
+        &patch.to_string(),
+    )
+    .await;
+    let patched: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    assert_eq!(code, 200, "{patched}");
+    assert_eq!(
+        (&patched["apiVersion"], &patched["shared"], &patched["new"]),
+        (&json!("none.example.com/v2"), &json!("s1c"), &json!("n1")),
+        "{patched}"
+    );
+    let t1 = ok(&client, "GET", &format!("{v2}/t1"), &Value::Null).await;
+    assert_eq!(t1["new"], "n1", "stored in v2, which knows it: {t1}");
 }
 
 /// What the test's conversion webhook does.

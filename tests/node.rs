@@ -540,6 +540,17 @@ fn the_node_registers_as_upstream_and_keeps_its_lease() {
     let first = renew();
     assert!(!first.is_empty(), "the node has a Lease");
     node.eventually("the lease renewed", 20, || renew() != first);
+    // An extended resource patched into capacity (as a device plugin or an
+    // operator advertises one) becomes allocatable, and goes when removed.
+    let fake = "{.status.allocatable.example\\.com/fakecpu}";
+    let add = r#"[{"op": "add", "path": "/status/capacity/example.com~1fakecpu", "value": "1000"}]"#;
+    node.ok(&["patch", "node", &node.name, "--subresource=status", "--type=json", "-p", add]);
+    // (1000 reads back in canonical form, as upstream's quantities do.)
+    node.eventually("the extended resource allocatable", 20, || get(fake) == "1k");
+    let remove = r#"[{"op": "remove", "path": "/status/capacity/example.com~1fakecpu"}]"#;
+    node.ok(&["patch", "node", &node.name, "--subresource=status", "--type=json", "-p", remove]);
+    node.eventually("the extended resource gone from allocatable", 20, || get(fake).is_empty());
+    assert!(get("{.status.capacity.cpu}") == cpus.to_string(), "the node's own resources stay");
     // Runtime classes: runc always; crun when installed (scripts/deps installs it) and
     // usable: crun refuses hybrid cgroups whose v2 tree holds controllers.
     assert_eq!(node.get(&["runtimeclass", "runc"], "{.handler}"), "runc");

@@ -3,7 +3,8 @@
 //! it (the host side of the test's network namespace); session affinity,
 //! both traffic policies, the terminating fallback, a reject for a Service
 //! without endpoints, hairpin traffic, and the rules surviving a restart of
-//! ferrok while another table on the host is left alone.
+//! ferrok while another table on the host is left alone. Without a node:
+//! which Endpoints the endpoints controller deletes.
 
 mod common;
 
@@ -369,4 +370,61 @@ endpoints: [{{addresses: ["{}"], conditions: {{ready: true}}}}]
     let _ = stop_tx.send(());
     let _ = client.join();
     assert!(moved, "the client kept its stale conntrack entry to the removed endpoint");
+}
+
+/// Whether the Endpoints `name` (in default) exists.
+fn endpoints_exist(s: &common::ApiServer, name: &str) -> bool {
+    let (_, out) = common::kubectl(s, &["get", "endpoints", name, "--ignore-not-found", "-o", "name"]);
+    out.trim() == format!("endpoints/{name}")
+}
+
+/// A Service made and deleted: once its Endpoints are gone, the endpoints
+/// controller has handled every event before the deletion.
+fn service_round_trip(s: &common::ApiServer, name: &str) {
+    common::create(
+        s,
+        &format!(
+            r#"{{"apiVersion":"v1","kind":"Service","metadata":{{"name":"{name}"}},
+  "spec":{{"selector":{{"app":"{name}"}},"ports":[{{"port":80}}]}}}}"#
+        ),
+    );
+    common::eventually("the Service's Endpoints", || endpoints_exist(s, name));
+    let (ok, out) = common::kubectl(s, &["delete", "service", name]);
+    assert!(ok, "{out}");
+    common::eventually("the deleted Service's Endpoints to go", || !endpoints_exist(s, name));
+}
+
+/// An Endpoints object made by hand, for no Service, is left alone (upstream
+/// deletes Endpoints when their Service is deleted, and once at start for
+/// those whose Service went while no controller ran).
+#[test]
+fn endpoints_without_a_service_stay_until_a_restart_finds_them_left_over() {
+    let server = common::ApiServer::start();
+    common::create(
+        &server,
+        r#"{"apiVersion":"v1","kind":"Endpoints","metadata":{"name":"testservice","labels":{"test-endpoint-static":"true"}},
+  "subsets":[{"addresses":[{"ip":"10.0.0.24"}],"ports":[{"name":"http","port":80,"protocol":"TCP"}]}]}"#,
+    );
+    service_round_trip(&server, "first");
+    assert!(endpoints_exist(&server, "testservice"));
+    let (ok, out) = common::kubectl(&server, &["label", "endpoints", "testservice", "test-service=updated"]);
+    assert!(ok, "{out}");
+    service_round_trip(&server, "second");
+    let (_, out) = common::kubectl(
+        &server,
+        &["get", "endpoints", "-A", "-l", "test-endpoint-static=true", "-o", "jsonpath={.items[*].metadata.name}"],
+    );
+    assert_eq!(out, "testservice");
+
+    // A Service's own Endpoints survive a restart; the hand-made ones,
+    // which no Service has, are deleted as leftovers.
+    common::create(
+        &server,
+        r#"{"apiVersion":"v1","kind":"Service","metadata":{"name":"kept"},"spec":{"selector":{"app":"kept"},"ports":[{"port":80}]}}"#,
+    );
+    common::eventually("the kept Service's Endpoints", || endpoints_exist(&server, "kept"));
+    let (dir, port) = server.stop();
+    let server = common::ApiServer::start_in(dir, port);
+    common::eventually("the leftover Endpoints to go", || !endpoints_exist(&server, "testservice"));
+    assert!(endpoints_exist(&server, "kept"));
 }

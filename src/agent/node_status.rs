@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{
     ContainerImage, DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeRuntimeHandler,
     NodeRuntimeHandlerFeatures, NodeSpec, NodeStatus, NodeSystemInfo,
@@ -17,6 +18,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::json;
 use tokio::sync::{watch, Notify};
 
@@ -342,13 +344,34 @@ pub async fn run(client: kube::Client, mut inputs: StatusInputs, first: Node, tr
     // What the API holds: conditions keep their transition times across writes.
     let mut written: Option<NodeStatus> = first.status;
     let mut written_at: Option<Instant> = None;
+    // The extended resources others advertise in the node's capacity, from
+    // a watch of the Node (upstream's kubelet reads its Node at each update).
+    let mut extended = extended_resources(written.as_ref());
+    let own = watcher::watcher(api.clone(), watcher::Config::default().fields(&format!("metadata.name={name}")));
+    let mut own = std::pin::pin!(own.default_backoff());
     loop {
         let mut status = current_status(&inputs).await;
+        add_extended_resources(&mut status, &extended);
         let changed = written.as_ref().is_none_or(|w| comparable(w) != comparable(&status));
         let due = written_at.is_none_or(|t| t.elapsed() >= report_every);
         if changed || due {
             stamp_conditions(&mut status, written.as_ref());
-            let patch = json!({"status": status});
+            let mut patch = json!({"status": status});
+            // A resource no longer in capacity leaves allocatable too.
+            for list in ["capacity", "allocatable"] {
+                let before = written.as_ref().and_then(|w| {
+                    if list == "capacity" {
+                        w.capacity.as_ref()
+                    } else {
+                        w.allocatable.as_ref()
+                    }
+                });
+                for key in before.into_iter().flat_map(|b| b.keys()) {
+                    if patch["status"][list].get(key).is_none() {
+                        patch["status"][list][key] = serde_json::Value::Null;
+                    }
+                }
+            }
             match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(node) => {
                     written = node.status;
@@ -364,7 +387,37 @@ pub async fn run(client: kube::Client, mut inputs: StatusInputs, first: Node, tr
             _ = tokio::time::sleep(update_every) => {}
             _ = trigger.notified() => {}
             _ = inputs.pressure.changed() => {}
+            event = own.next() => match event {
+                Some(Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node))) => {
+                    extended = extended_resources(node.status.as_ref());
+                }
+                Some(Err(e)) => tracing::debug!(error = %e, node = %name, "watch of the node failed; retried"),
+                _ => {}
+            }
         }
+    }
+}
+
+/// The extended resources (`example.com/dongle`) in a node's capacity: not
+/// the kubelet's to measure, advertised by whoever patched them in.
+fn extended_resources(status: Option<&NodeStatus>) -> BTreeMap<String, Quantity> {
+    let is_extended =
+        |name: &str| name.contains('/') && !name.contains("kubernetes.io/") && !name.starts_with("requests.");
+    status
+        .and_then(|s| s.capacity.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| is_extended(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Extended resources are in capacity and, all of them, in allocatable
+/// (upstream's MachineInfo setter: nothing reserved of them).
+fn add_extended_resources(status: &mut NodeStatus, extended: &BTreeMap<String, Quantity>) {
+    for (k, v) in extended {
+        status.capacity.get_or_insert_with(BTreeMap::new).insert(k.clone(), v.clone());
+        status.allocatable.get_or_insert_with(BTreeMap::new).insert(k.clone(), v.clone());
     }
 }
 

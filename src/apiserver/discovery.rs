@@ -38,18 +38,23 @@ pub fn serves_verb(r: &Resource, sub: Option<&str>, verb: &str) -> bool {
     }
 }
 
-/// The options kind of a connect subresource (`pods/proxy` takes PodProxyOptions).
-fn options_kind(r: &Resource, what: &str) -> SubKind {
-    let kind = match (r.kind.as_str(), what) {
-        ("Pod", "Attach") => "PodAttachOptions",
-        ("Pod", "Exec") => "PodExecOptions",
-        ("Pod", "PortForward") => "PodPortForwardOptions",
-        ("Pod", "Proxy") => "PodProxyOptions",
-        ("Node", "Proxy") => "NodeProxyOptions",
-        ("Service", "Proxy") => "ServiceProxyOptions",
+/// The options kind (core v1) of a connect subresource of a `kind`
+/// (`pods/proxy` takes PodProxyOptions), which is also the kind admission
+/// reviews for it.
+pub fn connect_options_kind(kind: &str, subresource: &str) -> Option<&'static str> {
+    Some(match (kind, subresource) {
+        ("Pod", "attach") => "PodAttachOptions",
+        ("Pod", "exec") => "PodExecOptions",
+        ("Pod", "portforward") => "PodPortForwardOptions",
+        ("Pod", "proxy") => "PodProxyOptions",
+        ("Node", "proxy") => "NodeProxyOptions",
+        ("Service", "proxy") => "ServiceProxyOptions",
         _ => return None,
-    };
-    Some(("", "v1", kind))
+    })
+}
+
+fn options_kind(r: &Resource, subresource: &str) -> SubKind {
+    connect_options_kind(&r.kind, subresource).map(|kind| ("", "v1", kind))
 }
 
 /// Subresources and the verbs they take.
@@ -67,10 +72,10 @@ fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, SubKind)> {
             "eviction" => (vec!["create"], Some(("policy", "v1", "Eviction"))),
             "token" => (vec!["create"], Some(("authentication.k8s.io", "v1", "TokenRequest"))),
             "log" => (vec!["get"], None),
-            "exec" => (vec!["create", "get"], options_kind(r, "Exec")),
-            "attach" => (vec!["create", "get"], options_kind(r, "Attach")),
-            "portforward" => (vec!["create", "get"], options_kind(r, "PortForward")),
-            "proxy" => (vec!["create", "delete", "get", "patch", "update"], options_kind(r, "Proxy")),
+            "exec" => (vec!["create", "get"], options_kind(r, "exec")),
+            "attach" => (vec!["create", "get"], options_kind(r, "attach")),
+            "portforward" => (vec!["create", "get"], options_kind(r, "portforward")),
+            "proxy" => (vec!["create", "delete", "get", "patch", "update"], options_kind(r, "proxy")),
             "finalize" => (vec!["update"], None),
             "approval" | "ephemeralcontainers" | "resize" => (vec!["get", "patch", "update"], None),
             _ => (vec!["get"], None),

@@ -22,10 +22,11 @@ use super::storage::Storage;
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
     /// The client config names nothing that can be called (a bad URL or
-    /// caBundle, a Service without ready endpoints).
+    /// caBundle).
     #[error("{0}")]
     Config(String),
-    /// The request did not get an answer (connection, TLS, deadline).
+    /// The request did not get an answer (no endpoint of the Service,
+    /// connection, TLS, deadline).
     #[error("Post \"{url}\": {cause}")]
     Transport { url: String, cause: String },
     /// The webhook answered with a status other than 2xx.
@@ -33,18 +34,21 @@ pub enum CallError {
     Status(String),
 }
 
-/// Where to send a review: the address to dial, the name TLS checks and
-/// the path.
+/// Where to send a review: the address to dial (or why there is none: a
+/// Service is resolved as the connection is dialled, as upstream's dialer
+/// does, so its failure is the POST's), the name TLS checks and the path.
 pub struct Target {
-    addr: String,
+    addr: Result<String, String>,
     server_name: String,
+    /// `https://host[:port]` as upstream's URL shows it.
+    base: String,
     path: String,
 }
 
 impl Target {
     /// The URL the review is posted to, as upstream's errors show it.
     fn url(&self, timeout: Duration) -> String {
-        format!("https://{}{}?timeout={}s", self.server_name, self.path, timeout.as_secs())
+        format!("{}{}?timeout={}s", self.base, self.path, timeout.as_secs())
     }
 }
 
@@ -66,16 +70,22 @@ pub async fn target(storage: &Storage, client_config: &Value) -> Result<Target, 
         } else {
             format!("{hostport}:443")
         };
-        return Ok(Target { addr, server_name: host.to_string(), path: path.to_string() });
+        return Ok(Target {
+            addr: Ok(addr),
+            server_name: host.to_string(),
+            base: format!("https://{hostport}"),
+            path: path.to_string(),
+        });
     }
     let svc =
         client_config.get("service").ok_or_else(|| CallError::Config("webhook has neither url nor service".into()))?;
     let ns = svc["namespace"].as_str().unwrap_or_default();
     let name = svc["name"].as_str().unwrap_or_default();
-    let port = ServicePort::Number(svc["port"].as_i64().unwrap_or(443));
+    let number = svc["port"].as_i64().unwrap_or(443);
     let path = svc["path"].as_str().filter(|p| !p.is_empty()).unwrap_or("/").to_string();
-    let addr = service_endpoint::resolve(storage, ns, name, &port).await.map_err(CallError::Config)?;
-    Ok(Target { addr, server_name: format!("{name}.{ns}.svc"), path })
+    let addr = service_endpoint::resolve(storage, ns, name, &ServicePort::Number(number)).await;
+    let server_name = format!("{name}.{ns}.svc");
+    Ok(Target { addr, base: format!("https://{server_name}:{number}"), server_name, path })
 }
 
 /// A TLS client that trusts the (base64 PEM) `caBundle` only.
@@ -109,7 +119,8 @@ pub async fn post(
     let transport = |cause: String| CallError::Transport { url: url.clone(), cause };
     let connector = tokio_rustls::TlsConnector::from(tls_config(ca_bundle)?);
     let exchange = async {
-        let tcp = tokio::net::TcpStream::connect(&target.addr).await.map_err(|e| transport(e.to_string()))?;
+        let addr = target.addr.as_ref().map_err(|e| transport(e.clone()))?;
+        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| transport(e.to_string()))?;
         let name = ServerName::try_from(target.server_name.clone()).map_err(|e| transport(e.to_string()))?;
         let tls = connector.connect(name, tcp).await.map_err(|e| transport(e.to_string()))?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))

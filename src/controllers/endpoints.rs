@@ -21,6 +21,7 @@ use super::controller_utils::{is_pod_ready, relabelled};
 use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
+use crate::client::informer::Change;
 use crate::client::labels;
 
 /// The label upstream puts on the Endpoints and EndpointSlices of headless Services.
@@ -279,8 +280,8 @@ struct Cleanup {
     services: Store<Service>,
 }
 
-/// Deletes Endpoints whose Service is gone (upstream does it on the
-/// Service's delete event, and for leftovers at start).
+/// Deletes Endpoints whose Service is gone; it runs for a Service's
+/// deletion and for each Endpoints object once at start.
 async fn delete_orphaned(ep: Arc<Endpoints>, ctx: Arc<Cleanup>) -> Result<Action, ControllerError> {
     let (Some(ns), Some(name)) = (ep.metadata.namespace.clone(), ep.metadata.name.clone()) else {
         return Ok(Action::await_change());
@@ -312,6 +313,7 @@ pub async fn run(
     let (pods, pod_events) =
         pod_informer.only(move |pod| selected_by_any(pod, &selected)).into_shared_parts_and_old(relabelled);
     let (endpoints, endpoint_events) = reflected(Api::<Endpoints>::all(client.clone()), watcher::Config::default());
+    let cleanup_endpoints = endpoints.clone();
     let queue = QueueMetrics::new("endpoint", by_pod.clone());
     let selecting = by_pod.clone();
     let sync = Controller::for_stream(queue.primary(own_events), by_pod)
@@ -327,10 +329,32 @@ pub async fn run(
             queue.retried(error_policy),
             Arc::new(Context { client: client.clone(), pods, endpoints }),
         );
-    // The Service's own events trigger the cleanup, from a cache written first.
-    let (services, service_events) = informers.informer::<Service>().subscribe().into_parts();
-    let cleanup = Controller::new(Api::<Endpoints>::all(client.clone()), watcher::Config::default())
-        .watches_stream(service_events, |svc: Service| {
+    // Endpoints are deleted when their Service's deletion is seen, and once
+    // at start for the leftovers of Services deleted while no controller
+    // ran (upstream's checkLeftoverEndpoints); never for an Endpoints
+    // object's own events: one made by hand, for no Service, stays.
+    let (services, service_changes) = informers.informer::<Service>().subscribe().into_changes();
+    let deleted_services = service_changes.filter_map(|change| {
+        std::future::ready(match change {
+            Change::Deleted(svc) => Some(Ok((*svc).clone())),
+            _ => None,
+        })
+    });
+    let leftovers = {
+        let (endpoints, services) = (cleanup_endpoints.clone(), services.clone());
+        futures_util::stream::once(async move {
+            let synced = crate::client::cache_sync::wait_for_cache_sync(&endpoints).await.is_ok()
+                && crate::client::cache_sync::wait_for_cache_sync(&services).await.is_ok();
+            if synced {
+                endpoints.state()
+            } else {
+                Vec::new()
+            }
+        })
+        .flat_map(|all| futures_util::stream::iter(all.into_iter().map(|ep| Ok((*ep).clone()))))
+    };
+    let cleanup = Controller::for_stream(leftovers, cleanup_endpoints)
+        .watches_stream(deleted_services, |svc: Service| {
             Some(ObjectRef::<Endpoints>::new(svc.metadata.name.as_deref()?).within(svc.metadata.namespace.as_deref()?))
         })
         .run(delete_orphaned, error_policy, Arc::new(Cleanup { client, services }))

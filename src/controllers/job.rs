@@ -22,6 +22,7 @@ use super::controller_utils::{is_pod_ready, pod_phase};
 use super::expectations::Expectations;
 use super::informers::{self, controlled_by, wait_synced};
 use super::job_pods::{format_intervals, index_of, is_indexed, new_pod, parse_intervals};
+use super::ref_manager;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::indexer::Index;
@@ -31,18 +32,25 @@ struct Context {
     client: kube::Client,
     pods: Store<Pod>,
     pods_by_owner: Index<Pod>,
+    orphan_pods: Index<Pod>,
     expectations: Expectations,
     recorder: EventRecorder,
 }
 
 pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
     let (jobs, job_events) = informers.informer::<Job>().subscribe().trigger_self();
-    let (pods, pod_events) = informers.informer::<Pod>().subscribe().trigger_owner::<Job>();
+    // A pod wakes its Job, or when it has no controller every Job whose
+    // selector matches it (which may adopt it).
+    let (pods, pod_events) = informers
+        .informer::<Pod>()
+        .subscribe()
+        .trigger_owner_or_selecting(jobs.clone(), |j: &Job| j.spec.as_ref()?.selector.as_ref());
     let recorder = EventRecorder::new(client.clone(), "job-controller");
     let ctx = Arc::new(Context {
         client,
         pods,
         pods_by_owner: informers.by_controller(),
+        orphan_pods: informers.orphans_by_namespace(),
         expectations: Expectations::default(),
         recorder,
     });
@@ -124,7 +132,14 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Controlle
     let parallelism = spec.parallelism.unwrap_or(1).max(0);
     let suspended = spec.suspend == Some(true);
 
-    let pods = controlled_by(&ctx.pods_by_owner, &ns, &uid);
+    // Its own pods, after adopting the orphans its selector matches and
+    // releasing those it no longer matches (upstream's ClaimPods).
+    let candidates: Vec<Arc<Pod>> =
+        controlled_by(&ctx.pods_by_owner, &ns, &uid).into_iter().chain(ctx.orphan_pods.get(&ns)).collect();
+    let pods = match spec.selector.as_ref() {
+        Some(selector) => ref_manager::claim_pods(&ctx.client, &*job, selector, candidates).await?,
+        None => Vec::new(),
+    };
     let active: Vec<Arc<Pod>> =
         pods.iter().filter(|p| !is_finished_pod(p) && p.metadata.deletion_timestamp.is_none()).cloned().collect();
     let terminating = pods.iter().filter(|p| !is_finished_pod(p) && p.metadata.deletion_timestamp.is_some()).count();

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::controller::{applier, Action, ReconcileRequest};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
@@ -35,6 +35,7 @@ use super::controller_utils::{controller_of, controller_ref, is_pod_active, pod_
 use super::expectations::Expectations;
 use super::informers::controlled_by;
 use super::queue_metrics::QueueMetrics;
+use super::ref_manager;
 use super::retry_backoff::RetryBackoff;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
@@ -136,7 +137,10 @@ async fn reconcile<K: ReplicaOwner>(rs: Arc<K>, ctx: Arc<Context<K>>) -> Result<
         .chain(ctx.orphan_pods.get(&ns))
         .filter(|p| is_pod_active(p))
         .collect();
-    let owned = claim_pods(&ctx, &rs, active).await?;
+    let owned = match rs.selector() {
+        Some(selector) => ref_manager::claim_pods(&ctx.client, &*rs, &selector, active).await?,
+        None => Vec::new(),
+    };
     let needs_sync = ctx.expectations.satisfied(&key, |n| ctx.seen(&ns, n));
     let manage = if needs_sync && rs.meta().deletion_timestamp.is_none() {
         manage_replicas(&ctx, &rs, &owned, &key).await
@@ -160,73 +164,6 @@ async fn reconcile<K: ReplicaOwner>(rs: Arc<K>, ctx: Arc<Context<K>>) -> Result<
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })
-}
-
-/// Adopts orphans the selector matches, releases owned pods it no longer
-/// matches, and returns the pods this ReplicaSet controls.
-async fn claim_pods<K: ReplicaOwner>(
-    ctx: &Context<K>,
-    rs: &K,
-    pods: Vec<Arc<Pod>>,
-) -> Result<Vec<Arc<Pod>>, ControllerError> {
-    let uid = rs.meta().uid.clone().unwrap_or_default();
-    let ns = rs.meta().namespace.clone().unwrap_or_default();
-    let Some(selector) = rs.selector() else { return Ok(Vec::new()) };
-    let selector = selector.as_ref();
-    let deleting = rs.meta().deletion_timestamp.is_some();
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut can_adopt: Option<bool> = None;
-    let mut owned = Vec::new();
-    for pod in pods {
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let matches = !labels::is_empty(selector) && labels::matches(selector, pod.metadata.labels.as_ref());
-        match controller_of(&pod.metadata) {
-            Some(c) if c.uid == uid => {
-                if matches {
-                    owned.push(pod);
-                } else if !deleting {
-                    let rest: Vec<_> =
-                        pod.metadata.owner_references.iter().flatten().filter(|o| o.uid != uid).collect();
-                    let rest = if rest.is_empty() { serde_json::Value::Null } else { serde_json::json!(rest) };
-                    let patch = serde_json::json!({"metadata": {"ownerReferences": rest}});
-                    match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                        Ok(_) => {
-                            tracing::debug!(owner = %rs.meta().name.as_deref().unwrap_or_default(), pod = %name, "released pod")
-                        }
-                        Err(e) if is_not_found(&e) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
-            }
-            Some(_) => {}
-            None if matches && !deleting && pod.metadata.deletion_timestamp.is_none() => {
-                if can_adopt.is_none() {
-                    can_adopt = Some(fresh_and_alive(ctx, rs).await?);
-                }
-                if can_adopt != Some(true) {
-                    continue;
-                }
-                let mut refs = pod.metadata.owner_references.clone().unwrap_or_default();
-                refs.push(controller_ref(rs));
-                let patch = serde_json::json!({"metadata": {"ownerReferences": refs}});
-                match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                    Ok(adopted) => owned.push(Arc::new(adopted)),
-                    Err(e) if is_not_found(&e) => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            None => {}
-        }
-    }
-    Ok(owned)
-}
-
-/// Whether the ReplicaSet, read afresh, is still this one and not being
-/// deleted (upstream's canAdopt check).
-async fn fresh_and_alive<K: ReplicaOwner>(ctx: &Context<K>, rs: &K) -> Result<bool, ControllerError> {
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), rs.meta().namespace.as_deref().unwrap_or_default());
-    let fresh = api.get_opt(rs.meta().name.as_deref().unwrap_or_default()).await?;
-    Ok(fresh.is_some_and(|f| f.meta().uid == rs.meta().uid && f.meta().deletion_timestamp.is_none()))
 }
 
 async fn create_pod<K: ReplicaOwner>(ctx: &Context<K>, rs: &K) -> Result<String, kube::Error> {

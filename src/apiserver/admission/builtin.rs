@@ -4,7 +4,7 @@
 //! becomes priority), DefaultStorageClass (claims without a class get the
 //! default one), StorageObjectInUseProtection (new claims and volumes carry
 //! the finalizer their protection controller removes once nothing uses
-//! them) and LimitRanger (container defaults from LimitRanges).
+//! them) and LimitRanger's defaults (`limit_ranger`).
 //! ResourceQuota is in `resource_quota`.
 
 use serde_json::{json, Value};
@@ -26,7 +26,7 @@ pub async fn mutate(call: &Call, obj: &mut Value, op: Operation) -> ApiResult<()
         service_account_token_volume(call, obj).await?;
         default_toleration_seconds(obj);
         priority(call, obj).await?;
-        limit_ranger(call, obj).await?;
+        super::limit_ranger::default_pod(call, obj);
     }
     if is(call, "", "persistentvolumeclaims") {
         default_storage_class(call, obj).await?;
@@ -190,43 +190,6 @@ async fn priority(call: &Call, pod: &mut Value) -> ApiResult<()> {
         }
         if spec.get("preemptionPolicy").is_none() {
             spec["preemptionPolicy"] = json!("PreemptLowerPriority");
-        }
-    }
-    Ok(())
-}
-
-async fn limit_ranger(call: &Call, pod: &mut Value) -> ApiResult<()> {
-    let Some(ns) = call.namespace() else { return Ok(()) };
-    let ranges = call.api.caches.limit_ranges.in_namespace(ns);
-    for range in ranges {
-        for limit in range.pointer("/spec/limits").and_then(Value::as_array).into_iter().flatten() {
-            if limit.get("type").and_then(Value::as_str) != Some("Container") {
-                continue;
-            }
-            for key in ["containers", "initContainers"] {
-                if let Some(Value::Array(cs)) = pod.pointer_mut(&format!("/spec/{key}")) {
-                    for c in cs {
-                        for (field, source) in [("limits", "default"), ("requests", "defaultRequest")] {
-                            if let Some(Value::Object(defaults)) = limit.get(source) {
-                                let res = c.as_object_mut().map(|m| m.entry("resources").or_insert_with(|| json!({})));
-                                if let Some(res) = res {
-                                    if !res.get(field).is_some_and(Value::is_object) {
-                                        res[field] = json!({});
-                                    }
-                                    for (r, q) in defaults {
-                                        if res[field].get(r).is_none() {
-                                            res[field][r] = q.clone();
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            let annotations =
-                crate::apiserver::meta::metadata_mut(pod).entry("annotations").or_insert_with(|| json!({}));
-            annotations["kubernetes.io/limit-ranger"] = json!("LimitRanger plugin set: defaults for containers");
         }
     }
     Ok(())

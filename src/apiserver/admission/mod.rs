@@ -1,14 +1,17 @@
 //! Admission: after an object is decoded and defaulted, the mutating
 //! plugins run (NodeRestriction for kubelets, the built-ins ServiceAccount, Priority, DefaultStorageClass
 //! and LimitRanger, then MutatingAdmissionWebhook), the object is
-//! validated, and the validating plugins run (PersistentVolumeClaimResize, the certificates API's
+//! validated, and the validating plugins run (LimitRanger's bounds, PersistentVolumeClaimResize, the certificates API's
 //! CertificateApproval, CertificateSigning and CertificateSubjectRestriction, ValidatingAdmissionWebhook,
 //! then ResourceQuota last, as upstream, so that a create is charged to
 //! its quota only once nothing else can refuse it). Nothing is stored
-//! unless all agree.
+//! unless all agree. A connect request (exec, attach, port-forward, the
+//! proxies) is admitted as CONNECT with its options object, by the
+//! webhooks only, before anything is connected.
 
 mod builtin;
 mod certificates;
+mod limit_ranger;
 pub mod node_restriction;
 mod pvc_resize;
 pub mod resource_quota;
@@ -25,6 +28,7 @@ pub enum Operation {
     Create,
     Update,
     Delete,
+    Connect,
 }
 
 impl Operation {
@@ -33,6 +37,7 @@ impl Operation {
             Operation::Create => "CREATE",
             Operation::Update => "UPDATE",
             Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
         }
     }
 }
@@ -52,8 +57,17 @@ pub async fn validate(call: &Call, obj: &Value, old: Option<&Value>, op: Operati
     if op == Operation::Delete {
         node_restriction::admit(call, obj, old, op).await?;
     }
+    limit_ranger::validate(call, obj, op)?;
     pvc_resize::admit(call, obj, old, op).await?;
     certificates::admit(call, obj, old, op)?;
     webhook::call_all(call, webhook::Reviewed::ReadOnly(obj), old, op).await?;
     resource_quota::admit(call, obj, old, op).await
+}
+
+/// Admission of a connect request (upstream's ConnectResource): the
+/// mutating webhooks, which may change the options object
+/// (`PodAttachOptions`, ...), then the validating ones.
+pub async fn connect(call: &Call, options: &mut Value) -> ApiResult<()> {
+    webhook::call_all(call, webhook::Reviewed::Mutable(options), None, Operation::Connect).await?;
+    webhook::call_all(call, webhook::Reviewed::ReadOnly(options), None, Operation::Connect).await
 }

@@ -170,7 +170,7 @@ pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation)
                     }
                     Ok(())
                 }
-                Operation::Delete => Ok(()),
+                Operation::Delete | Operation::Connect => Ok(()),
             }
         }
         ("", "persistentvolumes") => {

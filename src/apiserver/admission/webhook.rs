@@ -54,23 +54,41 @@ async fn namespace_labels(call: &Call) -> Option<Value> {
     obj.pointer("/metadata/labels").cloned()
 }
 
+/// Why a review got no usable answer, as upstream's webhook errors say it.
+fn call_error(e: webhook_client::CallError) -> String {
+    match e {
+        webhook_client::CallError::Config(why) => format!("could not get REST client: {why}"),
+        other => format!("failed to call webhook: {other}"),
+    }
+}
+
 /// POSTs a review and returns the answer's `response`.
 async fn send(call: &Call, client_config: &Value, review: &Value, timeout: Duration) -> Result<Value, String> {
-    let target = webhook_client::target(&call.api.storage, client_config).await.map_err(|e| e.to_string())?;
+    let target = webhook_client::target(&call.api.storage, client_config).await.map_err(call_error)?;
     let ca = client_config.get("caBundle").and_then(Value::as_str);
-    let bytes = webhook_client::post(&target, ca, review, timeout).await.map_err(|e| e.to_string())?;
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("invalid AdmissionReview: {e}"))?;
-    v.get("response").cloned().ok_or_else(|| "the AdmissionReview has no response".to_string())
+    let bytes = webhook_client::post(&target, ca, review, timeout).await.map_err(call_error)?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("failed to call webhook: {e}"))?;
+    v.get("response")
+        .filter(|r| r.is_object())
+        .cloned()
+        .ok_or_else(|| "received invalid webhook response: webhook response was absent".to_string())
 }
 
 fn review(call: &Call, obj: &Value, old: Option<&Value>, op: Operation) -> Value {
     let r = &call.resource;
-    let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+    // A connect request reviews its options object (PodAttachOptions, ...)
+    // under the name in its path.
+    let (kind, name) = match op {
+        Operation::Connect => {
+            (json!({"group": "", "version": "v1", "kind": obj["kind"]}), call.path.name.as_deref().unwrap_or_default())
+        }
+        _ => (json!({"group": r.group, "version": r.version, "kind": r.kind}), crate::apiserver::meta::name_of(obj)),
+    };
     let gvr = json!({"group": r.group, "version": r.version, "resource": r.plural});
     let mut req = json!({
         "uid": crate::apiserver::meta::new_uid(),
-        "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
-        "name": crate::apiserver::meta::name_of(obj),
+        "kind": kind, "resource": gvr, "requestKind": kind, "requestResource": gvr,
+        "name": name,
         "operation": op.as_str(),
         "userInfo": {"username": call.user.name, "groups": call.user.groups},
         "object": if op == Operation::Delete { Value::Null } else { obj.clone() },
@@ -128,6 +146,10 @@ pub async fn call_all(call: &Call, mut obj: Reviewed<'_>, old: Option<&Value>, o
                 }
             }
             if let Some(sel) = hook.get("objectSelector").filter(|s| s.as_object().is_some_and(|m| !m.is_empty())) {
+                // An options object has no labels to select.
+                if op == Operation::Connect {
+                    continue;
+                }
                 let labels = obj.get().pointer("/metadata/labels").or(old.and_then(|o| o.pointer("/metadata/labels")));
                 if !LabelSelector::from_object(sel).matches(labels) {
                     continue;
@@ -161,18 +183,26 @@ pub async fn call_all(call: &Call, mut obj: Reviewed<'_>, old: Option<&Value>, o
                     json_patch::patch(obj, &ops).map_err(|e| {
                         ApiError::internal(format!("webhook \"{name}\" sent a patch that does not apply: {e}"))
                     })?;
-                    // Decoded again as the kind, as upstream decodes the
-                    // patched object: fields its type (or a custom
-                    // resource's structural schema) does not know are dropped.
-                    let (decoded, _) = call.resource.strategy.decode(obj).map_err(|e| {
-                        ApiError::internal(format!("webhook \"{name}\" made an object that does not decode: {e}"))
-                    })?;
-                    **obj = decoded;
+                    if decodes_as_resource(call, op) {
+                        // Read back as the resource's type, as upstream
+                        // decodes a webhook's result: what the type (or a
+                        // custom resource's schema) does not know is dropped.
+                        let (decoded, _) = call.resource.strategy.decode(obj).map_err(|e| {
+                            ApiError::internal(format!("webhook \"{name}\" made an object that does not decode: {e}"))
+                        })?;
+                        **obj = decoded;
+                    }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Whether the reviewed object is one of the resource's own (not a
+/// connect request's options, nor another kind a subresource takes).
+fn decodes_as_resource(call: &Call, op: Operation) -> bool {
+    op != Operation::Connect && matches!(call.path.subresource.as_deref(), None | Some("status"))
 }
 
 /// A webhook's refusal as upstream's ToStatusErr makes it: the webhook's

@@ -1,8 +1,9 @@
 //! The connect subresources that lead to a node's kubelet: `pods/log`,
 //! `pods/exec`, `pods/attach`, `pods/portforward` and `nodes/proxy`
 //! (upstream's `pkg/registry/core/pod/rest` and `node/rest`). The pod's
-//! node and container are checked here; the stream itself, whatever
-//! protocol the client speaks, is passed through to the kubelet.
+//! node and container are checked here, after admission
+//! (`connect_options`); the stream itself, whatever protocol the client
+//! speaks, is passed through to the kubelet.
 
 use axum::body::{Body, Bytes};
 use axum::http::{Method, StatusCode};
@@ -10,7 +11,7 @@ use axum::response::Response;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
-use super::relay;
+use super::{connect_options, relay};
 use crate::apiserver::call::Call;
 use crate::apiserver::kubelet::{node_endpoint, KubeletConnector};
 use crate::apiserver::status::{ApiError, ApiResult};
@@ -145,6 +146,7 @@ pub async fn pod_stream(call: &mut Call, method: &Method) -> ApiResult<Response>
     if method == Method::GET {
         call.api.authorize(call, "create").await?;
     }
+    connect_options::admit(call).await?;
     let pod = call.load_object().await?.object;
     let ns = call.namespace().unwrap_or_default();
     let name = call.path.name.as_deref().unwrap_or_default();
@@ -174,6 +176,7 @@ pub async fn pod_stream(call: &mut Call, method: &Method) -> ApiResult<Response>
 /// `nodes/proxy`: any request to the node's kubelet API (`name`,
 /// `name:port` or `https:name:port`).
 pub async fn node_proxy(call: &mut Call, method: &Method, body: Bytes) -> ApiResult<Response> {
+    connect_options::admit(call).await?;
     let target = call.path.name.clone().unwrap_or_default();
     let (scheme, name, port) = split_proxy_name(&target);
     if !matches!(scheme, "" | "https") {

@@ -8,6 +8,7 @@ mod binding;
 mod cached_read;
 mod computed;
 mod connect;
+mod connect_options;
 mod delete;
 mod eviction;
 mod list_body;

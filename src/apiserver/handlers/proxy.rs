@@ -14,7 +14,7 @@ use axum::response::Response;
 use serde_json::Value;
 
 use super::connect::split_proxy_name;
-use super::relay;
+use super::{connect_options, relay};
 use crate::apiserver::call::Call;
 use crate::apiserver::service_endpoint::{resolve, ServicePort};
 use crate::apiserver::status::{ApiError, ApiResult};
@@ -53,6 +53,7 @@ fn pod_port(pod: &Value, port: Option<&str>) -> ApiResult<u16> {
 }
 
 pub async fn pod_proxy(call: &mut Call, method: &Method, body: Bytes) -> ApiResult<Response> {
+    connect_options::admit(call).await?;
     let target = call.path.name.clone().unwrap_or_default();
     let (scheme, name, port) = split_proxy_name(&target);
     let tls = uses_tls(scheme)?;
@@ -69,6 +70,7 @@ pub async fn pod_proxy(call: &mut Call, method: &Method, body: Bytes) -> ApiResu
 }
 
 pub async fn service_proxy(call: &mut Call, method: &Method, body: Bytes) -> ApiResult<Response> {
+    connect_options::admit(call).await?;
     let target = call.path.name.clone().unwrap_or_default();
     let (scheme, name, port) = split_proxy_name(&target);
     let tls = uses_tls(scheme)?;
@@ -116,7 +118,10 @@ async fn forward(call: &mut Call, method: &Method, body: Bytes, addr: &str, tls:
 
 /// One request on a new HTTP/1.1 connection over `io`, kept open for any
 /// upgrade it leads to.
-async fn exchange<T>(io: T, req: hyper::Request<axum::body::Body>) -> hyper::Result<hyper::Response<hyper::body::Incoming>>
+async fn exchange<T>(
+    io: T,
+    req: hyper::Request<axum::body::Body>,
+) -> hyper::Result<hyper::Response<hyper::body::Incoming>>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {

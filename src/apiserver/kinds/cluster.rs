@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use super::int;
 use crate::apiserver::meta::{age, at, human_duration, str_at};
+use crate::apiserver::status::Cause;
 use crate::apiserver::strategy::Hooks;
 use crate::apiserver::table::Column;
 
@@ -64,8 +65,24 @@ pub fn priorityclass_hooks() -> Hooks {
                 json!(str_at(o, &["preemptionPolicy"]).unwrap_or_default()),
             ]
         },
+        validate_change: validate_priorityclass_change,
         ..Hooks::default()
     }
+}
+
+/// A PriorityClass's value and preemptionPolicy never change (upstream's
+/// ValidatePriorityClassUpdate).
+fn validate_priorityclass_change(_subresource: Option<&str>, new: &Value, old: Option<&Value>) -> Vec<Cause> {
+    let Some(old) = old else { return Vec::new() };
+    let mut causes = Vec::new();
+    if new.get("value") != old.get("value") {
+        causes.push(Cause::forbidden("value", "Forbidden: may not be changed in an update."));
+    }
+    if new.get("preemptionPolicy") != old.get("preemptionPolicy") {
+        let value = new.get("preemptionPolicy").and_then(Value::as_str).unwrap_or_default();
+        causes.push(Cause::invalid("preemptionPolicy", format!("Invalid value: {value:?}: field is immutable")));
+    }
+    causes
 }
 
 pub fn runtimeclass_hooks() -> Hooks {
@@ -203,6 +220,17 @@ mod tests {
         );
         let cells = (certificatesigningrequest_hooks().cells)(&json!({"spec": {}}));
         assert_eq!(&cells[1..], &[json!("<none>"), json!(""), json!("<none>"), json!("Pending")]);
+    }
+
+    #[test]
+    fn priority_class_value_and_preemption_policy_are_immutable() {
+        let old = json!({"value": 10, "preemptionPolicy": "PreemptLowerPriority"});
+        assert!(validate_priorityclass_change(None, &old, Some(&old)).is_empty());
+        let causes =
+            validate_priorityclass_change(None, &json!({"value": 100, "preemptionPolicy": "Never"}), Some(&old));
+        let fields: Vec<&str> = causes.iter().map(|c| c.field.as_str()).collect();
+        assert_eq!(fields, ["value", "preemptionPolicy"]);
+        assert_eq!(causes[0].message, "Forbidden: may not be changed in an update.");
     }
 
     #[test]

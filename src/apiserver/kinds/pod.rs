@@ -88,6 +88,30 @@ fn default_pod(obj: &mut Value) {
     if let Some(spec) = obj.get_mut("spec") {
         default_pod_spec(spec);
         default_field(spec, "priority", json!(0));
+        for key in ["containers", "initContainers"] {
+            if let Some(Value::Array(cs)) = spec.get_mut(key) {
+                cs.iter_mut().for_each(default_requests_to_limits);
+            }
+        }
+    }
+}
+
+/// Upstream's SetDefaults_Pod (a Pod's, not a template's): a resource a
+/// container limits but does not request is requested at its limit, before
+/// any admission plugin (LimitRanger) fills in what is still missing.
+fn default_requests_to_limits(container: &mut Value) {
+    let Some(resources) = container.get_mut("resources").and_then(Value::as_object_mut) else { return };
+    let Some(limits) = resources.get("limits").and_then(Value::as_object).filter(|l| !l.is_empty()).cloned() else {
+        return;
+    };
+    let requests = resources.entry("requests").or_insert_with(|| json!({}));
+    if !requests.is_object() {
+        *requests = json!({});
+    }
+    if let Some(requests) = requests.as_object_mut() {
+        for (key, value) in limits {
+            requests.entry(key).or_insert(value);
+        }
     }
 }
 
