@@ -199,8 +199,19 @@ spec:
     let tolerations =
         get(&s, &["get", "pods", "-l", "app=agent", "-o", "jsonpath={.items[0].spec.tolerations[*].key}"]);
     assert!(tolerations.contains("node.kubernetes.io/unreachable"), "{tolerations}");
-    assert!(get(&s, &["get", "pods", "-l", "app=agent", "-o", "jsonpath={.items[0].metadata.labels}"])
-        .contains("controller-revision-hash"));
+    let pod_hash = get(
+        &s,
+        &["get", "pods", "-l", "app=agent", "-o", "jsonpath={.items[0].metadata.labels.controller-revision-hash}"],
+    );
+    assert!(!pod_hash.is_empty());
+    // Its ControllerRevision carries the template's labels and the same
+    // hash under the same key, as upstream's (clients find the current
+    // revision by it).
+    let revision = get(
+        &s,
+        &["get", "controllerrevisions", "-l", "app=agent", "-o", "jsonpath={.items[*].metadata.labels.controller-revision-hash}"],
+    );
+    assert_eq!(revision, pod_hash);
     eventually("desiredNumberScheduled 2", || {
         get(
             &s,

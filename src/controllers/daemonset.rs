@@ -20,7 +20,7 @@ use super::controller_utils::{
 };
 use super::daemonset_nodes::{add_default_tolerations, pin_to_node, placement, target_node};
 use super::expectations::Expectations;
-use super::history::{self, NewRevision, REVISION_HASH_LABEL};
+use super::history::{self, NewRevision};
 use super::informers::{self, controlled_by, wait_synced};
 use super::{ref_manager, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
@@ -140,13 +140,14 @@ async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<Action, Cont
         api: &revisions_api,
         owner_name: &name,
         owner_ref: controller_ref(&*ds),
-        labels: spec.selector.match_labels.clone().unwrap_or_default(),
+        labels: spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default(),
+        hash_label: REVISION_LABEL,
         data: history::template_patch(&spec.template),
         revisions: &revisions,
     }
     .ensure(&mut collision_count)
     .await?;
-    let hash = update.metadata.labels.as_ref().and_then(|l| l.get(REVISION_HASH_LABEL)).cloned().unwrap_or_default();
+    let hash = update.metadata.labels.as_ref().and_then(|l| l.get(REVISION_LABEL)).cloned().unwrap_or_default();
 
     // The template as daemon pods get it, and where it fits.
     let mut template: PodTemplateSpec = spec.template.clone();

@@ -85,7 +85,11 @@ pub struct NewRevision<'a> {
     pub api: &'a Api<ControllerRevision>,
     pub owner_name: &'a str,
     pub owner_ref: OwnerReference,
+    /// The owner's pod template's labels (upstream's, on each revision).
     pub labels: BTreeMap<String, String>,
+    /// The label that carries the revision's hash: a StatefulSet's
+    /// `controller.kubernetes.io/hash`, a DaemonSet's `controller-revision-hash`.
+    pub hash_label: &'static str,
     pub data: Value,
     /// The owner's revisions, oldest first.
     pub revisions: &'a [Arc<ControllerRevision>],
@@ -108,7 +112,7 @@ impl NewRevision<'_> {
             let hash = hash_revision(&self.data, *collision_count);
             let name = format!("{}-{hash}", self.owner_name);
             let mut labels = self.labels.clone();
-            labels.insert(REVISION_HASH_LABEL.into(), hash);
+            labels.insert(self.hash_label.into(), hash);
             let revision = ControllerRevision {
                 metadata: ObjectMeta {
                     name: Some(name.clone()),

@@ -115,7 +115,8 @@ async fn reconcile(set: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action, C
         api: &revisions_api,
         owner_name: &name,
         owner_ref: controller_ref(&*set),
-        labels: spec.selector.match_labels.clone().unwrap_or_default(),
+        labels: spec.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default(),
+        hash_label: history::REVISION_HASH_LABEL,
         data: history::template_patch(&spec.template),
         revisions: &revisions,
     }
