@@ -64,6 +64,13 @@ pub fn root_name(api_version: &str, kind: &str) -> Option<String> {
     BUILTIN.as_ref()?.roots.get(&key(api_version, kind)).cloned()
 }
 
+/// The components every built-in kind shares: the kinds', and the meta
+/// types their operations refer to (`ListMeta`, `Status`, `DeleteOptions`,
+/// `Patch`, `WatchEvent`, autoscaling/v1 `Scale`).
+pub fn components() -> Option<Arc<Components>> {
+    Some(BUILTIN.as_ref()?.components.clone())
+}
+
 /// A built-in kind's schema set, over the components every kind shares.
 pub fn schema_set(api_version: &str, kind: &str) -> Option<SharedSchema> {
     let builtin = BUILTIN.as_ref()?;
@@ -139,8 +146,20 @@ pub(crate) mod tests {
         ("io.k8s.api.admissionregistration.v1.MutatingWebhook", "matchConditions", "merge", Some("name")),
     ];
 
-    /// Writes the built-in patch strategies and list types into `components`.
+    /// Writes the built-in patch strategies and list types into `components`,
+    /// and leaves `metadata` out of every kind's `required` (k8s-openapi's
+    /// types hold an ObjectMeta, never optional; upstream's schemas do not
+    /// require it).
     pub(crate) fn annotate(components: &mut Map<String, Value>) {
+        for schema in components.values_mut() {
+            let Some(m) = schema.as_object_mut() else { continue };
+            if let Some(Value::Array(required)) = m.get_mut("required") {
+                required.retain(|r| r != "metadata");
+                if required.is_empty() {
+                    m.remove("required");
+                }
+            }
+        }
         for (component, property, strategy, key) in PATCH_STRATEGIES {
             let Some(p) = property_mut(components, component, property) else { continue };
             p.insert("x-kubernetes-patch-strategy".into(), serde_json::json!(strategy));
@@ -176,6 +195,27 @@ pub(crate) mod tests {
         format!("{{\"roots\": {{\n{}\n}},\n\"components\": {{\n{}\n}}}}\n", roots.join(",\n"), components.join(",\n"))
     }
 
+    /// The types the OpenAPI v2 document's operations take and return
+    /// besides the kinds themselves: the meta types, the kinds of the
+    /// subresources that create one (Eviction, TokenRequest) and what the
+    /// discovery paths answer.
+    fn describe_operation_types(generator: &mut schemars::SchemaGenerator) {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
+        let _ = generator.subschema_for::<k8s_openapi::api::policy::v1::Eviction>();
+        let _ = generator.subschema_for::<k8s_openapi::api::authentication::v1::TokenRequest>();
+        let _ = generator.subschema_for::<meta::APIGroup>();
+        let _ = generator.subschema_for::<meta::APIGroupList>();
+        let _ = generator.subschema_for::<meta::APIResourceList>();
+        let _ = generator.subschema_for::<meta::APIVersions>();
+        let _ = generator.subschema_for::<k8s_openapi::apimachinery::pkg::version::Info>();
+        let _ = generator.subschema_for::<meta::ListMeta>();
+        let _ = generator.subschema_for::<meta::Status>();
+        let _ = generator.subschema_for::<meta::DeleteOptions>();
+        let _ = generator.subschema_for::<meta::Patch>();
+        let _ = generator.subschema_for::<meta::WatchEvent<Value>>();
+        let _ = generator.subschema_for::<k8s_openapi::api::autoscaling::v1::Scale>();
+    }
+
     #[test]
     fn the_embedded_components_are_what_k8s_openapi_describes() {
         let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
@@ -186,6 +226,7 @@ pub(crate) mod tests {
             }
         }
         assert!(roots.len() > 50, "every built-in kind is described: {roots:?}");
+        describe_operation_types(&mut generator);
         let mut components = generator.take_definitions(true);
         annotate(&mut components);
         let text = render(&roots, &components);

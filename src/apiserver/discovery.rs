@@ -27,7 +27,7 @@ fn wants_aggregated(accept: &str) -> bool {
 }
 
 /// A subresource's group, version and kind when it differs from its parent's.
-type SubKind = Option<(&'static str, &'static str, &'static str)>;
+pub type SubKind = Option<(&'static str, &'static str, &'static str)>;
 
 /// Whether `r` (or its subresource `sub`) is served for `verb`: the verbs
 /// discovery lists are the only ones routed.
@@ -58,7 +58,7 @@ fn options_kind(r: &Resource, subresource: &str) -> SubKind {
 }
 
 /// Subresources and the verbs they take.
-fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, SubKind)> {
+pub fn subresources(r: &Resource) -> Vec<(String, Vec<&'static str>, SubKind)> {
     let mut out = Vec::new();
     if r.status {
         out.push(("status".to_string(), vec!["get", "patch", "update"], None));

@@ -497,7 +497,8 @@ async fn handle(State(api): State<Arc<Api>>, req: Request) -> Response {
             metrics::global().observe_request(&labels, resp.status().as_u16(), started.elapsed());
             resp
         }
-        Target::Other => match openapi::serve(&api.registry, &api.openapi, &path, &accept) {
+        Target::Other if path == "/openapi/v2" => openapi::serve_swagger(api.clone(), &parts.headers).await,
+        Target::Other => match openapi::serve(&api.registry, &api.openapi, &path) {
             Some(resp) => resp,
             None => ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response(),
         },

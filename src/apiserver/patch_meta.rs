@@ -93,6 +93,23 @@ impl Components {
     }
 }
 
+impl Components {
+    /// Hands `f` every component in name order, a parsed copy at a time
+    /// (for the OpenAPI v2 document, which lists them all).
+    pub fn each(&self, mut f: impl FnMut(&str, Value)) {
+        let mut names: Vec<&String> = self.by_name.keys().collect();
+        names.sort();
+        for name in names {
+            f(name, self.by_name[name].to_value());
+        }
+    }
+
+    /// A parsed copy of one component.
+    pub fn get(&self, name: &str) -> Option<Value> {
+        self.by_name.get(name).map(Component::to_value)
+    }
+}
+
 /// A kind's root schema, among the components.
 #[derive(Debug, Default, Clone)]
 pub struct SchemaSet {

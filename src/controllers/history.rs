@@ -47,12 +47,56 @@ pub fn hash_revision(data: &Value, collision_count: i32) -> String {
 
 /// What a StatefulSet or DaemonSet revision stores: its template as a
 /// strategic-merge patch that replaces the template.
+///
+/// The bytes are those upstream's controllers (and its clients' `Match`,
+/// which compares them with the owner's template encoded again) write:
+/// keys sorted, and the fields Go's types always encode present even when
+/// empty (the template's `creationTimestamp: null`, each container's
+/// `resources: {}`, a resourceFieldRef's `divisor: "0"`).
 pub fn template_patch(template: &PodTemplateSpec) -> Value {
     let mut t = serde_json::to_value(template).unwrap_or_else(|_| json!({}));
+    with_go_fields(&mut t);
     if let Some(m) = t.as_object_mut() {
         m.insert("$patch".into(), json!("replace"));
     }
     json!({"spec": {"template": t}})
+}
+
+/// A pod template's fields that Go encodes even when empty (structs, not
+/// pointers, in upstream's types).
+fn with_go_fields(template: &mut Value) {
+    let Some(t) = template.as_object_mut() else { return };
+    let meta = t.entry("metadata").or_insert_with(|| json!({}));
+    if let Some(m) = meta.as_object_mut() {
+        m.entry("creationTimestamp").or_insert(Value::Null);
+    }
+    let Some(spec) = t.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    for list in ["initContainers", "containers", "ephemeralContainers"] {
+        for c in spec.get_mut(list).and_then(Value::as_array_mut).into_iter().flatten() {
+            let Some(c) = c.as_object_mut() else { continue };
+            c.entry("resources").or_insert_with(|| json!({}));
+            for env in c.get_mut("env").and_then(Value::as_array_mut).into_iter().flatten() {
+                if let Some(r) = env.pointer_mut("/valueFrom/resourceFieldRef").and_then(Value::as_object_mut) {
+                    r.entry("divisor").or_insert_with(|| json!("0"));
+                }
+            }
+        }
+    }
+}
+
+/// Whether a revision holds `data`, however an older ferrok wrote it
+/// (without the fields Go always encodes): such a revision is reused, not
+/// replaced, so pods keep their hash across an upgrade.
+fn holds(revision: &ControllerRevision, data: &Value) -> bool {
+    let Some(held) = data_of(revision) else { return false };
+    if held == data {
+        return true;
+    }
+    let mut shaped = held.clone();
+    if let Some(t) = shaped.pointer_mut("/spec/template") {
+        with_go_fields(t);
+    }
+    &shaped == data
 }
 
 /// The template a revision holds.
@@ -99,7 +143,7 @@ impl NewRevision<'_> {
     pub async fn ensure(self, collision_count: &mut i32) -> Result<ControllerRevision, ControllerError> {
         let next = self.revisions.last().map_or(1, |r| r.revision + 1);
         // An equal revision: reuse it (a rollback makes it the newest again).
-        if let Some(equal) = self.revisions.iter().rev().find(|r| data_of(r) == Some(&self.data)) {
+        if let Some(equal) = self.revisions.iter().rev().find(|r| holds(r, &self.data)) {
             let last = self.revisions.last().map(|r| &r.metadata.name);
             if last == Some(&equal.metadata.name) {
                 return Ok((**equal).clone());
@@ -127,7 +171,7 @@ impl NewRevision<'_> {
                 Ok(r) => return Ok(r),
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     let existing = self.api.get(&name).await?;
-                    if data_of(&existing) == Some(&self.data) {
+                    if holds(&existing, &self.data) {
                         return Ok(existing);
                     }
                     *collision_count += 1;
@@ -168,5 +212,25 @@ mod tests {
         assert_ne!(a, hash_revision(&d, 1));
         assert!(a.bytes().all(|b| SAFE_ALPHABET.contains(&b)));
         assert_eq!(safe_encode("0123"), "4567");
+    }
+
+    #[test]
+    fn a_template_patch_is_the_bytes_go_writes() {
+        let template: PodTemplateSpec = serde_json::from_value(json!({
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "app", "image": "httpd", "env": [{"name": "CPU",
+                "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}}]}]}}))
+        .expect("template");
+        let data = template_patch(&template);
+        assert_eq!(
+            data.to_string(),
+            r#"{"spec":{"template":{"$patch":"replace","metadata":{"creationTimestamp":null,"labels":{"app":"web"}},"spec":{"containers":[{"env":[{"name":"CPU","valueFrom":{"resourceFieldRef":{"divisor":"0","resource":"limits.cpu"}}}],"image":"httpd","name":"app","resources":{}}]}}}}"#
+        );
+        // A revision an older ferrok wrote without those fields still holds it.
+        let mut old = serde_json::to_value(&template).expect("json");
+        old["$patch"] = json!("replace");
+        let revision =
+            ControllerRevision { data: Some(RawExtension(json!({"spec": {"template": old}}))), ..Default::default() };
+        assert!(holds(&revision, &data));
     }
 }

@@ -6,6 +6,7 @@
 //! resources, and sets their `NamesAccepted` and `Established` conditions.
 
 pub mod conversion;
+pub mod openapi_v2;
 pub mod schema;
 
 use std::sync::Arc;

@@ -58,7 +58,12 @@ fn options(kind: &str, query: &[(String, String)], proxy_path: Option<&str>) -> 
             }
         }
         "PodPortForwardOptions" => {
+            // Repeated, or comma-separated in one value (as the kube crate
+            // and the kubelet's own parser take them).
             let ports = all("ports")
+                .flat_map(|v| v.split(','))
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
                 .map(|p| p.parse::<i32>().map_err(|_| ApiError::bad_request(format!("invalid port {p:?}"))))
                 .collect::<ApiResult<Vec<i32>>>()?;
             if !ports.is_empty() {
@@ -122,6 +127,8 @@ mod tests {
         assert_eq!(exec["tty"], json!(true), "present and empty is true");
         assert_eq!(options("PodExecOptions", &[], None).unwrap()["command"], Value::Null);
         let pf = options("PodPortForwardOptions", &q("ports=8080&ports=9090"), None).unwrap();
+        let listed = options("PodPortForwardOptions", &q("ports=8080,9090"), None).unwrap();
+        assert_eq!(listed["ports"], pf["ports"]);
         assert_eq!(pf["ports"], json!([8080, 9090]));
         assert_eq!(options("PodPortForwardOptions", &q("ports=x"), None).unwrap_err().code, 400);
         let proxy = options("ServiceProxyOptions", &q("a=b"), Some("/healthz")).unwrap();

@@ -28,6 +28,11 @@ pub fn crd_hooks() -> Hooks {
                     service.entry("port").or_insert(json!(443));
                 }
             }
+            for v in o.pointer_mut("/spec/versions").and_then(Value::as_array_mut).into_iter().flatten() {
+                if let Some(schema) = v.pointer_mut("/schema/openAPIV3Schema") {
+                    whole_bounds_as_integers(schema);
+                }
+            }
             let stored = stored_versions(o);
             if let Some(status) = o.get_mut("status").and_then(Value::as_object_mut) {
                 if !stored.is_empty() {
@@ -96,6 +101,38 @@ pub fn crd_hooks() -> Hooks {
         columns: || vec![Column { name: "Created At", kind: "date", format: "", description: "", priority: 0 }],
         cells: |o| vec![json!(meta::str_at(o, &["metadata", "creationTimestamp"]).unwrap_or_default())],
         ..Hooks::default()
+    }
+}
+
+/// The keywords of a JSONSchemaProps that hold a float64.
+const FLOAT_KEYWORDS: &[&str] = &["maximum", "minimum", "multipleOf"];
+
+/// Writes the float keywords of a schema that hold whole numbers as
+/// integers (`minimum: 1`, not `1.0`), as Go encodes a float64, through
+/// every sub-schema. `default`, `enum` and `example` are left as written:
+/// upstream keeps their JSON as it came.
+fn whole_bounds_as_integers(schema: &mut Value) {
+    let Some(m) = schema.as_object_mut() else { return };
+    for key in FLOAT_KEYWORDS {
+        if let Some(n) = m.get_mut(*key) {
+            if let Some(f) = n.as_f64().filter(|f| n.is_f64() && f.fract() == 0.0 && f.abs() < 9.0e15) {
+                *n = json!(f as i64);
+            }
+        }
+    }
+    for (key, sub) in m.iter_mut() {
+        match (key.as_str(), sub) {
+            ("properties" | "patternProperties" | "definitions" | "dependencies", Value::Object(named)) => {
+                named.values_mut().for_each(whole_bounds_as_integers)
+            }
+            ("allOf" | "anyOf" | "oneOf" | "items", Value::Array(list)) => {
+                list.iter_mut().for_each(whole_bounds_as_integers)
+            }
+            ("items" | "additionalProperties" | "additionalItems" | "not", s @ Value::Object(_)) => {
+                whole_bounds_as_integers(s)
+            }
+            _ => {}
+        }
     }
 }
 
@@ -255,4 +292,26 @@ fn validate_webhook_url(field: &str, url: &str) -> Vec<Cause> {
         ));
     }
     causes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_float_bounds_are_written_as_go_writes_them() {
+        let mut schema = json!({"type": "object", "properties": {
+            "a": {"type": "integer", "minimum": 1.0, "maximum": 10.5, "default": 2.0},
+            "l": {"type": "array", "items": {"type": "number", "multipleOf": 3.0, "enum": [1.0]}},
+            "x": {"anyOf": [{"minimum": 0.0}], "additionalProperties": {"maximum": 4.0}},
+        }});
+        whole_bounds_as_integers(&mut schema);
+        assert_eq!(schema["properties"]["a"]["minimum"].to_string(), "1");
+        assert_eq!(schema["properties"]["a"]["maximum"].to_string(), "10.5");
+        assert_eq!(schema["properties"]["a"]["default"].to_string(), "2.0", "defaults stay as written");
+        assert_eq!(schema["properties"]["l"]["items"]["multipleOf"].to_string(), "3");
+        assert_eq!(schema["properties"]["l"]["items"]["enum"].to_string(), "[1.0]");
+        assert_eq!(schema["properties"]["x"]["anyOf"][0]["minimum"].to_string(), "0");
+        assert_eq!(schema["properties"]["x"]["additionalProperties"]["maximum"].to_string(), "4");
+    }
 }

@@ -21,7 +21,8 @@ pub struct GroupInfo {
 #[derive(Default)]
 pub struct Registry {
     inner: RwLock<Inner>,
-    /// Bumped at every change, so derived documents know when to rebuild.
+    /// Bumped after every change, so derived documents know when to
+    /// rebuild: a reader that saw generation `g` sees every change up to `g`.
     generation: std::sync::atomic::AtomicU64,
 }
 
@@ -58,7 +59,6 @@ impl Registry {
     }
 
     pub fn add(&self, r: Resource) {
-        self.changed();
         let r = Arc::new(r);
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let key = (r.group.clone(), r.version.clone(), r.plural.clone());
@@ -68,13 +68,13 @@ impl Registry {
         });
         inner.order.push(r.clone());
         inner.by_path.insert(key, r);
+        self.changed();
     }
 
     /// Replaces every served version of `group`/`plural` with a copy that
     /// `f` changed, in place (how the API server hands a kind state only it
     /// holds, such as the Service allocator).
     pub fn decorate(&self, group: &str, plural: &str, f: impl Fn(&mut Resource)) {
-        self.changed();
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         let mut replaced = Vec::new();
         for slot in inner.order.iter_mut().filter(|r| r.group == group && r.plural == plural) {
@@ -86,19 +86,19 @@ impl Registry {
         for r in replaced {
             inner.by_path.insert((r.group.clone(), r.version.clone(), r.plural.clone()), r);
         }
+        self.changed();
     }
 
     pub fn remove(&self, group: &str, plural: &str) {
-        self.changed();
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         inner.remove(group, plural);
+        self.changed();
     }
 
     /// Serves `resources` instead of every version of `group`/`plural`, in
     /// one step: a request never finds the resource missing in between (a
     /// CRD's update re-registers its versions).
     pub fn replace(&self, group: &str, plural: &str, resources: Vec<Resource>) {
-        self.changed();
         let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
         inner.remove(group, plural);
         for r in resources {
@@ -106,6 +106,8 @@ impl Registry {
             inner.order.push(r.clone());
             inner.by_path.insert((r.group.clone(), r.version.clone(), r.plural.clone()), r);
         }
+        drop(inner);
+        self.changed();
     }
 
     pub fn get(&self, group: &str, version: &str, plural: &str) -> Option<Arc<Resource>> {
