@@ -547,6 +547,14 @@ fn the_node_registers_as_upstream_and_keeps_its_lease() {
     node.ok(&["patch", "node", &node.name, "--subresource=status", "--type=json", "-p", add]);
     // (1000 reads back in canonical form, as upstream's quantities do.)
     node.eventually("the extended resource allocatable", 20, || get(fake) == "1k");
+    // A pod asking for it is scheduled and admitted by the node, which
+    // counts what the Node advertises, not only what it measured itself.
+    ns(&node, "ext");
+    node.apply(&format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: wants-fake, namespace: ext}}\nspec:\n  containers: [{{name: c, image: {BUSYBOX}, command: [\"sleep\", \"100000\"], resources: {{requests: {{example.com/fakecpu: \"2\"}}, limits: {{example.com/fakecpu: \"2\"}}}}}}]\n"
+    ));
+    node.eventually("the pod asking for the extended resource running", 60, || phase(&node, "ext", "wants-fake") == "Running");
+    node.ok(&["delete", "pod", "-n", "ext", "wants-fake", "--wait=false"]);
     let remove = r#"[{"op": "remove", "path": "/status/capacity/example.com~1fakecpu"}]"#;
     node.ok(&["patch", "node", &node.name, "--subresource=status", "--type=json", "-p", remove]);
     node.eventually("the extended resource gone from allocatable", 20, || get(fake).is_empty());

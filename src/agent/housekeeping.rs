@@ -41,7 +41,10 @@ pub fn spawn(
         min_age: kc.image_minimum_gc_age,
     };
     workers.add_admit_handler(super::eviction::admission::handler(pressure.subscribe(), kubelet.events.clone()));
-    workers.add_admit_handler(super::predicate_admission::handler(kubelet.allocatable.clone(), kubelet.events.clone()));
+    workers.add_admit_handler(super::predicate_admission::handler(
+        kubelet.node_allocatable.clone(),
+        kubelet.events.clone(),
+    ));
     let container_gc = ContainerGc::new(kubelet.clone(), workers.clone());
     let image_gc = ImageGcManager::new(kubelet.clone(), policy, image_fs.clone(), sandbox_image);
     // The node status waits on this channel: it must outlive the eviction

@@ -69,6 +69,9 @@ pub struct Kubelet {
     pub runtime_name: String,
     pub host_ips: Vec<String>,
     pub allocatable: BTreeMap<String, Quantity>,
+    /// The allocatable the API holds for the node (what the scheduler
+    /// counted, extended resources included), kept by the node status.
+    pub node_allocatable: tokio::sync::watch::Receiver<BTreeMap<String, Quantity>>,
     pub services: Store<Service>,
     pub volumes: VolumeManager,
     pub probes: Arc<dyn ProbeResults>,

@@ -190,11 +190,13 @@ pub async fn start(
     }
 
     let (pressure_tx, pressure_rx) = watch::channel(node_status::NodePressure::default());
+    let (node_allocatable_tx, node_allocatable) = watch::channel(node_status::resources(&config).1);
     let inputs = node_status::StatusInputs {
         config: config.clone(),
         cri: cri.clone(),
         handlers: handler_names.clone(),
         pressure: pressure_rx,
+        allocatable: node_allocatable_tx,
     };
     let first_status = node_status::current_status(&inputs).await;
     let node = loop {
@@ -344,6 +346,7 @@ pub async fn start(
         runtime_name: version.runtime_name.clone(),
         host_ips: config.node_ips.iter().map(|ip| ip.to_string()).collect(),
         allocatable,
+        node_allocatable,
         services,
         volumes,
         probes,

@@ -86,6 +86,9 @@ pub struct StatusInputs {
     pub cri: Cri,
     pub handlers: Vec<String>,
     pub pressure: watch::Receiver<NodePressure>,
+    /// The node's allocatable as the API holds it (extended resources
+    /// included), for the node's own admission of pods.
+    pub allocatable: watch::Sender<BTreeMap<String, Quantity>>,
 }
 
 /// Bytes (whole KiB) as upstream's BinarySI quantity prints them.
@@ -374,6 +377,9 @@ pub async fn run(client: kube::Client, mut inputs: StatusInputs, first: Node, tr
             }
             match api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
                 Ok(node) => {
+                    if let Some(a) = node.status.as_ref().and_then(|s| s.allocatable.clone()) {
+                        inputs.allocatable.send_replace(a);
+                    }
                     written = node.status;
                     written_at = Some(Instant::now());
                     if changed {

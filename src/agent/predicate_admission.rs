@@ -88,10 +88,12 @@ pub fn admit(pod: &Pod, running: &[Arc<Pod>], allocatable: &BTreeMap<String, Qua
     None
 }
 
-/// The pod workers' check, with the node's allocatable.
-pub fn handler(allocatable: BTreeMap<String, Quantity>, events: Events) -> AdmitHandler {
+/// The pod workers' check, with the node's allocatable as the API holds
+/// it (extended resources others advertise included, as upstream's kubelet
+/// reads its Node).
+pub fn handler(allocatable: tokio::sync::watch::Receiver<BTreeMap<String, Quantity>>, events: Events) -> AdmitHandler {
     Arc::new(move |pod: &Pod, running: &[Arc<Pod>]| {
-        let failure = admit(pod, running, &allocatable)?;
+        let failure = admit(pod, running, &allocatable.borrow())?;
         tracing::info!(pod = %pod_util::full_name(pod), reason = %failure.reason, "pod rejected by the node");
         events.pod(pod, EventType::Warning, &failure.reason, &failure.message);
         Some(failure)

@@ -260,7 +260,9 @@ impl ApiServer {
 
     /// A server with more flags and environment variables.
     pub fn start_with_env(dir: tempfile::TempDir, port: u16, extra: &[&str], env: &[(&str, &str)]) -> ApiServer {
-        let log = std::fs::File::create(dir.path().join(format!("server-{}.log", Instant::now().elapsed().as_nanos())))
+        // One log per start (a restarted server keeps its first log).
+        let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let log = std::fs::File::create(dir.path().join(format!("server-{}.log", started.as_nanos())))
             .expect("log");
         let child = Command::new(ferrok_bin())
             .args(["server", "--disable-agent", "--data-dir"])
@@ -289,6 +291,7 @@ impl ApiServer {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
+                print_server_logs(self.dir.path());
                 panic!("ferrok server exited early: {status}");
             }
             if self.kubeconfig().exists() {
