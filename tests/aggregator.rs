@@ -237,9 +237,17 @@ async fn an_apiservice_with_a_service_is_served_by_the_other_server() {
 
     // services/proxy with https: TLS to the endpoint, the front proxy's
     // certificate presented (the server takes no other client).
-    let via_proxy = ok(&s, &["get", "--raw", &format!("/api/v1/namespaces/default/services/https:wardle-api:443/proxy/apis/{GROUP}/v1alpha1")]);
+    let via_proxy = ok(
+        &s,
+        &[
+            "get",
+            "--raw",
+            &format!("/api/v1/namespaces/default/services/https:wardle-api:443/proxy/apis/{GROUP}/v1alpha1"),
+        ],
+    );
     assert!(via_proxy.contains("APIResourceList"), "{via_proxy}");
-    let (plain, out) = kubectl(&s, &["get", "--raw", "/api/v1/namespaces/default/services/gopher:wardle-api:443/proxy/"]);
+    let (plain, out) =
+        kubectl(&s, &["get", "--raw", "/api/v1/namespaces/default/services/gopher:wardle-api:443/proxy/"]);
     assert!(!plain && out.contains("unsupported scheme"), "{out}");
 
     // RBAC is checked here before the request goes on; a forged user header is dropped.

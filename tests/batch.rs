@@ -209,7 +209,14 @@ spec:
     // revision by it).
     let revision = get(
         &s,
-        &["get", "controllerrevisions", "-l", "app=agent", "-o", "jsonpath={.items[*].metadata.labels.controller-revision-hash}"],
+        &[
+            "get",
+            "controllerrevisions",
+            "-l",
+            "app=agent",
+            "-o",
+            "jsonpath={.items[*].metadata.labels.controller-revision-hash}",
+        ],
     );
     assert_eq!(revision, pod_hash);
     eventually("desiredNumberScheduled 2", || {

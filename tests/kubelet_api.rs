@@ -89,7 +89,9 @@ subjects: [{{kind: ServiceAccount, name: watcher, namespace: default}}]
     }
     assert_eq!(node.ok(&["get", "--raw", "/api/v1/namespaces/default/services/web:80/proxy/sub/x"]).trim(), "deep");
     // An HTML page's links go through the proxy again, as upstream rewrites them.
-    for prefix in ["/api/v1/namespaces/default/pods/web:8080/proxy", "/api/v1/namespaces/default/services/web:www/proxy"] {
+    for prefix in
+        ["/api/v1/namespaces/default/pods/web:8080/proxy", "/api/v1/namespaces/default/services/web:www/proxy"]
+    {
         let page = node.ok(&["get", "--raw", &format!("{prefix}/links.html")]);
         assert_eq!(page.trim(), format!(r#"<a href="{prefix}/sub/x">deep</a>"#));
     }

@@ -553,7 +553,9 @@ fn the_node_registers_as_upstream_and_keeps_its_lease() {
     node.apply(&format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: wants-fake, namespace: ext}}\nspec:\n  containers: [{{name: c, image: {BUSYBOX}, command: [\"sleep\", \"100000\"], resources: {{requests: {{example.com/fakecpu: \"2\"}}, limits: {{example.com/fakecpu: \"2\"}}}}}}]\n"
     ));
-    node.eventually("the pod asking for the extended resource running", 60, || phase(&node, "ext", "wants-fake") == "Running");
+    node.eventually("the pod asking for the extended resource running", 60, || {
+        phase(&node, "ext", "wants-fake") == "Running"
+    });
     node.ok(&["delete", "pod", "-n", "ext", "wants-fake", "--wait=false"]);
     let remove = r#"[{"op": "remove", "path": "/status/capacity/example.com~1fakecpu"}]"#;
     node.ok(&["patch", "node", &node.name, "--subresource=status", "--type=json", "-p", remove]);

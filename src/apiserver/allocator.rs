@@ -349,7 +349,6 @@ impl BeginWrite for ServiceAllocator {
     }
 }
 
-
 /// What a Service turned ExternalName keeps of its old type, dropped as
 /// upstream's dropTypeDependentFields does: its cluster IPs, IP families,
 /// node ports and traffic policies, where the update left them as they were (a value the
@@ -380,7 +379,8 @@ fn drop_type_dependent_fields(svc: &mut Value, old: &Value) {
     let old_ports = old.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default();
     if let Some(ports) = svc.pointer_mut("/spec/ports").and_then(Value::as_array_mut) {
         for p in ports {
-            let kept = old_ports.iter().any(|o| o.get("port") == p.get("port") && o.get("nodePort") == p.get("nodePort"));
+            let kept =
+                old_ports.iter().any(|o| o.get("port") == p.get("port") && o.get("nodePort") == p.get("nodePort"));
             if kept {
                 if let Some(obj) = p.as_object_mut() {
                     obj.remove("nodePort");

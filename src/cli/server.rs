@@ -215,9 +215,9 @@ fn controller_manager_args(args: &[String]) -> anyhow::Result<usize> {
                     format!("--kube-controller-manager-arg {arg:?}: the threshold must be a number of pods")
                 })?;
             }
-            _ => anyhow::bail!(
-                "--kube-controller-manager-arg {arg:?}: only terminated-pod-gc-threshold=N is understood"
-            ),
+            _ => {
+                anyhow::bail!("--kube-controller-manager-arg {arg:?}: only terminated-pod-gc-threshold=N is understood")
+            }
         }
     }
     Ok(threshold)

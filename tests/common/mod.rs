@@ -262,8 +262,7 @@ impl ApiServer {
     pub fn start_with_env(dir: tempfile::TempDir, port: u16, extra: &[&str], env: &[(&str, &str)]) -> ApiServer {
         // One log per start (a restarted server keeps its first log).
         let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let log = std::fs::File::create(dir.path().join(format!("server-{}.log", started.as_nanos())))
-            .expect("log");
+        let log = std::fs::File::create(dir.path().join(format!("server-{}.log", started.as_nanos()))).expect("log");
         let child = Command::new(ferrok_bin())
             .args(["server", "--disable-agent", "--data-dir"])
             .arg(dir.path())

@@ -105,7 +105,9 @@ fn to_v2(schema: &Value) -> Value {
     let mut required: Vec<Value> = m.get("required").and_then(Value::as_array).cloned().unwrap_or_default();
     if let Some(props) = properties {
         // A property that may be null cannot be required in Swagger 2.0.
-        required.retain(|r| r.as_str().and_then(|name| props.get(name)).is_none_or(|p| p.get("nullable") != Some(&Value::Bool(true))));
+        required.retain(|r| {
+            r.as_str().and_then(|name| props.get(name)).is_none_or(|p| p.get("nullable") != Some(&Value::Bool(true)))
+        });
         if !props.is_empty() {
             let converted: Map<String, Value> = props.iter().map(|(k, v)| (k.clone(), to_v2(v))).collect();
             out.insert("properties".into(), Value::Object(converted));
@@ -213,8 +215,14 @@ mod tests {
             "properties": {"bars": {"type": "array", "items": {"type": "object", "required": ["name"],
                 "properties": {"name": {"type": "string"}, "q": {"type": "string", "pattern": "a|b"}}}}}}}});
         let d = definition(&schema, ["example.com", "v1", "Foo"], &object());
-        assert_eq!(d["x-kubernetes-group-version-kind"], json!([{"group": "example.com", "kind": "Foo", "version": "v1"}]));
-        assert_eq!(d["properties"]["metadata"]["$ref"], "#/definitions/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta");
+        assert_eq!(
+            d["x-kubernetes-group-version-kind"],
+            json!([{"group": "example.com", "kind": "Foo", "version": "v1"}])
+        );
+        assert_eq!(
+            d["properties"]["metadata"]["$ref"],
+            "#/definitions/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"
+        );
         assert_eq!(without_added(d), schema);
     }
 
@@ -247,7 +255,10 @@ mod tests {
         let schema = json!({"type": "object", "description": "d", "x-kubernetes-preserve-unknown-fields": true,
             "properties": {"spec": {"type": "object"}}});
         let d = definition(&schema, ["g", "v1", "K"], &object());
-        assert_eq!(d, json!({"type": "object", "x-kubernetes-group-version-kind": [{"group": "g", "kind": "K", "version": "v1"}]}));
+        assert_eq!(
+            d,
+            json!({"type": "object", "x-kubernetes-group-version-kind": [{"group": "g", "kind": "K", "version": "v1"}]})
+        );
     }
 
     #[test]
@@ -260,6 +271,9 @@ mod tests {
         let e = &d["properties"]["e"];
         assert_eq!(e["required"], json!(["kind", "apiVersion"]));
         assert!(e["properties"]["metadata"]["$ref"].is_string() && e["properties"]["spec"].is_object());
-        assert_eq!(d["properties"]["u"], json!({"x-kubernetes-preserve-unknown-fields": true, "x-kubernetes-embedded-resource": true}));
+        assert_eq!(
+            d["properties"]["u"],
+            json!({"x-kubernetes-preserve-unknown-fields": true, "x-kubernetes-embedded-resource": true})
+        );
     }
 }

@@ -369,7 +369,9 @@ pub async fn watch(call: Call) -> ApiResult<Response> {
             let named: Vec<_> = items
                 .into_iter()
                 .filter(|s| {
-                    single.as_deref().is_none_or(|n| s.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n))
+                    single
+                        .as_deref()
+                        .is_none_or(|n| s.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n))
                 })
                 .collect();
             // Selectors read the served form (an events.k8s.io Event's
