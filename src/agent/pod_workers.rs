@@ -243,7 +243,7 @@ impl PodWorkers {
 
 fn jitter(d: Duration) -> Duration {
     let mut b = [0u8; 2];
-    crate::pki::fill_random(&mut b);
+    crate::host::random::fill(&mut b);
     d + Duration::from_millis(u64::from(u16::from_be_bytes(b)) % 10_000)
 }
 

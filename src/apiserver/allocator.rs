@@ -330,7 +330,7 @@ fn free_address(range: Cidr, name: &str, used: &HashSet<Ipv4Addr>, reserved: &[u
 /// A free node port, from a random point of the range.
 fn free_node_port(taken: &HashSet<i64>) -> Option<i64> {
     let span = NODE_PORT_RANGE.end() - NODE_PORT_RANGE.start() + 1;
-    let seed = (crate::store::sqlite::random_u64() % span as u64) as i64;
+    let seed = (crate::host::random::u64() % span as u64) as i64;
     (0..span).map(|j| NODE_PORT_RANGE.start() + (seed + j) % span).find(|c| !taken.contains(c))
 }
 

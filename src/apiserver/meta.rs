@@ -136,7 +136,7 @@ pub fn age(obj: &Value) -> String {
 /// A random version-4 UUID.
 pub fn new_uid() -> String {
     let mut b = [0u8; 16];
-    crate::pki::fill_random(&mut b);
+    crate::host::random::fill(&mut b);
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -155,7 +155,7 @@ pub fn new_uid() -> String {
 pub fn generate_name(prefix: &str) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut b = [0u8; 5];
-    crate::pki::fill_random(&mut b);
+    crate::host::random::fill(&mut b);
     let suffix: String = b.iter().map(|x| ALPHABET[*x as usize % ALPHABET.len()] as char).collect();
     format!("{}{suffix}", truncate_at_char(prefix, 63 - 5))
 }

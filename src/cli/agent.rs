@@ -93,7 +93,7 @@ fn node_name(args: &AgentArgs, agent_dir: &std::path::Path) -> anyhow::Result<St
         Ok(id) if !id.trim().is_empty() => id.trim().to_string(),
         _ => {
             let mut b = [0u8; 4];
-            crate::pki::fill_random(&mut b);
+            crate::host::random::fill(&mut b);
             let id: String = b.iter().map(|x| format!("{x:02x}")).collect();
             crate::pki::write(&file, &format!("{id}\n"), 0o644)
                 .with_context(|| format!("--with-node-id: {}", file.display()))?;

@@ -1,13 +1,14 @@
 //! Facts about the machine ferrok runs on, read from /proc, /sys and the
-//! kernel: its name and addresses, processors, memory, file systems, and
-//! where its programs are. Every layer may use these; they know nothing of
-//! Kubernetes.
+//! kernel: its name and addresses, processors, memory, file systems,
+//! where its programs are, and its random numbers (`random`). Every layer
+//! may use these; they know nothing of Kubernetes.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 pub mod check;
 pub mod dir_watch;
+pub mod random;
 
 /// Finds a program in `$PATH` and the usual binary folders.
 pub fn find_binary(name: &str) -> Option<PathBuf> {

@@ -158,9 +158,9 @@ impl BootstrapData {
     pub fn seal(&self, token: &str) -> Result<Vec<u8>, BootstrapError> {
         let mut plain = serde_json::to_vec(self).map_err(|e| BootstrapError::Damaged(e.to_string()))?;
         let mut salt = [0u8; SALT_LEN];
-        super::fill_random(&mut salt);
+        crate::host::random::fill(&mut salt);
         let mut nonce = [0u8; NONCE_LEN];
-        super::fill_random(&mut nonce);
+        crate::host::random::fill(&mut nonce);
         aead_key(token, &salt)?
             .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::from(FORMAT.as_bytes()), &mut plain)
             .map_err(|_| BootstrapError::Damaged("cannot encrypt".into()))?;

@@ -217,7 +217,7 @@ impl Ca {
         }
 
         let mut serial = [0u8; 16];
-        super::fill_random(&mut serial);
+        crate::host::random::fill(&mut serial);
         serial[0] = (serial[0] & 0x7f) | 0x40;
         let tbs = der::sequence(&[
             der::tagged(0xa0, &der::integer(&[2])),

@@ -68,7 +68,7 @@ pub fn new_bootstrap_token() -> String {
     let mut s = String::with_capacity(23);
     while s.len() < 22 {
         let mut b = [0u8; 1];
-        super::fill_random(&mut b);
+        crate::host::random::fill(&mut b);
         if usize::from(b[0]) < limit {
             s.push(char::from(ALPHABET[usize::from(b[0]) % ALPHABET.len()]));
         }

@@ -231,19 +231,6 @@ pub(crate) fn with_ca_hash(token: &str, bundle: &str) -> String {
     }
 }
 
-/// Fills `buf` from the OS random source (through ring, already linked
-/// for TLS). getrandom(2) does not fail on Linux once the pool is ready;
-/// should it, the bytes come from std's randomly seeded hasher instead.
-pub fn fill_random(buf: &mut [u8]) {
-    let rng = ring::rand::SystemRandom::new();
-    if ring::rand::SecureRandom::fill(&rng, buf).is_err() {
-        for chunk in buf.chunks_mut(8) {
-            let seed = crate::store::sqlite::random_u64().to_le_bytes();
-            chunk.copy_from_slice(&seed[..chunk.len()]);
-        }
-    }
-}
-
 /// A new join token, `K10<server CA hash>::server:<random secret>`.
 pub(crate) fn new_token(server_ca_pem: &str) -> String {
     new_token_for_hash(&certs::ca_hash(server_ca_pem.as_bytes()))
@@ -251,13 +238,7 @@ pub(crate) fn new_token(server_ca_pem: &str) -> String {
 
 /// A new join token naming the server CA of SHA-256 `ca_hash`.
 pub(crate) fn new_token_for_hash(ca_hash: &str) -> String {
-    format!("K10{ca_hash}::server:{:032x}", random_u128())
-}
-
-fn random_u128() -> u128 {
-    let mut buf = [0u8; 16];
-    fill_random(&mut buf);
-    u128::from_le_bytes(buf)
+    format!("K10{ca_hash}::server:{:032x}", crate::host::random::u128())
 }
 
 /// The kubelet API's serving certificate of a node (its name and

@@ -12,7 +12,7 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STA
 /// A new random password (hex, 32 characters).
 pub fn generate() -> String {
     let mut b = [0u8; 16];
-    super::fill_random(&mut b);
+    crate::host::random::fill(&mut b);
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
@@ -25,7 +25,7 @@ fn derive(password: &str, salt: &[u8], iterations: NonZeroU32) -> [u8; 32] {
 /// `pbkdf2-sha256$<iterations>$<salt>$<hash>`.
 pub fn hash(password: &str) -> String {
     let mut salt = [0u8; 16];
-    super::fill_random(&mut salt);
+    crate::host::random::fill(&mut salt);
     let iterations = NonZeroU32::new(ITERATIONS).unwrap_or(NonZeroU32::MIN);
     let h = derive(password, &salt, iterations);
     format!("pbkdf2-sha256${ITERATIONS}${}${}", B64.encode(salt), B64.encode(h))

@@ -140,8 +140,7 @@ impl Drop for AbortOnDrop {
 }
 
 fn seed() -> u64 {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(1);
-    (nanos as u64) | 1
+    crate::host::random::u64() | 1
 }
 
 impl Scheduler {

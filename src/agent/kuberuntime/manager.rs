@@ -138,7 +138,7 @@ impl RuntimeManager {
         let dir = self.pods_dir.join(pod_util::uid(pod)).join("containers").join(&c.name);
         std::fs::create_dir_all(&dir).ok()?;
         let mut buf = [0u8; 4];
-        crate::pki::fill_random(&mut buf);
+        crate::host::random::fill(&mut buf);
         let file = dir.join(format!("{:08x}", u32::from_be_bytes(buf)));
         std::fs::write(&file, b"").ok()?;
         use std::os::unix::fs::PermissionsExt;

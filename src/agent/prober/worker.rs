@@ -91,7 +91,7 @@ impl Worker {
         drop(manager);
         if jitter {
             // The node has just started: do not probe everything at once.
-            clock.sleep(period.mul_f64(random_fraction())).await;
+            clock.sleep(period.mul_f64(crate::host::random::fraction())).await;
         }
         let mut next = clock.now() + period;
         while self.do_probe().await {
@@ -197,14 +197,6 @@ async fn run_with_retries(prober: &dyn Prober, t: ProbeType, spec: &Probe, targe
     result
 }
 
-/// A number in [0, 1) that differs between calls (std's random hash keys).
-fn random_fraction() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,13 +211,5 @@ mod tests {
         assert_eq!(Settings::of(&spec, ProbeType::Readiness).success_threshold, 3);
         assert_eq!(Settings::of(&spec, ProbeType::Liveness).success_threshold, 1);
         assert_eq!(Settings::of(&spec, ProbeType::Liveness).period, Duration::from_secs(1));
-    }
-
-    #[test]
-    fn random_fractions_stay_in_range() {
-        for _ in 0..100 {
-            let f = random_fraction();
-            assert!((0.0..1.0).contains(&f));
-        }
     }
 }

@@ -170,7 +170,7 @@ impl AtomicWriter {
     fn new_timestamp_dir(&self) -> Result<String, SetUpError> {
         let stamp = k8s_openapi::jiff::Timestamp::now().strftime("%Y_%m_%d_%H_%M_%S").to_string();
         for _ in 0..100 {
-            let name = format!("..{stamp}.{}", random_u32());
+            let name = format!("..{stamp}.{}", crate::host::random::u32());
             let path = self.target.join(&name);
             match std::fs::create_dir(&path) {
                 Ok(()) => {
@@ -236,16 +236,6 @@ fn is_timestamp_dir(name: &str) -> bool {
             _ => b.is_ascii_digit(),
         })
         && bytes[19] == b'.'
-}
-
-fn random_u32() -> u32 {
-    use ring::rand::SecureRandom;
-    let mut b = [0u8; 4];
-    if ring::rand::SystemRandom::new().fill(&mut b).is_err() {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos());
-        return nanos.unwrap_or(0);
-    }
-    u32::from_le_bytes(b)
 }
 
 /// Whether the files in `dir` differ from the payload (content only, as

@@ -103,7 +103,7 @@ async fn service_account_token_volume(call: &Call, pod: &mut Value) -> ApiResult
     }
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rnd = [0u8; 5];
-    crate::pki::fill_random(&mut rnd);
+    crate::host::random::fill(&mut rnd);
     let suffix: String = rnd.iter().map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char).collect();
     let name = format!("kube-api-access-{suffix}");
     let volume = json!({

@@ -30,7 +30,7 @@ impl AesCbc {
     /// IV followed by the padded ciphertext.
     pub fn seal(&self, plain: &[u8]) -> Vec<u8> {
         let mut iv = [0u8; BLOCK];
-        crate::pki::fill_random(&mut iv);
+        crate::host::random::fill(&mut iv);
         let sealed = match self {
             AesCbc::Aes128(k) => {
                 cbc::Encryptor::<aes::Aes128>::new(k.into(), &iv.into()).encrypt_padded_vec_mut::<Pkcs7>(plain)

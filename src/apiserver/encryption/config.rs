@@ -153,7 +153,7 @@ pub fn key_bytes(key: &Key) -> Result<Vec<u8>, String> {
 /// among `taken`).
 pub fn new_key(cipher: Cipher, taken: &[&str]) -> Key {
     let mut bytes = [0u8; 32];
-    crate::pki::fill_random(&mut bytes);
+    crate::host::random::fill(&mut bytes);
     let time = k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let base = format!("{}-key-{time}", cipher.name());
     let mut name = base.clone();

@@ -21,7 +21,7 @@ impl SecretBox {
 
     pub fn seal(&self, plain: &[u8]) -> Result<Vec<u8>, TransformError> {
         let mut nonce = [0u8; NONCE];
-        crate::pki::fill_random(&mut nonce);
+        crate::host::random::fill(&mut nonce);
         let sealed = self.0.encrypt(&nonce.into(), plain).map_err(|_| TransformError::Corrupt("cannot seal"))?;
         let mut out = Vec::with_capacity(NONCE + sealed.len());
         out.extend_from_slice(&nonce);

@@ -14,7 +14,6 @@ mod wal_vfs;
 mod watch;
 mod writer;
 
-use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -206,24 +205,12 @@ pub struct SqliteStore {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-pub(crate) fn random_u64() -> u64 {
-    use std::sync::atomic::AtomicU64;
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        h.write_u128(t.as_nanos());
-    }
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
 impl SqliteStore {
     /// Opens (or creates) the store and starts its writer thread and lease
     /// timer. Must be called within a tokio runtime.
     pub fn open(opts: SqliteOptions) -> Result<Arc<Self>> {
         let conn = schema::open_writer(&opts.path, opts.sync)?;
-        let meta = schema::init(&conn, random_u64)?;
+        let meta = schema::init(&conn, crate::host::random::u64)?;
         let shared = Arc::new(Shared {
             head: AtomicI64::new(meta.rev),
             head_moved: tokio::sync::Notify::new(),
@@ -465,7 +452,7 @@ impl Store for SqliteStore {
     }
 
     async fn snapshot(&self) -> Result<SnapshotStream> {
-        let target = self.opts.path.with_extension(format!("snapshot-{:016x}", random_u64()));
+        let target = self.opts.path.with_extension(format!("snapshot-{:016x}", crate::host::random::u64()));
         let into = target.clone();
         let head = self
             .read(move |conn, _| {

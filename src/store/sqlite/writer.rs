@@ -496,7 +496,7 @@ impl Writer {
         }
         let id = if id == 0 {
             loop {
-                let candidate = (super::random_u64() >> 1) as i64;
+                let candidate = (crate::host::random::u64() >> 1) as i64;
                 if candidate != 0 && !self.lease_exists(candidate)? {
                     break candidate;
                 }
