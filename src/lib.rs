@@ -10,6 +10,7 @@ pub mod client;
 pub mod controllers;
 pub mod host;
 pub mod metrics;
+pub mod net;
 pub mod network;
 pub mod pki;
 pub mod quantity;

@@ -34,10 +34,10 @@ pub struct AgentConfig {
     pub dns_server: bool,
     pub cluster_domain: String,
     /// `--cluster-cidr`: pod traffic inside it is not masqueraded.
-    pub cluster_cidr: crate::network::cni::Ipv4Net,
+    pub cluster_cidr: crate::net::Ipv4Net,
     /// `--service-cidr`: routed onto the pod bridge so that traffic to a
     /// service address never leaves through the default route.
-    pub service_cidr: crate::network::cni::Ipv4Net,
+    pub service_cidr: crate::net::Ipv4Net,
     /// `--flannel-backend`: how pods reach other nodes' pods.
     pub flannel_backend: crate::network::overlay::FlannelBackend,
     /// `--flannel-iface`: the interface that carries the overlay (default:

@@ -3,59 +3,17 @@
 //! /etc/hosts file the kubelet writes for each pod.
 
 use std::net::IpAddr;
-use std::path::Path;
 
 use k8s_openapi::api::core::v1::Pod;
 
 use super::cri::api;
 use super::pod_util;
+use crate::host::resolv_conf::ResolvConf;
 
 /// Upstream's limits: three nameservers, 32 search domains of 2048 characters in all.
 const MAX_NAMESERVERS: usize = 3;
 const MAX_SEARCHES: usize = 32;
 const MAX_SEARCH_CHARS: usize = 2048;
-
-/// A parsed resolv.conf.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ResolvConf {
-    pub nameservers: Vec<String>,
-    pub searches: Vec<String>,
-    pub options: Vec<String>,
-}
-
-impl ResolvConf {
-    pub fn parse(text: &str) -> ResolvConf {
-        let mut r = ResolvConf::default();
-        for line in text.lines() {
-            let line = line.split(['#', ';']).next().unwrap_or("").trim();
-            let mut words = line.split_whitespace();
-            match words.next() {
-                Some("nameserver") => r.nameservers.extend(words.next().map(str::to_string)),
-                Some("search") | Some("domain") => r.searches = words.map(str::to_string).collect(),
-                Some("options") => r.options.extend(words.map(str::to_string)),
-                _ => {}
-            }
-        }
-        r
-    }
-
-    /// The host's resolv.conf (`--resolv-conf`, else /etc/resolv.conf, or
-    /// systemd-resolved's real one when /etc/resolv.conf is its 127.0.0.53 stub,
-    /// which pods cannot reach).
-    pub fn host(path: Option<&Path>) -> ResolvConf {
-        if let Some(p) = path {
-            return ResolvConf::parse(&std::fs::read_to_string(p).unwrap_or_default());
-        }
-        let main = ResolvConf::parse(&std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default());
-        let stub = !main.nameservers.is_empty() && main.nameservers.iter().all(|n| n.starts_with("127."));
-        if stub {
-            if let Ok(text) = std::fs::read_to_string("/run/systemd/resolve/resolv.conf") {
-                return ResolvConf::parse(&text);
-            }
-        }
-        main
-    }
-}
 
 /// What the node knows for pods' DNS.
 #[derive(Debug, Clone)]

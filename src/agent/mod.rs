@@ -281,7 +281,7 @@ pub async fn start(
     let events = events::Events::new(client.clone(), &config.node_name);
     let (_, allocatable) = node_status::resources(&config);
     let memory_capacity = crate::host::meminfo("MemTotal").unwrap_or(0) as i64;
-    let host = dns::ResolvConf::host(config.resolv_conf.as_deref());
+    let host = crate::host::resolv_conf::ResolvConf::host(config.resolv_conf.as_deref());
     // Cluster DNS: this node's own, on its pod-network gateway, port 53.
     if config.dns_server {
         tasks.extend(crate::network::dns::spawn(

@@ -15,8 +15,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::Notify;
 
 use super::cri::{self, Cri};
+use crate::net::Ipv4Net;
 use crate::network::bridge;
-use crate::network::cni::{self, Ipv4Net};
+use crate::network::cni;
 use crate::network::nftables::{self, NodeRules};
 
 pub struct PodNetwork {

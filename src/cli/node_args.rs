@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Taint;
 
 use crate::agent::{AgentConfig, KubeletConfig};
 use crate::apiserver::allocator::Cidr;
-use crate::network::cni::Ipv4Net;
+use crate::net::Ipv4Net;
 use crate::network::overlay::FlannelBackend;
 
 #[derive(Debug, Clone, Args, Default)]

@@ -19,7 +19,7 @@ use kube::runtime::reflector::Store;
 use super::endpointslice::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 use super::informers::wait_synced;
 use super::ControllerError;
-use crate::network::cni::Ipv4Net;
+use crate::net::Ipv4Net;
 
 pub const NAMESPACE: &str = "kube-system";
 pub const SERVICE: &str = "kube-dns";

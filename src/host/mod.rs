@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 pub mod check;
 pub mod dir_watch;
 pub mod random;
+pub mod resolv_conf;
 
 /// Finds a program in `$PATH` and the usual binary folders.
 pub fn find_binary(name: &str) -> Option<PathBuf> {

@@ -6,9 +6,10 @@
 
 use std::net::Ipv4Addr;
 
-use super::cni::{Ipv4Net, BRIDGE};
+use super::cni::BRIDGE;
 use super::overlay::ip::{ip, ip_delete, other_ipv4_addrs};
 use super::overlay::OverlayError;
+use crate::net::Ipv4Net;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {

@@ -4,8 +4,9 @@
 //! Outbound masquerade is done in ferrok's own nftables table, not by the
 //! bridge plugin, so no iptables chains are added to the host.
 
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+
+use crate::net::Ipv4Net;
 
 /// The bridge pods attach to.
 pub const BRIDGE: &str = "ferrok0";
@@ -14,44 +15,8 @@ pub const CONF_FILE: &str = "10-ferrok.conflist";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CniError {
-    #[error("invalid podCIDR {0:?}")]
-    InvalidCidr(String),
     #[error("cannot write {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-}
-
-/// An IPv4 network like `10.42.0.0/24`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Ipv4Net {
-    pub addr: Ipv4Addr,
-    pub prefix: u8,
-}
-
-impl Ipv4Net {
-    pub fn parse(s: &str) -> Result<Ipv4Net, CniError> {
-        let bad = || CniError::InvalidCidr(s.to_string());
-        let (addr, prefix) = s.split_once('/').ok_or_else(bad)?;
-        let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
-        let prefix: u8 = prefix.parse().ok().filter(|p| *p <= 30).ok_or_else(bad)?;
-        let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
-        Ok(Ipv4Net { addr: Ipv4Addr::from(u32::from(addr) & mask), prefix })
-    }
-
-    /// The n-th address of the network (1 is the gateway).
-    pub fn nth(&self, n: u32) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.addr) + n)
-    }
-
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - self.prefix) };
-        u32::from(ip) & mask == u32::from(self.addr)
-    }
-}
-
-impl std::fmt::Display for Ipv4Net {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
 }
 
 /// The conflist for a node's podCIDR; `ipam_dir` keeps host-local's leases.
@@ -107,17 +72,6 @@ pub fn ensure(conf_dir: &Path, pod_cidr: Ipv4Net, ipam_dir: &Path, mtu: Option<u
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cidr_math() {
-        let n = Ipv4Net::parse("10.42.3.7/24").unwrap();
-        assert_eq!(n.to_string(), "10.42.3.0/24");
-        assert_eq!(n.nth(1), Ipv4Addr::new(10, 42, 3, 1));
-        assert!(n.contains(Ipv4Addr::new(10, 42, 3, 200)));
-        assert!(!n.contains(Ipv4Addr::new(10, 42, 4, 1)));
-        assert!(Ipv4Net::parse("10.42.0.0").is_err());
-        assert!(Ipv4Net::parse("10.42.0.0/33").is_err());
-    }
 
     #[test]
     fn conflist_has_the_subnet_and_no_iptables_masquerade() {

@@ -30,7 +30,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
 use tokio::sync::watch;
 
-use crate::network::cni::Ipv4Net;
+use crate::net::Ipv4Net;
 use records::RecordIndex;
 use resolver::Resolver;
 
@@ -59,7 +59,7 @@ impl ClusterDnsConfig {
     pub fn for_node(
         node_name: &str,
         cluster_domain: &str,
-        host: &crate::agent::dns::ResolvConf,
+        host: &crate::host::resolv_conf::ResolvConf,
         cluster_dns: &[IpAddr],
     ) -> ClusterDnsConfig {
         ClusterDnsConfig {

@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 
 pub use table_writer::{Part, TableWriter};
 
-use super::cni::Ipv4Net;
+use crate::net::Ipv4Net;
 
 pub const TABLE: &str = "ferrok";
 

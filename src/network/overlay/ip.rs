@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::plan::{Fdb, KernelRoute, KernelState, Neighbour};
 use super::OverlayError;
-use crate::network::cni::Ipv4Net;
+use crate::net::Ipv4Net;
 
 /// Runs `ip` or `bridge` with `args`; its stdout.
 pub async fn run(cmd: &str, args: &[&str]) -> Result<String, OverlayError> {

@@ -27,7 +27,7 @@ use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::sync::watch;
 
-use crate::network::cni::Ipv4Net;
+use crate::net::Ipv4Net;
 pub use ip::Underlay;
 use plan::{Local, PeerEntries, Skip, Stale};
 

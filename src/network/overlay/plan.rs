@@ -10,7 +10,8 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::annotations;
 use super::FlannelBackend;
-use crate::network::cni::{Ipv4Net, BRIDGE};
+use crate::net::Ipv4Net;
+use crate::network::cni::BRIDGE;
 
 /// A route to a peer's podCIDR: through its address on a directly
 /// connected subnet (host-gw), or onlink through the VXLAN device.

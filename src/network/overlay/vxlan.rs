@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::ip::{self, Underlay};
 use super::plan::PeerEntries;
 use super::OverlayError;
-use crate::network::cni::Ipv4Net;
+use crate::net::Ipv4Net;
 
 /// The device (flannel's is `flannel.1`).
 pub const DEVICE: &str = "ferrok.1";

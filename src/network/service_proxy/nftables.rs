@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 
 use super::dataplane::{Change, Dataplane, DataplaneError};
 use super::model::{Endpoint, ServicePort};
-use crate::network::cni::Ipv4Net;
+use crate::net::Ipv4Net;
 use crate::network::nftables::{Part, TABLE};
 
 const SERVICE_IPS: &str = "service-ips";
