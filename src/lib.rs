@@ -18,3 +18,4 @@ pub mod quota;
 pub mod scheduler;
 pub mod store;
 pub mod websocket;
+pub mod well_known;

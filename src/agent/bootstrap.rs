@@ -25,7 +25,10 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 
-use crate::apiserver::node_join::{NodeJoinConfig, NODE_IP_HEADER, NODE_NAME_HEADER, NODE_PASSWORD_HEADER};
+use crate::client::node_join::{
+    NodeJoinConfig, CONFIG_PATH, KUBELET_CLIENT_CERT_PATH, KUBELET_SERVING_CERT_PATH, NODE_IP_HEADER, NODE_NAME_HEADER,
+    NODE_PASSWORD_HEADER, SERVER_CA_PATH,
+};
 use crate::pki::join_token::JoinToken;
 use crate::pki::LeafSpec;
 
@@ -164,7 +167,7 @@ fn refusal(body: &[u8]) -> String {
 /// cross-signed certificate it sends, by serving the same bundle again.
 async fn fetch_server_ca(opts: &JoinOptions, file: &Path) -> Result<String, JoinError> {
     let insecure = crate::agent::prober::http::insecure_tls().map_err(JoinError::Pki)?;
-    let (status, body) = exchange(&opts.server, insecure, Method::GET, "/cacerts", &[], Vec::new()).await?;
+    let (status, body) = exchange(&opts.server, insecure, Method::GET, SERVER_CA_PATH, &[], Vec::new()).await?;
     if status != StatusCode::OK {
         return Err(JoinError::Refused { what: "give its CA", message: format!("{status}: {}", refusal(&body)) });
     }
@@ -192,7 +195,7 @@ async fn fetch_server_ca(opts: &JoinOptions, file: &Path) -> Result<String, Join
         },
     };
     let Ok(trusted) = crate::pki::tls::client_config(&old, None, &[b"http/1.1"]) else { return Err(refused) };
-    match exchange(&opts.server, trusted, Method::GET, "/cacerts", &[], Vec::new()).await {
+    match exchange(&opts.server, trusted, Method::GET, SERVER_CA_PATH, &[], Vec::new()).await {
         Ok((StatusCode::OK, again)) if again == bundle.as_bytes() => {
             tracing::info!(ca_sha256 = %got, "the server's CAs were rotated: taking the new bundle, vouched for by the old CA");
             Ok(bundle)
@@ -239,8 +242,7 @@ async fn fetch_config(
     creds: &Credentials,
 ) -> Result<NodeJoinConfig, JoinError> {
     let what = "give the cluster settings";
-    let (status, body) =
-        exchange(&opts.server, tls.clone(), Method::GET, "/v1-ferrok/config", headers, Vec::new()).await?;
+    let (status, body) = exchange(&opts.server, tls.clone(), Method::GET, CONFIG_PATH, headers, Vec::new()).await?;
     match status {
         StatusCode::OK => {}
         StatusCode::UNAUTHORIZED => return Err(JoinError::Unauthorized),
@@ -348,11 +350,11 @@ async fn request(
         headers.push((NODE_PASSWORD_HEADER, password.clone()));
     }
     let (path, what) = match kind {
-        Kind::Client => ("/v1-ferrok/kubelet-client.crt", "sign the node's client certificate"),
+        Kind::Client => (KUBELET_CLIENT_CERT_PATH, "sign the node's client certificate"),
         Kind::Serving => {
             let ips: Vec<String> = opts.node_ips.iter().map(|ip| ip.to_string()).collect();
             headers.push((NODE_IP_HEADER, ips.join(",")));
-            ("/v1-ferrok/kubelet-serving.crt", "sign the node's serving certificate")
+            (KUBELET_SERVING_CERT_PATH, "sign the node's serving certificate")
         }
     };
     let (status, body) = exchange(&opts.server, tls.clone(), Method::POST, path, &headers, csr.into_bytes()).await?;

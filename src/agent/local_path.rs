@@ -22,7 +22,7 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::task::JoinHandle;
 
-use crate::controllers::local_path::{PROVISIONED_BY, PROVISIONER};
+use crate::well_known::annotations::{LOCAL_PATH_PROVISIONER, PROVISIONED_BY};
 
 /// Runs until aborted; `client` is the node's.
 pub async fn run(client: kube::Client, node_name: String, storage: PathBuf) {
@@ -131,7 +131,8 @@ async fn remove(api: &Api<PersistentVolume>, pv: &PersistentVolume, dir: PathBuf
 /// this node with the Delete policy, right under `storage`.
 fn released_here(pv: &PersistentVolume, node: &str, storage: &Path) -> Option<PathBuf> {
     if pv.metadata.deletion_timestamp.is_some()
-        || pv.metadata.annotations.as_ref().and_then(|a| a.get(PROVISIONED_BY)).map(String::as_str) != Some(PROVISIONER)
+        || pv.metadata.annotations.as_ref().and_then(|a| a.get(PROVISIONED_BY)).map(String::as_str)
+            != Some(LOCAL_PATH_PROVISIONER)
         || pv.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Released")
     {
         return None;
@@ -156,7 +157,7 @@ mod tests {
 
     fn pv(path: &str, node: &str, phase: &str, policy: &str) -> PersistentVolume {
         serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "pvc-u", "annotations": {PROVISIONED_BY: PROVISIONER}},
+            "metadata": {"name": "pvc-u", "annotations": {PROVISIONED_BY: LOCAL_PATH_PROVISIONER}},
             "spec": {"persistentVolumeReclaimPolicy": policy, "hostPath": {"path": path},
                      "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
                          {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}},

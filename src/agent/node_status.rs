@@ -287,7 +287,7 @@ pub async fn register(
         .take()
         .unwrap_or_default()
         .into_iter()
-        .partition(|(k, _)| crate::apiserver::admission::node_restriction::kubelet_may_set_label(k));
+        .partition(|(k, _)| crate::well_known::labels::kubelet_may_set_label(k));
     wanted.metadata.labels = Some(own.clone());
     let mut node = match api.create(&PostParams::default(), &wanted).await {
         Ok(node) => {

@@ -17,9 +17,9 @@ use sha2::{Digest, Sha256};
 
 use super::pod_util;
 use super::pod_workers::PodWorkers;
+use crate::well_known::annotations::CONFIG_MIRROR;
 
 pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
-pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
 pub const CONFIG_SEEN: &str = "kubernetes.io/config.seen";
 

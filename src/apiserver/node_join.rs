@@ -38,38 +38,11 @@ use super::server_token::{RotateError, TokenRotation};
 use super::status::ApiError;
 use super::storage::WriteError;
 use super::Api;
+use crate::client::node_join::{
+    NodeJoinConfig, CONFIG_PATH, KUBELET_CLIENT_CERT_PATH, KUBELET_SERVING_CERT_PATH, NODE_IP_HEADER, NODE_NAME_HEADER,
+    NODE_PASSWORD_HEADER, SERVER_CA_PATH,
+};
 use crate::pki::{Ca, LeafSpec};
-
-/// The headers a joining node names itself with.
-pub const NODE_NAME_HEADER: &str = "Ferrok-Node-Name";
-pub const NODE_PASSWORD_HEADER: &str = "Ferrok-Node-Password";
-/// The node's addresses for its serving certificate, comma-separated.
-pub const NODE_IP_HEADER: &str = "Ferrok-Node-IP";
-
-/// What `/v1-ferrok/config` tells a joining node.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeJoinConfig {
-    pub cluster_cidr: String,
-    pub service_cidr: String,
-    pub cluster_dns: String,
-    pub cluster_domain: String,
-    /// The CA of client certificates (the API server's towards kubelets among them).
-    pub client_ca: String,
-    /// The server's `--flannel-backend`, which its agents follow unless told otherwise.
-    #[serde(default)]
-    pub flannel_backend: String,
-    /// The server's `--disable coredns`: its agents serve no cluster DNS
-    /// either. (Absent from older servers: false, the DNS runs.)
-    #[serde(default)]
-    pub disable_cluster_dns: bool,
-    /// The local-path provisioner's folder (`--default-local-storage-path`),
-    /// where agents remove their released volumes' directories; empty when
-    /// the provisioner is off (`--disable local-storage`) or the server is
-    /// older.
-    #[serde(default)]
-    pub local_storage_path: String,
-}
 
 /// The server's signing side of joining.
 pub struct JoinAuthority {
@@ -103,7 +76,7 @@ impl JoinAuthority {
 
 /// Whether a path is one of these endpoints.
 pub fn handles(path: &str) -> bool {
-    path == "/cacerts" || path.starts_with("/v1-ferrok/")
+    path == SERVER_CA_PATH || path.starts_with("/v1-ferrok/")
 }
 
 /// Serves one of the join endpoints for `user` (anonymous for `/cacerts`).
@@ -111,7 +84,7 @@ pub async fn serve(api: &Api, user: &User, method: &Method, path: &str, headers:
     let Some(join) = api.config.node_join.as_ref() else {
         return ApiError::new(404, "NotFound", "this server does not accept nodes").into_response();
     };
-    if path == "/cacerts" {
+    if path == SERVER_CA_PATH {
         if method != Method::GET {
             return method_not_allowed();
         }
@@ -132,16 +105,14 @@ pub async fn serve(api: &Api, user: &User, method: &Method, path: &str, headers:
         return ApiError::forbidden(format!("User \"{}\" may not join nodes", user.name)).into_response();
     }
     match path {
-        "/v1-ferrok/config" if method == Method::GET => axum::Json(join.config.clone()).into_response(),
-        "/v1-ferrok/kubelet-client.crt" | "/v1-ferrok/kubelet-serving.crt" if method == Method::POST => {
+        CONFIG_PATH if method == Method::GET => axum::Json(join.config.clone()).into_response(),
+        KUBELET_CLIENT_CERT_PATH | KUBELET_SERVING_CERT_PATH if method == Method::POST => {
             match sign(api, join, user, node_user, path, headers, body).await {
                 Ok(pem) => ([("content-type", "application/x-pem-file")], pem).into_response(),
                 Err(e) => e.into_response(),
             }
         }
-        "/v1-ferrok/config" | "/v1-ferrok/kubelet-client.crt" | "/v1-ferrok/kubelet-serving.crt" => {
-            method_not_allowed()
-        }
+        CONFIG_PATH | KUBELET_CLIENT_CERT_PATH | KUBELET_SERVING_CERT_PATH => method_not_allowed(),
         _ => ApiError::new(404, "NotFound", "the server could not find the requested resource").into_response(),
     }
 }
@@ -227,7 +198,7 @@ async fn sign(
         }
     }
     let csr = std::str::from_utf8(body).map_err(|_| ApiError::bad_request("the request body is not a PEM CSR"))?;
-    let (ca, spec) = if path.ends_with("kubelet-client.crt") {
+    let (ca, spec) = if path == KUBELET_CLIENT_CERT_PATH {
         (&join.client_ca, LeafSpec::client(&format!("system:node:{name}"), &["system:nodes"]))
     } else {
         let mut ips: Vec<IpAddr> = Vec::new();
@@ -253,7 +224,7 @@ async fn sign(
 }
 
 fn password_secret_key(node: &str) -> String {
-    format!("/registry/secrets/kube-system/{}", crate::controllers::node_password::secret_name(node))
+    format!("/registry/secrets/kube-system/{}", crate::pki::node_password::secret_name(node))
 }
 
 /// Records the node's password on its first join; refuses another one later.
@@ -283,11 +254,11 @@ async fn check_node_password(api: &Api, node: &str, password: &str) -> Result<()
             "kind": "Secret",
             "type": "ferrok.io/node-password",
             "metadata": {
-                "name": crate::controllers::node_password::secret_name(node),
+                "name": crate::pki::node_password::secret_name(node),
                 "namespace": "kube-system",
                 "uid": super::meta::new_uid(),
                 "creationTimestamp": super::meta::now_rfc3339(),
-                "labels": {(crate::controllers::node_password::NODE_LABEL): node},
+                "labels": {(crate::pki::node_password::NODE_LABEL): node},
             },
             "immutable": true,
             "data": {"hash": base64::engine::general_purpose::STANDARD.encode(hash)},

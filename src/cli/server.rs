@@ -340,7 +340,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         server_ca_bundle,
         server_ca,
         client_ca,
-        apiserver::node_join::NodeJoinConfig {
+        crate::client::node_join::NodeJoinConfig {
             cluster_cidr: args.cluster_cidr.to_string(),
             service_cidr: args.service_cidr.to_string(),
             cluster_dns: args.cluster_dns.to_string(),

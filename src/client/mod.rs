@@ -13,6 +13,7 @@ pub mod informer;
 pub mod informer_factory;
 pub mod labels;
 pub mod leader;
+pub mod node_join;
 pub mod pod_volumes;
 pub mod predicates;
 pub mod scheduling;

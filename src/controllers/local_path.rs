@@ -24,11 +24,7 @@ use super::informers::{self, Informer};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::pod_volumes::claim_names;
-
-/// The provisioner name, k3s'.
-pub const PROVISIONER: &str = "rancher.io/local-path";
-/// Upstream's annotation naming who provisioned a volume.
-pub const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
+use crate::well_known::annotations::{LOCAL_PATH_PROVISIONER, PROVISIONED_BY};
 
 struct Context {
     client: kube::Client,
@@ -68,7 +64,7 @@ pub async fn run(client: kube::Client, pods: Informer<Pod>, storage: PathBuf) {
         claims.iter().map(|c| ObjectRef::<PersistentVolumeClaim>::new(c).within(&ns)).collect::<Vec<_>>()
     });
     let ctx = Arc::new(Context {
-        recorder: EventRecorder::new(client.clone(), PROVISIONER),
+        recorder: EventRecorder::new(client.clone(), LOCAL_PATH_PROVISIONER),
         client,
         classes: class_store,
         pods: pod_store,
@@ -95,7 +91,7 @@ async fn provision(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Resu
     let spec = claim.spec.clone().unwrap_or_default();
     let class_name = spec.storage_class_name.clone().unwrap_or_default();
     let Some(class) = ctx.classes.get(&ObjectRef::new(&class_name)) else { return Ok(Action::await_change()) };
-    if class.provisioner != PROVISIONER {
+    if class.provisioner != LOCAL_PATH_PROVISIONER {
         return Ok(Action::await_change());
     }
     let Some(node) = super::persistentvolume::consumer_node(&ctx.pods, &claim) else {
@@ -108,7 +104,7 @@ async fn provision(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Resu
     let path = volume_path(&ctx.storage, &uid, &ns, &name);
     let size = spec.resources.as_ref().and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage")).cloned();
     let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {"name": pv_name, "annotations": {PROVISIONED_BY: PROVISIONER}},
+        "metadata": {"name": pv_name, "annotations": {PROVISIONED_BY: LOCAL_PATH_PROVISIONER}},
         "spec": {
             "capacity": {"storage": size.map(|q| q.0).unwrap_or_else(|| "1Gi".into())},
             "accessModes": spec.access_modes.clone().unwrap_or_else(|| vec!["ReadWriteOnce".into()]),

@@ -14,15 +14,10 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 
-/// The label each password Secret carries, naming its node.
-pub const NODE_LABEL: &str = "ferrok.io/node";
+use crate::pki::node_password::{secret_name, NODE_LABEL};
 
 /// A password with no Node for this long belongs to a node that is gone.
 const JOIN_GRACE: Duration = Duration::from_secs(600);
-
-pub fn secret_name(node: &str) -> String {
-    format!("{node}.node-password.ferrok")
-}
 
 /// Runs until aborted; `client` may list and delete Secrets in kube-system.
 pub async fn run(client: kube::Client) {

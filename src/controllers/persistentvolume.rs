@@ -24,6 +24,7 @@ use crate::client::pod_volumes::{claim_names, uses_claim};
 use crate::client::predicates::node_heartbeat_only;
 use crate::client::{labels, scheduling};
 use crate::quantity;
+use crate::well_known::annotations::{LOCAL_PATH_PROVISIONER, PROVISIONED_BY};
 
 const BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
 const BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
@@ -339,8 +340,8 @@ async fn sync_volume(volume: Arc<PersistentVolume>, ctx: Arc<Context>) -> Result
     };
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     // A local-path volume is deleted by its node, after its directory.
-    let provisioned_by = volume.metadata.annotations.as_ref().and_then(|a| a.get(super::local_path::PROVISIONED_BY));
-    let external = provisioned_by.is_some_and(|p| p == super::local_path::PROVISIONER);
+    let provisioned_by = volume.metadata.annotations.as_ref().and_then(|a| a.get(PROVISIONED_BY));
+    let external = provisioned_by.is_some_and(|p| p == LOCAL_PATH_PROVISIONER);
     if wanted == "Released"
         && spec.persistent_volume_reclaim_policy.as_deref() == Some("Delete")
         && !external

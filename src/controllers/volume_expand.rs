@@ -43,11 +43,11 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 
 use super::informers;
-use super::local_path::{PROVISIONED_BY, PROVISIONER};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::informer_factory::SharedInformerFactory;
 use crate::quantity::Amount;
+use crate::well_known::annotations::{LOCAL_PATH_PROVISIONER, PROVISIONED_BY};
 
 /// The service account it acts as.
 pub const NAME: &str = "expand-controller";
@@ -103,7 +103,8 @@ fn volume_capacity(volume: &PersistentVolume) -> Option<&Quantity> {
 /// Whether ferrok can expand the volume itself: its local-path directories.
 fn expandable_here(volume: &PersistentVolume) -> bool {
     let provisioner = volume.metadata.annotations.as_ref().and_then(|a| a.get(PROVISIONED_BY));
-    provisioner.is_some_and(|p| p == PROVISIONER) && volume.spec.as_ref().is_some_and(|s| s.host_path.is_some())
+    provisioner.is_some_and(|p| p == LOCAL_PATH_PROVISIONER)
+        && volume.spec.as_ref().is_some_and(|s| s.host_path.is_some())
 }
 
 /// The size to expand to (upstream's expandAndRecoverFunction), or None
@@ -279,14 +280,14 @@ mod tests {
 
     #[test]
     fn the_size_to_expand_to() {
-        let pv = volume("1Gi", PROVISIONER);
+        let pv = volume("1Gi", LOCAL_PATH_PROVISIONER);
         assert_eq!(target_size(&claim("2Gi", "1Gi", None, None), &pv).map(|q| q.0.as_str()), Some("2Gi"));
         // An interrupted controller resize resumes at what it recorded.
         let c = claim("3Gi", "1Gi", Some("ControllerResizeInProgress"), Some("2Gi"));
         assert_eq!(target_size(&c, &pv).map(|q| q.0.as_str()), Some("2Gi"));
         // Waiting on a node: nothing here.
         let c = claim("1Gi", "1Gi", Some("NodeResizePending"), Some("1Gi"));
-        assert_eq!(target_size(&c, &volume("2Gi", PROVISIONER)), None);
+        assert_eq!(target_size(&c, &volume("2Gi", LOCAL_PATH_PROVISIONER)), None);
         assert!(expandable_here(&pv) && !expandable_here(&volume("1Gi", "example.com/other")));
     }
 

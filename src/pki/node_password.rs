@@ -1,10 +1,20 @@
 //! Node passwords: the secret a node proves its name with when it joins,
 //! so that a second machine cannot take over an existing node's name
 //! (k3s' node-password Secrets). The server keeps only a salted
-//! PBKDF2-SHA256 hash.
+//! PBKDF2-SHA256 hash, in the Secret `kube-system/<node>.node-password.ferrok`
+//! (named and labelled here, for the join endpoint that writes it and the
+//! controller that removes it with its Node).
 
 use base64::Engine;
 use std::num::NonZeroU32;
+
+/// The label each password Secret carries, naming its node.
+pub const NODE_LABEL: &str = "ferrok.io/node";
+
+/// The name of a node's password Secret in kube-system.
+pub fn secret_name(node: &str) -> String {
+    format!("{node}.node-password.ferrok")
+}
 
 const ITERATIONS: u32 = 10_000;
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD_NO_PAD;

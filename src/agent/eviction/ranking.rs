@@ -11,11 +11,11 @@ use k8s_openapi::api::core::v1::Pod;
 use super::signals::binary_si;
 use crate::agent::pod_util;
 use crate::quantity;
+use crate::well_known::annotations::CONFIG_MIRROR;
 
 /// `scheduling.SystemCriticalPriority`.
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
 const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
-const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 
 /// A pod and what it uses of the starved resource.
 #[derive(Debug, Clone)]

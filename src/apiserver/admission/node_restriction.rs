@@ -26,46 +26,8 @@ use crate::apiserver::auth::node_graph;
 use crate::apiserver::call::Call;
 use crate::apiserver::meta;
 use crate::apiserver::status::{ApiError, ApiResult};
-
-/// The annotation that makes a pod the mirror of a static pod.
-pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
-const NODE_RESTRICTION_LABELS: &str = "node-restriction.kubernetes.io";
-
-/// The labels a kubelet sets on its own Node (upstream's `kubeletapis`).
-const KUBELET_LABELS: &[&str] = &[
-    "kubernetes.io/hostname",
-    "topology.kubernetes.io/zone",
-    "topology.kubernetes.io/region",
-    "failure-domain.beta.kubernetes.io/zone",
-    "failure-domain.beta.kubernetes.io/region",
-    "beta.kubernetes.io/instance-type",
-    "node.kubernetes.io/instance-type",
-    "kubernetes.io/os",
-    "kubernetes.io/arch",
-    "beta.kubernetes.io/os",
-    "beta.kubernetes.io/arch",
-];
-/// Label namespaces a kubelet may use freely.
-const KUBELET_LABEL_NAMESPACES: &[&str] = &["kubelet.kubernetes.io", "node.kubernetes.io"];
-
-fn label_namespace(key: &str) -> &str {
-    key.split_once('/').map(|(ns, _)| ns).unwrap_or_default()
-}
-
-fn in_domain(namespace: &str, domain: &str) -> bool {
-    namespace == domain || namespace.strip_suffix(domain).is_some_and(|rest| rest.ends_with('.'))
-}
-
-/// Whether a kubelet may set this label on its Node, as upstream's
-/// `IsKubeletLabel` and NodeRestriction's forbidden labels decide.
-pub fn kubelet_may_set_label(key: &str) -> bool {
-    let ns = label_namespace(key);
-    if in_domain(ns, NODE_RESTRICTION_LABELS) {
-        return false;
-    }
-    let kubernetes = in_domain(ns, "kubernetes.io") || in_domain(ns, "k8s.io");
-    !kubernetes || KUBELET_LABELS.contains(&key) || KUBELET_LABEL_NAMESPACES.iter().any(|d| in_domain(ns, d))
-}
+use crate::well_known::annotations::CONFIG_MIRROR;
+use crate::well_known::labels::kubelet_may_set_label;
 
 fn labels(obj: Option<&Value>) -> serde_json::Map<String, Value> {
     obj.and_then(|o| o.pointer("/metadata/labels")).and_then(Value::as_object).cloned().unwrap_or_default()
@@ -214,9 +176,9 @@ pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation)
 /// Upstream's `admitPodCreate`: a mirror pod bound to the node, owned by
 /// its Node, referencing no other object.
 async fn admit_mirror_pod(call: &Call, node: &str, pod: &Value) -> Result<(), String> {
-    if pod.pointer("/metadata/annotations").and_then(|a| a.get(MIRROR_ANNOTATION)).is_none() {
+    if pod.pointer("/metadata/annotations").and_then(|a| a.get(CONFIG_MIRROR)).is_none() {
         return Err(format!(
-            "pod does not have \"{MIRROR_ANNOTATION}\" annotation, node \"{node}\" can only create mirror pods"
+            "pod does not have \"{CONFIG_MIRROR}\" annotation, node \"{node}\" can only create mirror pods"
         ));
     }
     if node_name_of(pod) != node {
@@ -305,36 +267,6 @@ pub async fn admit_token_request(call: &Call, request: &Value) -> ApiResult<()> 
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn kubelet_labels() {
-        for ok in [
-            "kubernetes.io/hostname",
-            "kubernetes.io/arch",
-            "beta.kubernetes.io/os",
-            "node.kubernetes.io/instance-type",
-            "node.kubernetes.io/anything",
-            "topology.kubernetes.io/zone",
-            "kubelet.kubernetes.io/x",
-            "site",
-            "example.com/rack",
-        ] {
-            assert!(kubelet_may_set_label(ok), "{ok}");
-        }
-        for bad in [
-            "node-restriction.kubernetes.io/trusted",
-            "x.node-restriction.kubernetes.io/a",
-            "node-role.kubernetes.io/control-plane",
-            "kubernetes.io/other",
-            "topology.kubernetes.io/rack",
-            "k8s.io/x",
-            "foo.k8s.io/y",
-        ] {
-            assert!(!kubelet_may_set_label(bad), "{bad}");
-        }
-        // A domain that merely ends in the same letters is not a subdomain.
-        assert!(kubelet_may_set_label("notkubernetes.io/x"));
-    }
 
     #[test]
     fn only_changed_labels_count() {

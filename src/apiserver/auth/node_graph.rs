@@ -241,9 +241,9 @@ pub fn claim_edges(claim: &Value) -> Value {
 /// `kubernetes.io/hostname In [node]` expression (what the provisioner
 /// writes). None for any other volume.
 pub fn local_path_node(volume: &Value) -> Option<&str> {
-    use crate::controllers::local_path::{PROVISIONED_BY, PROVISIONER};
+    use crate::well_known::annotations::{LOCAL_PATH_PROVISIONER, PROVISIONED_BY};
     let by = volume.pointer("/metadata/annotations").and_then(|a| a.get(PROVISIONED_BY)).and_then(Value::as_str);
-    if by != Some(PROVISIONER) {
+    if by != Some(LOCAL_PATH_PROVISIONER) {
         return None;
     }
     let terms = volume.pointer("/spec/nodeAffinity/required/nodeSelectorTerms")?.as_array()?;

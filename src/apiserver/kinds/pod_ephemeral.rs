@@ -11,12 +11,10 @@ use serde_json::{json, Value};
 
 use crate::apiserver::status::Cause;
 use crate::apiserver::strategy::{check_name, NameRule};
+use crate::well_known::annotations::CONFIG_MIRROR;
 
 /// The subresource ephemeral containers are added through.
 pub const SUBRESOURCE: &str = "ephemeralcontainers";
-
-/// The annotation a static pod's mirror carries.
-const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Fields of an ephemeral container that must stay unset (upstream's
 /// allowedEphemeralContainerFields marks these false), in the order of
@@ -165,10 +163,8 @@ fn diff(old: &Value, new: &Value) -> String {
 /// upstream's ValidatePodEphemeralContainersUpdate, after the new pod's own
 /// validation: static pods take none, and existing ones stay as they are.
 fn validate_ephemeral_update(new: &Value, old: &Value) -> Vec<Cause> {
-    let mirror = old
-        .pointer("/metadata/annotations")
-        .and_then(Value::as_object)
-        .is_some_and(|a| a.contains_key(MIRROR_POD_ANNOTATION));
+    let mirror =
+        old.pointer("/metadata/annotations").and_then(Value::as_object).is_some_and(|a| a.contains_key(CONFIG_MIRROR));
     if mirror {
         return vec![Cause::forbidden("[]", "Forbidden: static pods do not support ephemeral containers")];
     }
@@ -282,7 +278,7 @@ mod tests {
         let causes = validate_pod_change(Some(SUBRESOURCE), &removed, Some(&old));
         assert_eq!(fields(&causes), ["spec.ephemeralContainers"]);
         let mut mirror = old.clone();
-        mirror["metadata"]["annotations"] = json!({MIRROR_POD_ANNOTATION: "x"});
+        mirror["metadata"]["annotations"] = json!({CONFIG_MIRROR: "x"});
         let causes = validate_pod_change(Some(SUBRESOURCE), &added, Some(&mirror));
         assert_eq!(causes[0].message, "Forbidden: static pods do not support ephemeral containers");
         // Not on create, not through the pod itself.

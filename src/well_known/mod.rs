@@ -1,0 +1,9 @@
+//! Names more than one floor speaks: the labels and annotations that are
+//! a contract between the API server, the controllers and the node, kept
+//! on the ground where every side can stand on them, as upstream keeps
+//! them in `k8s.io/api` (well-known labels and annotation keys) and the
+//! kubelet's well-known labels. Constants and the predicates that read
+//! them; nothing else.
+
+pub mod annotations;
+pub mod labels;
