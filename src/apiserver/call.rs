@@ -57,7 +57,7 @@ pub struct Call {
 }
 
 /// A request extension that only the in-process transport sets, for the
-/// shared informers (`client::in_process_for_informers`): lists and watches
+/// shared informers (`in_process::client_for_informers`): lists and watches
 /// served from the watch cache leave managedFields out, which those
 /// informers drop anyway (`client::transform`). No HTTP request can carry it.
 #[derive(Debug, Clone, Copy)]

@@ -25,6 +25,7 @@ pub mod endpoint_reconciler;
 pub mod field_order;
 pub mod handlers;
 pub mod health;
+pub mod in_process;
 pub mod json_entries;
 pub mod kinds;
 pub mod kubelet;

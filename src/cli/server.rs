@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
+use crate::apiserver::auth::User;
 use crate::apiserver::{self, allocator::Cidr, Api, ApiConfig};
 use crate::pki::{write_kubeconfig, Pki, PkiOptions};
 use crate::store::etcd::{EtcdOptions, EtcdStore};
@@ -436,8 +437,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     // keeps them current from then on).
     {
         use crate::controllers::clusterrole_aggregation as aggregation;
-        let client =
-            crate::client::in_process(api.clone(), crate::client::controller_service_account(aggregation::NAME));
+        let client = apiserver::in_process::client(api.clone(), User::controller_service_account(aggregation::NAME));
         aggregation::aggregate_all(client).await.map_err(|e| anyhow::anyhow!("aggregated ClusterRoles: {e}"))?;
     }
     api.health.hook_finished(hooks::RBAC_BOOTSTRAP_ROLES);
@@ -485,12 +485,12 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     // The auto-deploy folder, on every server, with the server's own rights.
     {
         let (client, dir, server) =
-            (crate::client::in_process(api.clone(), crate::client::supervisor()), manifests.clone(), node_name.clone());
+            (apiserver::in_process::client(api.clone(), User::supervisor()), manifests.clone(), node_name.clone());
         followers.push(tokio::spawn(async move { crate::controllers::deploy::run(client, dir, &server).await }));
     }
     // kube-public/cluster-info names this server and the CA, for the bootstrap signer to sign.
     {
-        let client = crate::client::in_process(api.clone(), crate::client::supervisor());
+        let client = apiserver::in_process::client(api.clone(), User::supervisor());
         let server = format!("https://{}", api.config.advertise);
         let ca = std::fs::read_to_string(&pki.server_ca_cert).context("server CA")?;
         followers.push(tokio::spawn(async move {
@@ -500,19 +500,19 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         }));
     }
     // Node passwords follow their Nodes, on every server (deletes are idempotent).
-    followers.push(tokio::spawn(crate::controllers::node_password::run(crate::client::in_process(
+    followers.push(tokio::spawn(crate::controllers::node_password::run(apiserver::in_process::client(
         api.clone(),
-        crate::client::supervisor(),
+        User::supervisor(),
     ))));
-    let manager = crate::client::in_process(api.clone(), crate::client::controller_manager());
+    let manager = apiserver::in_process::client(api.clone(), User::controller_manager());
     // One informer per kind for the controllers and the scheduler alike.
     let informers = crate::client::informer_factory::SharedInformerFactory::new(
-        crate::client::in_process_for_informers(api.clone(), crate::client::controller_manager()),
+        apiserver::in_process::client_for_informers(api.clone(), User::controller_manager()),
     );
     let election = crate::client::leader::LeaderElection::new(manager.clone(), "kube-controller-manager", &node_name);
     let for_controllers = api.clone();
     let client_for: crate::client::ClientFor = Arc::new(move |name: &str| {
-        crate::client::in_process(for_controllers.clone(), crate::client::controller_service_account(name))
+        apiserver::in_process::client(for_controllers.clone(), User::controller_service_account(name))
     });
     let for_manager = informers.clone();
     followers
@@ -520,7 +520,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             crate::controllers::start(for_manager.clone(), client_for.clone(), controller_config.clone())
         })));
     let profiles: Vec<_> = scheduler_profiles(&args.kube_scheduler_arg)?.into_iter().map(Arc::new).collect();
-    let scheduler = crate::client::in_process(api.clone(), crate::client::scheduler());
+    let scheduler = apiserver::in_process::client(api.clone(), User::scheduler());
     let election = crate::client::leader::LeaderElection::new(scheduler.clone(), "kube-scheduler", &node_name);
     followers.push(tokio::spawn(election.run(move || {
         vec![tokio::spawn(crate::scheduler::run(scheduler.clone(), informers.clone(), profiles.clone()))]
@@ -578,13 +578,13 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         if enabled.local_storage {
             // Released local-path volumes of this node: their directories, then the volumes.
             followers.push(tokio::spawn(crate::agent::local_path::run(
-                crate::client::in_process(api.clone(), crate::client::node(&node_name)),
+                apiserver::in_process::client(api.clone(), User::node(&node_name)),
                 node_name.clone(),
                 local_storage.clone(),
             )));
         }
-        let client = crate::client::in_process(api.clone(), crate::client::node(&node_name));
-        let labeler = crate::client::in_process(api.clone(), crate::client::supervisor());
+        let client = apiserver::in_process::client(api.clone(), User::node(&node_name));
+        let labeler = apiserver::in_process::client(api.clone(), User::supervisor());
         Some(crate::agent::start(config, client, Some(labeler)).await.context("the node role")?)
     };
 

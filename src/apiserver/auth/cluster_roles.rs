@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use super::component_roles;
 use super::reconcile::AUTOUPDATE;
+use crate::well_known::users::{KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER, NODES_GROUP};
 
 /// One policy rule of a table.
 #[derive(Clone, Copy)]
@@ -488,11 +489,11 @@ pub fn cluster_role_bindings() -> Vec<Value> {
         cluster_binding(
             "system:kube-controller-manager",
             "system:kube-controller-manager",
-            vec![user("system:kube-controller-manager")],
+            vec![user(KUBE_CONTROLLER_MANAGER)],
         ),
         cluster_binding("system:kube-dns", "system:kube-dns", vec![service_account("kube-system", "kube-dns")]),
-        cluster_binding("system:kube-scheduler", "system:kube-scheduler", vec![user("system:kube-scheduler")]),
-        cluster_binding("system:volume-scheduler", "system:volume-scheduler", vec![user("system:kube-scheduler")]),
+        cluster_binding("system:kube-scheduler", "system:kube-scheduler", vec![user(KUBE_SCHEDULER)]),
+        cluster_binding("system:volume-scheduler", "system:volume-scheduler", vec![user(KUBE_SCHEDULER)]),
         // Upstream's binding of the kubelets' role, left without subjects.
         cluster_binding("system:node", "system:node", Vec::new()),
         cluster_binding(
@@ -508,11 +509,7 @@ pub fn cluster_role_bindings() -> Vec<Value> {
     // ferrok's own: its nodes' extra reads, the kubelet API rights of the
     // API server's kubelet client (k3s' name), and bootstrap tokens'
     // certificate requests.
-    bindings.push(cluster_binding(
-        "system:ferrok:node",
-        "system:ferrok:node",
-        vec![group(super::node_authorizer::NODES_GROUP)],
-    ));
+    bindings.push(cluster_binding("system:ferrok:node", "system:ferrok:node", vec![group(NODES_GROUP)]));
     bindings.push(cluster_binding(
         "kube-apiserver-kubelet-admin",
         "system:kubelet-api-admin",

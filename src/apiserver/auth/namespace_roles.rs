@@ -8,6 +8,7 @@
 use serde_json::Value;
 
 use super::cluster_roles::{binding_object, role_object, service_account, user, values, R};
+use crate::well_known::users::{KUBE_CONTROLLER_MANAGER, KUBE_SCHEDULER};
 
 use R::{Named, Res};
 
@@ -63,23 +64,19 @@ pub fn role_bindings() -> Vec<Value> {
             "kube-system",
             "system::extension-apiserver-authentication-reader",
             "extension-apiserver-authentication-reader",
-            vec![user("system:kube-controller-manager"), user("system:kube-scheduler")],
+            vec![user(KUBE_CONTROLLER_MANAGER), user(KUBE_SCHEDULER)],
         ),
         binding(
             "kube-system",
             "system::leader-locking-kube-controller-manager",
             "system::leader-locking-kube-controller-manager",
-            vec![
-                user("system:kube-controller-manager"),
-                sa("kube-controller-manager"),
-                sa("leader-election-controller"),
-            ],
+            vec![user(KUBE_CONTROLLER_MANAGER), sa("kube-controller-manager"), sa("leader-election-controller")],
         ),
         binding(
             "kube-system",
             "system::leader-locking-kube-scheduler",
             "system::leader-locking-kube-scheduler",
-            vec![user("system:kube-scheduler"), sa("kube-scheduler")],
+            vec![user(KUBE_SCHEDULER), sa("kube-scheduler")],
         ),
         binding(
             "kube-system",

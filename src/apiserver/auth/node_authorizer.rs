@@ -21,10 +21,8 @@ use super::bootstrap::rule;
 use super::node_graph::{self, NodeGraph};
 use super::rbac::{rule_allows, Attributes};
 use super::User;
+use crate::well_known::users::{NODES_GROUP, NODE_USER_PREFIX};
 
-/// The group every kubelet is in.
-pub const NODES_GROUP: &str = "system:nodes";
-const NODE_USER_PREFIX: &str = "system:node:";
 /// Where node Leases live.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
