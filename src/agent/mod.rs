@@ -51,7 +51,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, PostParams};
-use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::runtime::{reflector, watcher};
 use tokio::sync::{watch, Notify};
 
 pub use config::{AgentConfig, KubeletConfig, KubeletTls};
@@ -119,9 +119,8 @@ fn spawn_services_cache(client: &kube::Client) -> (reflector::Store<Service>, to
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        watcher::watcher(Api::<Service>::all(client.clone()), watcher::Config::default())
-            .modify(crate::client::forget_managed_fields)
-            .default_backoff(),
+        crate::client::typed_watcher::watch(Api::<Service>::all(client.clone()), watcher::Config::default())
+            .map(|event| event.map(|event| event.modify(crate::client::forget_managed_fields))),
     );
     let task = tokio::spawn(stream.for_each(|_| std::future::ready(())));
     (store, task)

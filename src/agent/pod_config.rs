@@ -12,7 +12,6 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 
 use super::kubelet::Kubelet;
 use super::pod_util;
@@ -52,7 +51,7 @@ pub async fn run(
     let mut seen: HashMap<String, String> = HashMap::new();
     let mut listing: HashSet<String> = HashSet::new();
     let mut first_list = true;
-    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    let mut stream = crate::client::typed_watcher::watch(api, cfg);
     while let Some(event) = stream.next().await {
         match event {
             Ok(Event::Init) => listing.clear(),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use tokio::sync::Notify;
 
 use super::cri::{self, Cri};
@@ -45,7 +45,7 @@ pub async fn run(
     let api: Api<Node> = Api::all(client);
     let cfg = watcher::Config::default().fields(&format!("metadata.name={}", net.node_name));
     let mut current: Option<Ipv4Net> = None;
-    let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+    let mut stream = crate::client::typed_watcher::watch(api, cfg);
     let mut resync = net.nft.resync_requests();
     loop {
         let event = tokio::select! {

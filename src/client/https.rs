@@ -226,11 +226,11 @@ impl tower::Service<Request<kube::client::Body>> for Transport {
 pub async fn follow_servers(client: kube::Client, servers: Arc<ServerList>) {
     use futures_util::StreamExt;
     use k8s_openapi::api::discovery::v1::EndpointSlice;
-    use kube::runtime::{reflector, watcher, WatchStreamExt};
+    use kube::runtime::{reflector, watcher};
     let api: kube::Api<EndpointSlice> = kube::Api::namespaced(client, "default");
     let config = watcher::Config::default().labels("kubernetes.io/service-name=kubernetes");
     let (store, writer) = reflector::store();
-    let mut events = std::pin::pin!(reflector::reflector(writer, watcher::watcher(api, config)).default_backoff());
+    let mut events = std::pin::pin!(reflector::reflector(writer, super::typed_watcher::watch(api, config)));
     while let Some(event) = events.next().await {
         if !matches!(event, Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) {
             continue;

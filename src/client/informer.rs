@@ -18,7 +18,6 @@ use futures_util::StreamExt;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::Resource;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
@@ -160,7 +159,9 @@ where
         let (store, writer) = reflector::store();
         let shared =
             Arc::new(Shared { store: store.clone(), indexer: Indexer::default(), subscribers: Mutex::new(Vec::new()) });
-        let events = watcher::watcher(api, config).modify(super::transform::transform).default_backoff().boxed();
+        let events = super::typed_watcher::watch(api, config)
+            .map(|event| event.map(|event| event.modify(super::transform::transform)))
+            .boxed();
         let running = shared.clone();
         tokio::spawn(async move {
             wanted.await;

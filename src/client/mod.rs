@@ -20,6 +20,7 @@ pub mod pod_volumes;
 pub mod predicates;
 pub mod scheduling;
 pub mod transform;
+pub mod typed_watcher;
 
 use std::sync::Arc;
 

@@ -103,7 +103,7 @@ async fn provision(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Resu
     let pv_name = volume_name(&uid);
     let path = volume_path(&ctx.storage, &uid, &ns, &name);
     let size = spec.resources.as_ref().and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage")).cloned();
-    let pv: PersistentVolume = serde_json::from_value(json!({
+    let pv: PersistentVolume = serde_path_to_error::deserialize(&json!({
         "metadata": {"name": pv_name, "annotations": {PROVISIONED_BY: LOCAL_PATH_PROVISIONER}},
         "spec": {
             "capacity": {"storage": size.map(|q| q.0).unwrap_or_else(|| "1Gi".into())},

@@ -12,7 +12,6 @@ use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 
 use crate::pki::node_password::{secret_name, NODE_LABEL};
 
@@ -22,7 +21,7 @@ const JOIN_GRACE: Duration = Duration::from_secs(600);
 /// Runs until aborted; `client` may list and delete Secrets in kube-system.
 pub async fn run(client: kube::Client) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "kube-system");
-    let mut events = watcher::watcher(Api::<Node>::all(client), watcher::Config::default()).default_backoff().boxed();
+    let mut events = crate::client::typed_watcher::watch(Api::<Node>::all(client), watcher::Config::default());
     let mut listed: HashSet<String> = HashSet::new();
     while let Some(event) = events.next().await {
         match event {

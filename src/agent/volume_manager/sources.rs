@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::runtime::watcher::{self, watcher, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use kube::Api;
 use tokio::sync::{watch, Notify};
 
@@ -140,10 +139,10 @@ async fn run<K>(
     subscribers: Subscribers,
     extract: fn(&K) -> SourceData,
 ) where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
     let config = watcher::Config::default().fields(&format!("metadata.name={}", key.name));
-    let mut stream = watcher(api, config).default_backoff().boxed();
+    let mut stream = crate::client::typed_watcher::watch(api, config);
     let named = |o: &K| o.meta().name.as_deref() == Some(key.name.as_str());
     let mut listing: Option<SourceData> = None;
     while let Some(event) = stream.next().await {

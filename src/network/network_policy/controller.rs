@@ -12,7 +12,7 @@ use futures_util::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::ResourceExt;
 
 use super::model::{namespace_labels, PodInfo, Policy};
@@ -108,7 +108,7 @@ where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     K::Scope: Send,
 {
-    watcher::watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff()
+    crate::client::typed_watcher::watch(Api::<K>::all(client.clone()), watcher::Config::default())
 }
 
 fn log_error(kind: &str, e: &watcher::Error) {

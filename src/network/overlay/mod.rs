@@ -24,7 +24,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use tokio::sync::watch;
 
 use crate::net::Ipv4Net;
@@ -154,7 +154,7 @@ pub async fn run(client: kube::Client, config: OverlayConfig, mut pod_cidr: watc
     };
     overlay.set_up(own).await;
     let api: Api<Node> = Api::all(client);
-    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut stream = crate::client::typed_watcher::watch(api, watcher::Config::default());
     let mut listing: Option<Vec<Node>> = None;
     // A failed annotation patch is tried again after a while.
     let mut republish: Option<Pin<Box<tokio::time::Sleep>>> = None;

@@ -15,7 +15,7 @@ use futures_util::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::ResourceExt;
 
 pub use dataplane::{Change, Dataplane, DataplaneError};
@@ -172,8 +172,8 @@ async fn forget(stale: Vec<conntrack_cleanup::Stale>) {
 pub async fn run(client: kube::Client, node_name: String, mut dataplane: impl Dataplane) {
     let services = Api::<Service>::all(client.clone());
     let slices = Api::<EndpointSlice>::all(client);
-    let mut service_events = watcher::watcher(services, watcher::Config::default()).default_backoff().boxed();
-    let mut slice_events = watcher::watcher(slices, watcher::Config::default()).default_backoff().boxed();
+    let mut service_events = crate::client::typed_watcher::watch(services, watcher::Config::default());
+    let mut slice_events = crate::client::typed_watcher::watch(slices, watcher::Config::default());
     let mut resync = dataplane.resync_requests();
     let mut cache = Cache::default();
     // What the dataplane holds, to tell what a change leaves behind.
