@@ -8,6 +8,7 @@ pub mod apiserver;
 pub mod cli;
 pub mod client;
 pub mod controllers;
+pub mod duration;
 pub mod host;
 pub mod metrics;
 pub mod net;

@@ -15,6 +15,7 @@ const FLOORS: &[(&str, u8)] = &[
     // The ground: helpers that know nothing of the rest.
     ("host", 0),
     ("quantity", 0),
+    ("duration", 0),
     ("metrics", 0),
     ("websocket", 0),
     ("net", 0),

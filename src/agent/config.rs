@@ -215,34 +215,7 @@ fn thresholds(s: &str) -> Result<Vec<Threshold>, String> {
 
 /// A Go duration as upstream's flags take it: `300ms`, `1m30s`, `5m0s`, `2h`.
 pub fn go_duration(s: &str) -> Result<Duration, String> {
-    let text = s.trim();
-    let bad = || format!("{s:?} is not a duration like 30s, 5m or 1h30m");
-    if text.is_empty() {
-        return Err(bad());
-    }
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut rest = text;
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let value: f64 = rest[..end].parse().map_err(|_| bad())?;
-        rest = &rest[end..];
-        let unit_end = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let factor = match &rest[..unit_end] {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
-        };
-        total += value * factor;
-        rest = &rest[unit_end..];
-    }
-    Ok(Duration::from_secs_f64(total))
+    crate::duration::parse(s).map_err(|e| e.to_string())
 }
 
 fn duration(s: &str) -> Result<Duration, String> {

@@ -12,9 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::cri::{api, labels, CriError};
-use super::kubelet::Kubelet;
+use super::kuberuntime::manager::RuntimeManager;
 use super::kuberuntime::runtime_status::ContainerRunState;
-use super::pod_workers::PodWorkers;
 
 /// How often garbage is collected (upstream's ContainerGCPeriod).
 pub const GC_PERIOD: Duration = Duration::from_secs(60);
@@ -132,10 +131,31 @@ fn orphan_log_dirs(pod_logs_dir: &Path, known: &dyn Fn(&str) -> bool) -> Vec<Pat
         .collect()
 }
 
-/// Upstream's container GC, over the CRI and the pod workers.
+/// What container GC asks of the pod workers (upstream's sourcesReady and
+/// podStateProvider).
+pub trait PodStateProvider: Send + Sync {
+    /// The pod source has listed its pods once.
+    fn sources_ready(&self) -> bool;
+    /// Whether a worker (syncing, terminating, or keeping a finished pod) has the uid.
+    fn knows(&self, uid: &str) -> bool;
+}
+
+/// Removes what is left of pods no worker knows (the kubelet's part of
+/// upstream's HandlePodCleanups).
+#[async_trait::async_trait]
+pub trait OrphanCleaner: Send + Sync {
+    /// Every pod uid the runtime or the disk has something of.
+    async fn known_uids(&self) -> Result<HashSet<String>, CriError>;
+    /// Removes everything the runtime and the disk hold for the uid.
+    async fn cleanup_orphan(&self, uid: &str) -> Result<(), CriError>;
+}
+
+/// Upstream's container GC, through the runtime manager, asking the pod
+/// workers which pods are wanted and the kubelet to clean up the others.
 pub struct ContainerGc {
-    kubelet: Arc<Kubelet>,
-    workers: Arc<PodWorkers>,
+    runtime: Arc<RuntimeManager>,
+    pods: Arc<dyn PodStateProvider>,
+    orphans: Arc<dyn OrphanCleaner>,
 }
 
 /// What a pass did.
@@ -151,8 +171,12 @@ fn now_nanos() -> i64 {
 }
 
 impl ContainerGc {
-    pub fn new(kubelet: Arc<Kubelet>, workers: Arc<PodWorkers>) -> Arc<ContainerGc> {
-        Arc::new(ContainerGc { kubelet, workers })
+    pub fn new(
+        runtime: Arc<RuntimeManager>,
+        pods: Arc<dyn PodStateProvider>,
+        orphans: Arc<dyn OrphanCleaner>,
+    ) -> Arc<ContainerGc> {
+        Arc::new(ContainerGc { runtime, pods, orphans })
     }
 
     /// Collects every GC period, for ever.
@@ -168,7 +192,7 @@ impl ContainerGc {
     }
 
     async fn list(&self) -> Result<(Vec<GcContainer>, Vec<GcSandbox>), CriError> {
-        let cri = &self.kubelet.runtime.cri;
+        let cri = &self.runtime.cri;
         let containers = cri
             .list_containers(None)
             .await?
@@ -196,50 +220,31 @@ impl ContainerGc {
         Ok((containers, sandboxes))
     }
 
-    /// Removes a container and its log files.
-    async fn remove_container(&self, id: &str) -> Result<(), CriError> {
-        let mut rt = self.kubelet.runtime.cri.runtime();
-        let req = api::ContainerStatusRequest { container_id: id.to_string(), verbose: false };
-        let log_path = match rt.container_status(req).await {
-            Ok(r) => r.into_inner().status.map(|s| s.log_path).unwrap_or_default(),
-            Err(s) if s.code() == tonic::Code::NotFound => return Ok(()),
-            Err(status) => return Err(CriError::Call { call: "ContainerStatus", status }),
-        };
-        match rt.remove_container(api::RemoveContainerRequest { container_id: id.to_string() }).await {
-            Ok(_) => {}
-            Err(s) if s.code() == tonic::Code::NotFound => {}
-            Err(status) => return Err(CriError::Call { call: "RemoveContainer", status }),
-        }
-        super::logs::remove_container_logs(&log_path);
-        Ok(())
-    }
-
     /// One pass; errors on single objects are logged and the pass goes on.
     pub async fn garbage_collect(&self) -> Result<GcStats, CriError> {
         let (containers, sandboxes) = self.list().await?;
-        let ready = self.workers.sources_ready();
-        let known = |uid: &str| self.workers.knows(uid);
+        let ready = self.pods.sources_ready();
+        let known = |uid: &str| self.pods.knows(uid);
         let mut plan = plan(&containers, &sandboxes, &known, ready, now_nanos());
         let mut stats = GcStats::default();
         for id in &plan.containers {
-            match self.remove_container(id).await {
+            match self.runtime.remove_container(id).await {
                 Ok(()) => stats.containers += 1,
                 Err(e) => tracing::debug!(container = %id, error = %e, "cannot remove a dead container"),
             }
         }
         for id in &plan.sandboxes {
-            let req = api::RemovePodSandboxRequest { pod_sandbox_id: id.clone() };
-            match self.kubelet.runtime.cri.runtime().remove_pod_sandbox(req).await {
-                Ok(_) => stats.sandboxes += 1,
-                Err(s) if s.code() == tonic::Code::NotFound => {}
-                Err(s) => tracing::debug!(sandbox = %id, error = %s.message(), "cannot remove a dead sandbox"),
+            match self.runtime.remove_sandbox(id).await {
+                Ok(()) => stats.sandboxes += 1,
+                Err(e) if e.is_not_found() => {}
+                Err(e) => tracing::debug!(sandbox = %id, error = %e, "cannot remove a dead sandbox"),
             }
         }
         if !ready {
             return Ok(stats);
         }
         // Pods only the disk remembers (folders, volumes).
-        if let Ok(uids) = self.kubelet.known_uids().await {
+        if let Ok(uids) = self.orphans.known_uids().await {
             plan.orphans.extend(uids.into_iter().filter(|u| !known(u)));
         }
         for uid in &plan.orphans {
@@ -248,12 +253,12 @@ impl ContainerGc {
                 continue;
             }
             tracing::info!(pod_uid = %uid, "removing what is left of a pod no longer on this node");
-            match self.kubelet.cleanup_orphan(uid).await {
+            match self.orphans.cleanup_orphan(uid).await {
                 Ok(()) => stats.pods += 1,
                 Err(e) => tracing::warn!(pod_uid = %uid, error = %e, "cannot remove an orphaned pod"),
             }
         }
-        for dir in orphan_log_dirs(&self.kubelet.runtime.pod_logs_dir, &known) {
+        for dir in orphan_log_dirs(&self.runtime.pod_logs_dir, &known) {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 tracing::debug!(dir = %dir.display(), error = %e, "cannot remove the log folder of a removed pod");
             }

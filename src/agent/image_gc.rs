@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use super::cri::{api, CriError};
-use super::kubelet::Kubelet;
+use super::cri::{api, Cri, CriError};
+use super::events::Events;
 use crate::client::events::EventType;
 
 /// How often usage is checked (upstream's ImageGCPeriod).
@@ -92,9 +92,10 @@ pub fn images_to_remove(
     out
 }
 
-/// Upstream's image GC manager.
+/// Upstream's image GC manager, over the runtime's image service.
 pub struct ImageGcManager {
-    kubelet: Arc<Kubelet>,
+    cri: Cri,
+    events: Events,
     policy: ImageGcPolicy,
     /// containerd's root: the image filesystem.
     image_fs: PathBuf,
@@ -104,8 +105,15 @@ pub struct ImageGcManager {
 }
 
 impl ImageGcManager {
-    pub fn new(kubelet: Arc<Kubelet>, policy: ImageGcPolicy, image_fs: PathBuf, sandbox_image: String) -> Arc<Self> {
-        let node = kubelet.config.node_name.clone();
+    pub fn new(
+        cri: Cri,
+        events: Events,
+        node_name: &str,
+        policy: ImageGcPolicy,
+        image_fs: PathBuf,
+        sandbox_image: String,
+    ) -> Arc<Self> {
+        let node = node_name.to_string();
         let node_ref = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Node".into()),
@@ -114,7 +122,8 @@ impl ImageGcManager {
             ..Default::default()
         };
         Arc::new(ImageGcManager {
-            kubelet,
+            cri,
+            events,
             policy,
             image_fs,
             sandbox_image,
@@ -124,7 +133,7 @@ impl ImageGcManager {
     }
 
     fn node_event(&self, kind: EventType, reason: &str, message: &str) {
-        self.kubelet.events.recorder().publish_ref(self.node_ref.clone(), kind, reason, message);
+        self.events.recorder().publish_ref(self.node_ref.clone(), kind, reason, message);
     }
 
     /// Collects every GC period; `ImageGCFailed` after two failures in a row, as upstream.
@@ -185,7 +194,7 @@ impl ImageGcManager {
 
     /// Refreshes the records from the runtime; returns the image ids in use.
     async fn detect_images(&self, now: Instant) -> Result<HashSet<String>, ImageGcError> {
-        let cri = &self.kubelet.runtime.cri;
+        let cri = &self.cri;
         let images = cri.list_images().await?;
         let containers = cri.list_containers(None).await?;
         let mut in_use: HashSet<String> = HashSet::new();
@@ -223,9 +232,13 @@ impl ImageGcManager {
     /// runtime, and images with a name the node imported (`images::protected_refs`).
     /// When that cannot be known, nothing is collected.
     async fn kept_ids(&self) -> Result<HashSet<String>, ImageGcError> {
-        let cri = &self.kubelet.runtime.cri;
+        let cri = &self.cri;
         let mut out = HashSet::new();
-        if let Ok(Some(img)) = self.kubelet.runtime.images.status(&self.sandbox_image).await {
+        let req = api::ImageStatusRequest {
+            image: Some(api::ImageSpec { image: self.sandbox_image.clone(), ..Default::default() }),
+            verbose: false,
+        };
+        if let Ok(Some(img)) = cri.images().image_status(req).await.map(|r| r.into_inner().image) {
             out.insert(img.id);
         }
         let protected = super::images::protected_refs(cri).await.map_err(|e| ImageGcError::Protected(e.to_string()))?;
@@ -251,7 +264,7 @@ impl ImageGcManager {
             tracing::info!(image = %id, size, "removing an unused image");
             let req =
                 api::RemoveImageRequest { image: Some(api::ImageSpec { image: id.clone(), ..Default::default() }) };
-            match self.kubelet.runtime.cri.images().remove_image(req).await {
+            match self.cri.images().remove_image(req).await {
                 Ok(_) => {
                     self.records.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
                     freed += size;

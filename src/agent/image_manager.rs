@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod, Secret};
 use kube::api::Api;
 
 use super::backoff::Backoff;
-use super::cri::{api, Cri};
+use super::cri::{api, Cri, CriError, ImageService};
 use super::pod_util;
 use super::{credentials, events::Events};
 use crate::client::events::EventType;
@@ -39,8 +39,42 @@ pub trait NodeCredentials: Send + Sync {
     fn auth_for(&self, image: &str) -> Option<api::AuthConfig>;
 }
 
+/// The image service of containerd's CRI, and containerd's own image
+/// labels for the images the node imported.
+#[async_trait::async_trait]
+impl ImageService for Cri {
+    async fn image_status(&self, image: &str) -> Result<Option<api::Image>, CriError> {
+        let req = api::ImageStatusRequest {
+            image: Some(api::ImageSpec { image: image.to_string(), ..Default::default() }),
+            verbose: false,
+        };
+        let resp = self.images().image_status(req).await.map_err(CriError::call("ImageStatus"))?;
+        Ok(resp.into_inner().image)
+    }
+
+    async fn pull_image(
+        &self,
+        image: &str,
+        auth: Option<api::AuthConfig>,
+        sandbox_config: Option<api::PodSandboxConfig>,
+    ) -> Result<String, CriError> {
+        let req = api::PullImageRequest {
+            image: Some(api::ImageSpec { image: image.to_string(), ..Default::default() }),
+            auth,
+            sandbox_config,
+        };
+        let resp = self.images().pull_image(req).await.map_err(CriError::call("PullImage"))?;
+        Ok(resp.into_inner().image_ref)
+    }
+
+    async fn is_imported(&self, image: &str) -> bool {
+        super::images::is_protected(self, image).await.unwrap_or(false)
+    }
+}
+
 pub struct ImageManager {
-    cri: Cri,
+    /// The runtime's images (containerd, or a test double).
+    cri: Arc<dyn ImageService>,
     client: kube::Client,
     events: Events,
     backoff: Backoff,
@@ -68,7 +102,7 @@ pub fn pull_policy(c: &Container) -> String {
 }
 
 impl ImageManager {
-    pub fn new(cri: Cri, client: kube::Client, events: Events) -> Self {
+    pub fn new(cri: Arc<dyn ImageService>, client: kube::Client, events: Events) -> Self {
         ImageManager {
             cri,
             client,
@@ -86,7 +120,7 @@ impl ImageManager {
 
     /// Whether the image was imported from a tarball (never pulled or collected).
     pub async fn is_protected(&self, image_id: &str) -> bool {
-        super::images::is_protected(&self.cri, image_id).await.unwrap_or(false)
+        self.cri.is_imported(image_id).await
     }
 
     /// Pulls `image` for the node itself (the images folder's pull lists),
@@ -99,17 +133,10 @@ impl ImageManager {
 
     /// The image as CRI knows it, if present.
     pub async fn status(&self, image: &str) -> Result<Option<api::Image>, ImageError> {
-        let req = api::ImageStatusRequest {
-            image: Some(api::ImageSpec { image: image.into(), ..Default::default() }),
-            verbose: false,
-        };
-        match self.cri.images().image_status(req).await {
-            Ok(resp) => Ok(resp.into_inner().image),
-            Err(status) => Err(ImageError {
-                reason: "ErrImageInspect",
-                message: format!("Failed to inspect image {image:?}: {}", status.message()),
-            }),
-        }
+        self.cri.image_status(image).await.map_err(|e| ImageError {
+            reason: "ErrImageInspect",
+            message: format!("Failed to inspect image {image:?}: {}", e.message()),
+        })
     }
 
     fn info(img: &api::Image) -> ImageInfo {
@@ -143,14 +170,9 @@ impl ImageManager {
         let attempts: Vec<Option<api::AuthConfig>> =
             if auths.is_empty() { vec![None] } else { auths.iter().cloned().map(Some).collect() };
         for auth in attempts {
-            let req = api::PullImageRequest {
-                image: Some(api::ImageSpec { image: image.into(), ..Default::default() }),
-                auth,
-                sandbox_config: sandbox.cloned(),
-            };
-            match self.cri.images().pull_image(req).await {
-                Ok(resp) => return Ok(resp.into_inner().image_ref),
-                Err(status) => last = status.message().to_string(),
+            match self.cri.pull_image(image, auth, sandbox.cloned()).await {
+                Ok(image_ref) => return Ok(image_ref),
+                Err(e) => last = e.message(),
             }
         }
         Err(last)

@@ -18,13 +18,14 @@ use super::cri::{api, CriError};
 use super::dns;
 use super::env::{self, EnvContext};
 use super::events::Events;
-use super::kuberuntime::actions::{self, ProbeState};
-use super::kuberuntime::manager::RuntimeManager;
+use super::kuberuntime::actions::{self, KillReason, ProbeState};
+use super::kuberuntime::manager::{ContainerStart, RuntimeManager, StartFailure, Waiting};
 use super::kuberuntime::resources;
 use super::kuberuntime::runtime_status::{self, ContainerRunState, RuntimePod};
 use super::kuberuntime::sandbox;
-use super::pod_status::{self, PodFailure, StatusInputs, Waiting};
+use super::pod_status::{self, FailureKind, PodFailure, StatusInputs};
 use super::pod_util::{self, ContainerKind};
+use super::pod_workers::{PodState, PodSyncer, SyncResult};
 use super::status_manager::StatusManager;
 use super::volume_manager::{PodVolumes, VolumeManager};
 use crate::client::events::EventType;
@@ -39,30 +40,23 @@ pub trait ProbeResults: Send + Sync {
     fn ready(&self, pod: &Pod, rt: &RuntimePod) -> HashSet<String>;
 }
 
-/// What a pod worker keeps between syncs.
-#[derive(Debug, Default)]
-pub struct PodState {
-    /// Why containers are not running, from the last attempt to start them.
-    pub waiting: HashMap<String, Waiting>,
-    /// A pod-level failure the node decided (deadline, eviction).
-    pub failure: Option<PodFailure>,
-    /// Container ids the PLEG said exited, not yet seen exited through CRI.
-    pub expected_exits: HashSet<String>,
-    volume_backoff: Option<(Instant, Duration)>,
-    sandbox_backoff: Option<(Instant, Duration)>,
-}
-
-/// The outcome of a sync: when to look again, and whether the pod is done.
-#[derive(Debug, Default)]
-pub struct SyncResult {
-    pub next: Option<Duration>,
-    pub terminal: bool,
+/// What every container started in one sync shares: the pod, the sandbox
+/// it goes in, and what the pod has ready for it.
+struct SandboxContext<'a> {
+    pod: &'a Pod,
+    rt: &'a RuntimePod,
+    sandbox_id: &'a str,
+    sandbox_config: &'a api::PodSandboxConfig,
+    pod_ips: &'a [String],
+    volumes: &'a PodVolumes,
+    /// The pod's hosts file, mounted on /etc/hosts unless a volume is.
+    hosts_file: Option<&'a PathBuf>,
 }
 
 pub struct Kubelet {
     pub client: kube::Client,
     pub config: Arc<AgentConfig>,
-    pub runtime: RuntimeManager,
+    pub runtime: Arc<RuntimeManager>,
     pub status: StatusManager,
     pub events: Events,
     /// `containerd`, for container ids.
@@ -105,14 +99,6 @@ impl Kubelet {
             pod_util::name(pod),
             pod_util::uid(pod),
         )
-    }
-
-    /// How long the pod's containers get to stop when it is deleted.
-    pub fn grace_period(pod: &Pod) -> i64 {
-        pod.metadata
-            .deletion_grace_period_seconds
-            .or_else(|| pod_util::spec(pod).termination_grace_period_seconds)
-            .unwrap_or(30)
     }
 
     fn services_for(&self, namespace: &str) -> Vec<Service> {
@@ -181,7 +167,7 @@ impl Kubelet {
     }
 
     async fn read(&self, uid: &str) -> Result<RuntimePod, CriError> {
-        let rt = runtime_status::read(&self.runtime.cri, uid).await?;
+        let rt = runtime_status::read(self.runtime.cri.as_ref(), uid).await?;
         for c in &rt.containers {
             self.runtime.index.insert(&c.id, uid);
         }
@@ -205,142 +191,10 @@ impl Kubelet {
         let start = pod.status.as_ref()?.start_time.as_ref()?;
         let elapsed = k8s_openapi::jiff::Timestamp::now().as_second() - start.0.as_second();
         (elapsed >= deadline).then(|| PodFailure {
+            kind: FailureKind::DeadlineExceeded,
             reason: "DeadlineExceeded".into(),
             message: "Pod was active on the node longer than the specified deadline".into(),
         })
-    }
-
-    /// Brings a running pod to its spec (upstream's syncPod).
-    pub async fn sync_pod(&self, pod: &Pod, st: &mut PodState) -> Result<SyncResult, CriError> {
-        let uid = pod_util::uid(pod).to_string();
-        if let Some(f) = Self::deadline_exceeded(pod) {
-            self.events.pod(pod, EventType::Normal, "DeadlineExceeded", &f.message);
-            st.failure = Some(f);
-            return Ok(SyncResult { next: None, terminal: true });
-        }
-        let mut rt = self.read(&uid).await?;
-        let mut next: Option<Duration> = None;
-        // Exits the PLEG announced but CRI has not caught up with yet.
-        st.expected_exits
-            .retain(|id| rt.containers.iter().any(|c| &c.id == id && c.state == ContainerRunState::Running));
-        if !st.expected_exits.is_empty() {
-            next = Some(Duration::from_millis(100));
-        }
-
-        // Volumes first: nothing starts without them.
-        if let Some((until, _)) = st.volume_backoff.filter(|(u, _)| Instant::now() < *u) {
-            return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
-        }
-        let mounts = match self.volumes.mount_pod(pod).await {
-            Ok(m) => {
-                st.volume_backoff = None;
-                self.volumes.pod_updated(pod).await;
-                m
-            }
-            Err(e) => {
-                for msg in e.event_messages() {
-                    self.events.pod(pod, EventType::Warning, e.event_reason(), &msg);
-                }
-                let b = next_backoff(st.volume_backoff);
-                st.volume_backoff = Some(b);
-                return self.publish_waiting(pod, &rt, st, Some(b.1)).await;
-            }
-        };
-
-        let pod_ip = self.pod_ip(pod, &rt);
-        self.probes.ensure(pod, &rt, pod_ip);
-        let probes = self.probes.state(pod, &rt);
-        let acts = actions::compute(pod, &rt, &probes);
-        let grace = pod_util::spec(pod).termination_grace_period_seconds.unwrap_or(30);
-        if acts.kill_pod {
-            self.runtime.kill_pod(pod, &rt, grace).await;
-        }
-        for k in &acts.kill {
-            let probe = if k.message.contains("failed liveness probe") {
-                Some(super::prober::ProbeType::Liveness)
-            } else if k.message.contains("failed startup probe") {
-                Some(super::prober::ProbeType::Startup)
-            } else {
-                None
-            };
-            let grace = match pod_util::find_any_container(pod, &k.name) {
-                Some((_, c)) => super::prober::kill_grace_period(pod, &c, probe),
-                None => grace,
-            };
-            self.runtime.kill_container(pod, &k.id, &k.name, grace, Some(&k.message)).await;
-        }
-        let mut sandbox_id = acts.sandbox_id.clone();
-        let mut sandbox_config = None;
-        if acts.create_sandbox {
-            if let Some((until, _)) = st.sandbox_backoff.filter(|(u, _)| Instant::now() < *u) {
-                return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
-            }
-            if !rt.sandboxes.is_empty() {
-                self.events.pod(
-                    pod,
-                    EventType::Normal,
-                    "SandboxChanged",
-                    "Pod sandbox changed, it will be killed and re-created.",
-                );
-            }
-            match self.runtime.create_sandbox(pod, acts.attempt).await {
-                Ok((id, cfg)) => {
-                    st.sandbox_backoff = None;
-                    sandbox_id = Some(id);
-                    sandbox_config = Some(cfg);
-                }
-                Err(msg) => {
-                    let m = format!("Failed to create pod sandbox: {msg}");
-                    self.events.pod(pod, EventType::Warning, "FailedCreatePodSandBox", &m);
-                    let b = next_backoff(st.sandbox_backoff);
-                    st.sandbox_backoff = Some(b);
-                    return self.publish_waiting(pod, &rt, st, Some(b.1)).await;
-                }
-            }
-        }
-        if let (Some(id), false) = (&sandbox_id, acts.start.is_empty()) {
-            let cfg = match sandbox_config.take() {
-                Some(c) => c,
-                None => self.runtime.sandbox_config(pod, rt.sandboxes.first().map(|s| s.attempt).unwrap_or(0)),
-            };
-            let pod_ips = if pod_util::spec(pod).host_network == Some(true) {
-                self.host_ips.clone()
-            } else {
-                self.runtime.sandbox_ips(id).await
-            };
-            let hosts = self.write_hosts_file(pod, &pod_ips);
-            // The pod is visible as ContainerCreating while images are pulled.
-            let early = self.status_of(pod, &rt, st, false).await;
-            self.publish(pod, &early);
-            for start in &acts.start {
-                let Some((kind, c)) = pod_util::find_any_container(pod, &start.name) else { continue };
-                match self.start_one(pod, kind, &c, &rt, id, &cfg, &pod_ips, &mounts, hosts.as_ref()).await {
-                    Ok(()) => {
-                        st.waiting.remove(&c.name);
-                        // Look again at once: a started sidecar lets the
-                        // next container go, as upstream's PLEG relist would.
-                        next = sooner(next, Some(Duration::from_millis(50)));
-                    }
-                    Err(f) => {
-                        next = sooner(next, f.retry_after);
-                        st.waiting.insert(c.name.clone(), f.waiting);
-                    }
-                }
-                // An init container runs alone; the next starts when it is done.
-                if kind == ContainerKind::Init {
-                    break;
-                }
-            }
-        }
-        // Reasons of containers no longer being started are stale.
-        let starting: HashSet<&str> = acts.start.iter().map(|s| s.name.as_str()).collect();
-        st.waiting.retain(|name, _| starting.contains(name.as_str()));
-        rt = self.read(&uid).await?;
-        self.runtime.prune_dead(&rt).await;
-        let status = self.status_of(pod, &rt, st, false).await;
-        let terminal = matches!(status.phase.as_deref(), Some("Succeeded") | Some("Failed"));
-        self.publish(pod, &status);
-        Ok(SyncResult { next, terminal })
     }
 
     /// Publishes the status while the pod waits for something (volumes, a sandbox).
@@ -371,20 +225,15 @@ impl Kubelet {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Starts one container of the spec in the sandbox: its environment
+    /// and mounts first, then the runtime manager's start.
     async fn start_one(
         &self,
-        pod: &Pod,
+        sandbox: &SandboxContext<'_>,
         kind: ContainerKind,
         c: &Container,
-        rt: &RuntimePod,
-        sandbox_id: &str,
-        cfg: &api::PodSandboxConfig,
-        pod_ips: &[String],
-        mounts: &PodVolumes,
-        hosts: Option<&PathBuf>,
-    ) -> Result<(), super::kuberuntime::manager::StartFailure> {
-        use super::kuberuntime::manager::StartFailure;
+    ) -> Result<(), StartFailure> {
+        let SandboxContext { pod, pod_ips, .. } = *sandbox;
         let cref = Events::container_ref(pod, kind, &c.name);
         let fail = |reason: &str, message: String| {
             self.events.container(&cref, EventType::Warning, "Failed", &format!("Error: {message}"));
@@ -413,9 +262,9 @@ impl Kubelet {
         }
         let env_map: BTreeMap<String, String> = envs.iter().cloned().collect();
         let mut container_mounts =
-            mounts.mounts_for(c, &env_map).map_err(|e| fail("CreateContainerConfigError", e.to_string()))?;
+            sandbox.volumes.mounts_for(c, &env_map).map_err(|e| fail("CreateContainerConfigError", e.to_string()))?;
         let mounts_hosts = !container_mounts.iter().any(|m| m.container_path == "/etc/hosts");
-        if let (Some(h), true) = (hosts, mounts_hosts) {
+        if let (Some(h), true) = (sandbox.hosts_file, mounts_hosts) {
             container_mounts.push(api::Mount {
                 container_path: "/etc/hosts".into(),
                 host_path: h.to_string_lossy().into_owned(),
@@ -423,61 +272,18 @@ impl Kubelet {
             });
         }
         let pod_ip = pod_ips.first().and_then(|ip| ip.parse().ok());
-        self.runtime
-            .start_container(pod, kind, c, rt, sandbox_id, cfg, &envs, container_mounts, pod_ip)
-            .await
-            .map(|_| ())
-    }
-
-    /// Stops every container of the pod and its sandbox, then writes the
-    /// pod's final status (upstream's syncTerminatingPod).
-    pub async fn terminate_pod(&self, pod: &Pod, st: &mut PodState, grace: i64, in_api: bool) -> Result<(), CriError> {
-        let uid = pod_util::uid(pod).to_string();
-        let rt = self.read(&uid).await?;
-        self.runtime.kill_pod(pod, &rt, grace).await;
-        if in_api {
-            let rt = self.read(&uid).await?;
-            st.waiting.clear();
-            let status = self.status_of(pod, &rt, st, true).await;
-            self.publish(pod, &status);
-        }
-        Ok(())
-    }
-
-    /// After termination: volumes are released; a deleted pod loses its
-    /// containers, sandbox, logs, cgroups and folders, and its API object
-    /// goes (upstream's syncTerminatedPod and the status manager's delete).
-    pub async fn cleanup_pod(&self, pod: &Pod, deleted: bool) -> Result<(), CriError> {
-        let uid = pod_util::uid(pod).to_string();
-        if let Err(e) = self.volumes.unmount_pod(&uid).await {
-            tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot unmount the pod's volumes");
-        }
-        if !deleted {
-            return Ok(());
-        }
-        let rt = self.read(&uid).await?;
-        self.runtime.remove_pod(&uid, &rt, Some(self.pod_log_dir(pod))).await?;
-        let dir = self.runtime.pods_dir.join(&uid);
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the pod's folder");
-            }
-        }
-        resources::remove_pod_cgroups(&self.runtime.cgroup_root, &uid);
-        self.status.forget(&uid);
-        Ok(())
-    }
-
-    /// Deletes the API object of a pod whose containers are all gone.
-    pub async fn finish_deletion(&self, pod: &Pod) {
-        if super::static_pods::is_static(pod) {
-            // Its mirror goes with its manifest (static_pods).
-            return;
-        }
-        let (ns, name, uid) = (pod_util::namespace(pod), pod_util::name(pod), pod_util::uid(pod));
-        if let Err(e) = self.status.delete_pod(ns, name, uid).await {
-            tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot delete the terminated pod");
-        }
+        let start = ContainerStart {
+            pod,
+            kind,
+            container: c,
+            rt: sandbox.rt,
+            sandbox_id: sandbox.sandbox_id,
+            sandbox_config: sandbox.sandbox_config,
+            envs: &envs,
+            mounts: container_mounts,
+            pod_ip,
+        };
+        self.runtime.start_container(start).await.map(|_| ())
     }
 
     /// Removes what the runtime and disk hold for a pod uid no longer known
@@ -522,3 +328,200 @@ impl Kubelet {
         Ok(out)
     }
 }
+
+/// The steps of a pod's life its worker calls.
+#[async_trait::async_trait]
+impl PodSyncer for Kubelet {
+    /// Brings a running pod to its spec (upstream's syncPod).
+    async fn sync_pod(&self, pod: &Pod, st: &mut PodState) -> Result<SyncResult, CriError> {
+        let uid = pod_util::uid(pod).to_string();
+        if let Some(f) = Self::deadline_exceeded(pod) {
+            self.events.pod(pod, EventType::Normal, "DeadlineExceeded", &f.message);
+            st.failure = Some(f);
+            return Ok(SyncResult { next: None, terminal: true });
+        }
+        let mut rt = self.read(&uid).await?;
+        let mut next: Option<Duration> = None;
+        // Exits the PLEG announced but CRI has not caught up with yet.
+        st.expected_exits
+            .retain(|id| rt.containers.iter().any(|c| &c.id == id && c.state == ContainerRunState::Running));
+        if !st.expected_exits.is_empty() {
+            next = Some(Duration::from_millis(100));
+        }
+
+        // Volumes first: nothing starts without them.
+        if let Some((until, _)) = st.volume_backoff.filter(|(u, _)| Instant::now() < *u) {
+            return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
+        }
+        let mounts = match self.volumes.mount_pod(pod).await {
+            Ok(m) => {
+                st.volume_backoff = None;
+                self.volumes.pod_updated(pod).await;
+                m
+            }
+            Err(e) => {
+                for msg in e.event_messages() {
+                    self.events.pod(pod, EventType::Warning, e.event_reason(), &msg);
+                }
+                let b = next_backoff(st.volume_backoff);
+                st.volume_backoff = Some(b);
+                return self.publish_waiting(pod, &rt, st, Some(b.1)).await;
+            }
+        };
+
+        let pod_ip = self.pod_ip(pod, &rt);
+        self.probes.ensure(pod, &rt, pod_ip);
+        let probes = self.probes.state(pod, &rt);
+        let acts = actions::compute(pod, &rt, &probes);
+        let grace = pod_util::spec(pod).termination_grace_period_seconds.unwrap_or(30);
+        if acts.kill_pod {
+            self.runtime.kill_pod(pod, &rt, grace).await;
+        }
+        for k in &acts.kill {
+            let probe = match k.reason {
+                KillReason::ProbeFailed(t) => Some(t),
+                KillReason::DefinitionChanged | KillReason::UnknownState => None,
+            };
+            let grace = match pod_util::find_any_container(pod, &k.name) {
+                Some((_, c)) => super::prober::kill_grace_period(pod, &c, probe),
+                None => grace,
+            };
+            self.runtime.kill_container(pod, &k.id, &k.name, grace, Some(&k.message())).await;
+        }
+        let mut sandbox_id = acts.sandbox_id.clone();
+        let mut sandbox_config = None;
+        if acts.create_sandbox {
+            if let Some((until, _)) = st.sandbox_backoff.filter(|(u, _)| Instant::now() < *u) {
+                return self.publish_waiting(pod, &rt, st, Some(until - Instant::now())).await;
+            }
+            if !rt.sandboxes.is_empty() {
+                self.events.pod(
+                    pod,
+                    EventType::Normal,
+                    "SandboxChanged",
+                    "Pod sandbox changed, it will be killed and re-created.",
+                );
+            }
+            match self.runtime.create_sandbox(pod, acts.attempt).await {
+                Ok((id, cfg)) => {
+                    st.sandbox_backoff = None;
+                    sandbox_id = Some(id);
+                    sandbox_config = Some(cfg);
+                }
+                Err(msg) => {
+                    let m = format!("Failed to create pod sandbox: {msg}");
+                    self.events.pod(pod, EventType::Warning, "FailedCreatePodSandBox", &m);
+                    let b = next_backoff(st.sandbox_backoff);
+                    st.sandbox_backoff = Some(b);
+                    return self.publish_waiting(pod, &rt, st, Some(b.1)).await;
+                }
+            }
+        }
+        if let (Some(id), false) = (&sandbox_id, acts.start.is_empty()) {
+            let cfg = match sandbox_config.take() {
+                Some(c) => c,
+                None => self.runtime.sandbox_config(pod, rt.sandboxes.first().map(|s| s.attempt).unwrap_or(0)),
+            };
+            let pod_ips = if pod_util::spec(pod).host_network == Some(true) {
+                self.host_ips.clone()
+            } else {
+                self.runtime.sandbox_ips(id).await
+            };
+            let hosts = self.write_hosts_file(pod, &pod_ips);
+            // The pod is visible as ContainerCreating while images are pulled.
+            let early = self.status_of(pod, &rt, st, false).await;
+            self.publish(pod, &early);
+            let sandbox = SandboxContext {
+                pod,
+                rt: &rt,
+                sandbox_id: id,
+                sandbox_config: &cfg,
+                pod_ips: &pod_ips,
+                volumes: &mounts,
+                hosts_file: hosts.as_ref(),
+            };
+            for start in &acts.start {
+                let Some((kind, c)) = pod_util::find_any_container(pod, &start.name) else { continue };
+                match self.start_one(&sandbox, kind, &c).await {
+                    Ok(()) => {
+                        st.waiting.remove(&c.name);
+                        // Look again at once: a started sidecar lets the
+                        // next container go, as upstream's PLEG relist would.
+                        next = sooner(next, Some(Duration::from_millis(50)));
+                    }
+                    Err(f) => {
+                        next = sooner(next, f.retry_after);
+                        st.waiting.insert(c.name.clone(), f.waiting);
+                    }
+                }
+                // An init container runs alone; the next starts when it is done.
+                if kind == ContainerKind::Init {
+                    break;
+                }
+            }
+        }
+        // Reasons of containers no longer being started are stale.
+        let starting: HashSet<&str> = acts.start.iter().map(|s| s.name.as_str()).collect();
+        st.waiting.retain(|name, _| starting.contains(name.as_str()));
+        rt = self.read(&uid).await?;
+        self.runtime.prune_dead(&rt).await;
+        let status = self.status_of(pod, &rt, st, false).await;
+        let terminal = matches!(status.phase.as_deref(), Some("Succeeded") | Some("Failed"));
+        self.publish(pod, &status);
+        Ok(SyncResult { next, terminal })
+    }
+
+    /// Stops every container of the pod and its sandbox, then writes the
+    /// pod's final status (upstream's syncTerminatingPod).
+    async fn terminate_pod(&self, pod: &Pod, st: &mut PodState, grace: i64, in_api: bool) -> Result<(), CriError> {
+        let uid = pod_util::uid(pod).to_string();
+        let rt = self.read(&uid).await?;
+        self.runtime.kill_pod(pod, &rt, grace).await;
+        if in_api {
+            let rt = self.read(&uid).await?;
+            st.waiting.clear();
+            let status = self.status_of(pod, &rt, st, true).await;
+            self.publish(pod, &status);
+        }
+        Ok(())
+    }
+
+    /// After termination: volumes are released; a deleted pod loses its
+    /// containers, sandbox, logs, cgroups and folders, and its API object
+    /// goes (upstream's syncTerminatedPod and the status manager's delete).
+    async fn cleanup_pod(&self, pod: &Pod, deleted: bool) -> Result<(), CriError> {
+        let uid = pod_util::uid(pod).to_string();
+        if let Err(e) = self.volumes.unmount_pod(&uid).await {
+            tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot unmount the pod's volumes");
+        }
+        if !deleted {
+            return Ok(());
+        }
+        let rt = self.read(&uid).await?;
+        self.runtime.remove_pod(&uid, &rt, Some(self.pod_log_dir(pod))).await?;
+        let dir = self.runtime.pods_dir.join(&uid);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the pod's folder");
+            }
+        }
+        resources::remove_pod_cgroups(&self.runtime.cgroup_root, &uid);
+        self.status.forget(&uid);
+        Ok(())
+    }
+
+    /// Deletes the API object of a pod whose containers are all gone.
+    async fn finish_deletion(&self, pod: &Pod) {
+        if super::static_pods::is_static(pod) {
+            // Its mirror goes with its manifest (static_pods).
+            return;
+        }
+        let (ns, name, uid) = (pod_util::namespace(pod), pod_util::name(pod), pod_util::uid(pod));
+        if let Err(e) = self.status.delete_pod(ns, name, uid).await {
+            tracing::warn!(pod = %pod_util::full_name(pod), error = %e, "cannot delete the terminated pod");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -43,6 +43,8 @@ pub mod server;
 pub mod static_pods;
 pub mod stats;
 pub mod status_manager;
+#[cfg(test)]
+pub mod testing;
 pub mod volume_manager;
 
 use std::sync::Arc;
@@ -299,10 +301,10 @@ pub async fn start(
     let (probe_manager, mut probe_updates) =
         prober::ProbeManager::new(cri.clone(), Arc::new(events.recorder().clone()));
     let probes = Arc::new(probes::KubeletProber { manager: probe_manager });
-    let image_manager = image_manager::ImageManager::new(cri.clone(), client.clone(), events.clone());
+    let image_manager = image_manager::ImageManager::new(Arc::new(cri.clone()), client.clone(), events.clone());
     image_manager.set_node_credentials(registries.clone());
-    let runtime = kuberuntime::manager::RuntimeManager {
-        cri: cri.clone(),
+    let runtime = Arc::new(kuberuntime::manager::RuntimeManager {
+        cri: Arc::new(cri.clone()),
         client: client.clone(),
         events: events.clone(),
         images: image_manager,
@@ -319,7 +321,7 @@ pub async fn start(
         pod_logs_dir: config.pod_logs_dir.clone(),
         cgroup_root: config.kubelet.cgroup_root.clone(),
         memory_capacity,
-    };
+    });
     let volumes = volume_manager::VolumeManager::new(client.clone(), config.dir.join("pods"), config.node_name.clone());
     let quantity =
         |name: &str, milli: bool| {
@@ -384,9 +386,16 @@ pub async fn start(
         }));
     }
     if let Some(tls) = &config.kubelet_tls {
-        tasks.push(server::start(kubelet.clone(), tls, config.kubelet.port).await?);
+        tasks.push(server::start(kubelet.clone(), cri.clone(), tls, config.kubelet.port).await?);
     }
-    tasks.extend(housekeeping::spawn(kubelet.clone(), workers.clone(), pressure_tx, paths.root.clone(), pause_image));
+    tasks.extend(housekeeping::spawn(
+        kubelet.clone(),
+        workers.clone(),
+        cri.clone(),
+        pressure_tx,
+        paths.root.clone(),
+        pause_image,
+    ));
     // Static pods first, so the API's first list does not take their
     // containers for leftovers of deleted pods.
     let manifests = config.dir.join("pod-manifests");

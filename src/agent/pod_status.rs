@@ -13,19 +13,28 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use super::kuberuntime::manager::Waiting;
 use super::kuberuntime::runtime_status::{ContainerRunState, RuntimeContainer, RuntimePod};
 use super::pod_util::{self, ContainerKind};
 
-/// Why a container is not running, as the last attempt to start it found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Waiting {
-    pub reason: String,
-    pub message: String,
+/// Who decided a pod's end on the node, and so what its status shows
+/// besides the reason and message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Refused at admission (node pressure, host ports, resources): it
+    /// never ran, and gets no DisruptionTarget condition.
+    Rejected,
+    /// Evicted while running (node pressure, local storage limits): it
+    /// gets the DisruptionTarget condition.
+    Evicted,
+    /// Active on the node longer than its `activeDeadlineSeconds`.
+    DeadlineExceeded,
 }
 
-/// A pod-level end decided by the node (eviction, active deadline).
+/// A pod-level end decided by the node (admission, eviction, active deadline).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodFailure {
+    pub kind: FailureKind,
     pub reason: String,
     pub message: String,
 }

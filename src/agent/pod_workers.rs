@@ -3,22 +3,71 @@
 //! is deleted or finished, cleaning up after it — woken by changes of the
 //! pod, by the PLEG (a container exited), by the prober, or by its own
 //! timers (back-offs, a slow periodic resync). Workers of different pods
-//! run in parallel; one pod's steps never overlap.
+//! run in parallel; one pod's steps never overlap. Each step is a call to
+//! the [`PodSyncer`] (the kubelet), as upstream's podSyncer.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{watch, Notify};
 
-use super::kubelet::{Kubelet, PodState};
+use super::cri::CriError;
+use super::kuberuntime::manager::Waiting;
 use super::pod_status::PodFailure;
 use super::pod_util;
 
 /// How often a quiet pod is looked at anyway (upstream's syncFrequency is 1 min).
 const RESYNC: Duration = Duration::from_secs(90);
+
+/// What a pod worker keeps between syncs of its pod.
+#[derive(Debug, Default)]
+pub struct PodState {
+    /// Why containers are not running, from the last attempt to start them.
+    pub waiting: HashMap<String, Waiting>,
+    /// A pod-level failure the node decided (deadline, eviction).
+    pub failure: Option<PodFailure>,
+    /// Container ids the PLEG said exited, not yet seen exited through CRI.
+    pub expected_exits: HashSet<String>,
+    /// The kubelet's retry of the pod's volumes: until when, and the delay.
+    pub volume_backoff: Option<(Instant, Duration)>,
+    /// The kubelet's retry of the pod's sandbox: until when, and the delay.
+    pub sandbox_backoff: Option<(Instant, Duration)>,
+}
+
+/// The outcome of a sync: when to look again, and whether the pod is done.
+#[derive(Debug, Default)]
+pub struct SyncResult {
+    pub next: Option<Duration>,
+    pub terminal: bool,
+}
+
+/// The steps of a pod's life a worker calls, in order (upstream's
+/// podSyncer, which the kubelet implements).
+#[async_trait::async_trait]
+pub trait PodSyncer: Send + Sync + 'static {
+    /// Brings a running pod to its spec (upstream's SyncPod).
+    async fn sync_pod(&self, pod: &Pod, st: &mut PodState) -> Result<SyncResult, CriError>;
+    /// Stops every container of the pod and its sandbox with `grace`
+    /// seconds; `in_api` says its final status is written (upstream's
+    /// SyncTerminatingPod).
+    async fn terminate_pod(&self, pod: &Pod, st: &mut PodState, grace: i64, in_api: bool) -> Result<(), CriError>;
+    /// After termination: releases what the pod held, everything when it
+    /// is `deleted` (upstream's SyncTerminatedPod).
+    async fn cleanup_pod(&self, pod: &Pod, deleted: bool) -> Result<(), CriError>;
+    /// Deletes the API object of a pod whose containers are all gone.
+    async fn finish_deletion(&self, pod: &Pod);
+}
+
+/// How long the pod's containers get to stop when it is deleted.
+pub fn grace_period(pod: &Pod) -> i64 {
+    pod.metadata
+        .deletion_grace_period_seconds
+        .or_else(|| pod_util::spec(pod).termination_grace_period_seconds)
+        .unwrap_or(30)
+}
 
 /// The pod as its source last said.
 #[derive(Clone)]
@@ -49,7 +98,7 @@ pub struct Eviction {
 
 /// The workers of every pod on this node, by pod uid.
 pub struct PodWorkers {
-    kubelet: Arc<Kubelet>,
+    syncer: Arc<dyn PodSyncer>,
     workers: Mutex<HashMap<String, Worker>>,
     me: Weak<PodWorkers>,
     /// The pod source has listed once: a uid without a worker is not wanted.
@@ -67,9 +116,9 @@ enum Stage {
 }
 
 impl PodWorkers {
-    pub fn new(kubelet: Arc<Kubelet>) -> Arc<PodWorkers> {
+    pub fn new(syncer: Arc<dyn PodSyncer>) -> Arc<PodWorkers> {
         Arc::new_cyclic(|me| PodWorkers {
-            kubelet,
+            syncer,
             workers: Mutex::new(HashMap::new()),
             me: me.clone(),
             sources_ready: AtomicBool::new(false),
@@ -134,10 +183,10 @@ impl PodWorkers {
             uid.clone(),
             Worker { update: tx, wake: wake.clone(), state: exits.clone(), eviction: eviction.clone() },
         );
-        let kubelet = self.kubelet.clone();
+        let syncer = self.syncer.clone();
         let me = self.me.clone();
         tokio::spawn(async move {
-            run(kubelet, rx, wake, exits, eviction).await;
+            run(syncer, rx, wake, exits, eviction).await;
             if let Some(w) = me.upgrade() {
                 w.workers().remove(&uid);
             }
@@ -248,7 +297,7 @@ fn jitter(d: Duration) -> Duration {
 }
 
 async fn run(
-    k: Arc<Kubelet>,
+    k: Arc<dyn PodSyncer>,
     mut updates: watch::Receiver<PodUpdate>,
     wake: Arc<Notify>,
     exits: Arc<Mutex<Vec<String>>>,
@@ -289,7 +338,7 @@ async fn run(
                 }
             },
             Stage::Terminating => {
-                let grace = grace_override.unwrap_or_else(|| Kubelet::grace_period(&pod));
+                let grace = grace_override.unwrap_or_else(|| grace_period(&pod));
                 match k.terminate_pod(&pod, &mut st, grace, !update.removed).await {
                     Ok(()) => {
                         failures = 0;
@@ -337,3 +386,6 @@ async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::agent::events::Events;
-use crate::agent::pod_status::PodFailure;
+use crate::agent::pod_status::{FailureKind, PodFailure};
 use crate::agent::pod_util;
 use crate::agent::pod_workers::AdmitHandler;
 use crate::client::events::EventType;
@@ -27,7 +27,7 @@ use crate::scheduler::resources::{pod_requests, Resources};
 const REJECTED: &str = "Pod was rejected: ";
 
 fn failure(reason: String, message: String) -> PodFailure {
-    PodFailure { reason, message: format!("{REJECTED}{message}") }
+    PodFailure { kind: FailureKind::Rejected, reason, message: format!("{REJECTED}{message}") }
 }
 
 /// Why `pod` may not start beside `running` on a node with `allocatable`;

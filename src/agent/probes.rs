@@ -81,10 +81,9 @@ impl ProbeResults for KubeletProber {
             if self.manager.is_started(uid, &c.name) {
                 started.insert(c.id.clone());
             }
-            for (t, word) in [(ProbeType::Liveness, "liveness"), (ProbeType::Startup, "startup")] {
+            for t in [ProbeType::Liveness, ProbeType::Startup] {
                 if self.manager.result(uid, &c.name, t) == Some(ProbeOutcome::Failure) {
-                    must_restart
-                        .insert(c.id.clone(), format!("Container {} failed {word} probe, will be restarted", c.name));
+                    must_restart.insert(c.id.clone(), t);
                 }
             }
         }

@@ -2,7 +2,8 @@
 //! namespaces, webhook configurations, quotas, limit ranges, priority and
 //! storage classes): loaded once, then kept current from the store's watch,
 //! so that authorization and admission read memory instead of the store on
-//! every request.
+//! every request. (The Node authorizer's own caches, projections of pods,
+//! claims and volumes, are `auth::graph_populator`'s.)
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -10,7 +11,6 @@ use std::sync::{Arc, RwLock};
 use futures_util::StreamExt;
 use serde_json::Value;
 
-use super::auth::node_graph::PodEdges;
 use super::status::ApiError;
 use super::storage::{whole, Change, Decoded, Decoding, Parse, Storage};
 
@@ -124,6 +124,11 @@ impl<T: Cached> PrefixCache<T> {
             changes: tokio::sync::watch::Sender::new(0),
             synced: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Whether the first load has finished (upstream's informer HasSynced).
+    pub fn has_synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// A receiver told of every change applied from now on.
@@ -260,12 +265,6 @@ pub struct Caches {
     pub limit_ranges: Arc<PrefixCache>,
     pub priority_classes: Arc<PrefixCache>,
     pub storage_classes: Arc<PrefixCache>,
-    /// Pods as the Node authorizer sees them: bound node and references.
-    pub node_pods: Arc<PrefixCache<PodEdges>>,
-    /// PersistentVolumeClaims as the Node authorizer sees them: bound volume.
-    pub node_claims: Arc<PrefixCache>,
-    /// PersistentVolumes as the Node authorizer sees them: the node of a local-path volume.
-    pub node_volumes: Arc<PrefixCache>,
 }
 
 impl Default for Caches {
@@ -283,22 +282,12 @@ impl Default for Caches {
             limit_ranges: PrefixCache::new("/registry/limitranges/"),
             priority_classes: PrefixCache::new("/registry/scheduling.k8s.io/priorityclasses/"),
             storage_classes: PrefixCache::new("/registry/storage.k8s.io/storageclasses/"),
-            node_pods: PrefixCache::projected("/registry/pods/", super::auth::node_graph::parse_pod_edges),
-            node_claims: PrefixCache::projected(
-                "/registry/persistentvolumeclaims/",
-                super::auth::node_graph::parse_claim_edges,
-            ),
-            node_volumes: PrefixCache::projected(
-                "/registry/persistentvolumes/",
-                super::auth::node_graph::parse_volume_edges,
-            ),
         }
     }
 }
 
 impl Caches {
-    /// Every cache but `node_pods`, whose type differs.
-    fn all(&self) -> [&Arc<PrefixCache>; 10] {
+    fn all(&self) -> [&Arc<PrefixCache>; 8] {
         [
             &self.rbac,
             &self.namespaces,
@@ -308,8 +297,6 @@ impl Caches {
             &self.limit_ranges,
             &self.priority_classes,
             &self.storage_classes,
-            &self.node_claims,
-            &self.node_volumes,
         ]
     }
 
@@ -319,13 +306,11 @@ impl Caches {
         for c in self.all() {
             tasks.push(c.start(storage.clone()).await?);
         }
-        tasks.push(self.node_pods.start(storage.clone()).await?);
         Ok(tasks)
     }
 
     /// Every cache has loaded once (readiness' `informer-sync`).
     pub fn synced(&self) -> bool {
-        let synced = |s: &std::sync::atomic::AtomicBool| s.load(std::sync::atomic::Ordering::Acquire);
-        self.all().iter().all(|c| synced(&c.synced)) && synced(&self.node_pods.synced)
+        self.all().iter().all(|c| c.has_synced())
     }
 }

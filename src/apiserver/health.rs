@@ -191,7 +191,7 @@ async fn run_check(api: &Api, name: &str) -> Option<Result<(), String>> {
         "log" => log_flushes(),
         "etcd" | "etcd-readiness" => health.store_answers().await,
         "informer-sync" => {
-            if api.caches.synced() {
+            if api.caches_synced() {
                 Ok(())
             } else {
                 Err("informers not started yet".into())

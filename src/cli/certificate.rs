@@ -3,7 +3,7 @@
 //! and when it expires; rotation of the leaf certificates (backed up, then
 //! removed, so that the next start of ferrok issues new ones; the CAs
 //! stay, so nothing that trusts them needs to change); and rotation of the
-//! CAs themselves through the running server (src/apiserver/ca_rotation.rs).
+//! CAs themselves through the running server (src/apiserver/supervisor/ca_rotation.rs).
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +12,7 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use std::collections::BTreeMap;
 
-use crate::apiserver::ca_rotation::{CaRotationAnswer, CaRotationRequest, CACERTS_PATH};
+use crate::apiserver::supervisor::ca_rotation::{CaRotationAnswer, CaRotationRequest, CACERTS_PATH};
 use crate::pki::ca_rotation::{NewCa, ROTATED_CAS};
 use crate::pki::inspect::{summarize_pem, CertSummary};
 use crate::pki::RENEW_BEFORE_SECONDS;

@@ -1,5 +1,5 @@
-//! Durations as flags spell them: `500ms`, `30s`, `10m`, `1h`, or a plain
-//! number of seconds.
+//! Durations as flags spell them: Go's (`500ms`, `30s`, `10m`, `1h30m`),
+//! or a plain number of seconds.
 
 use std::time::Duration;
 
@@ -14,21 +14,7 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 /// As `parse`, and zero (`0`, `0s`, ...) is allowed: for flags where zero
 /// turns something off.
 pub fn parse_or_zero(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("invalid duration {text:?}"))?;
-    let seconds = match unit {
-        "" | "s" => value,
-        "ms" => value / 1000.0,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("invalid duration {text:?}: unit must be ms, s, m or h")),
-    };
-    if !seconds.is_finite() || seconds < 0.0 {
-        return Err(format!("invalid duration {text:?}: must be positive"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
+    crate::duration::parse_seconds_or_go(text).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -14,9 +14,9 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 
 use crate::apiserver::encryption::config::{self, Cipher};
-use crate::apiserver::encryption::endpoint::{DISABLE, ENABLE, ROTATE_KEYS, STATUS};
 use crate::apiserver::encryption::reencrypt::{Rotation, Toggle};
 use crate::apiserver::encryption::{EncryptionStatus, ProviderStatus};
+use crate::apiserver::supervisor::secrets_encrypt::{DISABLE, ENABLE, ROTATE_KEYS, STATUS};
 
 #[derive(Debug, Args)]
 pub struct SecretsEncryptArgs {

@@ -331,13 +331,13 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let (server_ca, client_ca) = pki.load_cas().context("the certificate authorities")?;
     let server_ca_bundle =
         std::fs::read(&pki.server_ca_cert).with_context(|| format!("cannot read {}", pki.server_ca_cert.display()))?;
-    let join_token = apiserver::server_token::ServerToken::new(
+    let join_token = apiserver::supervisor::server_token::ServerToken::new(
         pki.token.clone(),
         token_file,
         &server_ca_bundle,
         args.datastore_endpoint.as_ref().map(|_| store.clone()),
     );
-    let node_join = apiserver::node_join::JoinAuthority::new(
+    let node_join = apiserver::supervisor::node_join::JoinAuthority::new(
         server_ca_bundle,
         server_ca,
         client_ca,
@@ -428,8 +428,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("extension-apiserver-authentication: {e}"))?;
     // Followers of the store run until the process stops; they are aborted.
-    let mut followers =
-        api.caches.start(&api.storage).await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?;
+    let mut followers = api.start_caches().await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?;
     // The IPAddresses of the Services' cluster IPs (upstream's allocator and RepairIPAddress).
     followers.push(tokio::spawn(apiserver::service_ip_repair::RepairIpAddress::new(api.clone()).run()));
     // admin, edit and view are written without rules: they hold their

@@ -1,6 +1,6 @@
 //! `ferrok token create|list|delete`: bootstrap tokens for agents to join
 //! with, as k3s' and kubeadm's `token` commands; `ferrok token rotate`
-//! replaces the server's own join token (apiserver/server_token.rs). Each token is a Secret
+//! replaces the server's own join token (apiserver/supervisor/server_token.rs). Each token is a Secret
 //! `kube-system/bootstrap-token-<id>` of type `bootstrap.kubernetes.io/token`
 //! (what the API server's bootstrap-token authenticator reads), written
 //! through the API with the server's admin credentials, and printed in the
@@ -17,8 +17,8 @@ use k8s_openapi::ByteString;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 
 use crate::apiserver::auth::bootstrap_token::SECRET_TYPE;
-use crate::apiserver::node_join::TOKEN_PATH;
-use crate::apiserver::server_token::TokenRotation;
+use crate::apiserver::supervisor::node_join::TOKEN_PATH;
+use crate::apiserver::supervisor::server_token::TokenRotation;
 use crate::client::https::{ServerList, Transport};
 use crate::pki::join_token::{is_bootstrap_token, new_bootstrap_token};
 

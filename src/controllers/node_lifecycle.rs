@@ -53,25 +53,8 @@ const TAINT_NETWORK_UNAVAILABLE: &str = "node.kubernetes.io/network-unavailable"
 /// Conditions the controller sets Unknown when the kubelet goes silent.
 const KUBELET_CONDITIONS: [&str; 4] = ["Ready", "MemoryPressure", "DiskPressure", "PIDPressure"];
 
-/// Parses `"40s"`, `"1500ms"`, `"2m"` or plain seconds.
-pub fn parse_duration(s: &str) -> Option<Duration> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = num.parse().ok()?;
-    let secs = match unit {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        _ => return None,
-    };
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
-}
-
 fn env_duration(name: &str, default: Duration) -> Duration {
-    std::env::var(name).ok().and_then(|v| parse_duration(&v)).unwrap_or(default)
+    std::env::var(name).ok().and_then(|v| crate::duration::parse_seconds_or_go(&v).ok()).unwrap_or(default)
 }
 
 fn condition<'a>(node: &'a Node, type_: &str) -> Option<&'a NodeCondition> {
@@ -405,11 +388,11 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("40s"), Some(Duration::from_secs(40)));
-        assert_eq!(parse_duration("1500ms"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("3"), Some(Duration::from_secs(3)));
-        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
-        assert_eq!(parse_duration("x"), None);
+        assert_eq!(crate::duration::parse_seconds_or_go("40s").ok(), Some(Duration::from_secs(40)));
+        assert_eq!(crate::duration::parse_seconds_or_go("1500ms").ok(), Some(Duration::from_millis(1500)));
+        assert_eq!(crate::duration::parse_seconds_or_go("3").ok(), Some(Duration::from_secs(3)));
+        assert_eq!(crate::duration::parse_seconds_or_go("2m").ok(), Some(Duration::from_secs(120)));
+        assert_eq!(crate::duration::parse_seconds_or_go("x").ok(), None);
     }
 
     #[test]

@@ -31,16 +31,6 @@ pub struct ContainerLogs {
     pub node_name: String,
 }
 
-impl ContainerLogs {
-    pub fn from_kubelet(kubelet: &super::kubelet::Kubelet) -> ContainerLogs {
-        ContainerLogs {
-            client: kubelet.client.clone(),
-            cri: kubelet.runtime.cri.clone(),
-            node_name: kubelet.config.node_name.clone(),
-        }
-    }
-}
-
 /// A refusal: the status and the plain-text body the kubelet sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogsRefusal {

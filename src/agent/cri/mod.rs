@@ -3,7 +3,10 @@
 //! socket for what CRI lacks (image import, events). The channel is lazy
 //! and reconnects by itself, so a restarted containerd is picked up again.
 
+#[cfg(test)]
+pub mod fake;
 pub mod labels;
+pub mod service;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -14,6 +17,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use api::image_service_client::ImageServiceClient;
 use api::runtime_service_client::RuntimeServiceClient;
 pub use k8s_cri::v1 as api;
+pub use service::{ImageService, RuntimeService};
 
 /// containerd's namespace for everything CRI does.
 pub const K8S_NAMESPACE: &str = "k8s.io";
@@ -36,6 +40,15 @@ impl CriError {
     /// The runtime does not know the object (already gone).
     pub fn is_not_found(&self) -> bool {
         matches!(self, CriError::Call { status, .. } if status.code() == tonic::Code::NotFound)
+    }
+
+    /// The runtime's own words (a call's status message), as events and
+    /// container reasons quote them.
+    pub fn message(&self) -> String {
+        match self {
+            CriError::Call { status, .. } => status.message().to_string(),
+            other => other.to_string(),
+        }
     }
 
     pub fn code(&self) -> Option<tonic::Code> {

@@ -14,14 +14,14 @@ use super::ranking::is_critical;
 use super::REASON;
 use crate::agent::events::Events;
 use crate::agent::node_status::NodePressure;
-use crate::agent::pod_status::PodFailure;
+use crate::agent::pod_status::{FailureKind, PodFailure};
 use crate::agent::pod_util;
 use crate::agent::pod_workers::AdmitHandler;
 use crate::client::events::EventType;
 
 const MEMORY_PRESSURE_TAINT: &str = "node.kubernetes.io/memory-pressure";
 /// How a rejection's message begins (upstream's nodeConditionMessageFmt).
-pub const MESSAGE_PREFIX: &str = "The node had condition: ";
+const MESSAGE_PREFIX: &str = "The node had condition: ";
 
 /// The node's conditions as Go prints the list (`[MemoryPressure DiskPressure]`).
 fn conditions(p: NodePressure) -> Vec<&'static str> {
@@ -65,7 +65,11 @@ pub fn admit(pod: &Pod, pressure: NodePressure) -> Option<PodFailure> {
             return None;
         }
     }
-    Some(PodFailure { reason: REASON.into(), message: format!("{MESSAGE_PREFIX}[{}]. ", conds.join(" ")) })
+    Some(PodFailure {
+        kind: FailureKind::Rejected,
+        reason: REASON.into(),
+        message: format!("{MESSAGE_PREFIX}[{}]. ", conds.join(" ")),
+    })
 }
 
 /// The pod workers' admission check, reading the pressure the eviction manager reports.

@@ -29,14 +29,15 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::watch;
 
+use super::config::{KubeletConfig, Signal};
 use super::container_gc::ContainerGc;
+use super::cri::{Cri, CriError};
+use super::events::Events;
 use super::image_gc::ImageGcManager;
-use super::kubelet::Kubelet;
 use super::kuberuntime::sandbox;
 use super::node_status::NodePressure;
-use super::pod_status::PodFailure;
+use super::pod_status::{FailureKind, PodFailure};
 use super::pod_util;
-use super::pod_workers::PodWorkers;
 use crate::client::events::EventType;
 use ranking::PodUsage;
 use thresholds::{EvictionThreshold, Pressure, ThresholdState};
@@ -53,7 +54,7 @@ const IMMEDIATE_GRACE_SECONDS: i64 = 1;
 /// (reason `TerminationByKubelet`), keeping the time of one already there.
 /// A pod rejected at admission never ran: it gets none, as upstream.
 pub fn add_disruption_target(status: &mut PodStatus, failure: Option<&PodFailure>) {
-    let evicted = |f: &&PodFailure| f.reason == REASON && !f.message.starts_with(admission::MESSAGE_PREFIX);
+    let evicted = |f: &&PodFailure| f.kind == FailureKind::Evicted;
     let Some(f) = failure.filter(evicted) else { return };
     let conditions = status.conditions.get_or_insert_with(Vec::new);
     let wanted = PodCondition {
@@ -71,14 +72,43 @@ pub fn add_disruption_target(status: &mut PodStatus, failure: Option<&PodFailure
     }
 }
 
+/// What the eviction manager asks of the node's pods (upstream's
+/// ActivePodsFunc, KillPodFunc and PodCleanedUpFunc): the pod workers.
+pub trait PodKiller: Send + Sync {
+    /// The pods meant to be running: in their source, not being deleted,
+    /// not finished, and not already told to end.
+    fn active_pods(&self) -> Vec<Arc<Pod>>;
+    /// Whether the pod is still on the node (its worker has not finished).
+    fn is_known(&self, uid: &str) -> bool;
+    /// Ends a running pod with `failure`, its containers getting
+    /// `grace_seconds`; false when the pod is not on the node.
+    fn kill_pod(&self, uid: &str, failure: PodFailure, grace_seconds: i64) -> bool;
+}
+
+/// Where the eviction manager measures: the node's settings and folders.
+pub struct EvictionConfig {
+    pub kubelet: KubeletConfig,
+    /// The agent's folder: the node filesystem.
+    pub node_fs: PathBuf,
+    /// containerd's root: the image filesystem.
+    pub image_fs: PathBuf,
+    /// `<agent>/pods`: the pods' folders (emptyDir volumes).
+    pub pods_dir: PathBuf,
+    pub pod_logs_dir: PathBuf,
+    pub cgroup_root: String,
+}
+
+/// Upstream's eviction manager, handed what it needs: the runtime's stats,
+/// the pods (through [`PodKiller`]), the node's two garbage collectors, and
+/// the channel the node status reads the pressure from.
 pub struct EvictionManager {
-    kubelet: Arc<Kubelet>,
-    workers: Arc<PodWorkers>,
+    config: EvictionConfig,
+    cri: Cri,
+    events: Events,
+    pods: Arc<dyn PodKiller>,
     pressure: Arc<watch::Sender<NodePressure>>,
     container_gc: Arc<ContainerGc>,
     image_gc: Arc<ImageGcManager>,
-    /// containerd's root.
-    image_fs: PathBuf,
     state: ThresholdState,
     /// Pods told to go, until their workers are gone.
     evicted: HashSet<String>,
@@ -86,22 +116,29 @@ pub struct EvictionManager {
     nothing_to_evict: bool,
 }
 
+/// The node's garbage collectors, for node-level reclaim under disk pressure.
+pub struct Reclaimers {
+    pub containers: Arc<ContainerGc>,
+    pub images: Arc<ImageGcManager>,
+}
+
 impl EvictionManager {
     pub fn new(
-        kubelet: Arc<Kubelet>,
-        workers: Arc<PodWorkers>,
+        config: EvictionConfig,
+        cri: Cri,
+        events: Events,
+        pods: Arc<dyn PodKiller>,
         pressure: Arc<watch::Sender<NodePressure>>,
-        container_gc: Arc<ContainerGc>,
-        image_gc: Arc<ImageGcManager>,
-        image_fs: PathBuf,
+        reclaim: Reclaimers,
     ) -> Self {
         EvictionManager {
-            kubelet,
-            workers,
+            config,
+            cri,
+            events,
+            pods,
             pressure,
-            container_gc,
-            image_gc,
-            image_fs,
+            container_gc: reclaim.containers,
+            image_gc: reclaim.images,
             state: ThresholdState::default(),
             evicted: HashSet::new(),
             nothing_to_evict: false,
@@ -117,19 +154,19 @@ impl EvictionManager {
     }
 
     fn observe(&self) -> signals::Observations {
-        signals::observe(&self.kubelet.config.dir, &self.image_fs)
+        signals::observe(&self.config.node_fs, &self.config.image_fs)
     }
 
     /// One pass (upstream's synchronize).
     pub async fn synchronize(&mut self, now: Instant) {
-        let workers = self.workers.clone();
-        self.evicted.retain(|uid| workers.knows(uid));
+        let pods = self.pods.clone();
+        self.evicted.retain(|uid| pods.is_known(uid));
         let active: Vec<Arc<Pod>> =
-            workers.active_pods().into_iter().filter(|p| !self.evicted.contains(pod_util::uid(p))).collect();
+            pods.active_pods().into_iter().filter(|p| !self.evicted.contains(pod_util::uid(p))).collect();
         if self.local_storage_eviction(&active).await {
             return;
         }
-        let kc = &self.kubelet.config.kubelet;
+        let kc = &self.config.kubelet;
         let observations = self.observe();
         let met = thresholds::met(&thresholds::configured(kc), &observations);
         let pressure = self.state.pressure(&met, now, kc.eviction_pressure_transition_period);
@@ -190,7 +227,7 @@ impl EvictionManager {
         if threshold.hard {
             return IMMEDIATE_GRACE_SECONDS;
         }
-        let max = self.kubelet.config.kubelet.eviction_max_pod_grace_period;
+        let max = self.config.kubelet.eviction_max_pod_grace_period;
         match pod_util::spec(pod).termination_grace_period_seconds {
             Some(own) => max.min(own),
             None => max,
@@ -211,24 +248,20 @@ impl EvictionManager {
     /// Sets the pod's failure and has its worker stop it; false when it has no worker.
     fn evict(&mut self, pod: &Pod, message: String, grace_seconds: i64) -> bool {
         let uid = pod_util::uid(pod).to_string();
-        let failure = PodFailure { reason: REASON.into(), message: message.clone() };
-        if !self.workers.evict(&uid, failure, grace_seconds) {
+        let failure = PodFailure { kind: FailureKind::Evicted, reason: REASON.into(), message: message.clone() };
+        if !self.pods.kill_pod(&uid, failure, grace_seconds) {
             return false;
         }
         tracing::info!(pod = %pod_util::full_name(pod), %message, "evicting pod");
-        self.kubelet.events.pod(pod, EventType::Warning, REASON, &message);
+        self.events.pod(pod, EventType::Warning, REASON, &message);
         self.evicted.insert(uid);
         true
     }
 
     /// The active pods in eviction order for the starved signal.
-    async fn rank(
-        &self,
-        signal: super::config::Signal,
-        pods: &[Arc<Pod>],
-    ) -> Result<Vec<PodUsage>, super::cri::CriError> {
-        let cri = &self.kubelet.runtime.cri;
-        let cgroup_root = self.kubelet.runtime.cgroup_root.clone();
+    async fn rank(&self, signal: Signal, pods: &[Arc<Pod>]) -> Result<Vec<PodUsage>, CriError> {
+        let cri = &self.cri;
+        let cgroup_root = self.config.cgroup_root.clone();
         let mut out: Vec<PodUsage> = match thresholds::pressure_of(signal) {
             Pressure::Memory => {
                 let running = stats::running_containers(cri).await?;
@@ -265,15 +298,12 @@ impl EvictionManager {
     }
 
     /// Local storage of each pod (walks folders off the async workers).
-    async fn measure_disk(
-        &self,
-        pods: Vec<Arc<Pod>>,
-    ) -> Result<Vec<(Arc<Pod>, stats::PodDiskUsage)>, super::cri::CriError> {
-        let cri = &self.kubelet.runtime.cri;
+    async fn measure_disk(&self, pods: Vec<Arc<Pod>>) -> Result<Vec<(Arc<Pod>, stats::PodDiskUsage)>, CriError> {
+        let cri = &self.cri;
         let running = stats::running_containers(cri).await?;
         let layers = stats::writable_layers(cri).await?;
-        let pods_dir = self.kubelet.runtime.pods_dir.clone();
-        let logs_dir = self.kubelet.runtime.pod_logs_dir.clone();
+        let pods_dir = self.config.pods_dir.clone();
+        let logs_dir = self.config.pod_logs_dir.clone();
         let walk = move || {
             pods.into_iter()
                 .map(|p| {
@@ -285,7 +315,7 @@ impl EvictionManager {
                 })
                 .collect::<Vec<_>>()
         };
-        tokio::task::spawn_blocking(walk).await.map_err(|e| super::cri::CriError::Invalid(format!("disk usage: {e}")))
+        tokio::task::spawn_blocking(walk).await.map_err(|e| CriError::Invalid(format!("disk usage: {e}")))
     }
 
     /// Evicts every pod over a local storage limit; true when one was.
@@ -321,7 +351,11 @@ mod tests {
 
     #[test]
     fn evicted_pods_get_the_disruption_target() {
-        let failure = PodFailure { reason: REASON.into(), message: "The node was low on resource: memory. ".into() };
+        let failure = PodFailure {
+            kind: FailureKind::Evicted,
+            reason: REASON.into(),
+            message: "The node was low on resource: memory. ".into(),
+        };
         let mut status = PodStatus::default();
         add_disruption_target(&mut status, Some(&failure));
         let c = &status.conditions.as_ref().unwrap()[0];
@@ -332,11 +366,18 @@ mod tests {
         assert_eq!(status.conditions.as_ref().unwrap().len(), 1);
         assert_eq!(status.conditions.as_ref().unwrap()[0].last_transition_time, first);
         let mut other = PodStatus::default();
-        let deadline = PodFailure { reason: "DeadlineExceeded".into(), message: String::new() };
+        let deadline = PodFailure {
+            kind: FailureKind::DeadlineExceeded,
+            reason: "DeadlineExceeded".into(),
+            message: String::new(),
+        };
         add_disruption_target(&mut other, Some(&deadline));
         add_disruption_target(&mut other, None);
-        let rejected =
-            PodFailure { reason: REASON.into(), message: "The node had condition: [MemoryPressure]. ".into() };
+        let rejected = PodFailure {
+            kind: FailureKind::Rejected,
+            reason: REASON.into(),
+            message: "The node had condition: [MemoryPressure]. ".into(),
+        };
         add_disruption_target(&mut other, Some(&rejected));
         assert!(other.conditions.is_none());
     }

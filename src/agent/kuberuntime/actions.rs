@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::runtime_status::{ContainerRunState, RuntimeContainer, RuntimePod};
 use crate::agent::pod_util::{self, ContainerKind};
+use crate::agent::prober::ProbeType;
 
 /// A container of the spec to create and start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,13 +18,42 @@ pub struct ToStart {
     pub name: String,
 }
 
+/// Why a running container is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillReason {
+    /// Its liveness or startup probe failed past its threshold (the probe's
+    /// own grace period, if it has one, applies).
+    ProbeFailed(ProbeType),
+    /// Its spec changed (the hash on the runtime container differs).
+    DefinitionChanged,
+    /// The runtime reports a state that is neither running nor exited.
+    UnknownState,
+}
+
 /// A running (or stuck) runtime container to stop.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToKill {
     pub id: String,
     pub name: String,
+    pub reason: KillReason,
+}
+
+impl ToKill {
     /// Why, for the Killing event ("Container app failed liveness probe, will be restarted").
-    pub message: String,
+    pub fn message(&self) -> String {
+        match self.reason {
+            KillReason::ProbeFailed(t) => {
+                let word = match t {
+                    ProbeType::Liveness => "liveness",
+                    ProbeType::Startup => "startup",
+                    ProbeType::Readiness => "readiness",
+                };
+                format!("Container {} failed {word} probe, will be restarted", self.name)
+            }
+            KillReason::DefinitionChanged => format!("Container {} definition changed, will be restarted", self.name),
+            KillReason::UnknownState => "Container is in an unknown state, will be restarted".into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -44,8 +74,9 @@ pub struct PodActions {
 /// What the prober knows about running containers, by container id.
 #[derive(Debug, Clone, Default)]
 pub struct ProbeState {
-    /// Liveness or startup probe failed past its threshold: restart.
-    pub must_restart: HashMap<String, String>,
+    /// Liveness or startup probe failed past its threshold: restart; the
+    /// probe that failed.
+    pub must_restart: HashMap<String, ProbeType>,
     /// Containers whose startup probe succeeded (or that have none).
     pub started: HashSet<String>,
 }
@@ -80,8 +111,8 @@ pub fn compute(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> PodActions {
         if sidecar {
             match status {
                 Some(s) if s.state == ContainerRunState::Running => {
-                    if let Some(why) = probes.must_restart.get(&s.id) {
-                        actions.kill.push(kill(s, why));
+                    if let Some(probe) = probes.must_restart.get(&s.id) {
+                        actions.kill.push(kill(s, KillReason::ProbeFailed(*probe)));
                         actions.start.push(ToStart { kind, name: c.name.clone() });
                         if !regular_seen {
                             initialized = false;
@@ -94,7 +125,7 @@ pub fn compute(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> PodActions {
                 }
                 Some(s) => {
                     if s.state != ContainerRunState::Exited {
-                        actions.kill.push(kill(s, "Container is in an unknown state, will be restarted"));
+                        actions.kill.push(kill(s, KillReason::UnknownState));
                     }
                     actions.start.push(ToStart { kind, name: c.name.clone() });
                     if !regular_seen {
@@ -138,7 +169,7 @@ pub fn compute(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> PodActions {
                 break;
             }
             Some(s) => {
-                actions.kill.push(kill(s, "Container is in an unknown state, will be restarted"));
+                actions.kill.push(kill(s, KillReason::UnknownState));
                 actions.start.push(ToStart { kind, name: c.name.clone() });
                 initialized = false;
                 break;
@@ -158,10 +189,10 @@ pub fn compute(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> PodActions {
             None => actions.start.push(ToStart { kind, name: c.name.clone() }),
             Some(s) if s.state == ContainerRunState::Running => {
                 if s.hash != pod_util::container_hash(c) {
-                    actions.kill.push(kill(s, &format!("Container {} definition changed, will be restarted", c.name)));
+                    actions.kill.push(kill(s, KillReason::DefinitionChanged));
                     actions.start.push(ToStart { kind, name: c.name.clone() });
-                } else if let Some(why) = probes.must_restart.get(&s.id) {
-                    actions.kill.push(kill(s, why));
+                } else if let Some(probe) = probes.must_restart.get(&s.id) {
+                    actions.kill.push(kill(s, KillReason::ProbeFailed(*probe)));
                     // A container killed by its probe failed: it restarts unless the policy is Never.
                     if pod_util::restart_policy(pod) != "Never" {
                         actions.start.push(ToStart { kind, name: c.name.clone() });
@@ -176,7 +207,7 @@ pub fn compute(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> PodActions {
                 }
             }
             Some(s) => {
-                actions.kill.push(kill(s, "Container is in an unknown state, will be restarted"));
+                actions.kill.push(kill(s, KillReason::UnknownState));
                 actions.start.push(ToStart { kind, name: c.name.clone() });
             }
         }
@@ -192,8 +223,8 @@ pub fn compute(pod: &Pod, rt: &RuntimePod, probes: &ProbeState) -> PodActions {
     actions
 }
 
-fn kill(c: &RuntimeContainer, message: &str) -> ToKill {
-    ToKill { id: c.id.clone(), name: c.name.clone(), message: message.to_string() }
+fn kill(c: &RuntimeContainer, reason: KillReason) -> ToKill {
+    ToKill { id: c.id.clone(), name: c.name.clone(), reason }
 }
 
 /// No ready sandbox: make one and start from the beginning, unless the
@@ -381,15 +412,17 @@ mod tests {
         let mut c = container(&p, "a", ContainerRunState::Running, 0);
         let rt = RuntimePod { sandboxes: vec![sandbox(true)], containers: vec![c.clone()] };
         let mut probes = ProbeState::default();
-        probes.must_restart.insert("id-a".into(), "failed liveness probe".into());
+        probes.must_restart.insert("id-a".into(), ProbeType::Liveness);
         let a = compute(&p, &rt, &probes);
         assert_eq!(a.kill.len(), 1);
+        assert_eq!(a.kill[0].reason, KillReason::ProbeFailed(ProbeType::Liveness));
+        assert_eq!(a.kill[0].message(), "Container a failed liveness probe, will be restarted");
         assert_eq!(names(&a), ["a"]);
         c.hash = "old".into();
         let rt = RuntimePod { sandboxes: vec![sandbox(true)], containers: vec![c] };
         let a = compute(&p, &rt, &ProbeState::default());
         assert_eq!(a.kill.len(), 1);
-        assert!(a.kill[0].message.contains("definition changed"));
+        assert!(a.kill[0].message().contains("definition changed"));
     }
 
     #[test]

@@ -17,12 +17,11 @@ use super::runtime_status::{ContainerRunState, RuntimePod};
 use super::sandbox::{self, SandboxInputs};
 use super::security;
 use crate::agent::backoff::Backoff;
-use crate::agent::cri::{api, labels, Cri, CriError};
+use crate::agent::cri::{api, labels, CriError, RuntimeService};
 use crate::agent::dns::DnsSettings;
 use crate::agent::events::Events;
 use crate::agent::image_manager::ImageManager;
 use crate::agent::pleg::ContainerIndex;
-use crate::agent::pod_status::Waiting;
 use crate::agent::pod_util::{self, ContainerKind};
 use crate::client::events::EventType;
 
@@ -48,6 +47,29 @@ pub trait ProbeRegistry: Send + Sync {
     fn remove_pod(&self, pod_uid: &str);
 }
 
+/// Why a container is not running, as the last attempt to start it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub reason: String,
+    pub message: String,
+}
+
+/// One container of the spec to start in a ready sandbox (upstream's
+/// startContainer arguments).
+pub struct ContainerStart<'a> {
+    pub pod: &'a Pod,
+    pub kind: ContainerKind,
+    pub container: &'a Container,
+    /// What the runtime holds for the pod (the container's earlier instances).
+    pub rt: &'a RuntimePod,
+    pub sandbox_id: &'a str,
+    pub sandbox_config: &'a api::PodSandboxConfig,
+    pub envs: &'a [(String, String)],
+    pub mounts: Vec<api::Mount>,
+    /// Where the container's probes go.
+    pub pod_ip: Option<std::net::IpAddr>,
+}
+
 /// Why a container did not start, and when to try again.
 #[derive(Debug, Clone)]
 pub struct StartFailure {
@@ -56,7 +78,8 @@ pub struct StartFailure {
 }
 
 pub struct RuntimeManager {
-    pub cri: Cri,
+    /// The runtime's sandboxes and containers (containerd, or a test double).
+    pub cri: Arc<dyn RuntimeService>,
     pub client: kube::Client,
     pub events: Events,
     pub images: ImageManager,
@@ -106,24 +129,15 @@ impl RuntimeManager {
         std::fs::create_dir_all(&config.log_directory)
             .map_err(|e| format!("cannot create the pod log folder {}: {e}", config.log_directory))?;
         let handler = self.runtime_handler(pod).await?;
-        let req = api::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: handler };
-        let id = self
-            .cri
-            .runtime()
-            .run_pod_sandbox(req)
-            .await
-            .map_err(|s| s.message().to_string())?
-            .into_inner()
-            .pod_sandbox_id;
+        let id = self.cri.run_pod_sandbox(config.clone(), handler).await.map_err(|e| e.message())?;
         self.index.insert(&id, pod_util::uid(pod));
         Ok((id, config))
     }
 
     /// The pod's addresses from its sandbox.
     pub async fn sandbox_ips(&self, sandbox_id: &str) -> Vec<String> {
-        let req = api::PodSandboxStatusRequest { pod_sandbox_id: sandbox_id.to_string(), verbose: false };
-        let Ok(resp) = self.cri.runtime().pod_sandbox_status(req).await else { return Vec::new() };
-        let Some(net) = resp.into_inner().status.and_then(|s| s.network) else { return Vec::new() };
+        let Ok(status) = self.cri.pod_sandbox_status(sandbox_id).await else { return Vec::new() };
+        let Some(net) = status.and_then(|s| s.network) else { return Vec::new() };
         let mut ips = vec![net.ip];
         ips.extend(net.additional_ips.into_iter().map(|i| i.ip));
         ips.retain(|i| !i.is_empty());
@@ -153,19 +167,9 @@ impl RuntimeManager {
     }
 
     /// Starts one container of the spec in the sandbox (upstream's startContainer).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn start_container(
-        &self,
-        pod: &Pod,
-        kind: ContainerKind,
-        c: &Container,
-        rt: &RuntimePod,
-        sandbox_id: &str,
-        sandbox_config: &api::PodSandboxConfig,
-        envs: &[(String, String)],
-        mut mounts: Vec<api::Mount>,
-        pod_ip: Option<std::net::IpAddr>,
-    ) -> Result<String, StartFailure> {
+    pub async fn start_container(&self, start: ContainerStart<'_>) -> Result<String, StartFailure> {
+        let ContainerStart { pod, kind, container: c, rt, sandbox_id, sandbox_config, envs, mut mounts, pod_ip } =
+            start;
         let uid = pod_util::uid(pod);
         let latest = rt.latest(&c.name);
         let restart_count = latest.map(|l| l.restart_count + 1).unwrap_or(0);
@@ -248,21 +252,14 @@ impl RuntimeManager {
                 format!("create container log directory for container {} failed: {e}", c.name),
             ));
         }
-        let req = api::CreateContainerRequest {
-            pod_sandbox_id: sandbox_id.to_string(),
-            config: Some(config),
-            sandbox_config: Some(sandbox_config.clone()),
-        };
-        let id = match self.cri.runtime().create_container(req).await {
-            Ok(r) => r.into_inner().container_id,
-            Err(s) => return Err(self.fail(pod, kind, &c.name, "CreateContainerError", s.message().to_string())),
+        let id = match self.cri.create_container(sandbox_id, config, sandbox_config.clone()).await {
+            Ok(id) => id,
+            Err(e) => return Err(self.fail(pod, kind, &c.name, "CreateContainerError", e.message())),
         };
         self.index.insert(&id, uid);
         self.events.container(&cref, EventType::Normal, "Created", &format!("Created container: {}", c.name));
-        if let Err(s) =
-            self.cri.runtime().start_container(api::StartContainerRequest { container_id: id.clone() }).await
-        {
-            return Err(self.fail(pod, kind, &c.name, "RunContainerError", s.message().to_string()));
+        if let Err(e) = self.cri.start_container(&id).await {
+            return Err(self.fail(pod, kind, &c.name, "RunContainerError", e.message()));
         }
         self.events.container(&cref, EventType::Normal, "Started", &format!("Started container {}", c.name));
         if let Some(p) = &self.probes {
@@ -313,10 +310,9 @@ impl RuntimeManager {
                 grace = (grace - started.elapsed().as_secs() as i64).max(MIN_GRACE_SECONDS);
             }
         }
-        let req = api::StopContainerRequest { container_id: id.to_string(), timeout: grace };
-        if let Err(s) = self.cri.runtime().stop_container(req).await {
-            if s.code() != tonic::Code::NotFound {
-                tracing::warn!(container = %id, error = %s.message(), "cannot stop container");
+        if let Err(e) = self.cri.stop_container(id, grace).await {
+            if !e.is_not_found() {
+                tracing::warn!(container = %id, error = %e.message(), "cannot stop container");
             }
         }
         if let Some(p) = &self.probes {
@@ -337,10 +333,9 @@ impl RuntimeManager {
             .await;
         }
         for s in rt.sandboxes.iter().filter(|s| s.ready) {
-            let req = api::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() };
-            if let Err(st) = self.cri.runtime().stop_pod_sandbox(req).await {
-                if st.code() != tonic::Code::NotFound {
-                    tracing::warn!(sandbox = %s.id, error = %st.message(), "cannot stop sandbox");
+            if let Err(e) = self.cri.stop_pod_sandbox(&s.id).await {
+                if !e.is_not_found() {
+                    tracing::warn!(sandbox = %s.id, error = %e.message(), "cannot stop sandbox");
                 }
             }
         }
@@ -350,20 +345,18 @@ impl RuntimeManager {
     /// with them its network), then its log folder.
     pub async fn remove_pod(&self, uid: &str, rt: &RuntimePod, log_dir: Option<PathBuf>) -> Result<(), CriError> {
         for c in &rt.containers {
-            let req = api::RemoveContainerRequest { container_id: c.id.clone() };
-            match self.cri.runtime().remove_container(req).await {
-                Ok(_) => {}
-                Err(s) if s.code() == tonic::Code::NotFound => {}
-                Err(status) => return Err(CriError::Call { call: "RemoveContainer", status }),
+            match self.cri.remove_container(&c.id).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
             }
         }
         for s in &rt.sandboxes {
-            let rt_client = &mut self.cri.runtime();
-            let _ = rt_client.stop_pod_sandbox(api::StopPodSandboxRequest { pod_sandbox_id: s.id.clone() }).await;
-            match rt_client.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: s.id.clone() }).await {
-                Ok(_) => {}
-                Err(st) if st.code() == tonic::Code::NotFound => {}
-                Err(status) => return Err(CriError::Call { call: "RemovePodSandbox", status }),
+            let _ = self.cri.stop_pod_sandbox(&s.id).await;
+            match self.cri.remove_pod_sandbox(&s.id).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
             }
         }
         if let Some(dir) = log_dir {
@@ -381,6 +374,28 @@ impl RuntimeManager {
         Ok(())
     }
 
+    /// Removes a container and its log files (containerd leaves them); one
+    /// already gone is no error.
+    pub async fn remove_container(&self, id: &str) -> Result<(), CriError> {
+        let log_path = match self.cri.container_status(id).await {
+            Ok(status) => status.map(|s| s.log_path).unwrap_or_default(),
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        match self.cri.remove_container(id).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        crate::agent::logs::remove_container_logs(&log_path);
+        Ok(())
+    }
+
+    /// Removes a sandbox (and with it its network).
+    pub async fn remove_sandbox(&self, id: &str) -> Result<(), CriError> {
+        self.cri.remove_pod_sandbox(id).await
+    }
+
     /// Removes dead instances older than the newest two of each container
     /// (the current one and the one `lastState` and `logs --previous` show),
     /// as the kubelet's container GC keeps them bounded.
@@ -390,12 +405,11 @@ impl RuntimeManager {
             let n = count.entry(c.name.as_str()).or_default();
             *n += 1;
             if *n > 2 && c.state == ContainerRunState::Exited {
-                let req = api::RemoveContainerRequest { container_id: c.id.clone() };
-                match self.cri.runtime().remove_container(req).await {
+                match self.cri.remove_container(&c.id).await {
                     // containerd leaves the log files: they go with the container.
-                    Ok(_) => crate::agent::logs::remove_container_logs(&c.log_path),
-                    Err(s) => {
-                        tracing::debug!(container = %c.id, error = %s.message(), "cannot remove a dead container")
+                    Ok(()) => crate::agent::logs::remove_container_logs(&c.log_path),
+                    Err(e) => {
+                        tracing::debug!(container = %c.id, error = %e.message(), "cannot remove a dead container")
                     }
                 }
             }
@@ -454,14 +468,7 @@ fn log_tail(path: &str, lines: usize, max: usize) -> String {
 }
 
 /// A duration as Go prints it (`10s`, `1m20s`, `5m0s`).
-pub fn go_duration(d: Duration) -> String {
-    let s = d.as_secs();
-    if s >= 60 {
-        format!("{}m{}s", s / 60, s % 60)
-    } else {
-        format!("{s}s")
-    }
-}
+pub use crate::duration::format as go_duration;
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::super::cri::{api, labels, Cri, CriError};
+use super::super::cri::{api, labels, CriError, RuntimeService};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContainerRunState {
@@ -97,8 +97,7 @@ fn uid_filter(uid: &str) -> HashMap<String, String> {
 }
 
 /// Reads the pod's sandboxes and containers from the runtime.
-pub async fn read(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
-    let mut rt = cri.runtime();
+pub async fn read(cri: &dyn RuntimeService, uid: &str) -> Result<RuntimePod, CriError> {
     let sandboxes = cri
         .list_pod_sandboxes(Some(api::PodSandboxFilter { label_selector: uid_filter(uid), ..Default::default() }))
         .await?;
@@ -114,34 +113,29 @@ pub async fn read(cri: &Cri, uid: &str) -> Result<RuntimePod, CriError> {
     }
     out.sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
     if let Some(newest) = out.sandboxes.first_mut().filter(|s| s.ready) {
-        match rt
-            .pod_sandbox_status(api::PodSandboxStatusRequest { pod_sandbox_id: newest.id.clone(), verbose: false })
-            .await
-        {
-            Ok(resp) => {
-                if let Some(net) = resp.into_inner().status.and_then(|s| s.network) {
+        match cri.pod_sandbox_status(&newest.id).await {
+            Ok(status) => {
+                if let Some(net) = status.and_then(|s| s.network) {
                     if !net.ip.is_empty() {
                         newest.ips.push(net.ip);
                     }
                     newest.ips.extend(net.additional_ips.into_iter().map(|i| i.ip).filter(|i| !i.is_empty()));
                 }
             }
-            Err(status) if status.code() == tonic::Code::NotFound => newest.ready = false,
-            Err(status) => return Err(CriError::Call { call: "PodSandboxStatus", status }),
+            Err(e) if e.is_not_found() => newest.ready = false,
+            Err(e) => return Err(e),
         }
     }
     let containers = cri
         .list_containers(Some(api::ContainerFilter { label_selector: uid_filter(uid), ..Default::default() }))
         .await?;
     for c in containers {
-        let status =
-            match rt.container_status(api::ContainerStatusRequest { container_id: c.id.clone(), verbose: false }).await
-            {
-                Ok(resp) => resp.into_inner().status,
-                // Removed between the list and now.
-                Err(status) if status.code() == tonic::Code::NotFound => continue,
-                Err(status) => return Err(CriError::Call { call: "ContainerStatus", status }),
-            };
+        let status = match cri.container_status(&c.id).await {
+            Ok(status) => status,
+            // Removed between the list and now.
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e),
+        };
         let Some(st) = status else { continue };
         let name = c.labels.get(labels::CONTAINER_NAME).cloned().unwrap_or_default();
         let restart_count = st

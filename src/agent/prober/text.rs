@@ -4,7 +4,6 @@
 //! so that they read exactly as they do against upstream.
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -63,34 +62,8 @@ pub fn quote(s: &str) -> String {
     go_quote(s.as_bytes())
 }
 
-/// Go's `time.Duration` text for the durations probes use (`1s`, `1m30s`,
-/// `500ms`, `1h0m0s`).
-pub fn go_duration(d: Duration) -> String {
-    if d.is_zero() {
-        return "0s".into();
-    }
-    let total_ms = d.as_millis();
-    if total_ms < 1000 {
-        return format!("{total_ms}ms");
-    }
-    let secs = d.as_secs();
-    let frac = d.subsec_millis();
-    let s = secs % 60;
-    let sec_text = if frac == 0 {
-        format!("{s}s")
-    } else {
-        let f = format!("{frac:03}");
-        format!("{s}.{}s", f.trim_end_matches('0'))
-    };
-    let (h, m) = (secs / 3600, (secs / 60) % 60);
-    if h > 0 {
-        format!("{h}h{m}m{sec_text}")
-    } else if m > 0 {
-        format!("{m}m{sec_text}")
-    } else {
-        sec_text
-    }
-}
+/// Go's `time.Duration` text (`1s`, `1m30s`, `500ms`, `1h0m0s`).
+pub use crate::duration::format as go_duration;
 
 /// The text Go gives an errno (`connection refused`, `no route to host`):
 /// the C library's message, lower-cased, without Rust's `(os error N)`.
@@ -138,6 +111,7 @@ pub fn go_string_slice(items: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn quotes_as_go_does() {

@@ -28,6 +28,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::config::KubeletTls;
 use super::container_logs::{self, ContainerLogs};
+use super::cri::Cri;
 use super::kubelet::Kubelet;
 use super::stats;
 use auth::{Attributes, KubeletAuth, PeerCertificate};
@@ -45,6 +46,8 @@ pub enum ServerError {
 /// What every handler of the kubelet API shares.
 pub struct KubeletServer {
     pub kubelet: Arc<Kubelet>,
+    /// The runtime's socket: exec, attach, port-forward and logs go to it.
+    pub cri: Cri,
     pub auth: KubeletAuth,
     /// Keeps each cgroup's last CPU reading between requests, for rates.
     pub stats: super::stats::StatsProvider,
@@ -117,7 +120,11 @@ async fn container_logs(
     axum::extract::Path((namespace, pod, container)): axum::extract::Path<(String, String, String)>,
     uri: axum::http::Uri,
 ) -> Response {
-    let logs = ContainerLogs::from_kubelet(&server.kubelet);
+    let logs = ContainerLogs {
+        client: server.kubelet.client.clone(),
+        cri: server.cri.clone(),
+        node_name: server.kubelet.config.node_name.clone(),
+    };
     container_logs::serve_container_logs(&logs, &namespace, &pod, &container, uri.query()).await
 }
 
@@ -141,7 +148,7 @@ async fn remote_command(
     (namespace, pod, uid, container): (String, String, Option<String>, String),
     req: Request,
 ) -> Response {
-    let cri = server.kubelet.runtime.cri.clone();
+    let cri = server.cri.clone();
     match lookup::running_container(&cri, &namespace, &pod, uid.as_deref(), &container).await {
         Ok(id) if attach => streams::serve_attach(cri, id, req).await,
         Ok(id) => streams::serve_exec(cri, id, req).await,
@@ -189,7 +196,7 @@ async fn forward(
     uid: Option<String>,
     req: Request,
 ) -> Response {
-    let cri = server.kubelet.runtime.cri.clone();
+    let cri = server.cri.clone();
     match lookup::pod_network_namespace(&cri, &namespace, &pod, uid.as_deref()).await {
         Ok(netns) => {
             let target =
@@ -244,6 +251,7 @@ fn tls_config(tls: &KubeletTls) -> Result<Arc<rustls::ServerConfig>, ServerError
 /// Starts the kubelet API on `port` of every address; runs until aborted.
 pub async fn start(
     kubelet: Arc<Kubelet>,
+    cri: Cri,
     tls: &KubeletTls,
     port: u16,
 ) -> Result<tokio::task::JoinHandle<()>, ServerError> {
@@ -251,8 +259,12 @@ pub async fn start(
     let addr = SocketAddr::from(([0, 0, 0, 0], port));
     let listener = TcpListener::bind(addr).await.map_err(|source| ServerError::Bind { addr, source })?;
     let auth = KubeletAuth::new(kubelet.client.clone(), kubelet.config.node_name.clone());
-    let stats = stats::StatsProvider::from_kubelet(&kubelet);
-    let app = router(Arc::new(KubeletServer { kubelet, auth, stats }));
+    let stats = stats::StatsProvider::new(
+        cri.clone(),
+        kubelet.config.node_name.clone(),
+        kubelet.config.kubelet.cgroup_root.clone(),
+    );
+    let app = router(Arc::new(KubeletServer { kubelet, cri, auth, stats }));
     tracing::info!(%addr, "kubelet API listening");
     Ok(tokio::spawn(accept(listener, TlsAcceptor::from(config), app)))
 }

@@ -13,16 +13,6 @@ use axum::response::{IntoResponse, Response};
 
 pub use summary::{StatsProvider, Summary};
 
-impl StatsProvider {
-    pub fn from_kubelet(kubelet: &super::kubelet::Kubelet) -> StatsProvider {
-        StatsProvider::new(
-            kubelet.runtime.cri.clone(),
-            kubelet.config.node_name.clone(),
-            kubelet.config.kubelet.cgroup_root.clone(),
-        )
-    }
-}
-
 fn metrics_response(text: String) -> Response {
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }

@@ -1,5 +1,6 @@
 //! Authentication and authorization: users from client certificates and
-//! service-account tokens, RBAC over the stored roles and bindings, the
+//! service-account tokens, the authorizers (the Node authorizer over its
+//! graph, RBAC over the stored roles and bindings, and their union), the
 //! default cluster roles, and the review APIs (`kubectl auth can-i`,
 //! `kubectl auth whoami`, `kubectl create token`).
 
@@ -9,6 +10,7 @@ pub mod cluster_roles;
 pub mod component_roles;
 pub mod controller_roles;
 pub mod decision;
+pub mod graph_populator;
 pub mod legacy_token;
 pub mod namespace_roles;
 pub mod node_authorizer;
@@ -16,6 +18,7 @@ pub mod node_graph;
 pub mod rbac;
 pub mod reconcile;
 pub mod token;
+pub mod union;
 pub mod user;
 
 pub use decision::{Decision, DecisionRecord};

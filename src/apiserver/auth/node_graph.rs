@@ -5,8 +5,8 @@
 //! every volume of the local-path provisioner, the node it is pinned to
 //! (which removes its directory and then the volume once it is released).
 //!
-//! Each is kept in a watch-fed cache of the API server (`Caches::node_pods`,
-//! `Caches::node_claims`) as a small projection of the object, never the
+//! Each is kept in a watch-fed cache of the API server (`graph_populator`'s
+//! `NodeGraphCaches`) as a small projection of the object, never the
 //! whole object. A pod is held as `PodEdges`, its name, namespace, node
 //! name and one short string per reference (about 300 bytes), where the
 //! pod itself is several kilobytes and its projection as a JSON value

@@ -6,13 +6,12 @@
 //!
 //! The configuration lives in a file (k3s' place and format, see
 //! [`config`]); `rotate-keys` swaps it while the server runs
-//! ([`reencrypt`]), and `/v1-ferrok/encrypt/…` ([`endpoint`]) lets
-//! `ferrok secrets-encrypt` drive it.
+//! ([`reencrypt`]), and `/v1-ferrok/encrypt/…`
+//! (`supervisor::secrets_encrypt`) lets `ferrok secrets-encrypt` drive it.
 
 pub mod aescbc;
 pub mod cluster;
 pub mod config;
-pub mod endpoint;
 pub mod reencrypt;
 pub mod secretbox;
 pub mod transformer;

@@ -3,11 +3,10 @@
 //! until it has the store's current revision), `0` is whatever the cache
 //! has, `N` waits until the cache has reached N (504 after a few seconds).
 //! `resourceVersionMatch=Exact` and continue tokens read the store at
-//! their revision (`read.rs`), as does a watch from a revision older than
+//! their revision (`list.rs`, `watch.rs`), as does a watch from a revision older than
 //! the cache that the cache never held (first use, after a restart).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
@@ -401,6 +400,3 @@ fn coalesce(lines: Vec<Bytes>) -> Vec<Bytes> {
 
 /// How many bytes of waiting events a watch sends in one write.
 const COALESCE_BYTES: usize = 64 << 10;
-
-/// How long a watch lasts when the client does not say.
-pub(super) const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(30 * 60);

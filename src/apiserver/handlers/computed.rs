@@ -3,13 +3,12 @@
 
 use axum::http::StatusCode;
 use axum::response::Response;
-use serde_json::json;
 
-use super::read::{object_response, typed, Filters};
+use super::list::computed_list;
+use super::read::object_response;
 use super::Call;
 use crate::apiserver::component_status;
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::table::wants_table;
 
 pub async fn serve(call: &mut Call, verb: &str) -> ApiResult<Response> {
     let r = call.resource.clone();
@@ -32,23 +31,8 @@ pub async fn serve(call: &mut Call, verb: &str) -> ApiResult<Response> {
         }
         "list" => {
             let items = component_status::list(&call.api).await;
-            list_response(call, items)
+            computed_list(call, items)
         }
         _ => Err(ApiError::method_not_allowed(format!("{verb} is not supported on {}", r.plural))),
     }
-}
-
-/// Computed objects as a list: filtered by the call's label and field
-/// selectors, answered as a List or a Table.
-pub(super) fn list_response(call: &Call, items: Vec<serde_json::Value>) -> ApiResult<Response> {
-    let r = &call.resource;
-    let filters = Filters::of(call)?;
-    let objs: Vec<_> = items.into_iter().filter(|o| filters.matches(o)).map(|o| typed(call, o)).collect();
-    let meta = json!({"resourceVersion": ""});
-    if wants_table(call.accept()) {
-        let t = r.table(&objs, meta, call.param("includeObject").unwrap_or("Metadata"));
-        return Ok(call.respond(StatusCode::OK, &t));
-    }
-    let list = json!({"kind": r.list_kind, "apiVersion": r.api_version(), "metadata": meta, "items": objs});
-    Ok(call.respond(StatusCode::OK, &list))
 }

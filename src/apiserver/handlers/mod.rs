@@ -11,6 +11,7 @@ mod connect;
 mod connect_options;
 mod delete;
 mod eviction;
+mod list;
 mod list_body;
 mod options;
 mod patch;
@@ -20,6 +21,7 @@ mod read;
 pub(crate) mod relay;
 mod resource_metrics;
 mod reviews;
+mod watch;
 mod write;
 
 pub use patch::apply_json_patch;
@@ -118,8 +120,8 @@ async fn dispatch(mut call: Call, method: Method, body: Bytes) -> ApiResult<Resp
         (_, Some("proxy")) if r.plural == "nodes" => connect::node_proxy(&mut call, &method, body).await,
         (_, Some("proxy")) if r.plural == "pods" => proxy::pod_proxy(&mut call, &method, body).await,
         (_, Some("proxy")) if r.plural == "services" => proxy::service_proxy(&mut call, &method, body).await,
-        ("list", None) => read::list(&call).await,
-        ("watch", None) => read::watch(call).await,
+        ("list", None) => list::list(&call).await,
+        ("watch", None) => watch::watch(call).await,
         ("create", None) => write::create(&mut call, body).await,
         ("create", Some("binding")) => binding::bind(&mut call, body).await,
         ("create", Some("token")) => reviews::token_request(&mut call, body).await,

@@ -1,17 +1,17 @@
-//! get, list and watch.
+//! get, and what every read shares: the request's label and field
+//! selectors, a watch's parameters, and the answers (an object, a list, a
+//! watch event) as JSON, a Table or metadata only. `list` and `watch` take
+//! them from the watch cache (`cached_read`) or from the store.
 
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
+use axum::http::StatusCode;
+use axum::response::Response;
 use serde_json::{json, Value};
 
 use super::Call;
 use crate::apiserver::selector::{FieldSelector, LabelSelector};
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::storage::{decode_continue, encode_continue, Change, Decoding, ReadAt};
 use crate::apiserver::table::wants_table;
 
 /// Fills in apiVersion and kind, which every answer carries.
@@ -139,92 +139,12 @@ impl Filters {
     }
 }
 
-/// How far a list or watch's resourceVersion lets us go.
-fn read_at(call: &Call) -> ApiResult<ReadAt> {
-    match (call.param("resourceVersion"), call.param("resourceVersionMatch")) {
-        (Some(rv), Some("Exact")) => {
-            let rev =
-                rv.parse::<i64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv:?}")))?;
-            Ok(ReadAt::Exact(rev))
-        }
-        (None, Some(m)) => Err(ApiError::bad_request(format!(
-            "resourceVersionMatch is forbidden unless resourceVersion is provided (got {m})"
-        ))),
-        _ => Ok(ReadAt::Latest),
-    }
-}
-
-pub async fn list(call: &Call) -> ApiResult<Response> {
-    let r = &call.resource;
-    let prefix = r.list_prefix(call.namespace());
-    let filters = Filters::of(call)?;
-    let limit = call.param("limit").and_then(|l| l.parse::<i64>().ok()).filter(|l| *l > 0);
-    if let Some(resp) = super::cached_read::list(call, &filters, limit).await? {
-        return Ok(resp);
-    }
-    let (mut at, mut start) = (read_at(call)?, None);
-    if let Some(token) = call.param("continue") {
-        let (rev, key) = decode_continue(token, &prefix)?;
-        at = ReadAt::Exact(rev);
-        start = Some(key);
-    }
-    let mut items = Vec::new();
-    let mut list_rev;
-    let mut next;
-    let mut remaining;
-    loop {
-        let want = limit.map(|l| l - items.len() as i64).unwrap_or(0);
-        // With selectors, read in larger pages: most rows may not match.
-        let page_size = if filters.is_empty() { want } else { want.max(500) };
-        let page = call.api.storage.list(&prefix, start.take(), page_size, at).await?;
-        list_rev = page.rev;
-        remaining = page.remaining;
-        next = page.next_key;
-        // Selectors read the served form (an events.k8s.io Event's
-        // `reportingController` is its stored `reportingComponent`).
-        for stored in call.served_all(page.items).await? {
-            if !filters.matches(&stored.object) {
-                continue;
-            }
-            items.push(stored.object);
-            if limit.is_some_and(|l| items.len() as i64 >= l) {
-                break;
-            }
-        }
-        let full = limit.is_some_and(|l| items.len() as i64 >= l);
-        if full || next.is_none() {
-            if full && !filters.is_empty() {
-                // The next page starts after the last item returned.
-                if let Some(last) = items.last() {
-                    let name = last.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
-                    let ns = last.pointer("/metadata/namespace").and_then(Value::as_str);
-                    let mut key = r.key(ns, name).into_bytes();
-                    key.push(0);
-                    next = Some(key);
-                    remaining = None;
-                }
-            }
-            break;
-        }
-        at = ReadAt::Exact(list_rev);
-        start = next.take();
-    }
-    let mut meta = json!({"resourceVersion": list_rev.to_string()});
-    if let (Some(_), Some(key)) = (limit, &next) {
-        meta["continue"] = json!(encode_continue(list_rev, &prefix, key));
-        if let Some(n) = remaining.filter(|n| *n > 0 && filters.is_empty()) {
-            meta["remainingItemCount"] = json!(n);
-        }
-    }
-    Ok(list_response(call, items, meta))
-}
-
 /// A list answer: the objects with the list's metadata, as a Table or
 /// metadata only when asked so.
 pub(super) fn list_response(call: &Call, items: Vec<Value>, meta: Value) -> Response {
     let r = &call.resource;
     if wants_table(call.accept()) {
-        let objs: Vec<Value> = items.into_iter().map(|o| super::read::typed(call, o)).collect();
+        let objs: Vec<Value> = items.into_iter().map(|o| typed(call, o)).collect();
         let t = r.table(&objs, meta, call.param("includeObject").unwrap_or("Metadata"));
         return call.respond(StatusCode::OK, &t);
     }
@@ -300,7 +220,7 @@ impl WatchParams {
                 .param("timeoutSeconds")
                 .and_then(|t| t.parse::<u64>().ok())
                 .map(Duration::from_secs)
-                .unwrap_or(super::cached_read::DEFAULT_WATCH_TIMEOUT),
+                .unwrap_or(DEFAULT_WATCH_TIMEOUT),
         }
     }
 
@@ -318,152 +238,5 @@ impl WatchParams {
     }
 }
 
-/// What a watch from the store sends of one change, in the served form.
-enum Picked {
-    Bookmark(i64),
-    Event(&'static str, crate::apiserver::storage::Stored),
-}
-
-/// What a selecting watch sends of a modified object: ADDED when it
-/// enters the selection, DELETED when it leaves it.
-async fn modified(
-    call: &Call,
-    filters: &Filters,
-    new: crate::apiserver::storage::Stored,
-    old: Option<crate::apiserver::storage::Stored>,
-) -> ApiResult<Option<Picked>> {
-    let new = call.served(new).await?;
-    let now = filters.matches(&new.object);
-    if filters.is_empty() {
-        return Ok(Some(Picked::Event("MODIFIED", new)));
-    }
-    let before = match old {
-        Some(o) => filters.matches(&call.served(o).await?.object),
-        None => false,
-    };
-    Ok(match (before, now) {
-        (false, true) => Some(Picked::Event("ADDED", new)),
-        (true, true) => Some(Picked::Event("MODIFIED", new)),
-        (true, false) => Some(Picked::Event("DELETED", new)),
-        (false, false) => None,
-    })
-}
-
-/// A streamed watch: JSON lines of `{"type": ..., "object": ...}`.
-pub async fn watch(call: Call) -> ApiResult<Response> {
-    let call = match super::cached_read::watch(call).await? {
-        Ok(served) => return Ok(served),
-        Err(call) => call,
-    };
-    let filters = Filters::of(&call)?;
-    let as_table = wants_table(call.accept());
-    let params = WatchParams::of(&call);
-    let start_rev = params.start_rev()?;
-    let WatchParams { bookmarks, send_initial, single, key, exact, timeout, .. } = params;
-    let mut initial: Vec<Value> = Vec::new();
-    let start = match start_rev {
-        Some(rev) => rev,
-        None => {
-            // The key of one object is also a prefix of longer names: filter by name.
-            let (items, rev) = call.api.storage.list_all(&key).await?;
-            let named: Vec<_> = items
-                .into_iter()
-                .filter(|s| {
-                    single
-                        .as_deref()
-                        .is_none_or(|n| s.object.pointer("/metadata/name").and_then(Value::as_str) == Some(n))
-                })
-                .collect();
-            // Selectors read the served form (an events.k8s.io Event's
-            // `regarding.name` is its stored `involvedObject.name`).
-            for s in call.served_all(named).await? {
-                if filters.matches(&s.object) {
-                    initial.push(event(&call, "ADDED", s.object, as_table));
-                }
-            }
-            if send_initial == Some(true) {
-                initial.push(bookmark(&call, rev, true));
-            }
-            rev
-        }
-    };
-    let progress_every = if bookmarks { Duration::from_secs(60) } else { Duration::from_secs(3600) };
-    // Only a selector needs the old object: to tell an object entering it
-    // from one leaving it.
-    let decoding = if filters.is_empty() { Decoding::NEW } else { Decoding::NEW_AND_OLD };
-    let changes = call.api.storage.watch(&key, exact, start, progress_every, decoding).await?;
-    let call = std::sync::Arc::new(call);
-    let filters = std::sync::Arc::new(filters);
-    let picked = changes.then(move |change| {
-        let call = call.clone();
-        let filters = filters.clone();
-        async move {
-            // Selectors read the served form (an events.k8s.io Event's
-            // `regarding.name` is its stored `involvedObject.name`).
-            let picked = match change {
-                Err(e) => Err(e),
-                Ok(Change::Progress(rev)) => Ok(bookmarks.then(|| Picked::Bookmark(rev))),
-                Ok(Change::Added(s)) => {
-                    let s = call.served(s).await;
-                    s.map(|s| filters.matches(&s.object).then_some(Picked::Event("ADDED", s)))
-                }
-                Ok(Change::Deleted(s)) => {
-                    let s = call.served(s).await;
-                    s.map(|s| filters.matches(&s.object).then_some(Picked::Event("DELETED", s)))
-                }
-                Ok(Change::Modified { new, old }) => modified(&call, &filters, new, old).await,
-            };
-            match picked {
-                Err(e) => Some(json!({"type": "ERROR", "object": e.to_status()})),
-                Ok(None) => None,
-                Ok(Some(Picked::Bookmark(rev))) => Some(bookmark(&call, rev, false)),
-                Ok(Some(Picked::Event(kind, s))) => Some(event(&call, kind, s.object, as_table)),
-            }
-        }
-    });
-    let lines = futures_util::stream::iter(initial.into_iter().map(Ok::<Value, ApiError>))
-        .chain(picked.filter_map(|line| std::future::ready(line.map(Ok))));
-    // End the stream with the timeout, and after an ERROR event.
-    let deadline = tokio::time::sleep(timeout);
-    let body = async_stream_lines(lines, deadline);
-    Ok((
-        StatusCode::OK,
-        [(header::CONTENT_TYPE, "application/json"), (header::CACHE_CONTROL, "no-cache, private")],
-        Body::from_stream(body),
-    )
-        .into_response())
-}
-
-fn async_stream_lines<S>(
-    lines: S,
-    deadline: tokio::time::Sleep,
-) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send
-where
-    S: futures_util::Stream<Item = Result<Value, ApiError>> + Send + 'static,
-{
-    let lines = Box::pin(lines);
-    let deadline = Box::pin(deadline);
-    futures_util::stream::unfold((lines, deadline, false), |(mut lines, mut deadline, done)| async move {
-        if done {
-            return None;
-        }
-        tokio::select! {
-            _ = &mut deadline => None,
-            item = lines.next() => match item {
-                None => None,
-                Some(Ok(v)) => {
-                    let is_error = v.get("type").and_then(Value::as_str) == Some("ERROR");
-                    let mut bytes = crate::apiserver::field_order::to_json(&v).into_bytes();
-                    bytes.push(b'\n');
-                    Some((Ok(bytes), (lines, deadline, is_error)))
-                }
-                Some(Err(e)) => {
-                    let event = json!({"type": "ERROR", "object": e.to_status()});
-                    let mut bytes = crate::apiserver::field_order::to_json(&event).into_bytes();
-                    bytes.push(b'\n');
-                    Some((Ok(bytes), (lines, deadline, true)))
-                }
-            }
-        }
-    })
-}
+/// How long a watch lasts when the client does not say.
+pub(super) const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(30 * 60);

@@ -14,6 +14,7 @@ use futures_util::future::join_all;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
+use super::list::computed_list;
 use super::read::object_response;
 use super::relay;
 use super::Call;
@@ -139,7 +140,7 @@ pub async fn serve(call: &mut Call, verb: &str) -> ApiResult<Response> {
             } else {
                 pod_objects(call, namespace.as_deref(), None).await?
             };
-            super::computed::list_response(call, all)
+            computed_list(call, all)
         }
         _ => Err(ApiError::method_not_allowed(format!("{verb} is not supported on {}", r.plural))),
     }

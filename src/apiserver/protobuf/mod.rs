@@ -501,50 +501,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
-/// A duration in nanoseconds as Go's time.Duration.String writes it: "1h0m0s", "1.5s", "300ms", "0s".
-fn go_duration(ns: i64) -> String {
-    /// `v / 10^prec` with its fraction, trailing zeros (and a bare point) dropped.
-    fn split(v: u64, prec: u32) -> (u64, String) {
-        let p = 10u64.pow(prec);
-        let frac = v % p;
-        if frac == 0 {
-            return (v / p, String::new());
-        }
-        let digits = format!("{frac:0width$}", width = prec as usize);
-        (v / p, format!(".{}", digits.trim_end_matches('0')))
-    }
-    let u = ns.unsigned_abs();
-    let mut out = String::new();
-    if ns < 0 {
-        out.push('-');
-    }
-    if u == 0 {
-        return "0s".into();
-    }
-    if u < 1_000_000_000 {
-        let (prec, unit) = if u < 1_000 {
-            (0, "ns")
-        } else if u < 1_000_000 {
-            (3, "µs")
-        } else {
-            (6, "ms")
-        };
-        let (int, frac) = split(u, prec);
-        out.push_str(&format!("{int}{frac}{unit}"));
-    } else {
-        let (secs, frac) = split(u, 9);
-        let (mins, s) = (secs / 60, secs % 60);
-        if mins > 0 {
-            let (h, m) = (mins / 60, mins % 60);
-            if h > 0 {
-                out.push_str(&format!("{h}h"));
-            }
-            out.push_str(&format!("{m}m"));
-        }
-        out.push_str(&format!("{s}{frac}s"));
-    }
-    out
-}
+/// A duration in nanoseconds as Go's time.Duration.String writes it.
+use crate::duration::format_nanos as go_duration;
 
 #[cfg(test)]
 mod tests;

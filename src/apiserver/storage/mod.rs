@@ -20,6 +20,7 @@ mod follow;
 mod watch;
 
 pub(crate) use encoded::Encoded;
+pub use encoded::{assemble, Assembled};
 pub use follow::{Followed, Follower};
 pub use watch::{Change, Decoding};
 

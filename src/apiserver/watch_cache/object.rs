@@ -238,7 +238,7 @@ impl CachedObject {
 }
 
 /// Where `json` holds its top-level metadata map, found by parsing it once
-/// (as `splice::assemble` records it).
+/// (as `storage::assemble` records it).
 fn find_metadata(json: &[u8]) -> Option<(u32, u32)> {
     #[derive(serde::Deserialize)]
     struct MetadataOnly<'a> {

@@ -20,11 +20,8 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::apiserver::json_entries::{write_changed_finding, write_str, Entries, Key};
-
-/// The keys an object leads with in the cache's JSON, in that order; the
-/// rest follow in the stored (sorted) order.
-const LEADING: [&str; 5] = ["kind", "apiVersion", "metadata", "spec", "status"];
+use crate::apiserver::json_entries::{Entries, Key};
+use crate::apiserver::storage::{assemble, Assembled};
 
 /// What the cache makes of a stored object.
 pub struct Spliced {
@@ -101,76 +98,6 @@ pub fn splice(stored: &[u8], rev: i64, api_version: &str, kind: &str, paths: &Pa
 
 fn slices<'a>(entries: &'a Entries<'_>) -> Vec<(&'a str, &'a [u8])> {
     entries.0.iter().map(|(k, v)| (&**k, v.get().as_bytes())).collect()
-}
-
-/// An object's JSON as the cache sends it.
-pub struct Assembled {
-    pub json: Vec<u8>,
-    /// The bytes of metadata's `managedFields` entry with one comma beside
-    /// it: what is cut out for a reader that drops managedFields
-    /// (`CachedObject::json_for`). None when metadata has none.
-    pub managed_fields: Option<Range<usize>>,
-    /// The bytes of metadata's map (what a metadata-only watch sends).
-    /// None when the object has no metadata map.
-    pub metadata: Option<Range<usize>>,
-}
-
-/// The cache's JSON at `rev` put together from an object's stored entries:
-/// `top`, its top-level keys and values (sorted, as stored), and `metadata`,
-/// metadata's own when it is a map (sorted; a metadata that is not a map is
-/// copied as it is, as `set_resource_version` leaves it). apiVersion and
-/// kind are set and the resourceVersion goes at its sorted place. None for
-/// a top level that `field_order` orders below it (`items`, `object`).
-pub fn assemble(
-    top: &[(&str, &[u8])],
-    metadata: Option<&[(&str, &[u8])]>,
-    rev: i64,
-    api_version: &str,
-    kind: &str,
-) -> Option<Assembled> {
-    if top.iter().any(|(k, _)| *k == "items" || *k == "object") {
-        return None;
-    }
-    let size = top.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>() + 64;
-    let mut json = Vec::with_capacity(size);
-    json.extend_from_slice(b"{\"kind\":");
-    write_str(&mut json, kind);
-    json.extend_from_slice(b",\"apiVersion\":");
-    write_str(&mut json, api_version);
-    let value = |key: &str| top.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
-    let mut managed_fields = None;
-    let mut metadata_at = None;
-    for lead in &LEADING[2..] {
-        let Some(raw) = value(lead) else { continue };
-        json.push(b',');
-        write_str(&mut json, lead);
-        json.push(b':');
-        let start = json.len();
-        match metadata.filter(|_| *lead == "metadata") {
-            Some(entries) => managed_fields = with_resource_version(&mut json, entries, rev),
-            None => json.extend_from_slice(raw),
-        }
-        if *lead == "metadata" && json.get(start) == Some(&b'{') {
-            metadata_at = Some(start..json.len());
-        }
-    }
-    for (key, raw) in top.iter().filter(|(k, _)| !LEADING.contains(k)) {
-        json.push(b',');
-        write_str(&mut json, key);
-        json.push(b':');
-        json.extend_from_slice(raw);
-    }
-    json.push(b'}');
-    Some(Assembled { json, managed_fields, metadata: metadata_at })
-}
-
-/// Metadata's sorted entries with `resourceVersion` set to `rev` at its
-/// sorted place; answers where its managedFields entry went
-/// (`write_changed_finding`).
-fn with_resource_version(out: &mut Vec<u8>, entries: &[(&str, &[u8])], rev: i64) -> Option<Range<usize>> {
-    let version = format!("\"{rev}\"");
-    let changes = [("resourceVersion", Some(version.as_bytes()))];
-    write_changed_finding(out, entries.iter().copied(), &changes, Some("managedFields"))
 }
 
 /// `raw` cut down to `paths`.
@@ -267,7 +194,7 @@ mod tests {
 
     use super::*;
     use crate::apiserver::selectable_fields::{field_paths, selector_view, LABELS};
-    use crate::apiserver::storage::set_resource_version;
+    use crate::apiserver::storage::{set_resource_version, Encoded};
 
     /// What the store holds of `object`: its encoding without resourceVersion.
     fn stored(object: &Value) -> Vec<u8> {
@@ -389,5 +316,26 @@ mod tests {
         assert!(refused(r#"["not an object"]"#));
         assert!(refused("{\"data\":"), "not JSON");
         assert!(!refused(r#"{"data":{"b":1,"a":2}}"#), "nested order is kept as stored");
+    }
+
+    #[test]
+    fn the_answer_is_what_splice_makes_of_the_stored_bytes() {
+        let objects = [
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "d", "resourceVersion": "7",
+                "labels": {"a\"b": "\u{e9}\n"}, "uid": "u"}, "spec": {"containers": [{"name": "c", "image": "i"}]},
+                "status": {"phase": "Pending"}}),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"annotations": {}, "zz": 1}, "data": {"k": "v"},
+                "binaryData": {}, "immutable": true}),
+            json!({"metadata": {}, "apiVersion": "v1", "kind": "Event", "reason": "x", "count": u64::MAX, "f": -0.0}),
+            json!({"metadata": "odd", "spec": 1}),
+            json!({"kind": "List", "items": []}),
+        ];
+        for object in objects {
+            let encoded = Encoded::of(&object).expect("encode");
+            let spliced = splice(&encoded.bytes, 42, "v9", "Kind", &Paths::default()).map(|s| s.json);
+            assert_eq!(encoded.answer(42, "v9", "Kind"), spliced, "{object}");
+            assert!(!String::from_utf8_lossy(&encoded.bytes).contains("resourceVersion"));
+        }
+        assert!(Encoded::of(&json!([1])).expect("encode").answer(1, "v1", "K").is_none());
     }
 }

@@ -63,33 +63,6 @@ struct ExternalMetricValue {
     value: Quantity,
 }
 
-/// A Go duration (`1.5s`, `250ms`, `1m0s`), as PodMetrics' `window`.
-pub fn parse_go_duration(s: &str) -> Option<Duration> {
-    let mut rest = s.trim();
-    if rest == "0" {
-        return Some(Duration::ZERO);
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let n: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let scale = match &rest[..unit_len] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 1e-3,
-            "us" | "µs" => 1e-6,
-            "ns" => 1e-9,
-            _ => return None,
-        };
-        total += n * scale;
-        rest = &rest[unit_len..];
-    }
-    total.is_finite().then(|| Duration::from_secs_f64(total.max(0.0)))
-}
-
 fn milli(q: &Quantity) -> i64 {
     crate::quantity::milli_value(q).unwrap_or(0)
 }
@@ -163,7 +136,7 @@ impl MetricsClient {
         let mut out = PodMetricsInfo::new();
         for m in &list.items {
             let name = m.metadata.name.clone().unwrap_or_default();
-            let window = m.window.as_deref().and_then(parse_go_duration).unwrap_or_default();
+            let window = m.window.as_deref().and_then(|w| crate::duration::parse(w).ok()).unwrap_or_default();
             let sample = |value| PodMetric { timestamp: at(&m.timestamp), window, value };
             if !container.is_empty() {
                 let Some(c) = m.containers.iter().find(|c| c.name == container) else {
@@ -295,15 +268,6 @@ impl MetricsClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_durations_parse() {
-        assert_eq!(parse_go_duration("1.5s"), Some(Duration::from_millis(1500)));
-        assert_eq!(parse_go_duration("250ms"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_go_duration("1m0.5s"), Some(Duration::from_millis(60_500)));
-        assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
-        assert_eq!(parse_go_duration("5x"), None);
-    }
 
     #[test]
     fn selectors_print_as_go_does() {

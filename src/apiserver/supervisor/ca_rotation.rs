@@ -17,11 +17,11 @@ use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use super::auth::rbac::Attributes;
-use super::auth::User;
 use super::server_token::RotateError;
-use super::status::ApiError;
-use super::Api;
+use crate::apiserver::auth::rbac::Attributes;
+use crate::apiserver::auth::User;
+use crate::apiserver::status::ApiError;
+use crate::apiserver::Api;
 use crate::pki::ca_rotation::{self, NewCa, RotationError, ROTATED_CAS};
 use crate::pki::Ca;
 

@@ -32,12 +32,12 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{json, Value};
 
-use super::auth::rbac::Attributes;
-use super::auth::User;
 use super::server_token::{RotateError, TokenRotation};
-use super::status::ApiError;
-use super::storage::WriteError;
-use super::Api;
+use crate::apiserver::auth::rbac::Attributes;
+use crate::apiserver::auth::User;
+use crate::apiserver::status::ApiError;
+use crate::apiserver::storage::WriteError;
+use crate::apiserver::Api;
 use crate::client::node_join::{
     NodeJoinConfig, CONFIG_PATH, KUBELET_CLIENT_CERT_PATH, KUBELET_SERVING_CERT_PATH, NODE_IP_HEADER, NODE_NAME_HEADER,
     NODE_PASSWORD_HEADER, SERVER_CA_PATH,
@@ -256,8 +256,8 @@ async fn check_node_password(api: &Api, node: &str, password: &str) -> Result<()
             "metadata": {
                 "name": crate::pki::node_password::secret_name(node),
                 "namespace": "kube-system",
-                "uid": super::meta::new_uid(),
-                "creationTimestamp": super::meta::now_rfc3339(),
+                "uid": crate::apiserver::meta::new_uid(),
+                "creationTimestamp": crate::apiserver::meta::now_rfc3339(),
                 "labels": {(crate::pki::node_password::NODE_LABEL): node},
             },
             "immutable": true,

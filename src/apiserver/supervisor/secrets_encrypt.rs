@@ -15,10 +15,10 @@
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 
-use super::cluster::SharedError;
-use super::config::Cipher;
-use super::reencrypt::{self, ReencryptError};
 use crate::apiserver::auth::{rbac::Attributes, DecisionRecord, User};
+use crate::apiserver::encryption::cluster::SharedError;
+use crate::apiserver::encryption::config::Cipher;
+use crate::apiserver::encryption::reencrypt::{self, ReencryptError};
 use crate::apiserver::status::ApiError;
 use crate::apiserver::Api;
 

@@ -11,8 +11,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::{FutureExt, StreamExt};
 
-use super::auth::User;
-use super::status::ApiError;
+use crate::apiserver::auth::User;
+use crate::apiserver::status::ApiError;
 
 /// Who a request runs as, filled in once authentication has decided, so a
 /// panic afterwards is logged with the user (a bearer token's user is only
