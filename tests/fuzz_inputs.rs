@@ -15,11 +15,11 @@ use axum::body::Bytes;
 use axum::http::{header, HeaderMap, HeaderValue};
 use ferrok::apiserver::call::decode_body;
 use ferrok::apiserver::handlers::apply_json_patch;
-use ferrok::apiserver::managed_fields::{self, Writer};
-use ferrok::apiserver::patch_meta::SchemaNode;
+use ferrok::apiserver::patch::managed_fields::{self, Writer};
+use ferrok::apiserver::patch::patch_meta::SchemaNode;
+use ferrok::apiserver::patch::strategic::{strategic_merge, MergeRules};
 use ferrok::apiserver::registry::Registry;
 use ferrok::apiserver::selector::{FieldSelector, LabelSelector};
-use ferrok::apiserver::strategic::{strategic_merge, MergeRules};
 use hostile::Rng;
 use serde_json::Value;
 

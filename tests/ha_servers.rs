@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::node::Node;
 
 const TOKEN: &str = "ha-servers-test-secret";
-/// The files every server of one cluster shares (src/pki/bootstrap_data.rs).
+/// The files every server of one cluster shares (src/pki/shared_pki.rs).
 const SHARED: [&str; 5] = ["server-ca.crt", "server-ca.key", "client-ca.crt", "client-ca.key", "service.key"];
 
 fn tls_file(node: &Node, name: &str) -> String {

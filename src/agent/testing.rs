@@ -1,5 +1,6 @@
 //! What the kubelet core's unit tests run against instead of a node: the
-//! in-memory runtime (`cri::fake`) and an API server
+//! in-memory runtime (`cri::fake`), a mount table in memory
+//! (`volume_manager::mounter::FakeMounter`), and an API server
 //! that records every request and answers each with 404 (status writes,
 //! events and lookups are seen by the test and go nowhere). Nothing here
 //! needs root, containerd or a network.
@@ -29,6 +30,7 @@ use super::kuberuntime::runtime_status::RuntimePod;
 use super::pleg::ContainerIndex;
 use super::prober::ProbeType;
 use super::status_manager::StatusManager;
+use super::volume_manager::mounter::FakeMounter;
 use super::volume_manager::VolumeManager;
 
 /// One request the fake API server saw.
@@ -173,6 +175,7 @@ pub struct TestNode {
     pub runtime: Arc<FakeRuntime>,
     pub api: FakeApi,
     pub probes: Arc<FakeProbes>,
+    pub mounter: Arc<FakeMounter>,
     pub dir: tempfile::TempDir,
 }
 
@@ -204,7 +207,9 @@ impl TestNode {
             cgroup_root: config.kubelet.cgroup_root.clone(),
             memory_capacity: 1 << 30,
         };
-        let volumes = VolumeManager::new(client.clone(), dir.path().join("pods"), "node-1".into());
+        let mounter = Arc::new(FakeMounter::default());
+        let volumes =
+            VolumeManager::with_mounter(client.clone(), dir.path().join("pods"), "node-1".into(), mounter.clone());
         let (_, node_allocatable) = tokio::sync::watch::channel(BTreeMap::new());
         let kubelet = Arc::new(Kubelet {
             client: client.clone(),
@@ -221,7 +226,7 @@ impl TestNode {
             probes: probes.clone(),
             mirrors: Arc::default(),
         });
-        TestNode { kubelet, runtime, api, probes, dir }
+        TestNode { kubelet, runtime, api, probes, mounter, dir }
     }
 }
 

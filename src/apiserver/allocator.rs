@@ -5,7 +5,7 @@
 //! two Services never get the same address. ClusterIPs come from the
 //! ServiceCIDRs that are not being deleted (MultiCIDRServiceAllocator, on
 //! in upstream v1.33): `--service-cidr` (the `kubernetes` ServiceCIDR)
-//! first, then the others by name. `service_ip_repair` writes the
+//! first, then the others by name. `controlplane::service_ip_repair` writes the
 //! IPAddress objects of what is allocated here.
 
 use std::collections::HashSet;

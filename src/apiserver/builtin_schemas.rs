@@ -18,7 +18,7 @@ use std::sync::{Arc, LazyLock};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::apiserver::patch_meta::{Components, SchemaSet, SharedSchema};
+use crate::apiserver::patch::patch_meta::{Components, SchemaSet, SharedSchema};
 
 /// `builtin_schemas.json`, deflated by `build.rs`.
 static EMBEDDED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/builtin_schemas.json.deflate"));

@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use super::auth::{DecisionRecord, User};
 use super::field_order;
-use super::managed_fields;
-use super::patch_meta::SchemaNode;
+use super::patch::managed_fields;
+use super::patch::patch_meta::SchemaNode;
 use super::request::ResourcePath;
 use super::resource::Resource;
 use super::status::{ApiError, ApiResult};

@@ -16,17 +16,14 @@ pub mod aggregator;
 pub mod allocator;
 pub mod audit;
 pub mod auth;
-pub mod bootstrap;
 pub mod builtin_schemas;
 pub mod cache;
 pub mod call;
-pub mod cluster_authentication_trust;
-pub mod compactor;
 pub mod component_status;
+pub mod controlplane;
 pub mod crd;
 pub mod discovery;
 pub mod encryption;
-pub mod endpoint_reconciler;
 pub mod field_order;
 pub mod filters;
 pub mod handlers;
@@ -34,29 +31,21 @@ pub mod health;
 pub mod in_process;
 pub mod json_entries;
 pub mod kinds;
-pub mod kubelet;
-pub mod label_parser;
-pub mod lease_manager;
-pub mod legacy_token_tracking;
-pub mod managed_fields;
+pub mod kubelet_client;
 pub mod meta;
 pub mod metrics;
 pub mod openapi;
-pub mod patch_meta;
+pub mod patch;
 pub mod protobuf;
 pub mod registry;
 pub mod request;
 pub mod resource;
-pub mod resource_metrics;
 pub mod router;
-pub mod selectable_fields;
 pub mod selector;
 pub mod serve;
 pub mod service_endpoint;
-pub mod service_ip_repair;
 pub mod status;
 pub mod storage;
-pub mod strategic;
 pub mod strategy;
 pub mod supervisor;
 pub mod table;
@@ -91,7 +80,7 @@ pub struct ApiConfig {
     /// The audit policy and log (`--audit-policy-file`, `--audit-log-path`).
     pub audit: Option<Arc<audit::Auditor>>,
     /// How kubelets are reached (logs, exec, port-forward, nodes/proxy).
-    pub kubelet: Option<kubelet::KubeletConnector>,
+    pub kubelet: Option<kubelet_client::KubeletConnector>,
     /// Signs the certificates of joining nodes (`/cacerts`, `/v1-ferrok/…`).
     pub node_join: Option<Arc<supervisor::node_join::JoinAuthority>>,
     /// Resources encrypted at rest (`--secrets-encryption`), and the keys.

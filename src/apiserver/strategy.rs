@@ -82,7 +82,7 @@ pub trait Strategy: Send + Sync {
     }
 
     /// The schema set patches are merged by (built once, then shared).
-    fn patch_schema(&self) -> Option<crate::apiserver::patch_meta::SharedSchema> {
+    fn patch_schema(&self) -> Option<crate::apiserver::patch::patch_meta::SharedSchema> {
         None
     }
 
@@ -249,7 +249,7 @@ impl Default for Hooks {
 pub struct Typed<K> {
     hooks: Hooks,
     kind: PhantomData<fn() -> K>,
-    schema: std::sync::OnceLock<Option<crate::apiserver::patch_meta::SharedSchema>>,
+    schema: std::sync::OnceLock<Option<crate::apiserver::patch::patch_meta::SharedSchema>>,
 }
 
 impl<K> Typed<K> {
@@ -280,7 +280,7 @@ where
         Some((set.root.clone(), set.components()))
     }
 
-    fn patch_schema(&self) -> Option<crate::apiserver::patch_meta::SharedSchema> {
+    fn patch_schema(&self) -> Option<crate::apiserver::patch::patch_meta::SharedSchema> {
         self.schema.get_or_init(|| crate::apiserver::builtin_schemas::schema_set(K::API_VERSION, K::KIND)).clone()
     }
 
@@ -303,7 +303,7 @@ where
             Err(e) => match self.patch_schema() {
                 Some(set) => {
                     let mut unwrapped = obj.clone();
-                    let root = crate::apiserver::patch_meta::SchemaNode::root(&set);
+                    let root = crate::apiserver::patch::patch_meta::SchemaNode::root(&set);
                     if !root.strip_base64_line_breaks(&mut unwrapped) {
                         return Err(e);
                     }
@@ -315,7 +315,7 @@ where
         // Quantities are strings to serde; upstream refuses those that do not
         // parse, and stores the others in canonical form.
         if let Some(set) = self.patch_schema() {
-            let root = crate::apiserver::patch_meta::SchemaNode::root(&set);
+            let root = crate::apiserver::patch::patch_meta::SchemaNode::root(&set);
             if let Err(path) = root.canonicalize_quantities(&mut back) {
                 return Err(format!(
                     "{}: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",

@@ -3,13 +3,13 @@
 mod agent;
 mod certificate;
 mod check_config;
-mod cluster_bootstrap;
 mod cluster_info;
 mod components;
 mod config;
 #[cfg(test)]
 mod config_reference;
 mod datastore;
+mod datastore_pki;
 mod duration;
 mod etcd_snapshot;
 mod images;

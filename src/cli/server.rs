@@ -260,9 +260,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         std::fs::create_dir_all(&local_storage)
             .with_context(|| format!("--default-local-storage-path: cannot create {}", local_storage.display()))?;
     }
-    let manifests = crate::controllers::deploy::manifests_dir(&data_dir);
+    let manifests = crate::controllers::manifests::manifests_dir(&data_dir);
     std::fs::create_dir_all(&manifests).with_context(|| format!("cannot create {}", manifests.display()))?;
-    use crate::controllers::deploy::packaged;
+    use crate::controllers::manifests::packaged;
     packaged::install(&manifests, packaged::LOCAL_STORAGE, enabled.local_storage)
         .with_context(|| format!("cannot write the packaged manifests in {}", manifests.display()))?;
 
@@ -314,7 +314,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     // store has one server only).
     let token = match &args.datastore_endpoint {
         Some(_) => {
-            Some(super::cluster_bootstrap::shared_pki(store.as_ref(), &tls_dir, &token_file, args.token.clone()).await?)
+            Some(super::datastore_pki::shared_pki(store.as_ref(), &tls_dir, &token_file, args.token.clone()).await?)
         }
         None => args.token.clone(),
     };
@@ -376,7 +376,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         watch_cache_size: args.default_watch_cache_size,
         audit: auditor(&args).context("audit")?,
         kubelet: Some(
-            apiserver::kubelet::KubeletConnector::new(
+            apiserver::kubelet_client::KubeletConnector::new(
                 &pki.server_ca_cert,
                 &pki.kubelet_client_cert,
                 &pki.kubelet_client_key,
@@ -408,29 +408,29 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     let tls = apiserver::serve::tls_config(&pki.serving_cert, &pki.serving_key, &pki.client_ca_cert).context("TLS")?;
     tasks.push(tokio::spawn(apiserver::serve::serve(listener, tls, apiserver::router(api.clone()), stop_rx.clone())));
     use apiserver::health::hooks;
-    apiserver::bootstrap::run(&api).await.map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
+    apiserver::controlplane::system_objects::run(&api).await.map_err(|e| anyhow::anyhow!("bootstrap: {e}"))?;
     // The kubernetes Service's endpoints: this server and every other live one.
-    let endpoints = apiserver::endpoint_reconciler::LeaseEndpointReconciler::start(api.clone())
+    let endpoints = apiserver::controlplane::endpoint_reconciler::LeaseEndpointReconciler::start(api.clone())
         .await
         .map_err(|e| anyhow::anyhow!("the kubernetes endpoints: {e}"))?;
     tasks.push(tokio::spawn(endpoints.run(stop_rx.clone())));
     api.health.hook_finished(hooks::BOOTSTRAP_CONTROLLER);
-    apiserver::auth::bootstrap::run(&api.storage).await.map_err(|e| anyhow::anyhow!("default RBAC roles: {e}"))?;
-    apiserver::legacy_token_tracking::ensure(&api.storage)
+    apiserver::auth::default_policy::run(&api.storage).await.map_err(|e| anyhow::anyhow!("default RBAC roles: {e}"))?;
+    apiserver::controlplane::legacy_token_tracking::ensure(&api.storage)
         .await
         .map_err(|e| anyhow::anyhow!("legacy token tracking: {e}"))?;
     let client_ca = std::fs::read_to_string(&pki.client_ca_cert).context("client CA")?;
     let front_proxy = api
         .aggregator
         .front_proxy()
-        .map(|f| apiserver::cluster_authentication_trust::RequestHeader::front_proxy(f.ca_pem.clone()));
-    apiserver::cluster_authentication_trust::publish(&api.storage, &client_ca, front_proxy.as_ref())
+        .map(|f| apiserver::controlplane::cluster_authentication_trust::RequestHeader::front_proxy(f.ca_pem.clone()));
+    apiserver::controlplane::cluster_authentication_trust::publish(&api.storage, &client_ca, front_proxy.as_ref())
         .await
         .map_err(|e| anyhow::anyhow!("extension-apiserver-authentication: {e}"))?;
     // Followers of the store run until the process stops; they are aborted.
     let mut followers = api.start_caches().await.map_err(|e| anyhow::anyhow!("loading the API caches: {e}"))?;
     // The IPAddresses of the Services' cluster IPs (upstream's allocator and RepairIPAddress).
-    followers.push(tokio::spawn(apiserver::service_ip_repair::RepairIpAddress::new(api.clone()).run()));
+    followers.push(tokio::spawn(apiserver::controlplane::service_ip_repair::RepairIpAddress::new(api.clone()).run()));
     // admin, edit and view are written without rules: they hold their
     // aggregated ones before the server counts as ready (the controller
     // keeps them current from then on).
@@ -451,7 +451,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     followers.extend(
         apiserver::aggregator::start(api.clone()).await.map_err(|e| anyhow::anyhow!("loading APIServices: {e}"))?,
     );
-    followers.extend(apiserver::compactor::start(store.clone(), args.etcd_compaction_interval));
+    followers.extend(apiserver::controlplane::compactor::start(store.clone(), args.etcd_compaction_interval));
     followers.extend(args.snapshots.start(datastore, &data_dir, &node_name));
     if let Some(shared) = shared_encryption {
         followers.push(tokio::spawn(apiserver::encryption::cluster::follow(encryption.clone(), shared)));
@@ -485,7 +485,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
     {
         let (client, dir, server) =
             (apiserver::in_process::client(api.clone(), User::supervisor()), manifests.clone(), node_name.clone());
-        followers.push(tokio::spawn(async move { crate::controllers::deploy::run(client, dir, &server).await }));
+        followers.push(tokio::spawn(async move { crate::controllers::manifests::run(client, dir, &server).await }));
     }
     // kube-public/cluster-info names this server and the CA, for the bootstrap signer to sign.
     {

@@ -8,7 +8,6 @@
 //! within 90 days of expiry, or a serving certificate missing a wanted name,
 //! is issued anew at start.
 
-pub mod bootstrap_data;
 pub mod ca_bundle;
 pub mod ca_rotation;
 mod certs;
@@ -18,6 +17,7 @@ pub mod join_token;
 mod kubeconfig;
 pub mod node_password;
 pub mod service_account_key;
+pub mod shared_pki;
 pub mod tls;
 
 use std::net::IpAddr;

@@ -158,6 +158,11 @@ impl FakeRuntime {
         out.into_iter().map(|(_, id, s)| (id, s)).collect()
     }
 
+    /// The mounts the container was created with.
+    pub fn mounts_of(&self, id: &str) -> Vec<api::Mount> {
+        self.lock().containers.get(id).map(|c| c.config.mounts.clone()).unwrap_or_default()
+    }
+
     /// How many sandboxes the runtime holds, and how many are ready.
     pub fn sandbox_count(&self) -> (usize, usize) {
         let st = self.lock();

@@ -10,6 +10,7 @@ use crate::agent::cri::api::ContainerState;
 use crate::agent::pod_workers::{PodState, PodSyncer};
 use crate::agent::prober::ProbeType;
 use crate::agent::testing::{pod, TestNode};
+use crate::agent::volume_manager::mounter::FakeMount;
 
 fn app(extra: Value) -> Value {
     let mut c = json!({"name": "app", "image": "busybox:1"});
@@ -151,4 +152,37 @@ async fn a_deleted_pod_leaves_nothing_in_the_runtime_or_on_disk() {
     assert!(node.runtime.containers_named("app").is_empty());
     assert!(!pod_dir.exists());
     assert!(node.kubelet.known_uids().await.expect("uids").is_empty());
+}
+
+#[tokio::test]
+async fn a_pods_memory_volume_and_sub_path_are_mounted_and_released_without_root() {
+    let node = TestNode::new();
+    let p = pod(
+        "web",
+        json!({
+            "volumes": [{"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}],
+            "containers": [{"name": "app", "image": "busybox:1",
+                "volumeMounts": [{"name": "scratch", "mountPath": "/data"},
+                                 {"name": "scratch", "mountPath": "/logs", "subPath": "logs"}]}],
+        }),
+    );
+    let mut st = PodState::default();
+    node.kubelet.sync_pod(&p, &mut st).await.expect("sync");
+    let (id, _) = node.runtime.containers_named("app")[0].clone();
+    let mounts = node.runtime.mounts_of(&id);
+    let host_of = |path: &str| mounts.iter().find(|m| m.container_path == path).map(|m| m.host_path.clone());
+    let volume = node.kubelet.pods_dir().join("uid-web/volumes/kubernetes.io~empty-dir/scratch");
+    assert_eq!(host_of("/data"), Some(volume.to_string_lossy().into_owned()));
+    let sub_target = host_of("/logs").expect("the subPath's mount");
+    assert!(sub_target.contains("/volume-subpaths/scratch/app/1"), "{sub_target}");
+    assert!(volume.join("logs").is_dir(), "the subPath is made in the volume");
+    assert_eq!(node.mounter.mounts_on(&volume), [FakeMount::Tmpfs { size: Some(16 << 20) }]);
+    let logs = std::fs::canonicalize(volume.join("logs")).expect("canonical");
+    let bind = FakeMount::Bind { source: logs, read_only: false };
+    assert_eq!(node.mounter.mounts_on(std::path::Path::new(&sub_target)), [bind]);
+
+    node.kubelet.terminate_pod(&p, &mut st, 30, false).await.expect("terminate");
+    node.kubelet.cleanup_pod(&p, true).await.expect("cleanup");
+    assert!(node.mounter.table().is_empty(), "every mount released: {:?}", node.mounter.table());
+    assert!(!node.kubelet.pods_dir().join("uid-web").exists());
 }

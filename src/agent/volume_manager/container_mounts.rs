@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::Container;
 
 use super::error::VolumeError;
 use super::layout::subpath_dir;
-use super::{subpath, PodVolumes};
+use super::subpath::{self, SubPath};
+use super::PodVolumes;
 use crate::agent::cri::api;
 
 /// Expands `$(VAR)` references as upstream's `expansion.Expand`: `$$` is a
@@ -121,7 +122,14 @@ impl PodVolumes {
             } else {
                 validate_sub_path(&sub)?;
                 let target = subpath_dir(&self.pod_dir, &vm.name, &container.name, index);
-                subpath::prepare(&volume.path, &sub, &target, &vm.name, &container.name)?
+                let at = SubPath {
+                    volume: &volume.path,
+                    sub: &sub,
+                    target: &target,
+                    mount: &vm.name,
+                    container: &container.name,
+                };
+                subpath::prepare(self.mounter.as_ref(), &at)?
             };
             mounts.push(api::Mount {
                 container_path: vm.mount_path.clone(),
@@ -190,6 +198,7 @@ mod tests {
             ]
             .into_iter()
             .collect(),
+            mounter: std::sync::Arc::new(super::super::mounter::FakeMounter::default()),
         }
     }
 

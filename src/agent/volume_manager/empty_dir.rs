@@ -14,13 +14,13 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::error::SetUpError;
-use super::mounter;
+use super::mounter::{self, Mounter};
 use crate::quantity;
 
 /// Creates `dir` (mode 0777, whatever the umask) and, when asked, mounts a
 /// tmpfs of `tmpfs_size` bytes on it. Idempotent: an existing folder keeps
 /// its content, a mounted tmpfs is not mounted twice.
-pub fn set_up(dir: &Path, tmpfs_size: Option<i64>, memory: bool) -> Result<(), SetUpError> {
+pub fn set_up(mounter: &dyn Mounter, dir: &Path, tmpfs_size: Option<i64>, memory: bool) -> Result<(), SetUpError> {
     std::fs::create_dir_all(dir).map_err(SetUpError::io(dir))?;
     let meta = std::fs::symlink_metadata(dir).map_err(SetUpError::io(dir))?;
     if !meta.is_dir() {
@@ -29,8 +29,8 @@ pub fn set_up(dir: &Path, tmpfs_size: Option<i64>, memory: bool) -> Result<(), S
     if meta.mode() & 0o777 != 0o777 && !memory {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(SetUpError::io(dir))?;
     }
-    if memory && !mounter::is_mount_point(dir).map_err(SetUpError::io(dir))? {
-        mounter::mount_tmpfs(dir, tmpfs_size).map_err(|source| SetUpError::Mount { target: dir.into(), source })?;
+    if memory && !mounter.is_mount_point(dir).map_err(SetUpError::io(dir))? {
+        mounter.mount_tmpfs(dir, tmpfs_size).map_err(|source| SetUpError::Mount { target: dir.into(), source })?;
         tracing::debug!(dir = %dir.display(), size = ?tmpfs_size, "tmpfs mounted");
     }
     Ok(())
@@ -103,6 +103,7 @@ fn disk_usage(path: &Path, dev: u64) -> std::io::Result<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::mounter::{FakeMount, FakeMounter};
     use super::*;
     use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
 
@@ -137,12 +138,26 @@ mod tests {
     fn set_up_makes_a_0777_dir_and_keeps_content() {
         let dir = tempfile::tempdir().unwrap();
         let vol = dir.path().join("a/b/vol");
-        set_up(&vol, None, false).unwrap();
+        let mounter = FakeMounter::default();
+        set_up(&mounter, &vol, None, false).unwrap();
         assert_eq!(std::fs::metadata(&vol).unwrap().mode() & 0o777, 0o777);
         std::fs::write(vol.join("f"), vec![1u8; 10000]).unwrap();
-        set_up(&vol, None, false).unwrap();
+        set_up(&mounter, &vol, None, false).unwrap();
+        assert!(mounter.table().is_empty(), "a folder on disk, no mount");
         assert!(vol.join("f").exists());
         let used = usage(&vol, false).unwrap();
         assert!(used >= 10000, "{used}");
+    }
+
+    #[test]
+    fn memory_volumes_are_a_tmpfs_of_their_size_mounted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let vol = dir.path().join("mem");
+        let mounter = FakeMounter::default();
+        set_up(&mounter, &vol, Some(16 << 20), true).unwrap();
+        assert_eq!(mounter.mounts_on(&vol), [FakeMount::Tmpfs { size: Some(16 << 20) }]);
+        // Set up again (a sync after a restart): the tmpfs is not mounted twice.
+        set_up(&mounter, &vol, Some(32 << 20), true).unwrap();
+        assert_eq!(mounter.mounts_on(&vol), [FakeMount::Tmpfs { size: Some(16 << 20) }]);
     }
 }

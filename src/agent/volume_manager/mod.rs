@@ -22,7 +22,7 @@ mod empty_dir;
 pub mod error;
 mod host_path;
 pub mod layout;
-mod mounter;
+pub mod mounter;
 mod ownership;
 pub mod projection;
 mod setup;
@@ -42,6 +42,7 @@ pub use allocatable::NodeAllocatable;
 pub use container_mounts::{expand, expand_sub_path};
 pub use error::{SetUpError, SetUpFailure, VolumeError};
 pub use layout::Plugin;
+pub use mounter::{HostMounter, Mounter};
 pub use sources::SourceKey;
 
 use contents::referenced_sources;
@@ -87,11 +88,33 @@ pub struct MountedVolume {
 }
 
 /// The volumes of one pod, ready on the node.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct PodVolumes {
     pub uid: String,
     pub pod_dir: PathBuf,
     pub volumes: BTreeMap<String, MountedVolume>,
+    /// Where containers' subPaths are bind-mounted through.
+    pub mounter: Arc<dyn Mounter>,
+}
+
+/// Two answers for a pod are the same when their volumes are (whatever
+/// mounter made them).
+impl PartialEq for PodVolumes {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.uid, &self.pod_dir, &self.volumes) == (&other.uid, &other.pod_dir, &other.volumes)
+    }
+}
+
+impl Eq for PodVolumes {}
+
+impl std::fmt::Debug for PodVolumes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodVolumes")
+            .field("uid", &self.uid)
+            .field("pod_dir", &self.pod_dir)
+            .field("volumes", &self.volumes)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Default)]
@@ -113,6 +136,8 @@ struct PodEntry {
 
 struct Inner {
     client: kube::Client,
+    /// The host's mounts (tmpfs, binds): root's, or a test double.
+    mounter: Arc<dyn Mounter>,
     pods_dir: PathBuf,
     node_name: String,
     allocatable: Mutex<NodeAllocatable>,
@@ -140,11 +165,17 @@ impl VolumeManager {
     /// A manager for the pods under `pods_dir`. Node allocatable starts as
     /// the host's capacity; see [`VolumeManager::set_node_allocatable`].
     pub fn new(client: kube::Client, pods_dir: PathBuf, node_name: String) -> Self {
+        Self::with_mounter(client, pods_dir, node_name, Arc::new(HostMounter))
+    }
+
+    /// A manager whose mounts go through `mounter` (a test double, say).
+    pub fn with_mounter(client: kube::Client, pods_dir: PathBuf, node_name: String, mounter: Arc<dyn Mounter>) -> Self {
         let allocatable = NodeAllocatable::detect(&pods_dir);
         VolumeManager {
             inner: Arc::new(Inner {
                 sources: SourceWatches::new(client.clone()),
                 client,
+                mounter,
                 pods_dir,
                 node_name,
                 allocatable: Mutex::new(allocatable),
@@ -251,7 +282,8 @@ impl VolumeManager {
             }
         }
         let dir = layout::pod_dir(&self.inner.pods_dir, uid);
-        tokio::task::spawn_blocking(move || cleanup::remove_pod_dir(&dir))
+        let mounter = self.inner.mounter.clone();
+        tokio::task::spawn_blocking(move || cleanup::remove_pod_dir(mounter.as_ref(), &dir))
             .await
             .map_err(|e| VolumeError::Task(e.to_string()))??;
         tracing::debug!(pod = %uid, "volumes removed");
@@ -285,11 +317,8 @@ impl VolumeManager {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
             Err(e) => return Err(VolumeError::io(&dir)(e)),
         };
-        let mount_points: BTreeSet<PathBuf> = mounter::mounts()
-            .map_err(VolumeError::io("/proc/self/mountinfo"))?
-            .into_iter()
-            .map(|m| m.mount_point)
-            .collect();
+        let mount_points: BTreeSet<PathBuf> =
+            self.inner.mounter.mount_points().map_err(VolumeError::io("/proc/self/mountinfo"))?.into_iter().collect();
         for entry in entries.flatten() {
             let Ok(name) = entry.file_name().into_string() else { continue };
             let path = entry.path();
@@ -346,6 +375,7 @@ impl Inner {
             uid: uid.to_string(),
             pod_dir: layout::pod_dir(&self.pods_dir, uid),
             volumes: state.volumes.clone(),
+            mounter: self.mounter.clone(),
         }
     }
 

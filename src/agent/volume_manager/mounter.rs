@@ -1,10 +1,67 @@
 //! The few mount(2) operations volumes need (tmpfs, bind, detach), and
-//! reading `/proc/self/mountinfo` to know what is mounted where.
+//! reading `/proc/self/mountinfo` to know what is mounted where. They are
+//! the host's effects that need root, behind [`Mounter`] (upstream's
+//! mount.Interface): [`HostMounter`] makes them, the test double
+//! `FakeMounter` keeps a mount table in memory.
 
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+#[cfg(test)]
+pub use fake::{FakeMount, FakeMounter};
+
+/// The host's mount table, as volumes change and read it.
+pub trait Mounter: Send + Sync {
+    /// Mounts a tmpfs on `target`, of `size` bytes when given (else the
+    /// kernel's default, half of RAM).
+    fn mount_tmpfs(&self, target: &Path, size: Option<i64>) -> io::Result<()>;
+    /// Bind-mounts `source` (a path, or `/proc/self/fd/N`) on `target`,
+    /// read-only when asked.
+    fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> io::Result<()>;
+    /// Detaches `target`: gone from the tree at once, freed when unused.
+    fn unmount_detach(&self, target: &Path) -> io::Result<()>;
+    /// Every mount point, as mountinfo spells it.
+    fn mount_points(&self) -> io::Result<Vec<PathBuf>>;
+
+    /// Whether `path` is a mount point (it must exist).
+    fn is_mount_point(&self, path: &Path) -> io::Result<bool> {
+        let path = std::fs::canonicalize(path)?;
+        Ok(self.mount_points()?.iter().any(|m| *m == path))
+    }
+
+    /// Mount points at or under `dir` (canonical), deepest first.
+    fn mounts_under(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        let dir = std::fs::canonicalize(dir)?;
+        let mut found: Vec<PathBuf> = self.mount_points()?.into_iter().filter(|p| p.starts_with(&dir)).collect();
+        found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        found.dedup();
+        Ok(found)
+    }
+}
+
+/// The host's own mount(2) and mountinfo.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HostMounter;
+
+impl Mounter for HostMounter {
+    fn mount_tmpfs(&self, target: &Path, size: Option<i64>) -> io::Result<()> {
+        mount_tmpfs(target, size)
+    }
+
+    fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> io::Result<()> {
+        bind_mount(source, target, read_only)
+    }
+
+    fn unmount_detach(&self, target: &Path) -> io::Result<()> {
+        unmount_detach(target)
+    }
+
+    fn mount_points(&self) -> io::Result<Vec<PathBuf>> {
+        Ok(mounts()?.into_iter().map(|m| m.mount_point).collect())
+    }
+}
 
 fn c_path(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"))
@@ -38,16 +95,13 @@ fn mount(
     }
 }
 
-/// Mounts a tmpfs on `target`, of `size` bytes when given (else the
-/// kernel's default, half of RAM).
-pub fn mount_tmpfs(target: &Path, size: Option<i64>) -> io::Result<()> {
+fn mount_tmpfs(target: &Path, size: Option<i64>) -> io::Result<()> {
     let options = size.filter(|s| *s > 0).map(|s| format!("size={s}"));
     mount("tmpfs", target, Some("tmpfs"), 0, options.as_deref())
 }
 
-/// Bind-mounts `source` (a path, or `/proc/self/fd/N`) on `target`,
-/// read-only when asked (a bind mount takes `ro` only on a remount).
-pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> io::Result<()> {
+/// A bind mount takes `ro` only on a remount.
+fn bind_mount(source: &Path, target: &Path, read_only: bool) -> io::Result<()> {
     let src = source.to_str().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
     mount(src, target, None, libc::MS_BIND, None)?;
     if read_only {
@@ -60,8 +114,8 @@ pub fn bind_mount(source: &Path, target: &Path, read_only: bool) -> io::Result<(
     Ok(())
 }
 
-/// `umount2(MNT_DETACH)`: gone from the tree at once, freed when unused.
-pub fn unmount_detach(target: &Path) -> io::Result<()> {
+/// `umount2(MNT_DETACH | UMOUNT_NOFOLLOW)`.
+fn unmount_detach(target: &Path) -> io::Result<()> {
     let t = c_path(target)?;
     // SAFETY: a valid C string alive for the call.
     if unsafe { libc::umount2(t.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) } == 0 {
@@ -117,22 +171,6 @@ pub fn mounts() -> io::Result<Vec<MountInfo>> {
     Ok(parse_mountinfo(&std::fs::read_to_string("/proc/self/mountinfo")?))
 }
 
-/// Whether `path` is a mount point (it must exist).
-pub fn is_mount_point(path: &Path) -> io::Result<bool> {
-    let path = std::fs::canonicalize(path)?;
-    Ok(mounts()?.iter().any(|m| m.mount_point == path))
-}
-
-/// Mount points at or under `dir` (canonical), deepest first.
-pub fn mounts_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let dir = std::fs::canonicalize(dir)?;
-    let mut found: Vec<PathBuf> =
-        mounts()?.into_iter().map(|m| m.mount_point).filter(|p| p.starts_with(&dir)).collect();
-    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    found.dedup();
-    Ok(found)
-}
-
 /// Bytes in use on the filesystem mounted at `path` (cheap: statfs).
 pub fn filesystem_used(path: &Path) -> io::Result<u64> {
     let c = c_path(path)?;
@@ -142,6 +180,84 @@ pub fn filesystem_used(path: &Path) -> io::Result<u64> {
         return Err(io::Error::last_os_error());
     }
     Ok((st.f_blocks.saturating_sub(st.f_bfree) as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// The test double: a mount table in memory.
+#[cfg(test)]
+mod fake {
+    use std::io;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    use super::Mounter;
+
+    /// What a [`FakeMounter`] mounted on a target.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum FakeMount {
+        Tmpfs {
+            size: Option<i64>,
+        },
+        /// What the bind source resolved to (a `/proc/self/fd/N` link is read
+        /// at mount time, as the kernel does), and whether it is read-only.
+        Bind {
+            source: PathBuf,
+            read_only: bool,
+        },
+    }
+
+    /// A mount table in memory, for tests that must not need root: mounts
+    /// change only the table, never the host. As on the host, a mount on a
+    /// mount point stacks on it, and an unmount takes the top one off.
+    #[derive(Debug, Default)]
+    pub struct FakeMounter {
+        table: Mutex<Vec<(PathBuf, FakeMount)>>,
+    }
+
+    impl FakeMounter {
+        /// The table now, in mount order: each mount point (canonical) and what is on it.
+        pub fn table(&self) -> Vec<(PathBuf, FakeMount)> {
+            self.table.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        }
+
+        /// What is mounted on `path`, bottom first.
+        pub fn mounts_on(&self, path: &Path) -> Vec<FakeMount> {
+            let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+            self.table().into_iter().filter(|(p, _)| *p == path).map(|(_, m)| m).collect()
+        }
+
+        fn insert(&self, target: &Path, mount: FakeMount) -> io::Result<()> {
+            let target = std::fs::canonicalize(target)?;
+            self.table.lock().unwrap_or_else(|e| e.into_inner()).push((target, mount));
+            Ok(())
+        }
+    }
+
+    impl Mounter for FakeMounter {
+        fn mount_tmpfs(&self, target: &Path, size: Option<i64>) -> io::Result<()> {
+            self.insert(target, FakeMount::Tmpfs { size })
+        }
+
+        fn bind_mount(&self, source: &Path, target: &Path, read_only: bool) -> io::Result<()> {
+            let resolved = std::fs::canonicalize(source)?;
+            self.insert(target, FakeMount::Bind { source: resolved, read_only })
+        }
+
+        fn unmount_detach(&self, target: &Path) -> io::Result<()> {
+            let target = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
+            let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            match table.iter().rposition(|(p, _)| *p == target) {
+                Some(top) => {
+                    table.remove(top);
+                    Ok(())
+                }
+                None => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+            }
+        }
+
+        fn mount_points(&self) -> io::Result<Vec<PathBuf>> {
+            Ok(self.table.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(p, _)| p.clone()).collect())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -164,8 +280,11 @@ mod tests {
 
     #[test]
     fn the_root_is_a_mount_point() {
-        assert!(is_mount_point(Path::new("/")).unwrap());
+        assert!(HostMounter.is_mount_point(Path::new("/")).unwrap());
         let dir = tempfile::tempdir().unwrap();
-        assert!(!is_mount_point(dir.path()).unwrap() || mounts_under(dir.path()).unwrap().len() == 1);
+        assert!(
+            !HostMounter.is_mount_point(dir.path()).unwrap()
+                || HostMounter.mounts_under(dir.path()).unwrap().len() == 1
+        );
     }
 }

@@ -10,7 +10,7 @@ use super::contents::Context;
 use super::error::SetUpError;
 use super::layout::{volume_dir, Plugin};
 use super::tokens::{PodTokens, TokenKey};
-use super::{empty_dir, host_path, mounter, ownership, Inner, MountedVolume};
+use super::{empty_dir, host_path, ownership, Inner, MountedVolume};
 
 /// Runs blocking file-system work off the async workers.
 async fn blocking<T: Send + 'static>(
@@ -65,8 +65,9 @@ impl Inner {
             let dir = volume_dir(&self.pods_dir, uid, Plugin::EmptyDir, name);
             let size = in_memory.then(|| empty_dir::memory_size(pod, ed.size_limit.as_ref(), memory));
             let d = dir.clone();
+            let mounter = self.mounter.clone();
             blocking(move || {
-                empty_dir::set_up(&d, size, in_memory)?;
+                empty_dir::set_up(mounter.as_ref(), &d, size, in_memory)?;
                 ownership::set_volume_ownership(&d, group, policy.as_deref(), false)
             })
             .await?;
@@ -91,7 +92,8 @@ impl Inner {
         let dir = volume_dir(&self.pods_dir, uid, plugin, name);
         let size = plugin.memory_backed().then(|| empty_dir::memory_size(pod, None, memory));
         let d = dir.clone();
-        blocking(move || empty_dir::set_up(&d, size, plugin.memory_backed())).await?;
+        let mounter = self.mounter.clone();
+        blocking(move || empty_dir::set_up(mounter.as_ref(), &d, size, plugin.memory_backed())).await?;
         let mut used = Vec::new();
         self.write_contents(pod, volume, &dir, tokens, &mut used).await?;
         Ok(mounted(name, plugin, dir, true))
@@ -144,14 +146,16 @@ impl Inner {
                 let dir = volume_dir(&self.pods_dir, uid, Plugin::LocalVolume, &resolved.volume_name);
                 let (group, policy) = fs_group(pod);
                 let d = dir.clone();
+                let mounter = self.mounter.clone();
                 blocking(move || {
                     let source = Path::new(&path);
                     if !host_path::exists(source) {
                         return Err(SetUpError::LocalPathMissing(path.clone()));
                     }
                     std::fs::create_dir_all(&d).map_err(SetUpError::io(&d))?;
-                    if !mounter::is_mount_point(&d).map_err(SetUpError::io(&d))? {
-                        mounter::bind_mount(source, &d, read_only)
+                    if !mounter.is_mount_point(&d).map_err(SetUpError::io(&d))? {
+                        mounter
+                            .bind_mount(source, &d, read_only)
                             .map_err(|source| SetUpError::Mount { target: d.clone(), source })?;
                     }
                     if !read_only {

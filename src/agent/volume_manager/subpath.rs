@@ -14,7 +14,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use super::error::VolumeError;
-use super::mounter;
+use super::mounter::Mounter;
 
 fn c_name(s: &std::ffi::OsStr) -> io::Result<CString> {
     CString::new(s.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
@@ -95,9 +95,21 @@ fn safe_make_dir(base: &Path, rel: &Path, mode: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// Prepares the subPath `sub` of the volume at `volume` for a container;
-/// returns the host path the container mounts.
-pub fn prepare(volume: &Path, sub: &str, target: &Path, mount: &str, container: &str) -> Result<PathBuf, VolumeError> {
+/// Where a container's subPath goes: the volume's folder, the subPath in
+/// it, and the bind target under the pod's folder; the volume mount's and
+/// the container's names, for errors.
+pub struct SubPath<'a> {
+    pub volume: &'a Path,
+    pub sub: &'a str,
+    pub target: &'a Path,
+    pub mount: &'a str,
+    pub container: &'a str,
+}
+
+/// Prepares the subPath for a container, bind-mounting it through
+/// `mounter`; returns the host path the container mounts.
+pub fn prepare(mounter: &dyn Mounter, s: &SubPath<'_>) -> Result<PathBuf, VolumeError> {
+    let SubPath { volume, sub, target, mount, container } = *s;
     let fail = |reason: String| VolumeError::SubPath { mount: mount.into(), container: container.into(), reason };
     let full = volume.join(sub);
     if std::fs::metadata(&full).is_err() {
@@ -119,12 +131,12 @@ pub fn prepare(volume: &Path, sub: &str, target: &Path, mount: &str, container: 
     }
     let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
 
-    if target.exists() && mounter::is_mount_point(target).map_err(VolumeError::io(target))? {
+    if target.exists() && mounter.is_mount_point(target).map_err(VolumeError::io(target))? {
         let same = std::fs::metadata(target).map(|m| m.dev() == st.st_dev && m.ino() == st.st_ino).unwrap_or(false);
         if same {
             return Ok(target.to_path_buf());
         }
-        mounter::unmount_detach(target).map_err(|source| VolumeError::Unmount { path: target.into(), source })?;
+        mounter.unmount_detach(target).map_err(|source| VolumeError::Unmount { path: target.into(), source })?;
     }
     if let Some(parent) = target.parent() {
         std::fs::create_dir_all(parent).map_err(VolumeError::io(parent))?;
@@ -143,7 +155,7 @@ pub fn prepare(volume: &Path, sub: &str, target: &Path, mount: &str, container: 
         Err(_) => make_target(target, is_dir)?,
     }
     let source = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-    mounter::bind_mount(&source, target, false).map_err(|e| fail(format!("bind mount failed: {e}")))?;
+    mounter.bind_mount(&source, target, false).map_err(|e| fail(format!("bind mount failed: {e}")))?;
     Ok(target.to_path_buf())
 }
 
@@ -163,7 +175,12 @@ fn make_target(target: &Path, is_dir: bool) -> Result<(), VolumeError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::mounter::{FakeMount, FakeMounter};
     use super::*;
+
+    fn at<'a>(volume: &'a Path, sub: &'a str, target: &'a Path) -> SubPath<'a> {
+        SubPath { volume, sub, target, mount: "data", container: "app" }
+    }
 
     #[test]
     fn opening_beneath_refuses_links() {
@@ -178,5 +195,73 @@ mod tests {
         assert_eq!(std::fs::metadata(dir.path().join("a/new/deeper")).unwrap().mode() & 0o777, 0o777);
         assert!(safe_make_dir(dir.path(), Path::new("a/link/x"), 0o755).is_err());
         assert!(!Path::new("/etc/x").exists());
+    }
+
+    #[test]
+    fn a_sub_path_leading_out_of_its_volume_is_refused_and_nothing_is_mounted() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "host's").unwrap();
+        let pod = tempfile::tempdir().unwrap();
+        let volume = pod.path().join("volume");
+        std::fs::create_dir(&volume).unwrap();
+        // A container planted a link in its volume.
+        std::os::unix::fs::symlink(outside.path(), volume.join("escape")).unwrap();
+        let mounter = FakeMounter::default();
+        let target = pod.path().join("volume-subpaths/data/app/0");
+        match prepare(&mounter, &at(&volume, "escape/secret", &target)) {
+            Err(VolumeError::SubPathOutside { .. }) => {}
+            other => panic!("a subPath through a link out of the volume: {other:?}"),
+        }
+        // A missing subPath behind the link is not created outside either.
+        match prepare(&mounter, &at(&volume, "escape/new/dir", &target)) {
+            Err(VolumeError::SubPath { reason, .. }) => assert!(reason.contains("symlink"), "{reason}"),
+            other => panic!("a subPath created through a link: {other:?}"),
+        }
+        assert!(!outside.path().join("new").exists());
+        assert!(mounter.table().is_empty());
+        assert!(!target.exists());
+    }
+
+    #[test]
+    fn a_sub_path_inside_its_volume_is_bound_on_its_own_target() {
+        let pod = tempfile::tempdir().unwrap();
+        let volume = pod.path().join("volume");
+        std::fs::create_dir_all(volume.join("conf")).unwrap();
+        std::fs::set_permissions(&volume, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::write(volume.join("conf/app.conf"), "x=1").unwrap();
+        let mounter = FakeMounter::default();
+
+        // A file: its target is a file, bound from the file in the volume.
+        let file_target = pod.path().join("volume-subpaths/data/app/0");
+        let host = prepare(&mounter, &at(&volume, "conf/app.conf", &file_target)).unwrap();
+        assert_eq!(host, file_target);
+        assert!(file_target.is_file());
+        let source = std::fs::canonicalize(volume.join("conf/app.conf")).unwrap();
+        assert_eq!(mounter.mounts_on(&file_target), [FakeMount::Bind { source, read_only: false }]);
+
+        // A folder not there yet: made in the volume with the volume's mode.
+        let dir_target = pod.path().join("volume-subpaths/data/app/1");
+        prepare(&mounter, &at(&volume, "logs/web", &dir_target)).unwrap();
+        let made = volume.join("logs/web");
+        assert_eq!(std::fs::metadata(&made).unwrap().mode() & 0o777, 0o777);
+        assert!(dir_target.is_dir());
+        let source = std::fs::canonicalize(&made).unwrap();
+        assert_eq!(mounter.mounts_on(&dir_target), [FakeMount::Bind { source, read_only: false }]);
+        assert_eq!(mounter.table().len(), 2);
+    }
+
+    #[test]
+    fn a_target_bound_to_something_else_is_unmounted_first() {
+        let pod = tempfile::tempdir().unwrap();
+        let volume = pod.path().join("volume");
+        std::fs::create_dir_all(volume.join("a")).unwrap();
+        std::fs::create_dir_all(volume.join("b")).unwrap();
+        let mounter = FakeMounter::default();
+        let target = pod.path().join("volume-subpaths/data/app/0");
+        prepare(&mounter, &at(&volume, "a", &target)).unwrap();
+        // The spec changed: the same mount now asks for another subPath.
+        prepare(&mounter, &at(&volume, "b", &target)).unwrap();
+        let source = std::fs::canonicalize(volume.join("b")).unwrap();
+        assert_eq!(mounter.mounts_on(&target), [FakeMount::Bind { source, read_only: false }], "no bind stacked");
     }
 }

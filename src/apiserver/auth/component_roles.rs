@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use super::bootstrap::rule;
+use super::rbac::rule;
 
 const READ: &[&str] = &["get", "list", "watch"];
 

@@ -4,12 +4,12 @@
 //! default cluster roles, and the review APIs (`kubectl auth can-i`,
 //! `kubectl auth whoami`, `kubectl create token`).
 
-pub mod bootstrap;
 pub mod bootstrap_token;
 pub mod cluster_roles;
 pub mod component_roles;
 pub mod controller_roles;
 pub mod decision;
+pub mod default_policy;
 pub mod graph_populator;
 pub mod legacy_token;
 pub mod namespace_roles;

@@ -17,9 +17,8 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use super::bootstrap::rule;
 use super::node_graph::{self, NodeGraph};
-use super::rbac::{rule_allows, Attributes};
+use super::rbac::{rule, rule_allows, Attributes};
 use super::User;
 use crate::well_known::users::{NODES_GROUP, NODE_USER_PREFIX};
 

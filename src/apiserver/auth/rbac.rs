@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::User;
 use crate::apiserver::cache::PrefixCache;
@@ -22,6 +22,11 @@ pub struct Attributes {
     pub name: String,
     /// For non-resource requests (`/healthz`, `/api`).
     pub path: Option<String>,
+}
+
+/// A PolicyRule, as the default roles write them.
+pub(super) fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
+    json!({"apiGroups": groups, "resources": resources, "verbs": verbs})
 }
 
 fn has(list: &Value, want: &str) -> bool {

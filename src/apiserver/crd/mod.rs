@@ -40,7 +40,7 @@ pub struct CustomStrategy {
     columns: Vec<PrinterColumn>,
     has_status: bool,
     /// The schema as patches and managed fields walk it, built at the first write.
-    patch: std::sync::OnceLock<crate::apiserver::patch_meta::SharedSchema>,
+    patch: std::sync::OnceLock<crate::apiserver::patch::patch_meta::SharedSchema>,
     /// How stored objects are served, when not as they are stored (other
     /// versions, defaults applied on read).
     conversion: Option<conversion::CrdConversion>,
@@ -97,10 +97,10 @@ impl Strategy for CustomStrategy {
         Some(self.schema_name.clone())
     }
 
-    fn patch_schema(&self) -> Option<crate::apiserver::patch_meta::SharedSchema> {
+    fn patch_schema(&self) -> Option<crate::apiserver::patch::patch_meta::SharedSchema> {
         let set = self.patch.get_or_init(|| {
             let (root, components) = self.schemas();
-            std::sync::Arc::new(crate::apiserver::patch_meta::SchemaSet::new(root, components))
+            std::sync::Arc::new(crate::apiserver::patch::patch_meta::SchemaSet::new(root, components))
         });
         Some(set.clone())
     }

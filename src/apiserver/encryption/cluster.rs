@@ -1,7 +1,7 @@
 //! One encryption configuration for every server of one datastore, as k3s
 //! keeps it in its bootstrap data: the keys and the rotation stage travel
 //! in the cluster's bootstrap data (sealed with the join token, see
-//! `pki::bootstrap_data`), so that a Secret written through one server is
+//! `pki::shared_pki`), so that a Secret written through one server is
 //! read through any other.
 //!
 //! - At start ([`join`]) a server installs the cluster's configuration in
@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::{self, Cipher, ConfigError, EncryptionConfiguration};
 use super::{Encryption, RotationState};
-use crate::pki::bootstrap_data::{storage_key, BootstrapData, BootstrapError, BOOTSTRAP_PREFIX};
+use crate::pki::shared_pki::{storage_key, BootstrapData, BootstrapError, BOOTSTRAP_PREFIX};
 use crate::store::proto::*;
 use crate::store::{prefix_end, Store, StoreError};
 

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{connect_options, relay};
 use crate::apiserver::call::Call;
-use crate::apiserver::kubelet::{node_endpoint, KubeletConnector};
+use crate::apiserver::kubelet_client::{node_endpoint, KubeletConnector};
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::websocket;
 

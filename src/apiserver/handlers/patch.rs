@@ -15,10 +15,10 @@ use super::write::{
 };
 use super::{decode_body, Call};
 use crate::apiserver::call::Origin;
-use crate::apiserver::patch_meta::SchemaNode;
+use crate::apiserver::patch::patch_meta::SchemaNode;
+use crate::apiserver::patch::strategic::{strategic_merge, MergeRules};
 use crate::apiserver::status::{ApiError, ApiResult};
-use crate::apiserver::strategic::{strategic_merge, MergeRules};
-use crate::apiserver::{managed_fields, meta};
+use crate::apiserver::{meta, patch::managed_fields};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {

@@ -1,6 +1,7 @@
 //! Kind-specific behaviour of the built-in resources: defaulting,
 //! validation, initial status and `kubectl get` columns, one file per kind
 //! (or family of kinds). Kinds without a file here use the generic rules.
+//! `metrics` defines the `metrics.k8s.io` kinds, served computed.
 
 mod admission;
 pub mod always_written;
@@ -13,6 +14,7 @@ mod certificates;
 mod cluster;
 mod core;
 mod events;
+pub mod metrics;
 mod networking;
 mod pod;
 mod pod_ephemeral;

@@ -44,7 +44,7 @@ impl Registry {
     /// The built-in resources of Kubernetes v1.33 that ferrok serves.
     pub fn builtin() -> Registry {
         let registry = Registry::default();
-        for r in builtin::resources().into_iter().chain(super::resource_metrics::resources()) {
+        for r in builtin::resources().into_iter().chain(super::kinds::metrics::resources()) {
             registry.add(r);
         }
         registry

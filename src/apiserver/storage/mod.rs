@@ -17,6 +17,7 @@ use crate::store::{prefix_end, Store};
 
 mod encoded;
 mod follow;
+pub mod lease_manager;
 mod watch;
 
 pub(crate) use encoded::Encoded;
@@ -60,7 +61,7 @@ pub struct Storage {
 struct Expiring {
     prefixes: Vec<String>,
     ttl_seconds: i64,
-    leases: super::lease_manager::LeaseManager,
+    leases: lease_manager::LeaseManager,
 }
 
 /// A page of a list.
@@ -232,7 +233,7 @@ impl Storage {
             self.expiring = Some(Arc::new(Expiring {
                 prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
                 ttl_seconds,
-                leases: super::lease_manager::LeaseManager::new(self.store.clone()),
+                leases: lease_manager::LeaseManager::new(self.store.clone()),
             }));
         }
         self

@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::pki::bootstrap_data::{storage_key, token_secret, BootstrapData, BootstrapError};
+use crate::pki::shared_pki::{storage_key, token_secret, BootstrapData, BootstrapError};
 use crate::store::{kv, Store};
 
 /// The body of `PUT /v1-ferrok/token`, and of its answer (the whole new token).
@@ -166,7 +166,7 @@ fn check_secret(secret: &str) -> Result<(), RotateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pki::bootstrap_data::BOOTSTRAP_PREFIX;
+    use crate::pki::shared_pki::BOOTSTRAP_PREFIX;
 
     fn token(dir: &std::path::Path, store: Option<Arc<dyn Store>>) -> Arc<ServerToken> {
         let ca = b"-----BEGIN CERTIFICATE-----\nnot really\n-----END CERTIFICATE-----\n";

@@ -17,7 +17,7 @@ use super::object::{CachedEvent, CachedObject, EventType, Form, Omit};
 use super::snapshot::{Snapshot, SnapshotSlot};
 use super::watcher::{Filter, Inbox, Views, Watchers};
 use super::window::{TooOld, Window};
-use crate::apiserver::selectable_fields::SelectableField;
+use crate::apiserver::selector::selectable_fields::SelectableField;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::apiserver::storage::{raw, Change, Decoding, Raw, Storage, Stored};
 

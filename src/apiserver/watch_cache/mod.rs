@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::apiserver::resource::Resource;
-use crate::apiserver::selectable_fields;
+use crate::apiserver::selector::selectable_fields;
 use crate::apiserver::status::ApiResult;
 use crate::apiserver::storage::{Storage, Stored};
 pub use cacher::{Cacher, Shape};

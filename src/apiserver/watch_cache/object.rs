@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use serde_json::Value;
 
 use super::splice::{splice, Paths};
-use crate::apiserver::selectable_fields::{field_paths, selector_view, SelectableField, LABELS};
+use crate::apiserver::selector::selectable_fields::{field_paths, selector_view, SelectableField, LABELS};
 use crate::apiserver::storage::set_resource_version;
 
 /// How a cache's objects are encoded: the apiVersion and kind its JSON

@@ -193,7 +193,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::apiserver::selectable_fields::{field_paths, selector_view, LABELS};
+    use crate::apiserver::selector::selectable_fields::{field_paths, selector_view, LABELS};
     use crate::apiserver::storage::{set_resource_version, Encoded};
 
     /// What the store holds of `object`: its encoding without resourceVersion.
@@ -291,7 +291,7 @@ mod tests {
             let spliced = splice(&bytes, 42, "v1", kind, &paths(kind)).unwrap();
             let whole: Value = serde_json::from_slice(&bytes).unwrap();
             assert_eq!(selector_view(&spliced.view, kind), selector_view(&whole, kind), "{kind}");
-            for f in crate::apiserver::selectable_fields::of("", kind).0 {
+            for f in crate::apiserver::selector::selectable_fields::of("", kind).0 {
                 assert_eq!(f.value_in(&spliced.view), f.value_in(&whole), "{kind} {}", f.label);
             }
         }

@@ -227,8 +227,11 @@ mod tests {
     use serde_json::json;
 
     fn pod(key: &str, rev: i64, node: &str) -> Arc<CachedObject> {
-        let index =
-            crate::apiserver::selectable_fields::of("", "Pod").0.iter().find(|f| f.label == "spec.nodeName").copied();
+        let index = crate::apiserver::selector::selectable_fields::of("", "Pod")
+            .0
+            .iter()
+            .find(|f| f.label == "spec.nodeName")
+            .copied();
         let form = super::super::object::Form::new("v1", "Pod", index);
         Arc::new(CachedObject::new(key.into(), rev, json!({"spec": {"nodeName": node}}), &form))
     }

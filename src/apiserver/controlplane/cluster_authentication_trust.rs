@@ -18,9 +18,9 @@
 use serde_json::{json, Map, Value};
 use x509_parser::prelude::FromDer;
 
-use super::meta;
-use super::status::ApiResult;
-use super::storage::{Storage, WriteError};
+use crate::apiserver::meta;
+use crate::apiserver::status::ApiResult;
+use crate::apiserver::storage::{Storage, WriteError};
 use crate::pki::ca_bundle;
 
 const KEY: &str = "/registry/configmaps/kube-system/extension-apiserver-authentication";

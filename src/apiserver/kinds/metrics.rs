@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::resource::Resource;
-use super::strategy::Strategy;
+use crate::apiserver::resource::Resource;
+use crate::apiserver::strategy::Strategy;
 
 pub const GROUP_VERSION: &str = "metrics.k8s.io/v1beta1";
 /// The window of an entry's CPU rate, as Go prints a duration (`1.5s`,

@@ -8,9 +8,9 @@
 
 use serde_json::{json, Value};
 
-use super::meta;
-use super::status::ApiResult;
-use super::storage::{Storage, WriteError};
+use crate::apiserver::meta;
+use crate::apiserver::status::ApiResult;
+use crate::apiserver::storage::{Storage, WriteError};
 
 pub const CONFIG_MAP: &str = "kube-apiserver-legacy-service-account-token-tracking";
 pub const SINCE_KEY: &str = "since";

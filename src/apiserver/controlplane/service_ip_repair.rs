@@ -19,10 +19,10 @@ use std::time::Duration;
 use futures_util::{Stream, StreamExt};
 use serde_json::{json, Value};
 
-use super::allocator::IP_ADDRESSES_PREFIX;
-use super::status::ApiResult;
-use super::storage::{Change, Decoding, Stored, WriteError};
-use super::{meta, Api};
+use crate::apiserver::allocator::IP_ADDRESSES_PREFIX;
+use crate::apiserver::status::ApiResult;
+use crate::apiserver::storage::{Change, Decoding, Stored, WriteError};
+use crate::apiserver::{meta, Api};
 
 const SERVICES_PREFIX: &str = "/registry/services/";
 /// The managed-by value of the IPAddresses of Services' cluster IPs.

@@ -16,10 +16,6 @@ use crate::apiserver::meta;
 use crate::apiserver::status::ApiResult;
 use crate::apiserver::storage::{Storage, WriteError};
 
-pub(super) fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
-    json!({"apiGroups": groups, "resources": resources, "verbs": verbs})
-}
-
 /// A write lost to a concurrent one (another server starting) is tried
 /// again from a fresh read, a few times.
 const ATTEMPTS: usize = 3;

@@ -151,7 +151,7 @@ fn merge_by_key(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::apiserver::patch_meta::SchemaSet;
+    use crate::apiserver::patch::patch_meta::SchemaSet;
     use serde_json::json;
 
     fn schema<K: schemars::JsonSchema>() -> SchemaSet {

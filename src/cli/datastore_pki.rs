@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use crate::pki::bootstrap_data::{storage_key, BootstrapData, BootstrapError, BOOTSTRAP_PREFIX};
+use crate::pki::shared_pki::{storage_key, BootstrapData, BootstrapError, BOOTSTRAP_PREFIX};
 use crate::store::{kv, Store};
 
 /// Makes `tls_dir` hold the cluster's shared files, from the datastore or

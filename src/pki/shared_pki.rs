@@ -1,7 +1,7 @@
-//! The cluster's bootstrap data: what every server of one cluster must
-//! share so that each issues and accepts the same credentials (the server
-//! and client CAs with their keys, the service-account signing key, the
-//! join token). The first server on an external datastore seals it with a
+//! The PKI every server of one cluster shares (k3s' "bootstrap data"), so
+//! that each issues and accepts the same credentials: the server and
+//! client CAs with their keys, the service-account signing key, the join
+//! token. The first server on an external datastore seals it with a
 //! key derived from the join token's secret (PBKDF2-HMAC-SHA256, then
 //! AES-256-GCM) and stores it under a key named from a hash of that secret;
 //! the next servers, given the same token, open it and install the files in

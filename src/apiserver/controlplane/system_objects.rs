@@ -8,10 +8,10 @@
 
 use serde_json::{json, Value};
 
-use super::meta;
-use super::status::ApiResult;
-use super::storage::WriteError;
-use super::Api;
+use crate::apiserver::meta;
+use crate::apiserver::status::ApiResult;
+use crate::apiserver::storage::WriteError;
+use crate::apiserver::Api;
 
 fn object(api_version: &str, kind: &str, namespace: Option<&str>, name: &str, labels: Value) -> Value {
     let mut metadata = json!({
@@ -91,7 +91,7 @@ pub async fn run(api: &Api) -> ApiResult<()> {
         let served: std::collections::BTreeSet<(String, String)> =
             api.registry.all().iter().map(|r| (r.group.clone(), r.version.clone())).collect();
         for (group, version) in &served {
-            if let Some(mut obj) = super::kinds::local_apiservice(group, version, &now) {
+            if let Some(mut obj) = crate::apiserver::kinds::local_apiservice(group, version, &now) {
                 obj["metadata"]["uid"] = json!(meta::new_uid());
                 obj["metadata"]["creationTimestamp"] = json!(now);
                 let name = format!("{version}.{group}");
@@ -103,7 +103,7 @@ pub async fn run(api: &Api) -> ApiResult<()> {
         let (stored, _) = api.storage.list_all(&apiservices.key_prefix()).await?;
         for s in stored {
             let spec = |f: &str| s.object["spec"][f].as_str().unwrap_or_default().to_string();
-            let local = s.object["metadata"]["labels"][super::kinds::AUTOMANAGED_LABEL].is_string()
+            let local = s.object["metadata"]["labels"][crate::apiserver::kinds::AUTOMANAGED_LABEL].is_string()
                 && s.object["spec"]["service"].is_null();
             if local && !served.contains(&(spec("group"), spec("version"))) {
                 let name = s.object["metadata"]["name"].as_str().unwrap_or_default().to_string();

@@ -10,10 +10,10 @@ mod field_set;
 
 use serde_json::{json, Value};
 
-use super::meta;
 use super::patch_meta::SchemaNode;
-use super::status::{ApiError, Cause};
 use super::strategic::{strategic_merge, MergeRules};
+use crate::apiserver::meta;
+use crate::apiserver::status::{ApiError, Cause};
 use field_set::{
     decode, encode, field_set, field_set_unlike, fields_v1, path_string, remove_at, value_at, FieldSet, Path,
 };
@@ -336,11 +336,11 @@ pub fn apply(live: Option<&Value>, config: &Value, writer: &Writer, force: bool)
 mod tests {
     use super::*;
 
-    fn writer<'a>(set: &'a crate::apiserver::patch_meta::SchemaSet, manager: &'a str) -> Writer<'a> {
+    fn writer<'a>(set: &'a crate::apiserver::patch::patch_meta::SchemaSet, manager: &'a str) -> Writer<'a> {
         Writer { manager, api_version: "apps/v1", schema: SchemaNode::root(set) }
     }
 
-    fn deployment_schema() -> crate::apiserver::patch_meta::SchemaSet {
+    fn deployment_schema() -> crate::apiserver::patch::patch_meta::SchemaSet {
         use crate::apiserver::strategy::Strategy;
         let strategy =
             crate::apiserver::strategy::Typed::<k8s_openapi::api::apps::v1::Deployment>::new(Default::default());

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use serde_json::{json, Map, Value};
 
-use crate::apiserver::patch_meta::{ListMerge, SchemaNode};
+use crate::apiserver::patch::patch_meta::{ListMerge, SchemaNode};
 
 pub(super) type Path = Vec<String>;
 pub(super) type FieldSet = BTreeSet<Path>;

@@ -1,6 +1,7 @@
-//! DeployController (k3s' deploy controller): the YAML and JSON files in
-//! `<data-dir>/server/manifests/` are applied at start and whenever they
-//! change, by server-side apply under the field manager `ferrok-deploy`;
+//! Auto-deployed manifests (k3s' deploy controller and its AddOns): the
+//! YAML and JSON files in `<data-dir>/server/manifests/` are applied at
+//! start and whenever they change, by server-side apply under the field
+//! manager `ferrok-deploy`;
 //! objects dropped from a file, and every object of a removed file, are
 //! deleted; a `<file>.skip` beside a file leaves it alone (nothing applied
 //! or deleted). Files are applied in name order. The folder is watched

@@ -16,9 +16,9 @@ use std::time::Duration;
 use futures_util::{Stream, StreamExt};
 use serde_json::{json, Value};
 
-use super::status::{ApiError, ApiResult};
-use super::storage::{Change, Decoding, WriteError};
-use super::{meta, Api};
+use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::storage::{Change, Decoding, WriteError};
+use crate::apiserver::{meta, Api};
 use crate::store::proto::{LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest, PutRequest};
 
 /// Where the servers' lease records live, one key per advertise address.

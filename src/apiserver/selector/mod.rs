@@ -1,9 +1,16 @@
-//! Label and field selectors as list and watch requests give them.
+//! Label and field selectors as list and watch requests give them
+//! (upstream's `labels` and `fields` packages): the label selector syntax
+//! (`label_parser`), and the fields each kind can be selected by
+//! (`selectable_fields`).
+
+pub mod label_parser;
+pub mod selectable_fields;
 
 use serde_json::Value;
 
-use super::label_parser::{self, Operator};
-use super::selectable_fields::{self, SelectableField};
+use label_parser::Operator;
+use selectable_fields::SelectableField;
+
 use super::status::ApiError;
 
 #[derive(Debug, Clone, PartialEq)]

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeSet;
 
-use super::validation::{label_value, qualified_name, quote};
+use crate::apiserver::validation::{label_value, qualified_name, quote};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Token {
