@@ -20,7 +20,7 @@ use super::cri::{Cri, CriError};
 use super::eviction::{self, EvictionConfig, EvictionManager, Reclaimers};
 use super::image_gc::{ImageGcManager, ImageGcPolicy};
 use super::kubelet::Kubelet;
-use super::logs::{ContainerLogManager, LogRotatePolicy};
+use super::logs::rotation::{ContainerLogManager, LogRotatePolicy};
 use super::node_status::NodePressure;
 use super::pod_status::PodFailure;
 use super::pod_workers::PodWorkers;

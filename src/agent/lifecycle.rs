@@ -13,6 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 
 use crate::agent::cri::{api, Cri};
+use crate::agent::kuberuntime::manager::HookRunner;
 use crate::agent::prober::exec::exec_sync;
 use crate::agent::prober::http::{self, HttpGetRequest};
 use crate::agent::prober::target::pod_ip_from_status;
@@ -111,6 +112,24 @@ async fn sandbox_ip(cri: &Cri, container_id: &str) -> Option<IpAddr> {
         .ok()?
         .into_inner();
     status.status?.network?.ip.parse().ok()
+}
+
+/// Hooks through CRI (exec), HTTP or sleep.
+pub struct CriHooks {
+    pub cri: Cri,
+}
+
+#[async_trait::async_trait]
+impl HookRunner for CriHooks {
+    async fn run(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        container_id: &str,
+        handler: &LifecycleHandler,
+    ) -> Result<(), String> {
+        run_handler(&self.cri, pod, container, container_id, handler).await
+    }
 }
 
 /// Go's `%v` of a handler, as upstream's "invalid handler" message shows it.

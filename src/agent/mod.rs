@@ -5,13 +5,14 @@
 //! its own host; `ferrok agent` runs it alone against a remote server.
 //!
 //! The pieces carry the kubelet's names: `pod_workers`, `status_manager`,
-//! `pleg`, `prober`, `volume_manager`, `image_manager`, `eviction`, `cri`.
+//! `pleg`, `prober`, `volume_manager`, `image_manager`, `eviction`, `cri`,
+//! `logs`. The `kubelet` syncs one pod (the steps its pod worker calls);
+//! eviction and garbage collection are handed what they need through
+//! narrow traits (wired in `housekeeping`), and import neither back.
 
 pub mod backoff;
-pub mod bootstrap;
 pub mod config;
 pub mod container_gc;
-pub mod container_logs;
 pub mod containerd;
 pub mod credentials;
 pub mod cri;
@@ -28,6 +29,7 @@ pub mod kuberuntime;
 pub mod lifecycle;
 pub mod local_path;
 pub mod logs;
+pub mod node_join;
 pub mod node_lease;
 pub mod node_status;
 pub mod pleg;
@@ -38,7 +40,6 @@ pub mod pod_util;
 pub mod pod_workers;
 pub mod predicate_admission;
 pub mod prober;
-pub mod probes;
 pub mod server;
 pub mod static_pods;
 pub mod stats;
@@ -300,7 +301,7 @@ pub async fn start(
     let mirrors = Arc::new(static_pods::Mirrors::default());
     let (probe_manager, mut probe_updates) =
         prober::ProbeManager::new(cri.clone(), Arc::new(events.recorder().clone()));
-    let probes = Arc::new(probes::KubeletProber { manager: probe_manager });
+    let probes = Arc::new(kubelet::prober_results::KubeletProber { manager: probe_manager });
     let image_manager = image_manager::ImageManager::new(Arc::new(cri.clone()), client.clone(), events.clone());
     image_manager.set_node_credentials(registries.clone());
     let runtime = Arc::new(kuberuntime::manager::RuntimeManager {
@@ -310,7 +311,7 @@ pub async fn start(
         images: image_manager,
         index: index.clone(),
         crash_backoff: backoff::Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
-        hooks: Some(Arc::new(probes::CriHooks { cri: cri.clone() })),
+        hooks: Some(Arc::new(lifecycle::CriHooks { cri: cri.clone() })),
         probes: Some(probes.clone()),
         dns: dns::DnsSettings {
             cluster_dns: config.cluster_dns.clone(),

@@ -27,7 +27,7 @@ const RESYNC: Duration = Duration::from_secs(90);
 pub struct PodState {
     /// Why containers are not running, from the last attempt to start them.
     pub waiting: HashMap<String, Waiting>,
-    /// A pod-level failure the node decided (deadline, eviction).
+    /// A pod-level end the node decided (admission, eviction, deadline).
     pub failure: Option<PodFailure>,
     /// Container ids the PLEG said exited, not yet seen exited through CRI.
     pub expected_exits: HashSet<String>,

@@ -180,7 +180,7 @@ pub struct TestNode {
 }
 
 impl TestNode {
-    pub fn new() -> TestNode {
+    pub fn start() -> TestNode {
         let dir = tempfile::tempdir().expect("a temporary folder");
         let config = Arc::new(agent_config(dir.path()));
         let (client, api) = fake_api();

@@ -15,7 +15,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 
-use super::service_endpoint::{self, ServicePort};
+use super::proxy::service_endpoint::{self, ServicePort};
 use super::storage::Storage;
 
 /// Why a webhook could not be called, or answered with an error.

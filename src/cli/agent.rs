@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
-use crate::agent::bootstrap::{self, JoinError, JoinOptions};
+use crate::agent::node_join::{self, JoinError, JoinOptions};
 use crate::apiserver::allocator::Cidr;
 use crate::client::https::{ServerList, Transport};
 use crate::host::{host_ip, hostname};
@@ -109,12 +109,12 @@ async fn join(
     opts: &JoinOptions,
     servers: &ServerList,
     shutdown: &mut super::ShutdownSignal,
-) -> anyhow::Result<bootstrap::Joined> {
+) -> anyhow::Result<node_join::Joined> {
     loop {
         let mut last = None;
         for server in servers.get() {
             let attempt = JoinOptions { server, ..opts.clone() };
-            match bootstrap::join(&attempt).await {
+            match node_join::join(&attempt).await {
                 Ok(joined) => return Ok(joined),
                 Err(e @ JoinError::Unreachable { .. }) => {
                     tracing::warn!(error = %e, "cannot join yet");
@@ -182,12 +182,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         dns_server: !cluster.disable_cluster_dns,
         ..config
     };
-    let transport = Transport::new(servers.clone(), bootstrap::api_tls(&creds)?);
+    let transport = Transport::new(servers.clone(), node_join::api_tls(&creds)?);
     let client = transport.client();
     let mut tasks = vec![tokio::spawn(crate::client::https::follow_servers(client.clone(), servers.clone()))];
     {
         let transport = transport.clone();
-        tasks.push(tokio::spawn(bootstrap::renew(opts.clone(), creds, move |tls| transport.set_tls(tls))));
+        tasks.push(tokio::spawn(node_join::renew(opts.clone(), creds, move |tls| transport.set_tls(tls))));
     }
     if !cluster.local_storage_path.is_empty() {
         // The server's local-path volumes released on this node: their directories, then the volumes.

@@ -31,7 +31,7 @@ async fn status_where(node: &TestNode, name: &str, check: impl Fn(&Value) -> boo
 
 #[tokio::test]
 async fn a_new_pod_gets_a_sandbox_and_running_containers() {
-    let node = TestNode::new();
+    let node = TestNode::start();
     let p = pod("web", app(json!({})));
     let mut st = PodState::default();
     let r = node.kubelet.sync_pod(&p, &mut st).await.expect("sync");
@@ -48,7 +48,7 @@ async fn a_new_pod_gets_a_sandbox_and_running_containers() {
 
 #[tokio::test]
 async fn a_crashed_container_restarts_once_then_backs_off() {
-    let node = TestNode::new();
+    let node = TestNode::start();
     let p = pod("web", app(json!({})));
     let mut st = PodState::default();
     node.kubelet.sync_pod(&p, &mut st).await.expect("first sync");
@@ -71,7 +71,7 @@ async fn a_crashed_container_restarts_once_then_backs_off() {
 
 #[tokio::test]
 async fn a_failed_liveness_probe_restarts_the_container_with_the_probes_grace_period() {
-    let node = TestNode::new();
+    let node = TestNode::start();
     let probe = json!({"livenessProbe": {"exec": {"command": ["true"]}, "terminationGracePeriodSeconds": 5}});
     let mut spec = app(probe);
     spec["terminationGracePeriodSeconds"] = json!(60);
@@ -91,7 +91,7 @@ async fn a_failed_liveness_probe_restarts_the_container_with_the_probes_grace_pe
 
 #[tokio::test]
 async fn a_pod_past_its_active_deadline_fails_without_starting() {
-    let node = TestNode::new();
+    let node = TestNode::start();
     let mut p = pod("job", app(json!({})));
     p.spec.as_mut().expect("spec").active_deadline_seconds = Some(1);
     let hour_ago = k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(3600);
@@ -112,7 +112,7 @@ async fn a_pod_past_its_active_deadline_fails_without_starting() {
 
 #[tokio::test]
 async fn an_evicted_pod_shows_the_disruption_target_a_rejected_one_does_not() {
-    let node = TestNode::new();
+    let node = TestNode::start();
     let p = pod("web", app(json!({})));
     let mut st = PodState::default();
     node.kubelet.sync_pod(&p, &mut st).await.expect("sync");
@@ -140,7 +140,7 @@ async fn an_evicted_pod_shows_the_disruption_target_a_rejected_one_does_not() {
 
 #[tokio::test]
 async fn a_deleted_pod_leaves_nothing_in_the_runtime_or_on_disk() {
-    let node = TestNode::new();
+    let node = TestNode::start();
     let p = pod("web", app(json!({})));
     let mut st = PodState::default();
     node.kubelet.sync_pod(&p, &mut st).await.expect("sync");
@@ -156,7 +156,7 @@ async fn a_deleted_pod_leaves_nothing_in_the_runtime_or_on_disk() {
 
 #[tokio::test]
 async fn a_pods_memory_volume_and_sub_path_are_mounted_and_released_without_root() {
-    let node = TestNode::new();
+    let node = TestNode::start();
     let p = pod(
         "web",
         json!({

@@ -387,7 +387,7 @@ impl RuntimeManager {
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
-        crate::agent::logs::remove_container_logs(&log_path);
+        crate::agent::logs::rotation::remove_container_logs(&log_path);
         Ok(())
     }
 
@@ -407,7 +407,7 @@ impl RuntimeManager {
             if *n > 2 && c.state == ContainerRunState::Exited {
                 match self.cri.remove_container(&c.id).await {
                     // containerd leaves the log files: they go with the container.
-                    Ok(()) => crate::agent::logs::remove_container_logs(&c.log_path),
+                    Ok(()) => crate::agent::logs::rotation::remove_container_logs(&c.log_path),
                     Err(e) => {
                         tracing::debug!(container = %c.id, error = %e.message(), "cannot remove a dead container")
                     }

@@ -156,7 +156,7 @@ async fn an_evicted_pod_is_stopped_with_the_eviction_grace() {
 
 #[tokio::test]
 async fn a_pod_worker_restarts_a_crashed_container_then_backs_off() {
-    let node = TestNode::new();
+    let node = TestNode::start();
     let workers = PodWorkers::new(node.kubelet.clone());
     workers.update(web("web"));
     let running = |n: usize| {
@@ -182,7 +182,7 @@ async fn a_pod_worker_restarts_a_crashed_container_then_backs_off() {
 
 #[tokio::test]
 async fn the_node_refuses_a_pod_that_does_not_fit_and_never_runs_it() {
-    let node = TestNode::new();
+    let node = TestNode::start();
     let allocatable: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> =
         [("cpu", "1"), ("memory", "1Gi"), ("pods", "10")]
             .into_iter()

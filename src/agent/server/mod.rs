@@ -27,9 +27,9 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use super::config::KubeletTls;
-use super::container_logs::{self, ContainerLogs};
 use super::cri::Cri;
 use super::kubelet::Kubelet;
+use super::logs::endpoint::{self as container_logs, ContainerLogs};
 use super::stats;
 use auth::{Attributes, KubeletAuth, PeerCertificate};
 

@@ -28,7 +28,7 @@ pub trait Mounter: Send + Sync {
     /// Whether `path` is a mount point (it must exist).
     fn is_mount_point(&self, path: &Path) -> io::Result<bool> {
         let path = std::fs::canonicalize(path)?;
-        Ok(self.mount_points()?.iter().any(|m| *m == path))
+        Ok(self.mount_points()?.contains(&path))
     }
 
     /// Mount points at or under `dir` (canonical), deepest first.

@@ -19,9 +19,9 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 
 use super::Remote;
 use crate::apiserver::auth::{self, User};
-use crate::apiserver::handlers::relay;
+use crate::apiserver::proxy::relay;
+use crate::apiserver::proxy::service_endpoint::{resolve_endpoint, ServicePort, Unresolved};
 use crate::apiserver::request::{self, ResourcePath};
-use crate::apiserver::service_endpoint::{resolve_endpoint, ServicePort, Unresolved};
 use crate::apiserver::status::ApiError;
 use crate::apiserver::Api;
 

@@ -11,9 +11,10 @@ use axum::response::Response;
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 
-use super::{connect_options, relay};
+use super::connect_options;
 use crate::apiserver::call::Call;
 use crate::apiserver::kubelet_client::{node_endpoint, KubeletConnector};
+use crate::apiserver::proxy::relay;
 use crate::apiserver::status::{ApiError, ApiResult};
 use crate::websocket;
 

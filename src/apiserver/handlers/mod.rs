@@ -3,6 +3,7 @@
 //! write or patch handler. Bodies come in as JSON or YAML; answers go out as
 //! JSON, YAML or a Table.
 
+mod admit;
 mod assign_pod;
 mod binding;
 mod cached_read;
@@ -18,7 +19,6 @@ mod patch;
 mod proxy;
 mod proxy_rewrite;
 mod read;
-pub(crate) mod relay;
 mod resource_metrics;
 mod reviews;
 mod watch;

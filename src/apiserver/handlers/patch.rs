@@ -8,10 +8,10 @@ use axum::http::header;
 use axum::response::Response;
 use serde_json::{json, Value};
 
+use super::admit::{admit_create, admit_update};
 use super::read::scale_of;
 use super::write::{
-    admit_create, admit_update, check_resource_version, or_stale, replicas_of, set_replicas, store_new, store_update,
-    NewName, Updated,
+    check_resource_version, or_stale, replicas_of, set_replicas, store_new, store_update, NewName, Updated,
 };
 use super::{decode_body, Call};
 use crate::apiserver::call::Origin;

@@ -14,9 +14,10 @@ use axum::response::Response;
 use serde_json::Value;
 
 use super::connect::split_proxy_name;
-use super::{connect_options, relay};
+use super::connect_options;
 use crate::apiserver::call::Call;
-use crate::apiserver::service_endpoint::{resolve, ServicePort};
+use crate::apiserver::proxy::relay;
+use crate::apiserver::proxy::service_endpoint::{resolve, ServicePort};
 use crate::apiserver::status::{ApiError, ApiResult};
 
 const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
-use super::relay;
+use crate::apiserver::proxy::relay;
 use crate::apiserver::request::ResourcePath;
 use crate::apiserver::status::ApiError;
 

@@ -16,10 +16,10 @@ use serde_json::{json, Value};
 
 use super::list::computed_list;
 use super::read::object_response;
-use super::relay;
 use super::Call;
 use crate::apiserver::kinds::metrics::{node_metrics, pod_metrics};
 use crate::apiserver::kubelet_client::node_endpoint;
+use crate::apiserver::proxy::relay;
 use crate::apiserver::status::{ApiError, ApiResult};
 
 /// How long a kubelet gets to answer with its summary.

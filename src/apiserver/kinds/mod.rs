@@ -4,7 +4,6 @@
 //! `metrics` defines the `metrics.k8s.io` kinds, served computed.
 
 mod admission;
-pub mod always_written;
 mod apiextensions;
 mod apiregistration;
 mod autoscaling;

@@ -26,7 +26,7 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
         .any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")))
 }
 
-pub(super) fn copy_headers(from: &HeaderMap, keep_upgrade: bool) -> HeaderMap {
+pub(crate) fn copy_headers(from: &HeaderMap, keep_upgrade: bool) -> HeaderMap {
     let mut out = HeaderMap::new();
     for (name, value) in from {
         let n = name.as_str();

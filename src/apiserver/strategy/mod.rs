@@ -1,6 +1,9 @@
 //! Per-resource behaviour: decoding as the typed kind (which also finds
 //! unknown fields and prunes them), defaulting, validation, and the columns
-//! `kubectl get` shows.
+//! `kubectl get` shows. The status fields upstream's Go types always
+//! write are put back by the typed strategy (`always_written`).
+
+pub mod always_written;
 
 use std::marker::PhantomData;
 
@@ -340,7 +343,7 @@ where
 
     fn default(&self, obj: &mut Value) {
         (self.hooks.default)(obj);
-        crate::apiserver::kinds::always_written::fill_status(K::GROUP, K::KIND, obj);
+        always_written::fill_status(K::GROUP, K::KIND, obj);
     }
 
     fn validate(&self, obj: &Value) -> Vec<Cause> {

@@ -122,8 +122,8 @@ impl LogWriter {
 
 /// The rotated files of a live log, oldest first (finished ones only).
 pub fn rotated_logs(live: &Path) -> Vec<PathBuf> {
-    let all = crate::agent::logs::rotated_files(live).unwrap_or_default();
-    let (_, kept) = crate::agent::logs::unused_logs(&all);
+    let all = super::rotation::rotated_files(live).unwrap_or_default();
+    let (_, kept) = super::rotation::unused_logs(&all);
     kept
 }
 

@@ -2,7 +2,11 @@
 //! a running pod to its spec, `terminate_pod` stops it with its grace
 //! period, `cleanup_pod` removes what it left once it is gone, and each
 //! writes the pod's status through the status manager. Pod workers call
-//! these; nothing here keeps state between calls except through `PodState`.
+//! these (the kubelet is their `PodSyncer`); nothing here keeps state
+//! between calls except through `PodState`. The prober's answers come
+//! through [`ProbeResults`] (`prober_results`), the runtime through the
+//! runtime manager's `RuntimeService`, so `tests` drive every step against
+//! the doubles of `agent::testing`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -29,6 +33,8 @@ use super::pod_workers::{PodState, PodSyncer, SyncResult};
 use super::status_manager::StatusManager;
 use super::volume_manager::{PodVolumes, VolumeManager};
 use crate::client::events::EventType;
+
+pub mod prober_results;
 
 /// What the prober knows, for actions and status.
 pub trait ProbeResults: Send + Sync {

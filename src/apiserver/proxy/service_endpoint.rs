@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::storage::{ReadAt, Storage};
+use crate::apiserver::storage::{ReadAt, Storage};
 
 /// Which port of the Service: by number, by name, or its only one.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use super::cri::{api, Cri, CriError};
+use crate::agent::cri::{api, Cri, CriError};
 
 /// How often logs are looked at (upstream's logMonitorPeriod).
 pub const MONITOR_PERIOD: Duration = Duration::from_secs(10);

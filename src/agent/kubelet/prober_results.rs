@@ -1,21 +1,23 @@
-//! The prober and the lifecycle hooks as the kubelet's sync sees them:
-//! which running containers must restart (liveness or startup failed),
-//! which are started and ready, and the hooks run through CRI.
+//! The prober as the kubelet's sync sees it ([`ProbeResults`]) and as the
+//! runtime manager tells it about containers ([`ProbeRegistry`]): which
+//! running containers must restart (liveness or startup failed, and which
+//! probe), which are started and ready; over the prober's `ProbeManager`
+//! (upstream's prober_manager `UpdatePodStatus` and results managers).
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::cri::Cri;
-use super::kubelet::ProbeResults;
-use super::kuberuntime::actions::ProbeState;
-use super::kuberuntime::manager::{HookRunner, ProbeRegistry};
-use super::kuberuntime::runtime_status::{ContainerRunState, RuntimePod};
-use super::pod_util;
-use super::prober::{ProbeManager, ProbeOutcome, ProbeType};
+use super::ProbeResults;
+use crate::agent::kuberuntime::actions::ProbeState;
+use crate::agent::kuberuntime::manager::ProbeRegistry;
+use crate::agent::kuberuntime::runtime_status::{ContainerRunState, RuntimePod};
+use crate::agent::pod_util;
+use crate::agent::prober::{ProbeManager, ProbeOutcome, ProbeType};
 
+/// The prober's manager behind the kubelet's and the runtime manager's traits.
 pub struct KubeletProber {
     pub manager: ProbeManager,
 }
@@ -102,23 +104,5 @@ impl ProbeResults for KubeletProber {
             })
             .map(|c| c.id.clone())
             .collect()
-    }
-}
-
-/// Hooks through CRI (exec), HTTP or sleep.
-pub struct CriHooks {
-    pub cri: Cri,
-}
-
-#[async_trait::async_trait]
-impl HookRunner for CriHooks {
-    async fn run(
-        &self,
-        pod: &Pod,
-        container: &Container,
-        container_id: &str,
-        handler: &LifecycleHandler,
-    ) -> Result<(), String> {
-        super::lifecycle::run_handler(&self.cri, pod, container, container_id, handler).await
     }
 }

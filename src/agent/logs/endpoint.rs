@@ -6,9 +6,6 @@
 //! before); CRI tells where that instance's log file is. The answer is a
 //! streaming body fed by the reader.
 
-pub mod options;
-pub mod reader;
-
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -20,8 +17,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use tokio::sync::mpsc;
 
-use super::cri::{api, Cri};
-use options::PodLogOptions;
+use super::options::{self, PodLogOptions};
+use super::reader;
+use crate::agent::cri::{api, Cri};
 
 /// What the logs endpoint needs of the node.
 #[derive(Clone)]
