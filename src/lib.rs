@@ -5,9 +5,11 @@
 
 pub mod agent;
 pub mod apiserver;
+pub mod backoff;
 pub mod cli;
 pub mod client;
 pub mod controllers;
+pub mod decode;
 pub mod duration;
 pub mod host;
 pub mod metrics;

@@ -16,6 +16,8 @@ const FLOORS: &[(&str, u8)] = &[
     ("host", 0),
     ("quantity", 0),
     ("duration", 0),
+    ("decode", 0),
+    ("backoff", 0),
     ("metrics", 0),
     ("websocket", 0),
     ("net", 0),

@@ -361,7 +361,7 @@ async fn wait_for_socket(p: &ContainerdPaths, child: &mut Child) -> Result<(), C
             return Err(ContainerdError::NotReady(limit, p.log()));
         }
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(100));
+        delay = crate::backoff::doubled(delay, Duration::from_millis(100));
     }
 }
 
@@ -403,7 +403,7 @@ async fn supervise(p: ContainerdPaths, child: Child, mut stop: watch::Receiver<b
                 _ = tokio::time::sleep(backoff) => {}
                 _ = stop.changed() => return,
             }
-            backoff = (backoff * 2).min(Duration::from_secs(30));
+            backoff = crate::backoff::doubled(backoff, Duration::from_secs(30));
             match spawn(&p) {
                 Ok(mut c) => {
                     if let Err(e) = wait_for_socket(&p, &mut c).await {

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod, Secret};
 use kube::api::Api;
 
-use super::backoff::Backoff;
 use super::cri::{api, Cri, CriError, ImageService};
 use super::pod_util;
 use super::{credentials, events::Events};
+use crate::backoff::Backoff;
 use crate::client::events::EventType;
 
 /// What the container will be created from.

@@ -11,7 +11,9 @@
 //! volume: each `pvc-<uid>_…` directory under the storage path is followed
 //! by a watch of its one volume, `pvc-<uid>`; the folder is looked at again
 //! whenever a pod of the node changes (the volume manager makes a
-//! directory just before its pod's containers start).
+//! directory just before its pod's containers start), as the process's
+//! shared pod informer tells (which the node's network policy keeps for
+//! every pod of the cluster anyway).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,13 +24,17 @@ use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::{watcher, WatchStreamExt};
 use tokio::task::JoinHandle;
 
+use crate::client::informer_factory::SharedInformerFactory;
 use crate::well_known::annotations::{LOCAL_PATH_PROVISIONER, PROVISIONED_BY};
 
 /// Runs until aborted; `client` is the node's.
-pub async fn run(client: kube::Client, node_name: String, storage: PathBuf) {
-    let pods: Api<Pod> = Api::all(client.clone());
-    let on_node = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
-    let mut pod_changes = watcher(pods, on_node).default_backoff().boxed();
+pub async fn run(client: kube::Client, informers: SharedInformerFactory, node_name: String, storage: PathBuf) {
+    let on_node = node_name.clone();
+    let (_, mut pod_changes) = informers
+        .informer::<Pod>()
+        .subscribe()
+        .only(move |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(on_node.as_str()))
+        .into_shared_parts();
     let mut followed: HashMap<String, JoinHandle<()>> = HashMap::new();
     loop {
         let present = volumes_in(&storage).await;

@@ -10,7 +10,6 @@
 //! eviction and garbage collection are handed what they need through
 //! narrow traits (wired in `housekeeping`), and import neither back.
 
-pub mod backoff;
 pub mod config;
 pub mod container_gc;
 pub mod containerd;
@@ -54,13 +53,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::node::v1::RuntimeClass;
 use kube::api::{Api, PostParams};
-use kube::runtime::{reflector, watcher};
 use tokio::sync::{watch, Notify};
 
 pub use config::{AgentConfig, KubeletConfig, KubeletTls};
 use containerd::{Containerd, ContainerdConfig, ContainerdPaths};
 use cri::Cri;
-use futures_util::StreamExt;
+
+use crate::client::informer_factory::SharedInformerFactory;
 
 /// The node's registry credentials (registries.yaml) for the image manager.
 impl image_manager::NodeCredentials for images::registries::Registries {
@@ -118,17 +117,6 @@ impl Agent {
     }
 }
 
-fn spawn_services_cache(client: &kube::Client) -> (reflector::Store<Service>, tokio::task::JoinHandle<()>) {
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        crate::client::typed_watcher::watch(Api::<Service>::all(client.clone()), watcher::Config::default())
-            .map(|event| event.map(|event| event.modify(crate::client::forget_managed_fields))),
-    );
-    let task = tokio::spawn(stream.for_each(|_| std::future::ready(())));
-    (store, task)
-}
-
 /// RuntimeClasses for the node's handlers, as k3s ships them.
 async fn ensure_runtime_classes(client: &kube::Client, handlers: &[String]) {
     let api: Api<RuntimeClass> = Api::all(client.clone());
@@ -151,11 +139,13 @@ async fn ensure_runtime_classes(client: &kube::Client, handlers: &[String]) {
 /// registered; the rest runs in the background until `stop`.
 ///
 /// `labeler`, when given, sets the Node labels a kubelet may not set on
-/// itself (see `node_status::register`).
+/// itself (see `node_status::register`). The node's network and the
+/// watches it can share come from `informers`, the process's one factory.
 pub async fn start(
     config: AgentConfig,
     client: kube::Client,
     labeler: Option<kube::Client>,
+    informers: SharedInformerFactory,
 ) -> Result<Agent, AgentError> {
     let config = Arc::new(config);
     let external = config.runtime_endpoint.is_some();
@@ -220,7 +210,8 @@ pub async fn start(
         node_uid,
         config.kubelet.node_lease_duration_seconds,
     )));
-    tasks.push(tokio::spawn(node_status::run(client.clone(), inputs, node, status_trigger.clone())));
+    let own_node = node_status::own_node_changes(&informers, &config);
+    tasks.push(tokio::spawn(node_status::run(client.clone(), inputs, node, status_trigger.clone(), own_node)));
     // Every part of ferrok's nftables table is registered here, before the
     // first load, so that it is loaded whole in one transaction.
     let nft = crate::network::nftables::TableWriter::start();
@@ -229,10 +220,9 @@ pub async fn start(
         crate::network::overlay::underlay(config.flannel_backend, config.flannel_iface.as_deref(), &config.node_ips)
             .await;
     tasks.push(tokio::spawn(pod_network::run(
-        client.clone(),
+        node_status::own_node_changes(&informers, &config),
         cri.clone(),
         pod_network::PodNetwork {
-            node_name: config.node_name.clone(),
             conf_dir: paths.cni_conf_dir.clone(),
             ipam_dir: config.dir.join("cni").join("ipam"),
             cluster_cidr: config.cluster_cidr,
@@ -246,6 +236,7 @@ pub async fn start(
     // Routes to the other nodes' pods, once this node has its podCIDR.
     tasks.push(tokio::spawn(crate::network::overlay::run(
         client.clone(),
+        informers.clone(),
         crate::network::overlay::OverlayConfig {
             node_name: config.node_name.clone(),
             backend: config.flannel_backend,
@@ -255,7 +246,7 @@ pub async fn start(
         pod_cidr.clone(),
     )));
     tasks.push(tokio::spawn(crate::network::network_policy::run(
-        client.clone(),
+        informers.clone(),
         crate::network::network_policy::NetworkPolicyConfig {
             node_name: config.node_name.clone(),
             cluster_dns: config
@@ -272,14 +263,13 @@ pub async fn start(
     {
         use crate::network::service_proxy;
         let dataplane = service_proxy::nftables::NftablesDataplane::new(nft.part("services"), config.cluster_cidr);
-        tasks.push(tokio::spawn(service_proxy::run(client.clone(), config.node_name.clone(), dataplane)));
+        tasks.push(tokio::spawn(service_proxy::run(informers.clone(), config.node_name.clone(), dataplane)));
     }
     {
         let client = client.clone();
         tasks.push(tokio::spawn(async move { ensure_runtime_classes(&client, &handler_names).await }));
     }
-    let (services, services_task) = spawn_services_cache(&client);
-    tasks.push(services_task);
+    let services = informers.informer::<Service>().store();
     let events = events::Events::new(client.clone(), &config.node_name);
     let (_, allocatable) = node_status::resources(&config);
     let memory_capacity = crate::host::meminfo("MemTotal").unwrap_or(0) as i64;
@@ -287,7 +277,7 @@ pub async fn start(
     // Cluster DNS: this node's own, on its pod-network gateway, port 53.
     if config.dns_server {
         tasks.extend(crate::network::dns::spawn(
-            client.clone(),
+            &informers,
             crate::network::dns::ClusterDnsConfig::for_node(
                 &config.node_name,
                 &config.cluster_domain,
@@ -310,7 +300,7 @@ pub async fn start(
         events: events.clone(),
         images: image_manager,
         index: index.clone(),
-        crash_backoff: backoff::Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
+        crash_backoff: crate::backoff::Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
         hooks: Some(Arc::new(lifecycle::CriHooks { cri: cri.clone() })),
         probes: Some(probes.clone()),
         dns: dns::DnsSettings {

@@ -29,9 +29,8 @@ pub async fn run(client: kube::Client, node_name: String, node_uid: String, dura
                 failures += 1;
                 last = None;
                 // Upstream retries at 200 ms doubling up to 7 s.
-                let backoff = Duration::from_millis(200) * 2u32.saturating_pow(failures.min(6));
                 tracing::warn!(error = %e, node = %node_name, "cannot renew the node lease");
-                backoff.min(Duration::from_secs(7))
+                crate::backoff::exponential(Duration::from_millis(200), Duration::from_secs(7), failures)
             }
         };
         tokio::time::sleep(delay).await;

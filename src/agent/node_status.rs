@@ -18,13 +18,16 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use serde_json::json;
 use tokio::sync::{watch, Notify};
 
 use super::config::{AgentConfig, Signal};
 use super::cri::{self, Cri};
+use crate::client::informer::WatchEvents;
+use crate::client::informer_factory::SharedInformerFactory;
 use crate::host;
+use crate::network::overlay::FlannelBackend;
 use crate::quantity::{Amount, Format};
 
 /// The kubelet version ferrok reports.
@@ -337,9 +340,32 @@ fn comparable(status: &NodeStatus) -> serde_json::Value {
     v
 }
 
+/// The changes of this node's own Node, from `informers`: from the
+/// process's informer of every Node when the process watches them all
+/// anyway (a server's controllers, the overlay's routes to other nodes),
+/// else from one of this Node alone (a field selector, as upstream's
+/// kubelet watches it), shared by everything on the node that reads it.
+pub fn own_node_changes(informers: &SharedInformerFactory, config: &AgentConfig) -> WatchEvents<Node> {
+    let every_node_watched = config.control_plane || config.flannel_backend != FlannelBackend::None;
+    let informer = if every_node_watched {
+        informers.informer::<Node>()
+    } else {
+        informers.informer_with(watcher::Config::default().fields(&format!("metadata.name={}", config.node_name)))
+    };
+    let name = config.node_name.clone();
+    informer.subscribe().only(move |n: &Node| n.metadata.name.as_deref() == Some(name.as_str())).into_watch_events().1
+}
+
 /// Writes the status whenever it changes (checked every update period and
-/// whenever `trigger` fires) and at least every report period.
-pub async fn run(client: kube::Client, mut inputs: StatusInputs, first: Node, trigger: Arc<Notify>) {
+/// whenever `trigger` fires) and at least every report period; `own` is
+/// the Node's changes (`own_node_changes`).
+pub async fn run(
+    client: kube::Client,
+    mut inputs: StatusInputs,
+    first: Node,
+    trigger: Arc<Notify>,
+    mut own: WatchEvents<Node>,
+) {
     let api: Api<Node> = Api::all(client);
     let name = inputs.config.node_name.clone();
     let update_every = inputs.config.kubelet.node_status_update_frequency;
@@ -350,8 +376,6 @@ pub async fn run(client: kube::Client, mut inputs: StatusInputs, first: Node, tr
     // The extended resources others advertise in the node's capacity, from
     // a watch of the Node (upstream's kubelet reads its Node at each update).
     let mut extended = extended_resources(written.as_ref());
-    let own = watcher::watcher(api.clone(), watcher::Config::default().fields(&format!("metadata.name={name}")));
-    let mut own = std::pin::pin!(own.default_backoff());
     loop {
         let mut status = current_status(&inputs).await;
         add_extended_resources(&mut status, &extended);

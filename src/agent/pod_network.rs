@@ -10,18 +10,17 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 
 use super::cri::{self, Cri};
+use crate::client::informer::WatchEvents;
 use crate::net::Ipv4Net;
 use crate::network::bridge;
 use crate::network::cni;
 use crate::network::nftables::{self, NodeRules};
 
 pub struct PodNetwork {
-    pub node_name: String,
     pub conf_dir: PathBuf,
     pub ipam_dir: PathBuf,
     pub cluster_cidr: Ipv4Net,
@@ -32,20 +31,18 @@ pub struct PodNetwork {
     pub mtu: Option<u32>,
 }
 
-/// Watches the Node until it has a podCIDR and sets the network up for
-/// it (again when it changes); `ready` is notified once the runtime says
+/// Follows the Node (`own_node`, its changes) until it has a podCIDR and
+/// sets the network up for it (again when it changes); `ready` is notified once the runtime says
 /// its network is ready. `pod_cidr` tells the node's other network parts.
 pub async fn run(
-    client: kube::Client,
+    own_node: WatchEvents<Node>,
     cri: Cri,
     net: PodNetwork,
     ready: Arc<Notify>,
     pod_cidr: tokio::sync::watch::Sender<Option<Ipv4Net>>,
 ) {
-    let api: Api<Node> = Api::all(client);
-    let cfg = watcher::Config::default().fields(&format!("metadata.name={}", net.node_name));
     let mut current: Option<Ipv4Net> = None;
-    let mut stream = crate::client::typed_watcher::watch(api, cfg);
+    let mut stream = own_node;
     let mut resync = net.nft.resync_requests();
     loop {
         let event = tokio::select! {

@@ -52,7 +52,7 @@ pub fn read_manifest(path: &Path, node: &str) -> Result<Pod, ManifestError> {
     if value.get("kind").and_then(|k| k.as_str()) != Some("Pod") {
         return Err(bad("a static pod manifest must be one object of kind Pod".into()));
     }
-    let mut pod: Pod = serde_path_to_error::deserialize(&value).map_err(|e| bad(e.to_string()))?;
+    let mut pod: Pod = crate::decode::from_value(&value).map_err(|e| bad(e.to_string()))?;
     let name =
         pod.metadata.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| bad("metadata.name is required".into()))?;
     if pod.spec.as_ref().is_none_or(|s| s.containers.is_empty()) {

@@ -18,7 +18,6 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
-use super::backoff::Backoff;
 use super::config::{AgentConfig, KubeletConfig};
 use super::cri::fake::FakeRuntime;
 use super::events::Events;
@@ -32,6 +31,7 @@ use super::prober::ProbeType;
 use super::status_manager::StatusManager;
 use super::volume_manager::mounter::FakeMounter;
 use super::volume_manager::VolumeManager;
+use crate::backoff::Backoff;
 
 /// One request the fake API server saw.
 #[derive(Debug, Clone)]

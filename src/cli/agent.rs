@@ -184,6 +184,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     };
     let transport = Transport::new(servers.clone(), node_join::api_tls(&creds)?);
     let client = transport.client();
+    // The node's one informer factory: its network and the watches it can share.
+    let informers = crate::client::informer_factory::SharedInformerFactory::new(client.clone());
     let mut tasks = vec![tokio::spawn(crate::client::https::follow_servers(client.clone(), servers.clone()))];
     {
         let transport = transport.clone();
@@ -192,10 +194,15 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     if !cluster.local_storage_path.is_empty() {
         // The server's local-path volumes released on this node: their directories, then the volumes.
         let storage = PathBuf::from(&cluster.local_storage_path);
-        tasks.push(tokio::spawn(crate::agent::local_path::run(client.clone(), node_name.clone(), storage)));
+        tasks.push(tokio::spawn(crate::agent::local_path::run(
+            client.clone(),
+            informers.clone(),
+            node_name.clone(),
+            storage,
+        )));
     }
     let agent = tokio::select! {
-        agent = crate::agent::start(config, client, None) => agent.context("the node role")?,
+        agent = crate::agent::start(config, client, None, informers) => agent.context("the node role")?,
         _ = shutdown.wait() => {
             for t in tasks {
                 t.abort();

@@ -514,6 +514,8 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         apiserver::in_process::client(for_controllers.clone(), User::controller_service_account(name))
     });
     let for_manager = informers.clone();
+    // The node role (its network, its shared watches) reads from the same informers.
+    let for_node = informers.clone();
     followers
         .push(tokio::spawn(election.run(move || {
             crate::controllers::start(for_manager.clone(), client_for.clone(), controller_config.clone())
@@ -578,13 +580,14 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
             // Released local-path volumes of this node: their directories, then the volumes.
             followers.push(tokio::spawn(crate::agent::local_path::run(
                 apiserver::in_process::client(api.clone(), User::node(&node_name)),
+                for_node.clone(),
                 node_name.clone(),
                 local_storage.clone(),
             )));
         }
         let client = apiserver::in_process::client(api.clone(), User::node(&node_name));
         let labeler = apiserver::in_process::client(api.clone(), User::supervisor());
-        Some(crate::agent::start(config, client, Some(labeler)).await.context("the node role")?)
+        Some(crate::agent::start(config, client, Some(labeler), for_node).await.context("the node role")?)
     };
 
     shutdown.wait().await;

@@ -1,12 +1,16 @@
-//! client-go's SharedInformerFactory: the one place in-process components
-//! (the controllers and the scheduler) get their informers from, so each
-//! (kind, selector) is watched once and cached once for the whole process,
-//! however many components read it. An informer starts on first request
-//! and runs for the life of the process; components subscribing later
-//! (after a leader election, say) are handed its cache as it is.
+//! client-go's SharedInformerFactory: the one place a process's
+//! components (the controllers, the scheduler, and the node role: its
+//! service proxy, cluster DNS, network policy, overlay, Node status and
+//! local-path cleanup) get their informers from, so each (kind, selector)
+//! is watched once and cached once for the whole process, however many
+//! components read it. An informer starts on first request and runs for
+//! the life of the process; components subscribing later (after a leader
+//! election, say) are handed its cache as it is.
 //!
-//! It watches as `system:kube-controller-manager`, whose role lists and
-//! watches everything; components write with their own clients.
+//! A server's factory watches as `system:kube-controller-manager`, whose
+//! role lists and watches everything, and its node role shares it; an
+//! agent's watches with the node's own credentials. Components write with
+//! their own clients.
 
 use std::any::{Any, TypeId};
 use std::collections::HashMap;

@@ -15,9 +15,9 @@
 
 use std::sync::Arc;
 
+use crate::controllers::work_queue::Action;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::ResourceExt;
 

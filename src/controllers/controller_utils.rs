@@ -2,9 +2,21 @@
 //! vocabulary: controller references, pod states, and pods made from a
 //! template.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
+
+use crate::backoff::Backoff;
+
+/// Per-object retry delays for failed syncs, as the work queue's per-item
+/// exponential rate limiter gives them: 100 ms doubling on each failure of
+/// the same object up to 5 min, forgotten on its next success
+/// ([`Backoff::reset`]).
+pub fn sync_retry_backoff() -> Backoff {
+    Backoff::per_item(Duration::from_millis(100), Duration::from_secs(300))
+}
 
 /// An ownerReference marking `owner` as the controller of a dependent, with
 /// `blockOwnerDeletion` so foreground deletion waits for the dependent.

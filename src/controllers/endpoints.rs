@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::controllers::work_queue::{Action, Controller};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointPort, EndpointSubset, Endpoints, ObjectReference, Pod, Service, ServicePort,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
@@ -336,7 +336,7 @@ pub async fn run(
     let (services, service_changes) = informers.informer::<Service>().subscribe().into_changes();
     let deleted_services = service_changes.filter_map(|change| {
         std::future::ready(match change {
-            Change::Deleted(svc) => Some(Ok((*svc).clone())),
+            Change::Deleted(svc) => Some(Ok::<_, std::convert::Infallible>((*svc).clone())),
             _ => None,
         })
     });
@@ -351,7 +351,9 @@ pub async fn run(
                 Vec::new()
             }
         })
-        .flat_map(|all| futures_util::stream::iter(all.into_iter().map(|ep| Ok((*ep).clone()))))
+        .flat_map(|all| {
+            futures_util::stream::iter(all.into_iter().map(|ep| Ok::<_, std::convert::Infallible>((*ep).clone())))
+        })
     };
     let cleanup = Controller::for_stream(leftovers, cleanup_endpoints)
         .watches_stream(deleted_services, |svc: Service| {

@@ -14,10 +14,11 @@
 
 use std::sync::Arc;
 
+use crate::controllers::work_queue::Action;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::runtime::controller::{Action, ReconcileRequest};
+use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 

@@ -105,7 +105,7 @@ pub fn template_of(revision: &ControllerRevision) -> Option<PodTemplateSpec> {
     if let Some(m) = t.as_object_mut() {
         m.remove("$patch");
     }
-    serde_path_to_error::deserialize(&t).ok()
+    crate::decode::from_value(&t).ok()
 }
 
 fn data_of(revision: &ControllerRevision) -> Option<&Value> {

@@ -7,10 +7,11 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::controllers::work_queue::{applier, Action};
 use futures_util::stream::{self, BoxStream};
 use futures_util::StreamExt;
 use kube::api::Api;
-use kube::runtime::controller::{applier, Action, Config, ReconcileRequest};
+use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::Resource;
@@ -150,7 +151,7 @@ pub async fn run<K, Ctx, F, Fut>(
         tracing::warn!(controller = name, object = ?obj.meta().name, error = %err, "reconcile failed; retrying");
         Action::requeue(Duration::from_secs(2))
     });
-    drain(name, applier(queue.timed(reconcile), error_policy, ctx, store, requests, Config::default())).await;
+    drain(name, applier(queue.timed(reconcile), error_policy, ctx, store, requests)).await;
 }
 
 /// Waits until every given cache has its first full list.

@@ -12,10 +12,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::controllers::work_queue::Action;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use serde_json::json;
@@ -103,7 +103,7 @@ async fn provision(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Resu
     let pv_name = volume_name(&uid);
     let path = volume_path(&ctx.storage, &uid, &ns, &name);
     let size = spec.resources.as_ref().and_then(|r| r.requests.as_ref()).and_then(|r| r.get("storage")).cloned();
-    let pv: PersistentVolume = serde_path_to_error::deserialize(&json!({
+    let pv: PersistentVolume = crate::decode::from_value(&json!({
         "metadata": {"name": pv_name, "annotations": {PROVISIONED_BY: LOCAL_PATH_PROVISIONER}},
         "spec": {
             "capacity": {"storage": size.map(|q| q.0).unwrap_or_else(|| "1Gi".into())},

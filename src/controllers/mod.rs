@@ -41,7 +41,6 @@ pub mod queue_metrics;
 pub mod ref_manager;
 pub mod replicaset;
 pub mod resourcequota;
-pub mod retry_backoff;
 pub mod root_ca;
 pub mod service_cidr;
 pub mod serviceaccount;
@@ -54,6 +53,7 @@ pub mod token_cleaner;
 pub mod ttl;
 pub mod ttl_after_finished;
 pub mod volume_expand;
+pub mod work_queue;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::controllers::work_queue::{Action, Controller};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::discovery::{verbs, Discovery, Scope};
-use kube::runtime::controller::{Action, Controller};
 
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;

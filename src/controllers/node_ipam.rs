@@ -10,9 +10,9 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::controllers::work_queue::{Action, Controller};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::Store;
 
 use super::queue_metrics::{drain, QueueMetrics};

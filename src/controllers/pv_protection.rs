@@ -7,9 +7,9 @@
 
 use std::sync::Arc;
 
+use crate::controllers::work_queue::Action;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, PostParams};
-use kube::runtime::controller::Action;
 
 use super::informers;
 use super::ControllerError;

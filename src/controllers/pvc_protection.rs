@@ -11,10 +11,11 @@
 
 use std::sync::Arc;
 
+use crate::controllers::work_queue::Action;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::controller::{Action, ReconcileRequest};
+use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 

@@ -1,5 +1,5 @@
 //! client-go's work queue metrics for the controllers driven by
-//! kube-runtime's `Controller` or `applier`, whose queue is internal: the
+//! `work_queue`'s `Controller` or `applier`: the
 //! requests are counted as they enter (from the primary watch and from each
 //! mapped trigger), each sync is timed, and each failed sync is a retry.
 //! The queues carry upstream's names (`deployment`, `endpoint`, …).
@@ -8,9 +8,10 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::controllers::work_queue::Action;
 use futures_util::future::BoxFuture;
 use futures_util::{Stream, StreamExt};
-use kube::runtime::controller::{Action, ReconcileRequest};
+use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Resource;
 
@@ -19,7 +20,7 @@ use crate::metrics::workqueue::WorkQueueMetrics;
 
 /// The metrics of one controller's queue, keyed as client-go keys objects
 /// (`namespace/name`), counting only requests for objects the controller's
-/// cache holds (the others are dropped unseen by the applier).
+/// cache holds (the others are dropped unseen by the queue).
 pub struct QueueMetrics<K: Resource<DynamicType = ()> + 'static> {
     metrics: Arc<WorkQueueMetrics>,
     store: Store<K>,

@@ -21,23 +21,25 @@ mod status;
 pub use owner::ReplicaOwner;
 
 use std::sync::Arc;
+use std::time::Instant;
 
+use crate::controllers::work_queue::{applier, Action};
 use futures_util::future::join_all;
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::runtime::controller::{applier, Action, ReconcileRequest};
+use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 
 use self::status::{calculate_status, next_availability, status_equal};
-use super::controller_utils::{controller_of, controller_ref, is_pod_active, pod_from_template};
+use super::controller_utils::{controller_of, controller_ref, is_pod_active, pod_from_template, sync_retry_backoff};
 use super::expectations::Expectations;
 use super::informers::controlled_by;
 use super::queue_metrics::QueueMetrics;
 use super::ref_manager;
-use super::retry_backoff::RetryBackoff;
 use super::ControllerError;
+use crate::backoff::Backoff;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::indexer::Index;
 use crate::client::informer_factory::SharedInformerFactory;
@@ -50,7 +52,7 @@ const SLOW_START_INITIAL_BATCH: i32 = 1;
 
 struct Context<K: ReplicaOwner> {
     client: kube::Client,
-    backoff: RetryBackoff,
+    backoff: Backoff,
     pods: Store<Pod>,
     pods_by_owner: Index<Pod>,
     orphan_pods: Index<Pod>,
@@ -272,7 +274,7 @@ async fn sync_and_forget<K: ReplicaOwner>(rs: Arc<K>, ctx: Arc<Context<K>>) -> R
     let key = object_key(&*rs);
     let result = reconcile(rs, ctx.clone()).await;
     if result.is_ok() {
-        ctx.backoff.forget(&key);
+        ctx.backoff.reset(&key);
     }
     result
 }
@@ -280,7 +282,7 @@ async fn sync_and_forget<K: ReplicaOwner>(rs: Arc<K>, ctx: Arc<Context<K>>) -> R
 fn error_policy<K: ReplicaOwner>(rs: Arc<K>, err: &ControllerError, ctx: Arc<Context<K>>) -> Action {
     let key = object_key(&*rs);
     tracing::debug!(kind = K::QUEUE, object = %key, error = %err, "sync failed; retrying");
-    Action::requeue(ctx.backoff.next(&key))
+    Action::requeue(ctx.backoff.next(&key, Instant::now()))
 }
 
 /// Runs the controller over every `K` (ReplicaSets, or ReplicationControllers),
@@ -295,7 +297,7 @@ pub async fn run<K: ReplicaOwner>(client: kube::Client, informers: SharedInforme
         pods_by_owner: informers.by_controller(),
         orphan_pods: informers.orphans_by_namespace(),
         replicasets_by_namespace: informers.by_namespace(),
-        backoff: RetryBackoff::default(),
+        backoff: sync_retry_backoff(),
         recorder: EventRecorder::new(client.clone(), component),
         expectations: Expectations::default(),
     });
@@ -316,7 +318,6 @@ pub async fn run<K: ReplicaOwner>(client: kube::Client, informers: SharedInforme
         ctx,
         rs_reader,
         queue.requests(stream::select(own, pods)),
-        kube::runtime::Config::default(),
     )
     .for_each(|r| {
         if let Err(e) = r {

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::controllers::work_queue::Action;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Preconditions};
-use kube::runtime::controller::Action;
 use kube::runtime::watcher;
 
 use super::bootstrap_token::{is_token, time_left, NAMESPACE, SECRET_TYPE};

@@ -13,10 +13,11 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::controllers::work_queue::Action;
 use futures_util::stream::{self, StreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, ReconcileRequest};
+use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 

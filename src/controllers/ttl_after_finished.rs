@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::controllers::work_queue::Action;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Preconditions};
-use kube::runtime::controller::Action;
 
 use super::informers::{self, Informer};
 use super::ControllerError;

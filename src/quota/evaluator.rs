@@ -86,7 +86,7 @@ impl Evaluator {
     pub fn matches_scopes(&self, quota: &ResourceQuota, obj: &Value) -> bool {
         match self {
             Evaluator::Pods => {
-                let pod: Pod = serde_path_to_error::deserialize(obj).unwrap_or_default();
+                let pod: Pod = crate::decode::from_value(obj).unwrap_or_default();
                 pods::pod_in_scope(quota, &pod)
             }
             _ => !pods::is_scoped(quota),
@@ -97,7 +97,7 @@ impl Evaluator {
     pub fn constraints(&self, required: &[String], obj: &Value) -> Result<(), String> {
         match self {
             Evaluator::Pods => {
-                let pod: Pod = serde_path_to_error::deserialize(obj).unwrap_or_default();
+                let pod: Pod = crate::decode::from_value(obj).unwrap_or_default();
                 pods::constraints(required, &pod)
             }
             _ => Ok(()),
@@ -110,7 +110,7 @@ impl Evaluator {
         let mut out = ResourceList::new();
         match self {
             Evaluator::Pods => {
-                let pod: Pod = serde_path_to_error::deserialize(obj).unwrap_or_default();
+                let pod: Pod = crate::decode::from_value(obj).unwrap_or_default();
                 return pods::usage(&pod, now);
             }
             Evaluator::Services => {

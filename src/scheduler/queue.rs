@@ -95,9 +95,9 @@ pub struct SchedulingQueue {
     wake: Notify,
 }
 
+/// A pod's back-off after `attempts` tries: 1 s doubling to 10 s.
 fn backoff_for(attempts: u32) -> Duration {
-    let shift = attempts.saturating_sub(1).min(8);
-    (INITIAL_BACKOFF * (1u32 << shift)).min(MAX_BACKOFF)
+    crate::backoff::exponential(INITIAL_BACKOFF, MAX_BACKOFF, attempts.saturating_sub(1))
 }
 
 fn nominated_node(info: &PodInfo) -> Option<&str> {

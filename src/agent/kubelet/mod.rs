@@ -89,7 +89,7 @@ fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 
 /// Doubles a retry delay from 1 s up to 30 s.
 fn next_backoff(prev: Option<(Instant, Duration)>) -> (Instant, Duration) {
-    let d = prev.map(|(_, d)| (d * 2).min(Duration::from_secs(30))).unwrap_or(Duration::from_secs(1));
+    let d = prev.map_or(Duration::from_secs(1), |(_, d)| crate::backoff::doubled(d, Duration::from_secs(30)));
     (Instant::now() + d, d)
 }
 

@@ -16,13 +16,13 @@ use super::container::{container_config, ContainerInputs};
 use super::runtime_status::{ContainerRunState, RuntimePod};
 use super::sandbox::{self, SandboxInputs};
 use super::security;
-use crate::agent::backoff::Backoff;
 use crate::agent::cri::{api, labels, CriError, RuntimeService};
 use crate::agent::dns::DnsSettings;
 use crate::agent::events::Events;
 use crate::agent::image_manager::ImageManager;
 use crate::agent::pleg::ContainerIndex;
 use crate::agent::pod_util::{self, ContainerKind};
+use crate::backoff::Backoff;
 use crate::client::events::EventType;
 
 /// The smallest grace period a container is stopped with (upstream's minimumGracePeriodInSeconds).

@@ -124,7 +124,7 @@ fn check(write: &Write, quotas: &[Stored], charged: &HashSet<String>) -> ApiResu
     let forbidden = |why: String| ApiError::forbidden_object(group, plural, name_of(obj), &why);
     let mut interesting: Vec<(&Stored, String, ResourceList, ResourceList)> = Vec::new();
     for stored in quotas {
-        let Ok(quota) = serde_path_to_error::deserialize::<_, ResourceQuota>(&stored.object) else { continue };
+        let Ok(quota) = crate::decode::from_value::<ResourceQuota>(&stored.object) else { continue };
         let name = quota.metadata.name.clone().unwrap_or_default();
         if charged.contains(&name) {
             continue;

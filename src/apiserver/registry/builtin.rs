@@ -9,13 +9,15 @@ use k8s_openapi::api::{
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiextensions;
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1 as apiregistration;
+use std::sync::Arc;
+
 use k8s_openapi::{ClusterResourceScope, ListableResource, NamespaceResourceScope};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::apiserver::kinds;
 use crate::apiserver::resource::{Resource, ScalePaths, CRUD_VERBS};
-use crate::apiserver::strategy::{Described, Hooks, Typed};
+use crate::apiserver::strategy::{Described, Hooks, Strategy, Typed};
 
 /// Whether a `k8s-openapi` scope is namespaced.
 trait Scope {
@@ -43,29 +45,72 @@ where
     K: ListableResource + DeserializeOwned + Serialize + Described + 'static,
     K::Scope: Scope,
 {
+    let names = Names::of::<K>(K::LIST_KIND, <K::Scope as Scope>::NAMESPACED);
+    let strategy = Arc::new(Typed::<K>::new(spec.hooks));
+    listable(names, spec, strategy)
+}
+
+/// What a kind's type says of its resource.
+struct Names {
+    group: &'static str,
+    version: &'static str,
+    kind: &'static str,
+    list_kind: &'static str,
+    plural: &'static str,
+    namespaced: bool,
+}
+
+impl Names {
+    fn of<K: k8s_openapi::Resource>(list_kind: &'static str, namespaced: bool) -> Names {
+        Names {
+            group: K::GROUP,
+            version: K::VERSION,
+            kind: K::KIND,
+            list_kind,
+            plural: K::URL_PATH_SEGMENT,
+            namespaced,
+        }
+    }
+
+    fn resource(self, verbs: Vec<String>, strategy: Arc<dyn Strategy>) -> Resource {
+        Resource {
+            group: self.group.into(),
+            version: self.version.into(),
+            kind: self.kind.into(),
+            list_kind: self.list_kind.into(),
+            plural: self.plural.into(),
+            singular: self.kind.to_ascii_lowercase(),
+            namespaced: self.namespaced,
+            verbs,
+            short_names: Vec::new(),
+            categories: Vec::new(),
+            status: false,
+            scale: None,
+            subresources: Vec::new(),
+            ephemeral: false,
+            computed: false,
+            begin_write: None,
+            strategy,
+        }
+    }
+}
+
+/// The resource of a stored, listable kind (one copy of this code for
+/// every kind: `resource` only names the type).
+#[inline(never)]
+fn listable(names: Names, spec: Spec, strategy: Arc<dyn Strategy>) -> Resource {
     let scale = spec.scale.then(|| ScalePaths {
         spec_replicas: ".spec.replicas".into(),
         status_replicas: ".status.replicas".into(),
         label_selector: Some(".status.selector".into()),
     });
     Resource {
-        group: K::GROUP.into(),
-        version: K::VERSION.into(),
-        kind: K::KIND.into(),
-        list_kind: K::LIST_KIND.into(),
-        plural: K::URL_PATH_SEGMENT.into(),
-        singular: K::KIND.to_ascii_lowercase(),
-        namespaced: <K::Scope as Scope>::NAMESPACED,
-        verbs: CRUD_VERBS.iter().map(|v| v.to_string()).collect(),
         short_names: spec.short.iter().map(|s| s.to_string()).collect(),
         categories: spec.categories.iter().map(|s| s.to_string()).collect(),
         status: spec.status,
         scale,
         subresources: spec.sub.iter().map(|s| s.to_string()).collect(),
-        ephemeral: false,
-        computed: false,
-        begin_write: None,
-        strategy: std::sync::Arc::new(Typed::<K>::new(spec.hooks)),
+        ..names.resource(CRUD_VERBS.iter().map(|v| v.to_string()).collect(), strategy)
     }
 }
 
@@ -78,25 +123,8 @@ fn review<K>(namespaced: bool) -> Resource
 where
     K: k8s_openapi::Resource + DeserializeOwned + Serialize + Described + 'static,
 {
-    Resource {
-        group: K::GROUP.into(),
-        version: K::VERSION.into(),
-        kind: K::KIND.into(),
-        list_kind: String::new(),
-        plural: K::URL_PATH_SEGMENT.into(),
-        singular: K::KIND.to_ascii_lowercase(),
-        namespaced,
-        verbs: vec!["create".into()],
-        short_names: Vec::new(),
-        categories: Vec::new(),
-        status: false,
-        scale: None,
-        subresources: Vec::new(),
-        ephemeral: true,
-        computed: false,
-        begin_write: None,
-        strategy: std::sync::Arc::new(Typed::<K>::new(Hooks::default())),
-    }
+    let strategy = Arc::new(Typed::<K>::new(Hooks::default()));
+    Resource { ephemeral: true, ..Names::of::<K>("", namespaced).resource(vec!["create".into()], strategy) }
 }
 
 const ALL: &[&str] = &["all"];

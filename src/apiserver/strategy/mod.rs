@@ -424,17 +424,14 @@ fn decode_metadata(mut new: Value, old: &Value) -> Result<(Value, Vec<String>), 
 /// `T` and encoded back, with the paths of the fields `T` does not know;
 /// a decode error names the field's path as upstream does.
 ///
-/// Code elsewhere that decodes a built-in kind from a `&Value` goes
-/// through the same `serde_path_to_error::deserialize(&Value)`, not
-/// `serde_json::from_value`: each way of decoding is a copy of every
-/// decoder of the kind's types in the binary (a pod's is about 0.3 MB).
+/// It decodes through `crate::decode`, the binary's one decoder of each
+/// type (see there why).
 fn round_trip<T: DeserializeOwned + Serialize>(input: &Value, at: &str) -> Result<(Value, Vec<String>), String> {
-    let typed: T = serde_path_to_error::deserialize(input).map_err(|e| {
-        let path = e.path().to_string();
-        let path = [at, path.trim_start_matches('.')].into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>();
+    let typed: T = crate::decode::from_value(input).map_err(|e| {
+        let path = [at, e.path.as_str()].into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>();
         match path.is_empty() {
-            true => e.inner().to_string(),
-            false => format!("{}: {}", path.join("."), e.inner()),
+            true => e.message,
+            false => format!("{}: {}", path.join("."), e.message),
         }
     })?;
     let back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;

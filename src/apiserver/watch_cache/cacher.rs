@@ -207,7 +207,7 @@ impl Cacher {
             }
             self.invalidate();
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            backoff = crate::backoff::doubled(backoff, Duration::from_secs(5));
         }
     }
 

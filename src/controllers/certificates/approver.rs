@@ -11,11 +11,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::controllers::work_queue::Action;
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::certificates::v1::{CertificateSigningRequest, CertificateSigningRequestCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PostParams};
-use kube::runtime::controller::Action;
 
 use super::{approval, is_issued, request};
 use crate::controllers::informers::{self, Informer};

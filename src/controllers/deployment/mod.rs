@@ -20,19 +20,20 @@ mod sync;
 mod util;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::controllers::work_queue::{applier, Action};
 use futures_util::{stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{applier, Action, ReconcileRequest};
+use kube::runtime::controller::ReconcileRequest;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 
-use super::controller_utils::{controller_of, pod_phase};
-use super::retry_backoff::RetryBackoff;
+use super::controller_utils::{controller_of, pod_phase, sync_retry_backoff};
 use super::ControllerError;
+use crate::backoff::Backoff;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::indexer::Index;
 use crate::client::informer_factory::SharedInformerFactory;
@@ -41,7 +42,7 @@ use crate::controllers::queue_metrics::QueueMetrics;
 
 struct Context {
     client: kube::Client,
-    backoff: RetryBackoff,
+    backoff: Backoff,
     replicasets: Store<ReplicaSet>,
     /// ReplicaSets by controller, and those without one (which it may adopt).
     replicasets_by_owner: Index<ReplicaSet>,
@@ -200,7 +201,7 @@ async fn sync_and_forget(d: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action
     let key = object_key(&d);
     let result = reconcile(d, ctx.clone()).await;
     if result.is_ok() {
-        ctx.backoff.forget(&key);
+        ctx.backoff.reset(&key);
     }
     result
 }
@@ -208,7 +209,7 @@ async fn sync_and_forget(d: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action
 fn error_policy(d: Arc<Deployment>, err: &ControllerError, ctx: Arc<Context>) -> Action {
     let key = object_key(&d);
     tracing::debug!(deployment = %key, error = %err, "deployment sync failed; retrying");
-    Action::requeue(ctx.backoff.next(&key))
+    Action::requeue(ctx.backoff.next(&key, Instant::now()))
 }
 
 pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
@@ -228,7 +229,7 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
         pods: pod_reader,
         pods_by_owner: informers.by_controller(),
         deployments_by_namespace: informers.by_namespace(),
-        backoff: RetryBackoff::default(),
+        backoff: sync_retry_backoff(),
         recorder: EventRecorder::new(client.clone(), "deployment-controller"),
     });
     let rs_ctx = ctx.clone();
@@ -255,7 +256,6 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
         ctx,
         d_reader,
         queue.requests(stream::select(own, stream::select(replicasets, pods))),
-        kube::runtime::Config::default(),
     )
     .for_each(|r| {
         if let Err(e) = r {

@@ -73,7 +73,7 @@ pub async fn run(client: kube::Client, dir: PathBuf, server: &str) {
             }
         };
         if retry.is_some() {
-            backoff = (backoff * 2).min(RETRY_MAX);
+            backoff = crate::backoff::doubled(backoff, RETRY_MAX);
         }
         let changed = async {
             match watch.as_mut() {

@@ -1,6 +1,6 @@
 //! Cluster DNS served by ferrok itself, on every node, in place of a
-//! CoreDNS pod: names of the cluster domain from an index fed by watches
-//! on Services and EndpointSlices, everything else forwarded to the host's
+//! CoreDNS pod: names of the cluster domain from an index fed by the
+//! process's shared Service and EndpointSlice informers, everything else forwarded to the host's
 //! resolvers through a bounded cache. It listens on UDP and TCP port 53 of
 //! the node's pod-network gateway (the first address of its podCIDR); the
 //! `kube-dns` Service's EndpointSlice lists those addresses, one per node,
@@ -25,11 +25,12 @@ use std::sync::{Arc, RwLock};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::Api;
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::Resource;
 use tokio::sync::watch;
 
+use crate::client::informer::WatchEvents;
+use crate::client::informer_factory::SharedInformerFactory;
 use crate::net::Ipv4Net;
 use records::RecordIndex;
 use resolver::Resolver;
@@ -73,12 +74,12 @@ impl ClusterDnsConfig {
     }
 }
 
-/// Starts the cluster DNS: the watches feeding its index and the
-/// listeners, once `pod_cidr` (from the node's pod network, which makes the
+/// Starts the cluster DNS: the subscriptions to `informers` feeding its
+/// index and the listeners, once `pod_cidr` (from the node's pod network, which makes the
 /// bridge with the gateway address first) says where. The tasks run until
 /// aborted.
 pub fn spawn(
-    client: kube::Client,
+    informers: &SharedInformerFactory,
     config: ClusterDnsConfig,
     pod_cidr: watch::Receiver<Option<Ipv4Net>>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
@@ -91,8 +92,10 @@ pub fn spawn(
         cache::ResponseCache::new(config.cache_capacity),
         forward::Forwarder::new(config.upstreams.clone()),
     ));
-    let services = tokio::spawn(watch_services(client.clone(), index.clone()));
-    let slices = tokio::spawn(watch_slices(client, index));
+    let (_, service_events) = informers.informer::<Service>().subscribe().into_watch_events();
+    let (_, slice_events) = informers.informer::<EndpointSlice>().subscribe().into_watch_events();
+    let services = tokio::spawn(watch_into(service_events, index.clone()));
+    let slices = tokio::spawn(watch_into(slice_events, index));
     let listeners = tokio::spawn(async move {
         let ip = match config.listen {
             Some(ip) => ip,
@@ -122,7 +125,7 @@ fn key<K: Resource>(obj: &K) -> (String, String) {
 }
 
 /// What a watch of one kind does to the index.
-trait Indexed: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static {
+trait Indexed: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static {
     fn apply(index: &mut RecordIndex, obj: &Self);
     fn delete(index: &mut RecordIndex, obj: &Self);
     fn retain(index: &mut RecordIndex, keep: &BTreeSet<(String, String)>);
@@ -154,11 +157,10 @@ impl Indexed for EndpointSlice {
     }
 }
 
-async fn watch_into<K>(api: Api<K>, index: Arc<RwLock<RecordIndex>>)
+async fn watch_into<K>(mut stream: WatchEvents<K>, index: Arc<RwLock<RecordIndex>>)
 where
     K: Indexed<DynamicType = ()>,
 {
-    let mut stream = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
     // The objects of a relist; what is not among them is gone.
     let mut listed = BTreeSet::new();
     while let Some(event) = stream.next().await {
@@ -166,7 +168,7 @@ where
         match event {
             Ok(watcher::Event::Init) => listed.clear(),
             Ok(watcher::Event::InitApply(obj)) => {
-                listed.insert(key(&obj));
+                listed.insert(key(&*obj));
                 K::apply(&mut index, &obj);
             }
             Ok(watcher::Event::InitDone) => {
@@ -179,12 +181,4 @@ where
             Err(e) => tracing::debug!(error = %e, "cluster DNS: watch error"),
         }
     }
-}
-
-async fn watch_services(client: kube::Client, index: Arc<RwLock<RecordIndex>>) {
-    watch_into(Api::<Service>::all(client), index).await
-}
-
-async fn watch_slices(client: kube::Client, index: Arc<RwLock<RecordIndex>>) {
-    watch_into(Api::<EndpointSlice>::all(client), index).await
 }

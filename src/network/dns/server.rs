@@ -39,7 +39,7 @@ pub async fn bind(addr: SocketAddr) -> (UdpSocket, TcpListener) {
                     tracing::info!(%addr, error = %e, "cluster DNS cannot listen yet; retrying");
                 }
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(BIND_RETRY_MAX);
+                delay = crate::backoff::doubled(delay, BIND_RETRY_MAX);
             }
         }
     }

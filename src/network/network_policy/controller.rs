@@ -1,23 +1,26 @@
 //! The watch loop: Pods (all namespaces, since peers can be anywhere),
-//! Namespaces and NetworkPolicies are watched; after each batch of events
+//! Namespaces and NetworkPolicies come from the process's shared
+//! informers; after each batch of events
 //! the plan is worked out again and the difference to what the table holds
 //! is sent as one update. The whole part is rendered once every list has
 //! arrived, and again whenever the table writer asks for it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use std::time::Instant;
 
-use futures_util::{FutureExt, Stream, StreamExt};
+use futures_util::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::Api;
 use kube::runtime::watcher;
 use kube::ResourceExt;
 
 use super::model::{namespace_labels, PodInfo, Policy};
 use super::plan::{plan, Cluster};
 use super::render::{self, Ruleset};
+use crate::client::informer::WatchEvents;
+use crate::client::informer_factory::SharedInformerFactory;
 use crate::network::nftables::Part;
 
 /// What the node's network policy enforcement needs to know of the node.
@@ -45,7 +48,7 @@ impl<T> Default for Kind<T> {
 impl<T> Kind<T> {
     /// Applies one watch event; `convert` gives None for objects that are
     /// left out (and removed when they were in). True when anything changed.
-    fn event<K: kube::Resource>(&mut self, event: watcher::Event<K>, convert: impl Fn(&K) -> Option<T>) -> bool {
+    fn event<K: kube::Resource>(&mut self, event: watcher::Event<Arc<K>>, convert: impl Fn(&K) -> Option<T>) -> bool {
         let key = |o: &K| format!("{}/{}", o.meta().namespace.as_deref().unwrap_or_default(), o.name_any());
         match event {
             watcher::Event::Init => {
@@ -103,12 +106,12 @@ impl State {
     }
 }
 
-fn watch<K>(client: &kube::Client) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send
+/// A subscription to the process's informer of every `K`.
+fn watch<K>(informers: &SharedInformerFactory) -> WatchEvents<K>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    K::Scope: Send,
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
-    crate::client::typed_watcher::watch(Api::<K>::all(client.clone()), watcher::Config::default())
+    informers.informer::<K>().subscribe().into_watch_events().1
 }
 
 fn log_error(kind: &str, e: &watcher::Error) {
@@ -116,10 +119,10 @@ fn log_error(kind: &str, e: &watcher::Error) {
 }
 
 /// Enforces NetworkPolicies for this node's pods until the part's writer stops.
-pub async fn run(client: kube::Client, config: NetworkPolicyConfig, part: Part) {
-    let mut pods = watch::<Pod>(&client).boxed();
-    let mut namespaces = watch::<Namespace>(&client).boxed();
-    let mut policies = watch::<NetworkPolicy>(&client).boxed();
+pub async fn run(informers: SharedInformerFactory, config: NetworkPolicyConfig, part: Part) {
+    let mut pods = watch::<Pod>(&informers);
+    let mut namespaces = watch::<Namespace>(&informers);
+    let mut policies = watch::<NetworkPolicy>(&informers);
     let mut resync = part.resync_requests();
     let mut state = State::default();
     // What the table holds of this part, once it has been rendered.

@@ -2,7 +2,7 @@
 //! node's pods live in its podCIDR, and every other node learns how to
 //! reach them from the Nodes themselves (their podCIDR, InternalIP and,
 //! for VXLAN, the annotations each node publishes about its end). The
-//! Nodes are watched, never polled; a Node added, changed or deleted adds,
+//! Nodes come from the process's shared informer, never polled; a Node added, changed or deleted adds,
 //! replaces or removes exactly its own entries, and at each (re)list the
 //! entries no Node explains any more are removed.
 //!
@@ -19,14 +19,15 @@ pub mod vxlan;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::Api;
 use kube::runtime::watcher;
 use tokio::sync::watch;
 
+use crate::client::informer_factory::SharedInformerFactory;
 use crate::net::Ipv4Net;
 pub use ip::Underlay;
 use plan::{Local, PeerEntries, Skip, Stale};
@@ -122,11 +123,18 @@ pub fn pod_mtu(backend: FlannelBackend, underlay: Option<&Underlay>) -> Option<u
     }
 }
 
-/// Runs the overlay until the Node watch ends: waits for this node's
-/// podCIDR (`pod_cidr`, set by the pod network), sets up the backend's
-/// device, publishes this node's annotations, and keeps every other
-/// Node's entries in step with the API.
-pub async fn run(client: kube::Client, config: OverlayConfig, mut pod_cidr: watch::Receiver<Option<Ipv4Net>>) {
+/// Runs the overlay until the Node informer's stream ends: waits for this
+/// node's podCIDR (`pod_cidr`, set by the pod network), sets up the
+/// backend's device, publishes this node's annotations (through
+/// `client`), and keeps every other Node's entries in step with the API.
+/// The cluster-wide Node informer of `informers` is started only when a
+/// backend runs.
+pub async fn run(
+    client: kube::Client,
+    informers: SharedInformerFactory,
+    config: OverlayConfig,
+    mut pod_cidr: watch::Receiver<Option<Ipv4Net>>,
+) {
     if config.backend == FlannelBackend::None {
         return;
     }
@@ -140,7 +148,7 @@ pub async fn run(client: kube::Client, config: OverlayConfig, mut pod_cidr: watc
         }
     };
     let mut overlay = Overlay {
-        client: client.clone(),
+        client,
         local: Local {
             node_name: config.node_name.clone(),
             backend: config.backend,
@@ -153,9 +161,8 @@ pub async fn run(client: kube::Client, config: OverlayConfig, mut pod_cidr: watc
         skipped: BTreeMap::new(),
     };
     overlay.set_up(own).await;
-    let api: Api<Node> = Api::all(client);
-    let mut stream = crate::client::typed_watcher::watch(api, watcher::Config::default());
-    let mut listing: Option<Vec<Node>> = None;
+    let (_, mut stream) = informers.informer::<Node>().subscribe().into_watch_events();
+    let mut listing: Option<Vec<Arc<Node>>> = None;
     // A failed annotation patch is tried again after a while.
     let mut republish: Option<Pin<Box<tokio::time::Sleep>>> = None;
     loop {
@@ -292,7 +299,7 @@ impl Overlay {
 
     /// After a (re)list: every peer's entries in place, and whatever this
     /// node owns that no Node explains removed.
-    async fn resync(&mut self, nodes: &[Node]) {
+    async fn resync(&mut self, nodes: &[Arc<Node>]) {
         let mut peers = BTreeMap::new();
         for n in nodes {
             if let Some(p) = self.plan(n) {

@@ -1,7 +1,8 @@
 //! The service proxy (upstream's kube-proxy, inside the node): Services and
-//! EndpointSlices are watched, and every change reprograms only the
-//! Services it touched, through a [`Dataplane`] (nftables by default).
-//! Events that arrive together are applied together.
+//! EndpointSlices come from the process's shared informers, and every
+//! change reprograms only the Services it touched, through a [`Dataplane`]
+//! (nftables by default). Events that arrive together are applied
+//! together.
 
 mod conntrack_cleanup;
 pub mod dataplane;
@@ -9,33 +10,36 @@ pub mod model;
 pub mod nftables;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::Api;
 use kube::runtime::watcher;
 use kube::ResourceExt;
 
 pub use dataplane::{Change, Dataplane, DataplaneError};
 use model::ServicePort;
 
+use crate::client::informer_factory::SharedInformerFactory;
+
 /// How long to wait before programming everything again after a failure.
 const RETRY: Duration = Duration::from_secs(1);
 
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
-/// The Services and EndpointSlices the proxy knows, trimmed to what it reads.
+/// The Services and EndpointSlices the proxy knows (the shared informers'
+/// objects, not copies).
 #[derive(Default)]
 struct Cache {
-    services: HashMap<String, Service>,
-    slices: HashMap<String, EndpointSlice>,
+    services: HashMap<String, Arc<Service>>,
+    slices: HashMap<String, Arc<EndpointSlice>>,
     /// Service key → its slices' keys.
     slices_of: HashMap<String, BTreeSet<String>>,
     /// Objects of a relist in progress, swapped in when it is done.
-    services_relist: Option<HashMap<String, Service>>,
-    slices_relist: Option<HashMap<String, EndpointSlice>>,
+    services_relist: Option<HashMap<String, Arc<Service>>>,
+    slices_relist: Option<HashMap<String, Arc<EndpointSlice>>>,
     services_synced: bool,
     slices_synced: bool,
     /// Services whose programming may have changed.
@@ -51,19 +55,10 @@ fn slice_service(slice: &EndpointSlice) -> Option<String> {
     Some(key(slice.metadata.namespace.as_deref(), svc))
 }
 
-/// Drops what the proxy never reads (managed fields, annotations), which
-/// is most of an object's size.
-fn trim(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
-    meta.managed_fields = None;
-    meta.annotations = None;
-    meta.owner_references = None;
-}
-
 impl Cache {
-    fn service_event(&mut self, event: watcher::Event<Service>) {
+    fn service_event(&mut self, event: watcher::Event<Arc<Service>>) {
         match event {
-            watcher::Event::Apply(mut s) => {
-                trim(&mut s.metadata);
+            watcher::Event::Apply(s) => {
                 let k = key(s.metadata.namespace.as_deref(), &s.name_any());
                 self.dirty.insert(k.clone());
                 self.services.insert(k, s);
@@ -74,8 +69,7 @@ impl Cache {
                 self.dirty.insert(k);
             }
             watcher::Event::Init => self.services_relist = Some(HashMap::new()),
-            watcher::Event::InitApply(mut s) => {
-                trim(&mut s.metadata);
+            watcher::Event::InitApply(s) => {
                 let k = key(s.metadata.namespace.as_deref(), &s.name_any());
                 self.services_relist.get_or_insert_default().insert(k, s);
             }
@@ -89,8 +83,7 @@ impl Cache {
         }
     }
 
-    fn add_slice(&mut self, k: String, mut slice: EndpointSlice) {
-        trim(&mut slice.metadata);
+    fn add_slice(&mut self, k: String, slice: Arc<EndpointSlice>) {
         self.remove_slice(&k);
         if let Some(svc) = slice_service(&slice) {
             self.slices_of.entry(svc.clone()).or_default().insert(k.clone());
@@ -112,7 +105,7 @@ impl Cache {
         }
     }
 
-    fn slice_event(&mut self, event: watcher::Event<EndpointSlice>) {
+    fn slice_event(&mut self, event: watcher::Event<Arc<EndpointSlice>>) {
         match event {
             watcher::Event::Apply(s) => {
                 let k = key(s.metadata.namespace.as_deref(), &s.name_any());
@@ -143,7 +136,7 @@ impl Cache {
 
     fn ports(&self, service: &str, node_name: &str) -> Vec<ServicePort> {
         let Some(svc) = self.services.get(service) else { return Vec::new() };
-        let slices = self.slices_of.get(service).into_iter().flatten().filter_map(|k| self.slices.get(k));
+        let slices = self.slices_of.get(service).into_iter().flatten().filter_map(|k| self.slices.get(k).map(|s| &**s));
         model::service_ports(svc, slices, node_name)
     }
 
@@ -168,12 +161,10 @@ async fn forget(stale: Vec<conntrack_cleanup::Stale>) {
     }
 }
 
-/// Runs the proxy for `node_name` until the watches end.
-pub async fn run(client: kube::Client, node_name: String, mut dataplane: impl Dataplane) {
-    let services = Api::<Service>::all(client.clone());
-    let slices = Api::<EndpointSlice>::all(client);
-    let mut service_events = crate::client::typed_watcher::watch(services, watcher::Config::default());
-    let mut slice_events = crate::client::typed_watcher::watch(slices, watcher::Config::default());
+/// Runs the proxy for `node_name` until the informers' streams end.
+pub async fn run(informers: SharedInformerFactory, node_name: String, mut dataplane: impl Dataplane) {
+    let (_, mut service_events) = informers.informer::<Service>().subscribe().into_watch_events();
+    let (_, mut slice_events) = informers.informer::<EndpointSlice>().subscribe().into_watch_events();
     let mut resync = dataplane.resync_requests();
     let mut cache = Cache::default();
     // What the dataplane holds, to tell what a change leaves behind.
