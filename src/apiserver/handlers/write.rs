@@ -256,9 +256,8 @@ pub async fn update_scale(call: &mut Call, body: Bytes) -> ApiResult<Response> {
 /// `spec.replicas` of an `autoscaling/v1` Scale body, decoded as upstream
 /// does: absent is 0 (Go's zero value); anything but an int32 is refused.
 pub fn replicas_of(scale: &Value) -> ApiResult<i64> {
-    let typed: k8s_openapi::api::autoscaling::v1::Scale = crate::decode::from_value(scale).map_err(|e| {
-        ApiError::bad_request(format!("Scale in version \"v1\" cannot be handled as a Scale: {e}"))
-    })?;
+    let typed: k8s_openapi::api::autoscaling::v1::Scale = crate::decode::from_value(scale)
+        .map_err(|e| ApiError::bad_request(format!("Scale in version \"v1\" cannot be handled as a Scale: {e}")))?;
     Ok(typed.spec.and_then(|s| s.replicas).map(i64::from).unwrap_or(0))
 }
 
