@@ -14,6 +14,8 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+
+use crate::sync::LockExt;
 use std::time::{Duration, Instant};
 
 /// The delay after `steps` doublings of `initial`: `initial · 2^steps`,
@@ -63,7 +65,7 @@ impl Backoff {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+        self.entries.locked()
     }
 
     fn expired(&self, e: &Entry, now: Instant) -> bool {

@@ -20,5 +20,6 @@ pub mod quantity;
 pub mod quota;
 pub mod scheduler;
 pub mod store;
+pub mod sync;
 pub mod websocket;
 pub mod well_known;

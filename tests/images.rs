@@ -516,7 +516,10 @@ async fn images_folder_imports_at_start_and_when_a_file_lands() {
 
     let (task, outcomes) = ImagesDir::for_agent(&node.agent_dir, cri.clone(), None).start().await.unwrap();
     assert_eq!(outcomes.len(), 1, "{outcomes:?}");
-    assert_eq!(outcomes[0].1, Ok(FileOutcome::Imported(vec!["docker.io/library/busybox:early".into()])));
+    assert_eq!(
+        outcomes[0].1.as_ref().map_err(ToString::to_string),
+        Ok(&FileOutcome::Imported(vec!["docker.io/library/busybox:early".into()]))
+    );
     assert!(image_status(&cri, "busybox:early").await.is_some());
 
     // Written in place (IN_CLOSE_WRITE) and moved in (IN_MOVED_TO).
@@ -533,16 +536,16 @@ async fn images_folder_imports_at_start_and_when_a_file_lands() {
     // A second start finds everything imported and unchanged.
     let (_task, outcomes) = ImagesDir::for_agent(&node.agent_dir, cri.clone(), None).start().await.unwrap();
     assert_eq!(outcomes.len(), 3, "{outcomes:?}");
-    assert!(outcomes.iter().all(|(_, o)| *o == Ok(FileOutcome::Unchanged)), "{outcomes:?}");
+    assert!(outcomes.iter().all(|(_, o)| matches!(o, Ok(FileOutcome::Unchanged))), "{outcomes:?}");
     // Touched but the same bytes: still unchanged; removed image: imported again.
     let f = std::fs::File::options().append(true).open(folder.join("early.tar")).unwrap();
     f.set_modified(std::time::SystemTime::now() + Duration::from_secs(5)).unwrap();
     drop(f);
     images::remove_image(&cri, "busybox:written").await.unwrap();
     let dir2 = ImagesDir::for_agent(&node.agent_dir, cri.clone(), None);
-    assert_eq!(dir2.handle(&folder.join("early.tar")).await, Ok(FileOutcome::Unchanged));
+    assert_eq!(dir2.handle(&folder.join("early.tar")).await.map_err(|e| e.to_string()), Ok(FileOutcome::Unchanged));
     assert_eq!(
-        dir2.handle(&folder.join("written.tar")).await,
+        dir2.handle(&folder.join("written.tar")).await.map_err(|e| e.to_string()),
         Ok(FileOutcome::Imported(vec!["docker.io/library/busybox:written".into()]))
     );
     node.stop().await;
@@ -599,8 +602,8 @@ async fn pull_list_pulls_from_a_plain_http_mirror() {
     let puller = Arc::new(CriPuller { cri: cri.clone(), registries });
     let (_task, outcomes) = ImagesDir::for_agent(&node.agent_dir, cri.clone(), Some(puller)).start().await.unwrap();
     assert_eq!(
-        outcomes[0].1,
-        Ok(FileOutcome::Pulled { pulled: vec![image.clone()], present: vec![], failed: vec![] }),
+        outcomes[0].1.as_ref().map_err(ToString::to_string),
+        Ok(&FileOutcome::Pulled { pulled: vec![image.clone()], present: vec![], failed: vec![] }),
         "{outcomes:?}"
     );
     let found = image_status(&cri, &image).await.expect("pulled image");
@@ -613,7 +616,10 @@ async fn pull_list_pulls_from_a_plain_http_mirror() {
 
     // A list naming it again finds it present.
     std::fs::write(folder.join("again.txt"), format!("{image}\n")).unwrap();
-    let again = ImagesDir::for_agent(&node.agent_dir, cri.clone(), None).handle(&folder.join("again.txt")).await;
+    let again = ImagesDir::for_agent(&node.agent_dir, cri.clone(), None)
+        .handle(&folder.join("again.txt"))
+        .await
+        .map_err(|e| e.to_string());
     assert_eq!(again, Ok(FileOutcome::Pulled { pulled: vec![], present: vec![image.clone()], failed: vec![] }));
 
     // "*" mirrors every registry (containerd's certs.d/_default).

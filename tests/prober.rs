@@ -366,7 +366,7 @@ async fn exec_hooks(p: &Pod1) {
     let err =
         run_handler(&p.cri, &p.pod, &p.container, &p.container_id, &exec(&["sh", "-c", "exit 1"])).await.unwrap_err();
     assert_eq!(
-        err,
+        err.to_string(),
         format!(
             "Exec lifecycle hook ([sh -c exit 1]) for Container \"app\" in Pod \"probes_default({POD_UID})\" failed - error: command 'sh -c exit 1' exited with 1: , message: \"\""
         )
@@ -379,7 +379,8 @@ async fn exec_hooks(p: &Pod1) {
         &exec(&["sh", "-c", "echo bye; echo no >&2; exit 2"]),
     )
     .await
-    .unwrap_err();
+    .unwrap_err()
+    .to_string();
     assert!(
         err.ends_with(
             "error: command 'sh -c echo bye; echo no >&2; exit 2' exited with 2: no\n, message: \"bye\\nno\\n\""

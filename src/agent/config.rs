@@ -183,15 +183,58 @@ impl Default for KubeletConfig {
 #[error("--kubelet-arg {arg:?}: {reason}")]
 pub struct KubeletArgError {
     pub arg: String,
-    pub reason: String,
+    pub reason: InvalidSetting,
+}
+
+/// Why a `--kubelet-arg` is refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum InvalidSetting {
+    #[error("expected key=value")]
+    NotKeyValue,
+    #[error("unknown kubelet setting {0:?}")]
+    Unknown(String),
+    #[error("expected a positive number")]
+    NotPositive,
+    #[error("expected a positive number of seconds")]
+    NotPositiveSeconds,
+    #[error("expected a number of seconds")]
+    NotSeconds,
+    #[error("expected a number")]
+    NotANumber,
+    #[error("expected a port number")]
+    NotAPort,
+    #[error("expected a number ≥ 2")]
+    TooFewFiles,
+    #[error("expected an absolute cgroup path like /kubepods")]
+    RelativeCgroup,
+    #[error("{0:?} is not a percentage")]
+    NotAPercentage(String),
+    #[error("{0:?}: a percentage must be between 0% and 100%")]
+    PercentageRange(String),
+    #[error("{0:?} is not a quantity or percentage")]
+    NotAThresholdValue(String),
+    #[error("{0:?}: expected SIGNAL<VALUE")]
+    NotAThreshold(String),
+    #[error("{0:?}: expected SIGNAL=DURATION")]
+    NotAGracePeriod(String),
+    #[error("unknown eviction signal {0:?}")]
+    UnknownSignal(String),
+    #[error(transparent)]
+    Duration(#[from] crate::duration::ParseError),
+    #[error("{0:?} is not a percentage 0–100")]
+    NotAPercent(String),
+    #[error("{0:?} is not a size like 10Mi")]
+    NotASize(String),
+    #[error("must not be above image-gc-high-threshold")]
+    LowAboveHigh,
 }
 
 /// `100Mi`, `10%`, `1000` for a threshold.
-fn threshold_value(s: &str) -> Result<ThresholdValue, String> {
+fn threshold_value(s: &str) -> Result<ThresholdValue, InvalidSetting> {
     if let Some(p) = s.strip_suffix('%') {
-        let v: f64 = p.trim().parse().map_err(|_| format!("{s:?} is not a percentage"))?;
+        let v: f64 = p.trim().parse().map_err(|_| InvalidSetting::NotAPercentage(s.to_string()))?;
         if !(0.0..=100.0).contains(&v) {
-            return Err(format!("{s:?}: a percentage must be between 0% and 100%"));
+            return Err(InvalidSetting::PercentageRange(s.to_string()));
         }
         return Ok(ThresholdValue::Percentage(v / 100.0));
     }
@@ -199,64 +242,65 @@ fn threshold_value(s: &str) -> Result<ThresholdValue, String> {
     crate::quantity::value(&q)
         .filter(|v| *v >= 0)
         .map(ThresholdValue::Quantity)
-        .ok_or_else(|| format!("{s:?} is not a quantity or percentage"))
+        .ok_or_else(|| InvalidSetting::NotAThresholdValue(s.to_string()))
 }
 
 /// `memory.available<100Mi,nodefs.available<10%`.
-fn thresholds(s: &str) -> Result<Vec<Threshold>, String> {
+fn thresholds(s: &str) -> Result<Vec<Threshold>, InvalidSetting> {
     let mut out = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (name, value) = part.split_once('<').ok_or_else(|| format!("{part:?}: expected SIGNAL<VALUE"))?;
-        let signal = Signal::parse(name.trim()).ok_or_else(|| format!("unknown eviction signal {:?}", name.trim()))?;
+        let (name, value) = part.split_once('<').ok_or_else(|| InvalidSetting::NotAThreshold(part.to_string()))?;
+        let signal =
+            Signal::parse(name.trim()).ok_or_else(|| InvalidSetting::UnknownSignal(name.trim().to_string()))?;
         out.push(Threshold { signal, value: threshold_value(value)? });
     }
     Ok(out)
 }
 
 /// A Go duration as upstream's flags take it: `300ms`, `1m30s`, `5m0s`, `2h`.
-pub fn go_duration(s: &str) -> Result<Duration, String> {
-    crate::duration::parse(s).map_err(|e| e.to_string())
+pub fn go_duration(s: &str) -> Result<Duration, crate::duration::ParseError> {
+    crate::duration::parse(s)
 }
 
-fn duration(s: &str) -> Result<Duration, String> {
-    go_duration(s)
+fn duration(s: &str) -> Result<Duration, InvalidSetting> {
+    Ok(go_duration(s)?)
 }
 
-fn percent(s: &str) -> Result<u8, String> {
-    s.trim().parse::<u8>().ok().filter(|v| *v <= 100).ok_or_else(|| format!("{s:?} is not a percentage 0–100"))
+fn percent(s: &str) -> Result<u8, InvalidSetting> {
+    s.trim().parse::<u8>().ok().filter(|v| *v <= 100).ok_or_else(|| InvalidSetting::NotAPercent(s.to_string()))
 }
 
-fn bytes(s: &str) -> Result<i64, String> {
+fn bytes(s: &str) -> Result<i64, InvalidSetting> {
     let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.trim().to_string());
-    crate::quantity::value(&q).filter(|v| *v > 0).ok_or_else(|| format!("{s:?} is not a size like 10Mi"))
+    crate::quantity::value(&q).filter(|v| *v > 0).ok_or_else(|| InvalidSetting::NotASize(s.to_string()))
 }
 
 impl KubeletConfig {
     /// Applies `--kubelet-arg` values (`key=value`, upstream's flag names).
     pub fn apply_args(&mut self, args: &[String]) -> Result<(), KubeletArgError> {
         for arg in args {
-            let err = |reason: String| KubeletArgError { arg: arg.clone(), reason };
+            let err = |reason: InvalidSetting| KubeletArgError { arg: arg.clone(), reason };
             let (key, value) =
-                arg.trim_start_matches("--").split_once('=').ok_or_else(|| err("expected key=value".into()))?;
+                arg.trim_start_matches("--").split_once('=').ok_or_else(|| err(InvalidSetting::NotKeyValue))?;
             match key {
                 "max-pods" => {
                     self.max_pods =
-                        value.parse().ok().filter(|v| *v > 0).ok_or_else(|| err("expected a positive number".into()))?
+                        value.parse().ok().filter(|v| *v > 0).ok_or_else(|| err(InvalidSetting::NotPositive))?
                 }
                 "eviction-hard" => self.eviction_hard = thresholds(value).map_err(err)?,
                 "eviction-soft" => self.eviction_soft = thresholds(value).map_err(err)?,
                 "eviction-soft-grace-period" => {
                     for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-                        let (name, d) =
-                            part.split_once('=').ok_or_else(|| err(format!("{part:?}: expected SIGNAL=DURATION")))?;
+                        let (name, d) = part
+                            .split_once('=')
+                            .ok_or_else(|| err(InvalidSetting::NotAGracePeriod(part.to_string())))?;
                         let signal =
-                            Signal::parse(name).ok_or_else(|| err(format!("unknown eviction signal {name:?}")))?;
+                            Signal::parse(name).ok_or_else(|| err(InvalidSetting::UnknownSignal(name.to_string())))?;
                         self.eviction_soft_grace_period.insert(signal, duration(d).map_err(err)?);
                     }
                 }
                 "eviction-max-pod-grace-period" => {
-                    self.eviction_max_pod_grace_period =
-                        value.parse().map_err(|_| err("expected a number of seconds".into()))?
+                    self.eviction_max_pod_grace_period = value.parse().map_err(|_| err(InvalidSetting::NotSeconds))?
                 }
                 "eviction-pressure-transition-period" => {
                     self.eviction_pressure_transition_period = duration(value).map_err(err)?
@@ -269,11 +313,11 @@ impl KubeletConfig {
                 "container-log-max-size" => self.container_log_max_size = bytes(value).map_err(err)?,
                 "container-log-max-files" => {
                     self.container_log_max_files =
-                        value.parse().ok().filter(|v| *v >= 2).ok_or_else(|| err("expected a number ≥ 2".into()))?
+                        value.parse().ok().filter(|v| *v >= 2).ok_or_else(|| err(InvalidSetting::TooFewFiles))?
                 }
                 "cgroup-root" => {
                     if !value.starts_with('/') {
-                        return Err(err("expected an absolute cgroup path like /kubepods".into()));
+                        return Err(err(InvalidSetting::RelativeCgroup));
                     }
                     self.cgroup_root = value.trim_end_matches('/').to_string();
                     if self.cgroup_root.is_empty() {
@@ -287,18 +331,15 @@ impl KubeletConfig {
                         .parse()
                         .ok()
                         .filter(|s: &i32| *s > 0)
-                        .ok_or_else(|| err("expected a positive number of seconds".into()))?
+                        .ok_or_else(|| err(InvalidSetting::NotPositiveSeconds))?
                 }
-                "pod-max-pids" => self.pod_pids_limit = value.parse().map_err(|_| err("expected a number".into()))?,
-                "port" => self.port = value.parse().map_err(|_| err("expected a port number".into()))?,
-                other => return Err(err(format!("unknown kubelet setting {other:?}"))),
+                "pod-max-pids" => self.pod_pids_limit = value.parse().map_err(|_| err(InvalidSetting::NotANumber))?,
+                "port" => self.port = value.parse().map_err(|_| err(InvalidSetting::NotAPort))?,
+                other => return Err(err(InvalidSetting::Unknown(other.to_string()))),
             }
         }
         if self.image_gc_low_threshold_percent > self.image_gc_high_threshold_percent {
-            return Err(KubeletArgError {
-                arg: "image-gc-low-threshold".into(),
-                reason: "must not be above image-gc-high-threshold".into(),
-            });
+            return Err(KubeletArgError { arg: "image-gc-low-threshold".into(), reason: InvalidSetting::LowAboveHigh });
         }
         Ok(())
     }

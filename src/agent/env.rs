@@ -21,6 +21,19 @@ pub enum EnvError {
     Config(String),
     #[error("{0}")]
     Kube(#[from] kube::Error),
+    #[error(transparent)]
+    ResourceField(#[from] ResourceFieldError),
+}
+
+/// A resourceFieldRef that reads no value, in upstream's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResourceFieldError {
+    #[error("unsupported container resource : {0}")]
+    Unsupported(String),
+    #[error("invalid divisor {0}")]
+    InvalidDivisor(String),
+    #[error("invalid quantity {0}")]
+    InvalidQuantity(String),
 }
 
 /// What a container's environment may refer to besides the pod.
@@ -151,9 +164,9 @@ pub fn resource_field(
     resource: &str,
     divisor: Option<&Quantity>,
     allocatable: &BTreeMap<String, Quantity>,
-) -> Result<String, String> {
-    let (kind, name) =
-        resource.split_once('.').ok_or_else(|| format!("unsupported container resource : {resource}"))?;
+) -> Result<String, ResourceFieldError> {
+    let unsupported = || ResourceFieldError::Unsupported(resource.to_string());
+    let (kind, name) = resource.split_once('.').ok_or_else(unsupported)?;
     let res = c.resources.as_ref();
     let pick = |m: Option<&BTreeMap<String, Quantity>>| m.and_then(|m| m.get(name)).cloned();
     let value = match kind {
@@ -161,19 +174,20 @@ pub fn resource_field(
         "requests" => pick(res.and_then(|r| r.requests.as_ref()))
             .or_else(|| pick(res.and_then(|r| r.limits.as_ref())))
             .or_else(|| if name == "cpu" || name == "memory" { None } else { allocatable.get(name).cloned() }),
-        _ => return Err(format!("unsupported container resource : {resource}")),
+        _ => return Err(unsupported()),
     };
     // A zero divisor is unset: typed clients send "0" for an unset
     // quantity, and upstream divides by 1 then.
     let one = Quantity("1".into());
     let divisor = divisor.filter(|d| quantity::milli_value(d) != Some(0)).unwrap_or(&one);
-    let d =
-        quantity::milli_value(divisor).filter(|d| *d > 0).ok_or_else(|| format!("invalid divisor {}", divisor.0))?;
+    let d = quantity::milli_value(divisor)
+        .filter(|d| *d > 0)
+        .ok_or_else(|| ResourceFieldError::InvalidDivisor(divisor.0.clone()))?;
     let Some(v) = value else {
         // A request that is not set reads as 0 (cpu requests default to 0).
         return Ok("0".into());
     };
-    let m = quantity::milli_value(&v).ok_or_else(|| format!("invalid quantity {}", v.0))?;
+    let m = quantity::milli_value(&v).ok_or_else(|| ResourceFieldError::InvalidQuantity(v.0.clone()))?;
     Ok(((m + d - 1) / d).to_string())
 }
 
@@ -268,7 +282,7 @@ pub async fn make_environment(
                     Some(n) => pod_util::find_container(pod, n).map(|(_, c)| c).unwrap_or(c),
                     None => c,
                 };
-                resource_field(target, &r.resource, r.divisor.as_ref(), ctx.allocatable).map_err(EnvError::Config)?
+                resource_field(target, &r.resource, r.divisor.as_ref(), ctx.allocatable)?
             } else if let Some(r) = &src.config_map_key_ref {
                 let name = r.name.as_str();
                 match config_map(ctx.client, ns, name).await? {

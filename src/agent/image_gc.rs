@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use super::cri::{api, Cri, CriError};
 use super::events::Events;
 use crate::client::events::EventType;
+use crate::sync::LockExt;
 
 /// How often usage is checked (upstream's ImageGCPeriod).
 pub const GC_PERIOD: Duration = Duration::from_secs(300);
@@ -211,7 +212,7 @@ impl ImageGcManager {
                 }
             }
         }
-        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let mut records = self.records.locked();
         let present: HashSet<&str> = images.iter().map(|i| i.id.as_str()).collect();
         records.retain(|id, _| present.contains(id.as_str()));
         for img in &images {
@@ -255,7 +256,7 @@ impl ImageGcManager {
         let kept_ids = self.kept_ids().await?;
         let kept = |id: &str| kept_ids.contains(id);
         let chosen = {
-            let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+            let records = self.records.locked();
             images_to_remove(&records, in_use, &kept, now, self.policy.min_age, wanted)
         };
         let mut freed = 0u64;
@@ -266,7 +267,7 @@ impl ImageGcManager {
                 api::RemoveImageRequest { image: Some(api::ImageSpec { image: id.clone(), ..Default::default() }) };
             match self.cri.images().remove_image(req).await {
                 Ok(_) => {
-                    self.records.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                    self.records.locked().remove(&id);
                     freed += size;
                 }
                 Err(s) => errors.push(ImageGcError::Remove { id, message: s.message().to_string() }),

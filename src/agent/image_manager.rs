@@ -16,6 +16,7 @@ use super::pod_util;
 use super::{credentials, events::Events};
 use crate::backoff::Backoff;
 use crate::client::events::EventType;
+use crate::sync::LockExt;
 
 /// What the container will be created from.
 #[derive(Debug, Clone, Default)]
@@ -33,6 +34,12 @@ pub struct ImageError {
     pub reason: &'static str,
     pub message: String,
 }
+
+/// A pull that failed with every credential tried: the runtime's words
+/// for the last try.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.message())]
+pub struct PullFailed(#[source] CriError);
 
 /// Credentials the node itself holds for a registry (registries.yaml).
 pub trait NodeCredentials: Send + Sync {
@@ -115,7 +122,7 @@ impl ImageManager {
     }
 
     pub fn set_node_credentials(&self, creds: Arc<dyn NodeCredentials>) {
-        *self.node_credentials.lock().unwrap_or_else(|e| e.into_inner()) = Some(creds);
+        *self.node_credentials.locked() = Some(creds);
     }
 
     /// Whether the image was imported from a tarball (never pulled or collected).
@@ -126,9 +133,9 @@ impl ImageManager {
     /// Pulls `image` for the node itself (the images folder's pull lists),
     /// with the node's registry credentials.
     pub async fn pull_for_node(&self, image: &str) -> Result<(), String> {
-        let node = self.node_credentials.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let node = self.node_credentials.locked().clone();
         let auths: Vec<api::AuthConfig> = node.and_then(|n| n.auth_for(image)).into_iter().collect();
-        self.pull(image, &auths, None).await.map(|_| ())
+        self.pull(image, &auths, None).await.map(|_| ()).map_err(|e| e.to_string())
     }
 
     /// The image as CRI knows it, if present.
@@ -153,7 +160,7 @@ impl ImageManager {
                 Err(e) => tracing::warn!(secret = %r.name, error = %e, "cannot read image pull secret"),
             }
         }
-        let node = self.node_credentials.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let node = self.node_credentials.locked().clone();
         if let Some(auth) = node.and_then(|n| n.auth_for(image)) {
             out.push(auth);
         }
@@ -165,17 +172,20 @@ impl ImageManager {
         image: &str,
         auths: &[api::AuthConfig],
         sandbox: Option<&api::PodSandboxConfig>,
-    ) -> Result<String, String> {
-        let mut last = String::new();
-        let attempts: Vec<Option<api::AuthConfig>> =
-            if auths.is_empty() { vec![None] } else { auths.iter().cloned().map(Some).collect() };
-        for auth in attempts {
-            match self.cri.pull_image(image, auth, sandbox.cloned()).await {
-                Ok(image_ref) => return Ok(image_ref),
-                Err(e) => last = e.message(),
+    ) -> Result<String, PullFailed> {
+        // Each credential in turn (none when there is none), until one pulls.
+        let (first, rest) = match auths.split_first() {
+            Some((first, rest)) => (Some(first.clone()), rest),
+            None => (None, &[][..]),
+        };
+        let mut result = self.cri.pull_image(image, first, sandbox.cloned()).await;
+        for auth in rest {
+            if result.is_ok() {
+                break;
             }
+            result = self.cri.pull_image(image, Some(auth.clone()), sandbox.cloned()).await;
         }
-        Err(last)
+        result.map_err(PullFailed)
     }
 
     /// Makes sure the container's image is present, pulling it when the
@@ -222,7 +232,7 @@ impl ImageManager {
             return Err(ImageError { reason: "ImagePullBackOff", message: msg });
         }
         let lock = {
-            let mut pulls = self.pulls.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pulls = self.pulls.locked();
             pulls.entry(image.clone()).or_default().clone()
         };
         let waited = Instant::now();
@@ -273,27 +283,23 @@ impl ImageManager {
     /// When the back-off of `key` ends, for the pod worker's next try.
     pub fn backoff_remaining(&self, pod: &Pod, image: &str) -> Option<Duration> {
         let key = format!("{}_{image}", pod_util::uid(pod));
-        let until = *self.backoff_until.lock().unwrap_or_else(|e| e.into_inner()).get(&key)?;
+        let until = *self.backoff_until.locked().get(&key)?;
         until.checked_duration_since(Instant::now())
     }
 
     fn mark_backoff(&self, key: &str) {
         if let Some(d) = self.backoff.get(key, Instant::now()) {
-            self.backoff_until.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), Instant::now() + d);
+            self.backoff_until.locked().insert(key.to_string(), Instant::now() + d);
         }
     }
 
     fn backoff_pending(&self, key: &str) -> bool {
-        self.backoff_until
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key)
-            .is_some_and(|until| Instant::now() < *until)
+        self.backoff_until.locked().get(key).is_some_and(|until| Instant::now() < *until)
     }
 
     /// Forgets a pod's back-offs when it goes.
     pub fn forget_pod(&self, uid: &str) {
-        self.backoff_until.lock().unwrap_or_else(|e| e.into_inner()).retain(|k, _| !k.starts_with(&format!("{uid}_")));
+        self.backoff_until.locked().retain(|k, _| !k.starts_with(&format!("{uid}_")));
         self.backoff.gc(Instant::now());
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
 
 use crate::agent::cri::{api, Cri};
-use crate::agent::kuberuntime::manager::HookRunner;
+use crate::agent::kuberuntime::manager::{HookError, HookRunner, HttpHookError};
 use crate::agent::prober::exec::exec_sync;
 use crate::agent::prober::http::{self, HttpGetRequest};
 use crate::agent::prober::target::pod_ip_from_status;
@@ -32,37 +32,41 @@ pub async fn run_handler(
     container: &Container,
     container_id: &str,
     handler: &LifecycleHandler,
-) -> Result<(), String> {
+) -> Result<(), HookError> {
     let pod_name = quote(&pod_full_name(pod));
     let container_name = quote(&container.name);
     if let Some(action) = &handler.exec {
         let command = action.command.clone().unwrap_or_default();
         let outcome = exec_sync(cri, container_id, &command, None).await;
-        return outcome.result.map_err(|err| {
-            let message = format!(
-                "Exec lifecycle hook ({}) for Container {container_name} in Pod {pod_name} failed - error: {err}, message: {}",
-                go_string_slice(&command),
-                go_quote(&outcome.output)
-            );
-            tracing::debug!(%message, "lifecycle hook failed");
-            message
+        return outcome.result.map_err(|source| {
+            let e = HookError::Exec {
+                command: go_string_slice(&command),
+                container: container_name,
+                pod: pod_name,
+                source,
+                output: go_quote(&outcome.output),
+            };
+            tracing::debug!(message = %e, "lifecycle hook failed");
+            e
         });
     }
     if let Some(action) = &handler.http_get {
-        return run_http(cri, pod, container, container_id, action).await.map_err(|err| {
-            let message = format!(
-                "HTTP lifecycle hook ({}) for Container {container_name} in Pod {pod_name} failed - error: {err}",
-                action.path.as_deref().unwrap_or_default()
-            );
-            tracing::debug!(%message, "lifecycle hook failed");
-            message
+        return run_http(cri, pod, container, container_id, action).await.map_err(|source| {
+            let e = HookError::Http {
+                path: action.path.clone().unwrap_or_default(),
+                container: container_name,
+                pod: pod_name,
+                source,
+            };
+            tracing::debug!(message = %e, "lifecycle hook failed");
+            e
         });
     }
     if let Some(action) = &handler.sleep {
         tokio::time::sleep(Duration::from_secs(action.seconds.max(0) as u64)).await;
         return Ok(());
     }
-    Err(format!("Cannot run handler: invalid handler: {}", go_handler_text(handler)))
+    Err(HookError::InvalidHandler(go_handler_text(handler)))
 }
 
 async fn run_http(
@@ -71,12 +75,12 @@ async fn run_http(
     container: &Container,
     container_id: &str,
     action: &k8s_openapi::api::core::v1::HTTPGetAction,
-) -> Result<(), String> {
+) -> Result<(), HttpHookError> {
     let pod_ip = match action.host.as_deref().filter(|h| !h.is_empty()) {
         Some(_) => None,
         None => {
             let ip = sandbox_ip(cri, container_id).await.or_else(|| pod_ip_from_status(pod));
-            Some(ip.ok_or("failed to find networking container: the pod sandbox has no IP address")?.to_string())
+            Some(ip.ok_or(HttpHookError::NoSandboxIp)?.to_string())
         }
     };
     let req = HttpGetRequest::new(action, container, pod_ip.as_deref(), "lifecycle")?;
@@ -84,14 +88,16 @@ async fn run_http(
         Ok(_) => Ok(()),
         Err(e) if e.is_http_response_to_https() => {
             let plain = req.as_plain_http();
-            http::get(&plain, None).await.map_err(|_| e.to_string())?;
+            if http::get(&plain, None).await.is_err() {
+                return Err(e.into());
+            }
             tracing::warn!(
                 host = %plain.url.authority(),
                 "request to HTTPS lifecycle hook got HTTP response, retry with HTTP succeeded"
             );
             Ok(())
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -127,7 +133,7 @@ impl HookRunner for CriHooks {
         container: &Container,
         container_id: &str,
         handler: &LifecycleHandler,
-    ) -> Result<(), String> {
+    ) -> Result<(), HookError> {
         run_handler(&self.cri, pod, container, container_id, handler).await
     }
 }
@@ -181,7 +187,7 @@ mod tests {
         let c = Container { name: "c".into(), ..Default::default() };
         let err = run_handler(&no_runtime(), &pod(), &c, "id", &handler).await.unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "Cannot run handler: invalid handler: &LifecycleHandler{Exec:nil,HTTPGet:nil,TCPSocket:&TCPSocketAction{Port:8080,Host:,},Sleep:nil,}"
         );
     }
@@ -228,7 +234,7 @@ mod tests {
         drop(closed);
         let err = run_handler(&no_runtime(), &pod(), &c, "id", &hook(port)).await.unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             format!(
                 "HTTP lifecycle hook (/stop) for Container \"c\" in Pod \"p_ns(u-1)\" failed - error: Get \"http://127.0.0.1:{port}/stop\": dial tcp 127.0.0.1:{port}: connect: connection refused"
             )

@@ -166,7 +166,7 @@ fn refusal(body: &[u8]) -> String {
 /// and the server must prove itself under that old CA, through the
 /// cross-signed certificate it sends, by serving the same bundle again.
 async fn fetch_server_ca(opts: &JoinOptions, file: &Path) -> Result<String, JoinError> {
-    let insecure = crate::agent::prober::http::insecure_tls().map_err(JoinError::Pki)?;
+    let insecure = crate::agent::prober::http::insecure_tls().map_err(|e| JoinError::Pki(format!("tls: {e}")))?;
     let (status, body) = exchange(&opts.server, insecure, Method::GET, SERVER_CA_PATH, &[], Vec::new()).await?;
     if status != StatusCode::OK {
         return Err(JoinError::Refused { what: "give its CA", message: format!("{status}: {}", refusal(&body)) });

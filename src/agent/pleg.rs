@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 use prost::Message;
 
 use super::cri::Cri;
+use crate::sync::LockExt;
 
 /// Which pod a runtime container or sandbox id belongs to.
 #[derive(Debug, Default)]
@@ -25,15 +26,15 @@ pub struct ContainerIndex {
 
 impl ContainerIndex {
     pub fn insert(&self, id: &str, pod_uid: &str) {
-        self.ids.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), pod_uid.to_string());
+        self.ids.locked().insert(id.to_string(), pod_uid.to_string());
     }
 
     pub fn pod_of(&self, id: &str) -> Option<String> {
-        self.ids.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned()
+        self.ids.locked().get(id).cloned()
     }
 
     pub fn forget_pod(&self, pod_uid: &str) {
-        self.ids.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, uid| uid != pod_uid);
+        self.ids.locked().retain(|_, uid| uid != pod_uid);
     }
 }
 

@@ -18,6 +18,7 @@ use super::cri::CriError;
 use super::kuberuntime::manager::Waiting;
 use super::pod_status::PodFailure;
 use super::pod_util;
+use crate::sync::LockExt;
 
 /// How often a quiet pod is looked at anyway (upstream's syncFrequency is 1 min).
 const RESYNC: Duration = Duration::from_secs(90);
@@ -127,7 +128,7 @@ impl PodWorkers {
     }
 
     fn workers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Worker>> {
-        self.workers.lock().unwrap_or_else(|e| e.into_inner())
+        self.workers.locked()
     }
 
     /// The pod was added or changed at its source.
@@ -203,7 +204,7 @@ impl PodWorkers {
     /// A container of the pod exited (the PLEG saw it before CRI may have).
     pub fn container_died(&self, uid: &str, container_id: &str) {
         if let Some(w) = self.workers().get(uid) {
-            w.state.lock().unwrap_or_else(|e| e.into_inner()).push(container_id.to_string());
+            w.state.locked().push(container_id.to_string());
             w.wake.notify_one();
         }
     }
@@ -233,7 +234,7 @@ impl PodWorkers {
 fn active_in(workers: &HashMap<String, Worker>) -> Vec<Arc<Pod>> {
     workers
         .values()
-        .filter(|w| w.eviction.lock().unwrap_or_else(|e| e.into_inner()).is_none())
+        .filter(|w| w.eviction.locked().is_none())
         .map(|w| w.update.borrow().clone())
         .filter(|u| !u.removed && u.pod.metadata.deletion_timestamp.is_none())
         .filter(|u| {
@@ -269,12 +270,12 @@ impl PodWorkers {
     /// Adds a check new pods go through, after those added before (the
     /// eviction manager's admission, then the node's predicates).
     pub fn add_admit_handler(&self, handler: AdmitHandler) {
-        self.admit.lock().unwrap_or_else(|e| e.into_inner()).push(handler);
+        self.admit.locked().push(handler);
     }
 
     /// The first check's refusal of `pod` beside the `running` pods.
     fn admission(&self, pod: &Pod, running: &[Arc<Pod>]) -> Option<PodFailure> {
-        let handlers = self.admit.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let handlers = self.admit.locked().clone();
         handlers.iter().find_map(|h| h(pod, running))
     }
 
@@ -284,7 +285,7 @@ impl PodWorkers {
     pub fn evict(&self, uid: &str, failure: PodFailure, grace_seconds: i64) -> bool {
         let workers = self.workers();
         let Some(w) = workers.get(uid) else { return false };
-        *w.eviction.lock().unwrap_or_else(|e| e.into_inner()) = Some(Eviction { failure, grace_seconds });
+        *w.eviction.locked() = Some(Eviction { failure, grace_seconds });
         w.wake.notify_one();
         true
     }
@@ -310,10 +311,10 @@ async fn run(
     loop {
         let update = updates.borrow_and_update().clone();
         let pod = update.pod.clone();
-        st.expected_exits.extend(exits.lock().unwrap_or_else(|e| e.into_inner()).drain(..));
+        st.expected_exits.extend(exits.locked().drain(..));
         let deleting = update.removed || pod.metadata.deletion_timestamp.is_some();
         let next: Option<Duration>;
-        if let Some(e) = eviction.lock().unwrap_or_else(|e| e.into_inner()).take().filter(|_| stage == Stage::Syncing) {
+        if let Some(e) = eviction.locked().take().filter(|_| stage == Stage::Syncing) {
             st.failure = Some(e.failure);
             grace_override = Some(e.grace_seconds);
             stage = Stage::Terminating;

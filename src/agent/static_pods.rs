@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 
 use super::pod_util;
 use super::pod_workers::PodWorkers;
+use crate::sync::LockExt;
 use crate::well_known::annotations::CONFIG_MIRROR;
 
 pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
@@ -111,19 +112,19 @@ pub struct Mirrors {
 
 impl Mirrors {
     pub fn get(&self, static_uid: &str) -> Option<Arc<Pod>> {
-        self.pods.lock().unwrap_or_else(|e| e.into_inner()).get(static_uid).cloned()
+        self.pods.locked().get(static_uid).cloned()
     }
 
     /// Records a mirror pod seen in the API; returns the static uid it mirrors.
     pub fn seen(&self, pod: Arc<Pod>) -> Option<String> {
         let hash = pod.metadata.annotations.as_ref()?.get(CONFIG_MIRROR)?.clone();
-        self.pods.lock().unwrap_or_else(|e| e.into_inner()).insert(hash.clone(), pod);
+        self.pods.locked().insert(hash.clone(), pod);
         Some(hash)
     }
 
     pub fn gone(&self, pod: &Pod) -> Option<String> {
         let hash = pod.metadata.annotations.as_ref()?.get(CONFIG_MIRROR)?.clone();
-        let mut pods = self.pods.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pods = self.pods.locked();
         if pods.get(&hash).is_some_and(|p| p.metadata.uid == pod.metadata.uid) {
             pods.remove(&hash);
         }

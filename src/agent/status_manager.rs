@@ -14,6 +14,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, Notify};
 
+use crate::sync::LockExt;
+
 /// Conditions the kubelet owns; only these are sent.
 const OWN_CONDITIONS: [&str; 4] = ["PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"];
 /// Status writes in flight at once.
@@ -97,7 +99,7 @@ impl StatusManager {
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.inner.entries.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.entries.locked()
     }
 
     /// Hands in the status of `pod` (keyed by the API object's uid).
@@ -159,7 +161,7 @@ async fn writer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<String>) {
             else => return,
         };
         {
-            let mut b = busy.lock().unwrap_or_else(|e| e.into_inner());
+            let mut b = busy.locked();
             if let Some(pending) = b.get_mut(&uid) {
                 *pending = true;
                 continue;
@@ -172,7 +174,7 @@ async fn writer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<String>) {
         let retry = retry_tx.clone();
         tokio::spawn(async move {
             let mut again = write_one(&inner, &uid).await;
-            if busy.lock().unwrap_or_else(|e| e.into_inner()).remove(&uid) == Some(true) {
+            if busy.locked().remove(&uid) == Some(true) {
                 again = Some(again.unwrap_or(Duration::ZERO));
             }
             drop(permit);
@@ -188,7 +190,7 @@ async fn writer(inner: Arc<Inner>, mut rx: mpsc::UnboundedReceiver<String>) {
 /// Writes the newest status of one pod; Some(delay) asks for another try.
 async fn write_one(inner: &Inner, uid: &str) -> Option<Duration> {
     let (namespace, name, wanted) = {
-        let entries = inner.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = inner.entries.locked();
         let e = entries.get(uid)?;
         if e.written.as_ref().is_some_and(|w| satisfied(w, &e.wanted)) {
             return None;
@@ -199,7 +201,7 @@ async fn write_one(inner: &Inner, uid: &str) -> Option<Duration> {
     let patch = json!({"metadata": {"uid": uid}, "status": with_deletions(&wanted)});
     match api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch)).await {
         Ok(pod) => {
-            let mut entries = inner.entries.lock().unwrap_or_else(|e| e.into_inner());
+            let mut entries = inner.entries.locked();
             if let Some(e) = entries.get_mut(uid) {
                 e.written = pod.status.as_ref().map(ours);
                 // A newer status arrived while writing: go again.
@@ -210,7 +212,7 @@ async fn write_one(inner: &Inner, uid: &str) -> Option<Duration> {
             None
         }
         Err(kube::Error::Api(e)) if e.code == 404 => {
-            inner.entries.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+            inner.entries.locked().remove(uid);
             None
         }
         Err(e) => {

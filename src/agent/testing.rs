@@ -32,6 +32,7 @@ use super::status_manager::StatusManager;
 use super::volume_manager::mounter::FakeMounter;
 use super::volume_manager::VolumeManager;
 use crate::backoff::Backoff;
+use crate::sync::LockExt;
 
 /// One request the fake API server saw.
 #[derive(Debug, Clone)]
@@ -50,7 +51,7 @@ pub struct FakeApi {
 
 impl FakeApi {
     pub fn requests(&self) -> Vec<Recorded> {
-        self.requests.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.requests.locked().clone()
     }
 
     /// The reasons of the events recorded so far.
@@ -93,7 +94,7 @@ async fn record(State(api): State<FakeApi>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     let bytes = axum::body::to_bytes(req.into_body(), usize::MAX).await.unwrap_or_default();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    api.requests.lock().unwrap_or_else(|e| e.into_inner()).push(Recorded { method, path, body });
+    api.requests.locked().push(Recorded { method, path, body });
     api.changed.notify_waiters();
     let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
         "message": "not found"});
@@ -145,7 +146,7 @@ pub struct FakeProbes {
 impl FakeProbes {
     /// The `probe` of the running container `name` has failed.
     pub fn fail(&self, name: &str, probe: ProbeType) {
-        self.failed.lock().unwrap_or_else(|e| e.into_inner()).push((name.to_string(), probe));
+        self.failed.locked().push((name.to_string(), probe));
     }
 }
 
@@ -153,7 +154,7 @@ impl ProbeResults for FakeProbes {
     fn ensure(&self, _pod: &Pod, _rt: &RuntimePod, _pod_ip: Option<std::net::IpAddr>) {}
 
     fn state(&self, _pod: &Pod, rt: &RuntimePod) -> ProbeState {
-        let failed = self.failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let failed = self.failed.locked().clone();
         let mut state = ProbeState::default();
         for c in rt.running() {
             state.started.insert(c.id.clone());

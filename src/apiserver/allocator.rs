@@ -25,16 +25,27 @@ pub struct Cidr {
     pub prefix: u8,
 }
 
+/// Why a service CIDR flag does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    #[error("{0:?} is not a CIDR like 10.43.0.0/16")]
+    NoPrefix(String),
+    #[error("{cidr:?} is not an IPv4 CIDR")]
+    NotIpv4 { cidr: String, source: std::net::AddrParseError },
+    #[error("{0:?}: the prefix must be between /8 and /30")]
+    PrefixLength(String),
+}
+
 impl std::str::FromStr for Cidr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let (ip, prefix) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a CIDR like 10.43.0.0/16"))?;
-        let ip: Ipv4Addr = ip.parse().map_err(|_| format!("{s:?} is not an IPv4 CIDR"))?;
+    type Err = CidrError;
+    fn from_str(s: &str) -> Result<Self, CidrError> {
+        let (ip, prefix) = s.split_once('/').ok_or_else(|| CidrError::NoPrefix(s.to_string()))?;
+        let ip: Ipv4Addr = ip.parse().map_err(|source| CidrError::NotIpv4 { cidr: s.to_string(), source })?;
         let prefix: u8 = prefix
             .parse()
             .ok()
             .filter(|p| (8..=30).contains(p))
-            .ok_or_else(|| format!("{s:?}: the prefix must be between /8 and /30"))?;
+            .ok_or_else(|| CidrError::PrefixLength(s.to_string()))?;
         let mask = u32::MAX << (32 - prefix);
         Ok(Cidr { base: Ipv4Addr::from(u32::from(ip) & mask), prefix })
     }

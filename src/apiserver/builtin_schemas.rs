@@ -45,12 +45,21 @@ static BUILTIN: LazyLock<Option<Builtin>> = LazyLock::new(|| match load() {
     }
 });
 
-fn inflate() -> Result<Vec<u8>, String> {
-    miniz_oxide::inflate::decompress_to_vec(EMBEDDED).map_err(|e| format!("inflate: {e}"))
+/// Why the embedded components do not load (a broken build).
+#[derive(Debug, thiserror::Error)]
+enum LoadError {
+    #[error("inflate: {0}")]
+    Inflate(miniz_oxide::inflate::DecompressError),
+    #[error("{0}")]
+    Parse(#[from] serde_json::Error),
 }
 
-fn load() -> Result<Builtin, String> {
-    let file: Embedded = serde_json::from_slice(&inflate()?).map_err(|e| e.to_string())?;
+fn inflate() -> Result<Vec<u8>, LoadError> {
+    miniz_oxide::inflate::decompress_to_vec(EMBEDDED).map_err(LoadError::Inflate)
+}
+
+fn load() -> Result<Builtin, LoadError> {
+    let file: Embedded = serde_json::from_slice(&inflate()?)?;
     Ok(Builtin { roots: file.roots, components: Arc::new(Components::from_text(file.components)) })
 }
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::status::ApiError;
 use super::storage::{whole, Change, Decoded, Decoding, Parse, Storage};
+use crate::sync::RwLockExt;
 
 /// What a cache holds of each object, as its parse makes it of the stored
 /// JSON: the JSON value, or a leaner form for a cache of many objects.
@@ -138,19 +139,19 @@ impl<T: Cached> PrefixCache<T> {
 
     /// Whether any cached object satisfies `pred` (nothing is copied).
     pub fn any(&self, mut pred: impl FnMut(&T) -> bool) -> bool {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).by_id.values().any(|o| pred(o))
+        self.objects.read_locked().by_id.values().any(|o| pred(o))
     }
 
     /// Whether any cached object whose `Cached::index_key` is `key`
     /// satisfies `pred` (only those objects are visited).
     pub fn any_with_key(&self, key: &str, mut pred: impl FnMut(&T) -> bool) -> bool {
-        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        let objects = self.objects.read_locked();
         objects.by_key.get(key).is_some_and(|list| list.iter().any(|o| pred(o)))
     }
 
     /// How many objects are cached.
     pub fn len(&self) -> usize {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).by_id.len()
+        self.objects.read_locked().by_id.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -159,22 +160,22 @@ impl<T: Cached> PrefixCache<T> {
 
     /// Every cached object, in no particular order (shared, not copied).
     pub fn all(&self) -> Vec<Arc<T>> {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).by_id.values().cloned().collect()
+        self.objects.read_locked().by_id.values().cloned().collect()
     }
 
     /// The objects of one namespace.
     pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<T>> {
-        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        let objects = self.objects.read_locked();
         objects.by_id.values().filter(|o| o.namespace() == Some(namespace)).cloned().collect()
     }
 
     /// Whether one namespace has any object (nothing is copied).
     pub fn any_in_namespace(&self, namespace: &str) -> bool {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).by_id.values().any(|o| o.namespace() == Some(namespace))
+        self.objects.read_locked().by_id.values().any(|o| o.namespace() == Some(namespace))
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<T>> {
-        self.objects.read().unwrap_or_else(|e| e.into_inner()).by_id.get(id).cloned()
+        self.objects.read_locked().by_id.get(id).cloned()
     }
 
     /// Adds `obj` as if the store had sent it.
@@ -192,7 +193,7 @@ impl<T: Cached> PrefixCache<T> {
     }
 
     fn apply(&self, change: Change<T>) {
-        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        let mut objects = self.objects.write_locked();
         match change {
             Change::Added(s) | Change::Modified { new: s, .. } => objects.insert(s.object.id(), Arc::new(s.object)),
             Change::Deleted(s) => objects.remove(&s.object.id()),
@@ -208,7 +209,7 @@ impl<T: Cached> PrefixCache<T> {
         for s in items {
             all.insert(s.object.id(), Arc::new(s.object));
         }
-        *self.objects.write().unwrap_or_else(|e| e.into_inner()) = all;
+        *self.objects.write_locked() = all;
         self.changes.send_modify(|n| *n += 1);
         self.synced.store(true, std::sync::atomic::Ordering::Release);
         Ok(rev)

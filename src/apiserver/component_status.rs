@@ -8,7 +8,9 @@
 
 use serde_json::{json, Value};
 
+use super::health::CheckFailed;
 use super::meta::{parse_rfc3339, unix_now};
+use super::status::ApiError;
 use super::Api;
 
 /// The warning upstream sends with every read of the resource.
@@ -22,8 +24,10 @@ const COMPONENTS: &[(&str, Option<&str>)] =
 /// Why a component counts as unhealthy.
 #[derive(Debug, thiserror::Error)]
 pub enum Unhealthy {
+    #[error(transparent)]
+    Store(#[from] CheckFailed),
     #[error("{0}")]
-    Store(String),
+    Read(#[source] ApiError),
     #[error("leader lease {0} is not held")]
     LeaseNotHeld(String),
 }
@@ -46,7 +50,7 @@ async fn probe(api: &Api, lease: Option<&str>) -> Result<(), Unhealthy> {
     match api.storage.get(&key).await {
         Ok(Some(stored)) if lease_held(&stored.object, unix_now()) => Ok(()),
         Ok(_) => Err(Unhealthy::LeaseNotHeld(name.to_string())),
-        Err(e) => Err(Unhealthy::Store(e.to_string())),
+        Err(e) => Err(Unhealthy::Read(e)),
     }
 }
 

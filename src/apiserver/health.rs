@@ -21,7 +21,8 @@ use axum::response::{IntoResponse, Response};
 
 use super::Api;
 use crate::store::proto::RangeRequest;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
+use crate::sync::LockExt;
 
 /// Upstream's default `--etcd-healthcheck-timeout` and `--etcd-readycheck-timeout`.
 pub const STORE_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -92,11 +93,29 @@ impl Endpoint {
     }
 }
 
+/// Why a check fails; the reason goes to the log (and to `/readyz/<name>`
+/// alone), as upstream's.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CheckFailed {
+    #[error("error getting data from etcd: {0}")]
+    StoreRead(#[source] Arc<StoreError>),
+    #[error("error getting data from etcd: context deadline exceeded")]
+    StoreTimeout,
+    #[error("logging blocked")]
+    LogBlocked,
+    #[error("informers not started yet")]
+    InformersNotSynced,
+    #[error("process is shutting down")]
+    ShuttingDown,
+    #[error("not finished")]
+    HookNotFinished,
+}
+
 /// What the checks need beyond the rest of the API server.
 pub struct Health {
     store: Arc<dyn Store>,
     /// The last store probe: when it started and what it found.
-    probe: tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>,
+    probe: tokio::sync::Mutex<Option<(Instant, Result<(), CheckFailed>)>>,
     finished_hooks: Mutex<Vec<&'static str>>,
     shutting_down: AtomicBool,
 }
@@ -113,14 +132,14 @@ impl Health {
 
     /// Marks a post-start hook (one of `hooks::ALL`) finished.
     pub fn hook_finished(&self, name: &'static str) {
-        let mut done = self.finished_hooks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done = self.finished_hooks.locked();
         if !done.contains(&name) {
             done.push(name);
         }
     }
 
     fn hook_is_finished(&self, name: &str) -> bool {
-        self.finished_hooks.lock().unwrap_or_else(|e| e.into_inner()).contains(&name)
+        self.finished_hooks.locked().contains(&name)
     }
 
     /// Readiness turns red from now on: the process is stopping.
@@ -131,7 +150,7 @@ impl Health {
     /// Reads from the store within the timeout. Probes are spaced at least
     /// half the timeout apart, as upstream's; a request in between gets the
     /// last probe's answer.
-    pub async fn store_answers(&self) -> Result<(), String> {
+    pub async fn store_answers(&self) -> Result<(), CheckFailed> {
         let mut last = self.probe.lock().await;
         if let Some((at, result)) = last.as_ref() {
             if at.elapsed() < STORE_CHECK_TIMEOUT / 2 {
@@ -142,8 +161,8 @@ impl Health {
         let read = RangeRequest { key: HEALTH_KEY.to_vec(), limit: 1, ..Default::default() };
         let result = match tokio::time::timeout(STORE_CHECK_TIMEOUT, self.store.range(read)).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("error getting data from etcd: {e}")),
-            Err(_) => Err("error getting data from etcd: context deadline exceeded".into()),
+            Ok(Err(e)) => Err(CheckFailed::StoreRead(Arc::new(e))),
+            Err(_) => Err(CheckFailed::StoreTimeout),
         };
         *last = Some((started, result.clone()));
         result
@@ -159,7 +178,7 @@ fn unix_secs() -> u64 {
 
 /// The log is not blocked: a thread flushes it every minute and notes the
 /// time; a flush stuck on a full pipe stops the clock.
-fn log_flushes() -> Result<(), String> {
+fn log_flushes() -> Result<(), CheckFailed> {
     static FLUSHER: OnceLock<()> = OnceLock::new();
     FLUSHER.get_or_init(|| {
         LOG_FLUSHED_AT.store(unix_secs(), Ordering::Release);
@@ -174,7 +193,7 @@ fn log_flushes() -> Result<(), String> {
         }
     });
     if log_blocked(LOG_FLUSHED_AT.load(Ordering::Acquire), unix_secs()) {
-        return Err("logging blocked".into());
+        return Err(CheckFailed::LogBlocked);
     }
     Ok(())
 }
@@ -184,7 +203,7 @@ fn log_blocked(flushed_at: u64, now: u64) -> bool {
     now.saturating_sub(flushed_at) > LOG_BLOCKED_AFTER.as_secs()
 }
 
-async fn run_check(api: &Api, name: &str) -> Option<Result<(), String>> {
+async fn run_check(api: &Api, name: &str) -> Option<Result<(), CheckFailed>> {
     let health = &api.health;
     let result = match name {
         "ping" => Ok(()),
@@ -194,12 +213,12 @@ async fn run_check(api: &Api, name: &str) -> Option<Result<(), String>> {
             if api.caches_synced() {
                 Ok(())
             } else {
-                Err("informers not started yet".into())
+                Err(CheckFailed::InformersNotSynced)
             }
         }
         "shutdown" => {
             if health.shutting_down.load(Ordering::Acquire) {
-                Err("process is shutting down".into())
+                Err(CheckFailed::ShuttingDown)
             } else {
                 Ok(())
             }
@@ -212,7 +231,7 @@ async fn run_check(api: &Api, name: &str) -> Option<Result<(), String>> {
             if health.hook_is_finished(hook) {
                 Ok(())
             } else {
-                Err("not finished".into())
+                Err(CheckFailed::HookNotFinished)
             }
         }
     };
@@ -300,7 +319,7 @@ mod tests {
 
     #[test]
     fn the_log_is_flushed() {
-        assert_eq!(log_flushes(), Ok(()));
+        assert_eq!(log_flushes().map_err(|e| e.to_string()), Ok(()));
         // A flush older than two minutes means a stuck log.
         assert!(!log_blocked(1_000, 1_119));
         assert!(log_blocked(1_000, 1_121));

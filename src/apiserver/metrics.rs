@@ -25,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use super::request::ResourcePath;
 use super::Api;
 use crate::metrics::{self, Histogram};
+use crate::sync::{LockExt, RwLockExt};
 
 /// The `component` label of everything this API server records.
 const COMPONENT: &str = "apiserver";
@@ -218,13 +219,13 @@ impl ApiMetrics {
     pub fn observe_request(&self, labels: &RequestLabels<'_>, code: u16, elapsed: Duration) {
         let key = labels.key();
         let found = {
-            let map = self.requests.read().unwrap_or_else(|e| e.into_inner());
+            let map = self.requests.read_locked();
             map.get(&key).and_then(|v| v.iter().find(|s| s.matches(labels)).cloned())
         };
         let series = match found {
             Some(s) => s,
             None => {
-                let mut map = self.requests.write().unwrap_or_else(|e| e.into_inner());
+                let mut map = self.requests.write_locked();
                 let slot = map.entry(key).or_default();
                 match slot.iter().find(|s| s.matches(labels)) {
                     Some(s) => s.clone(),
@@ -237,7 +238,7 @@ impl ApiMetrics {
             }
         };
         {
-            let mut codes = series.codes.lock().unwrap_or_else(|e| e.into_inner());
+            let mut codes = series.codes.locked();
             match codes.iter_mut().find(|(c, _)| *c == code) {
                 Some((_, n)) => *n += 1,
                 None => codes.push((code, 1)),
@@ -251,13 +252,12 @@ impl ApiMetrics {
     /// Records one store call on `key` (or a prefix).
     pub fn observe_storage(&self, op: Operation, key: &str, elapsed: Duration) {
         let t = storage_type(key);
-        let found = self.etcd.read().unwrap_or_else(|e| e.into_inner()).get(t).cloned();
+        let found = self.etcd.read_locked().get(t).cloned();
         let series = match found {
             Some(s) => s,
             None => self
                 .etcd
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
+                .write_locked()
                 .entry(t.to_string())
                 .or_insert_with(|| {
                     Arc::new(EtcdSeries(Operation::ALL.map(|_| Histogram::new(metrics::APISERVER_BUCKETS))))
@@ -269,18 +269,15 @@ impl ApiMetrics {
 
     /// The count of `apiserver_request_total` for these labels and code.
     pub fn request_count(&self, labels: &RequestLabels<'_>, code: u16) -> u64 {
-        let map = self.requests.read().unwrap_or_else(|e| e.into_inner());
+        let map = self.requests.read_locked();
         map.get(&labels.key())
             .and_then(|v| v.iter().find(|s| s.matches(labels)).cloned())
-            .and_then(|s| {
-                s.codes.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(c, _)| *c == code).map(|p| p.1)
-            })
+            .and_then(|s| s.codes.locked().iter().find(|(c, _)| *c == code).map(|p| p.1))
             .unwrap_or(0)
     }
 
     fn write_requests(&self, out: &mut String) {
-        let mut all: Vec<Arc<RequestSeries>> =
-            self.requests.read().unwrap_or_else(|e| e.into_inner()).values().flatten().cloned().collect();
+        let mut all: Vec<Arc<RequestSeries>> = self.requests.read_locked().values().flatten().cloned().collect();
         all.sort_by(|a, b| a.labels.cmp(&b.labels));
         metrics::write_header(
             out,
@@ -289,7 +286,7 @@ impl ApiMetrics {
             "counter",
         );
         for s in &all {
-            let codes = s.codes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let codes = s.codes.locked().clone();
             for (code, n) in codes {
                 out.push_str(&format!("apiserver_request_total{{{},code=\"{code}\"}} {n}\n", s.labels));
             }
@@ -306,13 +303,8 @@ impl ApiMetrics {
     }
 
     fn write_storage(&self, out: &mut String) {
-        let mut all: Vec<(String, Arc<EtcdSeries>)> = self
-            .etcd
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(k, v)| (etcd_type_label(k), v.clone()))
-            .collect();
+        let mut all: Vec<(String, Arc<EtcdSeries>)> =
+            self.etcd.read_locked().iter().map(|(k, v)| (etcd_type_label(k), v.clone())).collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         metrics::write_header(
             out,

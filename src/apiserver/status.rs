@@ -29,6 +29,20 @@ impl Cause {
     }
 }
 
+/// Field errors as upstream's aggregate prints them: `field: message`, in
+/// brackets when there are several (`[a: x, b: y]`).
+pub fn summary(causes: &[Cause]) -> String {
+    let list: Vec<String> = causes
+        .iter()
+        .map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) })
+        .collect();
+    if list.len() == 1 {
+        list[0].clone()
+    } else {
+        format!("[{}]", list.join(", "))
+    }
+}
+
 /// An error answer of the API.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
@@ -86,11 +100,7 @@ impl ApiError {
 
     /// `Pod "x" is invalid: [spec.containers: Required value, ...]`.
     pub fn invalid(group: &str, kind: &str, name: &str, causes: Vec<Cause>) -> Self {
-        let list: Vec<String> = causes
-            .iter()
-            .map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) })
-            .collect();
-        let summary = if list.len() == 1 { list[0].clone() } else { format!("[{}]", list.join(", ")) };
+        let summary = summary(&causes);
         let mut e =
             Self::new(422, "Invalid", format!("{kind}{} \"{name}\" is invalid: {summary}", group_suffix(group)))
                 .with_details(group, kind, name);

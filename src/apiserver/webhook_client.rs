@@ -15,7 +15,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
 
-use super::proxy::service_endpoint::{self, ServicePort};
+use super::proxy::service_endpoint::{self, ServicePort, Unresolved};
 use super::storage::Storage;
 
 /// Why a webhook could not be called, or answered with an error.
@@ -38,7 +38,7 @@ pub enum CallError {
 /// Service is resolved as the connection is dialled, as upstream's dialer
 /// does, so its failure is the POST's), the name TLS checks and the path.
 pub struct Target {
-    addr: Result<String, String>,
+    addr: Result<String, Unresolved>,
     server_name: String,
     /// `https://host[:port]` as upstream's URL shows it.
     base: String,
@@ -119,7 +119,7 @@ pub async fn post(
     let transport = |cause: String| CallError::Transport { url: url.clone(), cause };
     let connector = tokio_rustls::TlsConnector::from(tls_config(ca_bundle)?);
     let exchange = async {
-        let addr = target.addr.as_ref().map_err(|e| transport(e.clone()))?;
+        let addr = target.addr.as_ref().map_err(|e| transport(e.to_string()))?;
         let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| transport(e.to_string()))?;
         let name = ServerName::try_from(target.server_name.clone()).map_err(|e| transport(e.to_string()))?;
         let tls = connector.connect(name, tcp).await.map_err(|e| transport(e.to_string()))?;

@@ -55,10 +55,27 @@ const ETCD_SNAPSHOT_KEYS: &[&str] = &[
 /// The server's keys `etcd-snapshot prune` takes too.
 const ETCD_SNAPSHOT_PRUNE_KEYS: &[&str] = &["etcd-snapshot-retention"];
 
+/// Why the config file cannot be read into flags.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    #[error("--config: cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("--config: {path}: {source}")]
+    Parse { path: PathBuf, source: serde_yaml_ng::Error },
+    #[error("--config: {0}: expected a map of flag names to values")]
+    NotAMap(PathBuf),
+    #[error("--config: {0}: keys must be flag names")]
+    NotAFlagName(PathBuf),
+    #[error("--config: {path}: {key}: list items must be scalars")]
+    NotAScalarItem { path: PathBuf, key: String },
+    #[error("--config: {path}: {key}: expected a scalar or a list")]
+    NotAScalar { path: PathBuf, key: String },
+}
+
 /// The command line with the config file's flags inserted after the
 /// subcommand, for `server`, `agent` and `etcd-snapshot` (the keys of
 /// `prune` after `prune`).
-pub fn with_config_file(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+pub fn with_config_file(args: Vec<OsString>) -> Result<Vec<OsString>, ConfigFileError> {
     let Some(sub) = args.get(1).map(|s| s.to_string_lossy().into_owned()) else {
         return Ok(args);
     };
@@ -73,18 +90,20 @@ pub fn with_config_file(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(args),
-        Err(e) => return Err(format!("--config: cannot read {}: {e}", path.display())),
+        Err(source) => return Err(ConfigFileError::Read { path, source }),
     };
-    let doc: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&text).map_err(|e| format!("--config: {}: {e}", path.display()))?;
+    let doc: serde_yaml_ng::Value = match serde_yaml_ng::from_str(&text) {
+        Ok(doc) => doc,
+        Err(source) => return Err(ConfigFileError::Parse { path, source }),
+    };
     let map = match doc {
         serde_yaml_ng::Value::Mapping(m) => m,
         serde_yaml_ng::Value::Null => return Ok(args),
-        _ => return Err(format!("--config: {}: expected a map of flag names to values", path.display())),
+        _ => return Err(ConfigFileError::NotAMap(path)),
     };
     let (mut extra, mut sub_extra) = (Vec::new(), Vec::new());
     for (k, v) in map {
-        let key = scalar(&k).ok_or_else(|| format!("--config: {}: keys must be flag names", path.display()))?;
+        let key = scalar(&k).ok_or_else(|| ConfigFileError::NotAFlagName(path.clone()))?;
         if key == "config" {
             continue;
         }
@@ -98,7 +117,7 @@ pub fn with_config_file(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             serde_yaml_ng::Value::Sequence(items) => {
                 for item in items {
                     let s = scalar(item)
-                        .ok_or_else(|| format!("--config: {}: {key}: list items must be scalars", path.display()))?;
+                        .ok_or_else(|| ConfigFileError::NotAScalarItem { path: path.clone(), key: key.clone() })?;
                     extra.push(OsString::from(format!("{flag}={s}")));
                 }
             }
@@ -106,7 +125,7 @@ pub fn with_config_file(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
             serde_yaml_ng::Value::Bool(false) => {}
             other => {
                 let s = scalar(other)
-                    .ok_or_else(|| format!("--config: {}: {key}: expected a scalar or a list", path.display()))?;
+                    .ok_or_else(|| ConfigFileError::NotAScalar { path: path.clone(), key: key.clone() })?;
                 extra.push(OsString::from(format!("{flag}={s}")));
             }
         }
@@ -129,7 +148,7 @@ pub fn with_config_file(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
 mod tests {
     use super::*;
 
-    fn run(file: &str, args: &[&str]) -> Result<Vec<String>, String> {
+    fn run(file: &str, args: &[&str]) -> Result<Vec<String>, ConfigFileError> {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.yaml");
         std::fs::write(&path, file).unwrap();
@@ -164,7 +183,7 @@ mod tests {
         assert!(server.contains(&"--token=secret".to_string()) && server.contains(&"--disable=coredns".to_string()));
         // Other commands read no config file.
         assert_eq!(run(file, &["ferrok", "token", "list"]).unwrap(), ["ferrok", "token", "list"]);
-        let err = run("data-dir: [", &["ferrok", "etcd-snapshot", "ls"]).unwrap_err();
+        let err = run("data-dir: [", &["ferrok", "etcd-snapshot", "ls"]).unwrap_err().to_string();
         assert!(err.starts_with("--config: ") && err.contains("config.yaml"), "{err}");
     }
 }

@@ -3,18 +3,29 @@
 
 use std::time::Duration;
 
-pub fn parse(text: &str) -> Result<Duration, String> {
+use crate::duration::ParseError;
+
+/// Why a flag's duration is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationFlagError {
+    #[error(transparent)]
+    Invalid(#[from] ParseError),
+    #[error("invalid duration {0:?}: must be positive")]
+    NotPositive(String),
+}
+
+pub fn parse(text: &str) -> Result<Duration, DurationFlagError> {
     let d = parse_or_zero(text)?;
     if d.is_zero() {
-        return Err(format!("invalid duration {:?}: must be positive", text.trim()));
+        return Err(DurationFlagError::NotPositive(text.trim().to_string()));
     }
     Ok(d)
 }
 
 /// As `parse`, and zero (`0`, `0s`, ...) is allowed: for flags where zero
 /// turns something off.
-pub fn parse_or_zero(text: &str) -> Result<Duration, String> {
-    crate::duration::parse_seconds_or_go(text).map_err(|e| e.to_string())
+pub fn parse_or_zero(text: &str) -> Result<Duration, ParseError> {
+    crate::duration::parse_seconds_or_go(text)
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 
+use crate::sync::{LockExt, RwLockExt};
+
 /// How long dialling one server may take.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 pings find a server that went away without closing the connection.
@@ -31,11 +33,30 @@ const KEEPALIVE: Duration = Duration::from_secs(10);
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     #[error("no API server reachable (tried {tried}): {last}")]
-    Unreachable { tried: String, last: String },
+    Unreachable { tried: String, last: DialError },
     #[error("{0}")]
     Http(#[from] hyper::Error),
     #[error("bad request URI: {0}")]
     Uri(String),
+}
+
+/// Why one server could not be dialled.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("no servers")]
+    NoServers,
+    #[error("{host}: {source}")]
+    ServerName { host: String, source: rustls::pki_types::InvalidDnsNameError },
+    #[error("dial tcp {0}: timed out")]
+    DialTimeout(String),
+    #[error("dial tcp {server}: {source}")]
+    Dial { server: String, source: std::io::Error },
+    #[error("TLS handshake with {0}: timed out")]
+    TlsTimeout(String),
+    #[error("TLS handshake with {server}: {source}")]
+    Tls { server: String, source: std::io::Error },
+    #[error("HTTP/2 with {server}: {source}")]
+    Http2 { server: String, source: hyper::Error },
 }
 
 /// The API servers a node may talk to (`host:port` each), in order of
@@ -65,7 +86,7 @@ impl ServerList {
     }
 
     pub fn get(&self) -> Vec<String> {
-        self.servers.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.servers.locked().clone()
     }
 
     /// Replaces the list with the live servers the cluster names (the
@@ -79,7 +100,7 @@ impl ServerList {
         if !next.contains(&self.joined) {
             next.push(self.joined.clone());
         }
-        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut servers = self.servers.locked();
         if *servers == next {
             return;
         }
@@ -119,7 +140,7 @@ impl Transport {
 
     /// New credentials (a renewed certificate), used from the next connection on.
     pub fn set_tls(&self, tls: Arc<rustls::ClientConfig>) {
-        *self.shared.tls.write().unwrap_or_else(|e| e.into_inner()) = tls;
+        *self.shared.tls.write_locked() = tls;
     }
 
     /// The `kube::Client` over this transport.
@@ -149,8 +170,8 @@ impl Shared {
             let n = servers.len();
             servers.rotate_left((i + 1) % n);
         }
-        let tls = self.tls.read().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut last = String::from("no servers");
+        let tls = self.tls.read_locked().clone();
+        let mut last = DialError::NoServers;
         for server in &servers {
             match connect(server, tls.clone()).await {
                 Ok(sender) => {
@@ -170,18 +191,19 @@ impl Shared {
 }
 
 /// Dials `server` (`host:port`), TLS with ALPN h2, and starts HTTP/2.
-async fn connect(server: &str, tls: Arc<rustls::ClientConfig>) -> Result<SendRequest<kube::client::Body>, String> {
+async fn connect(server: &str, tls: Arc<rustls::ClientConfig>) -> Result<SendRequest<kube::client::Body>, DialError> {
     let host = server.rsplit_once(':').map(|(h, _)| h).unwrap_or(server).trim_matches(['[', ']']);
-    let name = ServerName::try_from(host.to_string()).map_err(|e| format!("{host}: {e}"))?;
+    let name = ServerName::try_from(host.to_string())
+        .map_err(|source| DialError::ServerName { host: host.to_string(), source })?;
     let tcp = tokio::time::timeout(DIAL_TIMEOUT, tokio::net::TcpStream::connect(server))
         .await
-        .map_err(|_| format!("dial tcp {server}: timed out"))?
-        .map_err(|e| format!("dial tcp {server}: {e}"))?;
+        .map_err(|_| DialError::DialTimeout(server.to_string()))?
+        .map_err(|source| DialError::Dial { server: server.to_string(), source })?;
     let _ = tcp.set_nodelay(true);
     let stream = tokio::time::timeout(DIAL_TIMEOUT, tokio_rustls::TlsConnector::from(tls).connect(name, tcp))
         .await
-        .map_err(|_| format!("TLS handshake with {server}: timed out"))?
-        .map_err(|e| format!("TLS handshake with {server}: {e}"))?;
+        .map_err(|_| DialError::TlsTimeout(server.to_string()))?
+        .map_err(|source| DialError::Tls { server: server.to_string(), source })?;
     let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .keep_alive_interval(KEEPALIVE)
@@ -189,7 +211,7 @@ async fn connect(server: &str, tls: Arc<rustls::ClientConfig>) -> Result<SendReq
         .keep_alive_while_idle(true)
         .handshake(TokioIo::new(stream))
         .await
-        .map_err(|e| format!("HTTP/2 with {server}: {e}"))?;
+        .map_err(|source| DialError::Http2 { server: server.to_string(), source })?;
     let server = server.to_string();
     tokio::spawn(async move {
         if let Err(e) = connection.await {

@@ -10,6 +10,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Resource;
 
+use crate::sync::RwLockExt;
+
 /// The keys an object is indexed under.
 pub type IndexFunc<K> = fn(&K) -> Vec<String>;
 
@@ -99,11 +101,11 @@ impl<K: Resource<DynamicType = ()> + 'static> Default for Indexer<K> {
 
 impl<K: Resource<DynamicType = ()> + Clone + 'static> Indexer<K> {
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<&'static str, Entry<K>>> {
-        self.indexes.write().unwrap_or_else(|p| p.into_inner())
+        self.indexes.write_locked()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<&'static str, Entry<K>>> {
-        self.indexes.read().unwrap_or_else(|p| p.into_inner())
+        self.indexes.read_locked()
     }
 
     /// Adds the index `name` (unless present), built from `state`.

@@ -11,7 +11,7 @@
 //! sees each change exactly once, after the cache holds it.
 
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::indexer::{Index, IndexFunc, Indexer};
+use crate::sync::LockExt;
 
 /// What a subscriber is told, in the order the watch saw it.
 #[derive(Debug)]
@@ -84,7 +85,7 @@ impl<K> Subscriber<K> {
     /// update: both the old and the new one); false when the subscriber
     /// went away.
     fn tell(&self, change: &Change<K>) -> bool {
-        let wanted = match &*self.only.lock().unwrap_or_else(|e| e.into_inner()) {
+        let wanted = match &*self.only.locked() {
             Some(only) => kept(only.as_ref(), change),
             None => true,
         };
@@ -131,10 +132,6 @@ pub struct Informer<K: Resource<DynamicType = ()> + 'static> {
     pub store: Store<K>,
     changes: BoxStream<'static, Change<K>>,
     only: OnlySlot<K>,
-}
-
-fn lock<K>(m: &Mutex<Vec<Subscriber<K>>>) -> MutexGuard<'_, Vec<Subscriber<K>>> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl<K> SharedIndexInformer<K>
@@ -193,7 +190,7 @@ where
     /// Writes one watch event into the cache and the indexes, then tells
     /// every subscriber (dropping those that went away).
     fn apply(&self, writer: &mut reflector::store::Writer<K>, event: Event<K>) {
-        let mut subscribers = lock(&self.subscribers);
+        let mut subscribers = self.subscribers.locked();
         let change = match &event {
             Event::Init => {
                 writer.apply_watcher_event(&event);
@@ -270,7 +267,7 @@ where
     /// already synced).
     pub fn subscribe(&self) -> Informer<K> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut subscribers = lock(&self.shared.subscribers);
+        let mut subscribers = self.shared.subscribers.locked();
         let synced = super::cache_sync::has_synced(&self.shared.store);
         if synced && !replay(&tx, &self.shared.store.state()) {
             tracing::debug!(kind = %K::kind(&()), "subscriber went away before its replay");
@@ -284,7 +281,7 @@ where
     /// first use, from the objects cached then; kept up to date with every
     /// change after).
     pub fn index(&self, name: &'static str, func: IndexFunc<K>) -> Index<K> {
-        let _ordered = lock(&self.shared.subscribers);
+        let _ordered = self.shared.subscribers.locked();
         self.shared.indexer.add(name, func, &self.shared.store.state());
         Index::new(name, func, self.shared.store.clone(), self.shared.indexer.clone())
     }
@@ -325,7 +322,7 @@ where
     /// judged as they are read, like the changes queued before this call.
     pub fn only(self, keep: impl Fn(&K) -> bool + Send + Sync + 'static) -> Self {
         let keep: Only<K> = Arc::new(keep);
-        let mut slot = self.only.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.only.locked();
         *slot = Some(match slot.take() {
             Some(before) => {
                 let and = keep.clone();
@@ -519,7 +516,7 @@ mod tests {
         let (_, gone) = inf.subscribe().only(|_| false).into_changes();
         drop(gone);
         inf.shared.apply(&mut writer, Event::Apply(cm("b", "3")));
-        assert_eq!(lock(&inf.shared.subscribers).len(), 2);
+        assert_eq!(inf.shared.subscribers.locked().len(), 2);
     }
 
     /// The sender's side of `only`: a change of an object not kept is not

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 
 use super::indexer::{self, Index};
 use super::informer::SharedIndexInformer;
+use crate::sync::LockExt;
 
 /// Each informer, type-erased, by its kind and its selectors.
 type Informers = HashMap<(TypeId, String), Box<dyn Any + Send + Sync>>;
@@ -62,7 +63,7 @@ impl SharedInformerFactory {
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     {
         let key = (TypeId::of::<K>(), format!("{:?}|{:?}", config.label_selector, config.field_selector));
-        let mut informers = self.informers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut informers = self.informers.locked();
         if let Some(existing) = informers.get(&key).and_then(|i| i.downcast_ref::<SharedIndexInformer<K>>()) {
             return existing.clone();
         }

@@ -52,11 +52,22 @@ pub fn to_query(selector: &LabelSelector) -> String {
     parts.join(",")
 }
 
+/// What `from_query` cannot read, naming the part.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    #[error("invalid requirement {0:?}")]
+    InvalidRequirement(String),
+    #[error("unknown operator {operator:?} in {part:?}")]
+    UnknownOperator { operator: String, part: String },
+    #[error("unclosed value list in {0:?}")]
+    UnclosedValues(String),
+}
+
 /// A selector in the string form of `to_query` (a Scale's
 /// `status.selector`, a `labelSelector=` parameter) read back: `a=b`,
 /// `a==b`, `a!=b`, `a in (b,c)`, `a notin (b)`, `a`, `!a`. What it cannot
 /// read is an error naming the part.
-pub fn from_query(s: &str) -> Result<LabelSelector, String> {
+pub fn from_query(s: &str) -> Result<LabelSelector, QueryError> {
     let mut selector = LabelSelector::default();
     let mut add = |key: &str, operator: &str, values: Option<Vec<String>>| {
         selector.match_expressions.get_or_insert_with(Vec::new).push(LabelSelectorRequirement {
@@ -74,7 +85,7 @@ pub fn from_query(s: &str) -> Result<LabelSelector, String> {
         if let Some(key) = part.strip_prefix('!') {
             let key = key.trim();
             if !valid_key(key) {
-                return Err(format!("invalid requirement {part:?}"));
+                return Err(QueryError::InvalidRequirement(part.to_string()));
             }
             add(key, "DoesNotExist", None);
         } else if let Some((key, value)) = part.split_once("!=") {
@@ -82,29 +93,29 @@ pub fn from_query(s: &str) -> Result<LabelSelector, String> {
         } else if let Some((key, value)) = part.split_once("==").or_else(|| part.split_once('=')) {
             let (key, value) = (key.trim(), value.trim());
             if !valid_key(key) || value.contains(|c: char| c.is_whitespace() || "=!(),".contains(c)) {
-                return Err(format!("invalid requirement {part:?}"));
+                return Err(QueryError::InvalidRequirement(part.to_string()));
             }
             selector.match_labels.get_or_insert_with(BTreeMap::new).insert(key.to_string(), value.to_string());
         } else if let Some(open) = part.find('(') {
             let (head, rest) = part.split_at(open);
             let mut words = head.split_whitespace();
             let (Some(key), Some(op), None) = (words.next(), words.next(), words.next()) else {
-                return Err(format!("invalid requirement {part:?}"));
+                return Err(QueryError::InvalidRequirement(part.to_string()));
             };
             let operator = match op {
                 "in" => "In",
                 "notin" => "NotIn",
-                _ => return Err(format!("unknown operator {op:?} in {part:?}")),
+                _ => return Err(QueryError::UnknownOperator { operator: op.to_string(), part: part.to_string() }),
             };
             let Some(inner) = rest.strip_prefix('(').and_then(|r| r.strip_suffix(')')) else {
-                return Err(format!("unclosed value list in {part:?}"));
+                return Err(QueryError::UnclosedValues(part.to_string()));
             };
             let values = inner.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
             add(key, operator, Some(values));
         } else if valid_key(part) {
             add(part, "Exists", None);
         } else {
-            return Err(format!("invalid requirement {part:?}"));
+            return Err(QueryError::InvalidRequirement(part.to_string()));
         }
     }
     Ok(selector)

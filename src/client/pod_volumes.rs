@@ -31,10 +31,20 @@ pub fn uses_claim(pod: &Pod, name: &str) -> bool {
     claim_names(pod).iter().any(|c| c == name)
 }
 
+/// A claim that another pod (or no pod) controls, in upstream's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("PVC {claim} was not created for pod {pod} (pod is not owner)")]
+pub struct ClaimNotForPod {
+    /// `namespace/name` of the claim.
+    pub claim: String,
+    /// `namespace/name` of the pod.
+    pub pod: String,
+}
+
 /// Upstream's `VolumeIsForPod`: the claim was made for this pod (it is in
 /// the pod's namespace and the pod is its controller); the error says why
-/// not, in upstream's words.
-pub fn claim_is_for_pod(pod: &Pod, claim: &PersistentVolumeClaim) -> Result<(), String> {
+/// not.
+pub fn claim_is_for_pod(pod: &Pod, claim: &PersistentVolumeClaim) -> Result<(), ClaimNotForPod> {
     let controlled = claim
         .metadata
         .owner_references
@@ -42,13 +52,10 @@ pub fn claim_is_for_pod(pod: &Pod, claim: &PersistentVolumeClaim) -> Result<(), 
         .flatten()
         .any(|o| o.controller == Some(true) && Some(&o.uid) == pod.metadata.uid.as_ref());
     if claim.metadata.namespace != pod.metadata.namespace || !controlled {
-        return Err(format!(
-            "PVC {}/{} was not created for pod {}/{} (pod is not owner)",
-            claim.metadata.namespace.as_deref().unwrap_or_default(),
-            claim.metadata.name.as_deref().unwrap_or_default(),
-            pod.metadata.namespace.as_deref().unwrap_or_default(),
-            pod.metadata.name.as_deref().unwrap_or_default(),
-        ));
+        let key = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+            format!("{}/{}", m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default())
+        };
+        return Err(ClaimNotForPod { claim: key(&claim.metadata), pod: key(&pod.metadata) });
     }
     Ok(())
 }
@@ -79,7 +86,7 @@ mod tests {
         assert_eq!(claim_is_for_pod(&pod, &claim), Ok(()));
         claim.metadata.owner_references = None;
         assert_eq!(
-            claim_is_for_pod(&pod, &claim),
+            claim_is_for_pod(&pod, &claim).map_err(|e| e.to_string()),
             Err("PVC shop/web-scratch was not created for pod shop/web (pod is not owner)".to_string())
         );
     }

@@ -123,6 +123,22 @@ pub fn ignore_not_found<T>(result: Result<T, kube::Error>) -> Result<(), kube::E
     }
 }
 
+/// Writes `status` to a namespaced object's status subresource as a merge
+/// patch; an object gone meanwhile is fine.
+pub async fn patch_status<K>(client: &kube::Client, obj: &K, status: serde_json::Value) -> Result<(), kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let meta = obj.meta();
+    let api: kube::Api<K> = kube::Api::namespaced(client.clone(), meta.namespace.as_deref().unwrap_or_default());
+    let patch = serde_json::json!({ "status": status });
+    let name = meta.name.as_deref().unwrap_or_default();
+    ignore_not_found(api.patch_status(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await)
+}
+
 /// Delete options that only delete the object with `uid`, not a newer one
 /// of the same name created meanwhile.
 pub fn delete_only_uid(uid: Option<String>) -> kube::api::DeleteParams {

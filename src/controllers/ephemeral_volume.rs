@@ -26,7 +26,7 @@ use super::informers;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::informer_factory::SharedInformerFactory;
-use crate::client::pod_volumes::{claim_is_for_pod, ephemeral_claim_name, uses_claim};
+use crate::client::pod_volumes::{claim_is_for_pod, ephemeral_claim_name, uses_claim, ClaimNotForPod};
 
 /// The service account it acts as.
 pub const NAME: &str = "ephemeral-volume-controller";
@@ -96,8 +96,21 @@ async fn reconcile(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action, Controlle
     Ok(Action::await_change())
 }
 
+/// Why an ephemeral volume has no claim of its pod.
+#[derive(Debug, thiserror::Error)]
+enum ClaimError {
+    #[error(transparent)]
+    NotForPod(#[from] ClaimNotForPod),
+    #[error("create PVC {name}: {}", api_message(.source))]
+    Create { name: String, source: kube::Error },
+}
+
 /// Makes the claim of one ephemeral volume, unless it exists (and is the pod's).
-async fn handle_volume(pod: &Pod, volume: &k8s_openapi::api::core::v1::Volume, ctx: &Context) -> Result<(), String> {
+async fn handle_volume(
+    pod: &Pod,
+    volume: &k8s_openapi::api::core::v1::Volume,
+    ctx: &Context,
+) -> Result<(), ClaimError> {
     let Some(template) = volume.ephemeral.as_ref().and_then(|e| e.volume_claim_template.as_ref()) else {
         return Ok(());
     };
@@ -105,7 +118,7 @@ async fn handle_volume(pod: &Pod, volume: &k8s_openapi::api::core::v1::Volume, c
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
     let name = ephemeral_claim_name(&pod_name, volume);
     if let Some(existing) = ctx.claims.get(&ObjectRef::new(&name).within(&ns)) {
-        return claim_is_for_pod(pod, &existing);
+        return Ok(claim_is_for_pod(pod, &existing)?);
     }
     let meta = template.metadata.clone().unwrap_or_default();
     let claim = PersistentVolumeClaim {
@@ -135,11 +148,11 @@ async fn handle_volume(pod: &Pod, volume: &k8s_openapi::api::core::v1::Volume, c
         }
         // Made meanwhile (the cache had not seen it yet): it must be the pod's.
         Err(kube::Error::Api(s)) if s.code == 409 => match api.get_opt(&name).await {
-            Ok(Some(existing)) => claim_is_for_pod(pod, &existing),
-            Ok(None) => Err(format!("create PVC {name}: {}", s.message)),
-            Err(e) => Err(format!("create PVC {name}: {}", api_message(&e))),
+            Ok(Some(existing)) => Ok(claim_is_for_pod(pod, &existing)?),
+            Ok(None) => Err(ClaimError::Create { name, source: kube::Error::Api(s) }),
+            Err(source) => Err(ClaimError::Create { name, source }),
         },
-        Err(e) => Err(format!("create PVC {name}: {}", api_message(&e))),
+        Err(source) => Err(ClaimError::Create { name, source }),
     }
 }
 

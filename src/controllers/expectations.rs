@@ -8,6 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::sync::LockExt;
+
 const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Default)]
@@ -58,7 +60,7 @@ impl Expectations {
     /// The pod `name` is gone (its deletion was seen, or failed and will
     /// never be seen): neither its creation nor its deletion is awaited.
     pub fn observe_deletion(&self, owner: &str, name: &str) {
-        let mut map = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.pending.locked();
         if let Some(p) = map.get_mut(owner) {
             p.adds.remove(name);
             p.deletes.remove(name);
@@ -67,7 +69,7 @@ impl Expectations {
 
     /// Each new expectation restarts the timeout, as upstream's do.
     fn with(&self, owner: &str, f: impl FnOnce(&mut Pending)) {
-        let mut map = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.pending.locked();
         let p = map.entry(owner.to_string()).or_default();
         p.since = Some(Instant::now());
         f(p);
@@ -76,7 +78,7 @@ impl Expectations {
     /// Whether every expected change is visible: `seen(name)` is None when
     /// the cache lacks the pod, else whether it is being deleted.
     pub fn satisfied(&self, owner: &str, seen: impl Fn(&str) -> Option<bool>) -> bool {
-        let mut map = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.pending.locked();
         let Some(p) = map.get_mut(owner) else { return true };
         p.adds.retain(|n| seen(n).is_none());
         p.deletes.retain(|n| seen(n) == Some(false));
@@ -90,7 +92,7 @@ impl Expectations {
 
     /// Forgets an owner that is gone.
     pub fn remove(&self, owner: &str) {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(owner);
+        self.pending.locked().remove(owner);
     }
 }
 

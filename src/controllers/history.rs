@@ -3,18 +3,29 @@
 //! as a replace patch, is named `<owner>-<hash>` (FNV-1 of that data and
 //! the collision count, in the safe alphabet), and revisions beyond
 //! `revisionHistoryLimit` that no pod uses are deleted.
+//!
+//! The start of a DaemonSet's and a StatefulSet's sync is the same, and
+//! is written once here: claim the orphan pods the selector matches (the
+//! ControllerRefManager), then the owner's revisions and the one of its
+//! current template (upstream's `constructHistory` and
+//! `getStatefulSetRevisions`); `History::cleanup` is their
+//! `cleanupHistory` / `truncateHistory`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::Resource;
 use serde_json::{json, Value};
 
-use super::ControllerError;
+use super::controller_utils::controller_ref;
+use super::informers::controlled_by;
+use super::{ref_manager, ControllerError};
+use crate::client::indexer::Index;
 use crate::controllers::controller_utils::ignore_not_found;
 
 /// The label every revision carries with its hash.
@@ -198,6 +209,88 @@ pub async fn truncate(
         ignore_not_found(api.delete(&name, &DeleteParams::default()).await)?;
     }
     Ok(())
+}
+
+/// A DaemonSet or StatefulSet at the start of its sync: the object, the
+/// parts of its spec the shared preamble reads, and the caches it reads
+/// them against.
+pub struct RevisionedOwner<'a, K> {
+    pub client: &'a kube::Client,
+    pub owner: &'a K,
+    pub selector: &'a LabelSelector,
+    pub template: &'a PodTemplateSpec,
+    /// The label that carries a revision's hash (see `NewRevision`).
+    pub hash_label: &'static str,
+    /// The status' collisionCount.
+    pub collision_count: Option<i32>,
+    /// Pods without a controller, by namespace.
+    pub orphan_pods: &'a Index<Pod>,
+    /// ControllerRevisions by their controller's uid.
+    pub revisions_by_owner: &'a Index<ControllerRevision>,
+}
+
+impl<K: Resource<DynamicType = ()>> RevisionedOwner<'_, K> {
+    /// Adopts the orphan pods the selector matches, then finds or creates
+    /// the revision of the current template. `None` when pods were
+    /// adopted: they come back as watch events and another pass.
+    pub async fn claim_and_construct_history(self) -> Result<Option<History>, ControllerError> {
+        let meta = self.owner.meta();
+        let ns = meta.namespace.clone().unwrap_or_default();
+        let orphans = ref_manager::orphans(self.orphan_pods, &ns, self.selector);
+        if !orphans.is_empty() {
+            ref_manager::adopt(self.client, &ns, &orphans, &controller_ref(self.owner)).await?;
+            return Ok(None);
+        }
+        let api: Api<ControllerRevision> = Api::namespaced(self.client.clone(), &ns);
+        let uid = meta.uid.clone().unwrap_or_default();
+        let revisions = sorted(controlled_by(self.revisions_by_owner, &ns, &uid));
+        let mut collision_count = self.collision_count.unwrap_or(0);
+        let update = NewRevision {
+            api: &api,
+            owner_name: meta.name.as_deref().unwrap_or_default(),
+            owner_ref: controller_ref(self.owner),
+            labels: self.template.metadata.as_ref().and_then(|m| m.labels.clone()).unwrap_or_default(),
+            hash_label: self.hash_label,
+            data: template_patch(self.template),
+            revisions: &revisions,
+        }
+        .ensure(&mut collision_count)
+        .await?;
+        Ok(Some(History { api, revisions, update, collision_count }))
+    }
+}
+
+/// An owner's revisions as one sync found them, and the revision of its
+/// current template.
+pub struct History {
+    api: Api<ControllerRevision>,
+    /// The owner's revisions, oldest first, as the cache had them.
+    pub revisions: Vec<Arc<ControllerRevision>>,
+    /// The revision of the owner's current template (found or created).
+    pub update: ControllerRevision,
+    /// The collisionCount to write back, bumped by any hash collision met.
+    pub collision_count: i32,
+}
+
+impl History {
+    /// The update revision's name.
+    pub fn update_name(&self) -> String {
+        self.update.metadata.name.clone().unwrap_or_default()
+    }
+
+    /// The revision named `name` if the owner has it, else the update revision.
+    pub fn named_or_update(&self, name: Option<&String>) -> ControllerRevision {
+        name.and_then(|n| self.revisions.iter().find(|r| r.metadata.name.as_ref() == Some(n)))
+            .map(|r| (**r).clone())
+            .unwrap_or_else(|| self.update.clone())
+    }
+
+    /// Upstream's cleanupHistory / truncateHistory: deletes the oldest
+    /// revisions beyond `limit` (revisionHistoryLimit, 10 when unset) that
+    /// are not `live`.
+    pub async fn cleanup(&self, live: &HashSet<String>, limit: Option<i32>) -> Result<(), ControllerError> {
+        truncate(&self.api, &self.revisions, live, limit.unwrap_or(10)).await
+    }
 }
 
 #[cfg(test)]

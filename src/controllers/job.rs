@@ -14,11 +14,10 @@ use k8s_openapi::api::batch::v1::{Job, JobCondition, JobSpec, JobStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use serde_json::json;
 
-use super::controller_utils::{is_pod_ready, pod_phase};
+use super::controller_utils::{is_pod_ready, patch_status, pod_phase};
 use super::expectations::Expectations;
 use super::informers::{self, controlled_by, wait_synced};
 use super::job_pods::{format_intervals, index_of, is_indexed, new_pod, parse_intervals};
@@ -101,10 +100,10 @@ fn is_finished_pod(p: &Pod) -> bool {
     matches!(pod_phase(p), "Succeeded" | "Failed")
 }
 
+/// Upstream's syncJob, step by step.
 async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     wait_synced(&ctx.pods).await?;
     let ns = job.metadata.namespace.clone().unwrap_or_default();
-    let name = job.metadata.name.clone().unwrap_or_default();
     let uid = job.metadata.uid.clone().unwrap_or_default();
     if job.metadata.deletion_timestamp.is_some() || is_finished(&job) {
         ctx.expectations.remove(&uid);
@@ -115,59 +114,147 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Controlle
     let Some(spec) = job.spec.as_ref() else { return Ok(Action::await_change()) };
     let now = Timestamp::now();
     if !ctx.expectations.satisfied(&uid, seen) {
-        // A requeue handed back earlier is dropped when another request
-        // was already waiting (kube's scheduler keeps only the waiting
-        // one), so the deadline's own requeue is kept through the wait
-        // (at least a second away once it has passed: no busy loop).
-        let start = job.status.as_ref().and_then(|s| s.start_time.as_ref());
-        return Ok(match deadline_left(spec, start, now) {
-            Some(left) => Action::requeue(Duration::from_secs(left.max(1).unsigned_abs())),
-            None => Action::await_change(),
-        });
+        return Ok(while_expecting(&job, spec, now));
     }
-    let old = job.status.clone().unwrap_or_default();
-    let mut status = old.clone();
-    let indexed = is_indexed(&job);
-    let completions = spec.completions;
-    let parallelism = spec.parallelism.unwrap_or(1).max(0);
-    let suspended = spec.suspend == Some(true);
+    let pods = claim_job_pods(&ctx, &job, spec).await?;
+    let mut pass = JobPass::new(&job, spec, &pods, now);
+    let verdict = pass.verdict();
+    let changes = match verdict.failure {
+        Some((reason, message)) => pass.fail(&ctx, reason, message),
+        None if verdict.success => pass.complete(&ctx),
+        None if pass.suspended => pass.suspend(&ctx),
+        None => {
+            pass.resume_if_suspended(&ctx);
+            pass.manage_job()
+        }
+    };
+    sync_job_pods(&ctx, &job, &changes).await?;
+    pass.update_status(&ctx, &verdict, &changes).await?;
+    Ok(verdict.requeue.map_or_else(Action::await_change, Action::requeue))
+}
 
-    // Its own pods, after adopting the orphans its selector matches and
-    // releasing those it no longer matches (upstream's ClaimPods).
+/// While the cache has not yet seen this controller's own creates and
+/// deletes: nothing to do but wait. A requeue handed back earlier is
+/// dropped when another request was already waiting (kube's scheduler
+/// keeps only the waiting one), so the deadline's own requeue is kept
+/// through the wait (at least a second away once it has passed: no busy
+/// loop).
+fn while_expecting(job: &Job, spec: &JobSpec, now: Timestamp) -> Action {
+    let start = job.status.as_ref().and_then(|s| s.start_time.as_ref());
+    match deadline_left(spec, start, now) {
+        Some(left) => Action::requeue(Duration::from_secs(left.max(1).unsigned_abs())),
+        None => Action::await_change(),
+    }
+}
+
+/// Its own pods, after adopting the orphans its selector matches and
+/// releasing those it no longer matches (upstream's ClaimPods).
+async fn claim_job_pods(ctx: &Context, job: &Job, spec: &JobSpec) -> Result<Vec<Arc<Pod>>, ControllerError> {
+    let ns = job.metadata.namespace.as_deref().unwrap_or_default();
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
     let candidates: Vec<Arc<Pod>> =
-        controlled_by(&ctx.pods_by_owner, &ns, &uid).into_iter().chain(ctx.orphan_pods.get(&ns)).collect();
-    let pods = match spec.selector.as_ref() {
-        Some(selector) => ref_manager::claim_pods(&ctx.client, &*job, selector, candidates).await?,
-        None => Vec::new(),
-    };
-    let active: Vec<Arc<Pod>> =
-        pods.iter().filter(|p| !is_finished_pod(p) && p.metadata.deletion_timestamp.is_none()).cloned().collect();
-    let terminating = pods.iter().filter(|p| !is_finished_pod(p) && p.metadata.deletion_timestamp.is_some()).count();
-    // Finished pods are counted from the cache; counts never go back, so a
-    // finished pod deleted by someone else stays counted.
-    let failed = (pods.iter().filter(|p| pod_phase(p) == "Failed").count() as i32).max(old.failed.unwrap_or(0));
-    let mut completed_indexes: BTreeSet<i32> = parse_intervals(old.completed_indexes.as_deref().unwrap_or_default());
-    let succeeded = if indexed {
-        let n = completions.unwrap_or(0);
-        completed_indexes
-            .extend(pods.iter().filter(|p| pod_phase(p) == "Succeeded").filter_map(|p| index_of(p)).filter(|i| *i < n));
-        completed_indexes.len() as i32
-    } else {
-        (pods.iter().filter(|p| pod_phase(p) == "Succeeded").count() as i32).max(old.succeeded.unwrap_or(0))
-    };
-
-    let mut conditions = status.conditions.take().unwrap_or_default();
-    let has = |conds: &Vec<JobCondition>, t: &str| conds.iter().any(|c| c.type_ == t && c.status == "True");
-    if !suspended && status.start_time.is_none() {
-        status.start_time = Some(Time(now));
+        controlled_by(&ctx.pods_by_owner, ns, uid).into_iter().chain(ctx.orphan_pods.get(ns)).collect();
+    match spec.selector.as_ref() {
+        Some(selector) => ref_manager::claim_pods(&ctx.client, job, selector, candidates).await,
+        None => Ok(Vec::new()),
     }
-    let mut requeue: Option<Duration> = None;
+}
 
-    // Success and failure criteria, sticky once met.
-    let mut failure: Option<(&str, &str)> =
-        conditions
-            .iter()
-            .find(|c| c.type_ == "FailureTarget" && c.status == "True")
+/// The Job's pods as one pass counts them (upstream's getStatus).
+struct JobPods {
+    /// Neither finished nor being deleted.
+    active: Vec<Arc<Pod>>,
+    /// Not finished, being deleted.
+    terminating: usize,
+    failed: i32,
+    succeeded: i32,
+    /// An Indexed Job's indexes that succeeded.
+    completed_indexes: BTreeSet<i32>,
+}
+
+impl JobPods {
+    /// Finished pods are counted from the cache; counts never go back, so
+    /// a finished pod deleted by someone else stays counted.
+    fn count(pods: &[Arc<Pod>], old: &JobStatus, indexed: bool, completions: Option<i32>) -> Self {
+        let active: Vec<Arc<Pod>> =
+            pods.iter().filter(|p| !is_finished_pod(p) && p.metadata.deletion_timestamp.is_none()).cloned().collect();
+        let terminating =
+            pods.iter().filter(|p| !is_finished_pod(p) && p.metadata.deletion_timestamp.is_some()).count();
+        let failed = (pods.iter().filter(|p| pod_phase(p) == "Failed").count() as i32).max(old.failed.unwrap_or(0));
+        let mut completed_indexes = parse_intervals(old.completed_indexes.as_deref().unwrap_or_default());
+        let succeeded = if indexed {
+            let n = completions.unwrap_or(0);
+            let done = pods.iter().filter(|p| pod_phase(p) == "Succeeded").filter_map(|p| index_of(p));
+            completed_indexes.extend(done.filter(|i| *i < n));
+            completed_indexes.len() as i32
+        } else {
+            (pods.iter().filter(|p| pod_phase(p) == "Succeeded").count() as i32).max(old.succeeded.unwrap_or(0))
+        };
+        JobPods { active, terminating, failed, succeeded, completed_indexes }
+    }
+
+    /// No pod left running or terminating.
+    fn none_left(&self) -> bool {
+        self.active.is_empty() && self.terminating == 0
+    }
+}
+
+/// How the Job ends, if it does: a failure (reason and message) or success,
+/// sticky once met; and when to look at its deadline again.
+struct Verdict {
+    failure: Option<(&'static str, &'static str)>,
+    success: bool,
+    requeue: Option<Duration>,
+}
+
+/// What a pass does to the Job's pods: these deleted, then these created
+/// (with their completion index when the Job is Indexed).
+#[derive(Default)]
+struct PodChanges {
+    delete: Vec<Arc<Pod>>,
+    create: Vec<Option<i32>>,
+}
+
+/// One pass over a Job: what it counted, and the status it builds.
+struct JobPass<'a> {
+    job: &'a Job,
+    spec: &'a JobSpec,
+    pods: JobPods,
+    indexed: bool,
+    suspended: bool,
+    now: Timestamp,
+    old: JobStatus,
+    status: JobStatus,
+    conditions: Vec<JobCondition>,
+}
+
+impl<'a> JobPass<'a> {
+    fn new(job: &'a Job, spec: &'a JobSpec, pods: &[Arc<Pod>], now: Timestamp) -> Self {
+        let old = job.status.clone().unwrap_or_default();
+        let indexed = is_indexed(job);
+        let mut status = old.clone();
+        let conditions = status.conditions.take().unwrap_or_default();
+        let suspended = spec.suspend == Some(true);
+        if !suspended && status.start_time.is_none() {
+            status.start_time = Some(Time(now));
+        }
+        let pods = JobPods::count(pods, &old, indexed, spec.completions);
+        JobPass { job, spec, pods, indexed, suspended, now, old, status, conditions }
+    }
+
+    fn has(&self, type_: &str) -> bool {
+        self.conditions.iter().any(|c| c.type_ == type_ && c.status == "True")
+    }
+
+    fn set_condition(&mut self, type_: &str, status: &str, reason: &str, message: &str) {
+        set_condition(&mut self.conditions, type_, status, reason, message, self.now);
+    }
+
+    /// The failure and success criteria, sticky once met: upstream's
+    /// pastBackoffLimitOnFailure, pastActiveDeadline, then completions.
+    fn verdict(&self) -> Verdict {
+        let sticky = self.conditions.iter().find(|c| c.type_ == "FailureTarget" && c.status == "True");
+        let mut failure = sticky
             .map(|c| {
                 if c.reason.as_deref() == Some("DeadlineExceeded") {
                     "DeadlineExceeded"
@@ -176,154 +263,197 @@ async fn reconcile(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action, Controlle
                 }
             })
             .map(|r| (r, failure_message(r)));
-    let mut success = has(&conditions, "SuccessCriteriaMet");
-    if failure.is_none() && !success {
-        if failed > spec.backoff_limit.unwrap_or(6) {
-            failure = Some(("BackoffLimitExceeded", failure_message("BackoffLimitExceeded")));
-        } else if let Some(left) = deadline_left(spec, status.start_time.as_ref(), now) {
-            if left <= 0 {
-                failure = Some(("DeadlineExceeded", failure_message("DeadlineExceeded")));
-            } else {
-                requeue = Some(Duration::from_secs(left.unsigned_abs()));
+        let mut success = self.has("SuccessCriteriaMet");
+        let mut requeue = None;
+        if failure.is_none() && !success {
+            if self.pods.failed > self.spec.backoff_limit.unwrap_or(6) {
+                failure = Some(("BackoffLimitExceeded", failure_message("BackoffLimitExceeded")));
+            } else if let Some(left) = deadline_left(self.spec, self.status.start_time.as_ref(), self.now) {
+                if left <= 0 {
+                    failure = Some(("DeadlineExceeded", failure_message("DeadlineExceeded")));
+                } else {
+                    requeue = Some(Duration::from_secs(left.unsigned_abs()));
+                }
             }
+            success = failure.is_none()
+                && match self.spec.completions {
+                    Some(n) => self.pods.succeeded >= n,
+                    None => self.pods.succeeded > 0 && self.pods.active.is_empty(),
+                };
         }
-        success = failure.is_none()
-            && match completions {
-                Some(n) => succeeded >= n,
-                None => succeeded > 0 && active.is_empty(),
-            };
+        Verdict { failure, success, requeue }
     }
 
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut to_delete: Vec<Arc<Pod>> = Vec::new();
-    let mut to_create: Vec<Option<i32>> = Vec::new();
-    if let Some((reason, message)) = failure {
-        set_condition(&mut conditions, "FailureTarget", "True", reason, message, now);
-        to_delete.extend(active.iter().cloned());
-        if active.is_empty() && terminating == 0 {
-            set_condition(&mut conditions, "Failed", "True", reason, message, now);
-            ctx.recorder.publish(&*job, EventType::Warning, reason, message);
+    /// FailureTarget, then Failed once no pod is left; every active pod goes.
+    fn fail(&mut self, ctx: &Context, reason: &str, message: &str) -> PodChanges {
+        self.set_condition("FailureTarget", "True", reason, message);
+        if self.pods.none_left() {
+            self.set_condition("Failed", "True", reason, message);
+            ctx.recorder.publish(self.job, EventType::Warning, reason, message);
         }
-    } else if success {
+        PodChanges { delete: self.pods.active.clone(), create: Vec::new() }
+    }
+
+    /// SuccessCriteriaMet, then Complete once no pod is left; every active
+    /// pod goes.
+    fn complete(&mut self, ctx: &Context) -> PodChanges {
         let message = "Reached expected number of succeeded pods";
-        set_condition(&mut conditions, "SuccessCriteriaMet", "True", "CompletionsReached", message, now);
-        to_delete.extend(active.iter().cloned());
-        if active.is_empty() && terminating == 0 {
-            set_condition(&mut conditions, "Complete", "True", "CompletionsReached", message, now);
-            status.completion_time = Some(Time(now));
-            ctx.recorder.publish(&*job, EventType::Normal, "Completed", "Job completed");
+        self.set_condition("SuccessCriteriaMet", "True", "CompletionsReached", message);
+        if self.pods.none_left() {
+            self.set_condition("Complete", "True", "CompletionsReached", message);
+            self.status.completion_time = Some(Time(self.now));
+            ctx.recorder.publish(self.job, EventType::Normal, "Completed", "Job completed");
         }
-    } else if suspended {
-        to_delete.extend(active.iter().cloned());
-        if !has(&conditions, "Suspended") {
-            set_condition(&mut conditions, "Suspended", "True", "JobSuspended", "Job suspended", now);
-            ctx.recorder.publish(&*job, EventType::Normal, "Suspended", "Job suspended");
+        PodChanges { delete: self.pods.active.clone(), create: Vec::new() }
+    }
+
+    /// Suspended: every active pod goes.
+    fn suspend(&mut self, ctx: &Context) -> PodChanges {
+        if !self.has("Suspended") {
+            self.set_condition("Suspended", "True", "JobSuspended", "Job suspended");
+            ctx.recorder.publish(self.job, EventType::Normal, "Suspended", "Job suspended");
         }
-    } else {
-        if has(&conditions, "Suspended") {
-            set_condition(&mut conditions, "Suspended", "False", "JobResumed", "Job resumed", now);
-            ctx.recorder.publish(&*job, EventType::Normal, "Resumed", "Job resumed");
-            status.start_time = Some(Time(now));
+        PodChanges { delete: self.pods.active.clone(), create: Vec::new() }
+    }
+
+    /// A resumed Job starts its clock again.
+    fn resume_if_suspended(&mut self, ctx: &Context) {
+        if self.has("Suspended") {
+            self.set_condition("Suspended", "False", "JobResumed", "Job resumed");
+            ctx.recorder.publish(self.job, EventType::Normal, "Resumed", "Job resumed");
+            self.status.start_time = Some(Time(self.now));
         }
-        if indexed {
-            let n = completions.unwrap_or(0);
-            let mut running: BTreeMap<i32, Vec<Arc<Pod>>> = BTreeMap::new();
-            for p in &active {
-                match index_of(p) {
-                    Some(i) if i < n && !completed_indexes.contains(&i) => {
-                        running.entry(i).or_default().push(p.clone())
-                    }
-                    _ => to_delete.push(p.clone()),
-                }
-            }
-            for pods in running.values() {
-                to_delete.extend(pods.iter().skip(1).cloned());
-            }
-            let mut slots = parallelism - running.len() as i32;
-            let mut excess: Vec<i32> = running.keys().copied().collect();
-            while slots < 0 {
-                if let Some(i) = excess.pop() {
-                    to_delete.extend(running[&i].iter().cloned());
-                }
-                slots += 1;
-            }
-            for i in (0..n).filter(|i| !completed_indexes.contains(i) && !running.contains_key(i)) {
-                if slots <= 0 {
-                    break;
-                }
-                to_create.push(Some(i));
-                slots -= 1;
-            }
+    }
+
+    /// Upstream's manageJob: `parallelism` pods at a time until enough
+    /// succeeded.
+    fn manage_job(&self) -> PodChanges {
+        let parallelism = self.spec.parallelism.unwrap_or(1).max(0);
+        if self.indexed {
+            manage_indexed(&self.pods, self.spec.completions.unwrap_or(0), parallelism)
         } else {
-            let want = match completions {
-                Some(n) => parallelism.min((n - succeeded).max(0)),
-                None if succeeded > 0 => active.len() as i32,
-                None => parallelism,
-            };
-            let have = active.len() as i32;
-            if have < want {
-                to_create.extend((0..want - have).map(|_| None));
-            } else if have > want {
-                let mut newest = active.clone();
-                newest.sort_by(|a, b| b.metadata.creation_timestamp.cmp(&a.metadata.creation_timestamp));
-                to_delete.extend(newest.into_iter().take((have - want) as usize));
-            }
+            manage_non_indexed(&self.pods, self.spec.completions, parallelism)
         }
     }
 
-    for pod in &to_delete {
-        let pod_name = pod.metadata.name.clone().unwrap_or_default();
-        ctx.expectations.expect_delete(&uid, &pod_name);
-        match pods_api.delete(&pod_name, &DeleteParams::background()).await {
-            Ok(_) => {
-                ctx.recorder.publish(&*job, EventType::Normal, "SuccessfulDelete", &format!("Deleted pod: {pod_name}"))
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(e.into()),
+    /// Writes the status when it changed (a Job gone meanwhile is fine).
+    async fn update_status(
+        mut self,
+        ctx: &Context,
+        verdict: &Verdict,
+        changes: &PodChanges,
+    ) -> Result<(), ControllerError> {
+        let (pods, status) = (&self.pods, &mut self.status);
+        let deleted = changes.delete.len();
+        status.active = Some(pods.active.len().saturating_sub(deleted) as i32 + changes.create.len() as i32);
+        status.ready = Some(pods.active.iter().filter(|p| is_pod_ready(p)).count() as i32);
+        status.terminating = Some((pods.terminating + deleted) as i32);
+        status.succeeded = Some(pods.succeeded);
+        status.failed = Some(pods.failed);
+        if self.indexed {
+            status.completed_indexes = Some(format_intervals(&pods.completed_indexes));
         }
-    }
-    for index in &to_create {
-        match pods_api.create(&PostParams::default(), &new_pod(&job, *index)).await {
-            Ok(pod) => {
-                let pod_name = pod.metadata.name.clone().unwrap_or_default();
-                ctx.expectations.expect_create(&uid, &pod_name);
-                ctx.recorder.publish(&*job, EventType::Normal, "SuccessfulCreate", &format!("Created pod: {pod_name}"));
-            }
-            Err(e) => {
-                ctx.recorder.publish(&*job, EventType::Warning, "FailedCreate", &format!("Error creating: {e}"));
-                return Err(e.into());
-            }
+        if self.suspended && verdict.failure.is_none() && !verdict.success {
+            status.start_time = None;
         }
-    }
-
-    let deleted = to_delete.len();
-    status.active = Some(active.len().saturating_sub(deleted) as i32 + to_create.len() as i32);
-    status.ready = Some(active.iter().filter(|p| is_pod_ready(p)).count() as i32);
-    status.terminating = Some((terminating + deleted) as i32);
-    status.succeeded = Some(succeeded);
-    status.failed = Some(failed);
-    if indexed {
-        status.completed_indexes = Some(format_intervals(&completed_indexes));
-    }
-    if suspended && failure.is_none() && !success {
-        status.start_time = None;
-    }
-    status.conditions = (!conditions.is_empty()).then_some(conditions);
-    let new = serde_json::to_value(&status).unwrap_or_default();
-    if new != serde_json::to_value(&old).unwrap_or_default() {
-        let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+        status.conditions = (!self.conditions.is_empty()).then_some(self.conditions);
+        let new = serde_json::to_value(&*status).unwrap_or_default();
+        if new == serde_json::to_value(&self.old).unwrap_or_default() {
+            return Ok(());
+        }
         let mut body = new;
         // A merge patch removes what is gone.
         if status.start_time.is_none() {
             body["startTime"] = serde_json::Value::Null;
         }
-        match jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&json!({"status": body}))).await {
-            Ok(_) => {}
+        Ok(patch_status(&ctx.client, self.job, body).await?)
+    }
+}
+
+/// An Indexed Job: one pod per index not yet completed, at most
+/// `parallelism` at a time; duplicates, pods of indexes out of range or
+/// done, and those beyond `parallelism` (highest index first) go.
+fn manage_indexed(pods: &JobPods, completions: i32, parallelism: i32) -> PodChanges {
+    let mut changes = PodChanges::default();
+    let done = &pods.completed_indexes;
+    let mut running: BTreeMap<i32, Vec<Arc<Pod>>> = BTreeMap::new();
+    for p in &pods.active {
+        match index_of(p) {
+            Some(i) if i < completions && !done.contains(&i) => running.entry(i).or_default().push(p.clone()),
+            _ => changes.delete.push(p.clone()),
+        }
+    }
+    for pods in running.values() {
+        changes.delete.extend(pods.iter().skip(1).cloned());
+    }
+    let mut slots = parallelism - running.len() as i32;
+    let mut excess: Vec<i32> = running.keys().copied().collect();
+    while slots < 0 {
+        if let Some(i) = excess.pop() {
+            changes.delete.extend(running[&i].iter().cloned());
+        }
+        slots += 1;
+    }
+    for i in (0..completions).filter(|i| !done.contains(i) && !running.contains_key(i)) {
+        if slots <= 0 {
+            break;
+        }
+        changes.create.push(Some(i));
+        slots -= 1;
+    }
+    changes
+}
+
+/// A NonIndexed Job: `parallelism` pods, fewer once the remaining
+/// completions need fewer; the newest go first.
+fn manage_non_indexed(pods: &JobPods, completions: Option<i32>, parallelism: i32) -> PodChanges {
+    let mut changes = PodChanges::default();
+    let want = match completions {
+        Some(n) => parallelism.min((n - pods.succeeded).max(0)),
+        None if pods.succeeded > 0 => pods.active.len() as i32,
+        None => parallelism,
+    };
+    let have = pods.active.len() as i32;
+    if have < want {
+        changes.create.extend((0..want - have).map(|_| None));
+    } else if have > want {
+        let mut newest = pods.active.clone();
+        newest.sort_by(|a, b| b.metadata.creation_timestamp.cmp(&a.metadata.creation_timestamp));
+        changes.delete.extend(newest.into_iter().take((have - want) as usize));
+    }
+    changes
+}
+
+/// Deletes then creates pods as `changes` says, recording what it expects
+/// to see (manageJob's API calls).
+async fn sync_job_pods(ctx: &Context, job: &Job, changes: &PodChanges) -> Result<(), ControllerError> {
+    let uid = job.metadata.uid.as_deref().unwrap_or_default();
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), job.metadata.namespace.as_deref().unwrap_or_default());
+    for pod in &changes.delete {
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        ctx.expectations.expect_delete(uid, &pod_name);
+        match pods_api.delete(&pod_name, &DeleteParams::background()).await {
+            Ok(_) => {
+                ctx.recorder.publish(job, EventType::Normal, "SuccessfulDelete", &format!("Deleted pod: {pod_name}"))
+            }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+    for index in &changes.create {
+        match pods_api.create(&PostParams::default(), &new_pod(job, *index)).await {
+            Ok(pod) => {
+                let pod_name = pod.metadata.name.clone().unwrap_or_default();
+                ctx.expectations.expect_create(uid, &pod_name);
+                ctx.recorder.publish(job, EventType::Normal, "SuccessfulCreate", &format!("Created pod: {pod_name}"));
+            }
+            Err(e) => {
+                ctx.recorder.publish(job, EventType::Warning, "FailedCreate", &format!("Error creating: {e}"));
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Seconds left before `activeDeadlineSeconds` of a Job that started at

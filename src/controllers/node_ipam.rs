@@ -18,6 +18,7 @@ use kube::runtime::reflector::Store;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::{ControllerConfig, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
+use crate::sync::LockExt;
 
 /// The cluster CIDR cut into equal slices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,9 +138,7 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Control
         return Ok(Action::await_change());
     }
     let index = {
-        let Ok(mut pending) = ctx.pending.lock() else {
-            return Err(ControllerError::Invalid("node IPAM state poisoned".into()));
-        };
+        let mut pending = ctx.pending.locked();
         match allocate(&name, &ctx.nodes.state(), &ctx.cidrs, &mut pending) {
             Allocation::Done => return Ok(Action::await_change()),
             Allocation::Write(i) => Some(i),
@@ -162,9 +161,7 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Control
     match nodes.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
         Ok(_) => tracing::info!(node = %name, %cidr, "allocated podCIDR"),
         Err(kube::Error::Api(s)) if s.code == 404 => {
-            if let Ok(mut pending) = ctx.pending.lock() {
-                pending.remove(&name);
-            }
+            ctx.pending.locked().remove(&name);
         }
         Err(e) => return Err(e.into()),
     }

@@ -29,6 +29,7 @@ use super::informers::reflected;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
+use crate::sync::LockExt;
 
 /// `--node-monitor-grace-period`: how long a node may go without a heartbeat
 /// before it is considered unreachable (40 s upstream).
@@ -146,7 +147,7 @@ fn heartbeat_deadline(ctx: &Context, node: &Node, now: Instant) -> Result<Instan
     let ready = condition(node, "Ready");
     let heartbeat = ready.and_then(|c| c.last_heartbeat_time.as_ref().map(|t| t.0.to_string()));
     let probe = (renew, heartbeat);
-    let mut health = ctx.health.lock().map_err(|_| ControllerError::Invalid("node health state poisoned".into()))?;
+    let mut health = ctx.health.locked();
     // Forget nodes that are gone.
     health.retain(|n, _| ctx.nodes.get(&ObjectRef::new(n)).is_some());
     let entry = health.entry(name).or_insert_with(|| {

@@ -35,17 +35,19 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::scheduler::{scheduler, ScheduleRequest};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use self::compute::ComputeError;
 use self::conditions::{Condition, ABLE_TO_SCALE, SCALING_ACTIVE, SCALING_LIMITED};
 use self::metrics::MetricsClient;
 use self::normalize::{History, DOWNSCALE_STABILIZATION};
 use self::replica_calculator::ReplicaCalculator;
-use self::scale::{group_of, ScaleClient};
+use self::scale::{group_of, ScaleClient, ScaleError};
 use super::replicaset::error_message;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::indexer::Index;
 use crate::client::informer::Change;
 use crate::client::informer_factory::SharedInformerFactory;
 use crate::client::labels;
+use crate::sync::LockExt;
 
 /// Upstream's `--horizontal-pod-autoscaler-sync-period`.
 pub const SYNC_PERIOD: Duration = Duration::from_secs(15);
@@ -75,15 +77,15 @@ fn key_of(namespace: &str, name: &str) -> String {
 
 impl Context {
     fn forget(&self, key: &str) {
-        self.histories.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
-        self.selectors.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        self.histories.locked().remove(key);
+        self.selectors.locked().remove(key);
     }
 
     /// Records `selector` as `key`'s and names every autoscaler (`key`
     /// included) whose selector picks one of `pods` (upstream's
     /// `hpasControllingPodsUnderSelector`).
     fn hpas_selecting(&self, key: &str, selector: LabelSelector, pods: &[&Arc<Pod>]) -> Vec<String> {
-        let mut selectors = self.selectors.lock().unwrap_or_else(|e| e.into_inner());
+        let mut selectors = self.selectors.locked();
         if let Some(own) = selectors.get_mut(key) {
             *own = Some(selector);
         }
@@ -99,6 +101,29 @@ impl Context {
         found.sort();
         found
     }
+}
+
+/// Why a sync of an autoscaler failed, in upstream's words.
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error("invalid API version in scale target reference: unexpected GroupVersion string: {0}")]
+    InvalidApiVersion(String),
+    #[error("unable to determine resource for scale target reference: {0}")]
+    NoMapping(#[source] ScaleError),
+    #[error("failed to query scale subresource for {reference}: {source}")]
+    GetScale { reference: String, source: ScaleError },
+    #[error(
+        "failed to compute desired number of replicas based on listed metrics for {reference}: {}",
+        .source.as_ref().map(ToString::to_string).unwrap_or_default()
+    )]
+    ComputeReplicas { reference: String, source: Option<ComputeError> },
+    /// Some metrics failed, the others decided.
+    #[error(transparent)]
+    Metrics(ComputeError),
+    #[error("failed to rescale {reference}: {source}")]
+    Rescale { reference: String, source: ScaleError },
+    #[error("failed to update status for {name}: {}", error_message(.source))]
+    UpdateStatus { name: String, source: kube::Error },
 }
 
 /// One sync of one autoscaler: its copy being brought up to date.
@@ -148,7 +173,7 @@ impl Reconciliation<'_> {
     }
 
     /// Writes the status when it changed (upstream's `updateStatusIfNeeded`).
-    async fn update_status_if_needed(&self, original: &Option<HorizontalPodAutoscalerStatus>) -> Result<(), String> {
+    async fn update_status_if_needed(&self, original: &Option<HorizontalPodAutoscalerStatus>) -> Result<(), SyncError> {
         if self.hpa.status.as_ref().is_none_or(|s| Some(s) == original.as_ref()) {
             return Ok(());
         }
@@ -157,10 +182,9 @@ impl Reconciliation<'_> {
         let api: Api<HorizontalPodAutoscaler> = Api::namespaced(self.ctx.client.clone(), &ns);
         match api.replace_status(&name, &PostParams::default(), &self.hpa).await {
             Ok(_) => Ok(()),
-            Err(e) => {
-                let msg = error_message(&e);
-                self.event(EventType::Warning, "FailedUpdateStatus", &msg);
-                Err(format!("failed to update status for {name}: {msg}"))
+            Err(source) => {
+                self.event(EventType::Warning, "FailedUpdateStatus", &error_message(&source));
+                Err(SyncError::UpdateStatus { name, source })
             }
         }
     }
@@ -181,7 +205,7 @@ impl Reconciliation<'_> {
     }
 
     /// Upstream's `reconcileAutoscaler`.
-    async fn reconcile(mut self) -> Result<(), String> {
+    async fn reconcile(mut self) -> Result<(), SyncError> {
         let original = self.hpa.status.clone();
         let ns = self.hpa.metadata.namespace.clone().unwrap_or_default();
         let spec = self.hpa.spec.clone().unwrap_or_default();
@@ -191,22 +215,22 @@ impl Reconciliation<'_> {
         if api_version.matches('/').count() > 1 {
             let err = format!("unexpected GroupVersion string: {api_version}");
             self.failed_get_scale(&original, &err).await;
-            return Err(format!("invalid API version in scale target reference: {err}"));
+            return Err(SyncError::InvalidApiVersion(api_version));
         }
         let group = group_of(&api_version).to_string();
         let mappings = match self.ctx.scales.mappings(&group, &target.kind).await {
             Ok(m) => m,
             Err(err) => {
-                self.failed_get_scale(&original, &err).await;
-                return Err(format!("unable to determine resource for scale target reference: {err}"));
+                self.failed_get_scale(&original, &err.to_string()).await;
+                return Err(SyncError::NoMapping(err));
             }
         };
         let (mut scale, mapping) = match self.ctx.scales.get(&ns, &target.name, &mappings).await {
             Ok(found) => found,
             Err(err) => {
                 self.ctx.scales.forget(&group, &target.kind);
-                self.failed_get_scale(&original, &err).await;
-                return Err(format!("failed to query scale subresource for {reference}: {err}"));
+                self.failed_get_scale(&original, &err.to_string()).await;
+                return Err(SyncError::GetScale { reference, source: err });
             }
         };
         self.condition(
@@ -241,14 +265,13 @@ impl Reconciliation<'_> {
             let Some(proposed) = computed.replicas else {
                 self.set_current(current, statuses);
                 self.write_status(&original).await;
-                let err = computed.error.unwrap_or_default();
-                self.event(EventType::Warning, "FailedComputeMetricsReplicas", &err);
-                return Err(format!(
-                    "failed to compute desired number of replicas based on listed metrics for {reference}: {err}"
-                ));
+                let err = computed.error;
+                let message = err.as_ref().map(ToString::to_string).unwrap_or_default();
+                self.event(EventType::Warning, "FailedComputeMetricsReplicas", &message);
+                return Err(SyncError::ComputeReplicas { reference, source: err });
             };
             if let Some(e) = computed.error {
-                result = Err(e);
+                result = Err(SyncError::Metrics(e));
             }
             desired = proposed.max(0);
             if desired > current {
@@ -285,7 +308,7 @@ impl Reconciliation<'_> {
                 self.condition(ABLE_TO_SCALE, false, "FailedUpdateScale", &msg);
                 self.set_current(current, statuses);
                 self.write_status(&original).await;
-                return Err(format!("failed to rescale {reference}: {err}"));
+                return Err(SyncError::Rescale { reference, source: err });
             }
             let msg = format!("the HPA controller was able to update the target scale to {desired}");
             self.condition(ABLE_TO_SCALE, true, "SucceededRescale", &msg);
@@ -302,7 +325,7 @@ impl Reconciliation<'_> {
     }
 
     fn with_history<T>(&self, f: impl FnOnce(&mut History) -> T) -> T {
-        let mut histories = self.ctx.histories.lock().unwrap_or_else(|e| e.into_inner());
+        let mut histories = self.ctx.histories.locked();
         f(histories.entry(self.key.clone()).or_default())
     }
 }
@@ -353,7 +376,7 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
         let request = match change {
             Change::Listed(o) | Change::Applied { new: o, .. } => {
                 let key = object_key(&o);
-                watch_ctx.selectors.lock().unwrap_or_else(|e| e.into_inner()).entry(key.clone()).or_insert(None);
+                watch_ctx.selectors.locked().entry(key.clone()).or_insert(None);
                 Some(ScheduleRequest { message: key, run_at: tokio::time::Instant::now() + SYNC_PERIOD })
             }
             Change::Deleted(o) => {
@@ -370,14 +393,14 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
     due.for_each_concurrent(WORKERS, |key| {
         let (ctx, requeue, in_flight) = (ctx.clone(), requeue.clone(), in_flight.clone());
         async move {
-            if !in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone()) {
+            if !in_flight.locked().insert(key.clone()) {
                 // Still syncing from the last period: look again a period on.
                 let _ =
                     requeue.send(ScheduleRequest { message: key, run_at: tokio::time::Instant::now() + SYNC_PERIOD });
                 return;
             }
             let exists = reconcile_key(&ctx, &key).await;
-            in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            in_flight.locked().remove(&key);
             if exists {
                 let _ =
                     requeue.send(ScheduleRequest { message: key, run_at: tokio::time::Instant::now() + SYNC_PERIOD });

@@ -37,6 +37,7 @@ use super::ControllerError;
 use crate::quantity::Amount;
 use crate::quota::evaluator::Evaluator;
 use crate::quota::pods::{is_scoped, pod_counts, pod_in_scope, pod_resource};
+use crate::sync::LockExt;
 use monitor::{monitored_resource, QuotaMonitor};
 
 /// `--resource-quota-sync-period`: how often a quota whose count of some
@@ -76,7 +77,7 @@ fn lowers(old: Option<&BTreeMap<String, Quantity>>, new: &BTreeMap<String, Quant
 /// How long to wait before a lowering recount of the quota may be written
 /// (see [`LOWERING_SETTLE`]); `None`: write now.
 fn settle(ctx: &Context, key: &str, rv: &str) -> Option<Duration> {
-    let mut pending = ctx.lowering.lock().unwrap_or_else(|e| e.into_inner());
+    let mut pending = ctx.lowering.locked();
     let now = Instant::now();
     match pending.get(key) {
         Some((seen_rv, since)) if seen_rv == rv => {
@@ -259,7 +260,7 @@ async fn reconcile(quota: Arc<ResourceQuota>, ctx: Arc<Context>) -> Result<Actio
             return Ok(Action::requeue(wait));
         }
     } else {
-        ctx.lowering.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        ctx.lowering.locked().remove(&key);
     }
     let status = ResourceQuotaStatus { hard: Some(hard), used: Some(used) };
     if quota.status.as_ref() == Some(&status) {

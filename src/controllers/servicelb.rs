@@ -44,6 +44,7 @@ use super::endpointslice::SERVICE_NAME_LABEL;
 use super::informers::{informer, run as run_controller};
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
+use crate::sync::LockExt;
 
 /// The `spec.loadBalancerClass` ferrok's ServiceLB claims (besides none).
 pub const LOAD_BALANCER_CLASS: &str = "ferrok.io/servicelb";
@@ -305,7 +306,7 @@ async fn reconcile(svc: Arc<Service>, ctx: Arc<Context>) -> Result<Action, Contr
     let desired = ingress_for(&svc, &serving);
 
     let newly_reported = {
-        let mut reported = ctx.reported.lock().map_err(|_| ControllerError::Invalid("poisoned".into()))?;
+        let mut reported = ctx.reported.locked();
         let before = reported.insert(key.clone(), placement.conflicts.clone()).unwrap_or_default();
         placement.conflicts.iter().filter(|c| !before.contains(c)).cloned().collect::<Vec<_>>()
     };

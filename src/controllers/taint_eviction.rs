@@ -20,6 +20,7 @@ use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::informer_factory::SharedInformerFactory;
 use crate::client::scheduling::tolerates;
+use crate::sync::LockExt;
 
 /// How long the pod may stay: `None` = evict now, `Some(None)` = forever,
 /// `Some(Some(d))` = for `d` (upstream's GetMatchingTolerations and
@@ -70,8 +71,7 @@ fn no_execute_of(taints: &[Taint]) -> Vec<&Taint> {
 
 /// What to do with the pod: `None` = evict now.
 fn decide(ctx: &Context, uid: &str, no_execute: &[&Taint], pod: &Pod) -> Result<Option<Action>, ControllerError> {
-    let mut seen =
-        ctx.first_seen.lock().map_err(|_| ControllerError::Invalid("taint eviction state poisoned".into()))?;
+    let mut seen = ctx.first_seen.locked();
     if no_execute.is_empty() {
         seen.remove(uid);
         return Ok(Some(Action::await_change()));

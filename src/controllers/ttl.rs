@@ -26,6 +26,7 @@ use super::ControllerError;
 use crate::client::informer::Change;
 use crate::client::informer_factory::SharedInformerFactory;
 use crate::client::predicates::node_heartbeat_only;
+use crate::sync::LockExt;
 
 /// The service account it acts as.
 pub const NAME: &str = "ttl-controller";
@@ -72,7 +73,7 @@ struct Context {
 }
 
 fn desired_ttl(sizing: &Mutex<Sizing>) -> u32 {
-    BOUNDARIES[sizing.lock().unwrap_or_else(|e| e.into_inner()).step].ttl_seconds
+    BOUNDARIES[sizing.locked().step].ttl_seconds
 }
 
 /// Runs until aborted.
@@ -96,7 +97,7 @@ fn requests(
                 // The size is known once a list is complete: what it holds.
                 Change::Relist | Change::Listed(_) => Vec::new(),
                 Change::Synced | Change::Deleted(_) | Change::Applied { old: None, .. } => {
-                    let mut s = sizing.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut s = sizing.locked();
                     let step = step_for(count(), s.step);
                     if step != s.step || matches!(change, Change::Synced) {
                         s.step = step;

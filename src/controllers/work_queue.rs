@@ -345,6 +345,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::LockExt;
 
     fn at(start: Instant, secs: u64) -> Instant {
         start + Duration::from_secs(secs)
@@ -433,7 +434,7 @@ mod tests {
                 let record = record.clone();
                 async move {
                     let name = o.metadata.name.clone().unwrap_or_default();
-                    record.lock().unwrap_or_else(|e| e.into_inner()).push(name.clone());
+                    record.locked().push(name.clone());
                     match name.as_str() {
                         "again" => Ok(Action::requeue(Duration::from_millis(50))),
                         "fails" => Err(()),
@@ -448,11 +449,11 @@ mod tests {
         for name in ["a", "again", "fails", "gone"] {
             tx.send(Ok(cm(name))).expect("send");
         }
-        let count = |name: &str| seen.lock().unwrap_or_else(|e| e.into_inner()).iter().filter(|n| *n == name).count();
+        let count = |name: &str| seen.locked().iter().filter(|n| *n == name).count();
         // Nothing can sync before the cache's first list (a wait for an
         // absence: the requests are in, the loop is idle).
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(seen.lock().unwrap_or_else(|e| e.into_inner()).len(), 0, "no sync before the first list");
+        assert_eq!(seen.locked().len(), 0, "no sync before the first list");
         writer.apply_watcher_event(&Event::Init);
         for name in ["a", "again", "fails"] {
             writer.apply_watcher_event(&Event::InitApply(cm(name)));

@@ -10,6 +10,8 @@ use std::sync::{Mutex, OnceLock};
 
 use super as metrics;
 
+use crate::sync::LockExt;
+
 /// Counts by the values of two labels, in the order they are written.
 type Series = Mutex<BTreeMap<(String, String), u64>>;
 
@@ -24,7 +26,7 @@ fn incoming() -> &'static Series {
 }
 
 fn add(series: &Series, key: (String, String), by: u64) {
-    *series.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default() += by;
+    *series.locked().entry(key).or_default() += by;
 }
 
 /// One scheduling cycle of a pod of `profile` ended with `result`
@@ -43,7 +45,7 @@ pub fn incoming_pods(event: &'static str, queue: &'static str, count: u64) {
 /// Writes one counter family whose series are keyed by two label values.
 fn write_counter(out: &mut String, name: &str, help: &str, series: &Series, keys: [&str; 2]) {
     metrics::write_header(out, name, help, "counter");
-    for ((a, b), n) in series.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+    for ((a, b), n) in series.locked().iter() {
         let labels = metrics::labels(&[(keys[0], a), (keys[1], b)]);
         out.push_str(&format!("{name}{{{labels}}} {n}\n"));
     }

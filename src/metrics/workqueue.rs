@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{self as metrics, Counter, Gauge, Histogram};
+use crate::sync::LockExt;
 
 /// One queue's metrics and the keys waiting in it.
 #[derive(Debug)]
@@ -33,7 +34,7 @@ fn queues() -> &'static Mutex<Vec<Arc<WorkQueueMetrics>>> {
 impl WorkQueueMetrics {
     /// The metrics of the queue called `name`, registered once per process.
     pub fn named(name: &'static str) -> Arc<WorkQueueMetrics> {
-        let mut all = queues().lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = queues().locked();
         if let Some(q) = all.iter().find(|q| q.name == name) {
             return q.clone();
         }
@@ -52,7 +53,7 @@ impl WorkQueueMetrics {
 
     /// `key` was put on the queue.
     pub fn add(&self, key: &str) {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waiting = self.waiting.locked();
         if waiting.contains_key(key) {
             return;
         }
@@ -64,7 +65,7 @@ impl WorkQueueMetrics {
     /// A worker took `key`; the returned guard records the work's duration
     /// when dropped.
     pub fn start(&self, key: &str) -> WorkTimer<'_> {
-        let added = self.waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        let added = self.waiting.locked().remove(key);
         if let Some(at) = added {
             self.depth.add(-1);
             self.queue_duration.observe(at.elapsed());
@@ -104,7 +105,7 @@ impl Drop for WorkTimer<'_> {
 
 /// Writes every queue's metrics in the text format.
 pub fn write_all(out: &mut String) {
-    let all: Vec<Arc<WorkQueueMetrics>> = queues().lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let all: Vec<Arc<WorkQueueMetrics>> = queues().locked().clone();
     let label = |q: &WorkQueueMetrics| metrics::labels(&[("name", q.name)]);
     metrics::write_header(out, "workqueue_adds_total", "Total number of adds handled by workqueue", "counter");
     for q in &all {

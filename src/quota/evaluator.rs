@@ -94,7 +94,7 @@ impl Evaluator {
     }
 
     /// Upstream's `Constraints`: only pods have them.
-    pub fn constraints(&self, required: &[String], obj: &Value) -> Result<(), String> {
+    pub fn constraints(&self, required: &[String], obj: &Value) -> Result<(), pods::Unstated> {
         match self {
             Evaluator::Pods => {
                 let pod: Pod = crate::decode::from_value(obj).unwrap_or_default();

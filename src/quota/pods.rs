@@ -110,15 +110,30 @@ pub fn usage(pod: &Pod, now: Timestamp) -> ResourceList {
     out
 }
 
+/// The resources a quota requires that containers leave unstated: each
+/// resource with the names of those containers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must specify {}", describe(.0))]
+pub struct Unstated(pub BTreeMap<String, BTreeSet<String>>);
+
+/// `requests.cpu for: a,b; limits.memory for: c`.
+fn describe(missing: &BTreeMap<String, BTreeSet<String>>) -> String {
+    let parts: Vec<String> = missing
+        .iter()
+        .map(|(res, names)| format!("{res} for: {}", names.iter().cloned().collect::<Vec<_>>().join(",")))
+        .collect();
+    parts.join("; ")
+}
+
 /// Upstream's `enforcePodContainerConstraints`, for every container: the
 /// names of `required` (within [`VALIDATION_SET`]) a container leaves
-/// unstated. `Err("must specify requests.cpu for: a,b; ...")` when any.
-pub fn constraints(required: &[String], pod: &Pod) -> Result<(), String> {
+/// unstated (`must specify requests.cpu for: a,b; ...`), when any.
+pub fn constraints(required: &[String], pod: &Pod) -> Result<(), Unstated> {
     let required: BTreeSet<&str> = required.iter().map(String::as_str).filter(|r| VALIDATION_SET.contains(r)).collect();
     if required.is_empty() {
         return Ok(());
     }
-    let mut missing: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let mut missing: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let containers = pod.spec.iter().flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()));
     for c in containers {
         let r = c.resources.as_ref();
@@ -126,18 +141,14 @@ pub fn constraints(required: &[String], pod: &Pod) -> Result<(), String> {
             compute_usage(&list_of(r.and_then(|r| r.requests.as_ref())), &list_of(r.and_then(|r| r.limits.as_ref())));
         for res in &required {
             if !usage.contains_key(*res) {
-                missing.entry(res).or_default().insert(c.name.clone());
+                missing.entry(res.to_string()).or_default().insert(c.name.clone());
             }
         }
     }
     if missing.is_empty() {
         return Ok(());
     }
-    let parts: Vec<String> = missing
-        .iter()
-        .map(|(res, names)| format!("{res} for: {}", names.iter().cloned().collect::<Vec<_>>().join(",")))
-        .collect();
-    Err(format!("must specify {}", parts.join("; ")))
+    Err(Unstated(missing))
 }
 
 fn container_amount(c: &Container, field: &str, resource: &str) -> Amount {
@@ -278,7 +289,7 @@ mod tests {
         }));
         let required = vec!["requests.cpu".to_string(), "limits.memory".to_string(), "pods".to_string()];
         assert_eq!(
-            constraints(&required, &p),
+            constraints(&required, &p).map_err(|e| e.to_string()),
             Err("must specify limits.memory for: a,b; requests.cpu for: b".to_string())
         );
         assert_eq!(constraints(&["pods".to_string()], &p), Ok(()));

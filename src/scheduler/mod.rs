@@ -36,6 +36,7 @@ use crate::client::events::{EventRecorder, EventType};
 use crate::client::indexer::Index;
 use crate::client::informer_factory::SharedInformerFactory;
 use crate::client::predicates::node_heartbeat_only;
+use crate::sync::LockExt;
 
 use cache::SchedulerCache;
 use framework::{Code, CycleState, NodeFailure, Snapshot};
@@ -145,7 +146,7 @@ fn seed() -> u64 {
 
 impl Scheduler {
     fn cache(&self) -> std::sync::MutexGuard<'_, SchedulerCache> {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+        self.cache.locked()
     }
 
     fn random(&self) -> u64 {
@@ -264,15 +265,14 @@ fn decide(sched: &Scheduler, profile: &Profile, pod: &Arc<PodInfo>) -> Decision 
                         candidate = Some(c);
                     }
                     // Upstream's FitError appends the PostFilter message as " %v.".
-                    Err(post) if !post.is_empty() => {
+                    Err(post) => {
                         let nominated_now = pod.pod.status.as_ref().and_then(|s| s.nominated_node_name.as_deref());
-                        clear_nomination =
-                            !post.starts_with(preemption::NOT_ELIGIBLE) && nominated_now.is_some_and(|n| !n.is_empty());
+                        clear_nomination = !matches!(post, preemption::NoCandidate::NotEligible)
+                            && nominated_now.is_some_and(|n| !n.is_empty());
                         message.push(' ');
-                        message.push_str(&post);
+                        message.push_str(&post.to_string());
                         message.push('.');
                     }
-                    Err(_) => {}
                 }
             }
             let mut rejected_by: Vec<&'static str> = Vec::new();

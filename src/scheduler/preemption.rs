@@ -24,6 +24,22 @@ const NOT_HELPFUL: &str = "Preemption is not helpful for scheduling";
 /// How `find_candidate`'s answer starts when the pod may not preempt now.
 pub const NOT_ELIGIBLE: &str = "preemption: not eligible";
 
+/// Why preemption finds no node: the message users see after the fit
+/// error ("preemption: 0/3 nodes are available: ...").
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NoCandidate {
+    /// The pod may not preempt now: a pod on its nominated node is terminating.
+    #[error("{NOT_ELIGIBLE} due to a terminating pod on the nominated node.")]
+    NotEligible,
+    /// No node would fit the pod once victims were gone: each node's reason.
+    #[error("preemption: {}", no_node_text(.all_nodes, .statuses))]
+    NoNode { all_nodes: usize, statuses: Vec<NodeFailure> },
+}
+
+fn no_node_text(all_nodes: &usize, statuses: &[NodeFailure]) -> String {
+    fit_error_message(*all_nodes, statuses)
+}
+
 /// A node where the pod would fit once `victims` are gone.
 #[derive(Debug)]
 pub struct Candidate {
@@ -197,8 +213,7 @@ fn candidates_to_find(potential: usize) -> usize {
     (potential / 10).max(100).min(potential)
 }
 
-/// Chooses where to preempt; `Err` carries the message users see after the
-/// fit error ("preemption: 0/3 nodes are available: ..."), or nothing.
+/// Chooses where to preempt, or says why nowhere.
 /// `nominated`: pods nominated to each node by earlier preemptions.
 pub fn find_candidate(
     profile: &Profile,
@@ -208,9 +223,9 @@ pub fn find_candidate(
     failures: &[NodeFailure],
     pdbs: &[Arc<PodDisruptionBudget>],
     nominated: &HashMap<String, Vec<Arc<PodInfo>>>,
-) -> Result<Candidate, String> {
+) -> Result<Candidate, NoCandidate> {
     if !eligible(pod, nodes, failures) {
-        return Err(format!("{NOT_ELIGIBLE} due to a terminating pod on the nominated node."));
+        return Err(NoCandidate::NotEligible);
     }
     let mut statuses: Vec<NodeFailure> = Vec::new();
     let mut candidates: Vec<Candidate> = Vec::new();
@@ -239,7 +254,7 @@ pub fn find_candidate(
         }
     }
     if candidates.is_empty() {
-        return Err(format!("preemption: {}", fit_error_message(nodes.len(), &statuses)));
+        return Err(NoCandidate::NoNode { all_nodes: nodes.len(), statuses });
     }
     let best = candidates.iter().enumerate().min_by_key(|(i, c)| (pick_key(c), *i)).map_or(0, |(i, _)| i);
     Ok(candidates.swap_remove(best))
@@ -329,7 +344,11 @@ mod tests {
         )
     }
 
-    fn attempt(nodes: &[NodeInfo], pod: &Arc<PodInfo>, pdbs: &[Arc<PodDisruptionBudget>]) -> Result<Candidate, String> {
+    fn attempt(
+        nodes: &[NodeInfo],
+        pod: &Arc<PodInfo>,
+        pdbs: &[Arc<PodDisruptionBudget>],
+    ) -> Result<Candidate, NoCandidate> {
         let profile = Profile::new("default-scheduler", ScoringStrategy::LeastAllocated);
         let mut state = CycleState::default();
         let snapshot = super::super::framework::Snapshot { nodes };
@@ -376,7 +395,7 @@ mod tests {
         let feasible = profile.find_feasible(&state, &incoming, &snapshot, 0, &nominated);
         assert!(feasible.nodes.is_empty());
         let err = find_candidate(&profile, &state, &incoming, &nodes, &feasible.failures, &[], &nominated).unwrap_err();
-        assert_eq!(err, "preemption: 0/1 nodes are available: 1 Insufficient cpu.");
+        assert_eq!(err.to_string(), "preemption: 0/1 nodes are available: 1 Insufficient cpu.");
     }
 
     #[test]
@@ -404,7 +423,7 @@ mod tests {
         b.add_pod(pod("tiny", "500m", 0, T1));
         let err = attempt(&[a.clone(), b], &pod("p", "2", 10, T1), &[]).unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "preemption: 0/2 nodes are available: 1 Insufficient cpu, 1 No preemption victims found for incoming pod."
         );
         let tainted: Node = serde_json::from_value(json!({
@@ -414,7 +433,7 @@ mod tests {
         .unwrap();
         let err = attempt(&[a, NodeInfo::new(Arc::new(tainted))], &pod("p", "4", 10, T1), &[]).unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "preemption: 0/2 nodes are available: 1 No preemption victims found for incoming pod, 1 Preemption is not helpful for scheduling."
         );
     }

@@ -11,6 +11,8 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+
+use crate::sync::LockExt;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -138,7 +140,7 @@ impl SchedulingQueue {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.locked()
     }
 
     /// A pod that needs a node was added or changed.

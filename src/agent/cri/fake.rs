@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::{api, CriError, ImageService, RuntimeService};
+use crate::sync::LockExt;
 
 struct Sandbox {
     config: api::PodSandboxConfig,
@@ -83,13 +84,9 @@ impl FakeRuntime {
         Arc::new(FakeRuntime::default())
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Records the call; the error it was told to fail with, if any.
     fn call(&self, name: &'static str) -> Result<MutexGuard<'_, State>, CriError> {
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         st.calls.push(name);
         match st.failing.get(name) {
             Some(message) => Err(CriError::Call { call: name, status: tonic::Status::unknown(message.clone()) }),
@@ -103,19 +100,19 @@ impl FakeRuntime {
 
     /// An image present on the node, by reference.
     pub fn add_image(&self, reference: &str) {
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         let id = format!("sha256:{:064x}", st.images.len() + 1);
         st.images.push(api::Image { id, repo_tags: vec![reference.to_string()], size: 1024, ..Default::default() });
     }
 
     /// A reference a pull will find (none is found otherwise).
     pub fn allow_pull(&self, reference: &str) {
-        self.lock().pullable.insert(reference.to_string());
+        self.state.locked().pullable.insert(reference.to_string());
     }
 
     /// Every call of `name` fails with `message` from now on (`None`: no more).
     pub fn fail(&self, name: &'static str, message: Option<&str>) {
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         match message {
             Some(m) => st.failing.insert(name, m.to_string()),
             None => st.failing.remove(name),
@@ -124,17 +121,17 @@ impl FakeRuntime {
 
     /// The calls made so far, by CRI name, in order.
     pub fn calls(&self) -> Vec<&'static str> {
-        self.lock().calls.clone()
+        self.state.locked().calls.clone()
     }
 
     /// (container id, grace seconds) of every stop asked so far.
     pub fn stops(&self) -> Vec<(String, i64)> {
-        self.lock().stops.clone()
+        self.state.locked().stops.clone()
     }
 
     /// The container ends on its own with `exit_code`.
     pub fn exit(&self, id: &str, exit_code: i32) {
-        let mut st = self.lock();
+        let mut st = self.state.locked();
         let now = st.now();
         if let Some(c) = st.containers.get_mut(id) {
             c.state = api::ContainerState::ContainerExited;
@@ -147,7 +144,7 @@ impl FakeRuntime {
 
     /// (id, state) of every container with the name, oldest first.
     pub fn containers_named(&self, name: &str) -> Vec<(String, api::ContainerState)> {
-        let st = self.lock();
+        let st = self.state.locked();
         let mut out: Vec<(i64, String, api::ContainerState)> = st
             .containers
             .iter()
@@ -160,12 +157,12 @@ impl FakeRuntime {
 
     /// The mounts the container was created with.
     pub fn mounts_of(&self, id: &str) -> Vec<api::Mount> {
-        self.lock().containers.get(id).map(|c| c.config.mounts.clone()).unwrap_or_default()
+        self.state.locked().containers.get(id).map(|c| c.config.mounts.clone()).unwrap_or_default()
     }
 
     /// How many sandboxes the runtime holds, and how many are ready.
     pub fn sandbox_count(&self) -> (usize, usize) {
-        let st = self.lock();
+        let st = self.state.locked();
         let ready = st.sandboxes.values().filter(|s| s.state == api::PodSandboxState::SandboxReady).count();
         (st.sandboxes.len(), ready)
     }

@@ -33,6 +33,32 @@ impl Compression {
     }
 }
 
+/// Why an archive cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("cannot read: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("corrupt archive: {0}")]
+    Corrupt(#[source] std::io::Error),
+    #[error("not an image archive: empty or truncated before the first tar header")]
+    Empty,
+    #[error("not an image archive: not a tar file (plain, gzip or zstd compressed)")]
+    NotTar,
+    #[error("corrupt tar archive: {0}")]
+    CorruptTar(#[source] std::io::Error),
+    #[error("corrupt or truncated tar archive: {0}")]
+    CorruptEntry(#[source] std::io::Error),
+    #[error("{path}: corrupt tar header: {source}")]
+    CorruptHeader { path: String, source: std::io::Error },
+    #[error("{path}: truncated or corrupt archive: {source}")]
+    CorruptFile { path: String, source: std::io::Error },
+    #[error("{path}: truncated archive: {read} of {size} bytes")]
+    Truncated { path: String, read: u64, size: u64 },
+    /// The importer went away (it failed and said why).
+    #[error("import stopped")]
+    Stopped,
+}
+
 /// What the reader thread reports, in archive order.
 #[derive(Debug)]
 pub enum Event {
@@ -55,7 +81,7 @@ pub enum Event {
 
 /// Reads `reader` on a blocking thread. The channel yields the events, an
 /// error (then nothing more), and closes at the end of the archive.
-pub fn spawn_reader<R: Read + Send + 'static>(reader: R) -> mpsc::Receiver<Result<Event, String>> {
+pub fn spawn_reader<R: Read + Send + 'static>(reader: R) -> mpsc::Receiver<Result<Event, ArchiveError>> {
     let (tx, rx) = mpsc::channel(4);
     tokio::task::spawn_blocking(move || {
         if let Err(e) = read_archive(reader, &tx) {
@@ -66,9 +92,9 @@ pub fn spawn_reader<R: Read + Send + 'static>(reader: R) -> mpsc::Receiver<Resul
 }
 
 /// The archive's tar stream, decompressed as its first bytes say.
-pub fn decompressed<R: Read + Send + 'static>(mut reader: R) -> Result<Box<dyn Read + Send>, String> {
+pub fn decompressed<R: Read + Send + 'static>(mut reader: R) -> Result<Box<dyn Read + Send>, ArchiveError> {
     let mut magic = Vec::with_capacity(4);
-    (&mut reader).take(4).read_to_end(&mut magic).map_err(|e| format!("cannot read: {e}"))?;
+    (&mut reader).take(4).read_to_end(&mut magic).map_err(ArchiveError::Read)?;
     let compression = Compression::detect(&magic);
     let source = BufReader::with_capacity(CHUNK, Cursor::new(magic).chain(reader));
     Ok(match compression {
@@ -78,21 +104,24 @@ pub fn decompressed<R: Read + Send + 'static>(mut reader: R) -> Result<Box<dyn R
     })
 }
 
-fn read_archive<R: Read + Send + 'static>(reader: R, tx: &mpsc::Sender<Result<Event, String>>) -> Result<(), String> {
+fn read_archive<R: Read + Send + 'static>(
+    reader: R,
+    tx: &mpsc::Sender<Result<Event, ArchiveError>>,
+) -> Result<(), ArchiveError> {
     let mut stream = decompressed(reader)?;
     // The first header block, to say "not a tar archive" rather than a checksum error.
     let mut first = Vec::with_capacity(512);
-    (&mut stream).take(512).read_to_end(&mut first).map_err(|e| format!("corrupt archive: {e}"))?;
+    (&mut stream).take(512).read_to_end(&mut first).map_err(ArchiveError::Corrupt)?;
     if first.len() < 512 {
-        return Err("not an image archive: empty or truncated before the first tar header".into());
+        return Err(ArchiveError::Empty);
     }
     if &first[257..262] != b"ustar" {
-        return Err("not an image archive: not a tar file (plain, gzip or zstd compressed)".into());
+        return Err(ArchiveError::NotTar);
     }
     let mut archive = tar::Archive::new(Cursor::new(first).chain(stream));
-    let entries = archive.entries().map_err(|e| format!("corrupt tar archive: {e}"))?;
+    let entries = archive.entries().map_err(ArchiveError::CorruptTar)?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| format!("corrupt or truncated tar archive: {e}"))?;
+        let mut entry = entry.map_err(ArchiveError::CorruptEntry)?;
         let path = clean_path(&String::from_utf8_lossy(&entry.path_bytes()));
         let kind = entry.header().entry_type();
         if kind.is_symlink() || kind.is_hard_link() {
@@ -105,7 +134,8 @@ fn read_archive<R: Read + Send + 'static>(reader: R, tx: &mpsc::Sender<Result<Ev
         if !(kind.is_file() || kind == tar::EntryType::Continuous) {
             continue;
         }
-        let size = entry.header().size().map_err(|e| format!("{path}: corrupt tar header: {e}"))?;
+        let size =
+            entry.header().size().map_err(|source| ArchiveError::CorruptHeader { path: path.clone(), source })?;
         send(tx, Event::File { path: path.clone(), size })?;
         let mut hasher = Sha256::new();
         let mut read: u64 = 0;
@@ -117,7 +147,7 @@ fn read_archive<R: Read + Send + 'static>(reader: R, tx: &mpsc::Sender<Result<Ev
                     Ok(0) => break,
                     Ok(n) => filled += n,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(format!("{path}: truncated or corrupt archive: {e}")),
+                    Err(source) => return Err(ArchiveError::CorruptFile { path, source }),
                 }
             }
             if filled == 0 {
@@ -129,16 +159,16 @@ fn read_archive<R: Read + Send + 'static>(reader: R, tx: &mpsc::Sender<Result<Ev
             send(tx, Event::Data(buf))?;
         }
         if read != size {
-            return Err(format!("{path}: truncated archive: {read} of {size} bytes"));
+            return Err(ArchiveError::Truncated { path, read, size });
         }
         send(tx, Event::End { digest: format!("sha256:{}", super::oci::hex(&hasher.finalize())) })?;
     }
     Ok(())
 }
 
-fn send(tx: &mpsc::Sender<Result<Event, String>>, event: Event) -> Result<(), String> {
+fn send(tx: &mpsc::Sender<Result<Event, ArchiveError>>, event: Event) -> Result<(), ArchiveError> {
     // The importer went away (it failed and said why): stop quietly.
-    tx.blocking_send(Ok(event)).map_err(|_| "import stopped".to_string())
+    tx.blocking_send(Ok(event)).map_err(|_| ArchiveError::Stopped)
 }
 
 /// `./a//b/` → `a/b`; `..` and `.` components resolved, never above the root.
@@ -284,7 +314,7 @@ mod tests {
         b.into_inner().unwrap()
     }
 
-    fn read_all(data: Vec<u8>) -> Result<Vec<(String, Vec<u8>, String)>, String> {
+    fn read_all(data: Vec<u8>) -> Result<Vec<(String, Vec<u8>, String)>, ArchiveError> {
         let mut out = Vec::new();
         let (tx, mut rx) = mpsc::channel(1024);
         std::thread::spawn(move || {
@@ -324,15 +354,15 @@ mod tests {
 
     #[test]
     fn garbage_and_truncation_are_reported() {
-        let err = read_all(vec![7u8; 2000]).unwrap_err();
+        let err = read_all(vec![7u8; 2000]).unwrap_err().to_string();
         assert!(err.contains("not a tar file"), "{err}");
         let tar = tarball(&[("big", &[1u8; 5000])]);
-        let err = read_all(tar[..2048].to_vec()).unwrap_err();
+        let err = read_all(tar[..2048].to_vec()).unwrap_err().to_string();
         assert!(err.contains("truncated"), "{err}");
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         std::io::Write::write_all(&mut gz, &tar).unwrap();
         let gz = gz.finish().unwrap();
-        let err = read_all(gz[..gz.len() - 20].to_vec()).unwrap_err();
+        let err = read_all(gz[..gz.len() - 20].to_vec()).unwrap_err().to_string();
         assert!(err.contains("truncated") || err.contains("corrupt"), "{err}");
     }
 }

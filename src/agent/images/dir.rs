@@ -104,7 +104,7 @@ impl ImagesDir {
 
     /// Imports and pulls what the folder holds now, then watches it: the
     /// images present at start are ready when this returns.
-    pub async fn start(self) -> Result<(ImagesDirTask, Vec<(PathBuf, Result<FileOutcome, String>)>), ImageError> {
+    pub async fn start(self) -> Result<(ImagesDirTask, Vec<(PathBuf, Result<FileOutcome, ImageError>)>), ImageError> {
         let io = |source| ImageError::Io { path: self.dir.clone(), source };
         tokio::fs::create_dir_all(&self.dir).await.map_err(io)?;
         // Watching before the first look: a file landing meanwhile is not missed.
@@ -139,7 +139,7 @@ impl ImagesDir {
     }
 
     /// Handles every file of the folder once, in name order.
-    pub async fn scan(&self) -> Vec<(PathBuf, Result<FileOutcome, String>)> {
+    pub async fn scan(&self) -> Vec<(PathBuf, Result<FileOutcome, ImageError>)> {
         let mut paths = Vec::new();
         match std::fs::read_dir(&self.dir) {
             Ok(entries) => paths.extend(entries.filter_map(|e| e.ok()).map(|e| e.path())),
@@ -151,7 +151,7 @@ impl ImagesDir {
         for path in paths {
             let result = self.handle(&path).await;
             log_outcome(&path, &result);
-            if result != Ok(FileOutcome::Ignored) {
+            if !matches!(result, Ok(FileOutcome::Ignored)) {
                 out.push((path, result));
             }
         }
@@ -159,7 +159,7 @@ impl ImagesDir {
     }
 
     /// Imports, pulls or skips one file of the folder.
-    pub async fn handle(&self, path: &Path) -> Result<FileOutcome, String> {
+    pub async fn handle(&self, path: &Path) -> Result<FileOutcome, ImageError> {
         let name = path.file_name().and_then(OsStr::to_str).unwrap_or_default().to_string();
         if name.starts_with('.') || !path.is_file() {
             return Ok(FileOutcome::Ignored);
@@ -170,7 +170,7 @@ impl ImagesDir {
         if !TARBALL_SUFFIXES.iter().any(|s| name.ends_with(s)) {
             return Ok(FileOutcome::Ignored);
         }
-        self.import_tarball(path, &name).await.map_err(|e| e.to_string())
+        self.import_tarball(path, &name).await
     }
 
     async fn import_tarball(&self, path: &Path, name: &str) -> Result<FileOutcome, ImageError> {
@@ -208,8 +208,10 @@ impl ImagesDir {
         !images.is_empty()
     }
 
-    async fn pull_list(&self, path: &Path) -> Result<FileOutcome, String> {
-        let text = tokio::fs::read_to_string(path).await.map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    async fn pull_list(&self, path: &Path) -> Result<FileOutcome, ImageError> {
+        let text = tokio::fs::read_to_string(path)
+            .await
+            .map_err(|source| ImageError::Io { path: path.to_path_buf(), source })?;
         let (mut pulled, mut present, mut failed) = (Vec::new(), Vec::new(), Vec::new());
         for (i, line) in text.lines().enumerate() {
             let reference = line.split('#').next().unwrap_or_default().trim();
@@ -279,7 +281,7 @@ impl ImagesDir {
     }
 }
 
-fn log_outcome(path: &Path, result: &Result<FileOutcome, String>) {
+fn log_outcome(path: &Path, result: &Result<FileOutcome, ImageError>) {
     match result {
         Ok(FileOutcome::Imported(images)) => tracing::info!(file = %path.display(), ?images, "imported"),
         Ok(FileOutcome::Unchanged) => tracing::debug!(file = %path.display(), "already imported"),

@@ -128,7 +128,7 @@ async fn read_contents<R: Read + Send + 'static>(
     let mut current: Option<Current> = None;
     let result: Result<(), ImageError> = async {
         while let Some(event) = rx.recv().await {
-            match event.map_err(|m| ImageError::archive(source_name, m))? {
+            match event.map_err(|source| ImageError::Unreadable { source_name: source_name.to_string(), source })? {
                 Event::File { path, size } => {
                     let layout = is_layout_file(&path);
                     let expected = digest_from_path(&path);

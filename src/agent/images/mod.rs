@@ -37,6 +37,8 @@ pub const LABEL_IMPORTED: &str = "ferrok.io/imported";
 pub enum ImageError {
     #[error("{source_name}: {message}")]
     Archive { source_name: String, message: String },
+    #[error("{source_name}: {source}")]
+    Unreadable { source_name: String, source: archive::ArchiveError },
     #[error("cannot read {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
     #[error("{source_name}: {path}: digest is {actual}, the archive names it {expected}")]
@@ -48,7 +50,7 @@ pub enum ImageError {
     #[error("{source_name}: no manifest in the archive is for {platform}")]
     NoMatchingPlatform { source_name: String, platform: String },
     #[error("invalid image reference {reference:?}: {reason}")]
-    Reference { reference: String, reason: String },
+    Reference { reference: String, reason: reference::InvalidReference },
     #[error("containerd {call}: {}", .status.message())]
     Containerd { call: &'static str, status: tonic::Status },
     #[error("{0}")]

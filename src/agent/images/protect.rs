@@ -8,7 +8,7 @@ use std::time::Duration;
 use containerd_client::services::v1::images_client::ImagesClient;
 use containerd_client::services::v1::{DeleteImageRequest, GetImageRequest, ListImagesRequest};
 
-use super::reference::{looks_like_id, normalize};
+use super::reference::{looks_like_id, normalize, InvalidReference};
 use super::{ImageError, LABEL_IMPORTED, LABEL_PINNED};
 use crate::agent::cri::{api, namespaced, Cri, CriError};
 
@@ -96,12 +96,7 @@ pub async fn remove_image(cri: &Cri, image: &str) -> Result<Vec<String>, ImageEr
         let found = match matches.as_slice() {
             [one] => one.clone(),
             [] => return Err(ImageError::NotFound(image.to_string())),
-            _ => {
-                return Err(ImageError::Reference {
-                    reference: image.into(),
-                    reason: "the ID prefix matches several images".into(),
-                })
-            }
+            _ => return Err(ImageError::Reference { reference: image.into(), reason: InvalidReference::AmbiguousId }),
         };
         let req =
             api::RemoveImageRequest { image: Some(api::ImageSpec { image: found.id.clone(), ..Default::default() }) };

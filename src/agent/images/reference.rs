@@ -11,6 +11,28 @@ const LEGACY_DEFAULT_DOMAIN: &str = "index.docker.io";
 const OFFICIAL_REPOSITORY_PREFIX: &str = "library/";
 pub const DEFAULT_TAG: &str = "latest";
 
+/// What is wrong with an image reference.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidReference {
+    #[error("empty")]
+    Empty,
+    #[error("empty registry host")]
+    EmptyHost,
+    #[error("invalid registry host")]
+    InvalidHost,
+    #[error("empty repository name")]
+    EmptyPath,
+    #[error("repository component {0:?} must be lowercase letters, digits and separators")]
+    PathComponent(String),
+    #[error("invalid tag {0:?}")]
+    Tag(String),
+    #[error("invalid digest {0:?}")]
+    Digest(String),
+    /// An image ID prefix that more than one image has.
+    #[error("the ID prefix matches several images")]
+    AmbiguousId,
+}
+
 /// A parsed, normalized image reference.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reference {
@@ -27,16 +49,16 @@ impl Reference {
     /// Parses and normalizes `reference`; a reference with neither tag nor
     /// digest gets `:latest`.
     pub fn parse(reference: &str) -> Result<Reference, ImageError> {
-        let bad = |reason: &str| ImageError::Reference { reference: reference.to_string(), reason: reason.to_string() };
+        let bad = |reason: InvalidReference| ImageError::Reference { reference: reference.to_string(), reason };
         if reference.is_empty() {
-            return Err(bad("empty"));
+            return Err(bad(InvalidReference::Empty));
         }
         let (name, digest) = match reference.split_once('@') {
             Some((n, d)) => (n, Some(d)),
             None => (reference, None),
         };
         if let Some(d) = digest {
-            validate_digest(d).map_err(|r| bad(&r))?;
+            validate_digest(d).map_err(bad)?;
         }
         let last_slash = name.rfind('/').map(|i| i + 1).unwrap_or(0);
         let (name, tag) = match name[last_slash..].rfind(':') {
@@ -44,16 +66,16 @@ impl Reference {
             None => (name, None),
         };
         if let Some(t) = tag {
-            validate_tag(t).map_err(|r| bad(&r))?;
+            validate_tag(t).map_err(bad)?;
         }
         let (domain, path) = split_domain(name);
         if domain.is_empty() {
-            return Err(bad("empty registry host"));
+            return Err(bad(InvalidReference::EmptyHost));
         }
         if !domain.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']')) {
-            return Err(bad("invalid registry host"));
+            return Err(bad(InvalidReference::InvalidHost));
         }
-        validate_path(&path).map_err(|r| bad(&r))?;
+        validate_path(&path).map_err(bad)?;
         let tag = match (tag, digest) {
             (None, None) => Some(DEFAULT_TAG.to_string()),
             (t, _) => t.map(str::to_string),
@@ -113,9 +135,9 @@ fn split_domain(name: &str) -> (String, String) {
     (domain, path)
 }
 
-fn validate_path(path: &str) -> Result<(), String> {
+fn validate_path(path: &str) -> Result<(), InvalidReference> {
     if path.is_empty() {
-        return Err("empty repository name".into());
+        return Err(InvalidReference::EmptyPath);
     }
     for component in path.split('/') {
         let ok = !component.is_empty()
@@ -125,13 +147,13 @@ fn validate_path(path: &str) -> Result<(), String> {
             && component.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
             && component.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
         if !ok {
-            return Err(format!("repository component {component:?} must be lowercase letters, digits and separators"));
+            return Err(InvalidReference::PathComponent(component.to_string()));
         }
     }
     Ok(())
 }
 
-fn validate_tag(tag: &str) -> Result<(), String> {
+fn validate_tag(tag: &str) -> Result<(), InvalidReference> {
     let ok = !tag.is_empty()
         && tag.len() <= 128
         && tag.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
@@ -139,12 +161,12 @@ fn validate_tag(tag: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("invalid tag {tag:?}"))
+        Err(InvalidReference::Tag(tag.to_string()))
     }
 }
 
 /// `sha256:<64 lowercase hex>` (the only algorithm containerd's store uses here).
-pub fn validate_digest(d: &str) -> Result<(), String> {
+pub fn validate_digest(d: &str) -> Result<(), InvalidReference> {
     match d.split_once(':') {
         Some(("sha256", hex))
             if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
@@ -156,7 +178,7 @@ pub fn validate_digest(d: &str) -> Result<(), String> {
         {
             Ok(())
         }
-        _ => Err(format!("invalid digest {d:?}")),
+        _ => Err(InvalidReference::Digest(d.to_string())),
     }
 }
 

@@ -31,6 +31,19 @@ pub enum RegistriesError {
     Invalid { file: PathBuf, key: String, message: String },
     #[error("cannot {action} {path}: {source}")]
     Io { action: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("{file}: {key}: {source}")]
+    Endpoint { file: PathBuf, key: String, source: InvalidEndpoint },
+}
+
+/// A mirror endpoint that is not an `http(s)://host[:port][/path]` URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidEndpoint {
+    #[error("{0:?} is not a URL (http:// or https://)")]
+    NotAUrl(String),
+    #[error("{0:?}: scheme must be http or https")]
+    Scheme(String),
+    #[error("{0:?}: invalid host")]
+    Host(String),
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -100,11 +113,10 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    pub fn parse(url: &str) -> Result<Endpoint, String> {
-        let (scheme, rest) =
-            url.split_once("://").ok_or_else(|| format!("{url:?} is not a URL (http:// or https://)"))?;
+    pub fn parse(url: &str) -> Result<Endpoint, InvalidEndpoint> {
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| InvalidEndpoint::NotAUrl(url.to_string()))?;
         if scheme != "http" && scheme != "https" {
-            return Err(format!("{url:?}: scheme must be http or https"));
+            return Err(InvalidEndpoint::Scheme(url.to_string()));
         }
         let (host, path) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
@@ -113,7 +125,7 @@ impl Endpoint {
         if host.is_empty()
             || !host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']' | '_'))
         {
-            return Err(format!("{url:?}: invalid host"));
+            return Err(InvalidEndpoint::Host(url.to_string()));
         }
         let path = if path == "/v2" { "" } else { path };
         Ok(Endpoint { scheme: scheme.into(), host: host.into(), path: path.into() })
@@ -161,7 +173,11 @@ impl Registries {
         let invalid = |key: String, message: String| RegistriesError::Invalid { file: file.into(), key, message };
         for (registry, mirror) in &self.mirrors {
             for (i, e) in mirror.endpoint.iter().enumerate() {
-                Endpoint::parse(e).map_err(|m| invalid(format!("mirrors.{registry}.endpoint[{i}]"), m))?;
+                Endpoint::parse(e).map_err(|source| RegistriesError::Endpoint {
+                    file: file.into(),
+                    key: format!("mirrors.{registry}.endpoint[{i}]"),
+                    source,
+                })?;
             }
             if !mirror.rewrite.is_empty() {
                 tracing::warn!(registry, file = %file.display(), "registries.yaml rewrites are not supported by containerd 1.6; ignored");

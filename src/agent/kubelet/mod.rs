@@ -259,8 +259,7 @@ impl Kubelet {
         };
         let (envs, invalid) = match env::make_environment(pod, c, &ctx).await {
             Ok(e) => e,
-            Err(env::EnvError::Config(msg)) => return Err(fail("CreateContainerConfigError", msg)),
-            Err(env::EnvError::Kube(e)) => return Err(fail("CreateContainerConfigError", e.to_string())),
+            Err(e) => return Err(fail("CreateContainerConfigError", e.to_string())),
         };
         if !invalid.is_empty() {
             let msg = format!("Keys [{}] from the EnvFrom configMap {}/… were skipped since they are considered invalid environment variable names.", invalid.join(", "), pod_util::namespace(pod));

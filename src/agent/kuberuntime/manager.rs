@@ -22,6 +22,8 @@ use crate::agent::events::Events;
 use crate::agent::image_manager::ImageManager;
 use crate::agent::pleg::ContainerIndex;
 use crate::agent::pod_util::{self, ContainerKind};
+use crate::agent::prober::exec::ExecError;
+use crate::agent::prober::http::{HttpError, RequestError};
 use crate::backoff::Backoff;
 use crate::client::events::EventType;
 
@@ -37,7 +39,44 @@ pub trait HookRunner: Send + Sync {
         container: &Container,
         container_id: &str,
         handler: &LifecycleHandler,
-    ) -> Result<(), String>;
+    ) -> Result<(), HookError>;
+}
+
+/// Why a hook failed: the message of upstream's `FailedPostStartHook` or
+/// `FailedPreStopHook` event. Container and pod names come quoted.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("Exec lifecycle hook ({command}) for Container {container} in Pod {pod} failed - error: {source}, message: {output}")]
+    Exec { command: String, container: String, pod: String, source: ExecError, output: String },
+    #[error("HTTP lifecycle hook ({path}) for Container {container} in Pod {pod} failed - error: {source}")]
+    Http { path: String, container: String, pod: String, source: HttpHookError },
+    #[error("Cannot run handler: invalid handler: {0}")]
+    InvalidHandler(String),
+}
+
+/// Why a pod's sandbox was not made (the FailedCreatePodSandBox event's words).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("cannot create the pod log folder {path}: {source}")]
+    LogFolder { path: String, source: std::io::Error },
+    #[error("RuntimeClass {0:?} not found")]
+    NoRuntimeClass(String),
+    #[error("cannot read RuntimeClass {name:?}: {source}")]
+    RuntimeClass { name: String, source: kube::Error },
+    /// The runtime's own words.
+    #[error("{}", .0.message())]
+    Runtime(#[source] CriError),
+}
+
+/// Why an httpGet hook got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpHookError {
+    #[error("failed to find networking container: the pod sandbox has no IP address")]
+    NoSandboxIp,
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Get(#[from] HttpError),
 }
 
 /// What the prober is told about containers' lives.
@@ -112,24 +151,28 @@ impl RuntimeManager {
     }
 
     /// The CRI handler of the pod's RuntimeClass ("" for the default).
-    async fn runtime_handler(&self, pod: &Pod) -> Result<String, String> {
+    async fn runtime_handler(&self, pod: &Pod) -> Result<String, SandboxError> {
         let Some(name) = pod_util::spec(pod).runtime_class_name.as_deref().filter(|n| !n.is_empty()) else {
             return Ok(String::new());
         };
         match Api::<RuntimeClass>::all(self.client.clone()).get_opt(name).await {
             Ok(Some(rc)) => Ok(rc.handler),
-            Ok(None) => Err(format!("RuntimeClass {name:?} not found")),
-            Err(e) => Err(format!("cannot read RuntimeClass {name:?}: {e}")),
+            Ok(None) => Err(SandboxError::NoRuntimeClass(name.to_string())),
+            Err(source) => Err(SandboxError::RuntimeClass { name: name.to_string(), source }),
         }
     }
 
     /// Makes the pod's sandbox; returns its id and config.
-    pub async fn create_sandbox(&self, pod: &Pod, attempt: u32) -> Result<(String, api::PodSandboxConfig), String> {
+    pub async fn create_sandbox(
+        &self,
+        pod: &Pod,
+        attempt: u32,
+    ) -> Result<(String, api::PodSandboxConfig), SandboxError> {
         let config = self.sandbox_config(pod, attempt);
         std::fs::create_dir_all(&config.log_directory)
-            .map_err(|e| format!("cannot create the pod log folder {}: {e}", config.log_directory))?;
+            .map_err(|source| SandboxError::LogFolder { path: config.log_directory.clone(), source })?;
         let handler = self.runtime_handler(pod).await?;
-        let id = self.cri.run_pod_sandbox(config.clone(), handler).await.map_err(|e| e.message())?;
+        let id = self.cri.run_pod_sandbox(config.clone(), handler).await.map_err(SandboxError::Runtime)?;
         self.index.insert(&id, pod_util::uid(pod));
         Ok((id, config))
     }
@@ -213,8 +256,8 @@ impl RuntimeManager {
                 });
             }
         };
-        if let Err(msg) = security::verify_run_as_non_root(pod, c, image.uid, &image.username) {
-            return Err(self.fail(pod, kind, &c.name, "CreateContainerConfigError", msg));
+        if let Err(e) = security::verify_run_as_non_root(pod, c, image.uid, &image.username) {
+            return Err(self.fail(pod, kind, &c.name, "CreateContainerConfigError", e.to_string()));
         }
         if let Some(m) = self.termination_log(pod, c) {
             mounts.push(m);
@@ -266,7 +309,8 @@ impl RuntimeManager {
             p.add_container(pod, c, &id, pod_ip);
         }
         if let (Some(hook), Some(hooks)) = (c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()), &self.hooks) {
-            if let Err(msg) = hooks.run(pod, c, &id, hook).await {
+            if let Err(e) = hooks.run(pod, c, &id, hook).await {
+                let msg = e.to_string();
                 tracing::info!(pod = %pod_util::full_name(pod), container = %c.name, error = %msg, "postStart hook failed");
                 self.events.container(&cref, EventType::Warning, "FailedPostStartHook", "PostStartHook failed");
                 let grace = pod_util::spec(pod).termination_grace_period_seconds.unwrap_or(30);
@@ -300,7 +344,7 @@ impl RuntimeManager {
                 match tokio::time::timeout(Duration::from_secs(grace as u64), run).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => {
-                        self.events.container(&cref, EventType::Warning, "FailedPreStopHook", &e);
+                        self.events.container(&cref, EventType::Warning, "FailedPreStopHook", &e.to_string());
                     }
                     Err(_) => {
                         let m = format!("PreStopHook failed to complete in {grace}s");

@@ -98,38 +98,46 @@ pub fn run_as_user(pod: &Pod, c: &Container) -> Option<i64> {
     c.security_context.as_ref().and_then(|s| s.run_as_user).or_else(|| psc.and_then(|s| s.run_as_user))
 }
 
+/// Why a container that must run as non-root may not start, in upstream's
+/// words (the pod's full name and the container's name in each).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NonRootError {
+    #[error("container's runAsUser breaks non-root policy (pod: {pod:?}, container: {container})")]
+    RunAsRoot { pod: String, container: String },
+    #[error("container has runAsNonRoot and image will run as root (pod: {pod:?}, container: {container})")]
+    ImageRoot { pod: String, container: String },
+    #[error("container has runAsNonRoot and image has non-numeric user ({user}), cannot verify user is non-root (pod: {pod:?}, container: {container})")]
+    ImageUserName { user: String, pod: String, container: String },
+}
+
 /// upstream's verifyRunAsNonRoot, given the image's user (uid, or name).
 pub fn verify_run_as_non_root(
     pod: &Pod,
     c: &Container,
     image_uid: Option<i64>,
     image_user: &str,
-) -> Result<(), String> {
+) -> Result<(), NonRootError> {
     let psc = pod_util::spec(pod).security_context.as_ref();
     let non_root =
         c.security_context.as_ref().and_then(|s| s.run_as_non_root).or_else(|| psc.and_then(|s| s.run_as_non_root));
     if non_root != Some(true) {
         return Ok(());
     }
-    let pod_name = pod_util::full_name(pod);
+    let (pod_name, container) = (pod_util::full_name(pod), c.name.clone());
     if let Some(uid) = run_as_user(pod, c) {
         if uid == 0 {
-            return Err(format!(
-                "container's runAsUser breaks non-root policy (pod: {pod_name:?}, container: {})",
-                c.name
-            ));
+            return Err(NonRootError::RunAsRoot { pod: pod_name, container });
         }
         return Ok(());
     }
     match image_uid {
-        Some(0) => Err(format!("container has runAsNonRoot and image will run as root (pod: {pod_name:?}, container: {})", c.name)),
+        Some(0) => Err(NonRootError::ImageRoot { pod: pod_name, container }),
         Some(_) => Ok(()),
-        None if !image_user.is_empty() => Err(format!(
-            "container has runAsNonRoot and image has non-numeric user ({image_user}), cannot verify user is non-root (pod: {pod_name:?}, container: {})",
-            c.name
-        )),
+        None if !image_user.is_empty() => {
+            Err(NonRootError::ImageUserName { user: image_user.to_string(), pod: pod_name, container })
+        }
         // No user in the image: it runs as root.
-        None => Err(format!("container has runAsNonRoot and image will run as root (pod: {pod_name:?}, container: {})", c.name)),
+        None => Err(NonRootError::ImageRoot { pod: pod_name, container }),
     }
 }
 
@@ -208,8 +216,11 @@ mod tests {
     fn run_as_non_root_checks_the_image_user() {
         let p = pod(json!({"securityContext": {"runAsNonRoot": true}, "containers": [{"name": "a"}]}));
         let c = &p.spec.as_ref().unwrap().containers[0];
-        assert!(verify_run_as_non_root(&p, c, Some(0), "").unwrap_err().contains("image will run as root"));
-        assert!(verify_run_as_non_root(&p, c, None, "nobody").unwrap_err().contains("non-numeric user (nobody)"));
+        assert!(verify_run_as_non_root(&p, c, Some(0), "").unwrap_err().to_string().contains("image will run as root"));
+        assert!(verify_run_as_non_root(&p, c, None, "nobody")
+            .unwrap_err()
+            .to_string()
+            .contains("non-numeric user (nobody)"));
         assert!(verify_run_as_non_root(&p, c, Some(65534), "").is_ok());
         let p =
             pod(json!({"securityContext": {"runAsNonRoot": true, "runAsUser": 1000}, "containers": [{"name": "a"}]}));

@@ -12,6 +12,7 @@ use super::*;
 use crate::agent::cri::api::ContainerState;
 use crate::agent::pod_status::FailureKind;
 use crate::agent::testing::{pod, TestNode};
+use crate::sync::LockExt;
 
 #[derive(Debug, Clone, PartialEq)]
 enum Step {
@@ -29,11 +30,11 @@ struct Steps {
 
 impl Steps {
     fn push(&self, step: Step) {
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(step);
+        self.log.locked().push(step);
     }
 
     fn log(&self) -> Vec<Step> {
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.log.locked().clone()
     }
 }
 
@@ -121,7 +122,7 @@ async fn a_refused_pod_ends_before_it_ever_syncs() {
     let seen = seen_running.clone();
     workers.add_admit_handler(Arc::new(move |pod: &Pod, running: &[Arc<Pod>]| {
         let names: Vec<String> = running.iter().map(|p| pod_util::name(p).to_string()).collect();
-        seen.lock().unwrap_or_else(|e| e.into_inner()).push(names);
+        seen.locked().push(names);
         (pod_util::name(pod) == "second").then(|| PodFailure {
             kind: FailureKind::Rejected,
             reason: "OutOfcpu".into(),
@@ -135,7 +136,7 @@ async fn a_refused_pod_ends_before_it_ever_syncs() {
         Step::Terminate { pod: "second".into(), grace: 0, in_api: true, failure: Some(FailureKind::Rejected) };
     eventually("the refusal", || steps.log().contains(&rejected)).await;
     assert!(!steps.log().contains(&Step::Sync("second".into())), "{:?}", steps.log());
-    assert_eq!(*seen_running.lock().unwrap_or_else(|e| e.into_inner()), [vec![], vec!["first".to_string()]]);
+    assert_eq!(*seen_running.locked(), [vec![], vec!["first".to_string()]]);
 }
 
 #[tokio::test]

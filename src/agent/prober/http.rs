@@ -18,9 +18,10 @@ use k8s_openapi::api::core::v1::{Container, HTTPGetAction};
 use rustls::pki_types::ServerName;
 use tokio::time::Instant;
 
-use super::target::resolve_container_port;
+use super::target::{resolve_container_port, PortError};
+use super::tcp::DialError;
 use super::text::quote;
-use super::url::HttpUrl;
+use super::url::{HttpUrl, UrlError};
 use super::{tcp, ProbeResult, KUBE_VERSION};
 
 /// Upstream reads at most this much of a response body.
@@ -45,14 +46,57 @@ pub struct HttpResponse {
     pub body: Vec<u8>,
 }
 
+/// Why an httpGet action cannot be sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("the pod has no IP address yet")]
+    NoPodIp,
+    #[error(transparent)]
+    Port(#[from] PortError),
+}
+
+#[derive(Debug, thiserror::Error)]
 pub enum HttpError {
     /// No answer came: Go's `url.Error` text, `Get "<url>": <why>`.
-    #[error("Get {}: {message}", quote(.url))]
-    Request { url: String, message: String },
+    #[error("Get {}: {source}", quote(.url))]
+    Request { url: String, source: ExchangeError },
     /// The answer came but its body could not be read.
     #[error("{0}")]
     Body(String),
+}
+
+/// Why one request got no answer, in the words of Go's client.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error("unsupported protocol scheme {}", quote(.0))]
+    UnsupportedScheme(String),
+    #[error("net/http: invalid request target {}: {source}", quote(.target))]
+    InvalidTarget { target: String, source: hyper::http::Error },
+    #[error("http: invalid Host header {}", quote(.0))]
+    InvalidHost(String),
+    #[error("net/http: invalid header field name {}", quote(.0))]
+    InvalidHeaderName(String),
+    #[error("net/http: invalid header field value for {}", quote(.0))]
+    InvalidHeaderValue(String),
+    #[error("{}", dial_text(.0))]
+    Dial(#[source] DialError),
+    #[error("tls: {0}")]
+    ServerName(#[source] rustls::pki_types::InvalidDnsNameError),
+    #[error("tls: {0}")]
+    TlsConfig(#[source] rustls::Error),
+    /// An HTTPS request answered in plain HTTP.
+    #[error("{text}", text = HTTP_TO_HTTPS)]
+    HttpToHttps(#[source] std::io::Error),
+    #[error("{}", tls_error_text(.0))]
+    Tls(#[source] std::io::Error),
+    #[error("{}", hyper_error_text(.0))]
+    Http(#[source] hyper::Error),
+    #[error("context deadline exceeded {AWAITING_HEADERS}")]
+    Deadline,
+    #[error("failed to parse Location header {}: {source}", quote(.location))]
+    Location { location: String, source: UrlError },
+    #[error("stopped after {MAX_REQUESTS} redirects")]
+    TooManyRedirects,
 }
 
 /// What Go's client says when an HTTPS request meets a plain HTTP server.
@@ -61,7 +105,15 @@ const HTTP_TO_HTTPS: &str = "http: server gave HTTP response to HTTPS client";
 impl HttpError {
     /// Upstream's lifecycle hooks retry such a request over plain HTTP.
     pub fn is_http_response_to_https(&self) -> bool {
-        matches!(self, HttpError::Request { message, .. } if message == HTTP_TO_HTTPS)
+        matches!(self, HttpError::Request { source: ExchangeError::HttpToHttps(_), .. })
+    }
+}
+
+/// A dial's error; a timeout, as Go's client says it, while awaiting headers.
+fn dial_text(e: &DialError) -> String {
+    match e {
+        DialError::Timeout(_) => format!("{e} {AWAITING_HEADERS}"),
+        other => other.to_string(),
     }
 }
 
@@ -73,12 +125,12 @@ impl HttpGetRequest {
         container: &Container,
         pod_ip: Option<&str>,
         purpose: &str,
-    ) -> Result<HttpGetRequest, String> {
+    ) -> Result<HttpGetRequest, RequestError> {
         let scheme = action.scheme.as_deref().unwrap_or_default().to_ascii_lowercase();
         let scheme = if scheme.is_empty() { "http".to_string() } else { scheme };
         let host = match action.host.as_deref().filter(|h| !h.is_empty()) {
             Some(h) => h.to_string(),
-            None => pod_ip.filter(|ip| !ip.is_empty()).ok_or("the pod has no IP address yet")?.to_string(),
+            None => pod_ip.filter(|ip| !ip.is_empty()).ok_or(RequestError::NoPodIp)?.to_string(),
         };
         let port = resolve_container_port(&action.port, container)?;
         let url = HttpUrl::new(&scheme, &host, port, action.path.as_deref().unwrap_or_default());
@@ -133,23 +185,23 @@ pub async fn get(req: &HttpGetRequest, timeout: Option<Duration>) -> Result<Http
     let mut requests = 0;
     loop {
         requests += 1;
-        let fail = |url: &HttpUrl, message: String| HttpError::Request { url: url.to_string(), message };
+        let fail = |url: &HttpUrl, source: ExchangeError| HttpError::Request { url: url.to_string(), source };
         let exchange = send_once(&url, &req.headers, host_header.as_deref(), deadline).await;
-        let (resp, _conn) = exchange.map_err(|m| fail(&url, m))?;
+        let (resp, _conn) = exchange.map_err(|e| fail(&url, e))?;
         let status = resp.status().as_u16();
         let location = resp.headers().get(LOCATION).and_then(|v| v.to_str().ok()).map(str::to_string);
         if let (true, Some(location)) = (matches!(status, 301 | 302 | 303 | 307 | 308), location) {
             let next = url
                 .join(&location)
-                .map_err(|e| fail(&url, format!("failed to parse Location header {}: {e}", quote(&location))))?;
+                .map_err(|source| fail(&url, ExchangeError::Location { location: location.clone(), source }))?;
             if next.host != req.url.host {
                 // Upstream's redirect checker: the answer is the redirect itself.
                 tracing::debug!(from = %url, to = %next, "probe redirect to another host not followed");
             } else if requests >= MAX_REQUESTS {
-                return Err(fail(&next, format!("stopped after {MAX_REQUESTS} redirects")));
+                return Err(fail(&next, ExchangeError::TooManyRedirects));
             } else {
                 if next.scheme != "http" && next.scheme != "https" {
-                    return Err(fail(&next, format!("unsupported protocol scheme {}", quote(&next.scheme))));
+                    return Err(fail(&next, ExchangeError::UnsupportedScheme(next.scheme.clone())));
                 }
                 // Go keeps a custom Host only through relative redirects.
                 if super::url::has_scheme(&location) {
@@ -210,24 +262,18 @@ async fn send_once(
     headers: &[(String, String)],
     host_header: Option<&str>,
     deadline: Option<Instant>,
-) -> Result<(hyper::Response<hyper::body::Incoming>, ConnGuard), String> {
+) -> Result<(hyper::Response<hyper::body::Incoming>, ConnGuard), ExchangeError> {
     if url.scheme != "http" && url.scheme != "https" {
-        return Err(format!("unsupported protocol scheme {}", quote(&url.scheme)));
+        return Err(ExchangeError::UnsupportedScheme(url.scheme.clone()));
     }
     let request = build_request(url, headers, host_header)?;
     let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
     let exchange = async {
-        let tcp = tcp::dial(&url.host, url.port, deadline.unwrap_or(far)).await.map_err(|e| {
-            if e.ends_with("i/o timeout") {
-                format!("{e} {AWAITING_HEADERS}")
-            } else {
-                e
-            }
-        })?;
+        let tcp = tcp::dial(&url.host, url.port, deadline.unwrap_or(far)).await.map_err(ExchangeError::Dial)?;
         let io: Box<dyn Io> = if url.scheme == "https" {
-            let name = ServerName::try_from(url.host.clone()).map_err(|e| format!("tls: {e}"))?;
-            let connector = tokio_rustls::TlsConnector::from(insecure_tls()?);
-            Box::new(connector.connect(name, tcp).await.map_err(|e| tls_error_text(&e))?)
+            let name = ServerName::try_from(url.host.clone()).map_err(ExchangeError::ServerName)?;
+            let connector = tokio_rustls::TlsConnector::from(insecure_tls().map_err(ExchangeError::TlsConfig)?);
+            Box::new(connector.connect(name, tcp).await.map_err(tls_failure)?)
         } else {
             Box::new(tcp)
         };
@@ -235,17 +281,15 @@ async fn send_once(
             .title_case_headers(true)
             .handshake::<_, Empty<Bytes>>(TokioIo::new(io))
             .await
-            .map_err(|e| hyper_error_text(&e))?;
+            .map_err(ExchangeError::Http)?;
         let guard = ConnGuard(tokio::spawn(async move {
             let _ = conn.await;
         }));
-        let resp = sender.send_request(request).await.map_err(|e| hyper_error_text(&e))?;
+        let resp = sender.send_request(request).await.map_err(ExchangeError::Http)?;
         Ok((resp, guard))
     };
     match deadline {
-        Some(d) => tokio::time::timeout_at(d, exchange)
-            .await
-            .unwrap_or_else(|_| Err(format!("context deadline exceeded {AWAITING_HEADERS}"))),
+        Some(d) => tokio::time::timeout_at(d, exchange).await.unwrap_or_else(|_| Err(ExchangeError::Deadline)),
         None => exchange.await,
     }
 }
@@ -254,19 +298,17 @@ fn build_request(
     url: &HttpUrl,
     headers: &[(String, String)],
     host_header: Option<&str>,
-) -> Result<hyper::Request<Empty<Bytes>>, String> {
+) -> Result<hyper::Request<Empty<Bytes>>, ExchangeError> {
     let mut req = hyper::Request::get(url.request_target())
         .body(Empty::new())
-        .map_err(|e| format!("net/http: invalid request target {}: {e}", quote(url.request_target())))?;
+        .map_err(|source| ExchangeError::InvalidTarget { target: url.request_target().to_string(), source })?;
     let h = req.headers_mut();
     let host = host_header.map(str::to_string).unwrap_or_else(|| url.authority());
-    let host = HeaderValue::from_str(&host).map_err(|_| format!("http: invalid Host header {}", quote(&host)))?;
+    let host = HeaderValue::from_str(&host).map_err(|_| ExchangeError::InvalidHost(host.clone()))?;
     h.insert(hyper::header::HOST, host);
     for (name, value) in headers {
-        let n = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| format!("net/http: invalid header field name {}", quote(name)))?;
-        let v = HeaderValue::from_str(value)
-            .map_err(|_| format!("net/http: invalid header field value for {}", quote(name)))?;
+        let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| ExchangeError::InvalidHeaderName(name.clone()))?;
+        let v = HeaderValue::from_str(value).map_err(|_| ExchangeError::InvalidHeaderValue(name.clone()))?;
         h.append(n, v);
     }
     // Go's transport with keep-alives off.
@@ -291,6 +333,18 @@ fn hyper_error_text(e: &hyper::Error) -> String {
     }
 }
 
+/// A failed TLS handshake; a plain HTTP answer is told apart, as Go's
+/// client tells it.
+fn tls_failure(e: std::io::Error) -> ExchangeError {
+    let inner = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
+    match inner {
+        Some(rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)) => {
+            ExchangeError::HttpToHttps(e)
+        }
+        _ => ExchangeError::Tls(e),
+    }
+}
+
 fn tls_error_text(e: &std::io::Error) -> String {
     let inner = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
     match inner {
@@ -303,14 +357,13 @@ fn tls_error_text(e: &std::io::Error) -> String {
 
 /// A TLS client that checks the handshake but not who signed the
 /// certificate, as upstream's probes (`InsecureSkipVerify`).
-pub(crate) fn insecure_tls() -> Result<Arc<rustls::ClientConfig>, String> {
-    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+pub(crate) fn insecure_tls() -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
+    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, rustls::Error>> = OnceLock::new();
     CONFIG
         .get_or_init(|| {
             let provider = Arc::new(rustls::crypto::ring::default_provider());
             let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| format!("tls: {e}"))?
+                .with_safe_default_protocol_versions()?
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
                 .with_no_client_auth();

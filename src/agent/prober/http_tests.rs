@@ -223,7 +223,7 @@ async fn https_is_not_verified_and_plain_servers_are_recognised() {
 fn requests_need_a_host() {
     let a = action(IntOrString::Int(80), "/");
     let err = HttpGetRequest::new(&a, &Container::default(), None, "probe").unwrap_err();
-    assert_eq!(err, "the pod has no IP address yet");
+    assert_eq!(err.to_string(), "the pod has no IP address yet");
     let bad = action(IntOrString::String("nope".into()), "/");
     assert!(HttpGetRequest::new(&bad, &Container::default(), Some("10.0.0.1"), "probe").is_err());
 }

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -24,6 +24,7 @@ use super::target::{pod_ip_from_status, ProbeTarget};
 use super::worker::{self, WorkerHandle, WorkerKey};
 use super::{ProbeOutcome, ProbeType};
 use crate::agent::cri::Cri;
+use crate::sync::LockExt;
 
 /// A change of a cached probe result. Readiness and startup changes call
 /// for a status sync; a liveness or startup `Failure` means the container
@@ -151,7 +152,7 @@ impl ProbeManager {
             tracing::warn!(pod = ?pod.metadata.name, "a pod without a uid cannot be probed");
             return;
         };
-        let mut pods = self.inner.lock();
+        let mut pods = self.inner.pods.locked();
         let containers = pods.entry(uid.clone()).or_default();
         if let Some(known) = containers.get_mut(&container.name) {
             if known.target.container_id == container_id {
@@ -188,7 +189,7 @@ impl ProbeManager {
     /// deletion: liveness and startup probes stop once it is deleted).
     pub fn update_pod(&self, pod: &Pod) {
         let Some(uid) = pod.metadata.uid.as_deref() else { return };
-        if let Some(containers) = self.inner.lock().get_mut(uid) {
+        if let Some(containers) = self.inner.pods.locked().get_mut(uid) {
             for c in containers.values_mut() {
                 refresh(&mut c.target, pod, None);
             }
@@ -197,7 +198,7 @@ impl ProbeManager {
 
     /// Stops probing a container (it exited or was removed); its results go.
     pub fn remove_container(&self, pod_uid: &str, container_name: &str) {
-        let mut pods = self.inner.lock();
+        let mut pods = self.inner.pods.locked();
         if let Some(containers) = pods.get_mut(pod_uid) {
             containers.remove(container_name);
             if containers.is_empty() {
@@ -208,7 +209,7 @@ impl ProbeManager {
 
     /// Stops probing every container of a pod.
     pub fn remove_pod(&self, pod_uid: &str) {
-        self.inner.lock().remove(pod_uid);
+        self.inner.pods.locked().remove(pod_uid);
     }
 
     /// Whether the container counts as started (for its status'
@@ -235,7 +236,7 @@ impl ProbeManager {
 
     /// How many probe workers run (for metrics and tests).
     pub fn worker_count(&self) -> usize {
-        let pods = self.inner.lock();
+        let pods = self.inner.pods.locked();
         pods.values().flat_map(|cs| cs.values()).flat_map(|c| &c.workers).filter(|w| !w.task.is_finished()).count()
     }
 }
@@ -254,12 +255,8 @@ fn refresh(target: &mut ProbeTarget, pod: &Pod, pod_ip: Option<IpAddr>) {
 }
 
 impl Inner {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, HashMap<String, ContainerProbes>>> {
-        self.pods.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     fn with_container<T>(&self, pod_uid: &str, name: &str, f: impl FnOnce(&ContainerProbes) -> T) -> Option<T> {
-        self.lock().get(pod_uid).and_then(|cs| cs.get(name)).map(f)
+        self.pods.locked().get(pod_uid).and_then(|cs| cs.get(name)).map(f)
     }
 
     /// The worker's container, if it still is the instance being probed.
@@ -278,7 +275,7 @@ impl Inner {
     /// Caches a worker's verdict; a change is sent to the pod workers. A
     /// startup success runs the readiness probe at once.
     pub(super) fn set_result(&self, key: &WorkerKey, t: ProbeType, result: ProbeOutcome, message: Option<String>) {
-        let mut pods = self.lock();
+        let mut pods = self.pods.locked();
         let Some(c) = pods.get_mut(&key.pod_uid).and_then(|cs| cs.get_mut(&key.container_name)) else { return };
         if c.target.container_id != key.container_id || c.results[t.index()] == Some(result) {
             return;

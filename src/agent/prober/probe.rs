@@ -52,13 +52,13 @@ impl Prober for RuntimeProber {
         if let Some(action) = &spec.http_get {
             return match HttpGetRequest::new(action, container, pod_ip.as_deref(), "probe") {
                 Ok(req) => http::probe(&req, timeout).await,
-                Err(e) => ProbeResult::Unknown(e),
+                Err(e) => ProbeResult::Unknown(e.to_string()),
             };
         }
         if let Some(action) = &spec.tcp_socket {
             let port = match resolve_container_port(&action.port, container) {
                 Ok(p) => p,
-                Err(e) => return ProbeResult::Unknown(e),
+                Err(e) => return ProbeResult::Unknown(e.to_string()),
             };
             let host = action.host.clone().filter(|h| !h.is_empty()).or(pod_ip);
             return match host {

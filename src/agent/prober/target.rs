@@ -44,10 +44,20 @@ pub fn pod_ip_from_status(pod: &Pod) -> Option<IpAddr> {
     None
 }
 
+/// A probe's or hook's port that names no port, in upstream's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    /// A name that is no port of the container, nor a number.
+    #[error("strconv.Atoi: parsing {}: invalid syntax", super::text::quote(.name))]
+    NotANumber { name: String, source: std::num::ParseIntError },
+    #[error("invalid port number: {0}")]
+    OutOfRange(i64),
+}
+
 /// A port given by number or by the name of one of the container's ports.
 /// As upstream, a name that matches no port is tried as a number; the
 /// errors read as upstream's.
-pub fn resolve_container_port(port: &IntOrString, container: &Container) -> Result<u16, String> {
+pub fn resolve_container_port(port: &IntOrString, container: &Container) -> Result<u16, PortError> {
     let number: i64 = match port {
         IntOrString::Int(n) => i64::from(*n),
         IntOrString::String(name) => {
@@ -59,16 +69,14 @@ pub fn resolve_container_port(port: &IntOrString, container: &Container) -> Resu
                 .map(|p| i64::from(p.container_port));
             match named {
                 Some(n) => n,
-                None => name
-                    .parse::<i64>()
-                    .map_err(|_| format!("strconv.Atoi: parsing {}: invalid syntax", super::text::quote(name)))?,
+                None => name.parse::<i64>().map_err(|source| PortError::NotANumber { name: name.clone(), source })?,
             }
         }
     };
     if number > 0 && number < 65536 {
         Ok(number as u16)
     } else {
-        Err(format!("invalid port number: {number}"))
+        Err(PortError::OutOfRange(number))
     }
 }
 
@@ -151,12 +159,13 @@ mod tests {
         assert_eq!(resolve_container_port(&IntOrString::Int(80), &c), Ok(80));
         assert_eq!(resolve_container_port(&IntOrString::String("http".into()), &c), Ok(8080));
         assert_eq!(resolve_container_port(&IntOrString::String("9090".into()), &c), Ok(9090));
+        let said = |port: IntOrString| resolve_container_port(&port, &c).map_err(|e| e.to_string());
         assert_eq!(
-            resolve_container_port(&IntOrString::String("nope".into()), &c),
+            said(IntOrString::String("nope".into())),
             Err("strconv.Atoi: parsing \"nope\": invalid syntax".into())
         );
-        assert_eq!(resolve_container_port(&IntOrString::Int(0), &c), Err("invalid port number: 0".into()));
-        assert_eq!(resolve_container_port(&IntOrString::Int(70000), &c), Err("invalid port number: 70000".into()));
+        assert_eq!(said(IntOrString::Int(0)), Err("invalid port number: 0".into()));
+        assert_eq!(said(IntOrString::Int(70000)), Err("invalid port number: 70000".into()));
     }
 
     #[test]

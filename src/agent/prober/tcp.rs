@@ -12,27 +12,36 @@ use tokio::time::Instant;
 use super::text::{errno_text, join_host_port};
 use super::ProbeResult;
 
+/// Why a connection was not opened, in Go's words.
+#[derive(Debug, thiserror::Error)]
+pub enum DialError {
+    #[error("dial tcp: lookup {host}: {}", errno_text(.source))]
+    Lookup { host: String, source: std::io::Error },
+    #[error("dial tcp: lookup {0}: no such host")]
+    NoSuchHost(String),
+    #[error("dial tcp {addr}: connect: {}", errno_text(.source))]
+    Connect { addr: String, source: std::io::Error },
+    #[error("dial tcp {0}: i/o timeout")]
+    Timeout(String),
+}
+
 /// Opens a TCP connection to `host:port` before `deadline`.
-pub async fn dial(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, String> {
+pub async fn dial(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, DialError> {
     let addr = join_host_port(host, port);
     let attempt = async {
         let targets: Vec<SocketAddr> = match host.parse::<std::net::IpAddr>() {
             Ok(ip) => vec![SocketAddr::new(ip, port)],
             Err(_) => tokio::net::lookup_host((host, port))
                 .await
-                .map_err(|e| format!("dial tcp: lookup {host}: {}", errno_text(&e)))?
+                .map_err(|source| DialError::Lookup { host: host.to_string(), source })?
                 .collect(),
         };
-        let mut last = format!("dial tcp: lookup {host}: no such host");
+        let mut last = DialError::NoSuchHost(host.to_string());
         for target in targets {
             match TcpStream::connect(target).await {
                 Ok(stream) => return Ok(stream),
-                Err(e) => {
-                    last = format!(
-                        "dial tcp {}: connect: {}",
-                        join_host_port(&target.ip().to_string(), port),
-                        errno_text(&e)
-                    )
+                Err(source) => {
+                    last = DialError::Connect { addr: join_host_port(&target.ip().to_string(), port), source }
                 }
             }
         }
@@ -40,7 +49,7 @@ pub async fn dial(host: &str, port: u16, deadline: Instant) -> Result<TcpStream,
     };
     match tokio::time::timeout_at(deadline, attempt).await {
         Ok(result) => result,
-        Err(_) => Err(format!("dial tcp {addr}: i/o timeout")),
+        Err(_) => Err(DialError::Timeout(addr)),
     }
 }
 
@@ -51,7 +60,7 @@ pub async fn probe(host: &str, port: u16, timeout: Duration) -> ProbeResult {
             drop(stream);
             ProbeResult::Success
         }
-        Err(message) => ProbeResult::Failure(message),
+        Err(e) => ProbeResult::Failure(e.to_string()),
     }
 }
 

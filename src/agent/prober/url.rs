@@ -6,6 +6,18 @@ use std::fmt;
 
 use super::text::join_host_port;
 
+/// A `Location` a probe or hook cannot follow, in Go's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    #[error("unsupported URL {0:?}")]
+    Opaque(String),
+    #[error("missing ']' in host {0:?}")]
+    MissingBracket(String),
+    /// The port with its colon (`:port`).
+    #[error("invalid port {0:?} after host")]
+    InvalidPort(String),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpUrl {
     /// `http` or `https` (anything else fails when sent, as in Go).
@@ -51,7 +63,7 @@ impl HttpUrl {
     }
 
     /// The URL a `Location` header points to, relative to this one.
-    pub fn join(&self, location: &str) -> Result<HttpUrl, String> {
+    pub fn join(&self, location: &str) -> Result<HttpUrl, UrlError> {
         let location = location.split('#').next().unwrap_or_default();
         let scheme_end = scheme_len(location);
         let (scheme, rest) = match scheme_end {
@@ -66,7 +78,7 @@ impl HttpUrl {
         }
         if scheme_end.is_some() {
             // `http:foo`: an opaque URL, which no probe target can be.
-            return Err(format!("unsupported URL {location:?}"));
+            return Err(UrlError::Opaque(location.to_string()));
         }
         let path = if rest.is_empty() {
             self.path.clone()
@@ -115,10 +127,10 @@ fn scheme_len(location: &str) -> Option<usize> {
     })
 }
 
-fn parse_authority(authority: &str, default_port: u16) -> Result<(String, u16), String> {
+fn parse_authority(authority: &str, default_port: u16) -> Result<(String, u16), UrlError> {
     let authority = authority.rsplit('@').next().unwrap_or_default();
     let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (host, rest) = v6.split_once(']').ok_or_else(|| format!("missing ']' in host {authority:?}"))?;
+        let (host, rest) = v6.split_once(']').ok_or_else(|| UrlError::MissingBracket(authority.to_string()))?;
         (host, rest.strip_prefix(':'))
     } else {
         match authority.rsplit_once(':') {
@@ -128,7 +140,7 @@ fn parse_authority(authority: &str, default_port: u16) -> Result<(String, u16), 
     };
     let port = match port {
         None | Some("") => default_port,
-        Some(p) => p.parse::<u16>().map_err(|_| format!("invalid port {:?} after host", format!(":{p}")))?,
+        Some(p) => p.parse::<u16>().map_err(|_| UrlError::InvalidPort(format!(":{p}")))?,
     };
     Ok((host.to_string(), port))
 }

@@ -15,6 +15,8 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use kube::api::{Api, PostParams};
 
+use crate::sync::LockExt;
+
 /// The DER client certificate of the connection, if the client sent one
 /// that the client CA signed (an extension of every request).
 #[derive(Debug, Clone, Default)]
@@ -148,7 +150,7 @@ impl KubeletAuth {
     }
 
     async fn review_token(&self, token: &str) -> Option<UserInfo> {
-        if let Some(cached) = self.tokens.lock().ok().and_then(|c| c.get(&token.to_string())) {
+        if let Some(cached) = self.tokens.locked().get(&token.to_string()) {
             return cached;
         }
         let review = TokenReview {
@@ -172,23 +174,19 @@ impl KubeletAuth {
             }),
             _ => None,
         };
-        if let Ok(mut c) = self.tokens.lock() {
-            c.put(token.to_string(), user.clone(), TOKEN_TTL);
-        }
+        self.tokens.locked().put(token.to_string(), user.clone(), TOKEN_TTL);
         user
     }
 
     /// Whether `user` may make the request `attrs` describes on this node.
     pub async fn authorize(&self, user: &UserInfo, attrs: &Attributes) -> Result<(), AuthError> {
         let key = (user.clone(), attrs.clone());
-        let cached = self.decisions.lock().ok().and_then(|c| c.get(&key));
+        let cached = self.decisions.locked().get(&key);
         let allowed = match cached {
             Some(a) => a,
             None => {
                 let allowed = self.review_access(user, attrs).await?;
-                if let Ok(mut c) = self.decisions.lock() {
-                    c.put(key, allowed, if allowed { ALLOWED_TTL } else { DENIED_TTL });
-                }
+                self.decisions.locked().put(key, allowed, if allowed { ALLOWED_TTL } else { DENIED_TTL });
                 allowed
             }
         };

@@ -11,6 +11,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 
 use super::ServerError;
+use crate::sync::LockExt;
 
 #[derive(Debug)]
 pub struct ServingCert {
@@ -56,7 +57,7 @@ impl ServingCert {
 
 impl rustls::server::ResolvesServerCert for ServingCert {
     fn resolve(&self, _hello: rustls::server::ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let mut current = self.current.locked();
         let stamp = modified(&self.cert);
         if stamp != current.0 {
             match load(&self.cert, &self.key, &self.provider) {

@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::sync::LockExt;
+
 /// Readings older than this do not make a current rate.
 pub const STALE: Duration = Duration::from_secs(120);
 /// Readings closer than this give too noisy a rate: the last rate stands.
@@ -47,13 +49,13 @@ pub fn nano_cores(prev_ns: u64, now_ns: u64, elapsed: Duration) -> Option<u64> {
 impl CpuRates {
     /// Whether `key` has a reading recent enough to rate against at `now`.
     pub fn has_fresh(&self, key: &str, now: Instant) -> bool {
-        let readings = self.readings.lock().unwrap_or_else(|e| e.into_inner());
+        let readings = self.readings.locked();
         readings.get(key).is_some_and(|r| now.saturating_duration_since(r.at) < STALE)
     }
 
     /// Records a reading and gives the rate since the last one.
     pub fn record(&self, key: &str, now: Instant, usage_ns: u64) -> Option<Rate> {
-        let mut readings = self.readings.lock().unwrap_or_else(|e| e.into_inner());
+        let mut readings = self.readings.locked();
         let prev = readings.get(key).copied();
         let rate = match prev {
             Some(p) if now.saturating_duration_since(p.at) < MIN_INTERVAL => return p.rate,
@@ -69,7 +71,7 @@ impl CpuRates {
 
     /// Forgets cgroups not in `keep` (pods and containers that are gone).
     pub fn retain(&self, keep: &dyn Fn(&str) -> bool) {
-        let mut readings = self.readings.lock().unwrap_or_else(|e| e.into_inner());
+        let mut readings = self.readings.locked();
         readings.retain(|k, _| keep(k));
     }
 }

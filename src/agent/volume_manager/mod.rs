@@ -49,6 +49,8 @@ use contents::referenced_sources;
 use sources::SourceWatches;
 use tokens::PodTokens;
 
+use crate::sync::LockExt;
+
 /// How long a newly followed ConfigMap or Secret may take to be listed.
 const SYNC_LIMIT: Duration = Duration::from_secs(10);
 /// The shortest pause between two refreshes of a pod that failed.
@@ -69,10 +71,6 @@ pub(crate) fn api_message(e: &kube::Error) -> String {
         kube::Error::Api(s) if !s.message.is_empty() => s.message.clone(),
         other => other.to_string(),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One volume ready on the node.
@@ -189,7 +187,7 @@ impl VolumeManager {
     /// The node's allocatable: the default size of memory-backed volumes
     /// and what the downward API reports for containers without limits.
     pub fn set_node_allocatable(&self, allocatable: NodeAllocatable) {
-        *lock(&self.inner.allocatable) = allocatable;
+        *self.inner.allocatable.locked() = allocatable;
     }
 
     /// Renews service-account tokens at the latest `after` their issuance
@@ -197,7 +195,7 @@ impl VolumeManager {
     /// pods mounted afterwards.
     #[doc(hidden)]
     pub fn renew_tokens_after(&self, after: Duration) {
-        *lock(&self.inner.token_renew_after) = Some(after);
+        *self.inner.token_renew_after.locked() = Some(after);
     }
 
     pub fn node_name(&self) -> &str {
@@ -220,7 +218,7 @@ impl VolumeManager {
         if state.complete {
             return Ok(self.inner.pod_volumes(&uid, &state));
         }
-        let pod = lock(&entry.pod).clone();
+        let pod = entry.pod.locked().clone();
         let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
         let volumes = pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
         for volume in &volumes {
@@ -260,7 +258,7 @@ impl VolumeManager {
     /// files follow. Pods not mounted here are ignored.
     pub async fn pod_updated(&self, pod: &Pod) {
         let Ok(uid) = uid_of(pod) else { return };
-        let entry = lock(&self.inner.pods).get(&uid).cloned();
+        let entry = self.inner.pods.locked().get(&uid).cloned();
         if let Some(entry) = entry {
             self.inner.note_pod(&entry, pod);
         }
@@ -272,10 +270,10 @@ impl VolumeManager {
         if !layout::valid_uid(uid) {
             return Err(VolumeError::InvalidUid(uid.to_string()));
         }
-        let entry = lock(&self.inner.pods).remove(uid);
+        let entry = self.inner.pods.locked().remove(uid);
         if let Some(entry) = entry {
             // Stop the refresh task first: it must not write while we remove.
-            drop(lock(&entry.task).take());
+            drop(entry.task.locked().take());
             let state = entry.state.lock().await;
             for key in &state.sources {
                 self.inner.sources.unsubscribe(key, uid);
@@ -335,7 +333,7 @@ impl VolumeManager {
     }
 
     fn entry(&self, uid: &str, pod: &Pod) -> Arc<PodEntry> {
-        let mut pods = lock(&self.inner.pods);
+        let mut pods = self.inner.pods.locked();
         if let Some(e) = pods.get(uid) {
             return e.clone();
         }
@@ -344,13 +342,13 @@ impl VolumeManager {
             pod: Mutex::new(pod.clone()),
             notify: Arc::new(Notify::new()),
             state: tokio::sync::Mutex::new(PodState {
-                tokens: PodTokens::with_renew_after(*lock(&self.inner.token_renew_after)),
+                tokens: PodTokens::with_renew_after(*self.inner.token_renew_after.locked()),
                 ..PodState::default()
             }),
             task: Mutex::new(None),
         });
         let task = tokio::spawn(refresh_loop(Arc::downgrade(&self.inner), Arc::downgrade(&entry)));
-        *lock(&entry.task) = Some(AbortOnDrop(task));
+        *entry.task.locked() = Some(AbortOnDrop(task));
         pods.insert(uid.to_string(), entry.clone());
         entry
     }
@@ -367,7 +365,7 @@ fn make_pod_dirs(pod_dir: &Path) -> Result<(), VolumeError> {
 
 impl Inner {
     fn allocatable_now(&self) -> NodeAllocatable {
-        *lock(&self.allocatable)
+        *self.allocatable.locked()
     }
 
     fn pod_volumes(&self, uid: &str, state: &PodState) -> PodVolumes {
@@ -382,7 +380,7 @@ impl Inner {
     /// Keeps the newest copy of the pod; a change of what the downward API
     /// shows wakes the pod's refresh.
     fn note_pod(&self, entry: &PodEntry, pod: &Pod) {
-        let mut current = lock(&entry.pod);
+        let mut current = entry.pod.locked();
         if is_older(pod, &current) {
             return;
         }
@@ -401,7 +399,7 @@ impl Inner {
     /// (sources, pod fields, tokens due). Returns when to come back for the
     /// next token renewal, and whether everything went well.
     async fn refresh(&self, entry: &PodEntry) -> (Option<SystemTime>, bool) {
-        let pod = lock(&entry.pod).clone();
+        let pod = entry.pod.locked().clone();
         let mut state = entry.state.lock().await;
         let volumes = pod.spec.as_ref().and_then(|s| s.volumes.clone()).unwrap_or_default();
         let mut used = Vec::new();

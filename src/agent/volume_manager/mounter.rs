@@ -190,6 +190,7 @@ mod fake {
     use std::sync::Mutex;
 
     use super::Mounter;
+    use crate::sync::LockExt;
 
     /// What a [`FakeMounter`] mounted on a target.
     #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,7 +217,7 @@ mod fake {
     impl FakeMounter {
         /// The table now, in mount order: each mount point (canonical) and what is on it.
         pub fn table(&self) -> Vec<(PathBuf, FakeMount)> {
-            self.table.lock().unwrap_or_else(|e| e.into_inner()).clone()
+            self.table.locked().clone()
         }
 
         /// What is mounted on `path`, bottom first.
@@ -227,7 +228,7 @@ mod fake {
 
         fn insert(&self, target: &Path, mount: FakeMount) -> io::Result<()> {
             let target = std::fs::canonicalize(target)?;
-            self.table.lock().unwrap_or_else(|e| e.into_inner()).push((target, mount));
+            self.table.locked().push((target, mount));
             Ok(())
         }
     }
@@ -244,7 +245,7 @@ mod fake {
 
         fn unmount_detach(&self, target: &Path) -> io::Result<()> {
             let target = std::fs::canonicalize(target).unwrap_or_else(|_| target.to_path_buf());
-            let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            let mut table = self.table.locked();
             match table.iter().rposition(|(p, _)| *p == target) {
                 Some(top) => {
                     table.remove(top);
@@ -255,7 +256,7 @@ mod fake {
         }
 
         fn mount_points(&self) -> io::Result<Vec<PathBuf>> {
-            Ok(self.table.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(p, _)| p.clone()).collect())
+            Ok(self.table.locked().iter().map(|(p, _)| p.clone()).collect())
         }
     }
 }

@@ -17,6 +17,7 @@ use tokio::sync::{watch, Notify};
 use super::error::SetUpError;
 use super::projection::{config_map_data, secret_data, SourceData, SourceKind};
 use super::AbortOnDrop;
+use crate::sync::LockExt;
 
 /// One object a volume reads.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -47,10 +48,6 @@ pub struct SourceWatches {
     entries: Mutex<HashMap<SourceKey, Entry>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl SourceWatches {
     pub fn new(client: kube::Client) -> SourceWatches {
         SourceWatches { client, entries: Mutex::new(HashMap::new()) }
@@ -59,7 +56,7 @@ impl SourceWatches {
     /// Pod `uid` needs `key`: start following it if nobody did, and wake
     /// `notify` whenever it changes.
     pub fn subscribe(&self, key: &SourceKey, uid: &str, notify: Arc<Notify>) {
-        let mut entries = lock(&self.entries);
+        let mut entries = self.entries.locked();
         let entry = entries.entry(key.clone()).or_insert_with(|| {
             let (tx, rx) = watch::channel(State::Syncing(None));
             let subscribers: Subscribers = Arc::default();
@@ -67,15 +64,15 @@ impl SourceWatches {
             tracing::debug!(kind = key.kind.noun(), namespace = %key.namespace, name = %key.name, "following");
             Entry { subscribers, state: rx, _task: AbortOnDrop(task) }
         });
-        lock(&entry.subscribers).insert(uid.to_string(), notify);
+        entry.subscribers.locked().insert(uid.to_string(), notify);
     }
 
     /// Pod `uid` no longer needs `key`; the watch stops with its last user.
     pub fn unsubscribe(&self, key: &SourceKey, uid: &str) {
-        let mut entries = lock(&self.entries);
+        let mut entries = self.entries.locked();
         let Some(entry) = entries.get(key) else { return };
         let empty = {
-            let mut subs = lock(&entry.subscribers);
+            let mut subs = entry.subscribers.locked();
             subs.remove(uid);
             subs.is_empty()
         };
@@ -87,7 +84,7 @@ impl SourceWatches {
 
     /// The objects followed now.
     pub fn followed(&self) -> Vec<SourceKey> {
-        let mut keys: Vec<SourceKey> = lock(&self.entries).keys().cloned().collect();
+        let mut keys: Vec<SourceKey> = self.entries.locked().keys().cloned().collect();
         keys.sort();
         keys
     }
@@ -95,7 +92,7 @@ impl SourceWatches {
     /// The object's content once listed (None: it does not exist). Only
     /// for a subscribed key; waits up to `limit` for the first list.
     pub async fn get(&self, key: &SourceKey, limit: Duration) -> Result<Option<Arc<SourceData>>, SetUpError> {
-        let rx = lock(&self.entries).get(key).map(|e| e.state.clone());
+        let rx = self.entries.locked().get(key).map(|e| e.state.clone());
         let Some(mut rx) = rx else {
             return Err(SetUpError::SourceSync { kind: key.kind.noun(), last: Some("not followed".into()) });
         };
@@ -183,7 +180,7 @@ async fn run<K>(
         });
         if changed {
             tracing::debug!(kind = key.kind.noun(), namespace = %key.namespace, name = %key.name, "changed");
-            for notify in lock(&subscribers).values() {
+            for notify in subscribers.locked().values() {
                 notify.notify_one();
             }
         }

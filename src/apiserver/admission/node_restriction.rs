@@ -71,7 +71,7 @@ pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation)
     let refused = |why: String| Err(refuse(call, &name, why));
     match (call.resource.group.as_str(), call.resource.plural.as_str()) {
         ("", "pods") => match (sub, op) {
-            ("", Operation::Create) => admit_mirror_pod(call, node, obj).await.map_err(|why| refuse(call, &name, why)),
+            ("", Operation::Create) => admit_mirror_pod(call, &name, node, obj).await,
             ("", Operation::Delete) if node_name_of(obj) != node => {
                 refused(format!("node \"{node}\" can only delete pods with spec.nodeName set to itself"))
             }
@@ -175,39 +175,45 @@ pub async fn admit(call: &Call, obj: &Value, old: Option<&Value>, op: Operation)
 
 /// Upstream's `admitPodCreate`: a mirror pod bound to the node, owned by
 /// its Node, referencing no other object.
-async fn admit_mirror_pod(call: &Call, node: &str, pod: &Value) -> Result<(), String> {
+async fn admit_mirror_pod(call: &Call, name: &str, node: &str, pod: &Value) -> ApiResult<()> {
+    let refused = |why: String| Err(refuse(call, name, why));
     if pod.pointer("/metadata/annotations").and_then(|a| a.get(CONFIG_MIRROR)).is_none() {
-        return Err(format!(
+        return refused(format!(
             "pod does not have \"{CONFIG_MIRROR}\" annotation, node \"{node}\" can only create mirror pods"
         ));
     }
     if node_name_of(pod) != node {
-        return Err(format!("node \"{node}\" can only create pods with spec.nodeName set to itself"));
+        return refused(format!("node \"{node}\" can only create pods with spec.nodeName set to itself"));
     }
     let owners = pod.pointer("/metadata/ownerReferences").and_then(Value::as_array).cloned().unwrap_or_default();
     let owner = match owners.as_slice() {
-        [] => return Err(format!("node \"{node}\" can only create pods with an owner reference set to itself")),
+        [] => return refused(format!("node \"{node}\" can only create pods with an owner reference set to itself")),
         [one] => one,
-        _ => return Err(format!("node \"{node}\" can only create pods with a single owner reference set to itself")),
+        _ => {
+            return refused(format!("node \"{node}\" can only create pods with a single owner reference set to itself"))
+        }
     };
     let field = |k: &str| owner.get(k).and_then(Value::as_str).unwrap_or_default();
     if field("apiVersion") != "v1" || field("kind") != "Node" || field("name") != node {
-        return Err(format!("node \"{node}\" can only create pods with an owner reference set to itself"));
+        return refused(format!("node \"{node}\" can only create pods with an owner reference set to itself"));
     }
     if owner.get("controller").and_then(Value::as_bool) != Some(true) {
-        return Err(format!("node \"{node}\" can only create pods with a controller owner reference set to itself"));
+        return refused(format!(
+            "node \"{node}\" can only create pods with a controller owner reference set to itself"
+        ));
     }
     if owner.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true) {
-        return Err(format!("node \"{node}\" must not set blockOwnerDeletion on an owner reference"));
+        return refused(format!("node \"{node}\" must not set blockOwnerDeletion on an owner reference"));
     }
-    let stored = call.api.storage.get(&format!("/registry/nodes/{node}")).await.map_err(|e| e.message)?;
+    let stored =
+        call.api.storage.get(&format!("/registry/nodes/{node}")).await.map_err(|e| refuse(call, name, e.message))?;
     let uid = stored.as_ref().and_then(|s| s.object.pointer("/metadata/uid")).and_then(Value::as_str);
     if uid != Some(field("uid")) {
-        return Err(format!("node {node} UID mismatch: expected {} got {}", field("uid"), uid.unwrap_or_default()));
+        return refused(format!("node {node} UID mismatch: expected {} got {}", field("uid"), uid.unwrap_or_default()));
     }
     let refs = node_graph::pod_references(pod);
     if refs.iter().any(|(k, _)| *k == node_graph::SERVICE_ACCOUNTS) {
-        return Err(format!("node \"{node}\" can not create pods that reference a service account"));
+        return refused(format!("node \"{node}\" can not create pods that reference a service account"));
     }
     for (kind, noun) in [
         (node_graph::SECRETS, "secrets"),
@@ -215,7 +221,7 @@ async fn admit_mirror_pod(call: &Call, node: &str, pod: &Value) -> Result<(), St
         (node_graph::CLAIMS, "persistentvolumeclaims"),
     ] {
         if refs.iter().any(|(k, _)| *k == kind) {
-            return Err(format!("node \"{node}\" can not create pods that reference {noun}"));
+            return refused(format!("node \"{node}\" can not create pods that reference {noun}"));
         }
     }
     let trust_bundles = pod
@@ -227,7 +233,7 @@ async fn admit_mirror_pod(call: &Call, node: &str, pod: &Value) -> Result<(), St
         .flatten()
         .any(|s| s.get("clusterTrustBundle").is_some());
     if trust_bundles {
-        return Err(format!("node \"{node}\" can not create pods that reference clustertrustbundles"));
+        return refused(format!("node \"{node}\" can not create pods that reference clustertrustbundles"));
     }
     Ok(())
 }

@@ -28,6 +28,7 @@ use crate::quota::evaluator::Evaluator;
 use crate::quota::{
     add, exceeded, mask, parse_list, pretty_print, remove_zeros, subtract_non_negative, to_json, ResourceList,
 };
+use crate::sync::LockExt;
 
 /// How often a charge is retried after losing a compare-and-swap.
 const RETRIES: usize = 8;
@@ -40,7 +41,7 @@ pub struct QuotaLocks(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
 impl QuotaLocks {
     async fn lock(&self, namespace: &str) -> OwnedMutexGuard<()> {
         let lock = {
-            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let mut map = self.0.locked();
             // Forget the locks nobody holds or waits for.
             map.retain(|_, l| Arc::strong_count(l) > 1);
             map.entry(namespace.to_string()).or_default().clone()

@@ -55,23 +55,35 @@ async fn namespace_labels(call: &Call) -> Option<Value> {
 }
 
 /// Why a review got no usable answer, as upstream's webhook errors say it.
-fn call_error(e: webhook_client::CallError) -> String {
-    match e {
-        webhook_client::CallError::Config(why) => format!("could not get REST client: {why}"),
-        other => format!("failed to call webhook: {other}"),
+#[derive(Debug, thiserror::Error)]
+enum ReviewError {
+    /// The client config names nothing that can be called.
+    #[error("could not get REST client: {0}")]
+    Client(#[source] webhook_client::CallError),
+    #[error("failed to call webhook: {0}")]
+    Call(#[source] webhook_client::CallError),
+    #[error("failed to call webhook: {0}")]
+    Decode(#[from] serde_json::Error),
+    #[error("received invalid webhook response: webhook response was absent")]
+    NoResponse,
+}
+
+impl From<webhook_client::CallError> for ReviewError {
+    fn from(e: webhook_client::CallError) -> ReviewError {
+        match e {
+            webhook_client::CallError::Config(_) => ReviewError::Client(e),
+            other => ReviewError::Call(other),
+        }
     }
 }
 
 /// POSTs a review and returns the answer's `response`.
-async fn send(call: &Call, client_config: &Value, review: &Value, timeout: Duration) -> Result<Value, String> {
-    let target = webhook_client::target(&call.api.storage, client_config).await.map_err(call_error)?;
+async fn send(call: &Call, client_config: &Value, review: &Value, timeout: Duration) -> Result<Value, ReviewError> {
+    let target = webhook_client::target(&call.api.storage, client_config).await?;
     let ca = client_config.get("caBundle").and_then(Value::as_str);
-    let bytes = webhook_client::post(&target, ca, review, timeout).await.map_err(call_error)?;
-    let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("failed to call webhook: {e}"))?;
-    v.get("response")
-        .filter(|r| r.is_object())
-        .cloned()
-        .ok_or_else(|| "received invalid webhook response: webhook response was absent".to_string())
+    let bytes = webhook_client::post(&target, ca, review, timeout).await?;
+    let v: Value = serde_json::from_slice(&bytes)?;
+    v.get("response").filter(|r| r.is_object()).cloned().ok_or(ReviewError::NoResponse)
 }
 
 fn review(call: &Call, obj: &Value, old: Option<&Value>, op: Operation) -> Value {

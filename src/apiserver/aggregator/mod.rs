@@ -24,6 +24,7 @@ use super::meta;
 use super::registry::version_priority;
 use super::storage::{Followed, Follower, Stored};
 use super::Api;
+use crate::sync::RwLockExt;
 
 /// Where APIServices are stored.
 pub const PREFIX: &str = "/registry/apiregistration.k8s.io/apiservices/";
@@ -142,17 +143,17 @@ impl Aggregator {
 
     /// The remote serving `group`/`version`, if another server does.
     pub fn remote_for(&self, group: &str, version: &str) -> Option<Remote> {
-        let remotes = self.remotes.read().unwrap_or_else(|e| e.into_inner());
+        let remotes = self.remotes.read_locked();
         remotes.values().find(|r| r.group == group && r.version == version).cloned()
     }
 
     pub fn remotes(&self) -> Vec<Remote> {
-        self.remotes.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+        self.remotes.read_locked().values().cloned().collect()
     }
 
     /// Whether another server serves some version of `group`.
     pub fn serves_group(&self, group: &str) -> bool {
-        self.remotes.read().unwrap_or_else(|e| e.into_inner()).values().any(|r| r.group == group)
+        self.remotes.read_locked().values().any(|r| r.group == group)
     }
 
     /// The aggregated groups, by group priority (highest first), their
@@ -183,11 +184,11 @@ impl Aggregator {
     /// The discovery document `group`/`version` last answered with.
     pub fn resource_list(&self, group: &str, version: &str) -> Option<Value> {
         let name = self.remote_for(group, version)?.name;
-        self.discovery.read().unwrap_or_else(|e| e.into_inner()).get(&name).cloned()
+        self.discovery.read_locked().get(&name).cloned()
     }
 
     fn set_discovery(&self, name: &str, list: Option<Value>) {
-        let mut discovery = self.discovery.write().unwrap_or_else(|e| e.into_inner());
+        let mut discovery = self.discovery.write_locked();
         match list {
             Some(l) => discovery.insert(name.to_string(), l),
             None => discovery.remove(name),
@@ -197,7 +198,7 @@ impl Aggregator {
     fn put(&self, apiservice: &Value) {
         let name = meta::name_of(apiservice).to_string();
         let remote = self.remote_of(apiservice);
-        let mut remotes = self.remotes.write().unwrap_or_else(|e| e.into_inner());
+        let mut remotes = self.remotes.write_locked();
         match remote {
             Some(r) => remotes.insert(name, r),
             None => remotes.remove(&name),
@@ -208,7 +209,7 @@ impl Aggregator {
 
     fn remove(&self, apiservice: &Value) {
         let name = meta::name_of(apiservice);
-        self.remotes.write().unwrap_or_else(|e| e.into_inner()).remove(name);
+        self.remotes.write_locked().remove(name);
         self.set_discovery(name, None);
         self.changed.notify_one();
     }
@@ -218,7 +219,7 @@ impl Aggregator {
             .iter()
             .filter_map(|s| Some((meta::name_of(&s.object).to_string(), self.remote_of(&s.object)?)))
             .collect();
-        *self.remotes.write().unwrap_or_else(|e| e.into_inner()) = remotes;
+        *self.remotes.write_locked() = remotes;
         self.changed.notify_one();
     }
 

@@ -20,7 +20,7 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use super::Remote;
 use crate::apiserver::auth::{self, User};
 use crate::apiserver::proxy::relay;
-use crate::apiserver::proxy::service_endpoint::{resolve_endpoint, ServicePort, Unresolved};
+use crate::apiserver::proxy::service_endpoint::{resolve, ServicePort, Unresolved};
 use crate::apiserver::request::{self, ResourcePath};
 use crate::apiserver::status::ApiError;
 use crate::apiserver::Api;
@@ -46,7 +46,7 @@ pub async fn endpoint(api: &Api, remote: &Remote) -> Result<SocketAddr, Unreacha
     let (ns, name) = (remote.namespace.as_str(), remote.service.as_str());
     let port = ServicePort::Number(i64::from(remote.port));
     let unreachable = |reason, message| Unreachable { reason, message };
-    let addr = resolve_endpoint(&api.storage, ns, name, &port).await.map_err(|e| match e {
+    let addr = resolve(&api.storage, ns, name, &port).await.map_err(|e| match e {
         Unresolved::ServiceNotFound(_) => {
             unreachable("ServiceNotFound", format!("service/{name} in {ns:?} is not present"))
         }
@@ -61,7 +61,7 @@ pub async fn endpoint(api: &Api, remote: &Remote) -> Result<SocketAddr, Unreacha
             "MissingEndpoints",
             format!("endpointslices for service/{name} in {ns:?} have no addresses with port name {port_name:?}"),
         ),
-        Unresolved::Store(m) => unreachable("FailedDiscoveryCheck", m),
+        Unresolved::Store(e) => unreachable("FailedDiscoveryCheck", e.to_string()),
     })?;
     addr.parse().map_err(|_| unreachable("MissingEndpoints", format!("not an address: {addr}")))
 }

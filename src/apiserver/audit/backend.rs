@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use super::event::Event;
 use super::rotate::{RotateOptions, RotatingFile};
+use crate::sync::LockExt;
 
 /// Events queued before new ones are dropped (upstream's buffer size).
 const BUFFER: usize = 10_000;
@@ -103,7 +104,7 @@ impl Backend {
 
     /// Queues `event` without waiting.
     pub fn process(&self, event: Event) {
-        let guard = self.sender.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = self.sender.locked();
         let Some(tx) = guard.as_ref() else {
             return;
         };
@@ -117,8 +118,8 @@ impl Backend {
 
     /// Stops taking Events and waits until the queued ones are written.
     pub async fn shutdown(&self) {
-        drop(self.sender.lock().unwrap_or_else(|e| e.into_inner()).take());
-        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(self.sender.locked().take());
+        let writer = self.writer.locked().take();
         if let Some(w) = writer {
             let _ = tokio::task::spawn_blocking(move || w.join()).await;
         }

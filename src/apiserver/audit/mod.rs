@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use super::auth::User;
 use super::request::{self, Target};
+use crate::sync::LockExt;
 use backend::Backend;
 use event::{Event, ObjectReference, ResponseStatus, UserInfo};
 use policy::{Attributes, Decision, Level, Policy, ResourceAttributes, Stage};
@@ -75,17 +76,17 @@ pub struct AuditSlot(Arc<Mutex<Known>>);
 impl AuditSlot {
     /// The authenticated user, and the one it impersonates if any.
     pub fn set_user(&self, user: &User, impersonated: Option<&User>) {
-        let mut k = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut k = self.0.locked();
         k.user = Some(user.clone());
         k.impersonated = impersonated.cloned();
     }
 
     pub fn set_body(&self, body: &Bytes) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).body = Some(body.clone());
+        self.0.locked().body = Some(body.clone());
     }
 
     fn take(&self) -> Known {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.0.locked())
     }
 }
 

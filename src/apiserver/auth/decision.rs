@@ -6,6 +6,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::sync::LockExt;
+
 /// What the authorizer decided, and why (the RBAC binding that allowed it;
 /// empty for system:masters and for a refusal, as upstream leaves it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,13 +24,13 @@ impl DecisionRecord {
     /// Keeps the first refusal, else the last decision: a request authorized
     /// twice (impersonation, then the resource) is refused by either.
     pub fn set(&self, decision: &Decision) {
-        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.0.locked();
         if slot.as_ref().is_none_or(|d| d.allowed) {
             *slot = Some(decision.clone());
         }
     }
 
     pub fn get(&self) -> Option<Decision> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.locked().clone()
     }
 }

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use super::User;
 use crate::apiserver::cache::PrefixCache;
 use crate::apiserver::meta::namespace_of;
+use crate::sync::LockExt;
 
 /// What a request wants to do.
 #[derive(Debug, Clone, Default)]
@@ -160,7 +161,7 @@ impl Bindings {
             key.push_str(part);
             key.push('\0');
         }
-        let mut memo = self.subject_of.lock().unwrap_or_else(|e| e.into_inner());
+        let mut memo = self.subject_of.locked();
         if let Some(found) = memo.get(&key) {
             return found.clone();
         }
@@ -198,7 +199,7 @@ impl RbacCache {
         // Read before the objects: a change applied meanwhile is regrouped
         // at the next call.
         let seen = *self.changes.borrow();
-        let mut slot = self.bindings.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.bindings.locked();
         if slot.0 != seen {
             *slot = (seen, Arc::new(Bindings::of(&self.objects.all())));
         }

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use super::schema;
 use crate::apiserver::meta;
-use crate::apiserver::status::{ApiError, ApiResult};
+use crate::apiserver::status::{summary, ApiError, ApiResult, Cause};
 use crate::apiserver::storage::Storage;
 use crate::apiserver::strategy::Converter;
 use crate::apiserver::webhook_client;
@@ -272,7 +272,7 @@ impl Webhook<'_> {
             if want_kind != got_kind {
                 return Err(invalid(format!("invalid kind (expected {want_kind}, received {got_kind})")));
             }
-            same_identity(original, &obj).map_err(invalid)?;
+            same_identity(original, &obj).map_err(|e| invalid(e.to_string()))?;
             restore_metadata(original, &mut obj).map_err(|why| {
                 let what = if single {
                     "invalid metadata".to_string()
@@ -321,15 +321,34 @@ fn converted_objects(answer: &Value, v1: bool, api_version: &str, uid: &str) -> 
     Ok(response["convertedObjects"].as_array().cloned().unwrap_or_default())
 }
 
+/// Why an object a webhook converted cannot stand for the original, in
+/// upstream's words.
+#[derive(Debug, Clone, thiserror::Error)]
+enum ConvertedObjectError {
+    #[error("must have the same {what}: {original} != {converted}")]
+    OtherIdentity { what: &'static str, original: String, converted: String },
+    #[error("missing metadata in converted object")]
+    NoMetadata,
+    #[error("invalid metadata of type {0} in converted object")]
+    MetadataType(&'static str),
+    #[error("invalid metadata.{field} of type {go_type} in converted object")]
+    MapType { field: &'static str, go_type: &'static str },
+    #[error("metadata.{field}[{key}] must be a string, but is {go_type} in converted object")]
+    NotAString { field: &'static str, key: String, go_type: &'static str },
+    /// Labels or annotations that an object may not have.
+    #[error("{}", summary(.0))]
+    Invalid(Vec<Cause>),
+}
+
 /// A converted object must be the same object: kind, name, namespace, uid.
-fn same_identity(original: &Value, converted: &Value) -> Result<(), String> {
+fn same_identity(original: &Value, converted: &Value) -> Result<(), ConvertedObjectError> {
     for (what, at) in
         [("kind", "/kind"), ("name", "/metadata/name"), ("namespace", "/metadata/namespace"), ("UID", "/metadata/uid")]
     {
         let text = |o: &Value| o.pointer(at).and_then(Value::as_str).unwrap_or_default().to_string();
         let (a, b) = (text(original), text(converted));
         if a != b {
-            return Err(format!("must have the same {what}: {a} != {b}"));
+            return Err(ConvertedObjectError::OtherIdentity { what, original: a, converted: b });
         }
     }
     Ok(())
@@ -351,34 +370,32 @@ fn go_type(v: &Value) -> &'static str {
 /// The original object's metadata put back on the converted one, but for
 /// the labels and annotations the webhook answered with (checked as an
 /// object's are when they changed).
-fn restore_metadata(original: &Value, converted: &mut Value) -> Result<(), String> {
+fn restore_metadata(original: &Value, converted: &mut Value) -> Result<(), ConvertedObjectError> {
     let answered = match converted.get("metadata") {
-        None => return Err("missing metadata in converted object".into()),
+        None => return Err(ConvertedObjectError::NoMetadata),
         Some(Value::Object(m)) => m.clone(),
-        Some(other) => return Err(format!("invalid metadata of type {} in converted object", go_type(other))),
+        Some(other) => return Err(ConvertedObjectError::MetadataType(go_type(other))),
     };
     let mut metadata = original.get("metadata").and_then(Value::as_object).cloned().unwrap_or_default();
     for field in ["labels", "annotations"] {
         let Some(Value::Object(given)) = answered.get(field).filter(|v| !v.is_null()) else {
             if let Some(v) = answered.get(field).filter(|v| !v.is_null()) {
-                return Err(format!("invalid metadata.{field} of type {} in converted object", go_type(v)));
+                return Err(ConvertedObjectError::MapType { field, go_type: go_type(v) });
             }
             metadata.remove(field);
             continue;
         };
         if let Some((k, v)) = given.iter().find(|(_, v)| !v.is_string()) {
-            return Err(format!("metadata.{field}[{k}] must be a string, but is {} in converted object", go_type(v)));
+            return Err(ConvertedObjectError::NotAString { field, key: k.clone(), go_type: go_type(v) });
         }
         if metadata.get(field) != Some(&Value::Object(given.clone())) {
             let probe = json!({"metadata": {field: given}});
-            let errors: Vec<String> = crate::apiserver::validation::object_meta_maps(&probe)
+            let errors: Vec<Cause> = crate::apiserver::validation::object_meta_maps(&probe)
                 .into_iter()
-                .map(|c| format!("{}: {}", c.field.replace("metadata.annotations", "metadata.annotation"), c.message))
+                .map(|c| Cause { field: c.field.replace("metadata.annotations", "metadata.annotation"), ..c })
                 .collect();
-            match errors.len() {
-                0 => {}
-                1 => return Err(errors[0].clone()),
-                _ => return Err(format!("[{}]", errors.join(", "))),
+            if !errors.is_empty() {
+                return Err(ConvertedObjectError::Invalid(errors));
             }
         }
         metadata.insert(field.to_string(), Value::Object(given.clone()));
@@ -432,20 +449,25 @@ mod tests {
         );
         let mut bad = json!({"metadata": {"labels": {"x": 1}}});
         assert_eq!(
-            restore_metadata(&original, &mut bad).unwrap_err(),
+            restore_metadata(&original, &mut bad).unwrap_err().to_string(),
             "metadata.labels[x] must be a string, but is int64 in converted object"
         );
         let mut invalid = json!({"metadata": {"labels": {"a b": "c"}}});
         assert!(restore_metadata(&original, &mut invalid)
             .unwrap_err()
+            .to_string()
             .starts_with("metadata.labels: Invalid value: \"a b\""));
-        assert_eq!(restore_metadata(&original, &mut json!({})).unwrap_err(), "missing metadata in converted object");
+        assert_eq!(
+            restore_metadata(&original, &mut json!({})).unwrap_err().to_string(),
+            "missing metadata in converted object"
+        );
         assert_eq!(
             same_identity(
                 &json!({"kind": "K", "metadata": {"name": "a"}}),
                 &json!({"kind": "K", "metadata": {"name": "b"}})
             )
-            .unwrap_err(),
+            .unwrap_err()
+            .to_string(),
             "must have the same name: a != b"
         );
         assert_eq!(gvk_string("stable.example.com/v1", "Foo"), "stable.example.com/v1, Kind=Foo");

@@ -18,7 +18,7 @@ use super::resource::{Resource, ScalePaths, CRUD_VERBS};
 use super::status::Cause;
 use super::storage::Storage;
 use super::storage::{Followed, Follower, ReadAt};
-use super::strategy::{Converter, Strategy};
+use super::strategy::{Converter, DecodeError, Strategy};
 use super::table::Column;
 use super::Api;
 
@@ -62,12 +62,12 @@ impl CustomStrategy {
 }
 
 impl Strategy for CustomStrategy {
-    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String> {
+    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), DecodeError> {
         if !obj.is_object() {
-            return Err("the object must be a JSON object".into());
+            return Err(DecodeError::NotAnObject);
         }
         if obj.get("metadata").is_some_and(|m| !m.is_object()) {
-            return Err("metadata: expected an object".into());
+            return Err(DecodeError::MetadataNotAnObject);
         }
         let mut pruned = obj.clone();
         let mut dropped = Vec::new();

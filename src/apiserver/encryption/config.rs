@@ -76,13 +76,13 @@ impl Cipher {
 }
 
 impl std::str::FromStr for Cipher {
-    type Err = String;
+    type Err = InvalidConfig;
 
-    fn from_str(s: &str) -> Result<Cipher, String> {
+    fn from_str(s: &str) -> Result<Cipher, InvalidConfig> {
         match s {
             "aescbc" => Ok(Cipher::Aescbc),
             "secretbox" => Ok(Cipher::Secretbox),
-            other => Err(format!("{other:?} is not a provider (aescbc, secretbox)")),
+            other => Err(InvalidConfig::UnknownCipher(other.to_string())),
         }
     }
 }
@@ -92,7 +92,52 @@ pub enum ConfigError {
     #[error("cannot {action} {path}: {source}")]
     Io { action: &'static str, path: PathBuf, source: std::io::Error },
     #[error("{path}: {reason}")]
-    Invalid { path: PathBuf, reason: String },
+    Invalid { path: PathBuf, reason: InvalidConfig },
+    /// The state file beside the configuration does not parse.
+    #[error("{path}: {source}")]
+    State { path: PathBuf, source: serde_json::Error },
+    #[error("{path}: {source}")]
+    Write { path: PathBuf, source: crate::pki::PkiError },
+}
+
+/// What is wrong with an EncryptionConfiguration (or a provider named on
+/// the command line).
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidConfig {
+    #[error("{0:?} is not a provider (aescbc, secretbox)")]
+    UnknownCipher(String),
+    #[error("{0}")]
+    Parse(#[source] serde_yaml_ng::Error),
+    #[error("not an {KIND} of {API_VERSION} (kind {kind:?}, apiVersion {api_version:?})")]
+    WrongKind { kind: String, api_version: String },
+    #[error("a rule names no resources")]
+    NoResources,
+    #[error("resources {0:?} have no providers")]
+    NoProviders(Vec<String>),
+    #[error("resource {0:?}: wildcards are not supported; name the resources")]
+    Wildcard(String),
+    #[error("resource {0:?} is not a resource name")]
+    NotAResource(String),
+    #[error("resource {0:?} is named twice")]
+    ResourceNamedTwice(String),
+    #[error("provider {0} is not supported (aescbc, secretbox, identity are)")]
+    UnsupportedProvider(&'static str),
+    #[error("a provider names none of aescbc, secretbox, identity")]
+    NoProvider,
+    #[error("a provider names more than one of aescbc, secretbox, identity")]
+    SeveralProviders,
+    #[error("provider {0} has no keys")]
+    NoKeys(&'static str),
+    #[error("a key of provider {0} has no name")]
+    UnnamedKey(&'static str),
+    #[error("key {name:?} of provider {provider} is named twice")]
+    KeyNamedTwice { name: String, provider: &'static str },
+    #[error("key {name:?}: the secret is not base64: {source}")]
+    NotBase64 { name: String, source: base64::DecodeError },
+    #[error("key {name:?}: an aescbc key is 16, 24 or 32 bytes, not {len}")]
+    AesCbcKeySize { name: String, len: usize },
+    #[error("key {name:?}: a secretbox key is 32 bytes, not {len}")]
+    SecretBoxKeySize { name: String, len: usize },
 }
 
 /// What kind of provider a `ProviderConfiguration` is.
@@ -103,17 +148,17 @@ pub enum ProviderKind<'a> {
 }
 
 impl ProviderConfiguration {
-    pub fn kind(&self) -> Result<ProviderKind<'_>, String> {
+    pub fn kind(&self) -> Result<ProviderKind<'_>, InvalidConfig> {
         if self.aesgcm.is_some() || self.kms.is_some() {
             let name = if self.aesgcm.is_some() { "aesgcm" } else { "kms" };
-            return Err(format!("provider {name} is not supported (aescbc, secretbox, identity are)"));
+            return Err(InvalidConfig::UnsupportedProvider(name));
         }
         match (&self.aescbc, &self.secretbox, &self.identity) {
             (Some(k), None, None) => Ok(ProviderKind::AesCbc(&k.keys)),
             (None, Some(k), None) => Ok(ProviderKind::SecretBox(&k.keys)),
             (None, None, Some(_)) => Ok(ProviderKind::Identity),
-            (None, None, None) => Err("a provider names none of aescbc, secretbox, identity".into()),
-            _ => Err("a provider names more than one of aescbc, secretbox, identity".into()),
+            (None, None, None) => Err(InvalidConfig::NoProvider),
+            _ => Err(InvalidConfig::SeveralProviders),
         }
     }
 
@@ -143,10 +188,10 @@ impl ProviderConfiguration {
 }
 
 /// A key's bytes from its base64 text.
-pub fn key_bytes(key: &Key) -> Result<Vec<u8>, String> {
+pub fn key_bytes(key: &Key) -> Result<Vec<u8>, InvalidConfig> {
     base64::engine::general_purpose::STANDARD
         .decode(key.secret.trim())
-        .map_err(|e| format!("key {:?}: the secret is not base64: {e}", key.name))
+        .map_err(|source| InvalidConfig::NotBase64 { name: key.name.clone(), source })
 }
 
 /// A new key of 32 random bytes, named `<cipher>-key-<UTC time>` (unique
@@ -181,14 +226,11 @@ impl EncryptionConfiguration {
         }
     }
 
-    pub fn from_slice(bytes: &[u8]) -> Result<EncryptionConfiguration, String> {
+    pub fn from_slice(bytes: &[u8]) -> Result<EncryptionConfiguration, InvalidConfig> {
         // YAML is a superset of JSON: upstream accepts both.
-        let config: EncryptionConfiguration = serde_yaml_ng::from_slice(bytes).map_err(|e| e.to_string())?;
+        let config: EncryptionConfiguration = serde_yaml_ng::from_slice(bytes).map_err(InvalidConfig::Parse)?;
         if config.kind != KIND || config.api_version != API_VERSION {
-            return Err(format!(
-                "not an {KIND} of {API_VERSION} (kind {:?}, apiVersion {:?})",
-                config.kind, config.api_version
-            ));
+            return Err(InvalidConfig::WrongKind { kind: config.kind, api_version: config.api_version });
         }
         Ok(config)
     }
@@ -351,7 +393,7 @@ pub fn load(path: &Path) -> Result<Option<EncryptionConfiguration>, ConfigError>
 pub fn write_private(path: &Path, text: &str) -> Result<(), ConfigError> {
     crate::pki::write(path, text, 0o600).map_err(|e| match e {
         crate::pki::PkiError::Io { action, path, source } => ConfigError::Io { action, path, source },
-        other => ConfigError::Invalid { path: path.to_path_buf(), reason: other.to_string() },
+        source => ConfigError::Write { path: path.to_path_buf(), source },
     })
 }
 
@@ -447,12 +489,15 @@ mod tests {
     fn refuses_what_it_cannot_do() {
         let bad = |text: &str| EncryptionConfiguration::from_slice(text.as_bytes()).err();
         assert!(bad("{").is_some());
-        assert!(bad("kind: EncryptionConfig\napiVersion: v1\nresources: []").unwrap().contains("not an Encryption"));
+        assert!(bad("kind: EncryptionConfig\napiVersion: v1\nresources: []")
+            .unwrap()
+            .to_string()
+            .contains("not an Encryption"));
         let c = EncryptionConfiguration::from_slice(
             b"kind: EncryptionConfiguration\napiVersion: apiserver.config.k8s.io/v1\nresources:\n- resources: [secrets]\n  providers:\n  - aesgcm: {keys: []}\n",
         )
         .unwrap();
-        assert!(c.resources[0].providers[0].kind().err().unwrap().contains("aesgcm"));
+        assert!(c.resources[0].providers[0].kind().err().unwrap().to_string().contains("aesgcm"));
     }
 
     #[test]

@@ -28,6 +28,8 @@ use cluster::{Record, SharedConfig, SharedError};
 use config::{ConfigError, EncryptionConfiguration};
 use transformer::Transformer;
 
+use crate::sync::{LockExt, RwLockExt};
+
 #[derive(Debug, thiserror::Error)]
 pub enum TransformError {
     #[error("{0}")]
@@ -101,8 +103,9 @@ pub fn state_path(config: &Path) -> PathBuf {
 pub fn load_state(path: &Path) -> Result<RotationState, ConfigError> {
     match config::read(path)? {
         None => Ok(RotationState::default()),
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), reason: e.to_string() }),
+        Some(bytes) => {
+            serde_json::from_slice(&bytes).map_err(|source| ConfigError::State { path: path.to_path_buf(), source })
+        }
     }
 }
 
@@ -216,10 +219,7 @@ impl Encryption {
     }
 
     fn current(&self) -> Arc<Loaded> {
-        match self.loaded.read() {
-            Ok(l) => l.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.loaded.read_locked().clone()
     }
 
     pub fn path(&self) -> &Path {
@@ -250,17 +250,11 @@ impl Encryption {
     }
 
     fn set_state(&self, state: RotationState) {
-        match self.state.lock() {
-            Ok(mut s) => *s = state,
-            Err(poisoned) => *poisoned.into_inner() = state,
-        }
+        *self.state.locked() = state;
     }
 
     pub fn state(&self) -> RotationState {
-        match self.state.lock() {
-            Ok(s) => s.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
+        self.state.locked().clone()
     }
 
     /// Sets the stage of this server alone (the pass at start), persisted.
@@ -339,10 +333,7 @@ impl Encryption {
         let loaded = Self::prepare(Some(config.clone()), &self.path)?;
         config::save(&self.path, &config)?;
         let _exclusive = self.gate.write().await;
-        match self.loaded.write() {
-            Ok(mut l) => *l = Arc::new(loaded),
-            Err(poisoned) => *poisoned.into_inner() = Arc::new(loaded),
-        }
+        *self.loaded.write_locked() = Arc::new(loaded);
         Ok(())
     }
 

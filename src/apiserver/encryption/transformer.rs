@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use super::aescbc::AesCbc;
-use super::config::{key_bytes, EncryptionConfiguration, ProviderKind};
+use super::config::{key_bytes, EncryptionConfiguration, InvalidConfig, ProviderKind};
 use super::secretbox::SecretBox;
 use super::TransformError;
 
@@ -40,15 +40,15 @@ pub struct Transformer {
 /// The store's key prefix of a resource named in a configuration, as the
 /// API server lays out keys: core resources under `/registry/<plural>/`,
 /// others under `/registry/<group>/<plural>/`.
-fn store_prefix(resource: &str) -> Result<String, String> {
+fn store_prefix(resource: &str) -> Result<String, InvalidConfig> {
     if resource.contains('*') {
-        return Err(format!("resource {resource:?}: wildcards are not supported; name the resources"));
+        return Err(InvalidConfig::Wildcard(resource.to_string()));
     }
     let valid = |s: &str| {
         !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
     };
     if !valid(resource) {
-        return Err(format!("resource {resource:?} is not a resource name"));
+        return Err(InvalidConfig::NotAResource(resource.to_string()));
     }
     Ok(match resource.split_once('.') {
         None => format!("/registry/{resource}/"),
@@ -57,21 +57,21 @@ fn store_prefix(resource: &str) -> Result<String, String> {
 }
 
 impl Transformer {
-    /// The transformer of `config`; a message saying what is wrong otherwise.
-    pub fn new(config: &EncryptionConfiguration) -> Result<Transformer, String> {
+    /// The transformer of `config`, or what is wrong with it.
+    pub fn new(config: &EncryptionConfiguration) -> Result<Transformer, InvalidConfig> {
         let mut chains = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for rule in &config.resources {
             if rule.resources.is_empty() {
-                return Err("a rule names no resources".into());
+                return Err(InvalidConfig::NoResources);
             }
             if rule.providers.is_empty() {
-                return Err(format!("resources {:?} have no providers", rule.resources));
+                return Err(InvalidConfig::NoProviders(rule.resources.clone()));
             }
             let mut prefixes = Vec::new();
             for r in &rule.resources {
                 if !seen.insert(r.clone()) {
-                    return Err(format!("resource {r:?} is named twice"));
+                    return Err(InvalidConfig::ResourceNamedTwice(r.clone()));
                 }
                 prefixes.push(store_prefix(r)?);
             }
@@ -87,22 +87,22 @@ impl Transformer {
                     ProviderKind::SecretBox(keys) => ("secretbox", keys),
                 };
                 if keys.is_empty() {
-                    return Err(format!("provider {provider_name} has no keys"));
+                    return Err(InvalidConfig::NoKeys(provider_name));
                 }
                 for key in keys {
                     if key.name.is_empty() {
-                        return Err(format!("a key of provider {provider_name} has no name"));
+                        return Err(InvalidConfig::UnnamedKey(provider_name));
                     }
                     if !names.insert((provider_name, key.name.clone())) {
-                        return Err(format!("key {:?} of provider {provider_name} is named twice", key.name));
+                        return Err(InvalidConfig::KeyNamedTwice { name: key.name.clone(), provider: provider_name });
                     }
                     let bytes = key_bytes(key)?;
                     let sealer = match provider_name {
-                        "aescbc" => AesCbc::new(&bytes).map(Sealer::AesCbc).ok_or_else(|| {
-                            format!("key {:?}: an aescbc key is 16, 24 or 32 bytes, not {}", key.name, bytes.len())
-                        })?,
+                        "aescbc" => AesCbc::new(&bytes)
+                            .map(Sealer::AesCbc)
+                            .ok_or_else(|| InvalidConfig::AesCbcKeySize { name: key.name.clone(), len: bytes.len() })?,
                         _ => SecretBox::new(&bytes).map(Sealer::SecretBox).ok_or_else(|| {
-                            format!("key {:?}: a secretbox key is 32 bytes, not {}", key.name, bytes.len())
+                            InvalidConfig::SecretBoxKeySize { name: key.name.clone(), len: bytes.len() }
                         })?,
                     };
                     let prefix = format!("k8s:enc:{provider_name}:v1:{}:", key.name).into_bytes();
@@ -301,12 +301,12 @@ mod tests {
     fn bad_keys_are_refused() {
         let mut config = EncryptionConfiguration::new(Cipher::Aescbc);
         config.resources[0].providers[0].aescbc.as_mut().unwrap().keys[0].secret = "AAAA".into();
-        assert!(Transformer::new(&config).err().unwrap().contains("16, 24 or 32 bytes"));
+        assert!(Transformer::new(&config).err().unwrap().to_string().contains("16, 24 or 32 bytes"));
         config.resources[0].providers[0].aescbc.as_mut().unwrap().keys[0].secret = "!!".into();
-        assert!(Transformer::new(&config).err().unwrap().contains("not base64"));
+        assert!(Transformer::new(&config).err().unwrap().to_string().contains("not base64"));
         let mut config = EncryptionConfiguration::new(Cipher::Aescbc);
         config.resources[0].resources = vec!["*.*".into()];
-        assert!(Transformer::new(&config).err().unwrap().contains("wildcards"));
+        assert!(Transformer::new(&config).err().unwrap().to_string().contains("wildcards"));
         config.resources[0].resources = vec!["deployments.apps".into()];
         assert_eq!(Transformer::new(&config).unwrap().prefixes(), vec!["/registry/apps/deployments/"]);
     }

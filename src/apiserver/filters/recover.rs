@@ -13,6 +13,7 @@ use futures_util::{FutureExt, StreamExt};
 
 use crate::apiserver::auth::User;
 use crate::apiserver::status::ApiError;
+use crate::sync::LockExt;
 
 /// Who a request runs as, filled in once authentication has decided, so a
 /// panic afterwards is logged with the user (a bearer token's user is only
@@ -22,11 +23,11 @@ pub struct RequestUser(Arc<Mutex<Option<String>>>);
 
 impl RequestUser {
     pub fn set(&self, name: &str) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(name.to_string());
+        *self.0.locked() = Some(name.to_string());
     }
 
     fn get(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.locked().clone()
     }
 }
 

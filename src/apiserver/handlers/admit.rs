@@ -11,7 +11,7 @@ use super::Call;
 use crate::apiserver::admission::{self, Operation};
 use crate::apiserver::meta::{self, metadata_mut, name_of};
 use crate::apiserver::status::{ApiError, ApiResult, Cause};
-use crate::apiserver::strategy::check_name;
+use crate::apiserver::strategy::{check_name, DecodeError};
 
 /// Metadata fields only the server sets.
 const SERVER_OWNED: &[&str] =
@@ -68,7 +68,7 @@ fn decode_update(call: &mut Call, new: Value, old: &Value) -> ApiResult<Value> {
 
 /// A decode's answer: its error as upstream words it, its unknown fields
 /// refused or warned about.
-fn fields_checked(call: &mut Call, decoded: Result<(Value, Vec<String>), String>) -> ApiResult<Value> {
+fn fields_checked(call: &mut Call, decoded: Result<(Value, Vec<String>), DecodeError>) -> ApiResult<Value> {
     let r = call.resource.clone();
     let (decoded, unknown) = decoded.map_err(|e| {
         ApiError::bad_request(format!("{} in version \"{}\" cannot be handled as a {}: {e}", r.kind, r.version, r.kind))

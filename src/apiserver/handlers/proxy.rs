@@ -17,7 +17,7 @@ use super::connect::split_proxy_name;
 use super::connect_options;
 use crate::apiserver::call::Call;
 use crate::apiserver::proxy::relay;
-use crate::apiserver::proxy::service_endpoint::{resolve, ServicePort};
+use crate::apiserver::proxy::service_endpoint::{resolve, ServicePort, Unresolved};
 use crate::apiserver::status::{ApiError, ApiResult};
 
 const DIAL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -77,12 +77,9 @@ pub async fn service_proxy(call: &mut Call, method: &Method, body: Bytes) -> Api
     let tls = uses_tls(scheme)?;
     let ns = call.namespace().unwrap_or_default();
     let port = ServicePort::parse(port.unwrap_or_default());
-    let addr = resolve(&call.api.storage, ns, name, &port).await.map_err(|e| {
-        if e.ends_with("not found") {
-            ApiError::not_found("", "services", name)
-        } else {
-            ApiError::service_unavailable(e)
-        }
+    let addr = resolve(&call.api.storage, ns, name, &port).await.map_err(|e| match e {
+        Unresolved::ServiceNotFound(_) => ApiError::not_found("", "services", name),
+        other => ApiError::service_unavailable(other.to_string()),
     })?;
     forward(call, method, body, &addr, tls).await
 }

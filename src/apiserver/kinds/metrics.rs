@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::apiserver::resource::Resource;
-use crate::apiserver::strategy::Strategy;
+use crate::apiserver::strategy::{DecodeError, Strategy};
 
 pub const GROUP_VERSION: &str = "metrics.k8s.io/v1beta1";
 /// The window of an entry's CPU rate, as Go prints a duration (`1.5s`,
@@ -107,7 +107,7 @@ pub fn pod_metrics(summary: &Value) -> Vec<(String, String, String, Value)> {
 struct MetricsStrategy;
 
 impl Strategy for MetricsStrategy {
-    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String> {
+    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), DecodeError> {
         Ok((obj.clone(), Vec::new()))
     }
 }

@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 
 use super::registry::Registry;
 use super::resource::Resource;
+use crate::sync::LockExt;
 
 fn gv_path(group: &str, version: &str) -> String {
     if group.is_empty() {
@@ -179,13 +180,13 @@ impl DocumentCache {
     fn get(&self, registry: &Registry, group: &str, version: &str) -> Option<std::sync::Arc<String>> {
         let generation = registry.generation();
         let key = (group.to_string(), version.to_string());
-        if let Some((g, doc)) = self.docs.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if let Some((g, doc)) = self.docs.locked().get(&key) {
             if *g == generation {
                 return Some(doc.clone());
             }
         }
         let doc = std::sync::Arc::new(document(registry, group, version)?.to_string());
-        self.docs.lock().unwrap_or_else(|e| e.into_inner()).insert(key, (generation, doc.clone()));
+        self.docs.locked().insert(key, (generation, doc.clone()));
         Some(doc)
     }
 }
@@ -257,7 +258,7 @@ fn none_match(headers: &HeaderMap, etag: &str) -> bool {
 
 impl DocumentCache {
     fn swagger_body(&self, generation: u64, form: SwaggerForm) -> Option<Arc<Vec<u8>>> {
-        let bodies = self.swagger.lock().unwrap_or_else(|e| e.into_inner());
+        let bodies = self.swagger.locked();
         if bodies.generation != generation {
             return None;
         }
@@ -268,7 +269,7 @@ impl DocumentCache {
     }
 
     fn keep_swagger_body(&self, generation: u64, form: SwaggerForm, body: &Arc<Vec<u8>>) {
-        let mut bodies = self.swagger.lock().unwrap_or_else(|e| e.into_inner());
+        let mut bodies = self.swagger.locked();
         if bodies.generation != generation {
             *bodies = SwaggerBodies { generation, ..Default::default() };
         }

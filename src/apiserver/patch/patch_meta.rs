@@ -18,6 +18,21 @@ use std::sync::{Arc, OnceLock};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+/// A quantity that does not parse, at `path` (`.spec.containers[0].resources.limits.cpu`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'", .path.trim_start_matches('.'))]
+pub struct InvalidQuantity {
+    pub path: String,
+}
+
+impl InvalidQuantity {
+    /// The same quantity seen from the field `segment` up.
+    fn under(mut self, segment: &str) -> InvalidQuantity {
+        self.path.insert_str(0, segment);
+        self
+    }
+}
+
 /// The component every `resource.Quantity` refers to.
 const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
 
@@ -277,10 +292,10 @@ impl<'a> SchemaNode<'a> {
 
     /// Rewrites every quantity under `value` in upstream's canonical form
     /// (`0.5` → `500m`, `1024Mi` → `1Gi`), as a Go apiserver's decode and
-    /// encode round trip does; Err(path) names the first quantity that does
+    /// encode round trip does; the error names the first quantity that does
     /// not parse (`.spec.containers[0].resources.limits.cpu`). One walk,
     /// and a path is built only for the error.
-    pub fn canonicalize_quantities(self, value: &mut Value) -> Result<(), String> {
+    pub fn canonicalize_quantities(self, value: &mut Value) -> Result<(), InvalidQuantity> {
         if let (Some(set), Some(component)) = (self.set, self.component) {
             if set.components.quantity_free.contains(component) {
                 return Ok(());
@@ -289,7 +304,7 @@ impl<'a> SchemaNode<'a> {
         match value {
             Value::String(s) if self.is_quantity() => {
                 if !crate::quantity::is_valid(s) {
-                    return Err(String::new());
+                    return Err(InvalidQuantity { path: String::new() });
                 }
                 if let Some(c) = crate::quantity::canonical(s) {
                     *s = c;
@@ -297,12 +312,12 @@ impl<'a> SchemaNode<'a> {
             }
             Value::Object(m) if self.schema.is_some() => {
                 for (k, v) in m.iter_mut() {
-                    self.field(k).canonicalize_quantities(v).map_err(|rest| format!(".{k}{rest}"))?;
+                    self.field(k).canonicalize_quantities(v).map_err(|e| e.under(&format!(".{k}")))?;
                 }
             }
             Value::Array(items) if self.schema.is_some() => {
                 for (i, v) in items.iter_mut().enumerate() {
-                    self.items().canonicalize_quantities(v).map_err(|rest| format!("[{i}]{rest}"))?;
+                    self.items().canonicalize_quantities(v).map_err(|e| e.under(&format!("[{i}]")))?;
                 }
             }
             _ => {}
@@ -441,7 +456,7 @@ mod tests {
         let mut pod = json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "lots"}}}]}});
         assert_eq!(
             SchemaNode::root(&set).canonicalize_quantities(&mut pod),
-            Err(".spec.containers[0].resources.limits.cpu".to_string())
+            Err(InvalidQuantity { path: ".spec.containers[0].resources.limits.cpu".to_string() })
         );
         let mut pod = json!({"spec": {"containers": [{"name": "0.5", "resources": {"limits": {"cpu": "0.5", "memory": "1024Mi"}}}]}});
         assert_eq!(SchemaNode::root(&set).canonicalize_quantities(&mut pod), Ok(()));
@@ -519,7 +534,7 @@ mod tests {
         let mut bad = json!({"status": {"containerStatuses": [{"name": "c", "allocatedResources": {"cpu": "x"}}]}});
         assert_eq!(
             SchemaNode::root(&set).canonicalize_quantities(&mut bad),
-            Err(".status.containerStatuses[0].allocatedResources.cpu".to_string())
+            Err(InvalidQuantity { path: ".status.containerStatuses[0].allocatedResources.cpu".to_string() })
         );
     }
 

@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 
+use crate::apiserver::status::ApiError;
 use crate::apiserver::storage::{ReadAt, Storage};
 
 /// Which port of the Service: by number, by name, or its only one.
@@ -26,7 +27,7 @@ impl ServicePort {
 }
 
 /// Why a Service has no endpoint to call.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Unresolved {
     #[error("services \"{0}\" not found")]
     ServiceNotFound(String),
@@ -39,26 +40,16 @@ pub enum Unresolved {
     #[error("no endpoints available for service \"{name}\"")]
     NoAddress { name: String, port_name: String },
     #[error("{0}")]
-    Store(String),
+    Store(#[source] ApiError),
 }
 
-/// `ip:port` of a ready endpoint of Service `namespace/name`.
-pub async fn resolve(storage: &Storage, namespace: &str, name: &str, port: &ServicePort) -> Result<String, String> {
-    resolve_endpoint(storage, namespace, name, port).await.map_err(|e| e.to_string())
-}
-
-/// `resolve`, telling why it failed.
-pub async fn resolve_endpoint(
-    storage: &Storage,
-    namespace: &str,
-    name: &str,
-    port: &ServicePort,
-) -> Result<String, Unresolved> {
-    let store = |e: crate::apiserver::status::ApiError| Unresolved::Store(e.to_string());
+/// `ip:port` of a ready endpoint of Service `namespace/name`, or why there
+/// is none.
+pub async fn resolve(storage: &Storage, namespace: &str, name: &str, port: &ServicePort) -> Result<String, Unresolved> {
     let service = storage
         .get(&format!("/registry/services/{namespace}/{name}"))
         .await
-        .map_err(store)?
+        .map_err(Unresolved::Store)?
         .ok_or_else(|| Unresolved::ServiceNotFound(name.to_string()))?;
     let ports: Vec<Value> =
         service.object.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default();
@@ -81,7 +72,7 @@ pub async fn resolve_endpoint(
     let slices = storage
         .list(&format!("/registry/discovery.k8s.io/endpointslices/{namespace}/"), None, 0, ReadAt::Latest)
         .await
-        .map_err(store)?;
+        .map_err(Unresolved::Store)?;
     let mut any_slice = false;
     for slice in slices.items {
         if slice.object.pointer("/metadata/labels/kubernetes.io~1service-name").and_then(Value::as_str) != Some(name) {

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use super::resource::Resource;
+use crate::sync::RwLockExt;
 
 /// A group's versions, newest preferred first.
 #[derive(Debug, Clone)]
@@ -60,7 +61,7 @@ impl Registry {
 
     pub fn add(&self, r: Resource) {
         let r = Arc::new(r);
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.write_locked();
         let key = (r.group.clone(), r.version.clone(), r.plural.clone());
         inner.order.retain(|o| {
             (o.group.as_str(), o.version.as_str(), o.plural.as_str())
@@ -75,7 +76,7 @@ impl Registry {
     /// `f` changed, in place (how the API server hands a kind state only it
     /// holds, such as the Service allocator).
     pub fn decorate(&self, group: &str, plural: &str, f: impl Fn(&mut Resource)) {
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.write_locked();
         let mut replaced = Vec::new();
         for slot in inner.order.iter_mut().filter(|r| r.group == group && r.plural == plural) {
             let mut r = Resource::clone(slot);
@@ -90,7 +91,7 @@ impl Registry {
     }
 
     pub fn remove(&self, group: &str, plural: &str) {
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.write_locked();
         inner.remove(group, plural);
         self.changed();
     }
@@ -99,7 +100,7 @@ impl Registry {
     /// one step: a request never finds the resource missing in between (a
     /// CRD's update re-registers its versions).
     pub fn replace(&self, group: &str, plural: &str, resources: Vec<Resource>) {
-        let mut inner = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.write_locked();
         inner.remove(group, plural);
         for r in resources {
             let r = Arc::new(r);
@@ -111,23 +112,23 @@ impl Registry {
     }
 
     pub fn get(&self, group: &str, version: &str, plural: &str) -> Option<Arc<Resource>> {
-        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let inner = self.inner.read_locked();
         inner.by_path.get(&(group.to_string(), version.to_string(), plural.to_string())).cloned()
     }
 
     /// The resources of one group/version, in the order they were added.
     pub fn in_version(&self, group: &str, version: &str) -> Vec<Arc<Resource>> {
-        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let inner = self.inner.read_locked();
         inner.order.iter().filter(|r| r.group == group && r.version == version).cloned().collect()
     }
 
     pub fn all(&self) -> Vec<Arc<Resource>> {
-        self.inner.read().unwrap_or_else(|e| e.into_inner()).order.clone()
+        self.inner.read_locked().order.clone()
     }
 
     /// The non-core groups, with their versions (preferred first).
     pub fn groups(&self) -> Vec<GroupInfo> {
-        let inner = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let inner = self.inner.read_locked();
         let mut groups: Vec<GroupInfo> = Vec::new();
         for r in &inner.order {
             if r.group.is_empty() {

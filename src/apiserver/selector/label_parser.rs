@@ -12,7 +12,29 @@
 
 use std::collections::BTreeSet;
 
+use crate::apiserver::status::{summary, Cause};
 use crate::apiserver::validation::{label_value, qualified_name, quote};
+
+/// What is wrong with a label selector, in upstream's words.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SelectorError {
+    /// A token the grammar does not allow here, and what it expects.
+    #[error("found '{found}', expected: {expected}")]
+    Unexpected { found: String, expected: &'static str },
+    /// No `(` after `in` or `notin` (upstream words this one without a comma).
+    #[error("found '{0}' expected: '('")]
+    NoOpenParenthesis(String),
+    /// A requirement that does not parse.
+    #[error("unable to parse requirement: {0}")]
+    Requirement(#[source] Box<SelectorError>),
+    /// A key or values that are not valid, as field errors.
+    #[error("{}", summary(.0))]
+    Invalid(Vec<Cause>),
+}
+
+fn unexpected(found: &str, expected: &'static str) -> SelectorError {
+    SelectorError::Unexpected { found: found.to_string(), expected }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Token {
@@ -138,43 +160,44 @@ impl<'a> Parser<'a> {
         item
     }
 
-    fn parse(&mut self) -> Result<Vec<ParsedRequirement>, String> {
+    fn parse(&mut self) -> Result<Vec<ParsedRequirement>, SelectorError> {
         let mut out = Vec::new();
         loop {
             let (tok, lit) = self.lookahead(true);
             match tok {
                 Token::Identifier | Token::DoesNotExist => {
-                    out.push(self.requirement().map_err(|e| format!("unable to parse requirement: {e}"))?);
+                    out.push(self.requirement().map_err(|e| SelectorError::Requirement(Box::new(e)))?);
                     let (t, l) = self.consume(true);
                     match t {
                         Token::End => return Ok(out),
                         Token::Comma => {
                             let (t2, l2) = self.lookahead(true);
                             if t2 != Token::Identifier && t2 != Token::DoesNotExist {
-                                return Err(format!("found '{l2}', expected: identifier after ','"));
+                                return Err(unexpected(l2, "identifier after ','"));
                             }
                         }
-                        _ => return Err(format!("found '{l}', expected: ',' or 'end of string'")),
+                        _ => return Err(unexpected(l, "',' or 'end of string'")),
                     }
                 }
                 Token::End => return Ok(out),
-                _ => return Err(format!("found '{lit}', expected: !, identifier, or 'end of string'")),
+                _ => return Err(unexpected(lit, "!, identifier, or 'end of string'")),
             }
         }
     }
 
-    fn requirement(&mut self) -> Result<ParsedRequirement, String> {
+    fn requirement(&mut self) -> Result<ParsedRequirement, SelectorError> {
         let (mut tok, mut key) = self.consume(true);
         let negated = tok == Token::DoesNotExist;
         if negated {
             (tok, key) = self.consume(true);
         }
         if tok != Token::Identifier {
-            return Err(format!("found '{key}', expected: identifier"));
+            return Err(unexpected(key, "identifier"));
         }
         let problems = qualified_name(key);
         if !problems.is_empty() {
-            return Err(format!("<nil>: Invalid value: {}: {}", quote(key), problems.join("; ")));
+            let message = format!("Invalid value: {}: {}", quote(key), problems.join("; "));
+            return Err(SelectorError::Invalid(vec![Cause::invalid("<nil>", message)]));
         }
         let (next, _) = self.lookahead(true);
         if negated || next == Token::End || next == Token::Comma {
@@ -190,7 +213,7 @@ impl<'a> Parser<'a> {
             Token::LessThan => Operator::LessThan,
             Token::NotIn => Operator::NotIn,
             Token::NotEquals => Operator::NotEquals,
-            _ => return Err(format!("found '{lit}', expected: in, notin, =, ==, !=, gt, lt")),
+            _ => return Err(unexpected(lit, "in, notin, =, ==, !=, gt, lt")),
         };
         let values = match op {
             Operator::In | Operator::NotIn => self.set_values()?,
@@ -202,17 +225,17 @@ impl<'a> Parser<'a> {
     }
 
     /// `( v1, v2, … )`; `()` is the one empty value.
-    fn set_values(&mut self) -> Result<BTreeSet<String>, String> {
+    fn set_values(&mut self) -> Result<BTreeSet<String>, SelectorError> {
         let (tok, lit) = self.consume(true);
         if tok != Token::OpenPar {
-            return Err(format!("found '{lit}' expected: '('"));
+            return Err(SelectorError::NoOpenParenthesis(lit.to_string()));
         }
         let (tok, lit) = self.lookahead(true);
         match tok {
             Token::Identifier | Token::Comma => {
                 let set = self.identifiers()?;
                 if self.consume(true).0 != Token::ClosedPar {
-                    return Err(format!("found '{lit}', expected: ')'"));
+                    return Err(unexpected(lit, "')'"));
                 }
                 Ok(set)
             }
@@ -220,12 +243,12 @@ impl<'a> Parser<'a> {
                 self.consume(true);
                 Ok(BTreeSet::from([String::new()]))
             }
-            _ => Err(format!("found '{lit}', expected: ',', ')' or identifier")),
+            _ => Err(unexpected(lit, "',', ')' or identifier")),
         }
     }
 
     /// A comma-separated list of (possibly empty) values, up to the `)`.
-    fn identifiers(&mut self) -> Result<BTreeSet<String>, String> {
+    fn identifiers(&mut self) -> Result<BTreeSet<String>, SelectorError> {
         let mut set = BTreeSet::new();
         loop {
             let (tok, lit) = self.consume(true);
@@ -236,7 +259,7 @@ impl<'a> Parser<'a> {
                     match t2 {
                         Token::Comma => continue,
                         Token::ClosedPar => return Ok(set),
-                        _ => return Err(format!("found '{l2}', expected: ',' or ')'")),
+                        _ => return Err(unexpected(l2, "',' or ')'")),
                     }
                 }
                 Token::Comma => {
@@ -255,34 +278,34 @@ impl<'a> Parser<'a> {
                         _ => {}
                     }
                 }
-                _ => return Err(format!("found '{lit}', expected: ',', or identifier")),
+                _ => return Err(unexpected(lit, "',', or identifier")),
             }
         }
     }
 
     /// The one value after `=`, `==`, `!=`, `>` or `<` (empty at a `,` or the end).
-    fn exact_value(&mut self) -> Result<BTreeSet<String>, String> {
+    fn exact_value(&mut self) -> Result<BTreeSet<String>, SelectorError> {
         let (tok, _) = self.lookahead(true);
         if tok == Token::End || tok == Token::Comma {
             return Ok(BTreeSet::from([String::new()]));
         }
         match self.consume(true) {
             (Token::Identifier, lit) => Ok(BTreeSet::from([lit.to_string()])),
-            (_, lit) => Err(format!("found '{lit}', expected: identifier")),
+            (_, lit) => Err(unexpected(lit, "identifier")),
         }
     }
 }
 
 /// Upstream's NewRequirement checks of the values; several problems are
 /// listed in brackets, as an aggregate error prints them.
-fn check_values(key: &str, op: Operator, values: &[String]) -> Result<(), String> {
-    let mut errs: Vec<String> = Vec::new();
+fn check_values(key: &str, op: Operator, values: &[String]) -> Result<(), SelectorError> {
+    let mut errs: Vec<Cause> = Vec::new();
     if matches!(op, Operator::GreaterThan | Operator::LessThan) {
         for (i, v) in values.iter().enumerate() {
             if v.parse::<i64>().is_err() {
-                errs.push(format!(
-                    "values[{i}]: Invalid value: {}: for 'Gt', 'Lt' operators, the value must be an integer",
-                    quote(v)
+                errs.push(Cause::invalid(
+                    format!("values[{i}]"),
+                    format!("Invalid value: {}: for 'Gt', 'Lt' operators, the value must be an integer", quote(v)),
                 ));
             }
         }
@@ -290,20 +313,22 @@ fn check_values(key: &str, op: Operator, values: &[String]) -> Result<(), String
     for (i, v) in values.iter().enumerate() {
         let problems = label_value(v);
         if !problems.is_empty() {
-            errs.push(format!("values[{i}][{key}]: Invalid value: {}: {}", quote(v), problems.join("; ")));
+            errs.push(Cause::invalid(
+                format!("values[{i}][{key}]"),
+                format!("Invalid value: {}: {}", quote(v), problems.join("; ")),
+            ));
         }
     }
-    errs.dedup();
-    match errs.len() {
-        0 => Ok(()),
-        1 => Err(errs.remove(0)),
-        _ => Err(format!("[{}]", errs.join(", "))),
+    errs.dedup_by(|a, b| a.field == b.field && a.message == b.message);
+    match errs.is_empty() {
+        true => Ok(()),
+        false => Err(SelectorError::Invalid(errs)),
     }
 }
 
 /// Parses a label selector string, or says what is wrong with it in
 /// upstream's words.
-pub fn parse(selector: &str) -> Result<Vec<ParsedRequirement>, String> {
+pub fn parse(selector: &str) -> Result<Vec<ParsedRequirement>, SelectorError> {
     let mut requirements = Parser { items: lex(selector), pos: 0 }.parse()?;
     requirements.sort_by(|a, b| a.key.cmp(&b.key));
     Ok(requirements)
@@ -337,7 +362,7 @@ mod tests {
 
     #[test]
     fn errors_in_upstreams_words() {
-        let e = |s: &str| parse(s).unwrap_err();
+        let e = |s: &str| parse(s).unwrap_err().to_string();
         assert_eq!(e("a in (b"), "unable to parse requirement: found '', expected: ',' or ')'");
         assert_eq!(e("a in b"), "unable to parse requirement: found 'b' expected: '('");
         assert_eq!(e("a=b=c"), "found '=', expected: ',' or 'end of string'");

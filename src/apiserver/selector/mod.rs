@@ -41,7 +41,7 @@ impl LabelSelector {
     /// Parses a `labelSelector` parameter; a bad one is upstream's 400
     /// with the parser's words.
     pub fn parse(s: &str) -> Result<Self, ApiError> {
-        let parsed = label_parser::parse(s).map_err(ApiError::bad_request)?;
+        let parsed = label_parser::parse(s).map_err(|e| ApiError::bad_request(e.to_string()))?;
         let reqs = parsed
             .into_iter()
             .map(|r| {

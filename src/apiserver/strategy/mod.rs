@@ -13,8 +13,30 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::apiserver::patch::patch_meta::InvalidQuantity;
 use crate::apiserver::status::{ApiResult, Cause};
 use crate::apiserver::table::Column;
+
+/// Why an object does not decode as its kind; the API server answers it as
+/// a BadRequest that quotes this text.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("the object must be a JSON object")]
+    NotAnObject,
+    #[error("metadata: expected an object")]
+    MetadataNotAnObject,
+    /// The object as a whole does not decode (serde's own words).
+    #[error("{0}")]
+    Invalid(String),
+    /// A field does not decode: its path (`spec.containers[0].ports`) and why.
+    #[error("{path}: {message}")]
+    InvalidField { path: String, message: String },
+    /// The decoded object does not encode back.
+    #[error("{0}")]
+    Encode(#[source] serde_json::Error),
+    #[error(transparent)]
+    Quantity(#[from] InvalidQuantity),
+}
 
 /// How names of a resource are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,10 +53,10 @@ pub trait Strategy: Send + Sync {
     /// Decodes `obj` as the resource's type and encodes it back: the result
     /// is the object with unknown fields dropped; those fields are listed
     /// (as `.spec.foo` paths) in the second element.
-    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String>;
+    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), DecodeError>;
 
     /// `decode` of an update's new object, `old` being the stored one.
-    fn decode_update(&self, new: Value, _old: &Value) -> Result<(Value, Vec<String>), String> {
+    fn decode_update(&self, new: Value, _old: &Value) -> Result<(Value, Vec<String>), DecodeError> {
         self.decode(&new)
     }
 
@@ -297,7 +319,7 @@ where
         Some(K::schema_name().into_owned())
     }
 
-    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), String> {
+    fn decode(&self, obj: &Value) -> Result<(Value, Vec<String>), DecodeError> {
         let (mut back, unknown) = match round_trip::<K>(obj, "") {
             Ok(decoded) => decoded,
             // Base64 with line breaks, which Go's decoder accepts: taken
@@ -319,12 +341,7 @@ where
         // parse, and stores the others in canonical form.
         if let Some(set) = self.patch_schema() {
             let root = crate::apiserver::patch::patch_meta::SchemaNode::root(&set);
-            if let Err(path) = root.canonicalize_quantities(&mut back) {
-                return Err(format!(
-                    "{}: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
-                    path.trim_start_matches('.')
-                ));
-            }
+            root.canonicalize_quantities(&mut back)?;
         }
         Ok((back, unknown))
     }
@@ -334,7 +351,7 @@ where
     /// write) has only its metadata decoded again: the rest was decoded
     /// when it was stored, and a typed decode treats each top-level field
     /// on its own. Every kind's metadata is an ObjectMeta.
-    fn decode_update(&self, new: Value, old: &Value) -> Result<(Value, Vec<String>), String> {
+    fn decode_update(&self, new: Value, old: &Value) -> Result<(Value, Vec<String>), DecodeError> {
         if only_metadata_differs(&new, old) {
             return decode_metadata(new, old);
         }
@@ -405,9 +422,9 @@ fn only_metadata_differs(new: &Value, old: &Value) -> bool {
 /// `new` with its metadata decoded as an ObjectMeta and encoded back, as
 /// the whole object's decode would; managedFields equal to the stored
 /// ones (a patch that leaves them alone) are kept as they are.
-fn decode_metadata(mut new: Value, old: &Value) -> Result<(Value, Vec<String>), String> {
+fn decode_metadata(mut new: Value, old: &Value) -> Result<(Value, Vec<String>), DecodeError> {
     let Some(meta) = new.get_mut("metadata").and_then(Value::as_object_mut) else {
-        return Err("metadata: expected an object".into());
+        return Err(DecodeError::MetadataNotAnObject);
     };
     let same_managed_fields = meta.get("managedFields") == old.pointer("/metadata/managedFields");
     let managed_fields = if same_managed_fields { meta.remove("managedFields") } else { None };
@@ -426,15 +443,15 @@ fn decode_metadata(mut new: Value, old: &Value) -> Result<(Value, Vec<String>), 
 ///
 /// It decodes through `crate::decode`, the binary's one decoder of each
 /// type (see there why).
-fn round_trip<T: DeserializeOwned + Serialize>(input: &Value, at: &str) -> Result<(Value, Vec<String>), String> {
+fn round_trip<T: DeserializeOwned + Serialize>(input: &Value, at: &str) -> Result<(Value, Vec<String>), DecodeError> {
     let typed: T = crate::decode::from_value(input).map_err(|e| {
         let path = [at, e.path.as_str()].into_iter().filter(|p| !p.is_empty()).collect::<Vec<_>>();
         match path.is_empty() {
-            true => e.message,
-            false => format!("{}: {}", path.join("."), e.message),
+            true => DecodeError::Invalid(e.message),
+            false => DecodeError::InvalidField { path: path.join("."), message: e.message },
         }
     })?;
-    let back = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+    let back = serde_json::to_value(&typed).map_err(DecodeError::Encode)?;
     let mut unknown = Vec::new();
     let mut prefix = if at.is_empty() { String::new() } else { format!(".{at}") };
     unknown_fields(input, &back, &mut prefix, &mut unknown);
@@ -523,7 +540,7 @@ mod tests {
         assert_eq!(back["data"]["k"], "v");
         let bad = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "data": {"k": 5}});
         let err = s.decode(&bad).unwrap_err();
-        assert!(err.starts_with("data.k:"), "{err}");
+        assert!(err.to_string().starts_with("data.k:"), "{err}");
         let pods = Typed::<k8s_openapi::api::core::v1::Pod>::new(Hooks::default());
         let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
             "spec": {"containers": [{"name": "a"}, {"name": "b", "bogus": 1, "ports": [{"containerPort": 80, "x": 2}]}]}});
@@ -557,7 +574,8 @@ mod tests {
         assert!(only_metadata_differs(&with(labelled.clone(), spec.clone()), &old));
         assert!(!only_metadata_differs(&with(labelled.clone(), other_spec.clone()), &old));
         for new in [with(labelled.clone(), spec.clone()), with(bad, spec.clone()), with(labelled, other_spec)] {
-            assert_eq!(pods.decode_update(new.clone(), &old), pods.decode(&new), "{new}");
+            let said = |decoded: Result<_, DecodeError>| decoded.map_err(|e| e.to_string());
+            assert_eq!(said(pods.decode_update(new.clone(), &old)), said(pods.decode(&new)), "{new}");
         }
         let (_, unknown) = pods.decode_update(with(old["metadata"].clone(), old["spec"].clone()), &old).unwrap();
         assert!(unknown.is_empty(), "{unknown:?}");

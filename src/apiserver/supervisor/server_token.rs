@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::pki::shared_pki::{storage_key, token_secret, BootstrapData, BootstrapError};
 use crate::store::{kv, Store};
+use crate::sync::RwLockExt;
 
 /// The body of `PUT /v1-ferrok/token`, and of its answer (the whole new token).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,12 +67,12 @@ impl ServerToken {
     }
 
     pub fn current(&self) -> String {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current.read_locked().clone()
     }
 
     /// Whether a bearer token is the join token, whole or its secret.
     pub fn matches(&self, bearer: &str) -> bool {
-        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        let current = self.current.read_locked();
         let secret = token_secret(&current);
         !secret.is_empty() && (bearer == current.as_str() || bearer == secret)
     }
@@ -118,7 +119,7 @@ impl ServerToken {
         }
         crate::pki::write(&self.file, &format!("{new}\n"), 0o600)
             .map_err(|e| RotateError::Write { path: self.file.display().to_string(), message: e.to_string() })?;
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = new.clone();
+        *self.current.write_locked() = new.clone();
         tracing::info!(file = %self.file.display(), "the server token was rotated");
         Ok(new)
     }

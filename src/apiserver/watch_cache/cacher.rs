@@ -186,11 +186,11 @@ impl Cacher {
     }
 
     pub(super) fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|e| e.into_inner())
+        self.state.read_locked()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|e| e.into_inner())
+        self.state.write_locked()
     }
 
     /// Lists and watches for as long as the server runs; when the store
@@ -216,9 +216,7 @@ impl Cacher {
         let mut st = self.write();
         st.watchers.end_all();
         self.rev.send_replace(0);
-        if let Ok(mut asks) = self.asks.lock() {
-            *asks = None;
-        }
+        *self.asks.locked() = None;
     }
 
     async fn list_and_watch(&self) -> ApiResult<()> {
@@ -243,9 +241,7 @@ impl Cacher {
             st.window = Window::new(self.window_size, rev);
             st.watchers.end_all();
         }
-        if let Ok(mut slot) = self.asks.lock() {
-            *slot = Some(ask);
-        }
+        *self.asks.locked() = Some(ask);
         self.rev.send_replace(rev.max(1));
         tracing::debug!(prefix = %self.shape.prefix, revision = rev, "watch cache: listed");
         let mut changes = std::pin::pin!(changes);
@@ -279,10 +275,8 @@ impl Cacher {
 
     /// Asks the store watch to confirm how far it is (a progress notify).
     pub(super) fn ask_progress(&self) {
-        if let Ok(asks) = self.asks.lock() {
-            if let Some(ask) = asks.as_ref() {
-                let _ = ask.try_send(());
-            }
+        if let Some(ask) = self.asks.locked().as_ref() {
+            let _ = ask.try_send(());
         }
     }
 
@@ -479,3 +473,5 @@ impl Cacher {
 pub fn too_old(rev: i64, t: TooOld) -> ApiError {
     ApiError::gone(format!("too old resource version: {rev} ({})", t.oldest))
 }
+use crate::sync::LockExt;
+use crate::sync::RwLockExt;

@@ -18,6 +18,7 @@ use axum::body::Bytes;
 
 use super::object::Omit;
 use super::snapshot::Snapshot;
+use crate::sync::LockExt;
 
 /// How many bytes a write carries (the TLS layer's own buffer is 64 KiB).
 pub const WRITE_BYTES: usize = 64 << 10;
@@ -76,7 +77,7 @@ impl ListWrites {
     /// for other lists is made in pages of its own (`Pages`).
     pub fn write(self: &Arc<Self>, k: usize) -> Bytes {
         let Some(slot) = self.writes.get(k) else { return Bytes::new() };
-        let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = slot.locked();
         let alone = Arc::strong_count(self) == 1;
         if let Some(made) = if alone { slot.take() } else { slot.clone() } {
             return made;

@@ -29,6 +29,7 @@ use crate::apiserver::resource::Resource;
 use crate::apiserver::selector::selectable_fields;
 use crate::apiserver::status::ApiResult;
 use crate::apiserver::storage::{Storage, Stored};
+use crate::sync::LockExt;
 pub use cacher::{Cacher, Shape};
 
 /// Events a watch can resume from, per resource, unless told otherwise
@@ -60,7 +61,7 @@ impl WatchCache {
             return None;
         }
         let prefix = r.key_prefix();
-        let mut cachers = self.cachers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cachers = self.cachers.locked();
         if let Some(c) = cachers.get(&prefix) {
             return Some(c.clone());
         }

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use super::list_writes::ListWrites;
 use super::object::{CachedObject, EventType, Omit};
+use crate::sync::LockExt;
 
 /// Changes a snapshot follows without a list asking for it before it is
 /// let go: about what making it again costs (a share of every object).
@@ -47,7 +48,7 @@ impl Snapshot {
     /// The writes of the objects `run` with `omit`: the ones a list in
     /// flight shares, or new ones that the lists after it share.
     pub fn list_writes(self: &Arc<Self>, run: Range<usize>, omit: Omit) -> Arc<ListWrites> {
-        let mut shared = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut shared = self.writes.locked();
         if let Some(w) = shared.iter().filter_map(Weak::upgrade).find(|w| w.is(&run, omit)) {
             return w;
         }
@@ -68,7 +69,7 @@ impl Snapshot {
     /// One change, as the cache's objects took it (no list holds the
     /// snapshot, so none holds writes of it either).
     fn apply(&mut self, kind: EventType, object: &Arc<CachedObject>) {
-        self.writes.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.writes.locked_mut().clear();
         let objects = &mut self.objects;
         match (objects.binary_search_by(|o| o.key.as_str().cmp(&object.key)), kind) {
             (Ok(i), EventType::Deleted) => {
@@ -105,7 +106,7 @@ impl SnapshotSlot {
         prefix: &str,
         from: &str,
     ) -> (Arc<Snapshot>, Range<usize>) {
-        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.0.locked();
         if slot.snapshot.is_none() {
             // Counted first, so a list of most objects takes no share of
             // the half it would then drop.
@@ -130,7 +131,7 @@ impl SnapshotSlot {
     /// Follows one change: applied in place while no list holds the
     /// snapshot and lists still ask for it, else let go.
     pub fn follow(&mut self, kind: EventType, object: &Arc<CachedObject>) {
-        let slot = self.0.get_mut().unwrap_or_else(|e| e.into_inner());
+        let slot = self.0.locked_mut();
         slot.unlisted += 1;
         let wanted = slot.unlisted <= UNLISTED_CHANGES;
         match slot.snapshot.as_mut().map(Arc::get_mut) {
@@ -142,12 +143,12 @@ impl SnapshotSlot {
 
     /// Forgets the snapshot (the cache lists anew).
     pub fn clear(&mut self) {
-        self.0.get_mut().unwrap_or_else(|e| e.into_inner()).snapshot = None;
+        self.0.locked_mut().snapshot = None;
     }
 
     #[cfg(test)]
     fn held(&mut self) -> bool {
-        self.0.get_mut().unwrap_or_else(|e| e.into_inner()).snapshot.is_some()
+        self.0.locked_mut().snapshot.is_some()
     }
 }
 

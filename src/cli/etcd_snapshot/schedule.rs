@@ -14,7 +14,7 @@ use k8s_openapi::jiff::tz::TimeZone;
 use k8s_openapi::jiff::Timestamp;
 
 use super::Datastore;
-use crate::controllers::cron_schedule::Schedule;
+use crate::controllers::cron_schedule::{Schedule, ScheduleError};
 
 #[derive(Debug, Args)]
 pub struct SnapshotServerArgs {
@@ -42,8 +42,8 @@ pub struct SnapshotServerArgs {
     pub cluster_reset_restore_path: Option<PathBuf>,
 }
 
-fn parse_cron(s: &str) -> Result<Schedule, String> {
-    Schedule::parse(s).map_err(|e| e.to_string())
+fn parse_cron(s: &str) -> Result<Schedule, ScheduleError> {
+    Schedule::parse(s)
 }
 
 impl SnapshotServerArgs {

@@ -63,16 +63,38 @@ fn same_set(usages: &BTreeSet<&str>, wanted: &[&str]) -> bool {
     usages.len() == wanted.len() && wanted.iter().all(|u| usages.contains(u))
 }
 
-fn organization_is_system_nodes(req: &CertificateRequest) -> Result<(), String> {
+/// Why a signer refuses a request, in upstream's words (the Failed
+/// condition's message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("subject organization is not system:nodes")]
+    OrganizationNotNodes,
+    #[error("subject common name does not begin with system:node:")]
+    CommonNameNotNode,
+    /// `DNS`, `Email`, `IP` or `URI` names, which the signer does not allow.
+    #[error("{0} subjectAltNames are not allowed")]
+    SubjectAltNames(&'static str),
+    #[error("DNS or IP subjectAltName is required")]
+    NoSubjectAltName,
+    /// The usages are not the signer's set (named as upstream lists it).
+    #[error("usages did not match {0}")]
+    Usages(&'static str),
+    #[error("invalid usage for client certificate: {0}")]
+    InvalidUsage(String),
+    #[error("missing required usage for client certificate: client auth")]
+    NoClientAuth,
+}
+
+fn organization_is_system_nodes(req: &CertificateRequest) -> Result<(), Refused> {
     if req.organizations != ["system:nodes"] {
-        return Err("subject organization is not system:nodes".into());
+        return Err(Refused::OrganizationNotNodes);
     }
     Ok(())
 }
 
-fn common_name_is_a_node(req: &CertificateRequest) -> Result<(), String> {
+fn common_name_is_a_node(req: &CertificateRequest) -> Result<(), Refused> {
     if !req.common_name.starts_with("system:node:") {
-        return Err("subject common name does not begin with system:node:".into());
+        return Err(Refused::CommonNameNotNode);
     }
     Ok(())
 }
@@ -80,26 +102,26 @@ fn common_name_is_a_node(req: &CertificateRequest) -> Result<(), String> {
 /// A kubelet's client certificate: `system:node:<name>` in exactly
 /// `system:nodes`, no names, for client auth and digital signature (and key
 /// encipherment, which RSA keys use).
-pub fn validate_kubelet_client(req: &CertificateRequest, usages: &[String]) -> Result<(), String> {
+pub fn validate_kubelet_client(req: &CertificateRequest, usages: &[String]) -> Result<(), Refused> {
     organization_is_system_nodes(req)?;
     if !req.dns_names.is_empty() {
-        return Err("DNS subjectAltNames are not allowed".into());
+        return Err(Refused::SubjectAltNames("DNS"));
     }
     if !req.email_addresses.is_empty() {
-        return Err("Email subjectAltNames are not allowed".into());
+        return Err(Refused::SubjectAltNames("Email"));
     }
     if !req.ip_addresses.is_empty() {
-        return Err("IP subjectAltNames are not allowed".into());
+        return Err(Refused::SubjectAltNames("IP"));
     }
     if !req.uris.is_empty() {
-        return Err("URI subjectAltNames are not allowed".into());
+        return Err(Refused::SubjectAltNames("URI"));
     }
     common_name_is_a_node(req)?;
     let set = usage_set(usages);
     if !same_set(&set, &["digital signature", "key encipherment", "client auth"])
         && !same_set(&set, &["digital signature", "client auth"])
     {
-        return Err("usages did not match [client auth digital signature key encipherment]".into());
+        return Err(Refused::Usages("[client auth digital signature key encipherment]"));
     }
     Ok(())
 }
@@ -107,39 +129,39 @@ pub fn validate_kubelet_client(req: &CertificateRequest, usages: &[String]) -> R
 /// A kubelet's serving certificate: `system:node:<name>` in exactly
 /// `system:nodes`, at least one DNS name or IP address and no other names,
 /// for server auth and digital signature (and key encipherment).
-pub fn validate_kubelet_serving(req: &CertificateRequest, usages: &[String]) -> Result<(), String> {
+pub fn validate_kubelet_serving(req: &CertificateRequest, usages: &[String]) -> Result<(), Refused> {
     organization_is_system_nodes(req)?;
     if req.dns_names.is_empty() && req.ip_addresses.is_empty() {
-        return Err("DNS or IP subjectAltName is required".into());
+        return Err(Refused::NoSubjectAltName);
     }
     if !req.email_addresses.is_empty() {
-        return Err("Email subjectAltNames are not allowed".into());
+        return Err(Refused::SubjectAltNames("Email"));
     }
     if !req.uris.is_empty() {
-        return Err("URI subjectAltNames are not allowed".into());
+        return Err(Refused::SubjectAltNames("URI"));
     }
     let set = usage_set(usages);
     if !same_set(&set, &["digital signature", "key encipherment", "server auth"])
         && !same_set(&set, &["digital signature", "server auth"])
     {
-        return Err("usages did not match [digital signature key encipherment server auth]".into());
+        return Err(Refused::Usages("[digital signature key encipherment server auth]"));
     }
     common_name_is_a_node(req)
 }
 
 /// A client certificate for the API server: client auth, optionally
 /// digital signature and key encipherment, nothing else.
-pub fn validate_kube_apiserver_client(usages: &[String]) -> Result<(), String> {
+pub fn validate_kube_apiserver_client(usages: &[String]) -> Result<(), Refused> {
     let mut client_auth = false;
     for u in usages {
         match u.as_str() {
             "digital signature" | "key encipherment" => {}
             "client auth" => client_auth = true,
-            other => return Err(format!("invalid usage for client certificate: {other}")),
+            other => return Err(Refused::InvalidUsage(other.to_string())),
         }
     }
     if !client_auth {
-        return Err("missing required usage for client certificate: client auth".into());
+        return Err(Refused::NoClientAuth);
     }
     Ok(())
 }
@@ -176,19 +198,19 @@ mod tests {
             validate_kubelet_client(&good, &usages(&["client auth", "key encipherment", "digital signature"])).is_ok()
         );
         assert_eq!(
-            validate_kubelet_client(&good, &usages(&["client auth"])),
+            validate_kubelet_client(&good, &usages(&["client auth"])).map_err(|e| e.to_string()),
             Err("usages did not match [client auth digital signature key encipherment]".into())
         );
         let named = req("system:node:a", &["system:nodes"], &["a.example"]);
         assert_eq!(
-            validate_kubelet_client(&named, &usages(&["digital signature", "client auth"])),
+            validate_kubelet_client(&named, &usages(&["digital signature", "client auth"])).map_err(|e| e.to_string()),
             Err("DNS subjectAltNames are not allowed".into())
         );
         let alice = req("alice", &["system:nodes"], &[]);
         assert!(validate_kubelet_client(&alice, &usages(&["digital signature", "client auth"])).is_err());
         let two = req("system:node:a", &["system:nodes", "x"], &[]);
         assert_eq!(
-            validate_kubelet_client(&two, &usages(&["digital signature", "client auth"])),
+            validate_kubelet_client(&two, &usages(&["digital signature", "client auth"])).map_err(|e| e.to_string()),
             Err("subject organization is not system:nodes".into())
         );
     }
@@ -199,7 +221,7 @@ mod tests {
         assert!(validate_kubelet_serving(&named, &usages(&["digital signature", "server auth"])).is_ok());
         let bare = req("system:node:a", &["system:nodes"], &[]);
         assert_eq!(
-            validate_kubelet_serving(&bare, &usages(&["digital signature", "server auth"])),
+            validate_kubelet_serving(&bare, &usages(&["digital signature", "server auth"])).map_err(|e| e.to_string()),
             Err("DNS or IP subjectAltName is required".into())
         );
         assert!(validate_kubelet_serving(&named, &usages(&["digital signature", "client auth"])).is_err());
@@ -209,11 +231,11 @@ mod tests {
     fn apiserver_client_rules() {
         assert!(validate_kube_apiserver_client(&usages(&["client auth"])).is_ok());
         assert_eq!(
-            validate_kube_apiserver_client(&usages(&["digital signature", "server auth"])),
+            validate_kube_apiserver_client(&usages(&["digital signature", "server auth"])).map_err(|e| e.to_string()),
             Err("invalid usage for client certificate: server auth".into())
         );
         assert_eq!(
-            validate_kube_apiserver_client(&usages(&["digital signature"])),
+            validate_kube_apiserver_client(&usages(&["digital signature"])).map_err(|e| e.to_string()),
             Err("missing required usage for client certificate: client auth".into())
         );
     }

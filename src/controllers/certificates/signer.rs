@@ -64,7 +64,7 @@ pub async fn run(client: kube::Client, csrs: Informer<CertificateSigningRequest>
 
 /// The CA of a signer, and the checks its requests must pass; None for
 /// signers this controller does not sign for.
-type Check = fn(&CertificateRequest, &[String]) -> Result<(), String>;
+type Check = fn(&CertificateRequest, &[String]) -> Result<(), super::Refused>;
 
 fn signer(config: &SigningConfig, name: &str) -> Option<(CaFiles, Check)> {
     Some(match name {
@@ -133,7 +133,7 @@ async fn reconcile(csr: Arc<CertificateSigningRequest>, ctx: Arc<Context>) -> Re
             type_: "Failed".into(),
             status: "True".into(),
             reason: Some("SignerValidationFailure".into()),
-            message: Some(why),
+            message: Some(why.to_string()),
             last_update_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
             ..Default::default()
         });

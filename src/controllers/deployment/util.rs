@@ -42,15 +42,18 @@ pub fn progress_deadline(d: &Deployment) -> Option<i32> {
     d.spec.as_ref().and_then(|s| s.progress_deadline_seconds).filter(|s| *s != i32::MAX)
 }
 
+/// An IntOrString that is neither an int nor a percentage.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid value for IntOrString: invalid value {0:?}")]
+pub struct InvalidIntOrString(pub String);
+
 /// An int or a percentage of `total`, rounded up or down.
-pub fn scaled_value(v: &IntOrString, total: i32, round_up: bool) -> Result<i32, String> {
+pub fn scaled_value(v: &IntOrString, total: i32, round_up: bool) -> Result<i32, InvalidIntOrString> {
     match v {
         IntOrString::Int(i) => Ok(*i),
         IntOrString::String(s) => {
-            let percent: i64 = s
-                .strip_suffix('%')
-                .and_then(|p| p.parse().ok())
-                .ok_or_else(|| format!("invalid value for IntOrString: invalid value {s:?}"))?;
+            let percent: i64 =
+                s.strip_suffix('%').and_then(|p| p.parse().ok()).ok_or_else(|| InvalidIntOrString(s.clone()))?;
             let scaled = percent * i64::from(total);
             let value = if round_up { (scaled + 99).div_euclid(100) } else { scaled.div_euclid(100) };
             Ok(value as i32)

@@ -17,6 +17,7 @@ pub mod record;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -116,7 +117,17 @@ struct Deployer {
     reported: HashMap<String, String>,
 }
 
-type Resolved = HashMap<(String, String, String), Result<(ApiResource, ApiCapabilities), String>>;
+/// Why one object of a file was not applied (an Event quotes it).
+#[derive(Debug, Clone, thiserror::Error)]
+enum ApplyError {
+    #[error("the server does not serve {api_version} {kind}")]
+    NotServed { api_version: String, kind: String, source: Arc<kube::Error> },
+    /// The server refused the apply: its Status message, else the error.
+    #[error("{}", match .0.as_ref() { kube::Error::Api(e) => e.message.clone(), other => other.to_string() })]
+    Refused(#[source] Arc<kube::Error>),
+}
+
+type Resolved = HashMap<(String, String, String), Result<(ApiResource, ApiCapabilities), ApplyError>>;
 
 impl Deployer {
     /// Applies what changed and deletes what went; `Ok(true)` asks for a retry.
@@ -224,15 +235,21 @@ impl Deployer {
         );
     }
 
-    async fn resolve(&self, resolved: &mut Resolved, id: &ObjectId) -> Result<(ApiResource, ApiCapabilities), String> {
+    async fn resolve(
+        &self,
+        resolved: &mut Resolved,
+        id: &ObjectId,
+    ) -> Result<(ApiResource, ApiCapabilities), ApplyError> {
         let key = (id.group().to_string(), id.version().to_string(), id.kind.clone());
         if let Some(r) = resolved.get(&key) {
             return r.clone();
         }
         let gvk = GroupVersionKind::gvk(id.group(), id.version(), &id.kind);
-        let r = kube::discovery::pinned_kind(&self.client, &gvk)
-            .await
-            .map_err(|_| format!("the server does not serve {} {}", id.api_version, id.kind));
+        let r = kube::discovery::pinned_kind(&self.client, &gvk).await.map_err(|e| ApplyError::NotServed {
+            api_version: id.api_version.clone(),
+            kind: id.kind.clone(),
+            source: Arc::new(e),
+        });
         resolved.insert(key, r.clone());
         r
     }
@@ -245,7 +262,7 @@ impl Deployer {
     }
 
     /// Server-side apply of one object, forced (the file wins).
-    async fn apply(&self, resolved: &mut Resolved, mut obj: Value) -> Result<ObjectId, (ObjectId, String)> {
+    async fn apply(&self, resolved: &mut Resolved, mut obj: Value) -> Result<ObjectId, (ObjectId, ApplyError)> {
         let mut id = manifest::id_of(&obj);
         let (ar, caps) = match self.resolve(resolved, &id).await {
             Ok(r) => r,
@@ -265,8 +282,7 @@ impl Deployer {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         match self.api(&ar, &caps, &id.namespace).patch(&id.name, &params, &Patch::Apply(&obj)).await {
             Ok(_) => Ok(id),
-            Err(kube::Error::Api(e)) => Err((id, e.message)),
-            Err(e) => Err((id, e.to_string())),
+            Err(e) => Err((id, ApplyError::Refused(Arc::new(e)))),
         }
     }
 

@@ -17,11 +17,69 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::conditions::{Condition, SCALING_ACTIVE};
-use super::metrics::go_selector;
+use super::metrics::{go_selector, MetricsError};
+use super::replica_calculator::CalcError;
 use super::scale::group_of;
 use super::Reconciliation;
 use crate::client::events::EventType;
-use crate::client::labels;
+use crate::client::labels::{self, QueryError};
+
+/// Why the metrics decide nothing, or only in part.
+#[derive(Debug, thiserror::Error)]
+pub enum ComputeError {
+    #[error("selector is required")]
+    SelectorRequired,
+    #[error("couldn't convert selector into a corresponding internal selector object: {0}")]
+    InvalidSelector(#[source] QueryError),
+    #[error("pods by selector {selector} are controlled by multiple HPAs: [{}]", .hpas.join(" "))]
+    AmbiguousSelector { selector: String, hpas: Vec<String> },
+    #[error("invalid metrics ({invalid} invalid out of {total}), first error is: {first}")]
+    InvalidMetrics { invalid: usize, total: usize, first: MetricError },
+}
+
+/// Why one metric gives no proposal, wrapped as upstream wraps it (the
+/// inner errors are the Events' and conditions' messages).
+#[derive(Debug, thiserror::Error)]
+pub enum MetricError {
+    #[error("unknown metric source type {0:?}")]
+    UnknownSourceType(String),
+    #[error("unable to get metrics for resource {resource}: {source}")]
+    ResourceMetrics { resource: String, source: MetricsError },
+    #[error("unable to get metric {name}: {source}")]
+    PodsMetric { name: String, source: MetricsError },
+    #[error("unable to get metric {name}: {kind} on {namespace} {object}/{source}")]
+    ObjectMetric { name: String, kind: String, namespace: String, object: String, source: MetricsError },
+    #[error("unable to get external metric {namespace}/{name}/{selector}: {source}")]
+    ExternalMetric { namespace: String, name: String, selector: String, source: MetricsError },
+    #[error(transparent)]
+    Replicas(#[from] CalcError),
+    #[error("invalid resource metric source: neither an average utilization target nor an average value (usage) target was set")]
+    NoResourceTarget,
+    #[error("invalid object metric source: neither a value target nor an average value target was set")]
+    NoObjectTarget,
+    #[error("invalid external metric source: neither a value target nor an average value target was set")]
+    NoExternalTarget,
+    #[error("failed to get {resource} usage: {source}")]
+    Usage { resource: String, source: Box<MetricError> },
+    #[error("failed to get {resource} utilization: {source}")]
+    Utilization { resource: String, source: Box<MetricError> },
+    #[error("failed to get {name} object metric: {source}")]
+    ObjectAverage { name: String, source: Box<MetricError> },
+    #[error("failed to get {name} external metric: {source}")]
+    ExternalAverage { name: String, source: Box<MetricError> },
+    #[error("failed to get external metric {name}: {source}")]
+    ExternalValue { name: String, source: Box<MetricError> },
+    #[error("failed to get object metric value: {0}")]
+    ObjectValue(#[source] Box<MetricError>),
+    #[error("failed to get pods metric value: {0}")]
+    PodsValue(#[source] Box<MetricError>),
+    #[error("failed to get {name} resource metric value: {source}")]
+    ResourceValue { name: String, source: Box<MetricError> },
+    #[error("failed to get {container} container metric value: {source}")]
+    ContainerValue { container: String, source: Box<MetricError> },
+    #[error("failed to get {name} external metric value: {source}")]
+    ExternalMetricValue { name: String, source: Box<MetricError> },
+}
 
 /// What the metrics ask for. `replicas` is None when nothing can be
 /// decided (upstream's -1); `error` may be set beside a decision when only
@@ -30,7 +88,7 @@ pub struct Computed {
     pub replicas: Option<i32>,
     pub metric: String,
     pub statuses: Option<Vec<MetricStatus>>,
-    pub error: Option<String>,
+    pub error: Option<ComputeError>,
 }
 
 /// One metric's proposal.
@@ -41,7 +99,7 @@ struct Proposal {
 }
 
 /// A metric that could not be read: its condition (already evented) and error.
-type Failure = (Condition, String);
+type Failure = (Condition, MetricError);
 
 /// `resource.NewMilliQuantity(m, DecimalSI)`.
 fn milli_quantity(m: i64) -> Quantity {
@@ -56,37 +114,44 @@ impl Reconciliation<'_> {
     /// Upstream's `getUnableComputeReplicaCountCondition`: a Warning event
     /// named `reason`, and the ScalingActive condition to set should every
     /// metric fail.
-    fn unable(&self, reason: &str, err: &str) -> Condition {
-        self.event(EventType::Warning, reason, err);
+    fn unable<E: std::fmt::Display + ?Sized>(&self, reason: &str, err: &E) -> Condition {
+        let err = err.to_string();
+        self.event(EventType::Warning, reason, &err);
         Condition::new(SCALING_ACTIVE, false, reason, format!("the HPA was unable to compute the replica count: {err}"))
     }
 
     /// Upstream's `validateAndParseSelector`: the target's selector, given,
     /// readable, and picking pods no other autoscaler picks.
-    fn parse_selector(&mut self, selector: &str, pods_of_namespace: &[Arc<Pod>]) -> Result<LabelSelector, String> {
+    fn parse_selector(
+        &mut self,
+        selector: &str,
+        pods_of_namespace: &[Arc<Pod>],
+    ) -> Result<LabelSelector, ComputeError> {
         if selector.is_empty() {
-            self.event(EventType::Warning, "SelectorRequired", "selector is required");
+            let e = ComputeError::SelectorRequired;
+            self.event(EventType::Warning, "SelectorRequired", &e.to_string());
             self.condition(SCALING_ACTIVE, false, "InvalidSelector", "the HPA target's scale is missing a selector");
-            return Err("selector is required".into());
+            return Err(e);
         }
         let parsed = match labels::from_query(selector) {
             Ok(p) => p,
             Err(e) => {
-                let msg = format!("couldn't convert selector into a corresponding internal selector object: {e}");
+                let e = ComputeError::InvalidSelector(e);
+                let msg = e.to_string();
                 self.event(EventType::Warning, "InvalidSelector", &msg);
                 self.condition(SCALING_ACTIVE, false, "InvalidSelector", &msg);
-                return Err(msg);
+                return Err(e);
             }
         };
         let pods: Vec<&Arc<Pod>> =
             pods_of_namespace.iter().filter(|p| labels::matches(&parsed, p.metadata.labels.as_ref())).collect();
         let controlling = self.ctx.hpas_selecting(&self.key, parsed.clone(), &pods);
         if controlling.len() > 1 {
-            let msg =
-                format!("pods by selector {selector} are controlled by multiple HPAs: [{}]", controlling.join(" "));
+            let e = ComputeError::AmbiguousSelector { selector: selector.to_string(), hpas: controlling };
+            let msg = e.to_string();
             self.event(EventType::Warning, "AmbiguousSelector", &msg);
             self.condition(SCALING_ACTIVE, false, "AmbiguousSelector", &msg);
-            return Err(msg);
+            return Err(e);
         }
         Ok(parsed)
     }
@@ -119,12 +184,12 @@ impl Reconciliation<'_> {
                 Err(f) => invalid.push(f),
             }
         }
-        let error = invalid.first().map(|(_, first)| {
-            format!("invalid metrics ({} invalid out of {}), first error is: {first}", invalid.len(), specs.len())
-        });
-        if let Some((condition, _)) = invalid.first() {
-            if invalid.len() >= specs.len() || replicas < spec_replicas {
-                let condition = condition.clone();
+        let count = invalid.len();
+        let mut error = None;
+        if let Some((condition, first)) = invalid.into_iter().next() {
+            let stop = count >= specs.len() || replicas < spec_replicas;
+            error = Some(ComputeError::InvalidMetrics { invalid: count, total: specs.len(), first });
+            if stop {
                 self.set(&condition);
                 return Computed { replicas: None, metric: String::new(), statuses: Some(statuses), error };
             }
@@ -152,11 +217,11 @@ impl Reconciliation<'_> {
             "Object" => self
                 .object_metric(spec, spec_replicas, status_replicas, pods)
                 .await
-                .map_err(|(c, e)| (c, format!("failed to get object metric value: {e}"))),
+                .map_err(|(c, e)| (c, MetricError::ObjectValue(Box::new(e)))),
             "Pods" => self
                 .pods_metric(spec, spec_replicas, selector, pods)
                 .await
-                .map_err(|(c, e)| (c, format!("failed to get pods metric value: {e}"))),
+                .map_err(|(c, e)| (c, MetricError::PodsValue(Box::new(e)))),
             "Resource" => {
                 let Some(source) = spec.resource.as_ref() else { return Err(self.invalid_source(spec)) };
                 let r = self.resource_metric(&source.name, "", &source.target, spec_replicas, selector, pods).await;
@@ -172,7 +237,7 @@ impl Reconciliation<'_> {
                     }),
                     Err(e) => Err((
                         self.unable("FailedGetResourceMetric", &e),
-                        format!("failed to get {} resource metric value: {e}", source.name),
+                        MetricError::ResourceValue { name: source.name.clone(), source: Box::new(e) },
                     )),
                 }
             }
@@ -197,7 +262,7 @@ impl Reconciliation<'_> {
                     }),
                     Err(e) => Err((
                         self.unable("FailedGetContainerResourceMetric", &e),
-                        format!("failed to get {container} container metric value: {e}"),
+                        MetricError::ContainerValue { container: container.to_string(), source: Box::new(e) },
                     )),
                 }
             }
@@ -207,7 +272,7 @@ impl Reconciliation<'_> {
     }
 
     fn invalid_source_type(&self, other: &str) -> Failure {
-        let e = format!("unknown metric source type {other:?}");
+        let e = MetricError::UnknownSourceType(other.to_string());
         (self.unable("InvalidMetricSourceType", &e), e)
     }
 
@@ -225,38 +290,35 @@ impl Reconciliation<'_> {
         current: i32,
         selector: &LabelSelector,
         pods: &[Arc<Pod>],
-    ) -> Result<(i32, String, MetricValueStatus), String> {
+    ) -> Result<(i32, String, MetricValueStatus), MetricError> {
         let ns = self.hpa.metadata.namespace.clone().unwrap_or_default();
+        let unable = |source: MetricsError| MetricError::ResourceMetrics { resource: resource.to_string(), source };
         if let Some(average) = milli(target.average_value.as_ref()) {
             let fetched = self.ctx.metrics.resource_metric(resource, &ns, selector, container).await;
-            let result = fetched.map_err(|e| format!("unable to get metrics for resource {resource}: {e}")).and_then(
-                |(metrics, _)| self.ctx.calc.plain_replicas(current, average, resource, metrics, pods, self.now),
-            );
-            let (replicas, usage) = result.map_err(|e| format!("failed to get {resource} usage: {e}"))?;
+            let result = fetched.map_err(unable).and_then(|(metrics, _)| {
+                Ok(self.ctx.calc.plain_replicas(current, average, resource, metrics, pods, self.now)?)
+            });
+            let (replicas, usage) =
+                result.map_err(|e| MetricError::Usage { resource: resource.to_string(), source: Box::new(e) })?;
             let status = MetricValueStatus { average_value: Some(milli_quantity(usage)), ..Default::default() };
             return Ok((replicas, format!("{resource} resource"), status));
         }
         let Some(target_utilization) = target.average_utilization else {
-            return Err(
-                "invalid resource metric source: neither an average utilization target nor an average value (usage) target was set"
-                    .into(),
-            );
+            return Err(MetricError::NoResourceTarget);
         };
         let fetched = self.ctx.metrics.resource_metric(resource, &ns, selector, container).await;
-        let result = fetched.map_err(|e| format!("unable to get metrics for resource {resource}: {e}")).and_then(
-            |(metrics, _)| {
-                self.ctx.calc.resource_replicas(
-                    current,
-                    target_utilization,
-                    resource,
-                    container,
-                    metrics,
-                    pods,
-                    self.now,
-                )
-            },
-        );
-        let u = result.map_err(|e| format!("failed to get {resource} utilization: {e}"))?;
+        let result = fetched.map_err(unable).and_then(|(metrics, _)| {
+            Ok(self.ctx.calc.resource_replicas(
+                current,
+                target_utilization,
+                resource,
+                container,
+                metrics,
+                pods,
+                self.now,
+            )?)
+        });
+        let u = result.map_err(|e| MetricError::Utilization { resource: resource.to_string(), source: Box::new(e) })?;
         let metric = if container.is_empty() {
             format!("{resource} resource utilization (percentage of request)")
         } else {
@@ -284,8 +346,8 @@ impl Reconciliation<'_> {
         let target = milli(source.target.average_value.as_ref()).unwrap_or(0);
         let fetched = self.ctx.metrics.raw_metric(name, &ns, selector, source.metric.selector.as_ref()).await;
         let result = fetched
-            .map_err(|e| format!("unable to get metric {name}: {e}"))
-            .and_then(|(metrics, _)| self.ctx.calc.plain_replicas(current, target, "", metrics, pods, self.now));
+            .map_err(|source| MetricError::PodsMetric { name: name.clone(), source })
+            .and_then(|(metrics, _)| Ok(self.ctx.calc.plain_replicas(current, target, "", metrics, pods, self.now)?));
         let (replicas, usage) = result.map_err(|e| (self.unable("FailedGetPodsMetric", &e), e))?;
         Ok(Proposal {
             replicas,
@@ -321,7 +383,13 @@ impl Reconciliation<'_> {
             };
             self.ctx.metrics.object_metric(name, &ns, object, &resource, source.metric.selector.as_ref()).await
         };
-        let unable = |e: String| format!("unable to get metric {name}: {} on {ns} {}/{e}", object.kind, object.name);
+        let unable = |source: MetricsError| MetricError::ObjectMetric {
+            name: name.clone(),
+            kind: object.kind.clone(),
+            namespace: ns.clone(),
+            object: object.name.clone(),
+            source,
+        };
         let value = milli(source.target.value.as_ref());
         let average = milli(source.target.average_value.as_ref());
         let (replicas, current, metric) = match (source.target.type_.as_str(), value, average) {
@@ -337,7 +405,8 @@ impl Reconciliation<'_> {
             }
             ("AverageValue", _, Some(target)) => {
                 let (usage, _) = fetch.await.map_err(unable).map_err(|e| {
-                    (self.unable("FailedGetObjectMetric", &e), format!("failed to get {name} object metric: {e}"))
+                    let c = self.unable("FailedGetObjectMetric", &e);
+                    (c, MetricError::ObjectAverage { name: name.clone(), source: Box::new(e) })
                 })?;
                 let (replicas, per_pod) = self.ctx.calc.per_pod_replicas(status_replicas, usage, target);
                 let current = MetricValueStatus { average_value: Some(milli_quantity(per_pod)), ..Default::default() };
@@ -345,8 +414,8 @@ impl Reconciliation<'_> {
                 (replicas, current, metric)
             }
             _ => {
-                let e = "invalid object metric source: neither a value target nor an average value target was set";
-                return Err((self.unable("FailedGetObjectMetric", e), e.to_string()));
+                let e = MetricError::NoObjectTarget;
+                return Err((self.unable("FailedGetObjectMetric", &e), e));
             }
         };
         let status_object = if source.target.type_ == "Value" { Some(object.clone()) } else { None };
@@ -378,14 +447,19 @@ impl Reconciliation<'_> {
         let name = &source.metric.name;
         let metric_selector = source.metric.selector.as_ref();
         let described = format!("external metric {name}({})", go_selector(metric_selector));
-        let unable =
-            |e: String| format!("unable to get external metric {ns}/{name}/{}: {e}", go_selector(metric_selector));
-        let outer = |e: String| format!("failed to get {name} external metric value: {e}");
+        let selector_text = go_selector(metric_selector);
+        let unable = |source: MetricsError| MetricError::ExternalMetric {
+            namespace: ns.clone(),
+            name: name.clone(),
+            selector: selector_text.clone(),
+            source,
+        };
+        let outer = |e: MetricError| MetricError::ExternalMetricValue { name: name.clone(), source: Box::new(e) };
         let fetch = self.ctx.metrics.external_metric(name, &ns, metric_selector);
         let (replicas, current) = if let Some(target) = milli(source.target.average_value.as_ref()) {
             let (values, _) = fetch.await.map_err(unable).map_err(|e| {
                 let c = self.unable("FailedGetExternalMetric", &e);
-                (c, outer(format!("failed to get {name} external metric: {e}")))
+                (c, outer(MetricError::ExternalAverage { name: name.clone(), source: Box::new(e) }))
             })?;
             let (replicas, per_pod) = self.ctx.calc.per_pod_replicas(status_replicas, values.iter().sum(), target);
             (replicas, MetricValueStatus { average_value: Some(milli_quantity(per_pod)), ..Default::default() })
@@ -396,12 +470,12 @@ impl Reconciliation<'_> {
             });
             let (replicas, usage) = result.map_err(|e| {
                 let c = self.unable("FailedGetExternalMetric", &e);
-                (c, outer(format!("failed to get external metric {name}: {e}")))
+                (c, outer(MetricError::ExternalValue { name: name.clone(), source: Box::new(e) }))
             })?;
             (replicas, MetricValueStatus { value: Some(milli_quantity(usage)), ..Default::default() })
         } else {
-            let e = "invalid external metric source: neither a value target nor an average value target was set";
-            return Err((self.unable("FailedGetExternalMetric", e), outer(e.to_string())));
+            let e = MetricError::NoExternalTarget;
+            return Err((self.unable("FailedGetExternalMetric", &e), outer(e)));
         };
         Ok(Proposal {
             replicas,

@@ -25,6 +25,36 @@ const CUSTOM_METRICS_VERSIONS: [&str; 2] = ["v1beta2", "v1beta1"];
 /// The window of a custom metric that names none (metrics-server's default).
 const DEFAULT_METRIC_WINDOW: Duration = Duration::from_secs(60);
 
+/// Why a metric could not be read, in upstream's words.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("unable to fetch metrics from resource metrics API: {}", error_message(.0))]
+    ResourceApi(#[source] kube::Error),
+    #[error("no metrics returned from resource metrics API")]
+    NoResourceMetrics,
+    #[error("failed to get container metrics: container {container} not present in metrics for pod {namespace}/{pod}")]
+    ContainerMissing { container: String, namespace: String, pod: String },
+    #[error("unable to fetch metrics from custom metrics API: {0}")]
+    CustomApi(#[source] CustomApiError),
+    #[error("no metrics returned from custom metrics API")]
+    NoCustomMetrics,
+    #[error("unable to fetch metrics from external metrics API: {}", error_message(.0))]
+    ExternalApi(#[source] kube::Error),
+    #[error("no metrics returned from external metrics API")]
+    NoExternalMetrics,
+}
+
+/// Why the custom metrics API could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum CustomApiError {
+    #[error("{}", error_message(.0))]
+    Api(#[from] kube::Error),
+    #[error("no custom metrics API ({group}) registered", group = CUSTOM_METRICS_GROUP)]
+    NotRegistered,
+    #[error("no known available metric versions found")]
+    NoKnownVersion,
+}
+
 #[derive(Deserialize)]
 struct List<T> {
     #[serde(default = "Vec::new")]
@@ -123,14 +153,14 @@ impl MetricsClient {
         namespace: &str,
         selector: &LabelSelector,
         container: &str,
-    ) -> Result<(PodMetricsInfo, Timestamp), String> {
+    ) -> Result<(PodMetricsInfo, Timestamp), MetricsError> {
         let path = format!("/apis/metrics.k8s.io/v1beta1/namespaces/{namespace}/pods");
         let list: List<PodMetrics> = self
             .get(&path, &[("labelSelector", labels::to_query(selector))])
             .await
-            .map_err(|e| format!("unable to fetch metrics from resource metrics API: {}", error_message(&e)))?;
+            .map_err(MetricsError::ResourceApi)?;
         let Some(first) = list.items.first() else {
-            return Err("no metrics returned from resource metrics API".into());
+            return Err(MetricsError::NoResourceMetrics);
         };
         let timestamp = at(&first.timestamp);
         let mut out = PodMetricsInfo::new();
@@ -140,9 +170,11 @@ impl MetricsClient {
             let sample = |value| PodMetric { timestamp: at(&m.timestamp), window, value };
             if !container.is_empty() {
                 let Some(c) = m.containers.iter().find(|c| c.name == container) else {
-                    return Err(format!(
-                        "failed to get container metrics: container {container} not present in metrics for pod {namespace}/{name}"
-                    ));
+                    return Err(MetricsError::ContainerMissing {
+                        container: container.to_string(),
+                        namespace: namespace.to_string(),
+                        pod: name,
+                    });
                 };
                 if let Some(v) = c.usage.get(resource) {
                     out.insert(name, sample(milli(v)));
@@ -161,10 +193,10 @@ impl MetricsClient {
     }
 
     /// The custom metrics API's version to ask, from discovery.
-    async fn custom_metrics_version(&self) -> Result<&'static str, String> {
-        let groups = self.client.list_api_groups().await.map_err(|e| error_message(&e))?;
+    async fn custom_metrics_version(&self) -> Result<&'static str, CustomApiError> {
+        let groups = self.client.list_api_groups().await?;
         let Some(group) = groups.groups.iter().find(|g| g.name == CUSTOM_METRICS_GROUP) else {
-            return Err(format!("no custom metrics API ({CUSTOM_METRICS_GROUP}) registered"));
+            return Err(CustomApiError::NotRegistered);
         };
         let known =
             |gv: &str| CUSTOM_METRICS_VERSIONS.into_iter().find(|v| gv == format!("{CUSTOM_METRICS_GROUP}/{v}"));
@@ -173,17 +205,17 @@ impl MetricsClient {
             .as_ref()
             .and_then(|p| known(&p.group_version))
             .or_else(|| group.versions.iter().find_map(|v| known(&v.group_version)))
-            .ok_or_else(|| "no known available metric versions found".to_string())
+            .ok_or(CustomApiError::NoKnownVersion)
     }
 
-    async fn custom_values(&self, path_tail: &str, query: &[(&str, String)]) -> Result<Vec<MetricValue>, String> {
+    async fn custom_values(&self, path_tail: &str, query: &[(&str, String)]) -> Result<Vec<MetricValue>, MetricsError> {
         let fetch = async {
             let version = self.custom_metrics_version().await?;
             let path = format!("/apis/{CUSTOM_METRICS_GROUP}/{version}/{path_tail}");
-            let list: List<MetricValue> = self.get(&path, query).await.map_err(|e| error_message(&e))?;
-            Ok::<_, String>(list.items)
+            let list: List<MetricValue> = self.get(&path, query).await?;
+            Ok::<_, CustomApiError>(list.items)
         };
-        fetch.await.map_err(|e| format!("unable to fetch metrics from custom metrics API: {e}"))
+        fetch.await.map_err(MetricsError::CustomApi)
     }
 
     fn metric_query(
@@ -207,10 +239,10 @@ impl MetricsClient {
         namespace: &str,
         selector: &LabelSelector,
         metric_selector: Option<&LabelSelector>,
-    ) -> Result<(PodMetricsInfo, Timestamp), String> {
+    ) -> Result<(PodMetricsInfo, Timestamp), MetricsError> {
         let tail = format!("namespaces/{namespace}/pods/*/{metric}");
         let values = self.custom_values(&tail, &Self::metric_query(Some(selector), metric_selector)).await?;
-        let Some(first) = values.first() else { return Err("no metrics returned from custom metrics API".into()) };
+        let Some(first) = values.first() else { return Err(MetricsError::NoCustomMetrics) };
         let timestamp = at(&first.timestamp);
         let out = values
             .iter()
@@ -232,7 +264,7 @@ impl MetricsClient {
         object: &CrossVersionObjectReference,
         resource: &str,
         metric_selector: Option<&LabelSelector>,
-    ) -> Result<(i64, Timestamp), String> {
+    ) -> Result<(i64, Timestamp), MetricsError> {
         let core = object.api_version.as_deref().is_none_or(|v| !v.contains('/'));
         let tail = if object.kind == "Namespace" && core {
             format!("namespaces/{namespace}/metrics/{metric}")
@@ -240,7 +272,7 @@ impl MetricsClient {
             format!("namespaces/{namespace}/{resource}/{}/{metric}", object.name)
         };
         let values = self.custom_values(&tail, &Self::metric_query(None, metric_selector)).await?;
-        let Some(v) = values.first() else { return Err("no metrics returned from custom metrics API".into()) };
+        let Some(v) = values.first() else { return Err(MetricsError::NoCustomMetrics) };
         Ok((milli(&v.value), at(&v.timestamp)))
     }
 
@@ -250,15 +282,12 @@ impl MetricsClient {
         metric: &str,
         namespace: &str,
         selector: Option<&LabelSelector>,
-    ) -> Result<(Vec<i64>, Timestamp), String> {
+    ) -> Result<(Vec<i64>, Timestamp), MetricsError> {
         let path = format!("/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/{metric}");
         let query = [("labelSelector", selector.map(labels::to_query).unwrap_or_default())];
-        let list: List<ExternalMetricValue> = self
-            .get(&path, &query)
-            .await
-            .map_err(|e| format!("unable to fetch metrics from external metrics API: {}", error_message(&e)))?;
+        let list: List<ExternalMetricValue> = self.get(&path, &query).await.map_err(MetricsError::ExternalApi)?;
         let Some(first) = list.items.first() else {
-            return Err("no metrics returned from external metrics API".into());
+            return Err(MetricsError::NoExternalMetrics);
         };
         let timestamp = at(&first.timestamp);
         Ok((list.items.iter().map(|v| milli(&v.value)).collect(), timestamp))

@@ -15,6 +15,21 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::controllers::controller_utils::pod_phase;
 
+/// Why no replica count follows from the samples, in upstream's words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CalcError {
+    #[error("no pods returned by selector while calculating replica count")]
+    NoPods,
+    #[error("did not receive metrics for targeted pods (pods might be unready)")]
+    NoMetricsForPods,
+    #[error("missing request for {resource} in container {container} of Pod {pod}")]
+    MissingRequest { resource: String, container: String, pod: String },
+    #[error("no metrics returned matched known pods")]
+    NoMatchingMetrics,
+    #[error("unable to calculate ready pods: no pods returned by selector while calculating replica count")]
+    NoReadyPods,
+}
+
 /// One pod's sample of a metric.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PodMetric {
@@ -116,7 +131,7 @@ fn group_pods(
 /// Each pod's request of `resource` in thousandths, summed over its
 /// containers (or the one named `container`) and sidecars; a container
 /// without one is an error, as upstream's `calculatePodRequests`.
-fn pod_requests(pods: &[Arc<Pod>], container: &str, resource: &str) -> Result<HashMap<String, i64>, String> {
+fn pod_requests(pods: &[Arc<Pod>], container: &str, resource: &str) -> Result<HashMap<String, i64>, CalcError> {
     let mut requests = HashMap::new();
     for pod in pods {
         let name = pod.metadata.name.clone().unwrap_or_default();
@@ -132,7 +147,13 @@ fn pod_requests(pods: &[Arc<Pod>], container: &str, resource: &str) -> Result<Ha
             let request = c.resources.as_ref().and_then(|r| r.requests.as_ref()).and_then(|r| r.get(resource));
             match request.and_then(crate::quantity::milli_value) {
                 Some(v) => sum += v,
-                None => return Err(format!("missing request for {resource} in container {} of Pod {name}", c.name)),
+                None => {
+                    return Err(CalcError::MissingRequest {
+                        resource: resource.to_string(),
+                        container: c.name.clone(),
+                        pod: name,
+                    })
+                }
             }
         }
         requests.insert(name, sum);
@@ -147,7 +168,7 @@ fn utilization_ratio(
     metrics: &PodMetricsInfo,
     requests: &HashMap<String, i64>,
     target: i32,
-) -> Result<(f64, i32, i64), String> {
+) -> Result<(f64, i32, i64), CalcError> {
     let (mut used, mut requested, mut entries) = (0i64, 0i64, 0i64);
     for (pod, m) in metrics {
         let Some(r) = requests.get(pod) else { continue };
@@ -156,7 +177,7 @@ fn utilization_ratio(
         entries += 1;
     }
     if requested == 0 {
-        return Err("no metrics returned matched known pods".into());
+        return Err(CalcError::NoMatchingMetrics);
     }
     let utilization = i32::try_from(used * 100 / requested).unwrap_or(i32::MAX);
     Ok((f64::from(utilization) / f64::from(target), utilization, used / entries))
@@ -205,15 +226,15 @@ impl ReplicaCalculator {
         mut metrics: PodMetricsInfo,
         pods: &[Arc<Pod>],
         now: Timestamp,
-    ) -> Result<Utilization, String> {
+    ) -> Result<Utilization, CalcError> {
         if pods.is_empty() {
-            return Err("no pods returned by selector while calculating replica count".into());
+            return Err(CalcError::NoPods);
         }
         let g = group_pods(pods, &metrics, resource, self, now);
         remove(&mut metrics, &g.ignored);
         remove(&mut metrics, &g.unready);
         if metrics.is_empty() {
-            return Err("did not receive metrics for targeted pods (pods might be unready)".into());
+            return Err(CalcError::NoMetricsForPods);
         }
         let requests = pod_requests(pods, container, resource)?;
         let (ratio, utilization, raw) = utilization_ratio(&metrics, &requests, target)?;
@@ -255,15 +276,15 @@ impl ReplicaCalculator {
         mut metrics: PodMetricsInfo,
         pods: &[Arc<Pod>],
         now: Timestamp,
-    ) -> Result<(i32, i64), String> {
+    ) -> Result<(i32, i64), CalcError> {
         if pods.is_empty() {
-            return Err("no pods returned by selector while calculating replica count".into());
+            return Err(CalcError::NoPods);
         }
         let g = group_pods(pods, &metrics, resource, self, now);
         remove(&mut metrics, &g.ignored);
         remove(&mut metrics, &g.unready);
         if metrics.is_empty() {
-            return Err("did not receive metrics for targeted pods (pods might be unready)".into());
+            return Err(CalcError::NoMetricsForPods);
         }
         let (ratio, usage) = usage_ratio(&metrics, target);
         let scale_up_with_unready = !g.unready.is_empty() && ratio > 1.0;
@@ -308,7 +329,7 @@ impl ReplicaCalculator {
 
     /// Upstream's `getUsageRatioReplicaCount` (Object and External Value
     /// targets): from the ready pods, or straight from the ratio at zero.
-    pub fn usage_ratio_replicas(&self, current: i32, ratio: f64, pods: &[Arc<Pod>]) -> Result<i32, String> {
+    pub fn usage_ratio_replicas(&self, current: i32, ratio: f64, pods: &[Arc<Pod>]) -> Result<i32, CalcError> {
         if current == 0 {
             return Ok(ceil(ratio));
         }
@@ -316,9 +337,7 @@ impl ReplicaCalculator {
             return Ok(current);
         }
         if pods.is_empty() {
-            return Err(
-                "unable to calculate ready pods: no pods returned by selector while calculating replica count".into()
-            );
+            return Err(CalcError::NoReadyPods);
         }
         let ready = pods
             .iter()
@@ -402,7 +421,7 @@ mod tests {
         let r = calc.resource_replicas(1, 50, "cpu", "app", metrics(&[("a", 100)], 1000), &pods, t(1000));
         assert_eq!(r, Ok(Utilization { replicas: 2, utilization: 100, raw: 100 }));
         let e = calc.resource_replicas(1, 50, "cpu", "", metrics(&[("a", 100)], 1000), &pods, t(1000));
-        assert_eq!(e.unwrap_err(), "missing request for cpu in container sidecar-less of Pod a");
+        assert_eq!(e.unwrap_err().to_string(), "missing request for cpu in container sidecar-less of Pod a");
     }
 
     #[test]
@@ -432,13 +451,13 @@ mod tests {
         let calc = ReplicaCalculator::default();
         let none: Vec<Arc<Pod>> = Vec::new();
         let e = calc.resource_replicas(1, 50, "cpu", "", metrics(&[], 0), &none, t(0)).unwrap_err();
-        assert_eq!(e, "no pods returned by selector while calculating replica count");
+        assert_eq!(e.to_string(), "no pods returned by selector while calculating replica count");
         let pods = vec![pod("a", "Running", true, 0, 10, None)];
         let e = calc.resource_replicas(1, 50, "cpu", "", metrics(&[("a", 1)], 1000), &pods, t(1000)).unwrap_err();
-        assert_eq!(e, "missing request for cpu in container c of Pod a");
+        assert_eq!(e.to_string(), "missing request for cpu in container c of Pod a");
         let pods = vec![pod("a", "Pending", false, 0, 0, Some(100))];
         let e = calc.resource_replicas(1, 50, "cpu", "", metrics(&[("a", 1)], 1000), &pods, t(1000)).unwrap_err();
-        assert_eq!(e, "did not receive metrics for targeted pods (pods might be unready)");
+        assert_eq!(e.to_string(), "did not receive metrics for targeted pods (pods might be unready)");
     }
 
     #[test]

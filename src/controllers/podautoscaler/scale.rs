@@ -13,9 +13,23 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::ApiResource;
 
 use crate::controllers::replicaset::error_message;
+use crate::sync::LockExt;
 
 /// How long a discovered mapping is trusted.
 const MAPPING_TTL: Duration = Duration::from_secs(60);
+
+/// Why a target's scale cannot be read or written, in upstream's words.
+#[derive(Debug, thiserror::Error)]
+pub enum ScaleError {
+    /// Discovery knows no resource of the kind (or could not be asked).
+    #[error("no matches for kind {kind:?} in group {group:?}")]
+    NoMatch { kind: String, group: String, source: Option<kube::Error> },
+    #[error("unrecognized resource")]
+    Unrecognized,
+    /// The scale subresource answered with an error: its Status message.
+    #[error("{}", error_message(.0))]
+    Api(#[source] kube::Error),
+}
 
 type Mappings = HashMap<(String, String), (Instant, Vec<ApiResource>)>;
 
@@ -37,17 +51,17 @@ impl ScaleClient {
 
     /// The resources of `kind` in `group`, the preferred version first;
     /// upstream's `no matches for kind` when there are none.
-    pub async fn mappings(&self, group: &str, kind: &str) -> Result<Vec<ApiResource>, String> {
+    pub async fn mappings(&self, group: &str, kind: &str) -> Result<Vec<ApiResource>, ScaleError> {
         let key = (group.to_string(), kind.to_string());
         {
-            let cached = self.mappings.lock().unwrap_or_else(|e| e.into_inner());
+            let cached = self.mappings.locked();
             if let Some((at, found)) = cached.get(&key).filter(|(at, _)| at.elapsed() < MAPPING_TTL) {
                 let _ = at;
                 return Ok(found.clone());
             }
         }
-        let no_match = || format!("no matches for kind {kind:?} in group {group:?}");
-        let discovered = kube::discovery::group(&self.client, group).await.map_err(|_| no_match())?;
+        let no_match = |source| ScaleError::NoMatch { kind: kind.to_string(), group: group.to_string(), source };
+        let discovered = kube::discovery::group(&self.client, group).await.map_err(|e| no_match(Some(e)))?;
         let mut versions: Vec<&str> = discovered.versions().collect();
         let preferred = discovered.preferred_version_or_latest().to_string();
         versions.sort_by_key(|v| *v != preferred);
@@ -58,15 +72,15 @@ impl ScaleClient {
             .map(|(ar, _)| ar)
             .collect();
         if found.is_empty() {
-            return Err(no_match());
+            return Err(no_match(None));
         }
-        self.mappings.lock().unwrap_or_else(|e| e.into_inner()).insert(key, (Instant::now(), found.clone()));
+        self.mappings.locked().insert(key, (Instant::now(), found.clone()));
         Ok(found)
     }
 
     /// Forgets what discovery said of `group`/`kind` (after a failed read).
     pub fn forget(&self, group: &str, kind: &str) {
-        self.mappings.lock().unwrap_or_else(|e| e.into_inner()).remove(&(group.to_string(), kind.to_string()));
+        self.mappings.locked().remove(&(group.to_string(), kind.to_string()));
     }
 
     fn api(&self, namespace: &str, resource: &ApiResource) -> Api<DynamicObject> {
@@ -81,26 +95,23 @@ impl ScaleClient {
         namespace: &str,
         name: &str,
         mappings: &[ApiResource],
-    ) -> Result<(Scale, ApiResource), String> {
+    ) -> Result<(Scale, ApiResource), ScaleError> {
         let mut first = None;
         for m in mappings {
             match self.api(namespace, m).get_scale(name).await {
                 Ok(scale) => return Ok((scale, m.clone())),
                 Err(e) => {
-                    first.get_or_insert(error_message(&e));
+                    first.get_or_insert(ScaleError::Api(e));
                 }
             }
         }
-        Err(first.unwrap_or_else(|| "unrecognized resource".into()))
+        Err(first.unwrap_or(ScaleError::Unrecognized))
     }
 
     /// Writes `scale` back through `mapping`.
-    pub async fn update(&self, namespace: &str, mapping: &ApiResource, scale: &Scale) -> Result<Scale, String> {
+    pub async fn update(&self, namespace: &str, mapping: &ApiResource, scale: &Scale) -> Result<Scale, ScaleError> {
         let name = scale.metadata.name.clone().unwrap_or_default();
-        self.api(namespace, mapping)
-            .replace_scale(&name, &PostParams::default(), scale)
-            .await
-            .map_err(|e| error_message(&e))
+        self.api(namespace, mapping).replace_scale(&name, &PostParams::default(), scale).await.map_err(ScaleError::Api)
     }
 }
 

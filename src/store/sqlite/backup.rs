@@ -41,13 +41,32 @@ pub enum SnapshotError {
     #[error("{}: this is an etcd snapshot (bbolt), not one of ferrok's embedded store; restore it into etcd with etcdutl snapshot restore", .0.display())]
     EtcdSnapshot(PathBuf),
     #[error("{}: not a snapshot of ferrok's embedded store: {reason}", path.display())]
-    Invalid { path: PathBuf, reason: String },
+    Invalid { path: PathBuf, reason: NotASnapshot },
     #[error("the datastore {} is in use: stop ferrok server first", .0.display())]
     InUse(PathBuf),
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
     #[error("{}: {source}", path.display())]
     Sqlite { path: PathBuf, source: rusqlite::Error },
+}
+
+/// Why a file is not a snapshot of the embedded store.
+#[derive(Debug, thiserror::Error)]
+pub enum NotASnapshot {
+    #[error("no SQLite header")]
+    NoHeader,
+    /// SQLite cannot open or read it.
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// SQLite's quick check found damage (its own words).
+    #[error("damaged: {0}")]
+    Damaged(String),
+    #[error("no ferrok schema in it")]
+    NoSchema,
+    #[error("schema {0} is newer than this ferrok understands ({understood})", understood = schema::SCHEMA_VERSION)]
+    NewerSchema(i64),
+    #[error("no store metadata: {0}")]
+    NoMeta(#[source] rusqlite::Error),
 }
 
 type Result<T, E = SnapshotError> = std::result::Result<T, E>;
@@ -89,7 +108,7 @@ pub fn save(db: &Path, to: &Path) -> Result<SnapshotInfo> {
 /// Checks that `file` is a whole snapshot of the embedded store and says
 /// what it holds; the file is only read.
 pub fn check(file: &Path) -> Result<SnapshotInfo> {
-    let invalid = |reason: &str| SnapshotError::Invalid { path: file.to_path_buf(), reason: reason.to_string() };
+    let invalid = |reason: NotASnapshot| SnapshotError::Invalid { path: file.to_path_buf(), reason };
     let mut head = [0u8; 32];
     let mut f = std::fs::File::open(file).map_err(io(file))?;
     let size = f.metadata().map_err(io(file))?.len();
@@ -104,29 +123,29 @@ pub fn check(file: &Path) -> Result<SnapshotInfo> {
         return Err(SnapshotError::EtcdSnapshot(file.to_path_buf()));
     }
     if n < SQLITE_MAGIC.len() || &head[..SQLITE_MAGIC.len()] != SQLITE_MAGIC {
-        return Err(invalid("no SQLite header"));
+        return Err(invalid(NotASnapshot::NoHeader));
     }
     let conn = Connection::open_with_flags(file, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-        .map_err(|e| invalid(&e.to_string()))?;
-    let meta = read_checked(&conn).map_err(|reason| invalid(&reason))?;
+        .map_err(|e| invalid(e.into()))?;
+    let meta = read_checked(&conn).map_err(invalid)?;
     Ok(SnapshotInfo { revision: meta.rev, size })
 }
 
 /// The meta row of a database that passes SQLite's quick check and has
 /// ferrok's schema.
-fn read_checked(conn: &Connection) -> std::result::Result<Meta, String> {
-    let verdict: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(|e| e.to_string())?;
+fn read_checked(conn: &Connection) -> std::result::Result<Meta, NotASnapshot> {
+    let verdict: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
     if verdict != "ok" {
-        return Err(format!("damaged: {verdict}"));
+        return Err(NotASnapshot::Damaged(verdict));
     }
-    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(|e| e.to_string())?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if version < 1 {
-        return Err("no ferrok schema in it".into());
+        return Err(NotASnapshot::NoSchema);
     }
     if version > schema::SCHEMA_VERSION {
-        return Err(format!("schema {version} is newer than this ferrok understands ({})", schema::SCHEMA_VERSION));
+        return Err(NotASnapshot::NewerSchema(version));
     }
-    schema::read_meta(conn).map_err(|e| format!("no store metadata: {e}"))
+    schema::read_meta(conn).map_err(NotASnapshot::NoMeta)
 }
 
 /// What a restore did.

@@ -11,12 +11,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
 
 use super::Committed;
 use crate::store::KeyRange;
+use crate::sync::LockExt;
 
 /// The streams' subscriptions, fed by the writer.
 pub struct Fanout {
@@ -53,19 +54,15 @@ impl Fanout {
         Fanout { inner: Mutex::new(Inner { rev, next_id: 0, subscribers: HashMap::new() }), backlog }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Whether any stream is subscribed (the writer makes no events otherwise).
     pub fn has_subscribers(&self) -> bool {
-        !self.lock().subscribers.is_empty()
+        !self.inner.locked().subscribers.is_empty()
     }
 
     /// Queues `commit` for every stream with a watcher on one of its keys,
     /// and records its revision as handed out.
     pub fn publish(&self, commit: Committed) {
-        let mut inner = self.lock();
+        let mut inner = self.inner.locked();
         let commit = Arc::new(commit);
         for sub in inner.subscribers.values() {
             if sub.wants(&commit) {
@@ -83,7 +80,7 @@ impl Fanout {
     /// cannot know what it missed, so it is told it lagged and re-reads
     /// from the log.
     pub fn uncollected(&self, rev: i64) {
-        let mut inner = self.lock();
+        let mut inner = self.inner.locked();
         for sub in inner.subscribers.values() {
             sub.lagged.store(true, Ordering::Release);
         }
@@ -94,7 +91,7 @@ impl Fanout {
     pub fn subscribe(self: &Arc<Self>) -> Subscription {
         let (tx, rx) = mpsc::channel(self.backlog);
         let lagged = Arc::new(AtomicBool::new(false));
-        let mut inner = self.lock();
+        let mut inner = self.inner.locked();
         let id = inner.next_id;
         inner.next_id += 1;
         inner.subscribers.insert(id, Subscriber { ranges: Vec::new(), queue: tx, lagged: lagged.clone() });
@@ -147,7 +144,7 @@ impl Subscription {
     /// ranges is already queued, and every later one with a key in the new
     /// ranges will be.
     pub fn set_ranges(&self, ranges: Vec<KeyRange>) -> i64 {
-        let mut inner = self.fanout.lock();
+        let mut inner = self.fanout.inner.locked();
         if let Some(sub) = inner.subscribers.get_mut(&self.id) {
             sub.ranges = ranges;
         }
@@ -157,13 +154,13 @@ impl Subscription {
     /// The newest revision handed out: every commit up to it that this
     /// stream wants is already queued.
     pub fn level(&self) -> i64 {
-        self.fanout.lock().rev
+        self.fanout.inner.locked().rev
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.fanout.lock().subscribers.remove(&self.id);
+        self.fanout.inner.locked().subscribers.remove(&self.id);
     }
 }
 

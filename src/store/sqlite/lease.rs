@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
+use crate::sync::LockExt;
+
 #[derive(Debug, Clone, Copy)]
 struct LeaseState {
     ttl: i64,
@@ -29,7 +31,7 @@ fn deadline(ttl: i64) -> Instant {
 impl Leases {
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<i64, LeaseState>> {
         // A panic while holding this lock cannot leave the map half-updated.
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.locked()
     }
 
     pub fn insert(&self, id: i64, ttl: i64) {

@@ -32,6 +32,7 @@ use writer::{Command, Writer};
 use super::proto::*;
 use super::{check_put, check_txn, Result, SnapshotStream, Store, StoreError, WatchRequestStream, WatchResponseStream};
 use super::{DEFAULT_MAX_REQUEST_BYTES, ETCD_API_VERSION, MAX_LEASE_TTL};
+use crate::sync::LockExt;
 
 /// Commits kept for watchers that are slow to take them; past this a
 /// watcher re-reads from the log instead of holding memory.
@@ -115,14 +116,14 @@ impl Shared {
     }
 
     fn set_alarms(&self, alarms: &[AlarmMember]) {
-        let mut held = self.alarms.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.alarms.locked();
         if held.as_slice() != alarms {
             *held = alarms.to_vec();
         }
     }
 
     fn alarms(&self) -> Vec<AlarmMember> {
-        self.alarms.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.alarms.locked().clone()
     }
 
     fn publish_head(&self, rev: i64, compact_rev: i64) {
@@ -193,7 +194,7 @@ impl Readers {
     }
 
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Connection>> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+        self.idle.locked()
     }
 }
 
@@ -247,7 +248,7 @@ impl SqliteStore {
     /// Finishes queued writes, checkpoints the WAL and stops the writer.
     /// Requests made afterwards fail with `Closed`.
     pub async fn close(&self) {
-        let handle = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let handle = self.writer.locked().take();
         if let Some(handle) = handle {
             let (tx, rx) = oneshot::channel();
             // The writer stops after the batch that carries this.

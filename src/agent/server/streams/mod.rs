@@ -230,7 +230,7 @@ pub async fn serve_port_forward(target: PortForwardTarget, mut req: Request) -> 
         Upgrade::WebSocket(p) if p != portforward::TUNNEL_PROTOCOL => {
             match portforward::ports_from_query(req.uri().query()) {
                 Ok(ports) => ports,
-                Err(e) => return text(StatusCode::BAD_REQUEST, e),
+                Err(e) => return text(StatusCode::BAD_REQUEST, e.to_string()),
             }
         }
         _ => Vec::new(),

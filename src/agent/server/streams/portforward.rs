@@ -235,10 +235,21 @@ where
     sender.close(websocket::CLOSE_NORMAL).await;
 }
 
+/// Why a port-forward request names no ports to forward.
+#[derive(Debug, thiserror::Error)]
+pub enum PortsError {
+    #[error("{0}")]
+    Query(#[from] serde_urlencoded::de::Error),
+    #[error("unable to parse {0:?} as a port: must be 1-65535")]
+    InvalidPort(String),
+    #[error("query parameter \"port\" is required")]
+    NoPort,
+}
+
 /// The ports of a WebSocket port-forward: `ports` (kubectl, kube-rs) or
 /// `port` (the API server's form), repeated or comma-separated.
-pub fn ports_from_query(query: Option<&str>) -> Result<Vec<u16>, String> {
-    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or("")).map_err(|e| e.to_string())?;
+pub fn ports_from_query(query: Option<&str>) -> Result<Vec<u16>, PortsError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))?;
     let mut ports = Vec::new();
     for (k, v) in pairs {
         if k != "ports" && k != "port" {
@@ -247,12 +258,12 @@ pub fn ports_from_query(query: Option<&str>) -> Result<Vec<u16>, String> {
         for p in v.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match p.parse::<u16>() {
                 Ok(n) if n > 0 => ports.push(n),
-                _ => return Err(format!("unable to parse {p:?} as a port: must be 1-65535")),
+                _ => return Err(PortsError::InvalidPort(p.to_string())),
             }
         }
     }
     if ports.is_empty() {
-        return Err("query parameter \"port\" is required".into());
+        return Err(PortsError::NoPort);
     }
     Ok(ports)
 }

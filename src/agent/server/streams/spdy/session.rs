@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::frame::{payload_len, Frame, FrameCodec, FrameError, Headers, FLAG_FIN, MAX_PAYLOAD, RST_CANCEL};
+use crate::sync::LockExt;
 
 /// Largest DATA frame we send.
 const DATA_CHUNK: usize = 32 * 1024;
@@ -152,7 +153,7 @@ impl Session {
     pub async fn open(&self, headers: Headers) -> Result<Stream, SessionError> {
         let id = self.shared.next_id.fetch_add(2, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        lock(&self.shared.streams).insert(id, tx);
+        self.shared.streams.locked().insert(id, tx);
         let frame =
             Frame::SynStream { stream_id: id, associated_to: 0, priority: 0, flags: 0, headers: headers.clone() };
         self.shared.out.send(Command::Frame(frame)).await.map_err(|_| SessionError::Closed)?;
@@ -176,10 +177,6 @@ impl Session {
         let mut closed = self.shared.closed.clone();
         let _ = closed.wait_for(|c| *c).await;
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 async fn write_loop<W: AsyncWrite>(write: W, mut commands: mpsc::Receiver<Command>) {
@@ -252,7 +249,7 @@ async fn read_loop<R: AsyncRead>(
             break;
         }
     }
-    lock(&shared.streams).clear();
+    shared.streams.locked().clear();
     let _ = closed.send(true);
 }
 
@@ -268,7 +265,7 @@ async fn handle(frame: Frame, shared: &Arc<Shared>, incoming: &mpsc::Sender<Stre
             }
             let (tx, rx) = mpsc::channel(STREAM_QUEUE);
             if flags & FLAG_FIN == 0 {
-                lock(&shared.streams).insert(stream_id, tx);
+                shared.streams.locked().insert(stream_id, tx);
             }
             let reply = Frame::SynReply { stream_id, flags: 0, headers: Headers::new() };
             if shared.out.send(Command::Frame(reply)).await.is_err() {
@@ -278,33 +275,33 @@ async fn handle(frame: Frame, shared: &Arc<Shared>, incoming: &mpsc::Sender<Stre
                 Stream { id: stream_id, headers, reader: StreamReader { rx }, writer: session.writer(stream_id) };
             if incoming.send(stream).await.is_err() {
                 // Nobody accepts streams any more: refuse it.
-                lock(&shared.streams).remove(&stream_id);
+                shared.streams.locked().remove(&stream_id);
                 let _ = session.writer(stream_id).send(Frame::RstStream { stream_id, status: 3 }).await;
             }
         }
         Frame::Data { stream_id, flags, data } => {
-            let tx = lock(&shared.streams).get(&stream_id).cloned();
+            let tx = shared.streams.locked().get(&stream_id).cloned();
             if let Some(tx) = tx {
                 if !data.is_empty() && tx.send(data).await.is_err() {
-                    lock(&shared.streams).remove(&stream_id);
+                    shared.streams.locked().remove(&stream_id);
                 }
             }
             if flags & FLAG_FIN != 0 {
-                lock(&shared.streams).remove(&stream_id);
+                shared.streams.locked().remove(&stream_id);
             }
         }
         Frame::SynReply { stream_id, flags, .. } => {
             if flags & FLAG_FIN != 0 {
-                lock(&shared.streams).remove(&stream_id);
+                shared.streams.locked().remove(&stream_id);
             }
         }
         Frame::Headers { stream_id, flags, .. } => {
             if flags & FLAG_FIN != 0 {
-                lock(&shared.streams).remove(&stream_id);
+                shared.streams.locked().remove(&stream_id);
             }
         }
         Frame::RstStream { stream_id, .. } => {
-            lock(&shared.streams).remove(&stream_id);
+            shared.streams.locked().remove(&stream_id);
         }
         Frame::Ping { id } => {
             // Echo the peer's pings; ours (our parity) need no answer.

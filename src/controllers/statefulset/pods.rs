@@ -12,9 +12,10 @@ use k8s_openapi::api::core::v1::{
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::controller_utils::{controller_ref, is_pod_ready, pod_from_template, pod_phase};
-use super::ControllerError;
-use crate::controllers::controller_utils::ignore_not_found;
+use crate::controllers::controller_utils::{
+    controller_ref, ignore_not_found, is_pod_ready, pod_from_template, pod_phase,
+};
+use crate::controllers::ControllerError;
 
 pub const POD_NAME_LABEL: &str = "statefulset.kubernetes.io/pod-name";
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
