@@ -19,7 +19,7 @@ use containerd_client::services::v1::snapshots::StatSnapshotRequest;
 use containerd_client::services::v1::{DeleteImageRequest, InfoRequest};
 use ferrok::agent::cri::{api, namespaced, Cri};
 use ferrok::agent::images::dir::FileOutcome;
-use ferrok::agent::images::{self, ImagesDir, Puller, Registries};
+use ferrok::agent::images::{self, ImagesDir, PullError, Puller, Registries};
 
 async fn image_status(cri: &Cri, image: &str) -> Option<api::Image> {
     let req = api::ImageStatusRequest {
@@ -559,13 +559,13 @@ struct CriPuller {
 
 #[async_trait::async_trait]
 impl Puller for CriPuller {
-    async fn pull(&self, reference: &str) -> Result<(), String> {
+    async fn pull(&self, reference: &str) -> Result<(), PullError> {
         let req = api::PullImageRequest {
             image: Some(api::ImageSpec { image: reference.into(), ..Default::default() }),
             auth: self.registries.auth_for(reference),
             sandbox_config: None,
         };
-        self.cri.images().pull_image(req).await.map(|_| ()).map_err(|s| s.message().to_string())
+        self.cri.images().pull_image(req).await.map(|_| ()).map_err(|s| s.message().into())
     }
 }
 
@@ -648,7 +648,7 @@ async fn htpasswd_registry_pulls_with_configured_credentials_only() {
 
     let without = CriPuller { cri: cri.clone(), registries: configure_registries(&node, &mirror_only) };
     assert!(without.registries.auth_for(&image).is_none());
-    let err = without.pull(&image).await.expect_err("pulled without credentials");
+    let err = without.pull(&image).await.expect_err("pulled without credentials").to_string();
     assert!(err.contains("401") || err.to_lowercase().contains("unauthorized"), "{err}");
     assert!(image_status(&cri, &image).await.is_none());
 

@@ -132,10 +132,10 @@ impl ImageManager {
 
     /// Pulls `image` for the node itself (the images folder's pull lists),
     /// with the node's registry credentials.
-    pub async fn pull_for_node(&self, image: &str) -> Result<(), String> {
+    pub async fn pull_for_node(&self, image: &str) -> Result<(), PullFailed> {
         let node = self.node_credentials.locked().clone();
         let auths: Vec<api::AuthConfig> = node.and_then(|n| n.auth_for(image)).into_iter().collect();
-        self.pull(image, &auths, None).await.map(|_| ()).map_err(|e| e.to_string())
+        self.pull(image, &auths, None).await.map(|_| ())
     }
 
     /// The image as CRI knows it, if present.

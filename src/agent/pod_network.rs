@@ -67,7 +67,7 @@ pub async fn run(
             }
         };
         let Some(cidr) = node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()) else { continue };
-        let cidr = match Ipv4Net::parse(cidr) {
+        let cidr = match crate::net::parse_pod_cidr(cidr) {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "the node's podCIDR is not usable");

@@ -110,7 +110,7 @@ pub fn fake_api() -> (kube::Client, FakeApi) {
 
 /// A node's settings with every folder under `dir`.
 pub fn agent_config(dir: &Path) -> AgentConfig {
-    let cidr = |s: &str| crate::net::Ipv4Net::parse(s).expect("a valid CIDR");
+    let cidr = |s: &str| crate::net::parse_cluster_range(s).expect("a valid CIDR");
     AgentConfig {
         dir: dir.to_path_buf(),
         node_name: "node-1".into(),

@@ -17,66 +17,12 @@ use serde_json::Value;
 use super::resource::{BeginWrite, WriteGuard};
 use super::status::{ApiError, ApiResult};
 use super::storage::Storage;
-
-/// An IPv4 CIDR.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    pub base: Ipv4Addr,
-    pub prefix: u8,
-}
-
-/// Why a service CIDR flag does not parse.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CidrError {
-    #[error("{0:?} is not a CIDR like 10.43.0.0/16")]
-    NoPrefix(String),
-    #[error("{cidr:?} is not an IPv4 CIDR")]
-    NotIpv4 { cidr: String, source: std::net::AddrParseError },
-    #[error("{0:?}: the prefix must be between /8 and /30")]
-    PrefixLength(String),
-}
-
-impl std::str::FromStr for Cidr {
-    type Err = CidrError;
-    fn from_str(s: &str) -> Result<Self, CidrError> {
-        let (ip, prefix) = s.split_once('/').ok_or_else(|| CidrError::NoPrefix(s.to_string()))?;
-        let ip: Ipv4Addr = ip.parse().map_err(|source| CidrError::NotIpv4 { cidr: s.to_string(), source })?;
-        let prefix: u8 = prefix
-            .parse()
-            .ok()
-            .filter(|p| (8..=30).contains(p))
-            .ok_or_else(|| CidrError::PrefixLength(s.to_string()))?;
-        let mask = u32::MAX << (32 - prefix);
-        Ok(Cidr { base: Ipv4Addr::from(u32::from(ip) & mask), prefix })
-    }
-}
-
-impl std::fmt::Display for Cidr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.base, self.prefix)
-    }
-}
-
-impl Cidr {
-    pub fn size(&self) -> u32 {
-        1u32 << (32 - self.prefix)
-    }
-
-    /// The n-th address (0 is the network address).
-    pub fn nth(&self, n: u32) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.base) + n)
-    }
-
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = u32::MAX << (32 - self.prefix);
-        u32::from(ip) & mask == u32::from(self.base)
-    }
-}
+use crate::net::{Ipv4Net, NthAddr};
 
 pub const NODE_PORT_RANGE: std::ops::RangeInclusive<i64> = 30000..=32767;
 
 pub struct ServiceAllocator {
-    pub cidr: Cidr,
+    pub cidr: Ipv4Net,
     storage: Storage,
     lock: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
@@ -86,10 +32,11 @@ pub const SERVICE_CIDRS_PREFIX: &str = "/registry/networking.k8s.io/servicecidrs
 /// Where IPAddress objects are stored.
 pub const IP_ADDRESSES_PREFIX: &str = "/registry/networking.k8s.io/ipaddresses/";
 
-/// The IPv4 ranges of a ServiceCIDR object (ferrok is single-stack IPv4).
-pub fn service_cidr_ranges(obj: &Value) -> Vec<Cidr> {
+/// The IPv4 ranges of a ServiceCIDR object (ferrok is single-stack IPv4),
+/// /8 to /30 as `--service-cidr`.
+pub fn service_cidr_ranges(obj: &Value) -> Vec<Ipv4Net> {
     let cidrs = obj.pointer("/spec/cidrs").and_then(Value::as_array);
-    cidrs.into_iter().flatten().filter_map(|c| c.as_str()?.parse().ok()).collect()
+    cidrs.into_iter().flatten().filter_map(|c| crate::net::parse_cluster_range(c.as_str()?).ok()).collect()
 }
 
 /// What Services (and IPAddresses) already hold.
@@ -99,7 +46,7 @@ struct InUse {
 }
 
 impl ServiceAllocator {
-    pub fn new(cidr: Cidr, storage: Storage) -> Self {
+    pub fn new(cidr: Ipv4Net, storage: Storage) -> Self {
         ServiceAllocator { cidr, storage, lock: Default::default() }
     }
 
@@ -147,10 +94,10 @@ impl ServiceAllocator {
 
     /// The ranges ClusterIPs come from: `--service-cidr`, then the other
     /// ServiceCIDRs not being deleted, by name.
-    async fn ranges(&self) -> ApiResult<Vec<Cidr>> {
+    async fn ranges(&self) -> ApiResult<Vec<Ipv4Net>> {
         let mut ranges = vec![self.cidr];
         let (cidrs, _) = self.storage.list_all(SERVICE_CIDRS_PREFIX).await?;
-        let mut others: Vec<(String, Vec<Cidr>)> = cidrs
+        let mut others: Vec<(String, Vec<Ipv4Net>)> = cidrs
             .iter()
             .filter(|c| c.object.pointer("/metadata/deletionTimestamp").is_none())
             .map(|c| (crate::apiserver::meta::name_of(&c.object).to_string(), service_cidr_ranges(&c.object)))
@@ -217,8 +164,8 @@ impl ServiceAllocator {
                     ));
                 }
                 let ranges = if old.is_none() { self.ranges().await? } else { vec![self.cidr] };
-                if old.is_none() && !ranges.iter().any(|r| r.contains(parsed)) {
-                    let valid = ranges.iter().map(Cidr::to_string).collect::<Vec<_>>().join(",");
+                if old.is_none() && !ranges.iter().any(|r| r.contains(&parsed)) {
+                    let valid = ranges.iter().map(Ipv4Net::to_string).collect::<Vec<_>>().join(",");
                     return Err(invalid("spec.clusterIPs", format!("Invalid value: {:?}: failed to allocate IP {req}: the provided IP ({req}) is not in the valid range. The range of valid IPs is {valid}", vec![req])));
                 }
                 if old.is_none() && used.ips.contains(&parsed) {
@@ -328,8 +275,9 @@ impl ServiceAllocator {
 /// A free address of `range` (neither its network nor its broadcast
 /// address, nor the offsets `reserved`), from a point derived from the
 /// Service's name so that allocations spread.
-fn free_address(range: Cidr, name: &str, used: &HashSet<Ipv4Addr>, reserved: &[u32]) -> Option<Ipv4Addr> {
-    let hosts = range.size().saturating_sub(2).max(1);
+fn free_address(range: Ipv4Net, name: &str, used: &HashSet<Ipv4Addr>, reserved: &[u32]) -> Option<Ipv4Addr> {
+    // The size less the network and broadcast addresses: the host mask less one.
+    let hosts = range.hostmask().to_bits().saturating_sub(1).max(1);
     let start = name.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % hosts;
     (0..hosts)
         .map(|i| 1 + (start + i) % hosts)
@@ -407,11 +355,12 @@ mod tests {
 
     #[test]
     fn cidrs() {
-        let c: Cidr = "10.43.0.0/16".parse().unwrap();
+        let parse = crate::net::parse_cluster_range;
+        let c = parse("10.43.0.0/16").unwrap();
         assert_eq!(c.nth(1), Ipv4Addr::new(10, 43, 0, 1));
-        assert!(c.contains(Ipv4Addr::new(10, 43, 200, 1)));
-        assert!(!c.contains(Ipv4Addr::new(10, 44, 0, 1)));
-        assert!("10.43.0.0".parse::<Cidr>().is_err());
+        assert!(c.contains(&Ipv4Addr::new(10, 43, 200, 1)));
+        assert!(!c.contains(&Ipv4Addr::new(10, 44, 0, 1)));
+        assert!(parse("10.43.0.0").is_err());
     }
 
     #[test]

@@ -69,7 +69,7 @@ pub struct ApiConfig {
     pub advertise: String,
     pub advertise_ip: IpAddr,
     pub https_port: u16,
-    pub service_cidr: allocator::Cidr,
+    pub service_cidr: crate::net::Ipv4Net,
     pub cluster_domain: String,
     /// `--cluster-dns`: the `kube-dns` Service's cluster IP.
     pub cluster_dns: Option<IpAddr>,

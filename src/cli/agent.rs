@@ -12,7 +12,6 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::agent::node_join::{self, JoinError, JoinOptions};
-use crate::apiserver::allocator::Cidr;
 use crate::client::https::{ServerList, Transport};
 use crate::host::{host_ip, hostname};
 use crate::pki::join_token::JoinToken;
@@ -148,8 +147,8 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let opts = JoinOptions { server, token, node_name: node_name.clone(), node_ips, dir: agent_dir.clone() };
     let joined = join(&opts, &servers, &mut shutdown).await?;
     let cluster = &joined.config;
-    let cidr = |flag: &str, text: &str| -> anyhow::Result<Cidr> {
-        text.parse().map_err(|e| anyhow::anyhow!("the server's {flag} {text:?}: {e}"))
+    let cidr = |flag: &str, text: &str| -> anyhow::Result<crate::net::Ipv4Net> {
+        crate::net::parse_cluster_range(text).map_err(|e| anyhow::anyhow!("the server's {flag} {text:?}: {e}"))
     };
     let cluster_dns: IpAddr =
         cluster.cluster_dns.parse().with_context(|| format!("the server's cluster DNS {:?}", cluster.cluster_dns))?;

@@ -11,7 +11,6 @@ use clap::Args;
 use k8s_openapi::api::core::v1::Taint;
 
 use crate::agent::{AgentConfig, KubeletConfig};
-use crate::apiserver::allocator::Cidr;
 use crate::net::Ipv4Net;
 use crate::network::overlay::FlannelBackend;
 
@@ -91,8 +90,8 @@ impl NodeArgs {
         control_plane: bool,
         cluster_dns: &IpAddr,
         cluster_domain: &str,
-        cluster_cidr: &Cidr,
-        service_cidr: &Cidr,
+        cluster_cidr: &Ipv4Net,
+        service_cidr: &Ipv4Net,
         default_data_dir: bool,
     ) -> anyhow::Result<AgentConfig> {
         let mut kubelet = KubeletConfig::default();
@@ -109,10 +108,6 @@ impl NodeArgs {
         } else {
             dir.join("logs").join("pods")
         };
-        let cluster_cidr = Ipv4Net::parse(&format!("{}/{}", cluster_cidr.base, cluster_cidr.prefix))
-            .map_err(|e| anyhow::anyhow!("--cluster-cidr: {e}"))?;
-        let service_cidr = Ipv4Net::parse(&format!("{}/{}", service_cidr.base, service_cidr.prefix))
-            .map_err(|e| anyhow::anyhow!("--service-cidr: {e}"))?;
         Ok(AgentConfig {
             dir,
             node_name: node_name.to_string(),
@@ -127,8 +122,8 @@ impl NodeArgs {
             cluster_dns: vec![*cluster_dns],
             dns_server: true,
             cluster_domain: cluster_domain.to_string(),
-            cluster_cidr,
-            service_cidr,
+            cluster_cidr: *cluster_cidr,
+            service_cidr: *service_cidr,
             flannel_backend: self.flannel_backend.unwrap_or_default(),
             flannel_iface: self.flannel_iface.clone(),
             pod_logs_dir,

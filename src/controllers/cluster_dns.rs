@@ -19,7 +19,7 @@ use kube::runtime::reflector::Store;
 use super::endpointslice::{MANAGED_BY_LABEL, SERVICE_NAME_LABEL};
 use super::informers::wait_synced;
 use super::ControllerError;
-use crate::net::Ipv4Net;
+use crate::net::NthAddr;
 
 pub const NAMESPACE: &str = "kube-system";
 pub const SERVICE: &str = "kube-dns";
@@ -41,7 +41,8 @@ pub fn desired_endpoints(nodes: &[Arc<Node>]) -> Vec<Endpoint> {
     let mut by_name: BTreeMap<String, Endpoint> = BTreeMap::new();
     for node in nodes {
         let Some(name) = node.metadata.name.clone() else { continue };
-        let Some(cidr) = node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()).and_then(|c| Ipv4Net::parse(c).ok())
+        let Some(cidr) =
+            node.spec.as_ref().and_then(|s| s.pod_cidr.as_deref()).and_then(|c| crate::net::parse_pod_cidr(c).ok())
         else {
             continue;
         };

@@ -53,7 +53,6 @@ pub mod ttl_after_finished;
 pub mod volume_expand;
 pub mod work_queue;
 
-use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::ReplicaSet;
@@ -80,7 +79,7 @@ pub struct ControllerConfig {
     /// The serving CA, published as `kube-root-ca.crt`.
     pub server_ca_pem: Arc<String>,
     /// `--cluster-cidr`: node IPAM hands each node a slice of it.
-    pub cluster_cidr: (Ipv4Addr, u8),
+    pub cluster_cidr: crate::net::Ipv4Net,
     /// The prefix length of each node's podCIDR (24).
     pub node_cidr_mask: u8,
     /// ServiceLB runs (off with `--disable servicelb`).

@@ -6,7 +6,6 @@
 //! bookkeeping: a deleted Node's slice is free as soon as it leaves the cache.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,29 +17,28 @@ use kube::runtime::reflector::Store;
 use super::queue_metrics::{drain, QueueMetrics};
 use super::{ControllerConfig, ControllerError};
 use crate::client::events::{EventRecorder, EventType};
+use crate::net::{IpNet, Ipv4Net, NthAddr};
 use crate::sync::LockExt;
 
 /// The cluster CIDR cut into equal slices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CidrSet {
-    base: u32,
-    cluster_prefix: u8,
+    cluster: Ipv4Net,
     node_prefix: u8,
 }
 
 impl CidrSet {
-    pub fn new(cluster: (Ipv4Addr, u8), node_prefix: u8) -> Result<CidrSet, ControllerError> {
-        let (addr, prefix) = cluster;
-        if prefix > 32 || node_prefix > 32 || node_prefix < prefix || node_prefix - prefix > 24 {
-            return Err(ControllerError::Invalid(format!("cannot cut {addr}/{prefix} into /{node_prefix} node CIDRs")));
+    pub fn new(cluster: Ipv4Net, node_prefix: u8) -> Result<CidrSet, ControllerError> {
+        let prefix = cluster.prefix_len();
+        if node_prefix > 32 || node_prefix < prefix || node_prefix - prefix > 24 {
+            return Err(ControllerError::Invalid(format!("cannot cut {cluster} into /{node_prefix} node CIDRs")));
         }
-        let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - prefix) };
-        Ok(CidrSet { base: u32::from(addr) & mask, cluster_prefix: prefix, node_prefix })
+        Ok(CidrSet { cluster: cluster.trunc(), node_prefix })
     }
 
     /// How many node CIDRs there are.
     pub fn len(&self) -> u32 {
-        1 << (self.node_prefix - self.cluster_prefix)
+        1 << (self.node_prefix - self.cluster.prefix_len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -49,21 +47,27 @@ impl CidrSet {
 
     /// The `index`th slice as `a.b.c.d/n`.
     pub fn cidr(&self, index: u32) -> String {
-        let step = if self.node_prefix == 32 { 1 } else { 1u32 << (32 - self.node_prefix) };
-        format!("{}/{}", Ipv4Addr::from(self.base + index * step), self.node_prefix)
+        format!("{}/{}", self.cluster.nth(index * self.step()), self.node_prefix)
     }
 
-    /// Which slice `cidr` is, when it is one of ours.
+    /// The number of addresses in a slice.
+    fn step(&self) -> u32 {
+        if self.node_prefix == 32 {
+            1
+        } else {
+            1u32 << (32 - self.node_prefix)
+        }
+    }
+
+    /// Which slice `cidr` is, when it is one of ours (its host bits clear).
     pub fn index_of(&self, cidr: &str) -> Option<u32> {
-        let (addr, prefix) = cidr.split_once('/')?;
-        let addr: Ipv4Addr = addr.parse().ok()?;
-        if prefix.parse::<u8>().ok()? != self.node_prefix {
+        let Ok(IpNet::V4(net)) = crate::net::parse_as_written(cidr) else { return None };
+        if net.prefix_len() != self.node_prefix {
             return None;
         }
-        let offset = u32::from(addr).checked_sub(self.base)?;
-        let step = if self.node_prefix == 32 { 1 } else { 1u32 << (32 - self.node_prefix) };
-        let index = offset / step;
-        (offset % step == 0 && index < self.len()).then_some(index)
+        let offset = net.addr().to_bits().checked_sub(self.cluster.network().to_bits())?;
+        let index = offset / self.step();
+        (offset % self.step() == 0 && index < self.len()).then_some(index)
     }
 
     /// The first slice not in `used`.
@@ -210,9 +214,13 @@ pub async fn run(
 mod tests {
     use super::*;
 
+    fn net(s: &str) -> Ipv4Net {
+        crate::net::parse_v4(s, 0..=32).unwrap()
+    }
+
     #[test]
     fn cuts_the_cluster_cidr_into_node_cidrs() {
-        let set = CidrSet::new((Ipv4Addr::new(10, 42, 0, 0), 16), 24).unwrap();
+        let set = CidrSet::new(net("10.42.0.0/16"), 24).unwrap();
         assert_eq!(set.len(), 256);
         assert_eq!(set.cidr(0), "10.42.0.0/24");
         assert_eq!(set.cidr(255), "10.42.255.0/24");
@@ -222,9 +230,9 @@ mod tests {
         assert_eq!(set.index_of("10.42.7.0/25"), None);
         let used: BTreeSet<u32> = [0, 1, 3].into_iter().collect();
         assert_eq!(set.first_free(&used), Some(2));
-        let tiny = CidrSet::new((Ipv4Addr::new(10, 0, 0, 0), 30), 31).unwrap();
+        let tiny = CidrSet::new(net("10.0.0.0/30"), 31).unwrap();
         assert_eq!(tiny.first_free(&[0, 1].into_iter().collect()), None);
-        assert!(CidrSet::new((Ipv4Addr::new(10, 0, 0, 0), 24), 16).is_err());
+        assert!(CidrSet::new(net("10.0.0.0/24"), 16).is_err());
     }
 
     fn node(name: &str, cidr: Option<&str>) -> Arc<Node> {
@@ -234,7 +242,7 @@ mod tests {
 
     #[test]
     fn a_node_keeps_its_slice_while_the_cache_catches_up() {
-        let set = CidrSet::new((Ipv4Addr::new(10, 42, 0, 0), 16), 24).unwrap();
+        let set = CidrSet::new(net("10.42.0.0/16"), 24).unwrap();
         let mut pending = BTreeMap::new();
         let server = node("server", Some("10.42.0.0/24"));
         // Two agents register at once: each gets its own slice, and asking
@@ -251,7 +259,7 @@ mod tests {
         // A deleted node's slice is free again.
         let cache = vec![server, node("b", Some("10.42.2.0/24")), node("c", None)];
         assert_eq!(allocate("c", &cache, &set, &mut pending), Allocation::Write(1));
-        let tiny = CidrSet::new((Ipv4Addr::new(10, 0, 0, 0), 31), 31).unwrap();
+        let tiny = CidrSet::new(net("10.0.0.0/31"), 31).unwrap();
         assert_eq!(
             allocate("z", &[node("y", Some("10.0.0.0/31"))], &tiny, &mut BTreeMap::new()),
             Allocation::Exhausted

@@ -25,6 +25,7 @@ use super::informers;
 use super::ControllerError;
 use crate::client::events::{EventRecorder, EventType};
 use crate::client::informer_factory::SharedInformerFactory;
+use crate::net::Ipv4Net;
 
 /// The service account it acts as.
 pub const NAME: &str = "service-cidrs-controller";
@@ -70,51 +71,26 @@ pub async fn run(client: kube::Client, informers: SharedInformerFactory) {
     informers::run("service-cidr", cidrs, vec![own_requests, others, address_requests], reconcile, ctx).await;
 }
 
-/// An IPv4 prefix of a ServiceCIDR (ferrok's Services are IPv4 only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Cidr {
-    base: u32,
-    prefix: u8,
-}
-
-impl Cidr {
-    fn parse(s: &str) -> Option<Cidr> {
-        let (ip, prefix) = s.split_once('/')?;
-        let (ip, prefix): (Ipv4Addr, u8) = (ip.parse().ok()?, prefix.parse().ok()?);
-        (prefix <= 32).then(|| Cidr { base: u32::from(ip) & Self::mask(prefix), prefix })
-    }
-
-    fn mask(prefix: u8) -> u32 {
-        u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0)
-    }
-
-    fn contains(&self, ip: Ipv4Addr) -> bool {
-        u32::from(ip) & Self::mask(self.prefix) == self.base
-    }
-
-    /// Whether `inner` lies wholly inside this prefix.
-    fn holds(&self, inner: &Cidr) -> bool {
-        self.prefix <= inner.prefix && self.contains(Ipv4Addr::from(inner.base))
-    }
-}
-
-fn ranges(cidr: &ServiceCIDR) -> Vec<Cidr> {
-    cidr.spec.iter().flat_map(|s| s.cidrs.iter().flatten()).filter_map(|c| Cidr::parse(c)).collect()
+/// The IPv4 prefixes of a ServiceCIDR, any length (ferrok's Services are IPv4 only).
+fn ranges(cidr: &ServiceCIDR) -> Vec<Ipv4Net> {
+    let cidrs = cidr.spec.iter().flat_map(|s| s.cidrs.iter().flatten());
+    cidrs.filter_map(|c| crate::net::parse_v4(c, 0..=32).ok()).collect()
 }
 
 /// Whether deleting `cidr` orphans no address of the allocator (upstream's canDeleteCIDR).
 fn can_delete(cidr: &ServiceCIDR, all: &[Arc<ServiceCIDR>], addresses: &[Arc<IPAddress>]) -> bool {
     let name = cidr.metadata.name.as_deref();
-    let others: Vec<Cidr> = all.iter().filter(|c| c.metadata.name.as_deref() != name).flat_map(|c| ranges(c)).collect();
+    let others: Vec<Ipv4Net> =
+        all.iter().filter(|c| c.metadata.name.as_deref() != name).flat_map(|c| ranges(c)).collect();
     let own = ranges(cidr);
     // Wholly inside another ServiceCIDR: every address stays covered.
-    if own.iter().all(|r| others.iter().any(|o| o.holds(r))) {
+    if own.iter().all(|r| others.iter().any(|o| o.contains(r))) {
         return true;
     }
     !addresses.iter().any(|a| {
         let managed = a.metadata.labels.as_ref().and_then(|l| l.get(MANAGED_BY_LABEL)).is_some_and(|v| v == ALLOCATOR);
         let Some(ip) = a.metadata.name.as_deref().and_then(|n| n.parse::<Ipv4Addr>().ok()) else { return false };
-        managed && own.iter().any(|r| r.contains(ip)) && !others.iter().any(|o| o.contains(ip))
+        managed && own.iter().any(|r| r.contains(&ip)) && !others.iter().any(|o| o.contains(&ip))
     })
 }
 

@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use super::cni::BRIDGE;
 use super::overlay::ip::{ip, ip_delete, other_ipv4_addrs};
 use super::overlay::OverlayError;
-use crate::net::Ipv4Net;
+use crate::net::{Ipv4Net, NthAddr};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
@@ -39,7 +39,7 @@ pub async fn ensure(pod_cidr: Ipv4Net, service_cidr: Ipv4Net) -> Result<(), Brid
     if ip(&["link", "show", BRIDGE]).await.is_err() {
         ip(&["link", "add", BRIDGE, "type", "bridge"]).await?;
     }
-    let addr = format!("{}/{}", gateway(pod_cidr), pod_cidr.prefix);
+    let addr = format!("{}/{}", gateway(pod_cidr), pod_cidr.prefix_len());
     ip(&["addr", "replace", &addr, "dev", BRIDGE]).await?;
     // The CNI bridge plugin refuses a bridge with any other IPv4 address,
     // so every new pod would fail: the gateway of the podCIDR this node had

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::net::Ipv4Net;
+use crate::net::{Ipv4Net, NthAddr};
 
 /// The bridge pods attach to.
 pub const BRIDGE: &str = "ferrok0";
@@ -75,7 +75,7 @@ mod tests {
 
     #[test]
     fn conflist_has_the_subnet_and_no_iptables_masquerade() {
-        let text = render(Ipv4Net::parse("10.42.1.0/24").unwrap(), Path::new("/d/ipam"), None);
+        let text = render(crate::net::parse_pod_cidr("10.42.1.0/24").unwrap(), Path::new("/d/ipam"), None);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.42.1.0/24");
         assert_eq!(v["plugins"][0]["ipam"]["ranges"][0][0]["gateway"], "10.42.1.1");

@@ -229,13 +229,25 @@ impl Node {
                     "-o",
                     "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
                 ]);
-                if ok && out.trim() == "True" {
+                // After a restart the Node is still Ready from before: the
+                // kubelet's port answering tells that this run is serving.
+                if ok && out.trim() == "True" && self.kubelet_listening() {
                     return;
                 }
             }
             assert!(Instant::now() < deadline, "node did not become Ready\n{}", self.log());
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Whether the kubelet's port (10250) on the node's address accepts a
+    /// connection (always true for a server without the node role).
+    fn kubelet_listening(&self) -> bool {
+        if self.extra.iter().any(|a| a == "--disable-agent") {
+            return true;
+        }
+        let Ok(ip) = self.ip.parse::<std::net::IpAddr>() else { return false };
+        std::net::TcpStream::connect_timeout(&(ip, 10250).into(), Duration::from_millis(200)).is_ok()
     }
 
     /// kubectl (the default one) against this node: success and stdout+stderr.

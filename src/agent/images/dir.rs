@@ -20,12 +20,16 @@ use super::watch::{Change, DirWatch};
 use super::ImageError;
 use crate::agent::cri::{api, namespaced, Cri, CriError};
 
+/// Why a pull failed, as the puller found it (a pull list records its
+/// message beside the image).
+pub type PullError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Pulls an image from its registry (the node's image manager provides
 /// it, with registries.yaml's credentials).
 #[async_trait::async_trait]
 pub trait Puller: Send + Sync {
     /// Pulls `reference` (normalized); the error says why it failed.
-    async fn pull(&self, reference: &str) -> Result<(), String>;
+    async fn pull(&self, reference: &str) -> Result<(), PullError>;
 }
 
 /// Names of files taken as image tarballs (their compression is read from
@@ -242,7 +246,7 @@ impl ImagesDir {
             };
             match puller.pull(&reference).await {
                 Ok(()) => pulled.push(reference),
-                Err(e) => failed.push((reference, e)),
+                Err(e) => failed.push((reference, e.to_string())),
             }
         }
         Ok(FileOutcome::Pulled { pulled, present, failed })

@@ -22,7 +22,7 @@ pub(crate) use crate::host::dir_watch as watch;
 
 use std::path::PathBuf;
 
-pub use dir::{ImagesDir, ImagesDirTask, Puller};
+pub use dir::{ImagesDir, ImagesDirTask, PullError, Puller};
 pub use import::{import_file, import_reader, import_with, ImportOptions};
 pub use pause::{ensure_pause_image, PAUSE_IMAGE};
 pub use protect::{is_protected, list_images, protected_refs, remove_image, ListedImage};

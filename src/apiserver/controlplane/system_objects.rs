@@ -12,6 +12,7 @@ use crate::apiserver::meta;
 use crate::apiserver::status::ApiResult;
 use crate::apiserver::storage::WriteError;
 use crate::apiserver::Api;
+use crate::net::NthAddr;
 
 fn object(api_version: &str, kind: &str, namespace: Option<&str>, name: &str, labels: Value) -> Value {
     let mut metadata = json!({
@@ -134,7 +135,7 @@ async fn remove(api: &Api, key: &str, owned: impl Fn(&Value) -> bool) -> ApiResu
 /// keeps each pod's queries on its node.
 async fn kube_dns_service(api: &Api, ip: std::net::IpAddr) -> ApiResult<()> {
     let in_range = match ip {
-        std::net::IpAddr::V4(v4) => api.config.service_cidr.contains(v4),
+        std::net::IpAddr::V4(v4) => api.config.service_cidr.contains(&v4),
         std::net::IpAddr::V6(_) => false,
     };
     if !in_range {

@@ -46,8 +46,8 @@ fn parse_rv(v: &str) -> ApiResult<i64> {
 }
 
 /// A list from the cache; None when the store must answer it (the cache
-/// is off, Exact, a continue token, or a consistent read the cache could
-/// not catch up with in time).
+/// is off, Exact, a continue token, a consistent read the cache could not
+/// catch up with in time, or one it cannot tell it has caught up with).
 pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> ApiResult<Option<Response>> {
     let Some(cacher) = call.api.watch_cache.cacher(&call.resource) else { return Ok(None) };
     if call.param("continue").is_some() {
@@ -70,7 +70,9 @@ pub(super) async fn list(call: &Call, filters: &Filters, limit: Option<i64>) -> 
             cacher.ready().await?;
         }
         Some(v) => {
-            cacher.wait_not_older_than(parse_rv(v)?).await?;
+            if cacher.wait_not_older_than(parse_rv(v)?).await?.is_none() {
+                return Ok(None);
+            }
         }
     }
     let prefix = call.resource.list_prefix(call.namespace());
@@ -186,7 +188,9 @@ pub(super) async fn watch(call: Call) -> ApiResult<Result<Response, Call>> {
     let p = WatchParams::of(&call);
     let start = match p.start_rev()? {
         Some(rev) => {
-            cacher.wait_not_older_than(rev).await?;
+            if cacher.wait_not_older_than(rev).await?.is_none() {
+                return Ok(Err(call));
+            }
             StartAt::Rev(rev)
         }
         None => {

@@ -18,6 +18,7 @@ use crate::store::{prefix_end, Store};
 mod encoded;
 mod follow;
 pub mod lease_manager;
+mod progress;
 mod watch;
 
 pub(crate) use encoded::Encoded;
@@ -54,6 +55,8 @@ pub struct Storage {
     expiring: Option<Arc<Expiring>>,
     /// Values of some resources (Secrets) encrypted at rest.
     encryption: Option<Arc<Encryption>>,
+    /// Whether the store answers progress requests in order.
+    progress: Arc<progress::ProgressSupport>,
 }
 
 /// Objects under some prefixes expire: each write attaches a store lease
@@ -189,7 +192,14 @@ fn found(enc: Option<&Encryption>, resp: &TxnResponse) -> ApiResult<Option<Store
 
 impl Storage {
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Storage { store, expiring: None, encryption: None }
+        Storage { store, expiring: None, encryption: None, progress: Default::default() }
+    }
+
+    /// Whether a requested progress notification comes after every event
+    /// before its revision (false for an etcd with the bug fixed in 3.4.31
+    /// and 3.5.13): what a watch cache's consistent reads rely on.
+    pub async fn progress_requests_ordered(&self) -> bool {
+        self.progress.ordered(self.store.as_ref()).await
     }
 
     /// Values of the resources `encryption` names are sealed on every

@@ -92,6 +92,8 @@ impl Storage {
     /// Changes under `prefix` (or to exactly `key` when `exact`) after
     /// `after`; each `()` received on `asks` asks the store for a progress
     /// notification (a `Change::Progress` once everything before it is sent).
+    /// A store that answers such requests out of order is not asked; it
+    /// sends its own periodic (ordered) progress notifications instead.
     pub async fn watch_asking_progress<T: Decoded + Send + 'static>(
         &self,
         key: &str,
@@ -100,12 +102,13 @@ impl Storage {
         mut asks: tokio::sync::mpsc::Receiver<()>,
         decoding: Decoding<T>,
     ) -> ApiResult<impl Stream<Item = ApiResult<Change<T>>> + Send + 'static> {
+        let ordered = self.progress_requests_ordered().await;
         let create = WatchCreateRequest {
             key: key.as_bytes().to_vec(),
             range_end: if exact { Vec::new() } else { prefix_end(key.as_bytes()) },
             start_revision: after + 1,
             prev_kv: true,
-            progress_notify: false,
+            progress_notify: !ordered,
             ..Default::default()
         };
         let (tx, rx) = tokio::sync::mpsc::channel(2);
@@ -113,6 +116,9 @@ impl Storage {
         let _ = tx.send(create).await;
         let forward = tokio::spawn(async move {
             while asks.recv().await.is_some() {
+                if !ordered {
+                    continue;
+                }
                 let progress = WatchRequest {
                     request_union: Some(watch_request::RequestUnion::ProgressRequest(WatchProgressRequest {})),
                 };

@@ -48,7 +48,9 @@ pub struct Cacher {
     pub(super) state: RwLock<State>,
     /// The cache's revision; 0 while it (re)lists.
     pub(super) rev: watch::Sender<i64>,
-    /// Asks the store watch for a progress notification.
+    /// Asks the store watch for a progress notification; None while the
+    /// cache lists, and for a store that answers such requests out of
+    /// order (`Storage::progress_requests_ordered`).
     pub(super) asks: Mutex<Option<mpsc::Sender<()>>>,
     /// How long each change (not a progress notification) waits before
     /// the cache applies it: unset unless `FERROK_TEST_WATCH_CACHE_LAG_MS`
@@ -67,6 +69,17 @@ pub(super) struct State {
     window: Window,
     watchers: Watchers,
     bookmark_due: bool,
+}
+
+impl State {
+    /// A bookmark at the cache's revision to the watchers that asked for
+    /// one, when one is due.
+    fn bookmark_if_due(&mut self) {
+        if std::mem::take(&mut self.bookmark_due) {
+            let rev = self.rev;
+            self.watchers.bookmark(rev);
+        }
+    }
 }
 
 /// Some of the objects, at one revision: positions in a snapshot that
@@ -221,6 +234,8 @@ impl Cacher {
 
     async fn list_and_watch(&self) -> ApiResult<()> {
         let (items, rev) = self.storage.list_all_parsed(&self.shape.prefix, raw).await?;
+        let ordered = self.storage.progress_requests_ordered().await;
+        // `ask` lives as long as this watch: dropping it would end it.
         let (ask, asks) = mpsc::channel(1);
         let changes =
             self.storage.watch_asking_progress(&self.shape.prefix, false, rev, asks, Decoding::projected(raw)).await?;
@@ -241,7 +256,7 @@ impl Cacher {
             st.window = Window::new(self.window_size, rev);
             st.watchers.end_all();
         }
-        *self.asks.locked() = Some(ask);
+        *self.asks.locked() = ordered.then(|| ask.clone());
         self.rev.send_replace(rev.max(1));
         tracing::debug!(prefix = %self.shape.prefix, revision = rev, "watch cache: listed");
         let mut changes = std::pin::pin!(changes);
@@ -265,18 +280,25 @@ impl Cacher {
                         st.bookmark_due = st.watchers.any_bookmarks();
                         st.bookmark_due
                     };
-                    if due {
-                        self.ask_progress();
+                    if due && !self.ask_progress() {
+                        // Bookmarks at what the cache has seen, without asking.
+                        self.write().bookmark_if_due();
                     }
                 }
             }
         }
     }
 
-    /// Asks the store watch to confirm how far it is (a progress notify).
-    pub(super) fn ask_progress(&self) {
-        if let Some(ask) = self.asks.locked().as_ref() {
-            let _ = ask.try_send(());
+    /// Asks the store watch to confirm how far it is (a progress notify);
+    /// false when it cannot be asked.
+    pub(super) fn ask_progress(&self) -> bool {
+        match self.asks.locked().as_ref() {
+            Some(ask) => {
+                // Full: an ask is on its way already.
+                let _ = ask.try_send(());
+                true
+            }
+            None => false,
         }
     }
 
@@ -306,10 +328,7 @@ impl Cacher {
                 if rev > st.rev {
                     st.rev = rev;
                 }
-                if std::mem::take(&mut st.bookmark_due) {
-                    let rev = st.rev;
-                    st.watchers.bookmark(rev);
-                }
+                st.bookmark_if_due();
                 let rev = st.rev;
                 drop(st);
                 self.rev.send_replace(rev);

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::cacher::Cacher;
 use crate::apiserver::status::{ApiError, ApiResult};
+use crate::sync::LockExt;
 
 /// How long a consistent read waits for the cache before it reads the
 /// store instead.
@@ -59,19 +60,33 @@ impl Cacher {
 
     /// A consistent read: Some(revision) once the cache has everything the
     /// store had when the read began; None when it does not get there in
-    /// time (the caller reads the store).
+    /// time, or cannot know it (the store's progress cannot be asked), and
+    /// the caller reads the store.
     pub async fn wait_fresh(&self) -> ApiResult<Option<i64>> {
         self.ready().await?;
+        if !self.can_ask_progress() {
+            return Ok(None);
+        }
         let target = self.storage.current_revision(&self.shape.prefix).await?;
         Ok(self.wait_until(target, CONSISTENT_READ_WAIT).await.ok())
     }
 
-    /// A read at resourceVersion `rv` (NotOlderThan): upstream's "Too large
-    /// resource version" 504 with Retry-After when the cache does not
-    /// reach it in time.
-    pub async fn wait_not_older_than(&self, rv: i64) -> ApiResult<i64> {
-        self.ready().await?;
-        self.wait_until(rv, NOT_OLDER_THAN_WAIT).await.map_err(|current| too_large(rv, current))
+    /// A read at resourceVersion `rv` (NotOlderThan): Some(revision) once
+    /// the cache has reached it; upstream's "Too large resource version"
+    /// 504 with Retry-After when it does not in time. When the store's
+    /// progress cannot be asked, a cache behind `rv` (on a quiet prefix it
+    /// may never get there) answers None at once: the store serves.
+    pub async fn wait_not_older_than(&self, rv: i64) -> ApiResult<Option<i64>> {
+        let now = self.ready().await?;
+        if !self.can_ask_progress() {
+            let now = now.max(*self.rev.borrow());
+            return Ok((now >= rv).then_some(now));
+        }
+        self.wait_until(rv, NOT_OLDER_THAN_WAIT).await.map(Some).map_err(|current| too_large(rv, current))
+    }
+
+    fn can_ask_progress(&self) -> bool {
+        self.asks.locked().is_some()
     }
 }
 

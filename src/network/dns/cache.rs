@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use hickory_proto::op::{Message, ResponseCode};
 use hickory_proto::rr::{RData, Record, RecordType};
 
+use crate::sync::LockExt;
+
 /// The longest any answer is kept.
 pub const MAX_TTL: Duration = Duration::from_secs(30);
 /// The default number of answers kept (about 1-2 MB at most).
@@ -77,7 +79,7 @@ impl ResponseCache {
 
     /// The answer for `key` with its TTLs aged, if still fresh.
     pub fn get(&self, key: &CacheKey, now: Instant) -> Option<Cached> {
-        let inner = self.inner.lock().ok()?;
+        let inner = self.inner.locked();
         let entry = inner.map.get(key)?;
         if now >= entry.expires {
             return None;
@@ -100,7 +102,7 @@ impl ResponseCache {
             authorities: response.authorities.clone(),
             additionals: response.additionals.iter().filter(|r| r.record_type() != RecordType::OPT).cloned().collect(),
         };
-        let Ok(mut inner) = self.inner.lock() else { return };
+        let mut inner = self.inner.locked();
         if inner.map.len() >= self.capacity && !inner.map.contains_key(&key) {
             // Sweeping is a pass over every entry: at most once a second.
             if now.duration_since(inner.last_sweep) >= Duration::from_secs(1) {
@@ -117,7 +119,7 @@ impl ResponseCache {
     }
 
     pub fn len(&self) -> usize {
-        self.inner.lock().map(|i| i.map.len()).unwrap_or(0)
+        self.inner.locked().map.len()
     }
 
     pub fn is_empty(&self) -> bool {

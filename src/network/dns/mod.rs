@@ -31,7 +31,8 @@ use tokio::sync::watch;
 
 use crate::client::informer::WatchEvents;
 use crate::client::informer_factory::SharedInformerFactory;
-use crate::net::Ipv4Net;
+use crate::net::{Ipv4Net, NthAddr};
+use crate::sync::RwLockExt;
 use records::RecordIndex;
 use resolver::Resolver;
 
@@ -164,7 +165,7 @@ where
     // The objects of a relist; what is not among them is gone.
     let mut listed = BTreeSet::new();
     while let Some(event) = stream.next().await {
-        let Ok(mut index) = index.write() else { return };
+        let mut index = index.write_locked();
         match event {
             Ok(watcher::Event::Init) => listed.clear(),
             Ok(watcher::Event::InitApply(obj)) => {

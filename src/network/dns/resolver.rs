@@ -16,6 +16,7 @@ use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use super::cache::{CacheKey, ResponseCache};
 use super::forward::Forwarder;
 use super::records::{Found, RecordIndex, TTL};
+use crate::sync::RwLockExt;
 
 /// The largest UDP answer without EDNS.
 const PLAIN_UDP: usize = 512;
@@ -105,7 +106,7 @@ pub fn malformed(bytes: &[u8]) -> Option<Vec<u8>> {
 
 impl Resolver {
     pub fn new(index: Arc<RwLock<RecordIndex>>, cache: ResponseCache, forwarder: Forwarder) -> Resolver {
-        let domain = index.read().map(|i| i.domain().to_string()).unwrap_or_default();
+        let domain = index.read_locked().domain().to_string();
         let mut zone = Name::from_ascii(&domain).unwrap_or_else(|_| Name::root());
         zone.set_fqdn(true);
         let soa = zone_soa(&zone);
@@ -204,7 +205,7 @@ impl Resolver {
     /// knows; `None` for anything to forward.
     fn authoritative(&self, request: &Message, q: &Question) -> Option<Message> {
         let qtype = q.query.query_type;
-        let index = self.index.read().ok()?;
+        let index = self.index.read_locked();
         if q.query.query_class != DNSClass::IN {
             return None;
         }

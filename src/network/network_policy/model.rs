@@ -10,42 +10,8 @@ use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, Network
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use crate::net::{IpNet, Ipv4Net};
 pub use crate::network::protocol::Protocol;
-
-/// An IPv4 CIDR of an ipBlock (any prefix, /0 to /32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cidr {
-    pub addr: Ipv4Addr,
-    pub prefix: u8,
-}
-
-impl Cidr {
-    /// None for IPv6 blocks (pods here have IPv4 addresses only) and junk.
-    pub fn parse(s: &str) -> Option<Cidr> {
-        let (addr, prefix) = s.split_once('/')?;
-        let addr: Ipv4Addr = addr.parse().ok()?;
-        let prefix: u8 = prefix.parse().ok().filter(|p| *p <= 32)?;
-        Some(Cidr { addr: Ipv4Addr::from(u32::from(addr) & Self::mask(prefix)), prefix })
-    }
-
-    fn mask(prefix: u8) -> u32 {
-        if prefix == 0 {
-            0
-        } else {
-            u32::MAX << (32 - prefix)
-        }
-    }
-
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        u32::from(ip) & Self::mask(self.prefix) == u32::from(self.addr)
-    }
-}
-
-impl std::fmt::Display for Cidr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
 
 /// Which namespaces a pod peer is looked for in.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,8 +28,9 @@ pub enum Peer {
     /// Pods matching `pods` in `namespaces` (podSelector, namespaceSelector
     /// or both; a missing podSelector beside a namespaceSelector is all pods).
     Pods { namespaces: Namespaces, pods: LabelSelector },
-    /// Addresses in `cidr` but none of `except`.
-    IpBlock { cidr: Cidr, except: Vec<Cidr> },
+    /// Addresses in `cidr` but none of `except` (IPv4, as pods' addresses;
+    /// any prefix, /0 to /32).
+    IpBlock { cidr: Ipv4Net, except: Vec<Ipv4Net> },
     /// A peer that cannot match anything (an IPv6 block, an empty peer).
     Nothing,
 }
@@ -134,8 +101,15 @@ fn rule(namespace: &str, peers: Option<&[NetworkPolicyPeer]>, ports: Option<&[Ne
 
 fn peer(namespace: &str, p: &NetworkPolicyPeer) -> Peer {
     if let Some(block) = &p.ip_block {
-        let Some(cidr) = Cidr::parse(&block.cidr) else { return Peer::Nothing };
-        let except = block.except.iter().flatten().filter_map(|e| Cidr::parse(e)).collect();
+        // Blocks of either family parse; pods here have IPv4 addresses
+        // only, so an IPv6 block (as junk) matches nothing, and an IPv6
+        // exception takes nothing out of an IPv4 block.
+        let ipv4 = |s: &str| match crate::net::parse(s) {
+            Ok(IpNet::V4(net)) => Some(net),
+            _ => None,
+        };
+        let Some(cidr) = ipv4(&block.cidr) else { return Peer::Nothing };
+        let except = block.except.iter().flatten().filter_map(|e| ipv4(e)).collect();
         return Peer::IpBlock { cidr, except };
     }
     match (&p.namespace_selector, &p.pod_selector) {
@@ -272,11 +246,27 @@ mod tests {
         assert_eq!(
             peers[3],
             Peer::IpBlock {
-                cidr: Cidr::parse("10.0.0.0/8").unwrap(),
-                except: vec![Cidr::parse("10.1.0.0/16").unwrap()]
+                cidr: crate::net::parse_v4("10.0.0.0/8", 0..=32).unwrap(),
+                except: vec![crate::net::parse_v4("10.1.0.0/16", 0..=32).unwrap()]
             }
         );
         assert_eq!(peers[4], Peer::Nothing);
+    }
+
+    #[test]
+    fn ip_blocks_of_either_family_parse_and_only_ipv4_is_kept() {
+        let p = policy(serde_json::json!({"podSelector": {}, "ingress": [{"from": [
+            {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["fd00::/64", "10.1.2.3/16", "junk"]}},
+            {"ipBlock": {"cidr": "fd00::/64", "except": ["fd00::/96"]}},
+            {"ipBlock": {"cidr": "10.0.0.0/33"}},
+            {"ipBlock": {"cidr": "0.0.0.0/0"}}
+        ]}]}));
+        let peers = p.ingress.unwrap()[0].peers.clone().unwrap();
+        let net = |s: &str| crate::net::parse_v4(s, 0..=32).unwrap();
+        assert_eq!(peers[0], Peer::IpBlock { cidr: net("10.0.0.0/8"), except: vec![net("10.1.0.0/16")] });
+        assert_eq!(peers[1], Peer::Nothing);
+        assert_eq!(peers[2], Peer::Nothing);
+        assert_eq!(peers[3], Peer::IpBlock { cidr: net("0.0.0.0/0"), except: vec![] });
     }
 
     #[test]

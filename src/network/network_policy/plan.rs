@@ -9,8 +9,9 @@ use std::net::Ipv4Addr;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use sha2::{Digest, Sha256};
 
-use super::model::{Cidr, Namespaces, Peer, PodInfo, Policy, PortNumber, Protocol, Rule};
+use super::model::{Namespaces, Peer, PodInfo, Policy, PortNumber, Protocol, Rule};
 use crate::client::labels;
+use crate::net::Ipv4Net;
 
 /// The cluster as the policies see it.
 #[derive(Debug, Default, Clone)]
@@ -38,8 +39,8 @@ pub enum PeerMatch {
     /// The peer's address is in this set.
     Set(String),
     Block {
-        cidr: Cidr,
-        except: Vec<Cidr>,
+        cidr: Ipv4Net,
+        except: Vec<Ipv4Net>,
     },
 }
 
@@ -261,7 +262,7 @@ pub(crate) mod eval {
         let peer_ok = match &m.peer {
             PeerMatch::Any => true,
             PeerMatch::Set(s) => in_set(plan, s, peer),
-            PeerMatch::Block { cidr, except } => cidr.contains(peer) && !except.iter().any(|e| e.contains(peer)),
+            PeerMatch::Block { cidr, except } => cidr.contains(&peer) && !except.iter().any(|e| e.contains(&peer)),
         };
         let port_ok = match &m.port {
             PortMatch::Any => true,

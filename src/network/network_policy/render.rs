@@ -55,7 +55,7 @@ fn addresses(ips: &BTreeSet<Ipv4Addr>) -> BTreeSet<String> {
     ips.iter().map(Ipv4Addr::to_string).collect()
 }
 
-fn cidr_list(cidrs: &[super::model::Cidr]) -> String {
+fn cidr_list(cidrs: &[crate::net::Ipv4Net]) -> String {
     cidrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
@@ -249,8 +249,12 @@ pub fn diff(old: &Ruleset, new: &Ruleset) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::model::{Cidr, Protocol};
+    use super::super::model::Protocol;
     use super::*;
+
+    fn cidr(s: &str) -> crate::net::Ipv4Net {
+        crate::net::parse_v4(s, 0..=32).unwrap()
+    }
 
     fn plan_with(matches: Vec<Match>) -> Plan {
         let mut plan = Plan::default();
@@ -268,10 +272,8 @@ mod tests {
     #[test]
     fn matches_render_as_nft_expressions() {
         let m = |peer, port| Match { peer, port };
-        let block = PeerMatch::Block {
-            cidr: Cidr::parse("10.0.0.0/8").unwrap(),
-            except: vec![Cidr::parse("10.1.0.0/16").unwrap(), Cidr::parse("10.2.0.0/16").unwrap()],
-        };
+        let block =
+            PeerMatch::Block { cidr: cidr("10.0.0.0/8"), except: vec![cidr("10.1.0.0/16"), cidr("10.2.0.0/16")] };
         assert_eq!(match_text(&m(PeerMatch::Any, PortMatch::Any), "saddr"), "accept");
         assert_eq!(
             match_text(&m(PeerMatch::Set("np-p".into()), PortMatch::Range(Protocol::Udp, 53, 53)), "saddr"),

@@ -91,8 +91,8 @@ mod tests {
     #[test]
     fn masquerades_pod_traffic_leaving_the_cluster() {
         let text = render_node(&NodeRules {
-            cluster_cidr: Ipv4Net::parse("10.42.0.0/16").unwrap(),
-            pod_cidr: Ipv4Net::parse("10.42.1.0/24").unwrap(),
+            cluster_cidr: crate::net::parse_pod_cidr("10.42.0.0/16").unwrap(),
+            pod_cidr: crate::net::parse_pod_cidr("10.42.1.0/24").unwrap(),
         });
         assert!(text.contains("ip saddr 10.42.1.0/24 ip daddr != 10.42.0.0/16 masquerade"));
         assert!(reset_table().starts_with("table inet ferrok\ndelete table inet ferrok\n"));

@@ -8,7 +8,6 @@ use serde_json::Value;
 
 use super::plan::{Fdb, KernelRoute, KernelState, Neighbour};
 use super::OverlayError;
-use crate::net::Ipv4Net;
 
 /// Runs `ip` or `bridge` with `args`; its stdout.
 pub async fn run(cmd: &str, args: &[&str]) -> Result<String, OverlayError> {
@@ -89,8 +88,8 @@ pub fn parse_routes(entries: &[Value]) -> Vec<KernelRoute> {
                 d => format!("{d}/32"),
             };
             Some(KernelRoute {
-                // Host routes (/31, /32) are never the overlay's.
-                dst: Ipv4Net::parse(&dst).ok()?,
+                // The overlay's routes are podCIDRs: host routes (/31, /32) never are.
+                dst: crate::net::parse_pod_cidr(&dst).ok()?,
                 via: str_of(r, "gateway").and_then(|g| g.parse().ok()),
                 dev: str_of(r, "dev").unwrap_or_default().to_string(),
             })
@@ -192,7 +191,7 @@ mod tests {
         .unwrap();
         let r = parse_routes(&v);
         assert_eq!(r.len(), 3);
-        assert_eq!(r[0].dst.prefix, 0);
+        assert_eq!(r[0].dst.prefix_len(), 0);
         assert_eq!(r[2].via, Some("10.42.5.0".parse().unwrap()));
         assert_eq!(r[2].dev, "ferrok.1");
     }

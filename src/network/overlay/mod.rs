@@ -57,14 +57,19 @@ impl std::fmt::Display for FlannelBackend {
     }
 }
 
+/// A `--flannel-backend` ferrok does not have.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown flannel backend {0:?} (vxlan, host-gw or none)")]
+pub struct UnknownBackend(String);
+
 impl std::str::FromStr for FlannelBackend {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownBackend;
+    fn from_str(s: &str) -> Result<Self, UnknownBackend> {
         match s {
             "vxlan" => Ok(FlannelBackend::Vxlan),
             "host-gw" => Ok(FlannelBackend::HostGw),
             "none" => Ok(FlannelBackend::None),
-            other => Err(format!("unknown flannel backend {other:?} (vxlan, host-gw or none)")),
+            other => Err(UnknownBackend(other.to_string())),
         }
     }
 }

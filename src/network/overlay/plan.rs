@@ -90,7 +90,10 @@ pub fn pod_cidr(node: &Node) -> Result<Ipv4Net, Skip> {
     let mut candidates: Vec<&str> = spec.pod_cidr.iter().map(String::as_str).collect();
     candidates.extend(spec.pod_cidrs.iter().flatten().map(String::as_str));
     let first = *candidates.first().ok_or(Skip::NoPodCidr)?;
-    candidates.iter().find_map(|c| Ipv4Net::parse(c).ok()).ok_or_else(|| Skip::BadPodCidr(first.to_string()))
+    candidates
+        .iter()
+        .find_map(|c| crate::net::parse_pod_cidr(c).ok())
+        .ok_or_else(|| Skip::BadPodCidr(first.to_string()))
 }
 
 /// What a peer Node needs on this node; `Ok(None)` for the node itself.
@@ -99,7 +102,7 @@ pub fn peer(local: &Local, node: &Node) -> Result<Option<PeerEntries>, Skip> {
         return Ok(None);
     }
     let cidr = pod_cidr(node)?;
-    if cidr.prefix < local.cluster_cidr.prefix || !local.cluster_cidr.contains(cidr.addr) {
+    if !local.cluster_cidr.contains(&cidr) {
         return Err(Skip::OutsideCluster(cidr, local.cluster_cidr));
     }
     if local.pod_cidr == Some(cidr) {
@@ -114,7 +117,7 @@ pub fn peer(local: &Local, node: &Node) -> Result<Option<PeerEntries>, Skip> {
         FlannelBackend::Vxlan => {
             let vtep = annotations::vxlan_peer(node).ok_or(Skip::NoVtep)?;
             // The peer's VTEP address is its podCIDR's network address.
-            let ip = cidr.addr;
+            let ip = cidr.network();
             Ok(Some(PeerEntries {
                 route: Route { dst: cidr, via: ip, onlink: true },
                 neighbour: Some(Neighbour { ip, mac: vtep.mac.clone() }),
@@ -167,7 +170,7 @@ pub fn stale(local: &Local, peers: &BTreeMap<String, PeerEntries>, kernel: &Kern
     let cluster = local.cluster_cidr;
     let mut out = Stale::default();
     for r in &kernel.routes {
-        let inside = r.dst.prefix >= cluster.prefix && cluster.contains(r.dst.addr);
+        let inside = cluster.contains(&r.dst);
         if !inside || Some(r.dst) == local.pod_cidr || r.dev == BRIDGE || dsts.contains(&r.dst) {
             continue;
         }
@@ -206,7 +209,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
 
     fn net(s: &str) -> Ipv4Net {
-        Ipv4Net::parse(s).unwrap()
+        crate::net::parse_pod_cidr(s).unwrap()
     }
 
     fn node(name: &str, cidr: Option<&str>, ip: Option<&str>, vtep: Option<(&str, &str)>) -> Node {

@@ -71,7 +71,7 @@ pub async fn ensure_device(underlay: &Underlay, pod_cidr: Ipv4Net) -> Result<Str
         }
     }
     ip::ip(&["link", "set", "dev", DEVICE, "mtu", &mtu(underlay).to_string()]).await?;
-    let vtep = format!("{}/32", pod_cidr.addr);
+    let vtep = Ipv4Net::from(pod_cidr.network()).to_string();
     // Any other address (an earlier podCIDR's) goes.
     for have in ip::other_ipv4_addrs(DEVICE, &vtep).await? {
         ip::ip_delete(&["addr", "del", &have, "dev", DEVICE]).await?;

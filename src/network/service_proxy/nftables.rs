@@ -331,7 +331,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     fn cidr() -> Ipv4Net {
-        Ipv4Net::parse("10.42.0.0/16").unwrap()
+        crate::net::parse_pod_cidr("10.42.0.0/16").unwrap()
     }
 
     fn port(endpoints: &[&str]) -> ServicePort {
