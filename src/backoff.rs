@@ -14,9 +14,9 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use crate::sync::LockExt;
-use std::time::{Duration, Instant};
 
 /// The delay after `steps` doublings of `initial`: `initial · 2^steps`,
 /// never more than `max` (and never overflowing on a long run of failures).

@@ -10,7 +10,7 @@ use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicyPeer, Network
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::net::{IpNet, Ipv4Net};
+use crate::net::Ipv4Net;
 pub use crate::network::protocol::Protocol;
 
 /// Which namespaces a pod peer is looked for in.
@@ -101,13 +101,10 @@ fn rule(namespace: &str, peers: Option<&[NetworkPolicyPeer]>, ports: Option<&[Ne
 
 fn peer(namespace: &str, p: &NetworkPolicyPeer) -> Peer {
     if let Some(block) = &p.ip_block {
-        // Blocks of either family parse; pods here have IPv4 addresses
-        // only, so an IPv6 block (as junk) matches nothing, and an IPv6
-        // exception takes nothing out of an IPv4 block.
-        let ipv4 = |s: &str| match crate::net::parse(s) {
-            Ok(IpNet::V4(net)) => Some(net),
-            _ => None,
-        };
+        // Pods here have IPv4 addresses only: an IPv6 block (as junk)
+        // matches nothing, and an IPv6 exception takes nothing out of an
+        // IPv4 block.
+        let ipv4 = |s: &str| crate::net::parse_v4(s, 0..=32).ok();
         let Some(cidr) = ipv4(&block.cidr) else { return Peer::Nothing };
         let except = block.except.iter().flatten().filter_map(|e| ipv4(e)).collect();
         return Peer::IpBlock { cidr, except };
